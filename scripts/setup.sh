@@ -1,0 +1,11 @@
+#!/usr/bin/env bash
+# Create or refresh the project's virtualenv (.venv) with everything the demo and tests need.
+# Idempotent: a second run only checks that the packages are installed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+python=${PYTHON:-python3}
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --disable-pip-version-check --upgrade pip
+.venv/bin/python -m pip install -q --disable-pip-version-check -e ".[mpi,test,dev,metrics]"

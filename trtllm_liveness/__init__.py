@@ -1,0 +1,45 @@
+"""trtllm-liveness: notice, report and survive the death or wedge of an inference worker process.
+
+The core is standard-library only and Linux-specific (pidfds, procfs). Public API:
+
+- :class:`ProcessIdentity`, :func:`capture_identity`, :func:`parse_identities`: who a worker is.
+- :class:`WorkerProcessMonitor`: event-driven death and ``D``-state wedge detection.
+- :class:`WorkerEvent`, :class:`EventKind`, :class:`WorkerState`, :class:`RankStatus`,
+  :class:`WorkerFailedError`: the health model.
+- Errors: :class:`LivenessError` and its subclasses, :class:`InvalidIdentityError`.
+"""
+
+from ._errors import (
+    AccessDenied,
+    InvalidIdentityError,
+    LivenessError,
+    PidReused,
+    ProcessGone,
+    ProcessZombie,
+    StopTimeout,
+)
+from ._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError, WorkerState
+from ._identity import ProcessIdentity, capture_identity, parse_identities
+from ._monitor import WorkerProcessMonitor
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AccessDenied",
+    "EventKind",
+    "InvalidIdentityError",
+    "LivenessError",
+    "PidReused",
+    "ProcessGone",
+    "ProcessIdentity",
+    "ProcessZombie",
+    "RankStatus",
+    "StopTimeout",
+    "WorkerEvent",
+    "WorkerFailedError",
+    "WorkerProcessMonitor",
+    "WorkerState",
+    "__version__",
+    "capture_identity",
+    "parse_identities",
+]

@@ -1,0 +1,154 @@
+"""The health model: per-rank states, the events the monitor delivers, and the fatal error.
+
+A death, a wedge and an unkillable worker are all *fatal* to the engine: one rank gone means the
+collective the others are in will never finish. Wedged and unkillable are also *not restartable*
+on this host: the stuck task still holds the GPU or NIC, so a new worker group there would
+conflict with it (the policy of torchrun's ``uninterruptible_state_timeout``).
+"""
+
+from __future__ import annotations
+
+import enum
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ._identity import ProcessIdentity
+
+
+class WorkerState(str, enum.Enum):
+    """What the monitor knows about one rank."""
+
+    ALIVE = "alive"
+    EXITED = "exited"
+    ZOMBIE = "zombie"
+    WEDGED = "wedged"
+    UNKILLABLE = "unkillable"
+    UNMONITORED_REMOTE = "unmonitored-remote"
+    UNMONITORED_OTHER_NAMESPACE = "unmonitored-other-namespace"
+
+    @property
+    def is_dead(self) -> bool:
+        """The process is gone or finished (exited, zombie, PID reused)."""
+        return self in (WorkerState.EXITED, WorkerState.ZOMBIE)
+
+    @property
+    def is_fatal(self) -> bool:
+        """The engine cannot go on with a rank in this state."""
+        return self in _FATAL_STATES
+
+
+_FATAL_STATES = frozenset(
+    {WorkerState.EXITED, WorkerState.ZOMBIE, WorkerState.WEDGED, WorkerState.UNKILLABLE}
+)
+
+
+class EventKind(str, enum.Enum):
+    """Why the monitor raised an event."""
+
+    DIED = "died"
+    WEDGED = "wedged"
+    UNKILLABLE = "unkillable"
+
+    @property
+    def restartable(self) -> bool:
+        """Whether a new worker group may be started on the same host after this event."""
+        return self is EventKind.DIED
+
+
+@dataclass(frozen=True)
+class WorkerEvent:
+    """One fatal observation about a rank, delivered to monitor subscribers.
+
+    ``detected_at`` is ``time.monotonic()`` at detection; ``wall_time`` is ``time.time()``.
+    """
+
+    kind: EventKind
+    identity: ProcessIdentity
+    cause: str
+    detected_at: float = field(default_factory=time.monotonic)
+    wall_time: float = field(default_factory=time.time)
+    tid: int | None = None
+    wchan: str = ""
+
+    @property
+    def restartable(self) -> bool:
+        """False for wedged and unkillable workers: recycle the host before reusing it."""
+        return self.kind.restartable
+
+    @property
+    def message(self) -> str:
+        """One line naming rank, pid, host and cause."""
+        who = f"MPI worker rank {self.identity.rank} (pid {self.identity.pid}) on host {self.identity.hostname}"
+        if self.kind is EventKind.DIED:
+            text = f"{who} exited unexpectedly: {self.cause}"
+        elif self.kind is EventKind.WEDGED:
+            text = f"{who} is wedged in uninterruptible sleep (D): {self.cause}"
+        else:
+            text = f"{who} is unkillable (SIGKILL pending in D state): {self.cause}"
+        if not self.restartable:
+            text += "; the host may need recycling before its GPUs/NICs are reused"
+        return text
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "kind": self.kind.value,
+            "rank": self.identity.rank,
+            "pid": self.identity.pid,
+            "hostname": self.identity.hostname,
+            "cause": self.cause,
+            "restartable": self.restartable,
+            "tid": self.tid,
+            "wchan": self.wchan,
+            "wall_time": self.wall_time,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class RankStatus:
+    """A snapshot of one rank: its state, since when (monotonic and wall), and how it is watched.
+
+    ``method`` is ``"pidfd"``, ``"procfs"`` (pidfd unavailable: polled instead) or ``"none"``
+    (remote or other namespace).
+    """
+
+    identity: ProcessIdentity
+    state: WorkerState
+    since: float
+    since_wall: float
+    method: str
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "rank": self.identity.rank,
+            "pid": self.identity.pid,
+            "hostname": self.identity.hostname,
+            "state": self.state.value,
+            "since": self.since_wall,
+            "method": self.method,
+            "detail": self.detail,
+        }
+
+
+class WorkerFailedError(RuntimeError):
+    """The engine's fatal error after a worker died, wedged or became unkillable.
+
+    Carries the :class:`WorkerEvent` as ``event``; ``restartable`` is False when the host must be
+    recycled. Pickles by message and event.
+    """
+
+    def __init__(self, event: WorkerEvent) -> None:
+        super().__init__(event.message)
+        self.event = event
+
+    @property
+    def restartable(self) -> bool:
+        """Whether a restart on the same host is safe."""
+        return self.event.restartable
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.event,))

@@ -1,0 +1,106 @@
+"""pidfd syscalls: open a process handle, verify it, signal through it, test whether it exited.
+
+A pidfd pins one process: once opened, it never refers to a later process that reuses the PID.
+So the safe order is *open, then verify the start time*: if the start time read after opening
+matches the identity, every later signal through that fd reaches the verified process.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import logging
+import os
+import select
+import signal
+
+from . import _procfs
+from ._errors import AccessDenied, PidReused, ProcessGone, ProcessZombie
+
+logger = logging.getLogger(__name__)
+
+# os.PIDFD_NONBLOCK appeared in Python 3.12; O_NONBLOCK has the same value for pidfd_open.
+PIDFD_NONBLOCK = getattr(os, "PIDFD_NONBLOCK", os.O_NONBLOCK)
+
+
+@functools.cache
+def pidfd_supported() -> bool:
+    """Whether ``pidfd_open`` and ``pidfd_send_signal`` work here (probed once, cached)."""
+    if not hasattr(os, "pidfd_open") or not hasattr(signal, "pidfd_send_signal"):
+        logger.debug("pidfd unsupported by this Python; using procfs checks")
+        return False
+    try:
+        fd = os.pidfd_open(os.getpid())
+    except OSError as exc:
+        logger.debug("pidfd_open unavailable (%s); using procfs checks", exc)
+        return False
+    try:
+        signal.pidfd_send_signal(fd, 0)
+    except OSError as exc:
+        logger.debug("pidfd_send_signal unavailable (%s); using procfs checks", exc)
+        return False
+    finally:
+        os.close(fd)
+    return True
+
+
+def open_pidfd(pid: int) -> int:
+    """Open a pidfd for ``pid``. Raises ``OSError`` as the kernel reports it."""
+    return os.pidfd_open(pid, 0)
+
+
+def is_exited(pidfd: int) -> bool:
+    """Whether the process behind ``pidfd`` has exited (it becomes readable then)."""
+    ready, _, _ = select.select([pidfd], [], [], 0)
+    return bool(ready)
+
+
+def verify_start_time(pid: int, start_time: int | None) -> _procfs.StatInfo:
+    """Read ``pid``'s stat and check it is alive and, if given, started at ``start_time``.
+
+    Raises :class:`ProcessGone`, :class:`ProcessZombie`, :class:`PidReused` or
+    :class:`AccessDenied`.
+    """
+    try:
+        info = _procfs.read_stat(pid)
+    except (FileNotFoundError, ProcessLookupError):
+        raise ProcessGone(pid, start_time) from None
+    except PermissionError:
+        raise AccessDenied(pid, start_time) from None
+    if start_time is not None and info.start_time != start_time:
+        raise PidReused(pid, start_time, info.comm)
+    if info.state in ("Z", "X"):
+        raise ProcessZombie(pid, start_time, info.comm)
+    return info
+
+
+def open_verified_pidfd(pid: int, start_time: int | None) -> int:
+    """Open a pidfd for ``pid`` and verify, after opening, that it is the expected process.
+
+    Returns the fd, which the caller owns. Raises :class:`ProcessGone`,
+    :class:`ProcessZombie` (the fd is closed: a zombie needs no signal), :class:`PidReused`,
+    :class:`AccessDenied`, or ``OSError`` for pidfd failures such as ``EMFILE`` or ``ENOSYS``.
+    """
+    try:
+        fd = open_pidfd(pid)
+    except ProcessLookupError:
+        raise ProcessGone(pid, start_time) from None
+    except OSError as exc:
+        if exc.errno == errno.ESRCH:
+            raise ProcessGone(pid, start_time) from None
+        raise
+    try:
+        verify_start_time(pid, start_time)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def send_signal(pidfd: int, sig: int) -> bool:
+    """Send ``sig`` through ``pidfd``. Returns False if the process already exited."""
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        return False
+    return True

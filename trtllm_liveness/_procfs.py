@@ -1,0 +1,182 @@
+"""Parsing of Linux procfs files: process and thread state, start time, signals, namespaces.
+
+Pure byte parsing lives here, isolated from syscalls and policy. The procfs root is read from the
+module attribute ``PROCFS_PATH`` on every call so that tests can point it at a fake tree.
+
+Every reader raises ``FileNotFoundError``/``ProcessLookupError`` when the process is gone; callers
+translate those with :func:`trtllm_liveness._errors.translate_oserror` where they need to.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import NamedTuple
+
+PROCFS_PATH = "/proc"
+
+# Fields after the closing parenthesis of comm, counted from 0: state is 0, starttime (field 22
+# of proc(5)) is 19.
+_STATE_INDEX = 0
+_PPID_INDEX = 1
+_PGRP_INDEX = 2
+_SESSION_INDEX = 3
+_STARTTIME_INDEX = 19
+_EXIT_CODE_INDEX = 49  # field 52, the waitpid(2)-style status; shown for zombies since Linux 3.5
+
+_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+
+# States in which a task is in uninterruptible sleep. 'D' is TASK_UNINTERRUPTIBLE; kernels
+# report a frozen or killable-but-uninterruptible task as 'D' too.
+UNINTERRUPTIBLE_STATES = frozenset("D")
+
+
+class StatInfo(NamedTuple):
+    """The fields of ``/proc/<pid>/stat`` this package uses."""
+
+    pid: int
+    comm: str
+    state: str
+    ppid: int
+    pgrp: int
+    session: int
+    start_time: int
+    exit_code: int | None = None
+
+
+def parse_stat(data: bytes) -> StatInfo:
+    """Parse the content of a ``stat`` file.
+
+    ``comm`` may contain spaces and parentheses (``a) b (c) d``), so it is everything between
+    the first ``(`` and the *last* ``)``. Raises ``ValueError`` on malformed content.
+    """
+    open_paren = data.find(b"(")
+    close_paren = data.rfind(b")")
+    if open_paren < 0 or close_paren < open_paren:
+        raise ValueError(f"malformed stat content: {data[:80]!r}")
+    fields = data[close_paren + 2 :].split()
+    if len(fields) <= _STARTTIME_INDEX:
+        raise ValueError(f"stat content has {len(fields)} fields after comm, expected more")
+    return StatInfo(
+        pid=int(data[:open_paren]),
+        comm=data[open_paren + 1 : close_paren].decode("utf-8", "replace"),
+        state=fields[_STATE_INDEX].decode("ascii", "replace"),
+        ppid=int(fields[_PPID_INDEX]),
+        pgrp=int(fields[_PGRP_INDEX]),
+        session=int(fields[_SESSION_INDEX]),
+        start_time=int(fields[_STARTTIME_INDEX]),
+        exit_code=int(fields[_EXIT_CODE_INDEX]) if len(fields) > _EXIT_CODE_INDEX else None,
+    )
+
+
+def _read(path: str) -> bytes:
+    # One read is enough for every small procfs file used here; procfs builds them whole.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        return os.read(fd, 65536)
+    finally:
+        os.close(fd)
+
+
+def read_stat(pid: int, tid: int | None = None) -> StatInfo:
+    """Read ``/proc/<pid>/stat``, or ``/proc/<pid>/task/<tid>/stat`` for one thread."""
+    if tid is None:
+        return parse_stat(_read(f"{PROCFS_PATH}/{pid}/stat"))
+    return parse_stat(_read(f"{PROCFS_PATH}/{pid}/task/{tid}/stat"))
+
+
+def read_start_time(pid: int) -> int:
+    """Start time of ``pid`` in clock ticks since boot (field 22 of ``stat``)."""
+    return read_stat(pid).start_time
+
+
+def read_thread_states(pid: int) -> dict[int, str]:
+    """Map each thread id of ``pid`` to its one-letter state.
+
+    Threads that exit while being listed are skipped. The main thread's state alone is not
+    enough: a driver or NCCL thread may sit in ``D`` while the main thread sleeps in ``S``.
+    """
+    states: dict[int, str] = {}
+    for name in os.listdir(f"{PROCFS_PATH}/{pid}/task"):
+        try:
+            data = _read(f"{PROCFS_PATH}/{pid}/task/{name}/stat")
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        # The state follows the last ')' and a space; avoid a full parse on this hot path.
+        close_paren = data.rfind(b")")
+        if close_paren >= 0 and close_paren + 2 < len(data):
+            states[int(name)] = chr(data[close_paren + 2])
+    return states
+
+
+def parse_signal_masks(data: bytes) -> tuple[int, int]:
+    """Return ``(SigPnd, ShdPnd)`` from the content of a ``status`` file."""
+    thread_pending = shared_pending = 0
+    for line in data.splitlines():
+        if line.startswith(b"SigPnd:"):
+            thread_pending = int(line.split()[1], 16)
+        elif line.startswith(b"ShdPnd:"):
+            shared_pending = int(line.split()[1], 16)
+    return thread_pending, shared_pending
+
+
+def sigkill_pending(pid: int, tid: int | None = None) -> bool:
+    """Whether SIGKILL is queued for the process (shared) or for one thread, but not delivered.
+
+    A task in uninterruptible sleep cannot act on SIGKILL; a pending SIGKILL on a ``D`` task is
+    what makes it unkillable.
+    """
+    path = (
+        f"{PROCFS_PATH}/{pid}/status"
+        if tid is None
+        else f"{PROCFS_PATH}/{pid}/task/{tid}/status"
+    )
+    thread_pending, shared_pending = parse_signal_masks(_read(path))
+    return bool((thread_pending | shared_pending) & _SIGKILL_BIT)
+
+
+def read_wchan(pid: int, tid: int | None = None) -> str:
+    """The kernel function the task is waiting in, or ``""`` when running or unknown."""
+    path = f"{PROCFS_PATH}/{pid}/wchan" if tid is None else f"{PROCFS_PATH}/{pid}/task/{tid}/wchan"
+    try:
+        text = _read(path).decode("ascii", "replace").strip()
+    except PermissionError:
+        return ""
+    return "" if text in ("0", "") else text
+
+
+def pid_namespace_inode(pid: int | str = "self") -> int:
+    """Inode number of the PID namespace of ``pid`` (``/proc/<pid>/ns/pid``)."""
+    return os.stat(f"{PROCFS_PATH}/{pid}/ns/pid").st_ino
+
+
+def boot_id() -> str:
+    """The kernel's boot id, or ``""`` when unreadable."""
+    try:
+        return _read(f"{PROCFS_PATH}/sys/kernel/random/boot_id").decode().strip()
+    except OSError:
+        return ""
+
+
+def list_pids() -> list[int]:
+    """Every numeric entry of the procfs root."""
+    return [int(name) for name in os.listdir(PROCFS_PATH) if name.isdigit()]
+
+
+def read_cmdline(pid: int) -> list[str]:
+    """The argument vector of ``pid`` (empty for kernel threads and zombies)."""
+    data = _read(f"{PROCFS_PATH}/{pid}/cmdline")
+    return [part.decode("utf-8", "replace") for part in data.split(b"\0") if part]
+
+
+def describe_wait_status(status: int) -> str:
+    """Render a waitpid(2)-style status as ``exit code N`` or ``killed by SIGNAME``."""
+    if os.WIFSIGNALED(status):
+        number = os.WTERMSIG(status)
+        try:
+            return f"killed by {signal.Signals(number).name}"
+        except ValueError:
+            return f"killed by signal {number}"
+    if os.WIFEXITED(status):
+        return f"exit code {os.WEXITSTATUS(status)}"
+    return f"wait status {status:#x}"
