@@ -119,7 +119,7 @@ class ProcessTracker:
             if proc.stdout is not None:
                 proc.stdout.close()
         for pid, start in self.pids.items():
-            if start is not None and wait_until(lambda: state_of(pid) in (None, "Z"), 5) is False:
+            if start is not None and not wait_until(lambda p=pid: state_of(p) in (None, "Z"), 5):
                 _LEAKED.append(f"pid {pid} still alive after teardown")
 
 
