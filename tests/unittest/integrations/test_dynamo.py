@@ -1,0 +1,92 @@
+"""The Dynamo bridge against the real ai-dynamo-runtime on loopback, with real processes."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ...conftest import ProcessTracker, wait_until
+
+pytest.importorskip("dynamo.runtime", reason="ai-dynamo-runtime is not installed")
+
+pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
+
+WORKER = Path(__file__).resolve().parents[2] / "helpers" / "dynamo_worker.py"
+
+
+def free_port() -> int:
+    """A free loopback port below 32768: Dynamo 1.6.1 parses DYN_SYSTEM_PORT as a signed 16-bit int."""
+    for port in random.sample(range(20000, 32000), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below 32768")
+
+
+def get(port: int, path: str) -> tuple[int | None, str]:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=2) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+    except OSError as exc:
+        return None, repr(exc)
+
+
+def test_sigkill_turns_health_503_names_rank_and_exits_nonzero(procs: ProcessTracker) -> None:
+    workers = [procs.sleeper() for _ in range(2)]
+    port = free_port()
+    env = dict(
+        os.environ,
+        DYN_SYSTEM_PORT=str(port),
+        DYN_SYSTEM_HOST="127.0.0.1",
+        DYN_TCP_RPC_HOST="127.0.0.1",
+        DYN_LOG="warn",
+    )
+    server = subprocess.Popen(
+        [sys.executable, str(WORKER), *(str(w.pid) for w in workers)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True,
+    )
+    procs.popens.append(server)
+    procs.track(server.pid)
+    try:
+        assert server.stdout is not None
+        line = server.stdout.readline()
+        assert line == b"serving\n", server.stderr.read().decode()[-3000:] if server.stderr else ""
+        assert wait_until(lambda: get(port, "/health")[0] == 200, 20)
+
+        os.kill(workers[1].pid, signal.SIGKILL)
+
+        assert wait_until(lambda: get(port, "/health")[0] in (503, None), 20)
+        status, body = get(port, "/engine/liveness")
+        if status == 200:  # the server may already be gone; when it answers, it names the rank
+            document = json.loads(body)
+            assert document["healthy"] is False
+            assert document["failure"]["rank"] == 1
+            assert document["failure"]["pid"] == workers[1].pid
+        returncode = server.wait(30)
+        assert returncode == 1
+        assert workers[0].poll() is None  # the healthy worker was never touched
+    finally:
+        if server.poll() is None:
+            with contextlib.suppress(OSError):
+                os.kill(server.pid, signal.SIGKILL)
+            server.wait(10)
+        stderr = server.stderr.read().decode() if server.stderr else ""
+        if server.stderr:
+            server.stderr.close()
+    assert "exited unexpectedly" in stderr
