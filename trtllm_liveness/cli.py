@@ -1,24 +1,32 @@
 """The ``trtllm-liveness`` command: a demo, and tools for the operator.
 
 Subcommands:
-    demo    start real worker processes, inject a fault, print the detection timeline
+    scan    diagnose processes now: thread states, time in D, SIGKILL pending, zombies, what to do
     watch   block until one of the given processes dies or wedges
+    demo    start real worker processes, inject a fault, print the detection timeline
+
+Results go to stdout (one JSON object with ``--json``); progress and errors go to stderr, errors
+as one line starting with ``trtllm-liveness:``.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import logging
+import math
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import NoReturn, TextIO
 
-from ._errors import LivenessError
-from ._events import EventKind, WorkerEvent
+from . import _scan
+from ._errors import AccessDenied, LivenessError, ProcessGone
+from ._events import EventKind, WorkerEvent, WorkerState
 from ._identity import ProcessIdentity, capture_identity
 from ._monitor import WorkerProcessMonitor
 
@@ -28,6 +36,16 @@ EXIT_USAGE = 2
 EXIT_DIED = 3
 EXIT_WEDGED = 4
 EXIT_INTERRUPTED = 130
+
+EXIT_STATUS_HELP = """\
+exit status:
+  0    nothing to report (scan: every process healthy)
+  1    runtime failure (scan: no process matched the filter, or a /proc entry was unreadable)
+  2    bad arguments, or a pid that does not exist or cannot be watched
+  3    a process died (watch), or a scanned process is a zombie or gone (scan)
+  4    a process is wedged in D or unkillable (watch), or stuck in D, unkillable or stopped (scan)
+  130  interrupted (Ctrl-C)
+"""
 
 
 def _out(text: str) -> None:
@@ -84,36 +102,114 @@ def _cmd_demo_processes(args: argparse.Namespace) -> int:
             child.wait(5)
 
 
+# ------------------------------------------------------------------------- argument types
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a bad argument costs the operator one line, not a usage dump."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def _pid_arg(value: str) -> int:
+    try:
+        pid = int(value, 10)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a pid: {value!r}") from None
+    if pid <= 0:
+        raise argparse.ArgumentTypeError(f"not a pid: {value!r} (must be a positive integer)")
+    if pid == 1:
+        raise argparse.ArgumentTypeError("refusing pid 1: init is never a worker")
+    if pid == os.getpid():
+        raise argparse.ArgumentTypeError(f"refusing pid {pid}: that is this command itself")
+    return pid
+
+
+def _seconds_arg(*, allow_zero: bool) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        try:
+            seconds = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
+        if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero) or seconds > 86400:
+            bound = ">= 0" if allow_zero else "> 0"
+            raise argparse.ArgumentTypeError(f"seconds must be {bound} and at most 86400, got {value!r}")
+        return seconds
+
+    return parse
+
+
+def _int_arg(low: int, high: int) -> Callable[[str], int]:
+    def parse(value: str) -> int:
+        try:
+            number = int(value, 10)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
+        if not low <= number <= high:
+            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {number}")
+        return number
+
+    return parse
+
+
+class _Progress:
+    """A progress line on stderr: redrawn in place on a terminal, else repeated every ``every_s``."""
+
+    def __init__(self, stream: TextIO, every_s: float = 30.0) -> None:
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._every_s = every_s
+        self._last = time.monotonic()
+        self._drawn = False
+
+    def line(self, text: str) -> None:
+        self._finish_redraw()
+        self._stream.write(f"trtllm-liveness: {text}\n")
+        self._stream.flush()
+        self._last = time.monotonic()
+
+    def tick(self, text: str) -> None:
+        if self._tty:
+            self._stream.write(f"\r\033[Ktrtllm-liveness: {text}")
+            self._stream.flush()
+            self._drawn = True
+        elif time.monotonic() - self._last >= self._every_s:
+            self.line(text)
+
+    def _finish_redraw(self) -> None:
+        if self._drawn:
+            self._stream.write("\n")
+            self._drawn = False
+
+    def done(self) -> None:
+        self._finish_redraw()
+        self._stream.flush()
+
+
+def _describe_pid_error(pid: int, exc: LivenessError) -> str:
+    if isinstance(exc, AccessDenied):
+        return f"permission denied reading /proc/{pid}: run as root or as the process owner"
+    if isinstance(exc, ProcessGone):
+        return f"no such process: pid {pid}"
+    return f"cannot inspect pid {pid}: {exc}"
+
+
 # ------------------------------------------------------------------------- watch
 
 
-def _parse_pids(values: Sequence[str]) -> list[int]:
-    pids = []
-    for value in values:
-        try:
-            pid = int(value)
-        except ValueError:
-            raise SystemExit(_usage_error(f"not a pid: {value!r}")) from None
-        if pid <= 1:
-            raise SystemExit(_usage_error(f"refusing pid {pid}"))
-        pids.append(pid)
-    return pids
-
-
-def _usage_error(text: str) -> int:
-    _err(text)
-    return EXIT_USAGE
-
-
 def _cmd_watch(args: argparse.Namespace) -> int:
-    pids = _parse_pids(args.pids)
+    pids: list[int] = args.pids
+    if len(set(pids)) != len(pids):
+        return _usage_error("a pid is given more than once")
     identities: list[ProcessIdentity] = []
     for rank, pid in enumerate(pids):
         try:
             identities.append(capture_identity(rank, pid))
         except LivenessError as exc:
-            _err(f"cannot watch pid {pid}: {exc}")
-            return EXIT_USAGE
+            return _usage_error(_describe_pid_error(pid, exc))
+    timeout: float | None = args.d_state_timeout
+    interval: float = args.scan_interval or (min(1.0, max(0.05, timeout / 5)) if timeout else 1.0)
     got = threading.Event()
     events: list[WorkerEvent] = []
 
@@ -121,54 +217,232 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         events.append(event)
         got.set()
 
-    with WorkerProcessMonitor(d_state_timeout_s=args.d_state_timeout, scan_interval_s=args.scan_interval) as monitor:
+    progress = _Progress(sys.stderr, every_s=60.0)
+    with WorkerProcessMonitor(d_state_timeout_s=timeout, scan_interval_s=interval) as monitor:
         monitor.subscribe(on_event)
         monitor.register(identities)
+        for status in monitor.statuses():
+            if status.state in (WorkerState.UNMONITORED_OTHER_NAMESPACE, WorkerState.UNMONITORED_REMOTE):
+                return _usage_error(f"cannot watch pid {status.identity.pid}: {status.detail}")
         monitor.start()
-        _out(f"watching {len(identities)} process(es): {' '.join(map(str, pids))}")
+        what = "death" if timeout is None else f"death, or a thread in D for {timeout:g}s"
+        progress.line(f"watching {len(identities)} process(es) ({' '.join(map(str, pids))}) for {what}; "
+                      "Ctrl-C to stop")
+        started = time.monotonic()
         try:
             while not got.wait(1.0):
-                pass
+                progress.tick(f"watching {len(identities)} process(es): all alive after "
+                              f"{time.monotonic() - started:.0f}s")
         except KeyboardInterrupt:
-            _out("interrupted")
+            progress.done()
+            _err("interrupted")
             return EXIT_INTERRUPTED
+        progress.done()
     event = events[0]
     _out(json.dumps(event.to_dict()) if args.json else event.message)
     return EXIT_DIED if event.kind is EventKind.DIED else EXIT_WEDGED
 
 
+# ------------------------------------------------------------------------- scan
+
+
+def _thread_summary(report: _scan.ProcessReport) -> str:
+    counts: dict[str, int] = {}
+    for thread in report.threads:
+        counts[thread.state] = counts.get(thread.state, 0) + 1
+    states = ", ".join(f"{state} {count}" for state, count in sorted(counts.items()))
+    return f"{len(report.threads)} thread(s) ({states})"
+
+
+def _printable(text: str) -> str:
+    # Command lines and thread names are chosen by whoever started the process: keep control
+    # characters from reaching the operator's terminal.
+    return "".join(char if char.isprintable() else f"\\x{ord(char):02x}" for char in text)
+
+
+def _print_report(report: _scan.ProcessReport, *, all_threads: bool) -> None:
+    verdict = report.verdict.value.upper() if report.flagged else report.verdict.value
+    head = f"pid {report.pid}"
+    if report.comm:
+        head += f" ({_printable(report.comm)}) ppid {report.ppid}"
+    if report.state:
+        head += f" state {report.state}"
+    line = f"{head}: {verdict}"
+    if report.detail:
+        line += f" - {report.detail}"
+    if report.threads and not (all_threads or report.flagged):
+        line += f"; {_thread_summary(report)}"
+    _out(line)
+    if report.cmdline:
+        _out(f"  cmd: {_printable(' '.join(report.cmdline))}"[:300])
+    if report.threads and (all_threads or report.flagged):
+        _out(f"    {'TID':<8} {'NAME':<16} {'STATE':<5} {'IN-D':>7} {'SIGKILL':<8} WCHAN")
+        for thread in report.threads:
+            in_d = f"{thread.d_seconds:.1f}s" if thread.state == "D" else "-"
+            pending = "pending" if thread.kill_pending else "-"
+            _out(f"    {thread.tid:<8} {_printable(thread.name)[:16]:<16} {thread.state:<5} {in_d:>7} {pending:<8} "
+                 f"{thread.wchan or '-'}")
+    if report.advice:
+        _out(f"  action: {report.advice}")
+
+
+def _cmd_scan(args: argparse.Namespace) -> int:
+    filters = {"name": args.name, "parent": args.parent, "cgroup": args.cgroup}
+    given = {key: value for key, value in filters.items() if value is not None}
+    if args.pids and given:
+        return _usage_error("give PIDs or a filter (--name/--parent/--cgroup), not both")
+    if not args.pids and not given:
+        return _usage_error("give PIDs to scan, or a filter: --name SUBSTR, --parent PID or --cgroup PATH")
+    if args.pids:
+        pids: list[int] = list(dict.fromkeys(args.pids))
+        for pid in pids:
+            try:
+                capture_identity(0, pid)
+            except LivenessError as exc:
+                return _usage_error(_describe_pid_error(pid, exc))
+    else:
+        pids = _scan.select_processes(**given)
+        if not pids:
+            described = " ".join(f"--{key} {value}" for key, value in given.items())
+            _err(f"no process matches {described}")
+            return EXIT_FAILED
+    samples = 1 if args.window == 0 else args.samples
+    progress = _Progress(sys.stderr)
+    if args.window >= 1.0:
+        progress.line(f"sampling {len(pids)} process(es) for {args.window:g}s ({samples} samples)...")
+    result = _scan.scan(pids, window_s=args.window, samples=samples)
+    progress.done()
+    if args.json:
+        _out(json.dumps(result.to_dict()))
+    else:
+        for report in result.processes:
+            _print_report(report, all_threads=args.threads)
+        counts: dict[str, int] = {}
+        for report in result.processes:
+            counts[report.verdict.value] = counts.get(report.verdict.value, 0) + 1
+        summary = ", ".join(f"{count} {verdict}" for verdict, count in counts.items())
+        _out(f"summary: {len(result.processes)} process(es) over {result.window_s:g}s, {result.samples} "
+             f"sample(s): {summary}")
+        unkillable = result.unkillable
+        if unkillable:
+            _out(f"ACTION: {len(unkillable)} unkillable process(es) (pid {' '.join(str(r.pid) for r in unkillable)}): "
+                 f"{_scan.RECYCLE_ADVICE}")
+    verdicts = [report.verdict for report in result.processes]
+    if any(verdict.is_stuck for verdict in verdicts):
+        return EXIT_WEDGED
+    if any(verdict.is_dead for verdict in verdicts):
+        return EXIT_DIED
+    if any(verdict is _scan.Verdict.ACCESS_DENIED for verdict in verdicts):
+        return EXIT_FAILED
+    return EXIT_OK
+
+
 # ------------------------------------------------------------------------- entry point
+
+_MAIN_DESCRIPTION = """\
+Notice and diagnose dead or wedged inference worker processes. Use 'trtllm-liveness COMMAND --help'
+for the options of each command. Results go to stdout, progress and errors to stderr.
+"""
+
+_SCAN_DESCRIPTION = """\
+Diagnose processes now. Each process is sampled several times over --window; for it and each of
+its threads the scan reports the state, how long a thread was seen in D (uninterruptible sleep),
+whether SIGKILL is pending, the kernel wait channel, and whether it is a zombie. A process in D with
+SIGKILL pending across samples is UNKILLABLE: only recycling the host ends it.
+
+Give PIDs, or select the processes of a job with filters (combined with AND):
+  --name mpi4py.futures.server    name or command line contains the text
+  --parent 4242                   descendants of pid 4242 (MPI workers are grandchildren of the launcher)
+  --cgroup /sys/fs/cgroup/...     processes of a cgroup directory, or a path as in /proc/PID/cgroup
+"""
+
+_WATCH_DESCRIPTION = """\
+Block until one of the processes dies, or (with --d-state-timeout) has a thread in D for that long,
+or becomes unkillable; then print the event (one JSON object with --json) and exit 3 (died) or 4
+(wedged/unkillable). The pids are verified by start time, so a recycled pid is never mistaken for
+the process. No signal is ever sent.
+"""
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The argument parser of the ``trtllm-liveness`` command."""
-    parser = argparse.ArgumentParser(prog="trtllm-liveness", description=__doc__.split("\n\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = _Parser(prog="trtllm-liveness", description=_MAIN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
+                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log the library's warnings (-v) or debug messages (-vv) to stderr")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{scan,watch,demo}")
+
+    scan = sub.add_parser("scan", help="diagnose processes now: D state, SIGKILL pending, zombies, what to do",
+                          description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
+                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    scan.add_argument("pids", nargs="*", type=_pid_arg, metavar="PID", help="process ids to scan")
+    scan.add_argument("--name", metavar="SUBSTR", help="select processes whose name or command line contains SUBSTR")
+    scan.add_argument("--parent", type=_pid_arg, metavar="PID", help="select the descendants of PID")
+    scan.add_argument("--cgroup", metavar="PATH", help="select the processes of a cgroup (directory or cgroup path)")
+    scan.add_argument("--window", type=_seconds_arg(allow_zero=True), default=1.0, metavar="S",
+                      help="sample over this many seconds (default 1; 0 takes one sample)")
+    scan.add_argument("--samples", type=_int_arg(1, 10000), default=5, metavar="N",
+                      help="number of samples over the window (default 5)")
+    scan.add_argument("--threads", action="store_true", help="list every thread, also of healthy processes")
+    scan.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    scan.set_defaults(func=_cmd_scan)
+
+    watch = sub.add_parser("watch", help="block until one of the processes dies or wedges",
+                           description=_WATCH_DESCRIPTION, epilog=EXIT_STATUS_HELP,
+                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    watch.add_argument("pids", nargs="+", type=_pid_arg, metavar="PID", help="process ids to watch")
+    watch.add_argument("--d-state-timeout", type=_seconds_arg(allow_zero=False), default=None, metavar="S",
+                       help="report a process wedged once a thread is in D this long (default: deaths only)")
+    watch.add_argument("--scan-interval", type=_seconds_arg(allow_zero=False), default=None, metavar="S",
+                       help="how often to sample thread states (default min(1, S/5))")
+    watch.add_argument("--json", action="store_true", help="print the event as one JSON object")
+    watch.set_defaults(func=_cmd_watch)
 
     demo = sub.add_parser("demo", help="run real workers, inject a fault, print the detection timeline")
-    demo.add_argument("--workers", type=int, default=4, help="number of worker processes (default 4)")
-    demo.add_argument("--rank", type=int, default=1, help="rank to kill (default 1)")
+    demo.add_argument("--workers", type=_int_arg(1, 256), default=4, help="number of worker processes (default 4)")
+    demo.add_argument("--rank", type=_int_arg(0, 255), default=1, help="rank to kill (default 1)")
     demo.add_argument("--json", action="store_true", help="also print the result as one JSON object")
     demo.set_defaults(func=_cmd_demo_processes)
-
-    watch = sub.add_parser("watch", help="block until one of the processes dies or wedges")
-    watch.add_argument("pids", nargs="+", help="process ids to watch")
-    watch.add_argument("--d-state-timeout", type=float, default=None, metavar="S",
-                       help="report a process wedged after a thread is in D state this long")
-    watch.add_argument("--scan-interval", type=float, default=1.0, metavar="S",
-                       help="how often to sample thread states (default 1 s)")
-    watch.add_argument("--json", action="store_true", help="print the event as JSON")
-    watch.set_defaults(func=_cmd_watch)
     return parser
 
 
+def _usage_error(text: str) -> int:
+    _err(text)
+    return EXIT_USAGE
+
+
+def _configure_logging(verbosity: int) -> None:
+    # The commands print events themselves; by default the library's event logs would repeat
+    # them on stderr, so only a dying watcher thread (CRITICAL) gets through unless -v is given.
+    level = {0: logging.CRITICAL, 1: logging.WARNING}.get(verbosity, logging.DEBUG)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("trtllm-liveness: %(levelname)s %(name)s: %(message)s"))
+    package_logger = logging.getLogger("trtllm_liveness")
+    package_logger.addHandler(handler)
+    package_logger.setLevel(level)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; returns the exit status."""
-    args = build_parser().parse_args(argv)
+    """Run the command line; returns the exit status (see ``EXIT_STATUS_HELP``)."""
     try:
+        args = build_parser().parse_args(argv)
+        _configure_logging(args.verbose)
         status: int = args.func(args)
     except KeyboardInterrupt:
+        _err("interrupted")
         return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # The reader went away (``| head``): stop quietly, and keep Python from complaining at exit.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+        return EXIT_FAILED
+    except LivenessError as exc:
+        _err(str(exc))
+        return EXIT_FAILED
+    except OSError as exc:
+        _err(f"{exc.strerror or exc} ({exc.filename})" if exc.filename else str(exc))
+        return EXIT_FAILED
     return status
 
 

@@ -1,0 +1,203 @@
+"""Prometheus metrics: a real ``/metrics`` page scraped after a real SIGKILL of a real process."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+
+import pytest
+
+from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
+
+from ...conftest import Freezer, ProcessTracker, state_of, wait_until
+
+prometheus_client = pytest.importorskip("prometheus_client", reason="the optional prometheus_client is not installed")
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
+
+from trtllm_liveness.integrations.prometheus import LivenessMetrics  # noqa: E402
+
+pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(text: str) -> Samples:
+    samples: Samples = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            samples[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
+    return samples
+
+
+def value(samples: Samples, name: str, **labels: str) -> float:
+    return samples[(name, tuple(sorted(labels.items())))]
+
+
+def scrape_registry(metrics: LivenessMetrics) -> Samples:
+    return parse(prometheus_client.generate_latest(metrics.registry).decode())
+
+
+@pytest.fixture
+def served() -> Iterator[list[LivenessMetrics]]:
+    """LivenessMetrics created in the test, closed (and their HTTP servers stopped) afterwards."""
+    made: list[LivenessMetrics] = []
+    yield made
+    for metrics in made:
+        metrics.close()
+
+
+def test_metrics_page_after_a_real_sigkill(procs: ProcessTracker) -> None:
+    children = [procs.sleeper() for _ in range(3)]
+    identities = [capture_identity(rank, child.pid) for rank, child in enumerate(children)]
+    got = threading.Event()
+    with WorkerProcessMonitor() as monitor:
+        metrics = LivenessMetrics(monitor)
+        server, _thread = metrics.start_http_server(0, "127.0.0.1")
+        try:
+            monitor.subscribe(lambda event: got.set())
+            monitor.register(identities)
+            monitor.start()
+            url = f"http://127.0.0.1:{server.server_port}/metrics"
+            with urllib.request.urlopen(url, timeout=10) as response:
+                before = parse(response.read().decode())
+            assert value(before, "trtllm_liveness_worker_state", rank="2", host=identities[2].hostname,
+                         state="alive") == 1
+            assert value(before, "trtllm_liveness_worker_failures_total", kind="died") == 0
+
+            metrics.note_fault(2)
+            os.kill(children[2].pid, signal.SIGKILL)
+            assert got.wait(10)
+            with urllib.request.urlopen(url, timeout=10) as response:
+                assert response.status == 200
+                assert response.headers["Content-Type"].startswith("text/plain")
+                after = parse(response.read().decode())
+        finally:
+            server.shutdown()
+            server.server_close()
+            metrics.close()
+
+    host = identities[0].hostname
+    assert value(after, "trtllm_liveness_worker_failures_total", kind="died") == 1
+    assert value(after, "trtllm_liveness_worker_failures_total", kind="wedged") == 0
+    assert value(after, "trtllm_liveness_detection_latency_seconds_count", kind="died") == 1
+    assert value(after, "trtllm_liveness_detection_latency_seconds_sum", kind="died") >= 0
+    assert value(after, "trtllm_liveness_detection_latency_seconds_bucket", kind="died", le="+Inf") == 1
+    dead_state = {
+        state for state in ("exited", "zombie")
+        if value(after, "trtllm_liveness_worker_state", rank="2", host=host, state=state) == 1
+    }
+    assert len(dead_state) == 1
+    assert value(after, "trtllm_liveness_worker_state", rank="2", host=host, state="alive") == 0
+    assert value(after, "trtllm_liveness_worker_state", rank="0", host=host, state="alive") == 1
+    assert value(after, "trtllm_liveness_worker_state", rank="1", host=host, state="alive") == 1
+    assert value(after, "trtllm_liveness_unkillable_workers") == 0
+
+
+@pytest.mark.freezer
+def test_unkillable_gauge_and_wedge_counts_on_a_frozen_process(procs: ProcessTracker, freezer: Freezer) -> None:
+    child = procs.sleeper()
+    identity = capture_identity(0, child.pid)
+    events: list[WorkerEvent] = []
+    with WorkerProcessMonitor(d_state_timeout_s=0.3, scan_interval_s=0.05) as monitor:
+        metrics = LivenessMetrics(monitor)
+        try:
+            monitor.subscribe(events.append)
+            monitor.register([identity])
+            monitor.start()
+            freezer.add(child.pid)
+            try:
+                freezer.freeze()
+                assert wait_until(lambda: state_of(child.pid) == "D", 10)
+                assert wait_until(lambda: any(e.kind is EventKind.WEDGED for e in events), 10)
+                os.kill(child.pid, signal.SIGKILL)
+                assert wait_until(lambda: any(e.kind is EventKind.UNKILLABLE for e in events), 10)
+                stuck = scrape_registry(metrics)
+            finally:
+                # Also on failure: a live process would keep the freezer group from being removed.
+                os.kill(child.pid, signal.SIGKILL)
+                freezer.thaw()  # the pending SIGKILL ends it now
+            assert wait_until(lambda: any(e.kind is EventKind.DIED for e in events), 10)
+            dead = scrape_registry(metrics)
+        finally:
+            metrics.close()
+
+    assert value(stuck, "trtllm_liveness_unkillable_workers") == 1
+    assert value(stuck, "trtllm_liveness_worker_state", rank="0", host=identity.hostname, state="unkillable") == 1
+    assert value(stuck, "trtllm_liveness_worker_failures_total", kind="wedged") == 1
+    assert value(stuck, "trtllm_liveness_worker_failures_total", kind="unkillable") == 1
+    # No fault time was noted: nothing is observed rather than a made-up latency.
+    assert value(stuck, "trtllm_liveness_detection_latency_seconds_count", kind="wedged") == 0
+    assert value(dead, "trtllm_liveness_unkillable_workers") == 0
+    assert value(dead, "trtllm_liveness_worker_failures_total", kind="died") == 1
+
+
+def test_private_registry_by_default_and_default_registry_on_request(served: list[LivenessMetrics]) -> None:
+    first, second = LivenessMetrics(), LivenessMetrics()  # two private registries: no name clash
+    served += [first, second]
+    default_names = {family.name for family in prometheus_client.REGISTRY.collect()}
+    assert not any(name.startswith("trtllm_liveness") for name in default_names)
+    assert value(scrape_registry(first), "trtllm_liveness_unkillable_workers") == 0
+
+    shared = LivenessMetrics(use_default_registry=True)
+    try:
+        names = {family.name for family in prometheus_client.REGISTRY.collect()}
+        assert {"trtllm_liveness_worker_failures", "trtllm_liveness_unkillable_workers"} <= names
+        with pytest.raises(ValueError):
+            LivenessMetrics(use_default_registry=True)  # names must be unique in one registry
+    finally:
+        shared.close()
+    names = {family.name for family in prometheus_client.REGISTRY.collect()}
+    assert not any(name.startswith("trtllm_liveness") for name in names)
+    with pytest.raises(ValueError):
+        LivenessMetrics(registry=prometheus_client.CollectorRegistry(), use_default_registry=True)
+
+
+def test_reattach_after_restart_keeps_counts_and_never_counts_twice(
+    procs: ProcessTracker, served: list[LivenessMetrics]
+) -> None:
+    metrics = LivenessMetrics(fault_time=lambda event: event.detected_at - 0.25)
+    served.append(metrics)
+    first, second = procs.sleeper(), procs.sleeper()
+    with WorkerProcessMonitor() as old, WorkerProcessMonitor() as new:
+        old.register([capture_identity(0, first.pid)])
+        metrics.attach(old)
+        os.kill(first.pid, signal.SIGKILL)
+        assert wait_until(lambda: old.check() is not None, 10)
+        metrics.detach()
+        metrics.attach(old)  # again: the late-subscriber replay must not count the death twice
+        assert value(scrape_registry(metrics), "trtllm_liveness_worker_failures_total", kind="died") == 1
+
+        new.register([capture_identity(0, second.pid)])
+        metrics.attach(new)  # a restarted executor's monitor replaces the old one
+        samples = scrape_registry(metrics)
+        assert value(samples, "trtllm_liveness_worker_state", rank="0", host=new.identities[0].hostname,
+                     state="alive") == 1
+        assert value(samples, "trtllm_liveness_worker_failures_total", kind="died") == 1
+        # The fault_time callback supplied the fault time: one observation, in the 0.25..0.5 s bucket.
+        assert value(samples, "trtllm_liveness_detection_latency_seconds_count", kind="died") == 1
+        assert value(samples, "trtllm_liveness_detection_latency_seconds_bucket", kind="died", le="0.1") == 0
+        assert value(samples, "trtllm_liveness_detection_latency_seconds_bucket", kind="died", le="0.5") == 1
+
+        metrics.detach()
+        assert not any(name == "trtllm_liveness_worker_state" for name, _ in scrape_registry(metrics))
+
+
+def test_clear_import_error_without_prometheus_client() -> None:
+    code = (
+        "import sys; sys.modules['prometheus_client'] = None\n"
+        "try:\n"
+        "    import trtllm_liveness.integrations.prometheus\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+        "    sys.exit(3)\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert result.returncode == 3, result.stderr
+    assert "prometheus_client" in result.stdout
+    assert "pip install" in result.stdout

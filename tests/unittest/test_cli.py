@@ -1,0 +1,374 @@
+"""The installed ``trtllm-liveness`` console script, run as a subprocess on real processes.
+
+Live, zombie and frozen (real ``D`` via the cgroup v1 freezer) processes; every wait is bounded and
+nothing asserts on timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from trtllm_liveness import _procfs
+
+from ..conftest import SLEEPER, WAIT_SCALE, Freezer, ProcessTracker, state_of, wait_until
+
+pytestmark = [pytest.mark.real_process, pytest.mark.timeout(120)]
+
+CLI = Path(sys.executable).parent / "trtllm-liveness"
+if not CLI.exists():  # pragma: no cover - depends on how the package was installed
+    pytest.skip(f"console script not installed next to {sys.executable}", allow_module_level=True)
+
+RUN_TIMEOUT = 60 * WAIT_SCALE
+
+
+def run_cli(*args: str | int) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(CLI), *map(str, args)], capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False
+    )
+
+
+def start_cli(procs: ProcessTracker, *args: str | int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen(
+        [str(CLI), *map(str, args)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+    )
+    procs.popens.append(proc)
+    procs.track(proc.pid)
+    return proc
+
+
+def wait_for_stderr(proc: subprocess.Popen[bytes], needle: bytes, timeout: float = 30) -> bytes:
+    """Read the process's stderr until it contains ``needle`` (or EOF); return what was read."""
+    assert proc.stderr is not None
+    fd = proc.stderr.fileno()
+    seen = bytearray()
+
+    def found() -> bool:
+        ready, _, _ = select.select([fd], [], [], 0)
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                return True  # EOF: stop waiting; the assertion below reports what was seen
+            seen.extend(chunk)
+        return needle in seen
+
+    wait_until(found, timeout, 0.01)
+    assert needle in seen, f"{needle!r} not seen on stderr; got {bytes(seen)!r}"
+    return bytes(seen)
+
+
+def finish(proc: subprocess.Popen[bytes]) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    return proc.returncode, out.decode(), err.decode()
+
+
+def nonexistent_pid() -> int:
+    with open("/proc/sys/kernel/pid_max") as handle:
+        return int(handle.read()) + 1  # above pid_max: the kernel cannot have given it out
+
+
+def distinctive_sleeper(procs: ProcessTracker, token: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", SLEEPER, token], stdout=subprocess.PIPE, start_new_session=True)
+    procs.popens.append(proc)
+    procs.track(proc.pid)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+@contextlib.contextmanager
+def killed_at_exit(pid: int) -> Iterator[None]:
+    """SIGKILL ``pid`` (a process this test started) when the block ends, also on failure.
+
+    A process in a freezer group must be gone before the group can be removed: SIGKILL stays
+    pending while it is frozen and takes effect when the ``freezer`` fixture thaws the group.
+    """
+    try:
+        yield
+    finally:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def scan_json(*args: str | int) -> tuple[int, dict[str, Any]]:
+    result = run_cli("scan", "--json", *args)
+    return result.returncode, json.loads(result.stdout)
+
+
+# ----------------------------------------------------------------------------- scan
+
+
+def test_scan_of_a_live_process_is_ok(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    result = run_cli("scan", "--window", "0.2", child.pid)
+    assert result.returncode == 0, result.stderr
+    assert f"pid {child.pid} " in result.stdout
+    assert ": ok" in result.stdout
+    assert "summary: 1 process(es)" in result.stdout
+
+
+def test_scan_over_a_second_prints_progress_on_stderr_and_threads_on_request(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    result = run_cli("scan", "--threads", child.pid)  # default window: 1 s
+    assert result.returncode == 0, result.stderr
+    assert "trtllm-liveness: sampling 1 process(es)" in result.stderr
+    assert "TID" in result.stdout
+    assert f"    {child.pid} " in result.stdout
+
+
+def test_scan_of_a_stopped_process_flags_it(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    os.kill(child.pid, signal.SIGSTOP)
+    assert wait_until(lambda: state_of(child.pid) == "T", 10)
+    result = run_cli("scan", "--window", "0.2", child.pid)
+    os.kill(child.pid, signal.SIGCONT)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "STOPPED" in result.stdout
+    assert "SIGCONT" in result.stdout
+
+
+def test_scan_json_parses_and_lists_threads(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    status, data = scan_json("--window", "0.2", "--samples", "3", child.pid)
+    assert status == 0
+    assert data["samples"] == 3
+    assert data["unkillable"] == 0
+    (report,) = data["processes"]
+    assert report["pid"] == child.pid
+    assert report["verdict"] == "ok"
+    assert report["zombie"] is False
+    assert report["sigkill_pending"] is False
+    assert child.pid in [thread["tid"] for thread in report["threads"]]
+    assert all(thread["state"] in "RSI" for thread in report["threads"])
+
+
+def test_scan_of_a_zombie_says_so_with_its_exit(procs: ProcessTracker) -> None:
+    _middle, pid = procs.grandchild(reap=False)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: state_of(pid) == "Z", 10)
+    result = run_cli("scan", "--window", "0", pid)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "ZOMBIE" in result.stdout
+    assert "killed by SIGKILL" in result.stdout
+    status, data = scan_json("--window", "0", pid)
+    assert status == 3
+    assert data["processes"][0]["zombie"] is True
+    assert data["processes"][0]["exit_status"] == "killed by SIGKILL"
+
+
+@pytest.mark.freezer
+def test_scan_of_a_frozen_process_shows_d_then_unkillable_with_recycle_advice(
+    procs: ProcessTracker, freezer: Freezer
+) -> None:
+    child = procs.sleeper()
+    freezer.add(child.pid)
+    with killed_at_exit(child.pid):
+        _check_frozen_scan(child.pid, freezer)
+
+
+def _check_frozen_scan(pid: int, freezer: Freezer) -> None:
+    freezer.freeze()
+    assert wait_until(lambda: state_of(pid) == "D", 10)
+
+    result = run_cli("scan", "--window", "0.3", pid)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "D-STATE" in result.stdout
+    assert "UNKILLABLE" not in result.stdout
+
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: _procfs.sigkill_pending(pid), 10)
+    result = run_cli("scan", "--window", "0.3", pid)
+    assert result.returncode == 4, result.stdout + result.stderr
+    assert "UNKILLABLE" in result.stdout
+    assert "recycle the host" in result.stdout
+    assert "pending" in result.stdout
+
+    status, data = scan_json("--window", "0.3", pid)
+    assert status == 4
+    assert data["unkillable"] == 1
+    assert "recycle the host" in data["advice"]
+    (report,) = data["processes"]
+    assert report["verdict"] == "unkillable"
+    assert report["sigkill_pending"] is True
+    assert report["d_seconds"] > 0
+    assert any(thread["state"] == "D" for thread in report["threads"])
+    assert state_of(pid) == "D"  # the scan only looked; thawing in teardown lets it die
+
+
+def test_scan_by_name_finds_the_process_with_a_distinctive_argv(procs: ProcessTracker) -> None:
+    token = f"trtllm-liveness-test-{uuid.uuid4().hex}"
+    child = distinctive_sleeper(procs, token)
+    procs.sleeper()  # a bystander that must not match
+    status, data = scan_json("--window", "0", "--name", token)
+    assert status == 0
+    # The scan's own command line holds the token too; it must exclude itself.
+    assert [report["pid"] for report in data["processes"]] == [child.pid]
+
+
+def test_scan_by_parent_finds_a_grandchild(procs: ProcessTracker) -> None:
+    middle, grandchild = procs.grandchild()
+    status, data = scan_json("--window", "0", "--parent", middle.pid)
+    assert status == 0
+    assert grandchild in [report["pid"] for report in data["processes"]]
+    assert middle.pid not in [report["pid"] for report in data["processes"]]
+
+
+@pytest.mark.freezer
+def test_scan_by_cgroup_directory(procs: ProcessTracker, freezer: Freezer) -> None:
+    inside, outside = procs.sleeper(), procs.sleeper()
+    freezer.add(inside.pid)
+    with killed_at_exit(inside.pid):
+        status, data = scan_json("--window", "0", "--cgroup", freezer.path)
+        # The same group named as /proc/<pid>/cgroup writes it (relative to the hierarchy's root).
+        by_path_status, by_path = scan_json("--window", "0", "--cgroup", "/" + os.path.basename(freezer.path))
+    assert status == 0
+    pids = [report["pid"] for report in data["processes"]]
+    assert pids == [inside.pid]
+    assert outside.pid not in pids
+    assert by_path_status == 0
+    assert [report["pid"] for report in by_path["processes"]] == [inside.pid]
+
+
+def test_scan_filter_matching_nothing_fails_with_one_line() -> None:
+    result = run_cli("scan", "--window", "0", "--name", f"no-such-process-{uuid.uuid4().hex}")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert len(result.stderr.splitlines()) == 1
+    assert "no process matches" in result.stderr
+
+
+# ----------------------------------------------------------------------------- bad arguments
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["scan"], "give PIDs"),
+        (["scan", "abc"], "not a pid"),
+        (["scan", "1"], "pid 1"),
+        (["scan", "-5"], "not a pid"),
+        (["scan", "12.5"], "not a pid"),
+        (["scan", "--window", "-1", "100"], "seconds"),
+        (["scan", "--samples", "0", "100"], "between 1 and"),
+        (["demo", "--workers", "0"], "between 1 and"),
+        (["scan", "100", "--name", "x"], "not both"),
+        (["watch"], "required"),
+        (["watch", "abc"], "not a pid"),
+        (["watch", "1"], "pid 1"),
+        (["watch", "0"], "not a pid"),
+        (["watch", "--d-state-timeout", "0", "100"], "seconds"),
+        (["watch", "--d-state-timeout", "nan", "100"], "seconds"),
+        (["no-such-command"], "invalid choice"),
+        ([], "required"),
+    ],
+)
+def test_bad_arguments_exit_2_with_one_line(args: list[str], needle: str) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 2, result.stderr
+    assert result.stdout == ""
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("trtllm-liveness")
+    assert needle in lines[0]
+
+
+@pytest.mark.parametrize("command", ["scan", "watch"])
+def test_nonexistent_pid_exits_2_with_one_line(command: str) -> None:
+    pid = nonexistent_pid()
+    result = run_cli(command, pid)
+    assert result.returncode == 2
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [f"trtllm-liveness: no such process: pid {pid}"]
+
+
+def test_watch_refuses_a_duplicate_pid(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    result = run_cli("watch", child.pid, child.pid)
+    assert result.returncode == 2
+    assert len(result.stderr.splitlines()) == 1
+    assert "more than once" in result.stderr
+
+
+@pytest.mark.parametrize("args", [["--help"], ["scan", "--help"], ["watch", "--help"], ["demo", "--help"]])
+def test_help_exits_0_and_explains(args: list[str]) -> None:
+    result = run_cli(*args)
+    assert result.returncode == 0
+    assert "usage: trtllm-liveness" in result.stdout
+    if args[0] != "demo":
+        assert "exit status" in result.stdout
+
+
+# ----------------------------------------------------------------------------- watch
+
+
+def test_watch_exits_3_when_the_process_is_sigkilled(procs: ProcessTracker) -> None:
+    child, other = procs.sleeper(), procs.sleeper()
+    watch = start_cli(procs, "watch", other.pid, child.pid)
+    wait_for_stderr(watch, b"watching 2 process(es)")
+    os.kill(child.pid, signal.SIGKILL)
+    status, out, err = finish(watch)
+    assert status == 3, err
+    assert f"pid {child.pid}" in out
+    assert "exited unexpectedly" in out
+    assert state_of(other.pid) in ("S", "R")
+
+
+def test_watch_json_event_parses(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    watch = start_cli(procs, "watch", "--json", child.pid)
+    wait_for_stderr(watch, b"watching 1 process(es)")
+    os.kill(child.pid, signal.SIGKILL)
+    status, out, _err = finish(watch)
+    assert status == 3
+    event = json.loads(out)
+    assert event["kind"] == "died"
+    assert event["pid"] == child.pid
+    assert event["restartable"] is True
+
+
+def test_watch_of_a_zombie_exits_3_at_once(procs: ProcessTracker) -> None:
+    _middle, pid = procs.grandchild(reap=False)
+    os.kill(pid, signal.SIGKILL)
+    assert wait_until(lambda: state_of(pid) == "Z", 10)
+    result = run_cli("watch", pid)
+    assert result.returncode == 3, result.stderr
+    assert "zombie" in result.stdout
+
+
+@pytest.mark.freezer
+def test_watch_exits_4_on_a_frozen_process(procs: ProcessTracker, freezer: Freezer) -> None:
+    child = procs.sleeper()
+    freezer.add(child.pid)
+    with killed_at_exit(child.pid):
+        freezer.freeze()
+        assert wait_until(lambda: state_of(child.pid) == "D", 10)
+        watch = start_cli(procs, "watch", "--json", "--d-state-timeout", "0.3", child.pid)
+        status, out, err = finish(watch)
+    assert status == 4, err
+    event = json.loads(out)
+    assert event["kind"] == "wedged"
+    assert event["restartable"] is False
+    assert event["pid"] == child.pid
+
+
+def test_watch_exits_130_on_sigint(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    watch = start_cli(procs, "watch", child.pid)
+    wait_for_stderr(watch, b"Ctrl-C to stop")
+    os.kill(watch.pid, signal.SIGINT)
+    status, out, err = finish(watch)
+    assert status == 130
+    assert out == ""
+    assert "interrupted" in err
+    assert state_of(child.pid) in ("S", "R")  # watching never touches the process
