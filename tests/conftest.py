@@ -168,7 +168,13 @@ class Freezer:
     def remove(self) -> None:
         with contextlib.suppress(OSError):
             self.thaw()
-        # Thawed tasks with SIGKILL pending die at once; give them a moment, then remove the group.
+        # Thawed tasks with SIGKILL pending die at once; give them a moment. Tasks still alive
+        # (thawed without a kill; the procs fixture ends them later) go back to the root group,
+        # or the rmdir below fails with EBUSY.
+        if not wait_until(lambda: not self.tasks(), 1):
+            for tid in self.tasks():
+                with contextlib.suppress(OSError), open(os.path.join(FREEZER_ROOT, "tasks"), "w") as handle:
+                    handle.write(str(tid))
         wait_until(lambda: not self.tasks(), 10)
         for _ in range(50):
             try:

@@ -21,7 +21,7 @@ from ._errors import InvalidIdentityError, translate_oserror
 # larger is a bug or an attack, and parsing it would be the first step of a resource blow-up.
 MAX_IDENTITIES = 65536
 MAX_HOSTNAME_LEN = 253
-_MAX_PID = 1 << 22  # PID_MAX_LIMIT on 64-bit Linux
+_MAX_PID = (1 << 22) - 1  # PID_MAX_LIMIT on 64-bit Linux is 2**22; pids stay below it
 _MAX_RANK = 1 << 24
 
 
@@ -83,10 +83,11 @@ def _require_int(value: Any, what: str, index: int, low: int, high: int) -> int:
         )
     if not low <= value <= high:
         raise InvalidIdentityError(f"identity #{index}: {what}={value} is outside [{low}, {high}]")
-    return value
+    # Strip int subclasses (IntEnum, numpy-like wrappers) so the identity holds plain values.
+    return int(value)
 
 
-def _parse_one(item: Any, index: int, own_pid: int) -> ProcessIdentity:
+def _parse_one(item: Any, index: int, own_pid: int, *, strict: bool = True) -> ProcessIdentity:
     if isinstance(item, dict):
         try:
             item = tuple(item[name] for name in ProcessIdentity._fields)
@@ -103,9 +104,9 @@ def _parse_one(item: Any, index: int, own_pid: int) -> ProcessIdentity:
     rank_v, pid_v, start_v, host_v, ns_v = item
     rank = _require_int(rank_v, "rank", index, 0, _MAX_RANK)
     pid = _require_int(pid_v, "pid", index, 1, _MAX_PID)
-    if pid == 1:
+    if strict and pid == 1:
         raise InvalidIdentityError(f"identity #{index}: pid 1 (init) is never a worker")
-    if pid == own_pid:
+    if strict and pid == own_pid:
         raise InvalidIdentityError(
             f"identity #{index}: pid {pid} is the monitoring process itself"
         )
@@ -118,7 +119,17 @@ def _parse_one(item: Any, index: int, own_pid: int) -> ProcessIdentity:
     if not host_v.isprintable():
         raise InvalidIdentityError(f"identity #{index}: hostname has unprintable characters")
     namespace = _require_int(ns_v, "pid_namespace", index, 1, (1 << 64) - 1)
-    return ProcessIdentity(rank, pid, start_time, host_v, namespace)
+    return ProcessIdentity(rank, pid, start_time, str(host_v), namespace)
+
+
+def coerce_identity(item: Any, index: int = 0) -> ProcessIdentity:
+    """Validate one identity's structure, types and ranges (not the pid policy of the parser).
+
+    Used by the monitor's ``register``: pid 1 is legal there (a worker may be init of its own PID
+    namespace, and is then unmonitored anyway) and the monitor never signals. Raises
+    :class:`~trtllm_liveness.InvalidIdentityError`.
+    """
+    return _parse_one(item, index, own_pid=0, strict=False)
 
 
 def parse_identities(

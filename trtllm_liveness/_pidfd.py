@@ -32,6 +32,11 @@ def pidfd_supported() -> bool:
     try:
         fd = os.pidfd_open(os.getpid())
     except OSError as exc:
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            # Out of descriptors right now says nothing about kernel support, and this answer is
+            # cached for the life of the process; per-worker opens fall back on their own.
+            logger.debug("pidfd probe hit %s; assuming pidfd support", errno.errorcode[exc.errno])
+            return True
         logger.debug("pidfd_open unavailable (%s); using procfs checks", exc)
         return False
     try:
@@ -50,16 +55,20 @@ def open_pidfd(pid: int) -> int:
 
 
 def is_exited(pidfd: int) -> bool:
-    """Whether the process behind ``pidfd`` has exited (it becomes readable then)."""
-    ready, _, _ = select.select([pidfd], [], [], 0)
-    return bool(ready)
+    """Whether the process behind ``pidfd`` has exited (it becomes readable then). Never blocks."""
+    # poll, not select: select() cannot take descriptors >= FD_SETSIZE (1024), which a monitor of
+    # a thousand workers reaches.
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
 
 
 def verify_start_time(pid: int, start_time: int | None) -> _procfs.StatInfo:
     """Read ``pid``'s stat and check it is alive and, if given, started at ``start_time``.
 
     Raises :class:`ProcessGone`, :class:`ProcessZombie`, :class:`PidReused` or
-    :class:`AccessDenied`.
+    :class:`AccessDenied`; any other ``OSError`` (``EMFILE``...) means "could not tell" and
+    propagates unchanged. A malformed ``stat`` (only seen with fake procfs trees) raises ``ValueError``.
     """
     try:
         info = _procfs.read_stat(pid)

@@ -21,6 +21,7 @@ _STATE_INDEX = 0
 _PPID_INDEX = 1
 _PGRP_INDEX = 2
 _SESSION_INDEX = 3
+_NUM_THREADS_INDEX = 17  # field 20
 _STARTTIME_INDEX = 19
 _EXIT_CODE_INDEX = 49  # field 52, the waitpid(2)-style status; shown for zombies since Linux 3.5
 
@@ -69,6 +70,28 @@ def parse_stat(data: bytes) -> StatInfo:
     )
 
 
+def parse_state_and_threads(data: bytes) -> tuple[str, int]:
+    """``(state, num_threads)`` from a ``stat`` file's content, without a full parse.
+
+    Raises ``ValueError`` on malformed content.
+    """
+    close_paren = data.rfind(b")")
+    if close_paren < 0:
+        raise ValueError(f"malformed stat content: {data[:80]!r}")
+    fields = data[close_paren + 2 :].split(None, _NUM_THREADS_INDEX + 1)
+    if len(fields) <= _NUM_THREADS_INDEX:
+        raise ValueError(f"stat content has {len(fields)} fields after comm, expected more")
+    return fields[_STATE_INDEX].decode("ascii", "replace"), int(fields[_NUM_THREADS_INDEX])
+
+
+def thread_state_of(data: bytes) -> str:
+    """The one-letter state from a ``stat`` file's content; ``""`` when malformed."""
+    close_paren = data.rfind(b")")
+    if close_paren < 0 or close_paren + 2 >= len(data):
+        return ""
+    return chr(data[close_paren + 2])
+
+
 def _read(path: str) -> bytes:
     # One read is enough for every small procfs file used here; procfs builds them whole.
     fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -76,6 +99,33 @@ def _read(path: str) -> bytes:
         return os.read(fd, 65536)
     finally:
         os.close(fd)
+
+
+def read_task_stat(pid: int, tid: int) -> bytes:
+    """Raw content of ``/proc/<pid>/task/<tid>/stat``."""
+    return _read(f"{PROCFS_PATH}/{pid}/task/{tid}/stat")
+
+
+def open_stat(pid: int) -> int:
+    """Open ``/proc/<pid>/stat`` for repeated :func:`pread_stat` calls; the caller owns the fd.
+
+    The fd pins the process it was opened for: once that process is reaped, reads fail with
+    ``ProcessLookupError`` instead of showing a process that reused the PID.
+    """
+    return os.open(f"{PROCFS_PATH}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+
+
+def pread_stat(fd: int) -> bytes:
+    """Re-read a ``stat`` file opened by :func:`open_stat` (procfs regenerates it at offset 0)."""
+    data = os.pread(fd, 4096, 0)
+    if not data:
+        raise ProcessLookupError("stat file is empty: process gone")
+    return data
+
+
+def list_tids(pid: int) -> list[int]:
+    """Thread ids of ``pid`` (``/proc/<pid>/task``)."""
+    return [int(name) for name in os.listdir(f"{PROCFS_PATH}/{pid}/task") if name.isdigit()]
 
 
 def read_stat(pid: int, tid: int | None = None) -> StatInfo:
@@ -97,15 +147,14 @@ def read_thread_states(pid: int) -> dict[int, str]:
     enough: a driver or NCCL thread may sit in ``D`` while the main thread sleeps in ``S``.
     """
     states: dict[int, str] = {}
-    for name in os.listdir(f"{PROCFS_PATH}/{pid}/task"):
+    for tid in list_tids(pid):
         try:
-            data = _read(f"{PROCFS_PATH}/{pid}/task/{name}/stat")
+            data = read_task_stat(pid, tid)
         except (FileNotFoundError, ProcessLookupError):
             continue
-        # The state follows the last ')' and a space; avoid a full parse on this hot path.
-        close_paren = data.rfind(b")")
-        if close_paren >= 0 and close_paren + 2 < len(data):
-            states[int(name)] = chr(data[close_paren + 2])
+        state = thread_state_of(data)
+        if state:
+            states[tid] = state
     return states
 
 

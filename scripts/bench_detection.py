@@ -1,0 +1,264 @@
+#!/usr/bin/env python3
+"""Benchmark: how fast and how cheaply WorkerProcessMonitor notices a dead worker.
+
+Usage: scripts/bench_detection.py [--json] [--kills N]
+
+All measured processes are non-children (grandchildren: a helper process forks the sleepers and
+reaps them), as MPI-spawned workers are for the TensorRT-LLM proxy. Measured side by side:
+
+  floor      SIGKILL -> a bare pidfd becomes readable (the kernel's own latency)
+  detect     SIGKILL -> the monitor's subscriber is called (watcher thread, event-driven)
+  poll100ms  SIGKILL -> noticed by a 0.1 s polling loop (torchrun's monitor_interval)
+  check      one find_dead_worker() with 8 / 256 live workers vs re-reading /proc/<pid>/stat each
+  register   registering 1024 live workers
+  idle cpu   watcher CPU per second, 64 workers, wedge scan every 1 s
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import resource
+import select
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+
+from trtllm_liveness import WorkerEvent, WorkerProcessMonitor, _procfs, capture_identity
+
+# Forks sleepers on request ("N\n" -> one line of N pids); SIGCHLD ignored so the kernel reaps
+# them; each sleeper dies with the spawner (PR_SET_PDEATHSIG), so nothing outlives the benchmark.
+SPAWNER = r"""
+import ctypes, os, signal, sys
+signal.signal(signal.SIGCHLD, signal.SIG_IGN)
+libc = ctypes.CDLL(None, use_errno=True)
+me = os.getpid()
+for line in sys.stdin:
+    pids = []
+    for _ in range(int(line)):
+        pid = os.fork()
+        if pid == 0:
+            libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            if os.getppid() != me:
+                os._exit(0)
+            while True:
+                signal.pause()
+        pids.append(pid)
+    sys.stdout.write(" ".join(map(str, pids)) + "\n")
+    sys.stdout.flush()
+"""
+
+
+class Spawner:
+    def __init__(self) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-c", SPAWNER], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, start_new_session=True)
+
+    def spawn(self, count: int) -> list[int]:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(f"{count}\n")
+        self.proc.stdin.flush()
+        return [int(p) for p in self.proc.stdout.readline().split()]
+
+    def close(self) -> None:
+        self.proc.kill()  # its sleepers follow through PR_SET_PDEATHSIG
+        self.proc.wait(10)
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def bench_floor(pids: list[int]) -> list[float]:
+    out = []
+    for pid in pids:
+        fd = os.pidfd_open(pid)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        t0 = time.perf_counter_ns()
+        os.kill(pid, signal.SIGKILL)
+        ready = poller.poll(5000)
+        t1 = time.perf_counter_ns()
+        os.close(fd)
+        if ready:
+            out.append((t1 - t0) / 1000)
+    return out
+
+
+def bench_detect(pids: list[int]) -> list[float]:
+    identities = [capture_identity(rank, pid) for rank, pid in enumerate(pids)]
+    seen: dict[int, int] = {}
+    got = threading.Event()
+
+    def on_event(event: WorkerEvent) -> None:
+        seen[event.identity.pid] = time.perf_counter_ns()
+        got.set()
+
+    out = []
+    with WorkerProcessMonitor() as monitor:
+        monitor.subscribe(on_event)
+        monitor.register(identities)
+        monitor.start()
+        time.sleep(0.05)
+        for pid in pids:
+            got.clear()
+            t0 = time.perf_counter_ns()
+            os.kill(pid, signal.SIGKILL)
+            if got.wait(5) and pid in seen:
+                out.append((seen[pid] - t0) / 1000)
+    return out
+
+
+def bench_poll100ms(pids: list[int]) -> list[float]:
+    """A torchrun-style loop: every 0.1 s, re-read each worker's stat (gone or zombie = dead)."""
+    out = []
+    phases = random.Random(1234)
+    for pid in pids:
+        start = _procfs.read_start_time(pid)
+        # The kill lands at a random phase of the poller's cycle, as in production.
+        phase = 0.1 * phases.random()
+        t0 = time.perf_counter_ns()
+        threading.Timer(phase, os.kill, (pid, signal.SIGKILL)).start()
+        while True:
+            try:
+                info = _procfs.read_stat(pid)
+                dead = info.start_time != start or info.state in ("Z", "X")
+            except OSError:
+                dead = True
+            if dead:
+                break
+            time.sleep(0.1)
+        t1 = time.perf_counter_ns()
+        out.append((t1 - t0) / 1000 - phase * 1e6)
+    return out
+
+
+def time_call(func: object, repeat: int) -> float:
+    samples = []
+    for _ in range(repeat):
+        t0 = time.perf_counter_ns()
+        func()  # type: ignore[operator]
+        samples.append((time.perf_counter_ns() - t0) / 1000)
+    return statistics.median(samples)
+
+
+def bench_check_cost(pids: list[int]) -> tuple[float, float]:
+    identities = [capture_identity(rank, pid) for rank, pid in enumerate(pids)]
+    with WorkerProcessMonitor() as monitor:
+        monitor.register(identities)
+        ours = time_call(monitor.find_dead_worker, 2000)
+
+    def procfs_sweep() -> None:
+        for ident in identities:
+            info = _procfs.read_stat(ident.pid)
+            if info.start_time != ident.start_time or info.state in ("Z", "X"):
+                raise RuntimeError("worker died during the benchmark")
+
+    return ours, time_call(procfs_sweep, 100 if len(pids) > 64 else 1000)
+
+
+def bench_register(pids: list[int]) -> float:
+    identities = [capture_identity(rank, pid) for rank, pid in enumerate(pids)]
+    samples = []
+    for _ in range(3):
+        monitor = WorkerProcessMonitor()
+        t0 = time.perf_counter_ns()
+        monitor.register(identities)
+        samples.append((time.perf_counter_ns() - t0) / 1e6)
+        assert all(s.method == "pidfd" for s in monitor.statuses()), "pidfd fallback during register bench"
+        monitor.close()
+    return statistics.median(samples)
+
+
+def thread_cpu_ns(tid: int) -> int:
+    try:  # schedstat: nanoseconds on CPU, far finer than utime/stime ticks
+        with open(f"/proc/self/task/{tid}/schedstat") as handle:
+            return int(handle.read().split()[0])
+    except OSError:
+        data = open(f"/proc/self/task/{tid}/stat", "rb").read()
+        fields = data[data.rfind(b")") + 2 :].split()
+        return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+
+
+def bench_idle_cpu(pids: list[int], seconds: float) -> float:
+    identities = [capture_identity(rank, pid) for rank, pid in enumerate(pids)]
+    with WorkerProcessMonitor(d_state_timeout_s=30, scan_interval_s=1.0) as monitor:
+        monitor.register(identities)
+        monitor.start()
+        time.sleep(0.2)
+        thread = monitor._thread
+        assert thread is not None and thread.native_id is not None
+        c0, t0 = thread_cpu_ns(thread.native_id), time.monotonic()
+        time.sleep(seconds)
+        c1, t1 = thread_cpu_ns(thread.native_id), time.monotonic()
+    return (c1 - c0) / 1e6 / (t1 - t0)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print one JSON object after the table")
+    parser.add_argument("--kills", type=int, default=250, help="kills per latency series (>= 200 for p99)")
+    parser.add_argument("--idle-seconds", type=float, default=5.0)
+    args = parser.parse_args()
+    logging.getLogger("trtllm_liveness").setLevel(logging.ERROR)  # 1 warning per kill otherwise
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
+    started = time.monotonic()
+    spawner = Spawner()
+    try:
+        pool = spawner.spawn(1024)
+        register_ms = bench_register(pool)
+        cost8, procfs8 = bench_check_cost(pool[:8])
+        cost256, procfs256 = bench_check_cost(pool[:256])
+        idle = bench_idle_cpu(pool[:64], args.idle_seconds)
+        floor = bench_floor(spawner.spawn(args.kills))
+        detect = bench_detect(spawner.spawn(args.kills))
+        poll = bench_poll100ms(spawner.spawn(20))
+    finally:
+        spawner.close()
+    r: dict[str, float | int] = {
+        "floor_p50_us": pct(floor, 50), "floor_p99_us": pct(floor, 99),
+        "detect_p50_us": pct(detect, 50), "detect_p99_us": pct(detect, 99),
+        "poll100ms_p50_us": pct(poll, 50),
+        "check_cost_8_us": cost8, "check_cost_256_us": cost256,
+        "procfs_check_cost_8_us": procfs8, "procfs_check_cost_256_us": procfs256,
+        "register_1024_ms": register_ms, "idle_cpu_ms_per_s": idle,
+        "kills": len(detect), "floor_kills": len(floor), "wall_s": time.monotonic() - started,
+    }
+    rows = [
+        ("SIGKILL -> pidfd readable (floor)", "p50/p99 us", f"{r['floor_p50_us']:.0f} / {r['floor_p99_us']:.0f}"),
+        ("SIGKILL -> subscriber (monitor)", "p50/p99 us", f"{r['detect_p50_us']:.0f} / {r['detect_p99_us']:.0f}"),
+        ("SIGKILL -> 0.1 s poll (baseline)", "p50 us", f"{r['poll100ms_p50_us']:.0f}"),
+        ("find_dead_worker, 8 / 256 workers", "us", f"{cost8:.1f} / {cost256:.1f}"),
+        ("procfs re-read, 8 / 256 (baseline)", "us", f"{procfs8:.1f} / {procfs256:.1f}"),
+        ("register 1024 workers", "ms", f"{register_ms:.1f}"),
+        ("watcher idle CPU, 64 workers, 1 s scan", "ms/s", f"{idle:.3f}"),
+    ]
+    print(f"{'measure':42} {'unit':12} value")
+    for name, unit, value in rows:
+        print(f"{name:42} {unit:12} {value}")
+    targets = [
+        ("detect_p99 <= 5 x floor_p99", r["detect_p99_us"] <= 5 * r["floor_p99_us"]),
+        ("detect_p99 <= 2000 us", r["detect_p99_us"] <= 2000),
+        ("check_cost_256 >= 100x below procfs", r["check_cost_256_us"] * 100 <= r["procfs_check_cost_256_us"]),
+        ("register_1024 <= 200 ms", r["register_1024_ms"] <= 200),
+        ("idle_cpu <= 1 ms/s", r["idle_cpu_ms_per_s"] <= 1),
+        (f"kills >= 200 ({len(detect)}, floor {len(floor)})", min(len(detect), len(floor)) >= 200),
+    ]
+    for name, ok in targets:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    print(f"wall time {r['wall_s']:.1f} s")
+    if args.json:
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))
+    return 0 if all(ok for _, ok in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
