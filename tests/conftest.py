@@ -208,6 +208,50 @@ def freezer() -> Iterator[Freezer]:
         group.remove()
 
 
+MEMORY_ROOT = "/sys/fs/cgroup/memory"
+
+
+class MemoryCgroup:
+    """A cgroup v1 memory group with a small limit: a process in it that allocates is OOM-killed."""
+
+    def __init__(self, limit_bytes: int) -> None:
+        self.path = os.path.join(MEMORY_ROOT, f"trtllm-liveness-test-{uuid.uuid4().hex[:12]}")
+        os.mkdir(self.path)
+        with open(os.path.join(self.path, "memory.limit_in_bytes"), "w") as handle:
+            handle.write(str(limit_bytes))
+
+    def add(self, pid: int) -> None:
+        with open(os.path.join(self.path, "cgroup.procs"), "w") as handle:
+            handle.write(str(pid))
+
+    def remove(self) -> None:
+        # Move survivors back to the root group; rmdir then always succeeds.
+        with contextlib.suppress(OSError), open(os.path.join(self.path, "cgroup.procs")) as handle:
+            for line in handle.read().split():
+                with contextlib.suppress(OSError), open(os.path.join(MEMORY_ROOT, "cgroup.procs"), "w") as root:
+                    root.write(line)
+        for _ in range(50):
+            try:
+                os.rmdir(self.path)
+                return
+            except FileNotFoundError:
+                return
+            except OSError:
+                time.sleep(0.05)
+        _LEAKED.append(f"cgroup {self.path} could not be removed")
+
+
+@pytest.fixture
+def memory_cgroup() -> Iterator[MemoryCgroup]:
+    if not os.path.isdir(MEMORY_ROOT) or not os.access(MEMORY_ROOT, os.W_OK):
+        pytest.skip(f"cgroup v1 memory controller not writable at {MEMORY_ROOT}")
+    group = MemoryCgroup(64 * 1024 * 1024)
+    try:
+        yield group
+    finally:
+        group.remove()
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _LEAKED:
         sys.stderr.write("\nLEAKED by tests:\n" + "\n".join(_LEAKED) + "\n")

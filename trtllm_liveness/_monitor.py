@@ -25,6 +25,7 @@ import errno
 import logging
 import os
 import select
+import signal
 import threading
 import time
 import weakref
@@ -35,6 +36,7 @@ from . import _pidfd, _procfs
 from ._errors import AccessDenied, PidReused, ProcessGone, ProcessZombie
 from ._events import EventKind, RankStatus, WorkerEvent, WorkerState
 from ._identity import ProcessIdentity, coerce_identity, local_hostname, local_pid_namespace
+from ._oom import OomProbe
 from ._wedge import DStateSample, ThreadSampler, WedgeTracker
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,7 @@ class _Watched:
     pidfd: int | None = None
     wedge: WedgeTracker | None = None
     sampler: ThreadSampler | None = None
+    oom: OomProbe | None = None
     reported: set[EventKind] = field(default_factory=set)
 
     def set_state(self, state: WorkerState, detail: str) -> None:
@@ -253,7 +256,8 @@ class WorkerProcessMonitor:
                 logger.warning("rank %d (pid %d): %s; polling procfs every %.2fs instead",
                                identity.rank, identity.pid, fallback_reason, self._procfs_interval_s)
             else:
-                record = _Watched(identity, WorkerState.ALIVE, "pidfd", pidfd=fd, wedge=wedge, sampler=sampler)
+                record = _Watched(identity, WorkerState.ALIVE, "pidfd", pidfd=fd, wedge=wedge, sampler=sampler,
+                                  oom=OomProbe.capture(identity.pid))
                 self._by_fd[fd] = record
                 self._epoll.register(fd, _EPOLL_FLAGS)
                 return record
@@ -264,7 +268,8 @@ class WorkerProcessMonitor:
         except (OSError, ValueError) as exc:
             # Cannot read procfs now either (EMFILE): not evidence of death. Poll until it works.
             fallback_reason += f"; not yet verified ({exc})"
-        record = _Watched(identity, WorkerState.ALIVE, "procfs", detail=fallback_reason, wedge=wedge, sampler=sampler)
+        record = _Watched(identity, WorkerState.ALIVE, "procfs", detail=fallback_reason, wedge=wedge, sampler=sampler,
+                          oom=OomProbe.capture(identity.pid))
         self._procfs_only.append(record)
         return record
 
@@ -383,16 +388,18 @@ class WorkerProcessMonitor:
         try:
             info = _procfs.read_stat(identity.pid)
         except (OSError, ValueError):
-            record.set_state(WorkerState.EXITED, "process exited (reaped)")
+            record.set_state(WorkerState.EXITED, _with_oom_cause(record, "process exited (reaped)", None))
             return
         if info.start_time != identity.start_time:
-            record.set_state(WorkerState.EXITED, "process exited (reaped; PID already reused)")
+            detail = "process exited (reaped; PID already reused)"
+            record.set_state(WorkerState.EXITED, _with_oom_cause(record, detail, None))
         elif info.state in ("Z", "X"):
             how = "" if info.exit_code is None else f", {_procfs.describe_wait_status(info.exit_code)}"
-            record.set_state(WorkerState.ZOMBIE, f"process exited (zombie, not yet reaped{how})")
+            detail = f"process exited (zombie, not yet reaped{how})"
+            record.set_state(WorkerState.ZOMBIE, _with_oom_cause(record, detail, info.exit_code))
         else:
             # Readable pidfd, stat still there and not a zombie: the exit is in progress.
-            record.set_state(WorkerState.EXITED, "process exited")
+            record.set_state(WorkerState.EXITED, _with_oom_cause(record, "process exited", None))
 
     def _poll_procfs_locked(self) -> list[WorkerEvent]:
         events = []
@@ -401,7 +408,7 @@ class WorkerProcessMonitor:
                 _pidfd.verify_start_time(record.identity.pid, record.identity.start_time)
             except ProcessGone as exc:
                 state = WorkerState.ZOMBIE if isinstance(exc, ProcessZombie) else WorkerState.EXITED
-                record.set_state(state, _cause_of(exc, at_registration=False))
+                record.set_state(state, _with_oom_cause(record, _cause_of(exc, at_registration=False), None))
                 self._procfs_only.remove(record)
                 event = self._event_for_state_locked(record)
                 if event is not None:
@@ -708,3 +715,16 @@ def _cause_of(exc: Exception, *, at_registration: bool) -> str:
     if isinstance(exc, ProcessZombie):
         return f"process exited{when} (zombie, not yet reaped)"
     return f"process exited{when} (no longer exists)"
+
+
+def _with_oom_cause(record: _Watched, detail: str, wait_status: int | None) -> str:
+    """Append the OOM killer as the cause when the kernel's counters say so.
+
+    Only a SIGKILL (or an exit whose status we cannot see) can be an OOM kill.
+    """
+    if record.oom is None:
+        return detail
+    if wait_status is not None and not (os.WIFSIGNALED(wait_status) and os.WTERMSIG(wait_status) == signal.SIGKILL):
+        return detail
+    verdict = record.oom.verdict()
+    return detail if verdict is None else f"{detail}; {verdict}"

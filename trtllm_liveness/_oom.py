@@ -1,0 +1,94 @@
+"""Tell a kernel OOM kill apart from any other SIGKILL.
+
+A worker killed by the OOM killer and one killed by an operator look the same from outside (the
+exit is ``SIGKILL``, and a non-child's status is not even visible). The kernel does count OOM
+kills per memory cgroup: ``oom_kill`` in ``memory.oom_control`` (cgroup v1) or ``memory.events``
+(cgroup v2), and machine-wide in ``/proc/vmstat``. :class:`OomProbe` records those counters when a
+worker is registered; if a counter has grown when the worker dies, the cause is the OOM killer.
+The per-cgroup counter is exact when workers have their own memory cgroup (Kubernetes pods,
+Slurm jobs); the machine-wide one is reported as "likely".
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
+def _read_counter(path: str, key: bytes) -> int | None:
+    try:
+        with open(path, "rb") as handle:
+            for line in handle:
+                name, _, value = line.partition(b" ")
+                if name == key:
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
+def memory_cgroup_counter_file(pid: int, procfs: str = "/proc") -> str | None:
+    """Path of the file holding ``oom_kill`` for ``pid``'s memory cgroup, or None."""
+    try:
+        with open(f"{procfs}/{pid}/cgroup", "rb") as handle:
+            lines = handle.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return None
+    unified = None
+    for line in lines:
+        hierarchy, _, rest = line.partition(":")
+        controllers, _, path = rest.partition(":")
+        if "memory" in controllers.split(","):
+            candidate = os.path.join(CGROUP_ROOT, "memory", path.lstrip("/"), "memory.oom_control")
+            if os.path.exists(candidate):
+                return candidate
+        elif hierarchy == "0" and controllers == "":
+            unified = path
+    if unified is not None:
+        for base in (CGROUP_ROOT, os.path.join(CGROUP_ROOT, "unified")):
+            candidate = os.path.join(base, unified.lstrip("/"), "memory.events")
+            if os.path.exists(candidate):
+                return candidate
+    return None
+
+
+def machine_oom_kills() -> int | None:
+    """The machine-wide OOM kill count (``oom_kill`` in ``/proc/vmstat``), or None."""
+    return _read_counter("/proc/vmstat", b"oom_kill")
+
+
+@dataclass
+class OomProbe:
+    """OOM-kill counters of one worker, captured at registration, compared at death."""
+
+    counter_file: str | None
+    cgroup_kills: int | None
+    machine_kills: int | None
+
+    @classmethod
+    def capture(cls, pid: int) -> OomProbe:
+        """Record ``pid``'s memory-cgroup and machine-wide OOM kill counters. Never raises."""
+        counter_file = memory_cgroup_counter_file(pid)
+        cgroup_kills = _read_counter(counter_file, b"oom_kill") if counter_file else None
+        return cls(counter_file, cgroup_kills, machine_oom_kills())
+
+    def verdict(self) -> str | None:
+        """A cause string if an OOM kill happened since capture, else None."""
+        if self.counter_file is not None and self.cgroup_kills is not None:
+            now = _read_counter(self.counter_file, b"oom_kill")
+            if now is not None:
+                if now > self.cgroup_kills:
+                    group = os.path.dirname(self.counter_file)
+                    return (
+                        f"killed by the kernel OOM killer (memory cgroup {group}: "
+                        f"oom_kill {self.cgroup_kills} -> {now})"
+                    )
+                # The exact per-cgroup count says no; an OOM kill elsewhere on the machine is not ours.
+                return None
+        if self.machine_kills is not None:
+            now = machine_oom_kills()
+            if now is not None and now > self.machine_kills:
+                return f"likely killed by the kernel OOM killer (machine oom_kill {self.machine_kills} -> {now})"
+        return None
