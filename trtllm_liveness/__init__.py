@@ -6,6 +6,9 @@ The core is standard-library only and Linux-specific (pidfds, procfs). Public AP
 - :class:`WorkerProcessMonitor`: event-driven death and ``D``-state wedge detection.
 - :class:`WorkerEvent`, :class:`EventKind`, :class:`WorkerState`, :class:`RankStatus`,
   :class:`WorkerFailedError`: the health model.
+- :func:`stop_processes` and :class:`StopReport`: a shutdown whose every wait has a deadline, which
+  reports the workers SIGKILL could not reap (``D`` state) instead of hanging on them.
+- :class:`FatalExitGuard`: after an engine death, one graceful shutdown, then a bounded non-zero exit.
 - Errors: :class:`LivenessError` and its subclasses, :class:`InvalidIdentityError`.
 """
 
@@ -20,13 +23,16 @@ from ._errors import (
 )
 from ._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError, WorkerState
 from ._identity import ProcessIdentity, capture_identity, parse_identities
+from ._exit_guard import FatalExitGuard
 from ._monitor import WorkerProcessMonitor
+from ._shutdown import StopOutcome, StoppedWorker, StopReport, UnkillableWorker, stop_processes
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AccessDenied",
     "EventKind",
+    "FatalExitGuard",
     "InvalidIdentityError",
     "LivenessError",
     "PidReused",
@@ -34,7 +40,11 @@ __all__ = [
     "ProcessIdentity",
     "ProcessZombie",
     "RankStatus",
+    "StopOutcome",
+    "StopReport",
     "StopTimeout",
+    "StoppedWorker",
+    "UnkillableWorker",
     "WorkerEvent",
     "WorkerFailedError",
     "WorkerProcessMonitor",
@@ -42,4 +52,5 @@ __all__ = [
     "__version__",
     "capture_identity",
     "parse_identities",
+    "stop_processes",
 ]
