@@ -22,8 +22,8 @@ from ._errors import (
     StopTimeout,
 )
 from ._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError, WorkerState
-from ._identity import ProcessIdentity, capture_identity, parse_identities
 from ._exit_guard import FatalExitGuard
+from ._identity import ProcessIdentity, capture_identity, parse_identities
 from ._monitor import WorkerProcessMonitor
 from ._shutdown import StopOutcome, StoppedWorker, StopReport, UnkillableWorker, stop_processes
 
