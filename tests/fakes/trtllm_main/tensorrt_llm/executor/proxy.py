@@ -1,0 +1,16 @@
+"""Fake GenerationExecutorProxy (1.3.0.dev0+main behaviour, from the reference executor)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from trtllm_liveness.reference._proxy import MainGenerationExecutorProxy as _ReferenceProxy
+
+from . import worker as _worker
+from .executor import GenerationExecutor
+from .utils import *  # noqa: F403  (ErrorResponse, and EngineDeadError on main, as upstream imports them)
+
+
+class GenerationExecutorProxy(_ReferenceProxy, GenerationExecutor):
+    def _resolve_worker_main(self) -> Any:
+        return _worker.worker_main  # looked up at call time, like upstream's module global

@@ -1,0 +1,244 @@
+"""The TensorRT-LLM integration against faithful fakes of 1.2.x and main (tests/fakes/).
+
+Unit checks run in this process (feature detection, payload validation, the side channel);
+everything that spawns MPI workers or imports a fake ``tensorrt_llm`` runs in a child process in
+its own session (``run_in_child``), which also kills and reports whatever it left behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from trtllm_liveness import ProcessIdentity, WorkerProcessMonitor, capture_identity
+from trtllm_liveness.integrations import trtllm as integ
+from trtllm_liveness.reference import GenerationExecutorProxy, MainGenerationExecutorProxy
+from trtllm_liveness.reference._scenario import run_in_child
+
+from ...conftest import WAIT_SCALE, ProcessTracker, wait_until
+
+HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and importlib.util.find_spec("zmq") is not None
+FAKES = os.path.join(os.path.dirname(__file__), "..", "..", "fakes")
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not HAVE_MPI, reason="needs the mpi extra")]
+
+
+def fake_path(version: str) -> str:
+    return os.path.abspath(os.path.join(FAKES, f"trtllm_{version}"))
+
+
+# ----------------------------------------------------------------------------- unit
+
+
+def test_feature_detection_tells_the_versions_apart() -> None:
+    v12 = integ.detect_features(GenerationExecutorProxy)
+    main = integ.detect_features(MainGenerationExecutorProxy)
+    assert v12.flavour == "1.2" and not v12.check_health and not v12.set_fatal_error and not v12.mark_engine_dead
+    assert main.flavour == "main" and main.check_health and main.set_fatal_error and main.mark_engine_dead
+    assert main.error_monitor_loop
+    # A liveness subclass is probed as its upstream base.
+    assert integ.detect_features(integ.liveness_proxy_class(GenerationExecutorProxy)) == v12
+
+
+def test_liveness_proxy_class_is_cached_and_unwraps() -> None:
+    cls = integ.liveness_proxy_class(GenerationExecutorProxy)
+    assert integ.liveness_proxy_class(cls) is cls
+    assert issubclass(cls, GenerationExecutorProxy) and cls.__mro__[1] is integ.LivenessProxyMixin
+    assert integ.liveness_proxy_class(GenerationExecutorProxy, default_enabled=True) is not cls
+
+
+def test_bad_config_raises_before_any_worker_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRTLLM_WORKER_LIVENESS", "d_state_timeout_s=soon")
+    cls = integ.liveness_proxy_class(GenerationExecutorProxy)
+    with pytest.raises(ValueError, match="d_state_timeout_s"):
+        cls({"llm_args": None})
+
+
+@pytest.mark.parametrize(
+    "payload",
+    [None, "x", [("a", 1, 2, "h", 3)], [(0, 1, 5, "h", 3)], [(0, 999, 5, "h", 3), (0, 998, 5, "h", 3)], 42],
+)
+def test_shim_rejects_bad_upstream_payloads_without_crashing(payload: Any, caplog: pytest.LogCaptureFixture) -> None:
+    with WorkerProcessMonitor() as monitor:
+        shim = integ._MonitorShim(monitor)
+        with caplog.at_level(logging.ERROR):
+            shim.register(payload)
+        assert monitor.identities == []
+        assert "rejected" in caplog.text
+
+
+def test_shim_accepts_upstream_shaped_identities(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    ident = capture_identity(3, child.pid)
+
+    class UpstreamIdentity:  # upstream's object shape: attributes, not a tuple
+        def __init__(self, i: ProcessIdentity) -> None:
+            for name in ProcessIdentity._fields:
+                setattr(self, name, getattr(i, name))
+
+    with WorkerProcessMonitor() as monitor:
+        shim = integ._MonitorShim(monitor)
+        shim.register([UpstreamIdentity(ident)])
+        shim.register([tuple(ident)])  # the same again: no second registration
+        assert monitor.identities == [ident]
+        assert shim.find_dead_worker() is None
+        shim.close()  # upstream's close must not close the liveness monitor
+        child.kill()
+        assert wait_until(lambda: shim.find_dead_worker() == ident, 10)
+
+
+@pytest.fixture
+def channel_events() -> Iterator[tuple[Any, list[list[ProcessIdentity]]]]:
+    got: list[list[ProcessIdentity]] = []
+    channel = integ._IdentityChannel(got.append, timeout_s=30)
+    try:
+        yield channel, got
+    finally:
+        channel.close()
+
+
+def _send(address: str, data: bytes) -> None:
+    import zmq
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(address)
+    sock.send(data)
+    sock.close()
+    ctx.term()
+
+
+def test_side_channel_rejects_forged_and_garbage_then_accepts_valid(
+    procs: ProcessTracker, channel_events: tuple[Any, list[list[ProcessIdentity]]], caplog: pytest.LogCaptureFixture
+) -> None:
+    channel, got = channel_events
+    child = procs.sleeper()
+    ident = list(capture_identity(0, child.pid))
+    with caplog.at_level(logging.ERROR):
+        _send(channel.address, b"\x80not json")
+        _send(channel.address, json.dumps({"token": "forged", "identities": [ident]}).encode())
+        _send(channel.address, json.dumps({"token": channel.token, "identities": [[0, 1, 2, "h", 3]]}).encode())
+        assert wait_until(lambda: caplog.text.count("rejected") >= 3, 10)
+    assert got == []
+    _send(channel.address, json.dumps({"token": channel.token, "identities": [ident]}).encode())
+    assert wait_until(lambda: got == [[ProcessIdentity(*ident)]], 10)
+
+
+def test_subscriber_holds_the_proxy_weakly() -> None:
+    class Owner:
+        def __init__(self) -> None:
+            self.seen: list[Any] = []
+
+        def _liveness_on_event(self, event: Any) -> None:
+            self.seen.append(event)
+
+    import weakref
+
+    owner = Owner()
+    callback = integ._subscriber(weakref.ref(owner))  # type: ignore[arg-type]
+    callback("e")  # type: ignore[arg-type]
+    assert owner.seen == ["e"]
+    del owner
+    callback("again")  # type: ignore[arg-type]  # must not raise once the proxy is gone
+
+
+# ----------------------------------------------------------------------------- fakes, import hook
+
+
+def _python(code: str, version: str, **env: str) -> subprocess.CompletedProcess[str]:
+    full_env = {**os.environ, "PYTHONPATH": fake_path(version), **env}
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=full_env,
+                          timeout=60 * WAIT_SCALE, start_new_session=True)
+
+
+@pytest.mark.parametrize("version", ["v12", "main"])
+def test_import_hook_patches_the_proxy_only_when_enabled(version: str) -> None:
+    code = (
+        "import trtllm_liveness.integrations.trtllm_autoload\n"
+        "import tensorrt_llm.executor as pkg, tensorrt_llm.executor.proxy as p\n"
+        "print(p.GenerationExecutorProxy.__name__, pkg.GenerationExecutorProxy is p.GenerationExecutorProxy)\n"
+    )
+    on = _python(code, version, TRTLLM_WORKER_LIVENESS="1")
+    assert on.stdout.split() == ["LivenessGenerationExecutorProxy", "True"], on.stderr
+    off = _python(code, version, TRTLLM_WORKER_LIVENESS="0")
+    assert off.stdout.split() == ["GenerationExecutorProxy", "True"], off.stderr
+    late = _python("import tensorrt_llm.executor.proxy as p\nimport trtllm_liveness.integrations.trtllm_autoload\n"
+                   "print(p.GenerationExecutorProxy.__name__)", version, TRTLLM_WORKER_LIVENESS="1")
+    assert late.stdout.strip() == "LivenessGenerationExecutorProxy", late.stderr
+
+
+def test_autoload_reports_a_bad_env_value_without_breaking_the_interpreter() -> None:
+    result = _python("import trtllm_liveness.integrations.trtllm_autoload\nprint('alive')", "v12",
+                     TRTLLM_WORKER_LIVENESS="scan_interval_s=-3")
+    assert result.stdout.strip() == "alive"
+    assert "scan_interval_s" in result.stderr
+
+
+def test_lazy_executor_class_attribute_imports_tensorrt_llm_only_on_use() -> None:
+    code = ("import sys\nimport trtllm_liveness.integrations.trtllm as t\n"
+            "assert 'tensorrt_llm' not in sys.modules\n"
+            "cls = t.LivenessGenerationExecutor\n"
+            "from tensorrt_llm.executor.executor import GenerationExecutor\n"
+            "print(issubclass(cls, GenerationExecutor), 'tensorrt_llm' in sys.modules)")
+    result = _python(code, "main")
+    assert result.stdout.split() == ["True", "True"], result.stderr
+
+
+# ----------------------------------------------------------------------------- fakes, real MPI
+
+
+def run_fake(version: str, env: dict[str, str] | None = None, **options: Any) -> dict[str, Any]:
+    options.setdefault("observe_s", 15 * WAIT_SCALE)
+    records, survivors = run_in_child(options, 60 * WAIT_SCALE, env={"PYTHONPATH": fake_path(version), **(env or {})})
+    assert survivors == [], f"processes left behind: {survivors}"
+    results = [r for r in records if "phase" in r]
+    assert results and records[-1].get("done"), f"scenario failed: {records}"
+    return results[0]
+
+
+@pytest.mark.mpi
+@pytest.mark.parametrize(("version", "mode", "via", "rank"), [
+    ("v12", "1.2", "executor_cls", 1),
+    ("v12", "1.2", "autoload", 0),
+    ("main", "main", "executor_cls", 0),
+    ("main", "main", "autoload", 1),
+])
+def test_fake_trtllm_sigkill_end_to_end(version: str, mode: str, via: str, rank: int) -> None:
+    env = {"TRTLLM_WORKER_LIVENESS": "1"} if via == "autoload" else {}
+    out = run_fake(version, env, mode=mode, via=via, fault="kill", fault_rank=rank)
+    assert out["proxy_class"] == "LivenessGenerationExecutorProxy"
+    assert out["health_false_ms"] is not None and out["requests_failed_ms"] is not None
+    assert f"rank {rank} (pid {out['victim']['pid']})" in out["fatal_error"]
+    assert out["pre_shutdown_calls"] == 1 and out["pre_shutdown_runs"] == 1
+    expected = "EngineDeadError" if version == "main" else "WorkerFailedError"
+    assert out["new_request_error"] == expected
+    assert out["shutdown_ms"] is not None
+
+
+@pytest.mark.mpi
+def test_fake_without_liveness_is_untouched_and_hangs() -> None:
+    out = run_fake("v12", {"TRTLLM_WORKER_LIVENESS": "0"}, mode="1.2", via="autoload", liveness=False,
+                   fault="kill", observe_s=1.5)
+    assert out["proxy_class"] == "GenerationExecutorProxy"
+    assert out["health_false_ms"] is None and out["pending_not_done"] > 0
+
+
+def test_identity_channel_times_out_and_cleans_up(caplog: pytest.LogCaptureFixture) -> None:
+    got: list[Any] = []
+    with caplog.at_level(logging.ERROR):
+        channel = integ._IdentityChannel(got.append, timeout_s=0.2)
+        directory = os.path.dirname(channel.address[len("ipc://"):])
+        assert wait_until(lambda: not os.path.exists(directory), 10)
+        channel.close()
+    assert got == [] and "no worker identities" in caplog.text
+    assert not any(t.name == "trtllm-liveness-identities" and t.is_alive() for t in threading.enumerate())
