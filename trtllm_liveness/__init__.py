@@ -9,9 +9,12 @@ The core is standard-library only and Linux-specific (pidfds, procfs). Public AP
 - :func:`stop_processes` and :class:`StopReport`: a shutdown whose every wait has a deadline, which
   reports the workers SIGKILL could not reap (``D`` state) instead of hanging on them.
 - :class:`FatalExitGuard`: after an engine death, one graceful shutdown, then a bounded non-zero exit.
+- :class:`LivenessConfig`: the switch and knobs, from ``llm_args.worker_liveness`` or the
+  ``TRTLLM_WORKER_LIVENESS`` environment variable, strictly validated.
 - Errors: :class:`LivenessError` and its subclasses, :class:`InvalidIdentityError`.
 """
 
+from ._config import LivenessConfig
 from ._errors import (
     AccessDenied,
     InvalidIdentityError,
@@ -34,6 +37,7 @@ __all__ = [
     "EventKind",
     "FatalExitGuard",
     "InvalidIdentityError",
+    "LivenessConfig",
     "LivenessError",
     "PidReused",
     "ProcessGone",

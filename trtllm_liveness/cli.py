@@ -3,7 +3,8 @@
 Subcommands:
     scan    diagnose processes now: thread states, time in D, SIGKILL pending, zombies, what to do
     watch   block until one of the given processes dies or wedges
-    demo    start real worker processes, inject a fault, print the detection timeline
+    demo            the reference MPI executor with liveness on: a real fault in a worker, the timeline
+    demo-processes  the monitor alone on plain processes
 
 Results go to stdout (one JSON object with ``--json``); progress and errors go to stderr, errors
 as one line starting with ``trtllm-liveness:``.
@@ -370,7 +371,7 @@ def build_parser() -> argparse.ArgumentParser:
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log the library's warnings (-v) or debug messages (-vv) to stderr")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{scan,watch,demo}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="{scan,watch,demo,demo-processes}")
 
     scan = sub.add_parser("scan", help="diagnose processes now: D state, SIGKILL pending, zombies, what to do",
                           description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
@@ -398,12 +399,41 @@ def build_parser() -> argparse.ArgumentParser:
     watch.add_argument("--json", action="store_true", help="print the event as one JSON object")
     watch.set_defaults(func=_cmd_watch)
 
-    demo = sub.add_parser("demo", help="run real workers, inject a fault, print the detection timeline")
-    demo.add_argument("--workers", type=_int_arg(1, 256), default=4, help="number of worker processes (default 4)")
-    demo.add_argument("--rank", type=_int_arg(0, 255), default=1, help="rank to kill (default 1)")
-    demo.add_argument("--json", action="store_true", help="also print the result as one JSON object")
-    demo.set_defaults(func=_cmd_demo_processes)
+    demo = sub.add_parser(
+        "demo",
+        help="reference MPI executor with liveness on: inject a fault into a worker, print the timeline",
+        description="Run the reference MPI executor (TensorRT-LLM's proxy/worker protocol over real mpi4py "
+        "workers) with liveness on, stream requests, inject a fault into one rank and print the timeline: "
+        "fault, detection, health false, requests failed, shutdown done. Needs the 'mpi' extra.",
+    )
+    _add_executor_demo_arguments(demo)
+    demo.set_defaults(func=_cmd_demo_executor)
+
+    plain = sub.add_parser("demo-processes", help="the monitor alone: SIGKILL one of N plain processes")
+    plain.add_argument("--workers", type=_int_arg(1, 256), default=4, help="number of worker processes (default 4)")
+    plain.add_argument("--rank", type=_int_arg(0, 255), default=1, help="rank to kill (default 1)")
+    plain.add_argument("--json", action="store_true", help="also print the result as one JSON object")
+    plain.set_defaults(func=_cmd_demo_processes)
     return parser
+
+
+def _add_executor_demo_arguments(parser: argparse.ArgumentParser) -> None:
+    try:
+        from .reference import demo
+    except ImportError as exc:  # mpi extra missing: the demo explains at run time
+        parser.set_defaults(demo_import_error=str(exc))
+        return
+    demo.add_arguments(parser)
+
+
+def _cmd_demo_executor(args: argparse.Namespace) -> int:
+    error = getattr(args, "demo_import_error", None)
+    if error is not None:
+        _err(f"demo needs the 'mpi' extra (pip install 'trtllm-liveness[mpi]'): {error}")
+        return EXIT_USAGE
+    from .reference import demo
+
+    return demo.run(args)
 
 
 def _usage_error(text: str) -> int:
