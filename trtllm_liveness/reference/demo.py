@@ -44,17 +44,19 @@ def _fmt(value: Any) -> str:
 def run(args: argparse.Namespace) -> int:
     """Run the demo; returns the exit status (see the module docstring). Blocks up to ``--timeout``."""
     if args.workers < 2:
-        sys.stderr.write("demo: --workers must be >= 2\n")
+        sys.stderr.write("trtllm-liveness: demo: --workers must be >= 2\n")
         return 2
     rank = args.workers - 1 if args.rank is None else args.rank
     if not 0 <= rank < args.workers:
-        sys.stderr.write(f"demo: --rank must be in [0, {args.workers - 1}]\n")
+        sys.stderr.write(f"trtllm-liveness: demo: --rank must be in [0, {args.workers - 1}]\n")
         return 2
     if args.fault == "wedge":
         import os
 
         if not os.access(FREEZER_ROOT, os.W_OK):
-            sys.stderr.write(f"demo: --fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT}\n")
+            sys.stderr.write(
+                f"trtllm-liveness: demo: --fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT}\n"
+            )
             return 2
     options = {"mode": args.mode, "workers": args.workers, "fault": args.fault, "fault_rank": rank,
                "requests": args.requests, "stall_timeout_s": args.stall_timeout,
@@ -62,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
     records, survivors = run_in_child(options, args.timeout)
     out = next((r for r in records if "phase" in r), None)
     if out is None:
-        sys.stderr.write(f"demo: the scenario failed: {json.dumps(records)[-2000:]}\n")
+        sys.stderr.write(f"trtllm-liveness: demo: the scenario failed: {json.dumps(records)[-2000:]}\n")
         return 1
     out.pop("options", None)
     out["survivors"] = survivors
