@@ -31,14 +31,13 @@ import subprocess
 import sys
 import threading
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from trtllm_liveness import capture_identity
 from trtllm_liveness._shutdown import StopOutcome, stop_processes
+from trtllm_liveness.reference._faults import FreezerGroup, freezer_available
 
-FREEZER_ROOT = "/sys/fs/cgroup/freezer"
 BASELINE_LIMIT_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -64,51 +63,28 @@ print("returned", flush=True)
 """
 
 
-class Cgroup:
+class Cgroup(FreezerGroup):
     """One freezer cgroup for the whole run; always thawed and removed."""
 
     def __init__(self) -> None:
-        self.path = os.path.join(FREEZER_ROOT, f"trtllm-liveness-bench-{uuid.uuid4().hex[:12]}")
-        os.mkdir(self.path)
+        super().__init__("trtllm-liveness-bench")
 
-    def _write(self, name: str, value: str) -> None:
-        with open(os.path.join(self.path, name), "w") as handle:
-            handle.write(value)
-
-    def state(self) -> str:
-        with open(os.path.join(self.path, "freezer.state")) as handle:
-            return handle.read().strip()
-
-    def tasks(self) -> list[int]:
-        with open(os.path.join(self.path, "tasks")) as handle:
-            return [int(line) for line in handle if line.strip()]
-
-    def freeze(self, pids: list[int]) -> None:
-        for pid in pids:
-            self._write("tasks", str(pid))
-        self._write("freezer.state", "FROZEN")
-        deadline = time.monotonic() + 10
-        while self.state() != "FROZEN" or not all(_state(pid) == "D" for pid in pids):
+    def freeze(self, pids: Iterable[int] = (), timeout: float = 10.0) -> bool:
+        pids = list(pids)
+        deadline = time.monotonic() + timeout
+        if not super().freeze(pids, timeout):
+            raise RuntimeError(f"freezer did not freeze within {timeout} s")
+        while not all(_state(pid) == "D" for pid in pids):
             if time.monotonic() > deadline:
-                raise RuntimeError("freezer did not freeze within 10 s")
+                raise RuntimeError(f"frozen workers not in D state within {timeout} s")
             time.sleep(0.002)
+        return True
 
-    def thaw(self) -> None:
-        with contextlib.suppress(OSError):
-            self._write("freezer.state", "THAWED")
-
-    def remove(self) -> None:
-        self.thaw()
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.05)
-        sys.stderr.write(f"warning: could not remove {self.path}\n")
+    def remove(self, timeout: float = 10.0) -> bool:
+        if not super().remove(timeout):
+            sys.stderr.write(f"warning: could not remove {self.path}\n")
+            return False
+        return True
 
 
 def _state(pid: int) -> str | None:
@@ -118,14 +94,6 @@ def _state(pid: int) -> str | None:
     except OSError:
         return None
     return chr(data[data.rfind(b")") + 2])
-
-
-def _freezer_reason() -> str | None:
-    if not os.path.isdir(FREEZER_ROOT):
-        return f"cgroup v1 freezer not mounted at {FREEZER_ROOT}"
-    if not os.access(FREEZER_ROOT, os.W_OK):
-        return f"{FREEZER_ROOT} is not writable (needs root)"
-    return None
 
 
 def _start_workers(n: int) -> list[subprocess.Popen[bytes]]:
@@ -305,7 +273,7 @@ def main() -> int:
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
-    reason = _freezer_reason()
+    reason = freezer_available()
     ks = [0, 1, 4] if reason is None else [0]
     if reason is not None:
         sys.stderr.write(f"note: {reason}; only k=0 runs, no baseline\n")

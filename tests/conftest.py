@@ -14,15 +14,18 @@ import signal
 import subprocess
 import sys
 import time
-import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 
 import pytest
 
 from trtllm_liveness import _procfs
-
-FREEZER_ROOT = "/sys/fs/cgroup/freezer"
+from trtllm_liveness.reference._faults import (
+    FreezerGroup,
+    MemoryGroup,
+    freezer_available,
+    memory_cgroup_available,
+)
 
 # Scale bounded waits in tests on slow or loaded machines (CI); never used for timed assertions.
 WAIT_SCALE = float(os.environ.get("TRTLLM_LIVENESS_TEST_WAIT_SCALE", "1"))
@@ -132,68 +135,22 @@ def procs() -> Iterator[ProcessTracker]:
         tracker.cleanup()
 
 
-class Freezer:
+class Freezer(FreezerGroup):
     """A cgroup v1 freezer group: processes moved into it and frozen show state D and survive SIGKILL."""
 
     def __init__(self) -> None:
-        self.path = os.path.join(FREEZER_ROOT, f"trtllm-liveness-test-{uuid.uuid4().hex[:12]}")
-        os.mkdir(self.path)
+        super().__init__("trtllm-liveness-test")
 
-    def _write(self, name: str, value: str) -> None:
-        with open(os.path.join(self.path, name), "w") as handle:
-            handle.write(value)
+    def freeze(self, pids: Iterable[int] = (), timeout: float = 10.0) -> bool:
+        return super().freeze(pids, timeout * WAIT_SCALE)
 
-    def add(self, pid: int) -> None:
-        self._write("tasks", str(pid))
-        # Every thread of the process must be in the group; tasks takes one tid at a time.
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError):
-                self._write("tasks", tid)
-
-    def freeze(self) -> None:
-        self._write("freezer.state", "FROZEN")
-        wait_until(lambda: self.state() == "FROZEN", 10)
-
-    def thaw(self) -> None:
-        self._write("freezer.state", "THAWED")
-
-    def state(self) -> str:
-        with open(os.path.join(self.path, "freezer.state")) as handle:
-            return handle.read().strip()
-
-    def tasks(self) -> list[int]:
-        with open(os.path.join(self.path, "tasks")) as handle:
-            return [int(line) for line in handle if line.strip()]
-
-    def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            self.thaw()
-        # Thawed tasks with SIGKILL pending die at once; give them a moment. Tasks still alive
-        # (thawed without a kill; the procs fixture ends them later) go back to the root group,
-        # or the rmdir below fails with EBUSY.
-        if not wait_until(lambda: not self.tasks(), 1):
-            for tid in self.tasks():
-                with contextlib.suppress(OSError), open(os.path.join(FREEZER_ROOT, "tasks"), "w") as handle:
-                    handle.write(str(tid))
-        wait_until(lambda: not self.tasks(), 10)
-        for _ in range(50):
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.05)
-        _LEAKED.append(f"cgroup {self.path} could not be removed")
-
-
-def freezer_available() -> str | None:
-    """None if the cgroup v1 freezer is usable here, else the reason it is not."""
-    if not os.path.isdir(FREEZER_ROOT):
-        return f"cgroup v1 freezer not mounted at {FREEZER_ROOT}"
-    if not os.access(FREEZER_ROOT, os.W_OK):
-        return f"{FREEZER_ROOT} is not writable (needs root)"
-    return None
+    def remove(self, timeout: float = 10.0) -> bool:
+        # Thawed tasks with SIGKILL pending die at once; tasks still alive (thawed without a
+        # kill; the procs fixture ends them later) go back to the root group.
+        if not super().remove(timeout):
+            _LEAKED.append(f"cgroup {self.path} could not be removed")
+            return False
+        return True
 
 
 @pytest.fixture
@@ -208,43 +165,25 @@ def freezer() -> Iterator[Freezer]:
         group.remove()
 
 
-MEMORY_ROOT = "/sys/fs/cgroup/memory"
-
-
-class MemoryCgroup:
+class MemoryCgroup(MemoryGroup):
     """A cgroup v1 memory group with a small limit: a process in it that allocates is OOM-killed."""
 
     def __init__(self, limit_bytes: int) -> None:
-        self.path = os.path.join(MEMORY_ROOT, f"trtllm-liveness-test-{uuid.uuid4().hex[:12]}")
-        os.mkdir(self.path)
-        with open(os.path.join(self.path, "memory.limit_in_bytes"), "w") as handle:
-            handle.write(str(limit_bytes))
+        super().__init__(limit_bytes, "trtllm-liveness-test")
 
-    def add(self, pid: int) -> None:
-        with open(os.path.join(self.path, "cgroup.procs"), "w") as handle:
-            handle.write(str(pid))
-
-    def remove(self) -> None:
-        # Move survivors back to the root group; rmdir then always succeeds.
-        with contextlib.suppress(OSError), open(os.path.join(self.path, "cgroup.procs")) as handle:
-            for line in handle.read().split():
-                with contextlib.suppress(OSError), open(os.path.join(MEMORY_ROOT, "cgroup.procs"), "w") as root:
-                    root.write(line)
-        for _ in range(50):
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.05)
-        _LEAKED.append(f"cgroup {self.path} could not be removed")
+    def remove(self, timeout: float = 10.0) -> bool:
+        # Survivors go back to the root group; the rmdir then succeeds.
+        if not super().remove(timeout):
+            _LEAKED.append(f"cgroup {self.path} could not be removed")
+            return False
+        return True
 
 
 @pytest.fixture
 def memory_cgroup() -> Iterator[MemoryCgroup]:
-    if not os.path.isdir(MEMORY_ROOT) or not os.access(MEMORY_ROOT, os.W_OK):
-        pytest.skip(f"cgroup v1 memory controller not writable at {MEMORY_ROOT}")
+    reason = memory_cgroup_available()
+    if reason is not None:
+        pytest.skip(reason)
     group = MemoryCgroup(64 * 1024 * 1024)
     try:
         yield group

@@ -46,11 +46,16 @@ class LivenessConfig:
             it stops the remaining workers.
         shutdown_term_s: after SIGTERM, how long to wait before SIGKILL.
         shutdown_kill_s: after SIGKILL, how long to wait before reporting a rank unkillable.
-        exit_on_fatal: after a fatal error, stop the workers and ``os._exit(exit_code)`` the
-            proxy process (for servers whose health endpoint never restarts them).
-        exit_code: exit status used by ``exit_on_fatal``.
-        exit_delay_s: seconds between the fatal error and the exit, so health endpoints and
-            logs can report it first.
+        exit_on_fatal: after a fatal error, start the serving process's graceful shutdown once
+            (SIGINT to itself, what ``trtllm-serve``'s ``/health`` intends and never does after a
+            killed rank) and make the process exit with ``exit_code`` (for servers whose health
+            endpoint never restarts them); see :class:`~trtllm_liveness._exit_guard.FatalExitGuard`.
+        exit_code: exit status used by ``exit_on_fatal``; 1-255 (never 0 after an engine death).
+        exit_delay_s: seconds between the fatal error and the graceful shutdown, so health
+            endpoints and logs can report it first.
+        exit_timeout_s: bound on the graceful shutdown: if the process still runs this long after
+            it started, it is ended with ``os._exit(exit_code)`` (the remaining workers are
+            stopped first, bounded by ``shutdown_term_s + shutdown_kill_s``).
     """
 
     enabled: bool = False
@@ -63,6 +68,7 @@ class LivenessConfig:
     exit_on_fatal: bool = False
     exit_code: int = 1
     exit_delay_s: float = 1.0
+    exit_timeout_s: float = 30.0
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
@@ -187,8 +193,8 @@ def _check_value(key: str, value: Any, source: str) -> None:
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{source}: {key} must be finite, got {value!r}")
     if key == "exit_code":
-        if not 0 <= value <= 255:
-            raise ValueError(f"{source}: exit_code must be in [0, 255], got {value!r}")
+        if not 1 <= value <= 255:
+            raise ValueError(f"{source}: exit_code must be in [1, 255] (never 0 after a fatal error), got {value!r}")
         return
     if key in ("scan_interval_s", "identities_timeout_s") and value <= 0:
         raise ValueError(f"{source}: {key} must be > 0, got {value!r}")

@@ -28,6 +28,12 @@ workers still alive after ``shutdown_grace_s`` are stopped with
 :func:`trtllm_liveness._shutdown.stop_processes` (SIGTERM, SIGKILL, deadlines), and unkillable
 ranks are reported in :attr:`LivenessProxyMixin.liveness_shutdown_report`.
 
+**Exit on fatal** (``exit_on_fatal``, off by default, for servers such as ``trtllm-serve`` whose
+``/health`` never restarts them after a killed rank, TensorRT-LLM #18663): ``exit_delay_s`` after
+the fatal error a :class:`~trtllm_liveness._exit_guard.FatalExitGuard` sends SIGINT to the process
+once (its graceful shutdown), turns a clean exit into ``exit_code``, and, if the process still
+runs ``exit_timeout_s`` later, stops the workers (bounded) and ``os._exit(exit_code)``.
+
 **Activation.**
 
 - ``LLM(..., executor_cls=liveness_executor_class())`` (or the lazily built module attribute
@@ -68,6 +74,7 @@ from typing import Any, ClassVar
 from .._config import LivenessConfig
 from .._errors import LivenessError
 from .._events import RankStatus, WorkerEvent, WorkerFailedError
+from .._exit_guard import FatalExitGuard
 from .._identity import ProcessIdentity, capture_identity, parse_identities
 from .._monitor import WorkerProcessMonitor
 from .._pidfd import verify_start_time
@@ -340,6 +347,9 @@ class LivenessProxyMixin:
 
     def _liveness_init_state(self, config: LivenessConfig) -> None:
         self._liveness_lock = threading.Lock()
+        # Serializes pre_shutdown(): the fatal path, upstream's own health/monitor paths and
+        # shutdown() may call it at once, and upstream's "already done" flag is not atomic.
+        self._liveness_pre_shutdown_lock = threading.RLock()
         self._liveness_fatal: WorkerFailedError | None = None
         self._liveness_events: list[WorkerEvent] = []
         self._liveness_pre_shutdown_calls = 0
@@ -353,6 +363,11 @@ class LivenessProxyMixin:
             d_state_timeout_s=config.d_state_timeout_s or None, scan_interval_s=config.scan_interval_s
         )
         monitor.subscribe(_subscriber(weakref.ref(self)))
+        self._liveness_exit_guard: FatalExitGuard | None = None
+        if config.exit_on_fatal:
+            self._liveness_exit_guard = FatalExitGuard(
+                timeout_s=config.exit_timeout_s, exit_code=config.exit_code, exit_fn=_exit_stopping(weakref.ref(self))
+            )
         monitor.start()
         self._liveness_monitor = monitor
         self.__dict__["_liveness_shim"] = _MonitorShim(monitor)
@@ -364,6 +379,17 @@ class LivenessProxyMixin:
         """The resolved configuration."""
         config: LivenessConfig = self.__dict__["_liveness_config"]
         return config
+
+    @property
+    def liveness_monitor(self) -> WorkerProcessMonitor | None:
+        """The monitor watching this executor's ranks (None when disabled); what
+        :func:`trtllm_liveness.integrations.dynamo.attach_to_dynamo` subscribes to."""
+        return self._liveness_monitor if self.liveness_config.enabled else None
+
+    @property
+    def liveness_exit_guard(self) -> FatalExitGuard | None:
+        """The exit guard when ``exit_on_fatal`` is on (``guard.triggered`` after a fatal event)."""
+        return self._liveness_exit_guard if self.liveness_config.enabled else None
 
     @property
     def liveness_fatal_error(self) -> WorkerFailedError | None:
@@ -486,7 +512,9 @@ class LivenessProxyMixin:
 
     def _liveness_on_event(self, event: WorkerEvent) -> None:
         with self._liveness_lock:
-            self._liveness_events.append(event)
+            # The same event may arrive twice: from the watcher and from a synchronous check.
+            if not any(seen is event for seen in self._liveness_events):
+                self._liveness_events.append(event)
             if self._liveness_fatal is not None or self._liveness_shutdown_started:
                 return
             error = WorkerFailedError(event)
@@ -529,7 +557,7 @@ class LivenessProxyMixin:
             with self._liveness_lock:
                 self._liveness_pre_shutdown_calls += 1
             try:
-                self.pre_shutdown()  # type: ignore[attr-defined]
+                self.pre_shutdown()
             except Exception:
                 logger.exception("liveness: pre_shutdown() raised after the fatal error")
             # Upstream waits on the worker futures (1.2.x's init loop and shutdown, without a
@@ -540,13 +568,11 @@ class LivenessProxyMixin:
                         future.set_exception(error)
         finally:
             self._liveness_fatal_done.set()
-        config = self.liveness_config
-        if config.exit_on_fatal:
-            time.sleep(config.exit_delay_s)
-            with contextlib.suppress(Exception):
-                self._liveness_stop_workers()
-            logging.shutdown()
-            os._exit(config.exit_code)
+        guard = self._liveness_exit_guard
+        if guard is not None:
+            # Let health endpoints answer 503 (and logs say why) before the server goes away.
+            time.sleep(self.liveness_config.exit_delay_s)
+            guard.trigger(error)
 
     def _liveness_dead_error(self) -> BaseException:
         error = self._liveness_fatal
@@ -569,6 +595,15 @@ class LivenessProxyMixin:
             raise self._liveness_dead_error()
         return super().submit(request)  # type: ignore[misc]
 
+    def pre_shutdown(self) -> None:
+        """Upstream's ``pre_shutdown()``, serialized so that concurrent callers run it once.
+        Blocks while another thread runs it (upstream's is bounded: a 0.5 s socket send)."""
+        if not self.liveness_config.enabled:
+            super().pre_shutdown()  # type: ignore[misc]
+            return
+        with self._liveness_pre_shutdown_lock:
+            super().pre_shutdown()  # type: ignore[misc]
+
     def check_health(self) -> bool:
         """False after a fatal event (checked synchronously too, so a dead watcher loses
         nothing); otherwise upstream's ``check_health`` or, on 1.2.x, ``not is_shutdown()``.
@@ -576,8 +611,12 @@ class LivenessProxyMixin:
         if self.liveness_config.enabled:
             if self._liveness_fatal is not None:
                 return False
-            self._liveness_monitor.check()
-            if self._liveness_fatal is not None:
+            # Act on the monitor's answer here, in this thread: the watcher may have seen the
+            # death and not yet delivered it (or be dead). Otherwise upstream's own check below
+            # finds the same death first and the liveness fatal error is never recorded.
+            failure = self._liveness_monitor.check()
+            if failure is not None:
+                self._liveness_on_event(failure)
                 return False
         parent = getattr(super(), "check_health", None)
         if parent is not None:
@@ -591,6 +630,9 @@ class LivenessProxyMixin:
         if not self.liveness_config.enabled:
             super().shutdown()  # type: ignore[misc]
             return
+        failure = self._liveness_monitor.check()
+        if failure is not None:  # known but maybe not yet delivered: a death, not a clean stop
+            self._liveness_on_event(failure)
         with self._liveness_lock:
             if self._liveness_shutdown_started:
                 return
@@ -656,6 +698,19 @@ class LivenessProxyMixin:
             channel.close()
         with contextlib.suppress(Exception):
             self._liveness_monitor.close()
+
+
+def _exit_stopping(ref: weakref.ReferenceType[LivenessProxyMixin]) -> Callable[[int], None]:
+    # The exit guard's last resort: the workers are not our children (prte spawned them), so
+    # nobody else reaps them once this process is gone; stop them first, bounded.
+    def exit_now(code: int) -> None:
+        proxy = ref()
+        if proxy is not None:
+            with contextlib.suppress(Exception):
+                proxy._liveness_stop_workers()
+        os._exit(code)
+
+    return exit_now
 
 
 def _is_running(identity: ProcessIdentity) -> bool:

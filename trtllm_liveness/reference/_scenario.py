@@ -6,16 +6,28 @@ prints one JSON line per iteration and a final ``{"done": true}`` line, then end
 ``os._exit`` so no MPI/atexit join can hang it. Every wait is bounded by the options.
 
 A scenario: start the executor (mode ``1.2`` or ``main``, liveness on or off), stream requests,
-inject the fault into one rank (``kill`` = SIGKILL, ``stop`` = SIGSTOP, ``wedge`` = cgroup v1
-freezer, which makes real ``D`` state), then time detection, health, failed requests and shutdown.
-Without liveness, the hang is observed for ``observe_s`` and the workers are then killed by the
-harness (the executor itself would wait forever).
+inject the fault into one rank, then time detection, health, failed requests and shutdown.
+Faults: ``kill`` (SIGKILL; ``fault_ranks`` kills several at once), ``segv`` (SIGSEGV), ``stop``
+(SIGSTOP), ``wedge`` (cgroup v1 freezer: real ``D`` state), ``exit0`` (the rank calls
+``os._exit(0)`` mid-request), ``oom`` (the rank, in a memory-limited cgroup v1, allocates until the
+kernel OOM killer ends it) and ``none`` (``control_s`` > 0: a no-fault control under request
+load). Phases: ``serving``, ``init`` (during the model build) and ``shutdown`` (while
+``shutdown()`` runs). Without liveness, the hang is observed for ``observe_s`` and the workers are
+then killed by the harness (the executor itself would wait forever).
+
+Hardening probes: ``health_threads`` calls ``check_health()`` from that many threads during the
+fault and counts answers inconsistent with the first False; ``watcher_fault`` makes the
+monitor's watcher thread die before the fault, so only the synchronous path can see it. Each
+iteration reports the pidfds this process still holds afterwards (``pidfds_open``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import gc
+import itertools
 import json
+import logging
 import os
 import shutil
 import signal
@@ -24,8 +36,7 @@ import tempfile
 import threading
 import time
 import traceback
-import uuid
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
@@ -33,8 +44,12 @@ from .. import _pidfd
 from .._identity import ProcessIdentity
 from .._shutdown import stop_processes
 from ._env import configure_mpi_env
+from ._faults import FREEZER_ROOT, FreezerGroup, MemoryGroup
 
-FREEZER_ROOT = "/sys/fs/cgroup/freezer"
+__all__ = ["FREEZER_ROOT", "FAULTS", "ScenarioOptions", "kill_session", "run_in_child", "session_members"]
+
+FAULTS = ("kill", "segv", "stop", "wedge", "exit0", "oom", "none")
+_SIGNALS = {"kill": signal.SIGKILL, "segv": signal.SIGSEGV, "stop": signal.SIGSTOP}
 
 
 @dataclass
@@ -42,9 +57,15 @@ class ScenarioOptions:
     mode: str = "main"
     workers: int = 2
     liveness: bool = True
-    fault: str = "kill"  # kill | stop | wedge | none
+    fault: str = "kill"  # one of FAULTS
     fault_rank: int = 1
-    fault_phase: str = "serving"  # serving | init
+    fault_ranks: list[int] = field(default_factory=list)  # several at once (kill, segv, stop)
+    fault_phase: str = "serving"  # serving | init | shutdown
+    control_s: float = 0.0  # fault "none": keep requests flowing this long, counting alarms
+    oom_limit_mb: int = 64
+    health_threads: int = 0
+    watcher_fault: bool = False
+    cgroup_prefix: str = "trtllm-liveness-scenario"  # a caller's own prefix lets it clean up after a crash
     requests: int = 4
     tokens: int = 400
     token_delay_s: float = 0.01
@@ -86,46 +107,38 @@ def _read_identities(directory: str, count: int, timeout: float) -> list[Process
     raise TimeoutError(f"workers did not announce themselves within {timeout}s")
 
 
-class _Freezer:
-    def __init__(self) -> None:
-        self.path = os.path.join(FREEZER_ROOT, f"trtllm-liveness-scenario-{uuid.uuid4().hex[:12]}")
-        os.mkdir(self.path)
+def _victims(opts: ScenarioOptions, identities: list[ProcessIdentity]) -> list[ProcessIdentity]:
+    return [identities[rank] for rank in (opts.fault_ranks or [opts.fault_rank])]
 
-    def _write(self, name: str, value: str) -> None:
-        with open(os.path.join(self.path, name), "w") as handle:
-            handle.write(value)
 
-    def freeze(self, pid: int) -> None:
-        for tid in [str(pid), *os.listdir(f"/proc/{pid}/task")]:
-            with contextlib.suppress(OSError):
-                self._write("tasks", tid)
-        self._write("freezer.state", "FROZEN")
-
-    def remove(self) -> None:
-        with contextlib.suppress(OSError):
-            self._write("freezer.state", "THAWED")
+def _inject(opts: ScenarioOptions, victims: list[ProcessIdentity], freezer: FreezerGroup | None,
+            announce: str) -> float:
+    """Inject the fault; returns its time (``time.monotonic()``, system-wide)."""
+    if opts.fault == "wedge":
+        assert freezer is not None
+        t0 = time.monotonic()
+        freezer.freeze([v.pid for v in victims])
+        return t0
+    if opts.fault in ("exit0", "oom"):
+        # The victim rank itself does it (see _worker._arm_fault) and records when.
+        record = os.path.join(announce, "fault.json")
+        with open(os.path.join(announce, "trigger"), "w"):
+            pass
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
-            try:
-                os.rmdir(self.path)
-                return
-            except FileNotFoundError:
-                return
-            except OSError:
-                time.sleep(0.02)
-
-
-def _inject(fault: str, identity: ProcessIdentity, freezer: _Freezer | None) -> None:
-    if fault == "wedge":
-        assert freezer is not None
-        freezer.freeze(identity.pid)
-        return
-    sig = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}[fault]
-    fd = _pidfd.open_verified_pidfd(identity.pid, identity.start_time)  # never a recycled pid
+            with contextlib.suppress(OSError, ValueError), open(record) as handle:
+                return float(json.load(handle)["at"])
+            time.sleep(0.001)
+        raise TimeoutError("the fault-injection hook did not fire within 10 s")
+    fds = [_pidfd.open_verified_pidfd(v.pid, v.start_time) for v in victims]  # never a recycled pid
     try:
-        _pidfd.send_signal(fd, sig)
+        t0 = time.monotonic()
+        for fd in fds:
+            _pidfd.send_signal(fd, _SIGNALS[opts.fault])
+        return t0
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
 
 
 def _build(opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> Any:
@@ -163,6 +176,17 @@ def _health(proxy: Any, probe: str) -> bool:
     return bool(check()) if callable(check) else not proxy.is_shutdown()
 
 
+class _CriticalLog(logging.Handler):
+    """Collects CRITICAL records of the package (the watcher's death is logged so)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.CRITICAL)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def run_once(opts: ScenarioOptions, iteration: int) -> dict[str, Any]:
     announce = tempfile.mkdtemp(prefix="trtllm-scenario-")
     llm_args = SimpleNamespace(worker_liveness={
@@ -174,15 +198,27 @@ def run_once(opts: ScenarioOptions, iteration: int) -> dict[str, Any]:
                      "announce_dir": announce, "llm_args": llm_args}
     out: dict[str, Any] = {"iteration": iteration, "mode": opts.mode, "liveness": opts.liveness,
                            "fault": opts.fault, "fault_rank": opts.fault_rank, "phase": opts.fault_phase}
-    freezer = _Freezer() if opts.fault == "wedge" else None
+    freezer = FreezerGroup(opts.cgroup_prefix) if opts.fault == "wedge" else None
     if freezer is not None:
         out["freezer_path"] = freezer.path
+    memory = MemoryGroup(opts.oom_limit_mb << 20, opts.cgroup_prefix) if opts.fault == "oom" else None
+    if memory is not None:
+        out["memory_cgroup_path"] = memory.path
+    if opts.fault in ("exit0", "oom"):
+        worker_kwargs["fault"] = {"kind": opts.fault, "rank": opts.fault_rank,
+                                  "trigger": os.path.join(announce, "trigger"),
+                                  "record": os.path.join(announce, "fault.json"),
+                                  "cgroup": None if memory is None else memory.path}
     identities: list[ProcessIdentity] = []
     proxy: Any = None
+    critical = _CriticalLog()
+    logging.getLogger("trtllm_liveness").addHandler(critical)
     try:
         t_start = time.monotonic()
         if opts.fault_phase == "init":
             return _run_init_fault(opts, worker_kwargs, announce, freezer, out, identities)
+        if opts.fault_phase == "shutdown" and opts.fault not in ("kill", "segv"):
+            raise ValueError("fault_phase 'shutdown' takes a signal fault (kill, segv)")
         proxy = _build(opts, worker_kwargs)
         out["proxy_class"] = type(proxy).__name__
         out["ready_ms"] = (time.monotonic() - t_start) * 1e3
@@ -193,20 +229,170 @@ def run_once(opts: ScenarioOptions, iteration: int) -> dict[str, Any]:
         for result in results:
             result.started.wait(10)
         out["in_flight"] = sum(1 for result in results if result.started.is_set() and not result.done)
-        if opts.fault == "none":
+        if opts.fault == "none" and opts.control_s > 0:
+            _control(opts, proxy, results, out)
+        elif opts.fault == "none":
             out["tokens_ok"] = all(r.result(30) == [i] * opts.tokens for i, r in enumerate(results))
+        elif opts.fault_phase == "shutdown":
+            _run_shutdown_fault(opts, proxy, identities, announce, out)
+            return out
         else:
-            victim = identities[opts.fault_rank]
-            out["victim"] = {"rank": victim.rank, "pid": victim.pid}
-            t0 = time.monotonic()
-            _inject(opts.fault, victim, freezer)
-            _observe(opts, proxy, results, t0, out)
+            victims = _victims(opts, identities)
+            out["victim"] = {"rank": victims[0].rank, "pid": victims[0].pid}
+            out["victims"] = [{"rank": v.rank, "pid": v.pid} for v in victims]
+            if opts.watcher_fault:
+                _kill_watcher(proxy, out)
+            hammer = _HealthHammer(proxy, opts.health_probe, opts.health_threads) if opts.health_threads else None
+            try:
+                t0 = _inject(opts, victims, freezer, announce)
+                _observe(opts, proxy, results, t0, out)
+            finally:
+                if hammer is not None:
+                    hammer.finish(out)
         _finish(opts, proxy, identities, out)
         return out
     finally:
+        logging.getLogger("trtllm_liveness").removeHandler(critical)
+        out["critical_logs"] = critical.messages
+        if memory is not None:
+            out["oom_kills"] = memory.oom_kills()
+            memory.remove()
         if freezer is not None:
             freezer.remove()
+            if out.get("survivors"):
+                # An unkillable (frozen) rank dies as soon as it is thawed: wait for that.
+                out["survivors_while_frozen"] = frozen = out["survivors"]
+                deadline = time.monotonic() + 5
+                left = [i for i in identities if i.pid in frozen]
+                while left and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                    left = [i for i in left if _alive(i)]
+                out["survivors"] = [i.pid for i in left]
         shutil.rmtree(announce, ignore_errors=True)
+
+
+def _kill_watcher(proxy: Any, out: dict[str, Any]) -> None:
+    """Make the monitor's watcher thread die (a tick raises once), as a bug or resource error would."""
+    monitor = proxy.liveness_monitor if hasattr(proxy, "liveness_monitor") else proxy._liveness_monitor
+
+    def broken_tick(*args: Any) -> None:
+        del monitor._run_tick  # raise once; the class's method is back for anyone else
+        raise RuntimeError("injected watcher failure")
+
+    monitor._run_tick = broken_tick
+    monitor._res.wake()
+    deadline = time.monotonic() + 10
+    while monitor.watcher_alive and time.monotonic() < deadline:
+        time.sleep(0.005)
+    out["watcher_alive_at_fault"] = monitor.watcher_alive
+    out["watcher_error"] = repr(monitor.watcher_error)
+
+
+def _control(opts: ScenarioOptions, proxy: Any, results: list[Any], out: dict[str, Any]) -> None:
+    """No fault: keep ``requests`` requests in flight for ``control_s`` seconds; count alarms."""
+    deadline = time.monotonic() + opts.control_s
+    active = list(results)
+    completed = errors = wrong = health_false = 0
+    checks = 0
+    while time.monotonic() < deadline:
+        checks += 1
+        if not _health(proxy, opts.health_probe):
+            health_false += 1
+        for index, result in enumerate(active):
+            if not result.done:
+                continue
+            if result.error is not None:
+                errors += 1
+            elif result.tokens != [result.tokens[0]] * opts.tokens:
+                wrong += 1
+            completed += 1
+            prompt = completed % 1000
+            active[index] = proxy.generate_async([prompt] * opts.tokens)
+        time.sleep(0.005)
+    for result in active:
+        result.wait(30)
+    events = list(getattr(proxy, "liveness_events", []))
+    fatal = getattr(proxy, "_fatal_error", None)
+    out.update(control_s=opts.control_s, requests_completed=completed, request_errors=errors,
+               wrong_tokens=wrong, health_checks=checks, health_false=health_false,
+               events=[event.to_dict() for event in events], fatal_error=None if fatal is None else str(fatal),
+               pending_not_done=sum(1 for r in active if not r.done))
+    out["alarms"] = health_false + len(events) + (fatal is not None) + errors
+
+
+def _run_shutdown_fault(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity], announce: str,
+                        out: dict[str, Any]) -> None:
+    """Kill ``fault_rank`` while ``shutdown()`` runs: shutdown must stay bounded and account for it."""
+    victims = _victims(opts, identities)
+    out["victim"] = {"rank": victims[0].rank, "pid": victims[0].pid}
+    done = threading.Event()
+
+    def shut() -> None:
+        try:
+            proxy.shutdown()
+        finally:
+            done.set()
+
+    t_start = time.monotonic()
+    threading.Thread(target=shut, name="scenario-shutdown", daemon=True).start()
+    with contextlib.suppress(Exception):  # the rank may already be gone: that is the race
+        _inject(opts, victims, None, announce)
+    finished = done.wait(opts.observe_s)
+    out["shutdown_ms"] = round((time.monotonic() - t_start) * 1e3, 3) if finished else None
+    out["shutdown_hung"] = not finished
+    report = getattr(proxy, "liveness_shutdown_report", None)
+    out["shutdown_report"] = None if report is None else report.to_dict()
+    out["unkillable"] = [] if report is None else [u.pid for u in report.unkillable]
+    events = list(getattr(proxy, "liveness_events", []))
+    out["events"] = [event.to_dict() for event in events]
+    fatal = getattr(proxy, "_fatal_error", None)
+    out["fatal_error"] = None if fatal is None else str(fatal)
+    out["pre_shutdown_runs"] = proxy.pre_shutdown_runs
+    if not finished or os.path.isdir(getattr(proxy, "_ipc_dir", "")):
+        stop_processes(identities, grace_s=0.0, kill_s=2.0)
+        with contextlib.suppress(Exception):
+            proxy._close_queues()
+    out["survivors"] = [i.pid for i in identities if _alive(i)]
+
+
+class _HealthHammer:
+    """``n`` threads calling ``check_health()`` in a loop, recording (called, returned, answer)."""
+
+    def __init__(self, proxy: Any, probe: str, n: int) -> None:
+        self.stop = threading.Event()
+        self.calls: list[list[tuple[float, float, bool]]] = [[] for _ in range(n)]
+        self.errors: list[str] = []
+        self.threads = [threading.Thread(target=self._loop, args=(proxy, probe, self.calls[i]),
+                                         name=f"scenario-health-{i}", daemon=True) for i in range(n)]
+        for thread in self.threads:
+            thread.start()
+
+    def _loop(self, proxy: Any, probe: str, calls: list[tuple[float, float, bool]]) -> None:
+        while not self.stop.is_set():
+            t_call = time.monotonic()
+            try:
+                answer = _health(proxy, probe)
+            except Exception as exc:
+                self.errors.append(repr(exc))
+                return
+            calls.append((t_call, time.monotonic(), answer))
+            time.sleep(0.0002)
+
+    def finish(self, out: dict[str, Any], linger_s: float = 0.3) -> None:
+        self.stop.wait(linger_s)  # keep asking for a moment after the fault was handled
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(5)
+        flat = [call for calls in self.calls for call in calls]
+        first_false = min((returned for _, returned, answer in flat if not answer), default=None)
+        # A True answer to a call that began after the first False had been returned is inconsistent.
+        late_true = 0 if first_false is None else sum(
+            1 for called, _, answer in flat if answer and called > first_false)
+        flips = sum(1 for calls in self.calls for a, b in itertools.pairwise(calls) if not a[2] and b[2])
+        out.update(health_threads=len(self.threads), health_calls=len(flat),
+                   health_false_answers=sum(1 for *_, answer in flat if not answer),
+                   health_inconsistent=late_true + flips, health_errors=self.errors,
+                   health_threads_alive=sum(1 for t in self.threads if t.is_alive()))
 
 
 def _observe(opts: ScenarioOptions, proxy: Any, results: list[Any], t0: float, out: dict[str, Any]) -> None:
@@ -291,7 +477,8 @@ def _alive(identity: ProcessIdentity) -> bool:
 
 
 def _run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announce: str,
-                    freezer: _Freezer | None, out: dict[str, Any], identities: list[ProcessIdentity]) -> dict[str, Any]:
+                    freezer: FreezerGroup | None, out: dict[str, Any],
+                    identities: list[ProcessIdentity]) -> dict[str, Any]:
     holder: dict[str, Any] = {}
 
     def build() -> None:
@@ -305,10 +492,9 @@ def _run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announ
     identities.extend(_read_identities(announce, opts.workers, 10))
     _emit({"pids": [i.pid for i in identities], "iteration": out["iteration"]})
     time.sleep(min(0.2, opts.init_delay_s / 4))
-    victim = identities[opts.fault_rank]
-    out["victim"] = {"rank": victim.rank, "pid": victim.pid}
-    t0 = time.monotonic()
-    _inject(opts.fault, victim, freezer)
+    victims = _victims(opts, identities)
+    out["victim"] = {"rank": victims[0].rank, "pid": victims[0].pid}
+    t0 = _inject(opts, victims, freezer, announce)
     builder.join(opts.observe_s)
     out["init_hung"] = builder.is_alive()
     error = holder.get("error")
@@ -322,9 +508,25 @@ def _run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announ
     return out
 
 
+def _open_fds(settle_s: float = 2.0) -> tuple[int, int]:
+    """(pidfds, all fds) this process holds; waits up to ``settle_s`` for pidfds a leaving
+    watcher thread releases on its way out."""
+    deadline = time.monotonic() + settle_s
+    while True:
+        gc.collect()
+        links = []
+        for name in os.listdir("/proc/self/fd"):
+            with contextlib.suppress(OSError):
+                links.append(os.readlink(f"/proc/self/fd/{name}"))
+        pidfds = sum(1 for link in links if link == "anon_inode:[pidfd]")
+        if pidfds == 0 or time.monotonic() >= deadline:
+            return pidfds, len(links)
+        time.sleep(0.02)
+
+
 def main(argv: list[str]) -> None:
     options = ScenarioOptions(**json.loads(argv[0])) if argv else ScenarioOptions()
-    if options.fault not in ("kill", "stop", "wedge", "none"):
+    if options.fault not in FAULTS:
         raise SystemExit(f"unknown fault {options.fault!r}")
     configure_mpi_env()
     code = 0
@@ -332,6 +534,7 @@ def main(argv: list[str]) -> None:
         for iteration in range(options.iterations):
             record = run_once(options, iteration)
             record["options"] = asdict(options)
+            record["pidfds_open"], record["fds_open"] = _open_fds()
             _emit(record)
         _emit({"done": True})
     except BaseException:
@@ -407,6 +610,9 @@ def run_in_child(
         kill_session(child.pid)
         stdout, stderr = child.communicate(timeout=10)
         stderr += b"\n[scenario timed out]"
+    except BaseException:  # Ctrl-C: the session is ours and must not outlive us
+        kill_session(child.pid)
+        raise
     finally:
         if child.poll() is None:
             child.kill()

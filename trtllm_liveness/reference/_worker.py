@@ -12,6 +12,14 @@ delay; MPI waits are non-blocking requests polled with short sleeps (Open MPI's 
 collectives spin, which a 2-core test machine cannot afford); ``announce_dir`` (tests and the
 demo only) makes every rank write its identity to a file, so a harness can inject faults even in
 1.2 mode, whose protocol carries no identities.
+
+Fault injection (the fault matrix and tests only): ``fault={"kind", "rank", "trigger", "record",
+"cgroup"}`` makes rank ``rank`` watch for the file ``trigger`` from a helper thread; once it
+exists the rank writes ``time.monotonic()`` (system-wide, so the harness can time detection from
+it) to ``record`` and then ``exit0`` calls ``os._exit(0)`` mid-request (a clean but unexpected
+exit) or ``oom`` allocates until the kernel OOM killer ends it (after the rank moved itself into
+the memory cgroup ``cgroup`` at start, before its identity is taken). Without ``fault`` nothing
+of this runs.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import threading
 import time
 from typing import Any
 
@@ -56,6 +65,7 @@ def worker_main(
     token_delay_s: float = 0.02,
     init_delay_s: float = 0.0,
     announce_dir: str | None = None,
+    fault: dict[str, Any] | None = None,
     **_unused: Any,
 ) -> None:
     """Run one rank until the proxy sends ``None``. Blocks for the life of the engine."""
@@ -65,6 +75,8 @@ def worker_main(
 
     comm = MPI.COMM_WORLD
     rank = comm.Get_rank()
+    if fault is not None and fault.get("rank") == rank:
+        _arm_fault(fault)
     comm.barrier()
     context: Any = zmq.Context.instance()
     status: Any = None
@@ -102,6 +114,35 @@ def worker_main(
         for peer in range(1, comm.Get_size()):
             with contextlib.suppress(Exception):
                 comm.isend(("stop",), dest=peer, tag=_TAG_CMD)
+
+
+def _arm_fault(fault: dict[str, Any]) -> None:
+    kind = fault.get("kind")
+    if kind not in ("exit0", "oom"):
+        raise ValueError(f"unknown fault kind {kind!r}")
+    cgroup = fault.get("cgroup")
+    if cgroup:
+        # Before the identity is captured and registered, so the monitor's OOM probe reads
+        # this group's counter.
+        with open(os.path.join(cgroup, "cgroup.procs"), "w") as handle:
+            handle.write(str(os.getpid()))
+    threading.Thread(target=_fault_thread, args=(kind, fault["trigger"], fault["record"]),
+                     name="reference-fault-injection", daemon=True).start()
+
+
+def _fault_thread(kind: str, trigger: str, record: str) -> None:
+    while not os.path.exists(trigger):
+        time.sleep(0.002)
+    with open(record + ".tmp", "w") as handle:
+        json.dump({"pid": os.getpid(), "at": time.monotonic()}, handle)
+    os.replace(record + ".tmp", record)
+    if kind == "exit0":
+        os._exit(0)
+    hog = []
+    while True:  # ends when the OOM killer SIGKILLs this process
+        block = bytearray(8 << 20)
+        block[::4096] = b"x" * len(block[::4096])  # touch every page so it is charged
+        hog.append(block)
 
 
 def _subordinate_loop(comm: Any) -> None:

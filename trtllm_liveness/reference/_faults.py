@@ -1,0 +1,218 @@
+"""Real stuck and out-of-memory processes for tests, the demo and benchmarks (cgroup v1, root).
+
+- :class:`FreezerGroup`: a cgroup v1 freezer group. A process moved in and frozen shows state
+  ``D`` and survives SIGKILL (it stays pending) until thawed, then dies at once: the closest safe
+  stand-in for a worker wedged in a GPU driver.
+- :class:`MemoryGroup`: a cgroup v1 memory group with a limit. A process in it that allocates past
+  the limit is killed by the kernel OOM killer, which counts it in the group's ``oom_kill``.
+
+Both always clean up in :meth:`remove` (idempotent): thaw, move survivors back to the root group
+(``rmdir`` fails with EBUSY while a task is left), then ``rmdir`` with retries. Use them as context
+managers so that happens also on an exception or Ctrl-C. Not thread-safe; one owner each.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+import uuid
+from collections.abc import Iterable
+from types import TracebackType
+
+__all__ = [
+    "FREEZER_ROOT",
+    "MEMORY_ROOT",
+    "FreezerGroup",
+    "MemoryGroup",
+    "freezer_available",
+    "remove_leftover_groups",
+    "memory_cgroup_available",
+]
+
+FREEZER_ROOT = "/sys/fs/cgroup/freezer"
+MEMORY_ROOT = "/sys/fs/cgroup/memory"
+
+
+def _unavailable(root: str, what: str) -> str | None:
+    if not os.path.isdir(root):
+        return f"cgroup v1 {what} not mounted at {root}"
+    if not os.access(root, os.W_OK):
+        return f"{root} is not writable (needs root)"
+    return None
+
+
+def freezer_available() -> str | None:
+    """None if the cgroup v1 freezer is usable here, else the reason it is not."""
+    return _unavailable(FREEZER_ROOT, "freezer")
+
+
+def memory_cgroup_available() -> str | None:
+    """None if cgroup v1 memory groups can be made here, else the reason they cannot."""
+    return _unavailable(MEMORY_ROOT, "memory controller")
+
+
+class _Group:
+    root = ""
+    members_file = "tasks"
+
+    def __init__(self, prefix: str) -> None:
+        self.path = os.path.join(self.root, f"{prefix}-{uuid.uuid4().hex[:12]}")
+        os.mkdir(self.path)
+        self.removed = False
+
+    def _write(self, name: str, value: str) -> None:
+        with open(os.path.join(self.path, name), "w") as handle:
+            handle.write(value)
+
+    def _read(self, name: str) -> str:
+        with open(os.path.join(self.path, name)) as handle:
+            return handle.read()
+
+    def tasks(self) -> list[int]:
+        """Thread ids in the group (empty once it is removed)."""
+        try:
+            return [int(line) for line in self._read("tasks").split()]
+        except OSError:
+            return []
+
+    def _before_rmdir(self) -> None:
+        """Hook: make the group's tasks able to leave (the freezer thaws)."""
+
+    def remove(self, timeout: float = 10.0) -> bool:
+        """Release every task and delete the group; True when it is gone. Idempotent.
+
+        Blocks up to ``timeout`` seconds (retrying ``rmdir`` while tasks are leaving). Tasks still
+        in the group after a second are moved back to the root group, never killed.
+        """
+        if self.removed:
+            return True
+        with contextlib.suppress(OSError):
+            self._before_rmdir()
+        deadline = time.monotonic() + timeout
+        moved = False
+        while True:
+            try:
+                os.rmdir(self.path)
+            except FileNotFoundError:
+                pass
+            except OSError:
+                now = time.monotonic()
+                if now >= deadline:
+                    return False
+                # Killed tasks (SIGKILL pending while frozen) leave by themselves once thawed;
+                # any task still here after a second is alive and goes back to the root.
+                if not moved and now >= deadline - timeout + 1.0:
+                    moved = True
+                    for tid in self.tasks():
+                        with contextlib.suppress(OSError), open(os.path.join(self.root, "tasks"), "w") as handle:
+                            handle.write(str(tid))
+                time.sleep(0.02)
+                continue
+            self.removed = True
+            return True
+
+    @classmethod
+    def remove_leftovers(cls, prefix: str) -> list[str]:
+        """Remove groups named ``prefix-*`` that a crashed owner left behind; returns their paths.
+
+        Only for a prefix unique to the caller: another owner's live group would be thawed.
+        """
+        removed = []
+        with contextlib.suppress(OSError):
+            for name in os.listdir(cls.root):
+                if name.startswith(prefix + "-"):
+                    group = cls.__new__(cls)
+                    group.path, group.removed = os.path.join(cls.root, name), False
+                    if group.remove():
+                        removed.append(group.path)
+        return removed
+
+    def __enter__(self) -> _Group:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.remove()
+
+
+class FreezerGroup(_Group):
+    """A cgroup v1 freezer group under :data:`FREEZER_ROOT`. Raises ``OSError`` if it cannot be made."""
+
+    root = FREEZER_ROOT
+
+    def __init__(self, prefix: str = "trtllm-liveness") -> None:
+        super().__init__(prefix)
+
+    def add(self, pid: int) -> None:
+        """Move every thread of ``pid`` into the group (``tasks`` takes one tid at a time).
+
+        Raises ``OSError`` if the process itself cannot be moved (it is gone)."""
+        self._write("tasks", str(pid))
+        with contextlib.suppress(OSError):
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with contextlib.suppress(OSError):
+                    self._write("tasks", tid)
+
+    def freeze(self, pids: Iterable[int] = (), timeout: float = 10.0) -> bool:
+        """Add ``pids``, freeze the group and wait up to ``timeout`` s for FROZEN; True if reached."""
+        for pid in pids:
+            self.add(pid)
+        self._write("freezer.state", "FROZEN")
+        deadline = time.monotonic() + timeout
+        while self.state() != "FROZEN":
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+        return True
+
+    def thaw(self) -> None:
+        """Let the group's tasks run again (a pending SIGKILL then takes effect). Never raises."""
+        with contextlib.suppress(OSError):
+            self._write("freezer.state", "THAWED")
+
+    def state(self) -> str:
+        """``THAWED``, ``FREEZING`` or ``FROZEN`` (``""`` once removed)."""
+        try:
+            return self._read("freezer.state").strip()
+        except OSError:
+            return ""
+
+    def _before_rmdir(self) -> None:
+        self.thaw()
+
+
+class MemoryGroup(_Group):
+    """A cgroup v1 memory group under :data:`MEMORY_ROOT` limited to ``limit_bytes``.
+
+    Only memory charged after a process joins counts against the limit (charges do not move).
+    Raises ``OSError`` if it cannot be made.
+    """
+
+    root = MEMORY_ROOT
+
+    def __init__(self, limit_bytes: int, prefix: str = "trtllm-liveness") -> None:
+        super().__init__(prefix)
+        try:
+            self._write("memory.limit_in_bytes", str(limit_bytes))
+        except OSError:
+            self.remove()
+            raise
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into the group; raises ``OSError`` if gone."""
+        self._write("cgroup.procs", str(pid))
+
+    def oom_kills(self) -> int | None:
+        """The group's ``oom_kill`` counter (None if unreadable)."""
+        with contextlib.suppress(OSError, ValueError):
+            for line in self._read("memory.oom_control").splitlines():
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+        return None
+
+
+def remove_leftover_groups(prefix: str) -> list[str]:
+    """Freezer and memory groups named ``prefix-*`` removed now (see :meth:`_Group.remove_leftovers`)."""
+    return FreezerGroup.remove_leftovers(prefix) + MemoryGroup.remove_leftovers(prefix)
