@@ -12,20 +12,41 @@ engine otherwise hangs):
 - ``disabled_detected``: 1.2 mode without the extension: does anything notice within the window
   (default 30 s)? Expected false: the field failure.
 
-Usage: ``scripts/bench_e2e.py [--kills N] [--disabled-window S] [--json]``. Needs the mpi extra.
+Dynamo (needs ``ai-dynamo-runtime``, and the ``ai-dynamo`` wheel for the stock monitor), each worker
+a child process in its own session (helpers in ``tests/helpers/``):
+
+- ``dynamo_503_p50_ms`` / ``dynamo_503_p99_ms``: SIGKILL of a rank -> the real system status
+  server's ``/health`` answers 503, through ``attach_to_dynamo`` (>= 10 kills in one worker: all
+  but the last are rehearsals whose runtime shutdown is withheld; the 503 path is the same);
+  ``dynamo_exit_ms``: the last kill -> that worker process exits (status in ``dynamo_exit_status``);
+- ``stock_dynamo_exit_p50_ms``: baseline, no Dynamo module of ours: the REAL ``TrtllmEngineMonitor``
+  (0.5 s ``_fatal_error`` watchdog) over the extension, SIGKILL -> process exit (status 1); the
+  kill comes at a random phase of Dynamo's poll cycle, as a real death would;
+- ``stock_dynamo_upstream_main_exit_ms``: the same monitor over upstream main without the
+  extension: only Dynamo's 2 s ``check_health`` poll notices (upstream's own loop is 5 s);
+  ``stock_dynamo_12_no_extension_exits``: over 1.2.x without it, does the worker ever exit within
+  the window? Expected false.
+
+Usage: ``scripts/bench_e2e.py [--quick] [--kills N] [--dynamo-kills N] [--disabled-window S] [--json]``.
+Needs the mpi extra. ``--quick`` cuts the sample counts (still >= 10 Dynamo kills) for a ~1 min run.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
+import random
 import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from trtllm_liveness.reference._scenario import run_in_child
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers: the Dynamo workers
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -47,13 +68,89 @@ def samples(options: dict[str, Any], timeout: float) -> list[dict[str, Any]]:
     return results
 
 
+def have(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ModuleNotFoundError:
+        return False
+
+
+def dynamo_503(kills: int) -> dict[str, Any]:
+    """SIGKILL -> /health 503 through our bridge, ``kills`` times in one worker; then the exit."""
+    from tests.helpers.children import HelperProcess, free_port, http_get, identities_of
+    from tests.helpers.ref_engine import kill_rank
+
+    port = free_port()
+    env = {"DYN_SYSTEM_PORT": str(port), "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_TCP_RPC_HOST": "127.0.0.1",
+           "DYN_LOG": "error"}
+    latencies: list[float] = []
+    out: dict[str, Any] = {"dynamo_exit_ms": None, "dynamo_exit_status": None}
+    with HelperProcess("dynamo_engine_worker", {"mode": "main", "iterations": kills, "shutdown_timeout_s": 10},
+                       env) as worker:
+        for iteration in range(kills):
+            ready = worker.read_record(60, "ready")
+            deadline = time.monotonic() + 20
+            while http_get(port, "/health")[0] != 200 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            victim = identities_of(ready)[iteration % 2]
+            t0 = time.monotonic()
+            kill_rank(victim)
+            while time.monotonic() < t0 + 10:
+                status, _ = http_get(port, "/health", timeout=1.0)
+                if status == 503:
+                    latencies.append((time.monotonic() - t0) * 1e3)
+                    break
+            if iteration < kills - 1:
+                worker.send("next")
+        out["dynamo_exit_status"] = worker.wait_exit(30)
+        if worker.exit_time is not None:
+            out["dynamo_exit_ms"] = round((worker.exit_time - t0) * 1e3, 1)
+        survivors = worker.close()
+    if survivors:
+        sys.stderr.write(f"warning: Dynamo worker processes left behind: {survivors}\n")
+    out.update({
+        "dynamo_503_samples": len(latencies),
+        "dynamo_503_p50_ms": round(percentile(latencies, 0.5), 3),
+        "dynamo_503_p99_ms": round(percentile(latencies, 0.99), 3),
+    })
+    return out
+
+
+def stock_exit(mode: str, liveness: bool, max_life_s: float = 30.0) -> tuple[float | None, int | None]:
+    """Stock TrtllmEngineMonitor: SIGKILL a rank -> worker process exit (ms, status)."""
+    from tests.helpers.children import HelperProcess, identities_of
+    from tests.helpers.ref_engine import kill_rank
+
+    with HelperProcess("dynamo_stock_worker", {"mode": mode, "liveness": liveness, "max_life_s": max_life_s}) as worker:
+        ready = worker.read_record(60, "ready")
+        # Dynamo's pollers start with the monitor: kill at a random phase of their 2 s cycle.
+        time.sleep(random.uniform(0.0, 2.0))
+        t0 = time.monotonic()
+        kill_rank(identities_of(ready)[1])
+        status = worker.wait_exit(max_life_s + 30)
+        elapsed = None if worker.exit_time is None else (worker.exit_time - t0) * 1e3
+        survivors = worker.close()
+    if survivors:
+        sys.stderr.write(f"warning: stock Dynamo worker processes left behind: {survivors}\n")
+    return elapsed, status
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--kills", type=int, default=20)
-    parser.add_argument("--upstream-samples", type=int, default=3)
-    parser.add_argument("--disabled-window", type=float, default=30.0)
+    parser.add_argument("--quick", action="store_true", help="fewer samples (about a minute)")
+    parser.add_argument("--kills", type=int, default=None, help="reference executor kills (default 20, quick 8)")
+    parser.add_argument("--upstream-samples", type=int, default=None)
+    parser.add_argument("--disabled-window", type=float, default=None, help="seconds (default 30, quick 10)")
+    parser.add_argument("--dynamo-kills", type=int, default=None, help="SIGKILL -> 503 samples (default 20, quick 10)")
+    parser.add_argument("--stock-samples", type=int, default=None, help="stock Dynamo exits (default 6, quick 2)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    quick = args.quick
+    args.kills = args.kills if args.kills is not None else (8 if quick else 20)
+    args.upstream_samples = args.upstream_samples if args.upstream_samples is not None else (1 if quick else 3)
+    args.disabled_window = args.disabled_window if args.disabled_window is not None else (10.0 if quick else 30.0)
+    args.dynamo_kills = max(10, args.dynamo_kills if args.dynamo_kills is not None else (10 if quick else 20))
+    args.stock_samples = args.stock_samples if args.stock_samples is not None else (2 if quick else 6)
     t_start = time.monotonic()
 
     disabled: list[dict[str, Any]] = []
@@ -62,6 +159,13 @@ def main() -> int:
         {"mode": "1.2", "liveness": False, "fault": "kill", "observe_s": args.disabled_window,
          "stall_timeout_s": 1.0}, args.disabled_window + 60)), daemon=True)
     baseline.start()
+    with_runtime = have("dynamo.runtime")
+    with_monitor = with_runtime and have("dynamo.trtllm.engine_monitor")
+    stock_12_plain: list[tuple[float | None, int | None]] = []
+    stock_baseline = threading.Thread(target=lambda: stock_12_plain.append(
+        stock_exit("1.2", False, max_life_s=args.disabled_window)), daemon=True)
+    if with_monitor:
+        stock_baseline.start()
 
     half = args.kills // 2
     kills = samples({"mode": "main", "fault": "kill", "fault_rank": 1, "iterations": args.kills - half,
@@ -70,7 +174,14 @@ def main() -> int:
                       "tokens": 300, "observe_s": 10}, 300)
     upstream = samples({"mode": "main", "liveness": False, "fault": "kill", "health_probe": "fatal_error",
                         "iterations": args.upstream_samples, "tokens": 1500, "observe_s": 12}, 200)
+    dynamo: dict[str, Any] = dynamo_503(args.dynamo_kills) if with_runtime else {}
+    stock = [stock_exit(("1.2", "main")[i % 2], True) for i in range(args.stock_samples)] if with_monitor else []
+    stock_ms = [ms for ms, status in stock if ms is not None and status == 1]
+    stock_up = [stock_exit("main", False) for _ in range(1 if quick else 2)] if with_monitor else []
+    stock_up_ms = [ms for ms, status in stock_up if ms is not None and status == 1]
     baseline.join(args.disabled_window + 90)
+    if with_monitor:
+        stock_baseline.join(args.disabled_window + 90)
 
     e2e = [r["e2e_ms"] for r in kills if r.get("e2e_ms") is not None]
     detect = [r["detected_ms"] for r in kills if r.get("detected_ms") is not None]
@@ -88,6 +199,15 @@ def main() -> int:
         "disabled_detected": bool(dis.get("health_false_ms") is not None or dis.get("requests_failed_ms") is not None),
         "disabled_window_s": args.disabled_window,
         "disabled_pending_after_window": dis.get("pending_not_done"),
+        **{key: dynamo.get(key) for key in ("dynamo_503_p50_ms", "dynamo_503_p99_ms", "dynamo_503_samples",
+                                            "dynamo_exit_ms", "dynamo_exit_status")},
+        "stock_dynamo_exit_p50_ms": round(statistics.median(stock_ms), 1) if stock_ms else None,
+        "stock_dynamo_exit_max_ms": round(max(stock_ms), 1) if stock_ms else None,
+        "stock_dynamo_exit_samples": f"{len(stock_ms)}/{len(stock)} exited with status 1",
+        "stock_dynamo_upstream_main_exit_ms": round(statistics.median(stock_up_ms), 1) if stock_up_ms else None,
+        "stock_dynamo_12_no_extension_exits": (stock_12_plain[0][1] == 1) if stock_12_plain else None,
+        "upstream_only_note": "stock Dynamo without the extension: 2 s check_health poll (main) + 5 s upstream "
+                              "loop; 1.2.x never",
         "wall_s": round(time.monotonic() - t_start, 1),
     }
     if args.json:
@@ -100,6 +220,16 @@ def main() -> int:
     print(f"{'upstream main, 5 s poll loop only, p50':44} {result['upstream_poll_p50_ms']!s:>9} ms")
     label = f"no extension: noticed within {args.disabled_window} s"
     print(f"{label:44} {result['disabled_detected']!s:>12}")
+    print(f"{'Dynamo bridge: SIGKILL -> /health 503, p50':44} {result['dynamo_503_p50_ms']!s:>9} ms")
+    print(f"{'Dynamo bridge: SIGKILL -> /health 503, p99':44} {result['dynamo_503_p99_ms']!s:>9} ms")
+    print(f"{'  samples':44} {result['dynamo_503_samples']!s:>12}")
+    print(f"{'Dynamo bridge: SIGKILL -> exit (status)':44} {result['dynamo_exit_ms']!s:>9} ms "
+          f"({result['dynamo_exit_status']})")
+    print(f"{'stock TrtllmEngineMonitor + extension, p50':44} {result['stock_dynamo_exit_p50_ms']!s:>9} ms")
+    print(f"{'  ' + result['stock_dynamo_exit_samples']:44}")
+    print(f"{'stock monitor, upstream main only':44} {result['stock_dynamo_upstream_main_exit_ms']!s:>9} ms")
+    label = f"stock monitor, 1.2.x only: exits within {args.disabled_window} s"
+    print(f"{label:44} {result['stock_dynamo_12_no_extension_exits']!s:>12}")
     print(f"{'wall time':44} {result['wall_s']:>10} s")
     return 0
 

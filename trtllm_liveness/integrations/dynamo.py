@@ -11,6 +11,13 @@ and, in the watcher thread, right after the kernel reports the death or the wedg
    (and turns a clean exit of the main program into that status too: never 0 after an engine death).
 
 It also serves the per-rank status as JSON at ``/engine/<route>`` (default ``/engine/liveness``).
+:func:`attach_to_dynamo` finds the monitor of a liveness-enabled executor (or of an ``LLM``
+holding one in ``_executor``) and attaches a bridge in one call.
+
+Stock Dynamo needs none of this to notice a death: its ``TrtllmEngineMonitor`` reads
+``llm._executor._fatal_error`` every 0.5 s, and the TensorRT-LLM extension records the death
+there within milliseconds (also on 1.2.x), so the stock worker exits with status 1 within about
+0.5 s. The bridge adds the immediate 503, the JSON route and a bounded graceful shutdown.
 Works with the ``ai-dynamo-runtime`` package (tested with 1.6.1); it is passed in, never imported
 here, so this module imports without Dynamo installed.
 """
@@ -19,12 +26,15 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._events import WorkerEvent
 from .._exit_guard import FatalExitGuard
 from .._monitor import WorkerProcessMonitor
+
+__all__ = ["DynamoLivenessBridge", "RuntimeLike", "attach_to_dynamo", "liveness_monitor_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +57,10 @@ class DynamoLivenessBridge:
         monitor: the monitor watching the engine's ranks (for an executor with the TensorRT-LLM
             extension, its ``liveness_monitor``).
         route: name under ``/engine/`` for the JSON status, or None for no route.
-        shutdown_timeout_s: bound on the graceful runtime shutdown before the process is ended.
+        shutdown_timeout_s: bound on the graceful runtime shutdown before the process is ended
+            (counted from the fatal event, so it includes ``shutdown_delay_s``).
+        shutdown_delay_s: seconds between the 503 and the start of the runtime shutdown, so
+            probes and operators can still read ``/health`` and the JSON route; 0 = at once.
         exit_code: non-zero status of the process after a fatal event.
         exit_fn: how to end the process (``os._exit``); replaceable for tests.
 
@@ -61,9 +74,13 @@ class DynamoLivenessBridge:
         *,
         route: str | None = "liveness",
         shutdown_timeout_s: float = 10.0,
+        shutdown_delay_s: float = 0.0,
         exit_code: int = 1,
         exit_fn: Callable[[int], object] = os._exit,
     ) -> None:
+        if shutdown_delay_s < 0 or shutdown_delay_s > shutdown_timeout_s:
+            raise ValueError("shutdown_delay_s must be in [0, shutdown_timeout_s]")
+        self._shutdown_delay_s = shutdown_delay_s
         self._runtime = runtime
         self._monitor = monitor
         self._route = route
@@ -111,5 +128,56 @@ class DynamoLivenessBridge:
         self._guard.trigger(event)
 
     def _shutdown_runtime(self) -> None:
+        # Runs in the guard's daemon thread: sleeping here delays nothing but the shutdown.
+        if self._shutdown_delay_s > 0:
+            time.sleep(self._shutdown_delay_s)
         logger.warning("engine failed; shutting the Dynamo runtime down")
         self._runtime.shutdown()
+
+
+def liveness_monitor_of(engine: Any) -> WorkerProcessMonitor:
+    """The :class:`~trtllm_liveness.WorkerProcessMonitor` behind ``engine``.
+
+    ``engine`` may be the monitor itself, an executor with the TensorRT-LLM extension on (its
+    ``liveness_monitor``), or an object holding one in ``_executor`` (TensorRT-LLM's ``LLM``) or
+    ``executor``. Raises ``ValueError`` when none is found (the extension is off or the object is
+    something else). Non-blocking.
+    """
+    seen: list[Any] = []
+    candidate = engine
+    while candidate is not None and len(seen) < 4 and not any(candidate is s for s in seen):
+        if isinstance(candidate, WorkerProcessMonitor):
+            return candidate
+        seen.append(candidate)
+        monitor = getattr(candidate, "liveness_monitor", None)
+        if isinstance(monitor, WorkerProcessMonitor):
+            return monitor
+        candidate = getattr(candidate, "_executor", None) or getattr(candidate, "executor", None)
+    raise ValueError(
+        f"{type(engine).__name__} has no liveness monitor: is the TensorRT-LLM liveness extension enabled?"
+    )
+
+
+def attach_to_dynamo(
+    engine: Any,
+    runtime: RuntimeLike,
+    *,
+    route: str | None = "liveness",
+    shutdown_timeout_s: float = 10.0,
+    shutdown_delay_s: float = 0.0,
+    exit_code: int = 1,
+    exit_fn: Callable[[int], object] = os._exit,
+) -> DynamoLivenessBridge:
+    """Build a :class:`DynamoLivenessBridge` for ``engine`` (see :func:`liveness_monitor_of`),
+    attach it and return it. The keyword arguments are the bridge's.
+
+    Call it once the executor has started, from the thread that owns the runtime (usually the
+    event loop's). Raises ``ValueError`` when ``engine`` has no liveness monitor. If the engine
+    has already failed, the worker turns unhealthy and starts its shutdown at once.
+    """
+    bridge = DynamoLivenessBridge(
+        runtime, liveness_monitor_of(engine), route=route, shutdown_timeout_s=shutdown_timeout_s,
+        shutdown_delay_s=shutdown_delay_s, exit_code=exit_code, exit_fn=exit_fn,
+    )
+    bridge.attach()
+    return bridge

