@@ -217,6 +217,8 @@ class WorkerProcessMonitor:
         with self._lock:
             if self._closed:
                 raise RuntimeError("WorkerProcessMonitor is closed")
+            # Workers of one job share a memory cgroup: read each OOM counter once per call.
+            oom_counters: dict[str, int | None] = {}
             for identity in parsed:
                 existing = self._records.get(identity.rank)
                 if existing is not None:
@@ -227,7 +229,7 @@ class WorkerProcessMonitor:
                         identity.rank, identity, existing.identity,
                     )
                     self._forget_locked(existing)
-                record = self._new_record(identity)
+                record = self._new_record(identity, oom_counters)
                 self._records[identity.rank] = record
                 event = self._event_for_state_locked(record)
                 if event is not None:
@@ -235,7 +237,7 @@ class WorkerProcessMonitor:
         self._res.wake()
         self._deliver(events)
 
-    def _new_record(self, identity: ProcessIdentity) -> _Watched:
+    def _new_record(self, identity: ProcessIdentity, oom_counters: dict[str, int | None]) -> _Watched:
         if identity.hostname != local_hostname():
             return _Watched(identity, WorkerState.UNMONITORED_REMOTE, "none",
                             detail=f"on host {identity.hostname}, not {local_hostname()}")
@@ -257,7 +259,7 @@ class WorkerProcessMonitor:
                                identity.rank, identity.pid, fallback_reason, self._procfs_interval_s)
             else:
                 record = _Watched(identity, WorkerState.ALIVE, "pidfd", pidfd=fd, wedge=wedge, sampler=sampler,
-                                  oom=OomProbe.capture(identity.pid))
+                                  oom=OomProbe.capture(identity.pid, oom_counters))
                 self._by_fd[fd] = record
                 self._epoll.register(fd, _EPOLL_FLAGS)
                 return record
@@ -269,7 +271,7 @@ class WorkerProcessMonitor:
             # Cannot read procfs now either (EMFILE): not evidence of death. Poll until it works.
             fallback_reason += f"; not yet verified ({exc})"
         record = _Watched(identity, WorkerState.ALIVE, "procfs", detail=fallback_reason, wedge=wedge, sampler=sampler,
-                          oom=OomProbe.capture(identity.pid))
+                          oom=OomProbe.capture(identity.pid, oom_counters))
         self._procfs_only.append(record)
         return record
 

@@ -32,8 +32,11 @@ def _read_counter(path: str, key: bytes) -> int | None:
 def memory_cgroup_counter_file(pid: int, procfs: str = "/proc") -> str | None:
     """Path of the file holding ``oom_kill`` for ``pid``'s memory cgroup, or None."""
     try:
-        with open(f"{procfs}/{pid}/cgroup", "rb") as handle:
-            lines = handle.read().decode("utf-8", "replace").splitlines()
+        fd = os.open(f"{procfs}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            lines = os.read(fd, 65536).decode("utf-8", "replace").splitlines()
+        finally:
+            os.close(fd)
     except OSError:
         return None
     unified = None
@@ -54,9 +57,18 @@ def memory_cgroup_counter_file(pid: int, procfs: str = "/proc") -> str | None:
     return None
 
 
+_VMSTAT = "/proc/vmstat"
+
+
 def machine_oom_kills() -> int | None:
     """The machine-wide OOM kill count (``oom_kill`` in ``/proc/vmstat``), or None."""
-    return _read_counter("/proc/vmstat", b"oom_kill")
+    return _read_counter(_VMSTAT, b"oom_kill")
+
+
+def _cached_counter(cache: dict[str, int | None], path: str) -> int | None:
+    if path not in cache:
+        cache[path] = _read_counter(path, b"oom_kill")
+    return cache[path]
 
 
 @dataclass
@@ -68,11 +80,16 @@ class OomProbe:
     machine_kills: int | None
 
     @classmethod
-    def capture(cls, pid: int) -> OomProbe:
-        """Record ``pid``'s memory-cgroup and machine-wide OOM kill counters. Never raises."""
+    def capture(cls, pid: int, counters: dict[str, int | None] | None = None) -> OomProbe:
+        """Record ``pid``'s memory-cgroup and machine-wide OOM kill counters. Never raises.
+
+        ``counters`` caches counter values by file across the workers registered together
+        (they usually share one cgroup), so registering many workers reads each file once.
+        """
+        cache: dict[str, int | None] = {} if counters is None else counters
         counter_file = memory_cgroup_counter_file(pid)
-        cgroup_kills = _read_counter(counter_file, b"oom_kill") if counter_file else None
-        return cls(counter_file, cgroup_kills, machine_oom_kills())
+        cgroup_kills = _cached_counter(cache, counter_file) if counter_file else None
+        return cls(counter_file, cgroup_kills, _cached_counter(cache, _VMSTAT))
 
     def verdict(self) -> str | None:
         """A cause string if an OOM kill happened since capture, else None."""

@@ -159,6 +159,9 @@ class GenerationExecutorProxy(GenerationExecutor):
         self.mpi_futures: list[Future[Any]] = []
         self.dispatch_result_thread: threading.Thread | None = None
         self._dispatch_stop = threading.Event()
+        # ZMQ sockets are not thread-safe: submit() runs in callers' threads while pre_shutdown()
+        # may run in the error monitor or liveness thread; concurrent sends abort inside libzmq.
+        self._request_send_lock = threading.Lock()
         kwargs = dict(worker_kwargs)
         kwargs["mode"] = self._protocol_mode()
         kwargs["worker_queues"] = self._setup_queues()
@@ -278,7 +281,8 @@ class GenerationExecutorProxy(GenerationExecutor):
         result = GenerationResult(request.id)
         self._results[request.id] = result
         try:
-            self.request_queue.send_pyobj(request)
+            with self._request_send_lock:
+                self.request_queue.send_pyobj(request)
         except zmq.Again:
             self._results.pop(request.id, None)
             raise RuntimeError("request queue did not accept the request (no live leader)") from None
@@ -293,7 +297,8 @@ class GenerationExecutorProxy(GenerationExecutor):
         import zmq
 
         try:
-            self.request_queue.send_pyobj(None)
+            with self._request_send_lock:
+                self.request_queue.send_pyobj(None)
         except (zmq.Again, zmq.ZMQError):
             logger.warning("could not send the stop sentinel to the leader rank")
 
@@ -333,11 +338,21 @@ class GenerationExecutorProxy(GenerationExecutor):
         self.mpi_session.shutdown()
 
     def _close_queues(self) -> None:
-        for sock in (self.worker_init_status_queue, self.request_queue, self.result_queue):
+        # A socket must not be closed while another thread uses it (libzmq asserts and aborts),
+        # and Context.term() waits for every socket: if the dispatch thread is still inside the
+        # result socket (its join timed out), leave that socket and the context to the process
+        # exit rather than crash or block.
+        dispatch = self.dispatch_result_thread
+        dispatch_alive = dispatch is not None and dispatch.is_alive()
+        with self._request_send_lock:
+            for sock in (self.worker_init_status_queue, self.request_queue):
+                with contextlib.suppress(Exception):
+                    sock.close(0)
+        if not dispatch_alive:
             with contextlib.suppress(Exception):
-                sock.close(0)
-        with contextlib.suppress(Exception):
-            self._zmq.term()
+                self.result_queue.close(0)
+            with contextlib.suppress(Exception):
+                self._zmq.term()
         shutil.rmtree(self._ipc_dir, ignore_errors=True)
 
 
