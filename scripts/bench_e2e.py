@@ -210,9 +210,6 @@ def main() -> int:
                               "loop; 1.2.x never",
         "wall_s": round(time.monotonic() - t_start, 1),
     }
-    if args.json:
-        print(json.dumps(result))
-        return 0
     print(f"{'measurement':44} {'value':>12}")
     print(f"{'SIGKILL -> health False + all failed, p50':44} {result['e2e_p50_ms']:>9} ms")
     print(f"{'SIGKILL -> health False + all failed, p99':44} {result['e2e_p99_ms']:>9} ms")
@@ -231,7 +228,16 @@ def main() -> int:
     label = f"stock monitor, 1.2.x only: exits within {args.disabled_window} s"
     print(f"{label:44} {result['stock_dynamo_12_no_extension_exits']!s:>12}")
     print(f"{'wall time':44} {result['wall_s']:>10} s")
-    return 0
+    checks = [
+        ("e2e_p99_ms <= 50", result["e2e_p99_ms"] is not None and result["e2e_p99_ms"] <= 50),
+        ("dynamo_503_p99_ms <= 100", result["dynamo_503_p99_ms"] is not None and result["dynamo_503_p99_ms"] <= 100),
+        ("disabled_detected is false", result["disabled_detected"] is False),
+    ]
+    for label, ok in checks:
+        print(f"{'PASS' if ok else 'FAIL'}  {label}")
+    if args.json:
+        print(json.dumps(result))
+    return 0 if all(ok for _, ok in checks) else 1
 
 
 if __name__ == "__main__":
