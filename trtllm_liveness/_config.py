@@ -139,8 +139,9 @@ class LivenessConfig:
                 raise ValueError(
                     f"{source}: unknown key {key!r}; valid keys are {', '.join(sorted(known))}"
                 )
-            default = getattr(self, key)
-            changes[key] = _coerce(key, raw, type(default), source)
+            # The field's own type (its class default's), not the current value's: a base built
+            # with ``shutdown_grace_s=10`` must still accept ``shutdown_grace_s=2.5``.
+            changes[key] = _coerce(key, raw, type(spec.default), source)
             _check_value(key, changes[key], source)
         return dataclasses.replace(self, **changes)
 

@@ -38,7 +38,8 @@ class FatalExitGuard:
         exit_code: the status the process exits with after a fatal event; must be non-zero.
         exit_fn: how to end the process (``os._exit``); replaceable for tests.
 
-    Thread-safe; :meth:`trigger` may be called from any thread, any number of times.
+    Raises ``ValueError`` for ``exit_code`` 0 or a negative ``timeout_s``. Thread-safe;
+    :meth:`trigger` may be called from any thread, any number of times, and never blocks.
     """
 
     def __init__(

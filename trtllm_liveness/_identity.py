@@ -54,8 +54,9 @@ def local_pid_namespace() -> int:
 def capture_identity(rank: int, pid: int | None = None) -> ProcessIdentity:
     """Capture the identity of ``pid`` (default: the calling process) as worker ``rank``.
 
-    Reads ``/proc/<pid>/stat`` and ``/proc/<pid>/ns/pid``. Raises
-    :class:`~trtllm_liveness.ProcessGone` if the process does not exist.
+    Reads ``/proc/<pid>/stat`` and ``/proc/<pid>/ns/pid``: blocks only for those two procfs reads
+    (microseconds). Raises :class:`~trtllm_liveness.ProcessGone` if the process does not exist,
+    :class:`~trtllm_liveness.AccessDenied` if its ``/proc`` entry cannot be read. Thread-safe.
     """
     target = os.getpid() if pid is None else pid
     start_time, namespace = _read_identity_fields(target, "self" if pid is None else target)
@@ -142,6 +143,7 @@ def parse_identities(
     :class:`~trtllm_liveness.InvalidIdentityError` (a ``ValueError``) naming the first bad
     element: wrong container or field types, ``bool`` used as an int, pid <= 1 or the calling
     process itself, duplicate ranks, or more than ``max_count`` entries. Never raises anything else.
+    Never blocks (no I/O) and is thread-safe: it only reads ``payload``.
     """
     if isinstance(payload, (str, bytes, bytearray)) or not isinstance(payload, (list, tuple)):
         raise InvalidIdentityError(

@@ -569,6 +569,10 @@ def _open_current(target: _Target, pid: int) -> None:
         os.close(fd)
         target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (no such process)"
         return
+    except ValueError as exc:  # malformed stat: cannot verify, so never signal (and keep no fd)
+        os.close(fd)
+        target.outcome, target.detail = StopOutcome.UNVERIFIED, f"unreadable /proc stat ({exc}); not signalled"
+        return
     if info.state in ("Z", "X") or _pidfd.is_exited(fd):
         os.close(fd)
         target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (zombie, not yet reaped)"

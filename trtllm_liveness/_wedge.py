@@ -100,13 +100,22 @@ class ThreadSampler:
             raise
         except OSError:
             # Out of descriptors (EMFILE): read without keeping one, and try to keep one next time.
-            return _procfs.read_task_stat(self.pid, self.pid)
-        data = _procfs.pread_stat(fd)
-        if _procfs.parse_stat(data).start_time != self.start_time:
-            os.close(fd)
-            raise ProcessLookupError(f"pid {self.pid} was reused")
+            # Without a kept fd nothing pins the process, so verify this read like the first one.
+            data = _procfs.read_task_stat(self.pid, self.pid)
+            self._check_start_time(data)
+            return data
+        try:
+            data = _procfs.pread_stat(fd)
+            self._check_start_time(data)
+        except BaseException:
+            os.close(fd)  # never leak the fd on a reused PID or a malformed/failed read
+            raise
         self._fd = fd
         return data
+
+    def _check_start_time(self, data: bytes) -> None:
+        if _procfs.parse_stat(data).start_time != self.start_time:
+            raise ProcessLookupError(f"pid {self.pid} was reused")
 
     def _other_thread_states(self, num_threads: int) -> dict[int, str]:
         states: dict[int, str] = {}

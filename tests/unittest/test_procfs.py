@@ -164,6 +164,27 @@ def test_fake_tree_malformed_stat_raises_value_error_not_crash(fake_proc: Path) 
     (fake_proc / "99" / "task" / "99" / "stat").write_bytes(b"99 (oops")
     with pytest.raises(ValueError):
         _procfs.read_stat(99)
-    with pytest.raises(ValueError):
-        ThreadSampler(99, 1).sample()
+    fds_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(ValueError):
+            ThreadSampler(99, 1).sample()
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # the stat fd is closed on a bad parse
     assert _procfs.read_thread_states(99) == {}
+
+
+def test_fake_tree_sampler_without_a_kept_fd_still_checks_start_time(
+    fake_proc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid = 4300
+    _make_task(fake_proc, pid, pid, "w", "D", 1)
+    (fake_proc / str(pid) / "stat").write_bytes(_stat_line(pid, "w", "D", 4000, 1))
+    (fake_proc / str(pid) / "status").write_text("SigPnd:\t0\nShdPnd:\t0\n")
+
+    def out_of_fds(pid: int) -> int:
+        raise OSError(24, "Too many open files")  # EMFILE: the sampler reads without keeping an fd
+
+    monkeypatch.setattr(_procfs, "open_stat", out_of_fds)
+    sample = ThreadSampler(pid, 4000).sample()
+    assert sample is not None and sample.d_tids == (pid,)
+    with pytest.raises(ProcessLookupError):
+        ThreadSampler(pid, 3999).sample()  # another process now has this pid: never sampled as ours

@@ -10,10 +10,11 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
+from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, _procfs, capture_identity
 from trtllm_liveness._shutdown import StopOutcome, StopReport, stop_processes
 
 from ..conftest import WAIT_SCALE, Freezer, ProcessTracker, state_of, wait_until
@@ -134,6 +135,22 @@ def test_wrong_start_time_is_unverified_and_not_signalled(procs: ProcessTracker)
     assert (worker.rank, worker.pid) == (3, child.pid) and worker.signals_sent == ()
     assert child.poll() is None and state_of(child.pid) in ("S", "R")
     assert not report.all_stopped
+
+
+def test_unparsable_stat_is_unverified_not_signalled_and_leaks_no_fd(
+    procs: ProcessTracker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    child = procs.sleeper()
+    (tmp_path / str(child.pid)).mkdir()
+    (tmp_path / str(child.pid) / "stat").write_bytes(b"garbage without a comm")
+    monkeypatch.setattr(_procfs, "PROCFS_PATH", str(tmp_path))
+    fds_before = len(os.listdir("/proc/self/fd"))
+    report = stop_processes([child.pid, child.pid], grace_s=0.1, kill_s=0.1)
+    monkeypatch.undo()
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # each pidfd opened was closed
+    assert [w.outcome for w in report.workers] == [StopOutcome.UNVERIFIED] * 2
+    assert all(w.signals_sent == () for w in report.workers)
+    assert child.poll() is None and state_of(child.pid) in ("S", "R")
 
 
 def test_identities_of_other_hosts_and_namespaces_are_never_signalled(procs: ProcessTracker) -> None:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, Protocol
@@ -88,6 +89,7 @@ class DynamoLivenessBridge:
             graceful=self._shutdown_runtime, timeout_s=shutdown_timeout_s, exit_code=exit_code, exit_fn=exit_fn
         )
         self._attached = False
+        self._attach_lock = threading.Lock()
 
     @property
     def guard(self) -> FatalExitGuard:
@@ -99,9 +101,10 @@ class DynamoLivenessBridge:
 
         If the monitor has already failed, the reaction happens at once, in this thread.
         """
-        if self._attached:
-            return
-        self._attached = True
+        with self._attach_lock:  # the class is thread-safe: two racing attach() calls attach once
+            if self._attached:
+                return
+            self._attached = True
         if self._route is not None:
             self._runtime.register_engine_route(self._route, self._serve_status)
         self._monitor.subscribe(self._on_event)

@@ -250,7 +250,8 @@ class _IdentityChannel:
             if not isinstance(token, str) or not hmac.compare_digest(token, self.token):
                 raise ValueError("bad or missing token")
             return parse_identities(message.get("identities"))
-        except (ValueError, TypeError, AttributeError) as exc:  # InvalidIdentityError, JSON errors
+        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+            # InvalidIdentityError, JSON errors, JSON nested too deep: reject it, keep listening.
             logger.error("liveness: rejected a worker identities payload: %s", exc)
             return None
 
@@ -296,8 +297,12 @@ class _MonitorShim:
 
     def register(self, identities: Any) -> None:
         validated = _validated(identities)
-        if validated is not None:
+        if validated is None:
+            return
+        try:
             self._monitor.register(validated)
+        except RuntimeError:  # closed meanwhile (shutdown or an aborted start): nothing to watch
+            logger.warning("liveness: worker identities arrived after the monitor was closed; ignored")
 
     def find_dead_worker(self) -> ProcessIdentity | None:
         return self._monitor.find_dead_worker()

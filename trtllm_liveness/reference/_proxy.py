@@ -84,15 +84,21 @@ class GenerationExecutor:
         """Re-raise the first engine-level background error, as upstream does in user calls."""
         if error is not None:
             self._error_queue.put_nowait(error)
+        item = self._pop_background_error()
+        if item is not None:
+            raise item
+
+    def _pop_background_error(self) -> BaseException | None:
+        """The next engine-level error of ``_error_queue``; per-request errors are dropped."""
         while True:
             try:
                 item = self._error_queue.get_nowait()
             except queue.Empty:
-                return
+                return None
             if isinstance(item, (str, RequestError)):
                 continue
             if isinstance(item, BaseException):
-                raise item
+                return item
 
     def submit(self, request: GenerationRequest) -> GenerationResult:
         raise NotImplementedError
@@ -448,16 +454,10 @@ class MainGenerationExecutorProxy(GenerationExecutorProxy):
         """False once shut down or a fatal error is known; polls the monitor and the futures."""
         if self.doing_shutdown or self._fatal_error is not None:
             return False
-        while True:
-            try:
-                item = self._error_queue.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, (str, RequestError)):
-                continue
-            if isinstance(item, BaseException):
-                self._on_fatal(item)
-                return False
+        item = self._pop_background_error()
+        if item is not None:
+            self._on_fatal(item)
+            return False
         error = self._check_workers()
         if error is not None:
             self._on_fatal(error)

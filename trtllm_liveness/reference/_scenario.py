@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
-from .. import _pidfd
+from .. import _pidfd, _procfs
 from .._identity import ProcessIdentity
 from .._shutdown import stop_processes
 from ._env import configure_mpi_env
@@ -130,8 +130,10 @@ def _inject(opts: ScenarioOptions, victims: list[ProcessIdentity], freezer: Free
                 return float(json.load(handle)["at"])
             time.sleep(0.001)
         raise TimeoutError("the fault-injection hook did not fire within 10 s")
-    fds = [_pidfd.open_verified_pidfd(v.pid, v.start_time) for v in victims]  # never a recycled pid
+    fds: list[int] = []
     try:
+        for victim in victims:  # opened and verified first: never a recycled pid
+            fds.append(_pidfd.open_verified_pidfd(victim.pid, victim.start_time))
         t0 = time.monotonic()
         for fd in fds:
             _pidfd.send_signal(fd, _SIGNALS[opts.fault])
@@ -570,7 +572,7 @@ def session_members(sid: int) -> list[int]:
 
 
 def kill_session(sid: int, timeout: float = 5.0) -> list[int]:
-    """SIGKILL every live member of session ``sid`` (verified by start time); return survivors.
+    """SIGKILL every live member of session ``sid`` (verified through a pidfd); return survivors.
 
     Only for a session this process created (``start_new_session=True``): its members are ours.
     """
@@ -581,10 +583,13 @@ def kill_session(sid: int, timeout: float = 5.0) -> list[int]:
             return members
         for pid in members:
             with contextlib.suppress(Exception):
-                start = _pidfd.verify_start_time(pid, None).start_time
-                fd = _pidfd.open_verified_pidfd(pid, start)
+                fd = _pidfd.open_pidfd(pid)
                 try:
-                    _pidfd.send_signal(fd, signal.SIGKILL)
+                    # Verified after opening: the pid may have been recycled since the listing,
+                    # and only a process still in this session is ours to kill.
+                    info = _procfs.read_stat(pid)
+                    if info.session == sid and info.state not in ("Z", "X"):
+                        _pidfd.send_signal(fd, signal.SIGKILL)
                 finally:
                     os.close(fd)
         time.sleep(0.05)

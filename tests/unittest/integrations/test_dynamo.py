@@ -5,9 +5,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import urllib.error
@@ -16,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.children import free_port
+
 from ...conftest import ProcessTracker, wait_until
 
 pytest.importorskip("dynamo.runtime", reason="ai-dynamo-runtime is not installed")
@@ -23,18 +23,6 @@ pytest.importorskip("dynamo.runtime", reason="ai-dynamo-runtime is not installed
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 
 WORKER = Path(__file__).resolve().parents[2] / "helpers" / "dynamo_worker.py"
-
-
-def free_port() -> int:
-    """A free loopback port below 32768: Dynamo 1.6.1 parses DYN_SYSTEM_PORT as a signed 16-bit int."""
-    for port in random.sample(range(20000, 32000), 200):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    raise RuntimeError("no free port below 32768")
 
 
 def get(port: int, path: str) -> tuple[int | None, str]:

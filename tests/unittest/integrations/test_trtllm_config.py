@@ -61,3 +61,11 @@ def test_exit_options_parse_and_exit_code_zero_is_refused() -> None:
     for raw in ("exit_code=0", "exit_timeout_s=-1"):
         with pytest.raises(ValueError, match=raw.split("=")[0]):
             LivenessConfig.from_env({ENV_VAR: raw})
+
+
+def test_base_built_with_int_values_still_accepts_fractions() -> None:
+    # The field's type decides, not the base's current value (10 is an int here).
+    base = LivenessConfig(enabled=True, shutdown_grace_s=10)
+    assert LivenessConfig.from_env({ENV_VAR: "shutdown_grace_s=2.5"}, base=base).shutdown_grace_s == 2.5
+    args = SimpleNamespace(worker_liveness={"shutdown_grace_s": 0.5})
+    assert LivenessConfig.from_llm_args(args, base=base).shutdown_grace_s == 0.5
