@@ -88,7 +88,11 @@ class FatalExitGuard:
                 return False
             self._reason = reason
             self._triggered.set()
-        logger.critical("fatal engine error (%s): shutting down, exit status %d", reason, self._exit_code)
+        # Log the event's own one-line message (rank, pid, host, cause): this line may be the last
+        # the process writes, since the exit can overtake the monitor's own log line.
+        logger.critical(
+            "fatal engine error: %s; shutting down, exit status %d", getattr(reason, "message", reason), self._exit_code
+        )
         atexit.register(self._force_exit_status)
         threading.Thread(target=self._run_graceful, name="trtllm-liveness-graceful", daemon=True).start()
         if self._timeout_s is not None:
