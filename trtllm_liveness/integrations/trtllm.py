@@ -525,15 +525,22 @@ class LivenessProxyMixin:
             error = WorkerFailedError(event)
             self._liveness_fatal = error
         logger.error("liveness: fatal: %s", error)
+        self._liveness_fail_pending(error)
+        # pre_shutdown() runs here, in the reporting thread (the watcher, or a check_health()
+        # caller), BEFORE upstream can see the fatal error: trtllm-serve's /health raises SIGINT
+        # when it sees `_fatal_error and not doing_shutdown`, so publishing the error while
+        # doing_shutdown was still False let a probe in that window start a second, racing
+        # shutdown beside the exit guard's. pre_shutdown() is bounded (a 0.5 s socket send).
+        self._liveness_pre_shutdown_once(error)
         setter = getattr(self, "_set_fatal_error", None)
         if callable(setter):
             with contextlib.suppress(Exception):
                 setter(error)
         if getattr(self, "_fatal_error", None) is None:
             self._fatal_error = error
-        self._liveness_fail_pending(error)
-        threading.Thread(target=self._liveness_after_fatal, args=(error,),
-                         name="trtllm-liveness-fatal", daemon=True).start()
+        if self._liveness_exit_guard is not None:
+            threading.Thread(target=self._liveness_trigger_exit_guard, args=(error,),
+                             name="trtllm-liveness-exit", daemon=True).start()
 
     def _liveness_fail_pending(self, error: WorkerFailedError) -> None:
         mark_dead = getattr(self, "_mark_engine_dead", None)
@@ -557,7 +564,7 @@ class LivenessProxyMixin:
                 logger.exception("liveness: could not fail request %r", client_id)
             results.pop(client_id, None)
 
-    def _liveness_after_fatal(self, error: WorkerFailedError) -> None:
+    def _liveness_pre_shutdown_once(self, error: WorkerFailedError) -> None:
         try:
             with self._liveness_lock:
                 self._liveness_pre_shutdown_calls += 1
@@ -566,13 +573,16 @@ class LivenessProxyMixin:
             except Exception:
                 logger.exception("liveness: pre_shutdown() raised after the fatal error")
             # Upstream waits on the worker futures (1.2.x's init loop and shutdown, without a
-            # timeout); the dead world will never complete them, so fail them now.
+            # timeout); the dead world will never complete them, so fail them now (after
+            # pre_shutdown(): 1.2.x sends its stop sentinel only while every future is pending).
             for future in list(getattr(self, "mpi_futures", []) or []):
                 if isinstance(future, Future) and not future.done():
                     with contextlib.suppress(InvalidStateError):
                         future.set_exception(error)
         finally:
             self._liveness_fatal_done.set()
+
+    def _liveness_trigger_exit_guard(self, error: WorkerFailedError) -> None:
         guard = self._liveness_exit_guard
         if guard is not None:
             # Let health endpoints answer 503 (and logs say why) before the server goes away.

@@ -347,7 +347,7 @@ def _run_shutdown_fault(opts: ScenarioOptions, proxy: Any, identities: list[Proc
     out["unkillable"] = [] if report is None else [u.pid for u in report.unkillable]
     events = list(getattr(proxy, "liveness_events", []))
     out["events"] = [event.to_dict() for event in events]
-    fatal = getattr(proxy, "_fatal_error", None)
+    fatal = _settled_fatal_error(proxy) if events else getattr(proxy, "_fatal_error", None)
     out["fatal_error"] = None if fatal is None else str(fatal)
     out["pre_shutdown_runs"] = proxy.pre_shutdown_runs
     if not finished or os.path.isdir(getattr(proxy, "_ipc_dir", "")):
@@ -397,6 +397,21 @@ class _HealthHammer:
                    health_threads_alive=sum(1 for t in self.threads if t.is_alive()))
 
 
+def _settled_fatal_error(proxy: Any, timeout: float = 2.0) -> Any:
+    """The executor's recorded fatal error, waiting (bounded) for it to be published.
+
+    The liveness extension turns ``check_health()`` False at once but publishes ``_fatal_error``
+    only after ``pre_shutdown()`` has returned (see ``integrations/trtllm.py``), so a reader that
+    just saw health turn False may be a few milliseconds early.
+    """
+    deadline = time.monotonic() + timeout
+    fatal = getattr(proxy, "_fatal_error", None)
+    while fatal is None and time.monotonic() < deadline:
+        time.sleep(0.001)
+        fatal = getattr(proxy, "_fatal_error", None)
+    return fatal
+
+
 def _observe(opts: ScenarioOptions, proxy: Any, results: list[Any], t0: float, out: dict[str, Any]) -> None:
     deadline = t0 + opts.observe_s
     health_false = failed_all = stalled = None
@@ -429,7 +444,7 @@ def _observe(opts: ScenarioOptions, proxy: Any, results: list[Any], t0: float, o
     out["e2e_ms"] = ms(max(health_false, failed_all)) if health_false and failed_all else None
     out["stall_detected_ms"] = ms(stalled)
     out["events"] = [event.to_dict() for event in events]
-    fatal = getattr(proxy, "_fatal_error", None)
+    fatal = _settled_fatal_error(proxy) if health_false is not None else getattr(proxy, "_fatal_error", None)
     out["fatal_error"] = None if fatal is None else str(fatal)
     out["fatal_error_type"] = None if fatal is None else type(fatal).__name__
     out["pending_errors"] = sorted({type(r.error).__name__ for r in results if r.error is not None})
