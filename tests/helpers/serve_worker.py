@@ -12,6 +12,11 @@ SIGINT is what uvicorn treats as "shut down gracefully": the first one stops the
 ``main`` then shuts the executor down (bounded by the extension) and returns 0. Every SIGINT is
 logged as ``graceful shutdown requested (SIGINT #n)`` so a test can count them.
 
+``GET /state`` (test instrumentation, not in trtllm-serve) answers ``{"fatal": ..., "doing_shutdown":
+...}`` without side effects, so a test can wait for the fatal state to settle without probing
+``/health`` (whose SIGINT condition is racy upstream: a probe between the fatal error and
+``pre_shutdown()`` would fire it).
+
 Prints ``{"ready": true, "port": ..., "identities": [...]}`` once serving.
 """
 
@@ -37,6 +42,12 @@ logger = logging.getLogger("serve_worker")
 def make_handler(llm: FakeLLM) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
+            if self.path == "/state":  # test instrumentation, not trtllm-serve: read-only, never signals
+                executor = llm._executor
+                state = {"fatal": getattr(executor, "_fatal_error", None) is not None,
+                         "doing_shutdown": bool(getattr(executor, "doing_shutdown", False))}
+                self._answer(200, json.dumps(state).encode())
+                return
             if self.path != "/health":
                 self._answer(404, b"not found")
                 return

@@ -526,21 +526,30 @@ class LivenessProxyMixin:
             self._liveness_fatal = error
         logger.error("liveness: fatal: %s", error)
         self._liveness_fail_pending(error)
-        # pre_shutdown() runs here, in the reporting thread (the watcher, or a check_health()
-        # caller), BEFORE upstream can see the fatal error: trtllm-serve's /health raises SIGINT
-        # when it sees `_fatal_error and not doing_shutdown`, so publishing the error while
-        # doing_shutdown was still False let a probe in that window start a second, racing
-        # shutdown beside the exit guard's. pre_shutdown() is bounded (a 0.5 s socket send).
+        if self._liveness_exit_guard is None:
+            # Publish at once (Dynamo's watchdog reads _fatal_error), and run pre_shutdown() in a
+            # helper thread: it may block up to 0.5 s on a send to a dead leader, and the other
+            # subscribers (the Dynamo bridge's 503) must not wait for it.
+            self._liveness_publish_fatal(error)
+            threading.Thread(target=self._liveness_pre_shutdown_once, args=(error,),
+                             name="trtllm-liveness-fatal", daemon=True).start()
+            return
+        # The exit guard owns the exit. trtllm-serve's /health raises SIGINT when it sees
+        # `_fatal_error and not doing_shutdown`; publishing the error before pre_shutdown() has set
+        # doing_shutdown would let a probe in that window start a second shutdown racing the
+        # guard's. So here pre_shutdown() runs first, in this thread (bounded: a 0.5 s send).
         self._liveness_pre_shutdown_once(error)
+        self._liveness_publish_fatal(error)
+        threading.Thread(target=self._liveness_trigger_exit_guard, args=(error,),
+                         name="trtllm-liveness-exit", daemon=True).start()
+
+    def _liveness_publish_fatal(self, error: WorkerFailedError) -> None:
         setter = getattr(self, "_set_fatal_error", None)
         if callable(setter):
             with contextlib.suppress(Exception):
                 setter(error)
         if getattr(self, "_fatal_error", None) is None:
             self._fatal_error = error
-        if self._liveness_exit_guard is not None:
-            threading.Thread(target=self._liveness_trigger_exit_guard, args=(error,),
-                             name="trtllm-liveness-exit", daemon=True).start()
 
     def _liveness_fail_pending(self, error: WorkerFailedError) -> None:
         mark_dead = getattr(self, "_mark_engine_dead", None)
