@@ -34,7 +34,7 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from trtllm_liveness import capture_identity
+from trtllm_liveness import _procfs, capture_identity
 from trtllm_liveness._shutdown import StopOutcome, stop_processes
 from trtllm_liveness.reference._faults import FreezerGroup, freezer_available
 
@@ -89,11 +89,9 @@ class Cgroup(FreezerGroup):
 
 def _state(pid: int) -> str | None:
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
+        return _procfs.read_stat(pid).state
+    except (OSError, ValueError):
         return None
-    return chr(data[data.rfind(b")") + 2])
 
 
 def _start_workers(n: int) -> list[subprocess.Popen[bytes]]:

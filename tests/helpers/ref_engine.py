@@ -20,12 +20,12 @@ import json
 import logging
 import os
 import signal
-import time
 from types import SimpleNamespace
 from typing import Any
 
 from trtllm_liveness import ProcessIdentity, _pidfd
 from trtllm_liveness.reference import PROXY_CLASSES, configure_mpi_env
+from trtllm_liveness.reference._worker import read_announced_identities
 
 logger = logging.getLogger(__name__)
 
@@ -54,19 +54,7 @@ def build_executor(mode: str, announce_dir: str, *, workers: int = 2, liveness: 
 
 def read_identities(announce_dir: str, count: int, timeout: float = 20.0) -> list[ProcessIdentity]:
     """The ranks' identities as the reference workers announced them. Raises ``TimeoutError``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = []
-        for rank in range(count):
-            try:
-                with open(os.path.join(announce_dir, f"rank{rank}.json")) as handle:
-                    found.append(ProcessIdentity(*json.load(handle)))
-            except (OSError, ValueError):
-                break
-        if len(found) == count:
-            return found
-        time.sleep(0.01)
-    raise TimeoutError(f"ranks did not announce themselves within {timeout}s")
+    return read_announced_identities(announce_dir, count, timeout)
 
 
 def kill_rank(identity: ProcessIdentity) -> None:

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, capture_identity
+from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, _procfs, capture_identity
 from trtllm_liveness._wedge import DStateSample, WedgeTracker
 
 from ..conftest import Freezer, ProcessTracker, state_of, wait_until
@@ -96,11 +96,9 @@ def test_d_state_in_a_helper_thread_only_is_caught(procs: ProcessTracker, freeze
 
 def _tstate(pid: int, tid: int) -> str | None:
     try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
+        return _procfs.read_stat(pid, tid).state
+    except (OSError, ValueError):
         return None
-    return chr(data[data.rfind(b")") + 2])
 
 
 def test_short_d_state_is_not_wedged_and_recovery_shows_alive(procs: ProcessTracker, freezer: Freezer) -> None:

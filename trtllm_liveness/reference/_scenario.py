@@ -45,6 +45,7 @@ from .._identity import ProcessIdentity
 from .._shutdown import stop_processes
 from ._env import configure_mpi_env
 from ._faults import FREEZER_ROOT, FreezerGroup, MemoryGroup
+from ._worker import read_announced_identities
 
 __all__ = ["FREEZER_ROOT", "FAULTS", "ScenarioOptions", "kill_session", "run_in_child", "session_members"]
 
@@ -88,23 +89,6 @@ class ScenarioOptions:
 def _emit(record: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
-
-
-def _read_identities(directory: str, count: int, timeout: float) -> list[ProcessIdentity]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = []
-        for rank in range(count):
-            path = os.path.join(directory, f"rank{rank}.json")
-            try:
-                with open(path) as handle:
-                    found.append(ProcessIdentity(*json.load(handle)))
-            except (OSError, ValueError):
-                break
-        if len(found) == count:
-            return found
-        time.sleep(0.005)
-    raise TimeoutError(f"workers did not announce themselves within {timeout}s")
 
 
 def _victims(opts: ScenarioOptions, identities: list[ProcessIdentity]) -> list[ProcessIdentity]:
@@ -224,7 +208,7 @@ def run_once(opts: ScenarioOptions, iteration: int) -> dict[str, Any]:
         proxy = _build(opts, worker_kwargs)
         out["proxy_class"] = type(proxy).__name__
         out["ready_ms"] = (time.monotonic() - t_start) * 1e3
-        identities.extend(_read_identities(announce, opts.workers, 10))
+        identities.extend(read_announced_identities(announce, opts.workers, 10))
         out["pids"] = [identity.pid for identity in identities]
         _emit({"pids": out["pids"], "iteration": iteration})
         results = [proxy.generate_async([rank] * opts.tokens) for rank in range(opts.requests)]
@@ -506,7 +490,7 @@ def _run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announ
 
     builder = threading.Thread(target=build, name="scenario-build", daemon=True)
     builder.start()
-    identities.extend(_read_identities(announce, opts.workers, 10))
+    identities.extend(read_announced_identities(announce, opts.workers, 10))
     _emit({"pids": [i.pid for i in identities], "iteration": out["iteration"]})
     time.sleep(min(0.2, opts.init_delay_s / 4))
     victims = _victims(opts, identities)

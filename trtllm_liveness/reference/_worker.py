@@ -31,7 +31,7 @@ import threading
 import time
 from typing import Any
 
-from .._identity import capture_identity
+from .._identity import ProcessIdentity, capture_identity
 from ._protocol import ACK, READY_SIGNAL, WORKER_PROCESS_IDENTITIES_SIGNAL, TokenResponse
 
 _TAG_CMD = 11
@@ -86,10 +86,10 @@ def worker_main(
         status.connect(worker_queues["status"])
     identity = capture_identity(rank)
     if announce_dir is not None:
-        path = os.path.join(announce_dir, f"rank{rank}.json")
+        path = _announce_path(announce_dir, rank)
         with open(path + ".tmp", "w") as handle:
             json.dump(list(identity), handle)
-        os.replace(path + ".tmp", path)
+        os.replace(path + ".tmp", path)  # atomic: a reader never sees half a file
     identities = None
     if mode == "main":
         identities = [tuple(item) for item in comm.allgather(tuple(identity))]
@@ -198,3 +198,29 @@ def _leader_loop(comm: Any, context: Any, worker_queues: dict[str, str], token_d
             results.send_pyobj(None)
         requests.close()
         results.close()
+
+
+def _announce_path(directory: str, rank: int) -> str:
+    return os.path.join(directory, f"rank{rank}.json")
+
+
+def read_announced_identities(directory: str, count: int, timeout: float) -> list[ProcessIdentity]:
+    """The identities ranks ``0..count-1`` wrote to ``announce_dir`` (test and demo harness only).
+
+    Polls every 5 ms up to ``timeout`` seconds; raises ``TimeoutError`` if some rank has not
+    announced itself by then.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        found = []
+        for rank in range(count):
+            try:
+                with open(_announce_path(directory, rank)) as handle:
+                    found.append(ProcessIdentity(*json.load(handle)))
+            except (OSError, ValueError):
+                break
+        if len(found) == count:
+            return found
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"workers did not announce themselves within {timeout}s")
+        time.sleep(0.005)
