@@ -78,10 +78,12 @@ from .._exit_guard import FatalExitGuard
 from .._identity import ProcessIdentity, capture_identity, parse_identities
 from .._monitor import WorkerProcessMonitor
 from .._pidfd import verify_start_time
+from ._pool_manager_watch import PoolManagerDiedError, PoolManagerWatch
 
 __all__ = [
     "LIVENESS_IDENTITIES_SIGNAL",
     "LivenessProxyMixin",
+    "PoolManagerDiedError",
     "UpstreamFeatures",
     "detect_features",
     "liveness_executor_class",
@@ -459,15 +461,19 @@ class LivenessProxyMixin:
         restore = None
         if not detect_features(type(self)._liveness_base).identities_signal:
             restore = self._liveness_wrap_session()
+        # A failed MPI_Comm_spawn leaves the futures pending and upstream's loop waiting forever.
+        pool_watch = PoolManagerWatch(getattr(self, "mpi_session", None),
+                                      lambda: getattr(self, "mpi_futures", None)).start()
         try:
             super()._start_executor_workers(worker_kwargs)  # type: ignore[misc]
         except BaseException as exc:
-            fatal = self._liveness_fatal
+            fatal = self._liveness_fatal or pool_watch.error
             self._liveness_abort_start()
             if fatal is not None and fatal is not exc:
                 raise fatal from exc
             raise
         finally:
+            pool_watch.disarm()
             if restore is not None:
                 restore()
 
