@@ -429,6 +429,26 @@ class LivenessProxyMixin:
         """The registered worker identities (empty when disabled or not known yet)."""
         return self._liveness_monitor.identities if self.liveness_config.enabled else []
 
+    # -- the worker futures -----------------------------------------------------------------
+
+    @property
+    def mpi_futures(self) -> Any:
+        try:
+            return self.__dict__["_liveness_mpi_futures"]
+        except KeyError:
+            raise AttributeError("mpi_futures") from None
+
+    @mpi_futures.setter
+    def mpi_futures(self, futures: Any) -> None:
+        # With liveness on, upstream holds mirrors of mpi4py's futures: the extension fails them
+        # when the world is dead, which mpi4py's own futures must never be (its manager thread
+        # dies with InvalidStateError when it later completes a future somebody else finished).
+        config = self.__dict__.get("_liveness_config")
+        if config is not None and config.enabled and isinstance(futures, list):
+            self.__dict__["_liveness_real_mpi_futures"] = list(futures)
+            futures = [_mirror_future(f) if isinstance(f, Future) else f for f in futures]
+        self.__dict__["_liveness_mpi_futures"] = futures
+
     # -- upstream main's monitor attribute ------------------------------------------------
 
     @property
@@ -741,6 +761,30 @@ def _exit_stopping(ref: weakref.ReferenceType[LivenessProxyMixin]) -> Callable[[
         os._exit(code)
 
     return exit_now
+
+
+def _mirror_future(real: Future[Any]) -> Future[Any]:
+    """A future that completes as ``real`` does, unless the extension completed it first.
+
+    Cancelling the mirror cancels ``real`` (mpi4py can withdraw a task still queued)."""
+    mirror: Future[Any] = Future()
+
+    def copy(done: Future[Any]) -> None:
+        with contextlib.suppress(InvalidStateError):
+            if done.cancelled():
+                mirror.cancel()
+            elif (error := done.exception()) is not None:
+                mirror.set_exception(error)
+            else:
+                mirror.set_result(done.result())
+
+    def forward_cancel(done: Future[Any]) -> None:
+        if done.cancelled():
+            real.cancel()
+
+    real.add_done_callback(copy)
+    mirror.add_done_callback(forward_cancel)
+    return mirror
 
 
 def _is_running(identity: ProcessIdentity) -> bool:

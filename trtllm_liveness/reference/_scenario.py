@@ -173,7 +173,35 @@ class _CriticalLog(logging.Handler):
         self.messages.append(record.getMessage())
 
 
+class _ThreadExceptions:
+    """Records exceptions that end threads (mpi4py's manager thread, ours), then lets the previous
+    hook print them as usual."""
+
+    def __init__(self) -> None:
+        self.messages: list[str] = []
+        self._previous = threading.excepthook
+
+    def __enter__(self) -> _ThreadExceptions:
+        threading.excepthook = self._hook
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        threading.excepthook = self._previous
+
+    def _hook(self, args: threading.ExceptHookArgs) -> None:
+        name = args.thread.name if args.thread is not None else "?"
+        self.messages.append(f"{name}: {args.exc_type.__name__}: {args.exc_value}")
+        self._previous(args)
+
+
 def run_once(opts: ScenarioOptions, iteration: int) -> dict[str, Any]:
+    with _ThreadExceptions() as thread_exceptions:
+        out = _run_once(opts, iteration)
+    out["thread_exceptions"] = thread_exceptions.messages
+    return out
+
+
+def _run_once(opts: ScenarioOptions, iteration: int) -> dict[str, Any]:
     announce = tempfile.mkdtemp(prefix="trtllm-scenario-")
     llm_args = SimpleNamespace(worker_liveness={
         "d_state_timeout_s": opts.d_state_timeout_s, "scan_interval_s": opts.scan_interval_s,

@@ -52,6 +52,14 @@ def assert_detected(out: dict[str, Any], rank: int) -> None:
     assert out["pre_shutdown_calls"] == 1
     assert out["pre_shutdown_runs"] == 1
     assert out["shutdown_ms"] is not None  # shutdown() returned (its bound is the scenario's timeout)
+    assert_no_foreign_thread_broken(out)
+
+
+def assert_no_foreign_thread_broken(out: dict[str, Any]) -> None:
+    """Only MPI itself may end mpi4py's manager thread (MPI_ERR_PROC_FAILED under ULFM); a future the
+    extension failed must never be completed again by it (InvalidStateError), nor any thread of ours die."""
+    broken = [m for m in out["thread_exceptions"] if "MPI_ERR_PROC_FAILED" not in m]
+    assert broken == [], broken
 
 
 @pytest.mark.parametrize(("mode", "rank"), [("main", 1), ("1.2", 0)])
@@ -107,6 +115,7 @@ def test_frozen_worker_is_non_restartable_and_reported_unkillable() -> None:
     assert out["unkillable"] == [out["victim"]["pid"]]
     assert out["restartable"] is False
     assert out["pending_not_done"] == 0
+    assert_no_foreign_thread_broken(out)
     assert not os.path.exists(out["freezer_path"]), "freezer cgroup not removed"
 
 
