@@ -72,6 +72,12 @@ def judge_init(r: dict[str, Any]) -> Verdict:
     return ok, False, r.get("init_error_ms"), str(r.get("init_error_type")) + ": " + str(r.get("init_error"))
 
 
+def judge_spawn(r: dict[str, Any]) -> Verdict:
+    ok = (r.get("spawn_failed") is True and r.get("init_hung") is False
+          and r.get("init_error_type") == "PoolManagerDiedError")
+    return ok, False, r.get("init_error_ms"), str(r.get("init_error_type")) + ": " + str(r.get("init_error"))
+
+
 def judge_shutdown(r: dict[str, Any]) -> Verdict:
     workers = (r.get("shutdown_report") or {}).get("workers", [])
     victim = (r.get("victim") or {}).get("pid")
@@ -167,6 +173,7 @@ def plan(runs: int, control_s: float, quick: bool, prefix: str) -> list[tuple[st
         ("two ranks at once (of 3)", {"fault": "kill", "workers": 3, "fault_ranks": [1, 2]}, judge_death, 15),
         ("death during init", {"fault": "kill", "fault_phase": "init", "fault_rank": 1,
                                "init_delay_s": init_delay}, judge_init, 20),
+        ("MPI_Comm_spawn fails at start-up", {"fault": "spawn"}, judge_spawn, 15),
         ("death during shutdown", {"fault": "kill", "fault_phase": "shutdown", "fault_rank": 1}, judge_shutdown, 20),
         ("SIGSTOP (must not be dead)", {"mode": "1.2", "fault": "stop", "fault_rank": 1,
                                         "shutdown_grace_s": 0.5}, judge_stop, 20),

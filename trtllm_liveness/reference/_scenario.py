@@ -43,13 +43,14 @@ from typing import Any
 from .. import _pidfd, _procfs
 from .._identity import ProcessIdentity
 from .._shutdown import stop_processes
-from ._env import configure_mpi_env
+from ._env import PRTE_TMPDIR_VAR, configure_mpi_env
 from ._faults import FREEZER_ROOT, FreezerGroup, MemoryGroup
 from ._worker import read_announced_identities
 
 __all__ = ["FREEZER_ROOT", "FAULTS", "ScenarioOptions", "kill_session", "run_in_child", "session_members"]
 
-FAULTS = ("kill", "segv", "stop", "wedge", "exit0", "oom", "none")
+# "spawn": MPI_Comm_spawn fails for real (PRRTE's session base is a regular file), at start-up.
+FAULTS = ("kill", "segv", "stop", "wedge", "exit0", "oom", "spawn", "none")
 _SIGNALS = {"kill": signal.SIGKILL, "segv": signal.SIGSEGV, "stop": signal.SIGSTOP}
 
 
@@ -179,6 +180,7 @@ class _ThreadExceptions:
 
     def __init__(self) -> None:
         self.messages: list[str] = []
+        self.times: list[float] = []  # time.monotonic() of each
         self._previous = threading.excepthook
 
     def __enter__(self) -> _ThreadExceptions:
@@ -190,18 +192,19 @@ class _ThreadExceptions:
 
     def _hook(self, args: threading.ExceptHookArgs) -> None:
         name = args.thread.name if args.thread is not None else "?"
+        self.times.append(time.monotonic())
         self.messages.append(f"{name}: {args.exc_type.__name__}: {args.exc_value}")
         self._previous(args)
 
 
 def run_once(opts: ScenarioOptions, iteration: int) -> dict[str, Any]:
     with _ThreadExceptions() as thread_exceptions:
-        out = _run_once(opts, iteration)
+        out = _run_once(opts, iteration, thread_exceptions)
     out["thread_exceptions"] = thread_exceptions.messages
     return out
 
 
-def _run_once(opts: ScenarioOptions, iteration: int) -> dict[str, Any]:
+def _run_once(opts: ScenarioOptions, iteration: int, thread_exceptions: _ThreadExceptions) -> dict[str, Any]:
     announce = tempfile.mkdtemp(prefix="trtllm-scenario-")
     llm_args = SimpleNamespace(worker_liveness={
         "d_state_timeout_s": opts.d_state_timeout_s, "scan_interval_s": opts.scan_interval_s,
@@ -229,6 +232,8 @@ def _run_once(opts: ScenarioOptions, iteration: int) -> dict[str, Any]:
     logging.getLogger("trtllm_liveness").addHandler(critical)
     try:
         t_start = time.monotonic()
+        if opts.fault == "spawn":
+            return _run_spawn_failure(opts, worker_kwargs, out, thread_exceptions)
         if opts.fault_phase == "init":
             return _run_init_fault(opts, worker_kwargs, announce, freezer, out, identities)
         if opts.fault_phase == "shutdown" and opts.fault not in ("kill", "segv"):
@@ -537,6 +542,36 @@ def _run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announ
     return out
 
 
+def _run_spawn_failure(opts: ScenarioOptions, worker_kwargs: dict[str, Any], out: dict[str, Any],
+                       thread_exceptions: _ThreadExceptions) -> dict[str, Any]:
+    """Build while MPI_Comm_spawn fails (``main`` made PRRTE's session base unusable). The
+    latency is from the death of mpi4py's manager thread to the constructor's error."""
+    out["phase"] = "init"
+    holder: dict[str, Any] = {}
+
+    def build() -> None:
+        try:
+            holder["proxy"] = _build(opts, worker_kwargs)
+        except BaseException as exc:
+            holder["error"] = exc
+            holder["at"] = time.monotonic()
+
+    builder = threading.Thread(target=build, name="scenario-build", daemon=True)
+    builder.start()
+    builder.join(opts.observe_s)
+    error = holder.get("error")
+    spawn_died = next((t for t, m in zip(thread_exceptions.times, thread_exceptions.messages, strict=True)
+                       if "MPI_ERR" in m), None)
+    out["init_hung"] = builder.is_alive()
+    out["spawn_failed"] = spawn_died is not None
+    out["init_error_ms"] = (None if error is None or spawn_died is None
+                            else round((holder["at"] - spawn_died) * 1e3, 3))
+    out["init_error_type"] = None if error is None else type(error).__name__
+    out["init_error"] = None if error is None else str(error)
+    out["survivors"] = []  # no rank was ever started
+    return out
+
+
 def _open_fds(settle_s: float = 2.0) -> tuple[int, int]:
     """(pidfds, all fds) this process holds; waits up to ``settle_s`` for pidfds a leaving
     watcher thread releases on its way out."""
@@ -557,6 +592,12 @@ def main(argv: list[str]) -> None:
     options = ScenarioOptions(**json.loads(argv[0])) if argv else ScenarioOptions()
     if options.fault not in FAULTS:
         raise SystemExit(f"unknown fault {options.fault!r}")
+    blocker = None
+    if options.fault == "spawn":
+        # PRRTE cannot make prte.<pid>/ under a regular file: the spawn fails for real.
+        fd, blocker = tempfile.mkstemp(prefix="trtllm-scenario-not-a-dir-")
+        os.close(fd)
+        os.environ[PRTE_TMPDIR_VAR] = blocker
     configure_mpi_env()
     code = 0
     try:
@@ -569,6 +610,8 @@ def main(argv: list[str]) -> None:
     except BaseException:
         _emit({"error": traceback.format_exc()})
         code = 1
+    if blocker is not None:
+        os.unlink(blocker)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)

@@ -105,6 +105,15 @@ def test_death_before_ready_fails_construction_naming_the_rank(mode: str) -> Non
     assert f"rank 1 (pid {out['victim']['pid']})" in out["init_error"]
 
 
+@pytest.mark.parametrize("mode", ["1.2", "main"])
+def test_failed_spawn_fails_construction_instead_of_hanging(mode: str) -> None:
+    out = scenario(mode=mode, fault="spawn")
+    assert out["spawn_failed"] is True  # mpi4py's manager thread died in MPI_Comm_spawn
+    assert out["init_hung"] is False
+    assert out["init_error_type"] == "PoolManagerDiedError"
+    assert out["init_error_ms"] is not None
+
+
 @pytest.mark.freezer
 @pytest.mark.skipif(freezer_available() is not None, reason=str(freezer_available()))
 def test_frozen_worker_is_non_restartable_and_reported_unkillable() -> None:
