@@ -2,7 +2,8 @@
 
 Rules (see CONTRIBUTING.md): every process a test starts goes through :class:`ProcessTracker`
 (the ``procs`` fixture), which ends it by pid (verified by start time) at teardown; cgroups made
-for freezing are thawed and removed in the ``freezer`` fixture's teardown, also on failure. A
+for freezing are thawed and removed in the ``freezer`` fixture's teardown, and FUSE stalls released
+and unmounted in the ``fuse_stall`` fixture's, also on failure. A
 session-level check fails the run if any tracked process outlived its test.
 """
 
@@ -31,6 +32,7 @@ from trtllm_liveness.reference._faults import (
     freezer_available,
     memory_cgroup_available,
 )
+from trtllm_liveness.reference._fuse_stall import FuseStall, fuse_available, fuse_mounts, remove_leftover_mounts
 
 # Scale bounded waits in tests on slow or loaded machines (CI); never used for timed assertions.
 WAIT_SCALE = float(os.environ.get("TRTLLM_LIVENESS_TEST_WAIT_SCALE", "1"))
@@ -205,6 +207,24 @@ def memory_cgroup() -> Iterator[MemoryCgroup]:
         group.remove()
 
 
+@pytest.fixture
+def fuse_stall(procs: ProcessTracker) -> Iterator[FuseStall]:
+    """A FUSE mount whose lookups are never answered (real unkillable D); released, unmounted and
+    removed at teardown, also on failure, before ``procs`` kills what it started. Skips with the
+    reason where FUSE cannot be mounted."""
+    reason = fuse_available()
+    if reason is not None:
+        pytest.skip(reason)
+    remove_leftover_mounts()
+    with FuseStall() as stall:
+        try:
+            yield stall
+        finally:
+            stall.release()
+            if stall.mountpoint in fuse_mounts() or os.path.lexists(stall.mountpoint):
+                _LEAKED.append(f"FUSE mount {stall.mountpoint} not removed")
+
+
 def _private_prte_dirs() -> set[str]:
     return set(glob.glob(os.path.join(tempfile.gettempdir(), f"{PRTE_TMPDIR_PREFIX}*")))
 
@@ -226,6 +246,7 @@ def _remove_orphaned_prte_dirs() -> None:
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     _remove_orphaned_prte_dirs()
+    remove_leftover_mounts()  # FUSE stalls of helper processes that were killed
     if _LEAKED:
         sys.stderr.write("\nLEAKED by tests:\n" + "\n".join(_LEAKED) + "\n")
         session.exitstatus = 1

@@ -17,13 +17,12 @@ import pytest
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, _procfs, capture_identity
 from trtllm_liveness._shutdown import StopOutcome, StopReport, stop_processes
 
-from ..conftest import WAIT_SCALE, Freezer, ProcessTracker, state_of, wait_until
+from ..conftest import Freezer, ProcessTracker, state_of, wait_until
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
 
 # A generous hang guard, not a speed assertion: the bound itself is measured by
 # scripts/bench_shutdown.py. Without the bound a frozen worker would block the call forever.
-HANG_GUARD_S = 5.0 * WAIT_SCALE
 
 # Counts every SIGTERM it receives on stdout and keeps running.
 TERM_COUNTER = (
@@ -84,12 +83,10 @@ def test_frozen_worker_is_reported_unkillable_and_the_call_returns(
     assert wait_until(lambda: state_of(wedged.pid) == "D", 10)
     caplog.set_level(logging.ERROR, logger="trtllm_liveness")
 
-    started = time.monotonic()
+    # It returns (pytest-timeout bounds the test; the deadline is measured by bench_shutdown.py).
     report = stop_processes(identities, grace_s=0.2, kill_s=0.5)
-    elapsed = time.monotonic() - started
 
-    assert isinstance(report, StopReport)  # it returned, with a report
-    assert elapsed < 0.2 + 0.5 + HANG_GUARD_S  # hang guard only
+    assert isinstance(report, StopReport)
     assert report.workers[0].outcome is StopOutcome.EXITED_AFTER_TERM
     assert report.workers[1].outcome is StopOutcome.UNKILLABLE
     assert not report.restartable and not report.all_stopped
