@@ -16,7 +16,7 @@ both cores busy, which must raise zero alarms.
 
 Usage: ``scripts/fault_matrix.py [--json] [--runs N] [--control-s S] [--quick]``
 (``--quick``: 2 runs, 10 s controls). Needs the mpi extra; the OOM and wedge rows need root and
-cgroup v1 (memory, freezer) and are reported as skipped otherwise.
+cgroup v1 (memory, freezer), the FUSE row root and /dev/fuse; they are reported as skipped otherwise.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from trtllm_liveness.reference._faults import freezer_available, memory_cgroup_available, remove_leftover_groups
+from trtllm_liveness.reference._fuse_stall import fuse_available, remove_leftover_mounts
 from trtllm_liveness.reference._scenario import run_in_child
 
 COMMON: dict[str, Any] = {"mode": "main", "workers": 2, "tokens": 300, "observe_s": 10.0,
@@ -179,6 +180,8 @@ def plan(runs: int, control_s: float, quick: bool, prefix: str) -> list[tuple[st
                                         "shutdown_grace_s": 0.5}, judge_stop, 20),
         ("D-state wedge (freezer)", {"fault": "wedge", "fault_rank": 1, "d_state_timeout_s": 0.5,
                                      "scan_interval_s": 0.05}, judge_wedge, 20),
+        ("D-state wedge (FUSE, one thread)", {"fault": "fuse", "fault_rank": 1, "d_state_timeout_s": 0.5,
+                                              "scan_interval_s": 0.05}, judge_wedge, 20),
     ]
     control = {"fault": "none", "control_s": control_s, "tokens": 50}
     rows.append((f"control {control_s:g}s, wedge detection on", control, judge_control, control_s + 20))
@@ -196,7 +199,7 @@ def main() -> int:
     runs = args.runs or (2 if args.quick else 5)
     control_s = args.control_s or (10.0 if args.quick else 60.0)
     prefix = f"trtllm-liveness-matrix-{uuid.uuid4().hex[:8]}"
-    skips = {"oom": memory_cgroup_available(), "wedge": freezer_available()}
+    skips = {"oom": memory_cgroup_available(), "wedge": freezer_available(), "fuse": fuse_available()}
     t_start = time.monotonic()
     rows: list[dict[str, Any]] = []
     busy: list[subprocess.Popen[bytes]] = []
@@ -216,6 +219,7 @@ def main() -> int:
     finally:  # also on Ctrl-C: run_in_child has killed its session; end ours and the cgroups
         end_by_pid(busy)
         left_groups = remove_leftover_groups(prefix)
+        left_groups += remove_leftover_mounts()  # a FUSE stall of a scenario child that was killed
     measured = [row for row in rows if "skipped" not in row]
     faults = [row for row in measured if not row["fault"].startswith(("control", "SIGSTOP"))]
     result = {

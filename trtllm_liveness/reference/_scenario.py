@@ -45,12 +45,15 @@ from .._identity import ProcessIdentity
 from .._shutdown import stop_processes
 from ._env import PRTE_TMPDIR_VAR, configure_mpi_env
 from ._faults import FREEZER_ROOT, FreezerGroup, MemoryGroup
+from ._fuse_stall import FuseStall
 from ._worker import read_announced_identities
 
 __all__ = ["FREEZER_ROOT", "FAULTS", "ScenarioOptions", "kill_session", "run_in_child", "session_members"]
 
-# "spawn": MPI_Comm_spawn fails for real (PRRTE's session base is a regular file), at start-up.
-FAULTS = ("kill", "segv", "stop", "wedge", "exit0", "oom", "spawn", "none")
+# "wedge": the whole rank frozen (cgroup v1 freezer); "fuse": one helper thread of the rank stuck in
+# a FUSE lookup nobody answers (real D, wchan request_wait_answer). "spawn": MPI_Comm_spawn fails for
+# real (PRRTE's session base is a regular file), at start-up.
+FAULTS = ("kill", "segv", "stop", "wedge", "fuse", "exit0", "oom", "spawn", "none")
 _SIGNALS = {"kill": signal.SIGKILL, "segv": signal.SIGSEGV, "stop": signal.SIGSTOP}
 
 
@@ -104,7 +107,7 @@ def _inject(opts: ScenarioOptions, victims: list[ProcessIdentity], freezer: Free
         t0 = time.monotonic()
         freezer.freeze([v.pid for v in victims])
         return t0
-    if opts.fault in ("exit0", "oom"):
+    if opts.fault in ("exit0", "oom", "fuse"):
         # The victim rank itself does it (see _worker._arm_fault) and records when.
         record = os.path.join(announce, "fault.json")
         with open(os.path.join(announce, "trigger"), "w"):
@@ -221,11 +224,13 @@ def _run_once(opts: ScenarioOptions, iteration: int, thread_exceptions: _ThreadE
     memory = MemoryGroup(opts.oom_limit_mb << 20, opts.cgroup_prefix) if opts.fault == "oom" else None
     if memory is not None:
         out["memory_cgroup_path"] = memory.path
-    if opts.fault in ("exit0", "oom"):
+    stall = FuseStall().__enter__() if opts.fault == "fuse" else None
+    if opts.fault in ("exit0", "oom", "fuse"):
         worker_kwargs["fault"] = {"kind": opts.fault, "rank": opts.fault_rank,
                                   "trigger": os.path.join(announce, "trigger"),
                                   "record": os.path.join(announce, "fault.json"),
-                                  "cgroup": None if memory is None else memory.path}
+                                  "cgroup": None if memory is None else memory.path,
+                                  "path": None if stall is None else stall.new_path()}
     identities: list[ProcessIdentity] = []
     proxy: Any = None
     critical = _CriticalLog()
@@ -276,10 +281,16 @@ def _run_once(opts: ScenarioOptions, iteration: int, thread_exceptions: _ThreadE
         if memory is not None:
             out["oom_kills"] = memory.oom_kills()
             memory.remove()
+        released = False
         if freezer is not None:
             freezer.remove()
+            released = True
+        if stall is not None:
+            stall.release()
+            released = True
+        if released:
             if out.get("survivors"):
-                # An unkillable (frozen) rank dies as soon as it is thawed: wait for that.
+                # An unkillable (frozen or FUSE-stuck) rank dies as soon as it is released: wait for that.
                 out["survivors_while_frozen"] = frozen = out["survivors"]
                 deadline = time.monotonic() + 5
                 left = [i for i in identities if i.pid in frozen]

@@ -118,7 +118,7 @@ def worker_main(
 
 def _arm_fault(fault: dict[str, Any]) -> None:
     kind = fault.get("kind")
-    if kind not in ("exit0", "oom"):
+    if kind not in ("exit0", "oom", "fuse"):
         raise ValueError(f"unknown fault kind {kind!r}")
     cgroup = fault.get("cgroup")
     if cgroup:
@@ -126,18 +126,24 @@ def _arm_fault(fault: dict[str, Any]) -> None:
         # this group's counter.
         with open(os.path.join(cgroup, "cgroup.procs"), "w") as handle:
             handle.write(str(os.getpid()))
-    threading.Thread(target=_fault_thread, args=(kind, fault["trigger"], fault["record"]),
+    threading.Thread(target=_fault_thread, args=(kind, fault["trigger"], fault["record"], fault.get("path")),
                      name="reference-fault-injection", daemon=True).start()
 
 
-def _fault_thread(kind: str, trigger: str, record: str) -> None:
+def _fault_thread(kind: str, trigger: str, record: str, path: str | None) -> None:
     while not os.path.exists(trigger):
         time.sleep(0.002)
     with open(record + ".tmp", "w") as handle:
-        json.dump({"pid": os.getpid(), "at": time.monotonic()}, handle)
+        json.dump({"pid": os.getpid(), "tid": threading.get_native_id(), "at": time.monotonic()}, handle)
     os.replace(record + ".tmp", record)
     if kind == "exit0":
         os._exit(0)
+    if kind == "fuse":
+        # This thread alone enters the kernel and never comes back (a FUSE lookup nobody answers,
+        # like a driver call that hangs); the main thread keeps serving.
+        with contextlib.suppress(OSError):  # ENOTCONN once the stall is released
+            os.stat(path or "")
+        return
     hog = []
     while True:  # ends when the OOM killer SIGKILLs this process
         block = bytearray(8 << 20)

@@ -5,7 +5,9 @@ with liveness on, streams requests, injects the fault into one rank and prints: 
 detection, health false, requests failed, shutdown done (milliseconds after t0).
 
 Faults: ``kill`` (SIGKILL: a death), ``wedge`` (cgroup v1 freezer: real ``D`` state, survives
-SIGKILL; a non-restartable fatal error, and shutdown reports the rank unkillable), ``stop``
+SIGKILL; a non-restartable fatal error, and shutdown reports the rank unkillable), ``fuse`` (one
+helper thread of the rank stuck in a FUSE lookup nobody answers, wchan ``request_wait_answer``, as a
+driver call that never returns; detected per thread while the main thread keeps serving), ``stop``
 (SIGSTOP). A stopped process is alive and killable, not dead or in ``D``, so the monitor does
 not call it a failure (a debugger or job control may stop a worker on purpose); the demo surfaces
 it as a *stall* (no token progress for ``--stall-timeout`` seconds) and shows that ``shutdown()``
@@ -27,7 +29,9 @@ from ._scenario import FREEZER_ROOT, run_in_child
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the demo's options to ``parser``."""
-    parser.add_argument("--fault", choices=["kill", "stop", "wedge"], default="kill", help="fault to inject")
+    parser.add_argument("--fault", choices=["kill", "stop", "wedge", "fuse"], default="kill",
+                        help="fault to inject: SIGKILL, SIGSTOP, the whole rank frozen in D (cgroup v1 "
+                             "freezer), or one of its threads stuck in D in a FUSE lookup")
     parser.add_argument("--workers", type=int, default=2, help="MPI worker ranks (>= 2)")
     parser.add_argument("--rank", type=int, default=None, help="rank to hit (default: the last)")
     parser.add_argument("--mode", choices=["main", "1.2"], default="main", help="TensorRT-LLM behaviour to mimic")
@@ -57,6 +61,13 @@ def run(args: argparse.Namespace) -> int:
             sys.stderr.write(
                 f"trtllm-liveness: demo: --fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT}\n"
             )
+            return 2
+    if args.fault == "fuse":
+        from ._fuse_stall import fuse_available
+
+        reason = fuse_available()
+        if reason is not None:
+            sys.stderr.write(f"trtllm-liveness: demo: --fault fuse cannot run here: {reason}\n")
             return 2
     options = {"mode": args.mode, "workers": args.workers, "fault": args.fault, "fault_rank": rank,
                "requests": args.requests, "stall_timeout_s": args.stall_timeout,

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from trtllm_liveness.reference._fuse_stall import fuse_available
 from trtllm_liveness.reference._scenario import run_in_child
 
 from ...conftest import MPI_MARKS, WAIT_SCALE, freezer_available
@@ -122,6 +123,21 @@ def test_frozen_worker_is_non_restartable_and_reported_unkillable() -> None:
     assert out["pending_not_done"] == 0
     assert_no_foreign_thread_broken(out)
     assert not os.path.exists(out["freezer_path"]), "freezer cgroup not removed"
+
+
+@pytest.mark.fuse
+@pytest.mark.skipif(fuse_available() is not None, reason=str(fuse_available()))
+def test_one_thread_stuck_in_a_fuse_lookup_is_a_wedge_and_unkillable() -> None:
+    out = scenario(mode="main", fault="fuse", fault_rank=1, d_state_timeout_s=0.5, scan_interval_s=0.05)
+    event = out["events"][0]
+    assert event["kind"] == "wedged"
+    assert event["tid"] != out["victim"]["pid"]  # a helper thread; the main thread kept serving
+    assert "request_wait_answer" in out["fatal_error"]
+    assert out["fatal_restartable"] is False
+    assert out["unkillable"] == [out["victim"]["pid"]]
+    assert out["pending_not_done"] == 0
+    assert out["survivors"] == []  # it died of the pending SIGKILL once the stall was released
+    assert_no_foreign_thread_broken(out)
 
 
 def test_sigstop_is_not_a_death_but_shutdown_still_bounded() -> None:
