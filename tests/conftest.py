@@ -127,6 +127,14 @@ class ProcessTracker:
         self.track(pid)
         return middle, pid
 
+    def stuck_in_fuse(self, stall: FuseStall, timeout: float = 10.0) -> subprocess.Popen[bytes]:
+        """A child held in ``stall``: in D now, unkillable once killed, until ``stall.release()``."""
+        child = subprocess.Popen(stall.stuck_child_cmd(), start_new_session=True)
+        self.popens.append(child)
+        self.track(child.pid)
+        assert stall.wait_held(child.pid, timeout * WAIT_SCALE), "the FUSE server never read the child's request"
+        return child
+
     def cleanup(self) -> None:
         for pid, start in self.pids.items():
             if start is not None and start_time_or_none(pid) == start:

@@ -1,4 +1,4 @@
-"""Wedge detection with real D state (cgroup v1 freezer), per thread; tracker logic on synthetic samples."""
+"""Wedge detection with real D state (cgroup v1 freezer, FUSE), per thread; tracker logic on synthetic samples."""
 
 from __future__ import annotations
 
@@ -6,15 +6,18 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import pytest
 
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, _procfs, capture_identity
 from trtllm_liveness._wedge import DStateSample, WedgeTracker
+from trtllm_liveness.reference._fuse_stall import FuseStall
 
 from ..conftest import Freezer, ProcessTracker, state_of, wait_until
 
-pytestmark = [pytest.mark.real_process, pytest.mark.freezer, pytest.mark.timeout(90)]
+pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 
 # A process whose helper thread prints its tid, then both threads sleep.
 THREADED = """
@@ -36,18 +39,37 @@ def _kinds(events: list[WorkerEvent]) -> list[EventKind]:
     return [e.kind for e in list(events)]
 
 
-def test_frozen_process_becomes_wedged_then_unkillable_then_dies_on_thaw(
-    procs: ProcessTracker, freezer: Freezer
+@dataclass
+class StuckChild:
+    popen: subprocess.Popen[bytes]
+    release: Callable[[], None]
+
+
+@pytest.fixture(params=[pytest.param("freezer", marks=pytest.mark.freezer),
+                        pytest.param("fuse", marks=pytest.mark.fuse)])
+def stuck_child(request: pytest.FixtureRequest, procs: ProcessTracker) -> StuckChild:
+    """A real process in D from either source: frozen by the cgroup v1 freezer, or blocked in a
+    FUSE lookup nobody answers (wchan request_wait_answer). Skips where the source is missing."""
+    if request.param == "freezer":
+        freezer: Freezer = request.getfixturevalue("freezer")
+        child = procs.sleeper()
+        freezer.add(child.pid)
+        freezer.freeze()
+        return StuckChild(child, freezer.thaw)
+    stall: FuseStall = request.getfixturevalue("fuse_stall")
+    return StuckChild(procs.stuck_in_fuse(stall), stall.release)
+
+
+def test_stuck_process_becomes_wedged_then_unkillable_then_dies_on_release(
+    procs: ProcessTracker, stuck_child: StuckChild
 ) -> None:
-    child = procs.sleeper()
+    child = stuck_child.popen
     identity = capture_identity(0, child.pid)
     events: list[WorkerEvent] = []
     with WorkerProcessMonitor(d_state_timeout_s=0.3, scan_interval_s=0.05) as monitor:
         monitor.subscribe(events.append)
         monitor.register([identity])
         monitor.start()
-        freezer.add(child.pid)
-        freezer.freeze()
         assert wait_until(lambda: state_of(child.pid) == "D", 10)
         assert wait_until(lambda: EventKind.WEDGED in _kinds(events), 10)
         wedged = events[0]
@@ -60,15 +82,17 @@ def test_frozen_process_becomes_wedged_then_unkillable_then_dies_on_thaw(
         os.kill(child.pid, signal.SIGKILL)
         assert wait_until(lambda: EventKind.UNKILLABLE in _kinds(events), 10)
         assert _state(monitor) is WorkerState.UNKILLABLE
-        assert state_of(child.pid) == "D"  # still there: SIGKILL cannot reap a frozen task
-        freezer.thaw()
+        assert state_of(child.pid) == "D"  # still there: SIGKILL cannot end it
+        stuck_child.release()
         # The death is seen by the synchronous path too, after a wedge was already the failure.
         assert wait_until(lambda: monitor.find_dead_worker() == identity, 10)
         assert wait_until(lambda: EventKind.DIED in _kinds(events), 10)
         assert monitor.failure == wedged  # the first fatal event stays
         assert _kinds(events).count(EventKind.WEDGED) == 1 and _kinds(events).count(EventKind.UNKILLABLE) == 1
+    assert child.wait(10) == -signal.SIGKILL
 
 
+@pytest.mark.freezer
 def test_d_state_in_a_helper_thread_only_is_caught(procs: ProcessTracker, freezer: Freezer) -> None:
     proc = subprocess.Popen([sys.executable, "-c", THREADED], stdout=subprocess.PIPE, start_new_session=True)
     procs.popens.append(proc)
@@ -101,6 +125,7 @@ def _tstate(pid: int, tid: int) -> str | None:
         return None
 
 
+@pytest.mark.freezer
 def test_short_d_state_is_not_wedged_and_recovery_shows_alive(procs: ProcessTracker, freezer: Freezer) -> None:
     child = procs.sleeper()
     identity = capture_identity(0, child.pid)
@@ -134,6 +159,7 @@ def test_short_d_state_is_not_wedged_and_recovery_shows_alive(procs: ProcessTrac
         assert events == [] and _state(monitor, 1) is WorkerState.ALIVE
 
 
+@pytest.mark.freezer
 def test_wedge_detection_off_by_default_costs_nothing(procs: ProcessTracker, freezer: Freezer) -> None:
     child = procs.sleeper()
     with WorkerProcessMonitor(scan_interval_s=0.01) as monitor:

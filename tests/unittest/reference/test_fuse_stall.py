@@ -72,15 +72,6 @@ def _assert_cleaned_up(stall: FuseStall) -> None:
     assert _dev_fuse_fds() == []
 
 
-def _stuck_child(procs: ProcessTracker, stall: FuseStall) -> subprocess.Popen[bytes]:
-    """A child held in the stall: state D now, unkillable once killed, until release."""
-    child = subprocess.Popen(stall.stuck_child_cmd(), start_new_session=True)
-    procs.popens.append(child)
-    procs.track(child.pid)
-    assert stall.wait_held(child.pid, 10 * WAIT_SCALE), "the FUSE server never read the child's request"
-    return child
-
-
 def _kill_pending(pid: int, tid: int | None = None) -> bool:
     try:
         return _procfs.sigkill_pending(pid, tid)
@@ -118,7 +109,7 @@ def test_fuse_available_trial_leaves_nothing_behind() -> None:
 
 def test_stat_is_d_then_unkillable_until_release(procs: ProcessTracker, fuse_stall: FuseStall) -> None:
     assert fuse_stall.mountpoint in fuse_mounts()
-    child = _stuck_child(procs, fuse_stall)
+    child = procs.stuck_in_fuse(fuse_stall)
     # D before any signal (the connection is primed: no interruptible first wait).
     assert wait_until(lambda: state_of(child.pid) == "D", 10)
     assert _procfs.read_wchan(child.pid) != ""
@@ -136,7 +127,7 @@ def test_stat_is_d_then_unkillable_until_release(procs: ProcessTracker, fuse_sta
 
 
 def test_each_caller_and_thread_is_held_on_its_own(procs: ProcessTracker, fuse_stall: FuseStall) -> None:
-    first, second = _stuck_child(procs, fuse_stall), _stuck_child(procs, fuse_stall)
+    first, second = procs.stuck_in_fuse(fuse_stall), procs.stuck_in_fuse(fuse_stall)
     threaded = subprocess.Popen(
         [sys.executable, "-c", THREADED_STAT, fuse_stall.new_path()], stdout=subprocess.PIPE, start_new_session=True
     )
@@ -172,37 +163,11 @@ def test_the_owner_process_is_never_stalled(fuse_stall: FuseStall) -> None:
     assert os.getpid() not in fuse_stall.held_tids()
 
 
-def test_monitor_reports_wedged_then_unkillable_then_dead(procs: ProcessTracker, fuse_stall: FuseStall) -> None:
-    child = _stuck_child(procs, fuse_stall)
-    identity = capture_identity(0, child.pid)
-    events: list[WorkerEvent] = []
-    with WorkerProcessMonitor(d_state_timeout_s=0.3, scan_interval_s=0.05) as monitor:
-        monitor.subscribe(events.append)
-        monitor.register([identity])
-        monitor.start()
-        assert wait_until(lambda: EventKind.WEDGED in _kinds(events), 10)
-        wedged = events[0]
-        assert wedged.kind is EventKind.WEDGED and wedged.restartable is False
-        assert wedged.tid == child.pid and wedged.identity == identity
-        assert _state(monitor) is WorkerState.WEDGED
-        assert monitor.find_dead_worker() is None  # wedged is fatal but not dead
-        os.kill(child.pid, signal.SIGKILL)
-        assert wait_until(lambda: EventKind.UNKILLABLE in _kinds(events), 10)
-        assert _state(monitor) is WorkerState.UNKILLABLE
-        assert state_of(child.pid) == "D" and _kill_pending(child.pid)
-        fuse_stall.release()
-        assert wait_until(lambda: monitor.find_dead_worker() == identity, 10)
-        assert wait_until(lambda: EventKind.DIED in _kinds(events), 10)
-        assert monitor.failure == wedged  # the first fatal event stays
-        assert _kinds(events).count(EventKind.WEDGED) == 1 and _kinds(events).count(EventKind.UNKILLABLE) == 1
-    assert child.wait(10 * WAIT_SCALE) == -signal.SIGKILL
-
-
 def test_stop_processes_reports_the_stuck_worker_unkillable_and_returns(
     procs: ProcessTracker, fuse_stall: FuseStall
 ) -> None:
     healthy = procs.sleeper()
-    stuck = _stuck_child(procs, fuse_stall)
+    stuck = procs.stuck_in_fuse(fuse_stall)
     identities = [capture_identity(0, healthy.pid), capture_identity(1, stuck.pid)]
     report = stop_processes(identities, grace_s=0.2, kill_s=0.5)  # returns: pytest-timeout bounds it
     assert report.workers[0].outcome is StopOutcome.EXITED_AFTER_TERM
