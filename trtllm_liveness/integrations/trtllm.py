@@ -776,7 +776,7 @@ def _mirror_future(real: Future[Any]) -> Future[Any]:
             elif (error := done.exception()) is not None:
                 mirror.set_exception(error)
             else:
-                mirror.set_result(done.result())
+                mirror.set_result(done.result(timeout=0))  # done: returns at once
 
     def forward_cancel(done: Future[Any]) -> None:
         if done.cancelled():
