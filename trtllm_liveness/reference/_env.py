@@ -65,6 +65,17 @@ def _remove_private_dir(owner_pid: int, path: str) -> None:
         logger.debug("removed PRRTE session base %s", path)
 
 
+def remove_private_prte_tmpdir() -> None:
+    """Remove the session base :func:`configure_mpi_env` made for this process, now.
+
+    For processes that end with ``os._exit`` (which skips the ``atexit`` removal), after their MPI
+    pools are shut down. Idempotent; a no-op when none was made.
+    """
+    with _private_dir_lock:
+        if _private_dir is not None:
+            _remove_private_dir(*_private_dir)
+
+
 def configure_mpi_env(
     environ: MutableMapping[str, str] | None = None, *, fault_tolerant: bool = True
 ) -> MutableMapping[str, str]:

@@ -43,7 +43,7 @@ from typing import Any
 from .. import _pidfd, _procfs
 from .._identity import ProcessIdentity
 from .._shutdown import stop_processes
-from ._env import PRTE_TMPDIR_VAR, configure_mpi_env
+from ._env import PRTE_TMPDIR_VAR, configure_mpi_env, remove_private_prte_tmpdir
 from ._faults import FREEZER_ROOT, FreezerGroup, MemoryGroup
 from ._fuse_stall import FuseStall
 from ._worker import read_announced_identities
@@ -621,6 +621,7 @@ def main(argv: list[str]) -> None:
         code = 1
     if blocker is not None:
         os.unlink(blocker)
+    remove_private_prte_tmpdir()  # os._exit skips the atexit removal
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
