@@ -168,13 +168,12 @@ class Freezer(FreezerGroup):
     def freeze(self, pids: Iterable[int] = (), timeout: float = 10.0) -> bool:
         return super().freeze(pids, timeout * WAIT_SCALE)
 
-    def remove(self, timeout: float = 10.0) -> bool:
-        # Thawed tasks with SIGKILL pending die at once; tasks still alive (thawed without a
-        # kill; the procs fixture ends them later) go back to the root group.
-        if not super().remove(timeout):
-            _LEAKED.append(f"cgroup {self.path} could not be removed")
-            return False
-        return True
+
+def _remove_or_report(group: FreezerGroup | MemoryGroup) -> None:
+    # Thawed tasks with SIGKILL pending die at once; tasks still alive (the procs fixture ends them
+    # later) go back to the root group, so the rmdir succeeds. A group that stays is a leak.
+    if not group.remove():
+        _LEAKED.append(f"cgroup {group.path} could not be removed")
 
 
 @pytest.fixture
@@ -186,7 +185,7 @@ def freezer() -> Iterator[Freezer]:
     try:
         yield group
     finally:
-        group.remove()
+        _remove_or_report(group)
 
 
 class MemoryCgroup(MemoryGroup):
@@ -194,13 +193,6 @@ class MemoryCgroup(MemoryGroup):
 
     def __init__(self, limit_bytes: int) -> None:
         super().__init__(limit_bytes, "trtllm-liveness-test")
-
-    def remove(self, timeout: float = 10.0) -> bool:
-        # Survivors go back to the root group; the rmdir then succeeds.
-        if not super().remove(timeout):
-            _LEAKED.append(f"cgroup {self.path} could not be removed")
-            return False
-        return True
 
 
 @pytest.fixture
@@ -212,7 +204,7 @@ def memory_cgroup() -> Iterator[MemoryCgroup]:
     try:
         yield group
     finally:
-        group.remove()
+        _remove_or_report(group)
 
 
 @pytest.fixture
