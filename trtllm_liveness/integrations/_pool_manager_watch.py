@@ -19,8 +19,10 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from typing import Any
+
+from ._futures import fail_pending
 
 logger = logging.getLogger(__name__)
 
@@ -89,11 +91,7 @@ class PoolManagerWatch:
             "worker futures instead of waiting forever")
         self.error = error
         logger.error("liveness: %s", error)
-        for future in pending:
-            try:
-                future.set_exception(error)
-            except InvalidStateError:  # finished meanwhile
-                pass
+        fail_pending(pending, error)
         if self._on_died is not None:
             self._on_died(error)
 

@@ -67,7 +67,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, InvalidStateError
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -78,6 +78,7 @@ from .._exit_guard import FatalExitGuard
 from .._identity import ProcessIdentity, capture_identity, parse_identities
 from .._monitor import WorkerProcessMonitor
 from .._pidfd import verify_start_time
+from ._futures import fail_pending, mirror_future
 from ._pool_manager_watch import PoolManagerDiedError, PoolManagerWatch
 
 __all__ = [
@@ -440,13 +441,11 @@ class LivenessProxyMixin:
 
     @mpi_futures.setter
     def mpi_futures(self, futures: Any) -> None:
-        # With liveness on, upstream holds mirrors of mpi4py's futures: the extension fails them
-        # when the world is dead, which mpi4py's own futures must never be (its manager thread
-        # dies with InvalidStateError when it later completes a future somebody else finished).
+        # With liveness on, upstream holds mirrors of mpi4py's futures (see _futures.py).
         config = self.__dict__.get("_liveness_config")
         if config is not None and config.enabled and isinstance(futures, list):
             self.__dict__["_liveness_real_mpi_futures"] = list(futures)
-            futures = [_mirror_future(f) if isinstance(f, Future) else f for f in futures]
+            futures = [mirror_future(f) if isinstance(f, Future) else f for f in futures]
         self.__dict__["_liveness_mpi_futures"] = futures
 
     # -- upstream main's monitor attribute ------------------------------------------------
@@ -610,10 +609,7 @@ class LivenessProxyMixin:
             # Upstream waits on the worker futures (1.2.x's init loop and shutdown, without a
             # timeout); the dead world will never complete them, so fail them now (after
             # pre_shutdown(): 1.2.x sends its stop sentinel only while every future is pending).
-            for future in list(getattr(self, "mpi_futures", []) or []):
-                if isinstance(future, Future) and not future.done():
-                    with contextlib.suppress(InvalidStateError):
-                        future.set_exception(error)
+            fail_pending(list(getattr(self, "mpi_futures", []) or []), error)
         finally:
             self._liveness_fatal_done.set()
 
@@ -761,30 +757,6 @@ def _exit_stopping(ref: weakref.ReferenceType[LivenessProxyMixin]) -> Callable[[
         os._exit(code)
 
     return exit_now
-
-
-def _mirror_future(real: Future[Any]) -> Future[Any]:
-    """A future that completes as ``real`` does, unless the extension completed it first.
-
-    Cancelling the mirror cancels ``real`` (mpi4py can withdraw a task still queued)."""
-    mirror: Future[Any] = Future()
-
-    def copy(done: Future[Any]) -> None:
-        with contextlib.suppress(InvalidStateError):
-            if done.cancelled():
-                mirror.cancel()
-            elif (error := done.exception()) is not None:
-                mirror.set_exception(error)
-            else:
-                mirror.set_result(done.result(timeout=0))  # done: returns at once
-
-    def forward_cancel(done: Future[Any]) -> None:
-        if done.cancelled():
-            real.cancel()
-
-    real.add_done_callback(copy)
-    mirror.add_done_callback(forward_cancel)
-    return mirror
 
 
 def _is_running(identity: ProcessIdentity) -> bool:

@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from tests.helpers.children import HelperProcess
-from trtllm_liveness.integrations.trtllm import _mirror_future, liveness_proxy_class
+from trtllm_liveness.integrations._futures import fail_pending, mirror_future
+from trtllm_liveness.integrations.trtllm import liveness_proxy_class
 from trtllm_liveness.reference._faults import remove_leftover_groups
 
 from ...conftest import HAVE_MPI_EXTRA, WAIT_SCALE, freezer_available
@@ -23,20 +24,20 @@ from ...conftest import HAVE_MPI_EXTRA, WAIT_SCALE, freezer_available
 
 def test_mirror_follows_the_real_future() -> None:
     real: Future[Any] = Future()
-    mirror = _mirror_future(real)
+    mirror = mirror_future(real)
     assert not mirror.done()
     real.set_result("token")
     assert mirror.result(timeout=0) == "token"
 
     real_failed: Future[Any] = Future()
-    mirror_failed = _mirror_future(real_failed)
+    mirror_failed = mirror_future(real_failed)
     real_failed.set_exception(ValueError("boom"))
     assert isinstance(mirror_failed.exception(timeout=0), ValueError)
 
 
 def test_failing_the_mirror_leaves_the_real_future_to_its_owner() -> None:
     real: Future[Any] = Future()
-    mirror = _mirror_future(real)
+    mirror = mirror_future(real)
     mirror.set_exception(RuntimeError("world is dead"))
     real.set_result("late result")  # what mpi4py's manager thread does; must not raise
     assert real.result(timeout=0) == "late result"
@@ -45,11 +46,20 @@ def test_failing_the_mirror_leaves_the_real_future_to_its_owner() -> None:
 
 def test_cancelling_the_mirror_cancels_the_real_future() -> None:
     real: Future[Any] = Future()
-    mirror = _mirror_future(real)
+    mirror = mirror_future(real)
     assert mirror.cancel()
     assert real.cancelled()
     with pytest.raises(CancelledError):
         mirror.result(timeout=0)
+
+
+def test_fail_pending_skips_done_futures_and_counts() -> None:
+    done: Future[Any] = Future()
+    done.set_result(1)
+    pending: Future[Any] = Future()
+    assert fail_pending([done, pending, "not a future"], RuntimeError("dead")) == 1
+    assert done.result(timeout=0) == 1
+    assert isinstance(pending.exception(timeout=0), RuntimeError)
 
 
 def test_proxy_stores_mirrors_only_with_liveness_on() -> None:
