@@ -44,6 +44,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from trtllm_liveness.reference._env import remove_orphaned_prte_tmpdirs
 from trtllm_liveness.reference._scenario import run_in_child
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers: the Dynamo workers
@@ -245,4 +246,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        remove_orphaned_prte_tmpdirs()  # PRRTE bases of MPI launchers this run killed

@@ -31,6 +31,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+from trtllm_liveness.reference._env import remove_orphaned_prte_tmpdirs
 from trtllm_liveness.reference._faults import freezer_available, memory_cgroup_available, remove_leftover_groups
 from trtllm_liveness.reference._fuse_stall import fuse_available, remove_leftover_mounts
 from trtllm_liveness.reference._scenario import run_in_child
@@ -266,4 +267,7 @@ def _fmt(value: float | None) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    finally:
+        remove_orphaned_prte_tmpdirs()  # PRRTE bases of MPI launchers this run killed

@@ -10,14 +10,11 @@ session-level check fails the run if any tracked process outlived its test.
 from __future__ import annotations
 
 import contextlib
-import glob
 import importlib.util
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -25,7 +22,7 @@ from dataclasses import dataclass, field
 import pytest
 
 from trtllm_liveness import _procfs
-from trtllm_liveness.reference._env import PRTE_TMPDIR_PREFIX
+from trtllm_liveness.reference._env import remove_orphaned_prte_tmpdirs
 from trtllm_liveness.reference._faults import (
     FreezerGroup,
     MemoryGroup,
@@ -225,27 +222,8 @@ def fuse_stall(procs: ProcessTracker) -> Iterator[FuseStall]:
                 _LEAKED.append(f"FUSE mount {stall.mountpoint} not removed")
 
 
-def _private_prte_dirs() -> set[str]:
-    return set(glob.glob(os.path.join(tempfile.gettempdir(), f"{PRTE_TMPDIR_PREFIX}*")))
-
-
-_PRTE_DIRS_AT_START: set[str] = set()
-
-
-def pytest_sessionstart(session: pytest.Session) -> None:
-    _PRTE_DIRS_AT_START.update(_private_prte_dirs())
-
-
-def _remove_orphaned_prte_dirs() -> None:
-    """PRRTE session bases of launchers this run SIGKILLed (a clean exit removes its own)."""
-    for path in _private_prte_dirs() - _PRTE_DIRS_AT_START:
-        owner = os.path.basename(path)[len(PRTE_TMPDIR_PREFIX):].split("-", 1)[0]
-        if owner.isdigit() and start_time_or_none(int(owner)) is None:  # owner gone: nobody uses it
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    _remove_orphaned_prte_dirs()
+    remove_orphaned_prte_tmpdirs()  # bases of launchers this run SIGKILLed
     remove_leftover_mounts()  # FUSE stalls of helper processes that were killed
     if _LEAKED:
         sys.stderr.write("\nLEAKED by tests:\n" + "\n".join(_LEAKED) + "\n")

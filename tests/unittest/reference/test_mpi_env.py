@@ -17,9 +17,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, wait_until
+from tests.conftest import WAIT_SCALE, ProcessTracker, wait_until
 from tests.helpers.children import REPO_ROOT, HelperProcess
-from trtllm_liveness.reference._env import PRTE_TMPDIR_PREFIX, PRTE_TMPDIR_VAR, configure_mpi_env
+from trtllm_liveness.reference._env import (
+    PRTE_TMPDIR_PREFIX,
+    PRTE_TMPDIR_VAR,
+    configure_mpi_env,
+    remove_orphaned_prte_tmpdirs,
+)
 
 pytest.importorskip("mpi4py")
 
@@ -64,6 +69,21 @@ def test_a_scenario_child_ending_with_os_exit_removes_its_prte_tmpdir(tmp_path: 
                                       60 * WAIT_SCALE, env={"TMPDIR": str(tmp_path)})
     assert survivors == [] and any(r.get("done") for r in records), records
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(PRTE_TMPDIR_PREFIX)] == []
+
+
+def test_orphaned_prte_tmpdirs_are_removed_and_live_ones_kept(procs: ProcessTracker, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = procs.sleeper()
+    live = procs.sleeper()
+    dead.kill()
+    dead.wait(10)
+    orphan = tmp_path / f"{PRTE_TMPDIR_PREFIX}{dead.pid}-abc"
+    owned = tmp_path / f"{PRTE_TMPDIR_PREFIX}{live.pid}-def"
+    for base in (orphan, owned):
+        (base / f"prte.{base.name}").mkdir(parents=True)
+    assert remove_orphaned_prte_tmpdirs() == [str(orphan)]
+    assert not orphan.exists() and owned.exists()
 
 
 def _can_position_pids() -> str | None:
