@@ -203,7 +203,7 @@ def bench_idle_cpu(pids: list[int], seconds: float) -> float:
         monitor.register(identities)
         monitor.start()
         time.sleep(0.2)
-        thread = monitor._thread
+        thread = monitor._watcher._thread
         assert thread is not None and thread.native_id is not None
         c0, t0 = thread_cpu_ns(thread.native_id), time.monotonic()
         time.sleep(seconds)

@@ -22,6 +22,7 @@ class WorkerState(str, enum.Enum):
     ALIVE = "alive"
     EXITED = "exited"
     ZOMBIE = "zombie"
+    EXITED_EXPECTED = "exited-expected"  # exited after a shutdown began: not a failure
     WEDGED = "wedged"
     UNKILLABLE = "unkillable"
     UNMONITORED_REMOTE = "unmonitored-remote"
@@ -30,7 +31,7 @@ class WorkerState(str, enum.Enum):
     @property
     def is_dead(self) -> bool:
         """The process is gone or finished (exited, zombie, PID reused)."""
-        return self in (WorkerState.EXITED, WorkerState.ZOMBIE)
+        return self in (WorkerState.EXITED, WorkerState.ZOMBIE, WorkerState.EXITED_EXPECTED)
 
     @property
     def is_fatal(self) -> bool:

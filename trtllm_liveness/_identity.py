@@ -4,11 +4,14 @@ An identity is ``(rank, pid, start_time, hostname, pid_namespace)``, field for f
 upstream TensorRT-LLM's ``WorkerProcessIdentity`` carries, so ``ProcessIdentity(*upstream)``
 converts one. ``start_time`` (clock ticks since boot) tells a recycled PID apart; hostname and
 the PID-namespace inode tell whether the PID means anything in the observer's ``/proc``.
+Upstream sends ``None`` for ``start_time`` or ``pid_namespace`` when a worker's /proc read failed;
+such identities are accepted, watched (a pidfd pins the process found), and never signalled.
 """
 
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import socket
 from collections.abc import Iterable
@@ -16,6 +19,8 @@ from typing import Any, NamedTuple
 
 from . import _procfs
 from ._errors import InvalidIdentityError, translate_oserror
+
+logger = logging.getLogger(__name__)
 
 # Bounds for untrusted payloads. A job has at most a few thousand ranks per proxy; anything
 # larger is a bug or an attack, and parsing it would be the first step of a resource blow-up.
@@ -30,9 +35,9 @@ class ProcessIdentity(NamedTuple):
 
     rank: int
     pid: int
-    start_time: int
+    start_time: int | None
     hostname: str
-    pid_namespace: int
+    pid_namespace: int | None
 
     def describe(self) -> str:
         """Human-readable ``rank R (pid P) on host H`` for log lines and errors."""
@@ -69,11 +74,13 @@ def _read_identity_fields(pid: int, ns_of: int | str) -> tuple[int, int]:
 
 
 def is_local(identity: ProcessIdentity) -> bool:
-    """Whether ``identity``'s PID can be looked up in this process's ``/proc``."""
-    return (
-        identity.hostname == local_hostname()
-        and identity.pid_namespace == local_pid_namespace()
-    )
+    """Whether ``identity``'s PID can be looked up in this process's ``/proc``.
+
+    An unknown PID namespace (``None``) on this host counts as this one: upstream sends ``None``
+    only when its own read failed, and the start time (where known) still guards against a
+    different process behind the same number.
+    """
+    return identity.hostname == local_hostname() and identity.pid_namespace in (None, local_pid_namespace())
 
 
 def _require_int(value: Any, what: str, index: int, low: int, high: int) -> int:
@@ -111,7 +118,7 @@ def _parse_one(item: Any, index: int, own_pid: int, *, strict: bool = True) -> P
         raise InvalidIdentityError(
             f"identity #{index}: pid {pid} is the monitoring process itself"
         )
-    start_time = _require_int(start_v, "start_time", index, 0, 1 << 62)
+    start_time = None if start_v is None else _require_int(start_v, "start_time", index, 0, 1 << 62)
     if not isinstance(host_v, str) or not host_v or len(host_v) > MAX_HOSTNAME_LEN:
         raise InvalidIdentityError(
             f"identity #{index}: hostname must be a non-empty str of at most "
@@ -119,7 +126,7 @@ def _parse_one(item: Any, index: int, own_pid: int, *, strict: bool = True) -> P
         )
     if not host_v.isprintable():
         raise InvalidIdentityError(f"identity #{index}: hostname has unprintable characters")
-    namespace = _require_int(ns_v, "pid_namespace", index, 1, (1 << 64) - 1)
+    namespace = None if ns_v is None else _require_int(ns_v, "pid_namespace", index, 1, (1 << 64) - 1)
     return ProcessIdentity(rank, pid, start_time, str(host_v), namespace)
 
 
@@ -134,16 +141,27 @@ def coerce_identity(item: Any, index: int = 0) -> ProcessIdentity:
 
 
 def parse_identities(
-    payload: Any, *, max_count: int = MAX_IDENTITIES, own_pid: int | None = None
+    payload: Any,
+    *,
+    max_count: int = MAX_IDENTITIES,
+    own_pid: int | None = None,
+    per_element: bool = False,
+    exclude_pids: Iterable[int] = (),
 ) -> list[ProcessIdentity]:
     """Validate an untrusted identity payload, e.g. what the leader rank sent over IPC.
 
     Accepts a list or tuple of 5-field tuples/lists, dicts with the field names, or
-    ``ProcessIdentity`` values. Returns them sorted by rank. Raises
-    :class:`~trtllm_liveness.InvalidIdentityError` (a ``ValueError``) naming the first bad
-    element: wrong container or field types, ``bool`` used as an int, pid <= 1 or the calling
-    process itself, duplicate ranks, or more than ``max_count`` entries. Never raises anything else.
-    Never blocks (no I/O) and is thread-safe: it only reads ``payload``.
+    ``ProcessIdentity`` values; ``start_time`` and ``pid_namespace`` may be ``None``. Returns them
+    sorted by rank. Raises :class:`~trtllm_liveness.InvalidIdentityError` (a ``ValueError``)
+    naming the first bad element: wrong container or field types, ``bool`` used as an int,
+    pid <= 1 or the calling process itself, duplicate ranks, or more than ``max_count`` entries.
+
+    ``per_element=True`` rejects bad elements one by one instead (each logged at WARNING with
+    its reason; a later duplicate of a rank is dropped) and keeps the rest; only a payload that
+    is not a list at all, or too long, still raises. Elements whose pid is in ``exclude_pids``
+    are dropped quietly (e.g. the proxy's own pid: under ``MpiCommSession`` rank 0 runs inside
+    the proxy, which must not watch itself). Never raises anything else, never blocks (no I/O),
+    thread-safe: it only reads ``payload``.
     """
     if isinstance(payload, (str, bytes, bytearray)) or not isinstance(payload, (list, tuple)):
         raise InvalidIdentityError(
@@ -154,17 +172,34 @@ def parse_identities(
             f"identities payload has {len(payload)} entries, more than the limit {max_count}"
         )
     own = os.getpid() if own_pid is None else own_pid
-    identities = [_parse_one(item, index, own) for index, item in enumerate(payload)]
+    excluded = frozenset(exclude_pids)
+    identities: list[ProcessIdentity] = []
     seen: dict[int, int] = {}
-    for index, identity in enumerate(identities):
-        if identity.rank in seen:
-            raise InvalidIdentityError(
-                f"identity #{index}: duplicate rank {identity.rank} (also #{seen[identity.rank]})"
-            )
+    for index, item in enumerate(payload):
+        try:
+            raw_pid = item_pid(item)
+            excluded_pid = isinstance(raw_pid, int) and raw_pid in excluded
+            identity = _parse_one(item, index, 0 if excluded_pid else own)
+            if identity.pid in excluded:
+                continue
+            if identity.rank in seen:
+                raise InvalidIdentityError(
+                    f"identity #{index}: duplicate rank {identity.rank} (also #{seen[identity.rank]})"
+                )
+        except InvalidIdentityError as exc:
+            if not per_element:
+                raise
+            logger.warning("liveness: rejected one worker identity: %s", exc)
+            continue
         seen[identity.rank] = index
+        identities.append(identity)
     return sorted(identities, key=lambda identity: identity.rank)
 
 
-def identities_of(pids: Iterable[int]) -> list[ProcessIdentity]:
-    """Capture identities for plain pids, ranked in the order given."""
-    return [capture_identity(rank, pid) for rank, pid in enumerate(pids)]
+def item_pid(item: Any) -> Any:
+    """The raw pid field of an unparsed identity element, or None (for the exclusion test)."""
+    if isinstance(item, dict):
+        return item.get("pid")
+    if isinstance(item, (tuple, list)) and len(item) > 1:
+        return item[1]
+    return None
