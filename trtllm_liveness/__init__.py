@@ -9,26 +9,39 @@ The core is standard-library only and Linux-specific (pidfds, procfs). Public AP
 - :func:`stop_processes` and :class:`StopReport`: a shutdown whose every wait has a deadline, which
   reports the workers SIGKILL could not reap (``D`` state) instead of hanging on them.
 - :class:`FatalExitGuard`: after an engine death, one graceful shutdown, then a bounded non-zero exit.
-- :class:`LivenessConfig`: the switch and knobs, from ``llm_args.worker_liveness`` or the
-  ``TRTLLM_WORKER_LIVENESS`` environment variable, strictly validated.
+- :class:`LivenessConfig`: the switch and knobs, from the class's ``config=``,
+  ``TRTLLM_WORKER_LIVENESS`` (inline or ``@file``) or upstream main's ``env_overrides``, strictly
+  validated.
 - Errors: :class:`LivenessError` and its subclasses, :class:`InvalidIdentityError`.
 """
 
-from ._config import LivenessConfig
-from ._errors import (
-    AccessDenied,
-    InvalidIdentityError,
-    LivenessError,
-    PidReused,
-    ProcessGone,
-    ProcessZombie,
-    StopTimeout,
-)
-from ._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError, WorkerState
-from ._exit_guard import FatalExitGuard
-from ._identity import ProcessIdentity, capture_identity, parse_identities
-from ._monitor import WorkerProcessMonitor
-from ._shutdown import StopOutcome, StoppedWorker, StopReport, UnkillableWorker, stop_processes
+# Names resolve on first use (PEP 562, as ``concurrent.futures`` does): the autoload ``.pth`` imports
+# this package in every interpreter of its environment, and with liveness off nothing but the
+# switch may run there. ``typing`` is not imported for the same reason.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._config import LivenessConfig as LivenessConfig
+    from ._errors import AccessDenied as AccessDenied
+    from ._errors import InvalidIdentityError as InvalidIdentityError
+    from ._errors import LivenessError as LivenessError
+    from ._errors import PidReused as PidReused
+    from ._errors import ProcessGone as ProcessGone
+    from ._errors import ProcessZombie as ProcessZombie
+    from ._events import EventKind as EventKind
+    from ._events import RankStatus as RankStatus
+    from ._events import WorkerEvent as WorkerEvent
+    from ._events import WorkerFailedError as WorkerFailedError
+    from ._events import WorkerState as WorkerState
+    from ._exit_guard import FatalExitGuard as FatalExitGuard
+    from ._identity import ProcessIdentity as ProcessIdentity
+    from ._identity import capture_identity as capture_identity
+    from ._identity import parse_identities as parse_identities
+    from ._monitor import WorkerProcessMonitor as WorkerProcessMonitor
+    from ._shutdown import StopOutcome as StopOutcome
+    from ._shutdown import StoppedWorker as StoppedWorker
+    from ._shutdown import StopReport as StopReport
+    from ._shutdown import UnkillableWorker as UnkillableWorker
+    from ._shutdown import stop_processes as stop_processes
 
 __version__ = "0.1.0"
 
@@ -46,7 +59,6 @@ __all__ = [
     "RankStatus",
     "StopOutcome",
     "StopReport",
-    "StopTimeout",
     "StoppedWorker",
     "UnkillableWorker",
     "WorkerEvent",
@@ -58,3 +70,43 @@ __all__ = [
     "parse_identities",
     "stop_processes",
 ]
+
+# Public name -> the submodule that defines it.
+_SOURCES = {
+    "LivenessConfig": "_config",
+    "AccessDenied": "_errors",
+    "InvalidIdentityError": "_errors",
+    "LivenessError": "_errors",
+    "PidReused": "_errors",
+    "ProcessGone": "_errors",
+    "ProcessZombie": "_errors",
+    "EventKind": "_events",
+    "RankStatus": "_events",
+    "WorkerEvent": "_events",
+    "WorkerFailedError": "_events",
+    "WorkerState": "_events",
+    "FatalExitGuard": "_exit_guard",
+    "ProcessIdentity": "_identity",
+    "capture_identity": "_identity",
+    "parse_identities": "_identity",
+    "WorkerProcessMonitor": "_monitor",
+    "StopOutcome": "_shutdown",
+    "StoppedWorker": "_shutdown",
+    "StopReport": "_shutdown",
+    "UnkillableWorker": "_shutdown",
+    "stop_processes": "_shutdown",
+}
+
+if not TYPE_CHECKING:  # mypy sees the imports above instead, so a misspelt name stays an error
+
+    def __getattr__(name: str) -> object:
+        source = _SOURCES.get(name)
+        if source is None:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+        # importlib's module lock makes a concurrent first use safe; the value is then cached here.
+        value = getattr(__import__(f"{__name__}.{source}", fromlist=[name]), name)
+        globals()[name] = value
+        return value
+
+    def __dir__() -> list[str]:
+        return sorted(set(globals()) | set(__all__))

@@ -1,14 +1,29 @@
 """LivenessConfig: how the extension is switched on and tuned, strictly validated.
 
-Two sources, applied in this order (later wins, key by key):
+Sources, applied in this order (later wins, key by key):
 
-1. the ``TRTLLM_WORKER_LIVENESS`` environment variable: ``0``/``1`` (also ``true``/``false``,
-   ``on``/``off``, ``yes``/``no``) or ``key=value,key=value`` (which also switches it on unless
-   it says ``enabled=0``). TensorRT-LLM's ``MpiPoolSession`` forwards ``TRTLLM_*`` variables to
-   the workers, so both sides read the same value.
-2. the ``worker_liveness`` field of TensorRT-LLM's ``llm_args`` (read with ``getattr``, as
-   upstream reads optional flags), which is ``True``/``False`` or a mapping of the same keys; it
-   is what ``trtllm-serve --extra_llm_api_options file.yaml`` feeds.
+1. the class's own configuration: ``LivenessConfig()`` defaults, or the ``config=`` given to
+   ``liveness_executor_class`` / ``liveness_proxy_class`` (per engine, in code);
+2. the ``TRTLLM_WORKER_LIVENESS`` environment variable (:data:`ENV_VAR`), read when the executor
+   starts. Its value is one of:
+
+   - ``0``/``1`` (also ``true``/``false``, ``on``/``off``, ``yes``/``no``);
+   - ``key=value,key=value`` (which also switches it on unless it says ``enabled=0``);
+   - ``@/path/to/liveness.conf``: the same settings read from that file, one ``key=value`` per
+     line (commas also separate), ``#`` starts a comment, blank lines are skipped; a file with no
+     setting switches liveness on. The file must be a regular file of at most 64 KiB; a missing or
+     unreadable file is a ``ValueError`` naming it.
+
+   TensorRT-LLM's ``MpiPoolSession`` forwards ``TRTLLM_*`` variables to the workers, so both
+   sides read the same value;
+3. where upstream has it (TensorRT-LLM main), the ``TRTLLM_WORKER_LIVENESS`` entry of
+   ``llm_args.env_overrides`` (a mapping of environment variables, settable from
+   ``trtllm-serve --extra_llm_api_options file.yaml``), with the same syntax as 2. It is read
+   here because upstream may apply ``env_overrides`` to ``os.environ`` only after the executor
+   has started (see docs/upstream-contract.md).
+
+There is no ``llm_args`` field of this package: TensorRT-LLM's ``llm_args`` is a strict pydantic
+model that rejects unknown keys, so such a field would break start-up.
 
 A bad value is a ``ValueError`` that names the key and the source, raised when the executor
 starts, never a silent default. Disabled means nothing else of the package runs.
@@ -22,10 +37,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ENV_VAR", "LLM_ARGS_FIELD", "LivenessConfig"]
+__all__ = ["ENV_OVERRIDES_FIELD", "ENV_VAR", "LivenessConfig"]
 
 ENV_VAR = "TRTLLM_WORKER_LIVENESS"
-LLM_ARGS_FIELD = "worker_liveness"
+ENV_OVERRIDES_FIELD = "env_overrides"
+_MAX_FILE_BYTES = 64 << 10
 
 _TRUE = frozenset({"1", "true", "on", "yes"})
 _FALSE = frozenset({"0", "false", "off", "no"})
@@ -38,7 +54,12 @@ class LivenessConfig:
     Attributes:
         enabled: whether the extension does anything at all.
         d_state_timeout_s: seconds a worker thread may stay in ``D`` before the worker counts as
-            wedged (a non-restartable fatal error); 0 disables wedge detection.
+            wedged (a non-restartable fatal error), once the engine is READY; 0 disables wedge
+            detection.
+        startup_d_state_timeout_s: the same bound before READY (model load, which may read
+            weights from a slow cold mount); 0 (the default) means no wedge verdict during
+            start-up at all: a slow but healthy start-up must never be killed. Deaths are
+            reported during start-up in any case.
         scan_interval_s: how often thread states are sampled for wedges.
         identities_timeout_s: how long the proxy waits for the workers' identities after
             submitting them (they come before the model is built).
@@ -60,6 +81,7 @@ class LivenessConfig:
 
     enabled: bool = False
     d_state_timeout_s: float = 30.0
+    startup_d_state_timeout_s: float = 0.0
     scan_interval_s: float = 1.0
     identities_timeout_s: float = 600.0
     shutdown_grace_s: float = 10.0
@@ -80,47 +102,58 @@ class LivenessConfig:
     ) -> LivenessConfig:
         """Apply ``TRTLLM_WORKER_LIVENESS`` from ``environ`` (default ``os.environ``) to ``base``.
 
-        Raises ``ValueError`` naming the variable and the key on a malformed value.
+        Raises ``ValueError`` naming the variable (or the file) and the key on a malformed value.
+        Reads the named file when the value is ``@path`` (blocking file I/O, 64 KiB at most).
         """
         base = base if base is not None else cls()
         env = os.environ if environ is None else environ
-        raw = env.get(ENV_VAR)
-        if raw is None or not raw.strip():
-            return base
-        return base._apply(_parse_env(raw), ENV_VAR)
+        return base._apply_raw(env.get(ENV_VAR), ENV_VAR)
 
     @classmethod
-    def from_llm_args(cls, llm_args: Any, *, base: LivenessConfig | None = None) -> LivenessConfig:
-        """Apply ``getattr(llm_args, "worker_liveness", None)`` to ``base``.
+    def from_env_overrides(cls, llm_args: Any, *, base: LivenessConfig | None = None) -> LivenessConfig:
+        """Apply ``llm_args.env_overrides["TRTLLM_WORKER_LIVENESS"]`` (upstream main) to ``base``.
 
-        ``None`` leaves ``base`` unchanged; a bool switches it; a mapping sets keys (and switches
-        it on unless it has ``enabled``). Raises ``ValueError`` on anything else.
+        Absent attribute, ``None`` or a mapping without the variable leave ``base`` unchanged; a
+        non-mapping ``env_overrides`` or a non-string value is a ``ValueError``.
         """
         base = base if base is not None else cls()
-        value = getattr(llm_args, LLM_ARGS_FIELD, None) if llm_args is not None else None
-        if value is None:
+        overrides = getattr(llm_args, ENV_OVERRIDES_FIELD, None) if llm_args is not None else None
+        if overrides is None:
             return base
-        source = f"llm_args.{LLM_ARGS_FIELD}"
-        if isinstance(value, bool):
-            return dataclasses.replace(base, enabled=value)
-        if hasattr(value, "model_dump") and not isinstance(value, Mapping):
-            value = value.model_dump()  # a pydantic sub-model
-        if not isinstance(value, Mapping):
-            raise ValueError(
-                f"{source} must be a bool or a mapping of options, got {type(value).__name__}"
-            )
-        settings: dict[str, Any] = {"enabled": True}
-        for key, item in value.items():
-            settings[str(key)] = item
-        return base._apply(settings, source)
+        source = f"llm_args.{ENV_OVERRIDES_FIELD}[{ENV_VAR!r}]"
+        if not isinstance(overrides, Mapping):
+            raise ValueError(f"llm_args.{ENV_OVERRIDES_FIELD} must be a mapping, got {type(overrides).__name__}")
+        raw = overrides.get(ENV_VAR)
+        if raw is None:
+            return base
+        if not isinstance(raw, str):
+            raise ValueError(f"{source} must be a string, got {type(raw).__name__}")
+        return base._apply_raw(raw, source)
 
     @classmethod
     def resolve(
-        cls, llm_args: Any = None, environ: Mapping[str, str] | None = None, *, default_enabled: bool = False
+        cls,
+        llm_args: Any = None,
+        environ: Mapping[str, str] | None = None,
+        *,
+        default_enabled: bool = False,
+        base: LivenessConfig | None = None,
     ) -> LivenessConfig:
-        """Defaults, then the environment variable, then ``llm_args``. Raises ``ValueError``."""
-        config = cls.from_env(environ, base=cls(enabled=default_enabled))
-        return cls.from_llm_args(llm_args, base=config)
+        """``base`` (else the defaults with ``enabled=default_enabled``), then the environment
+        variable, then ``llm_args.env_overrides``; see the module docstring. Raises ``ValueError``."""
+        start = base if base is not None else cls(enabled=default_enabled)
+        config = cls.from_env(environ, base=start)
+        return cls.from_env_overrides(llm_args, base=config)
+
+    def _apply_raw(self, raw: str | None, source: str) -> LivenessConfig:
+        if raw is None or not raw.strip():
+            return self
+        text = raw.strip()
+        if text.startswith("@"):
+            path = text[1:].strip()
+            return self._apply(_parse_lines(_read_config_file(path, source), f"{source} file {path!r}"),
+                               f"{source} file {path!r}")
+        return self._apply(_parse_env(raw, source), source)
 
     def to_env(self) -> str:
         """This configuration as a ``TRTLLM_WORKER_LIVENESS`` value (round-trips through ``from_env``)."""
@@ -146,7 +179,52 @@ class LivenessConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _parse_env(raw: str) -> dict[str, Any]:
+def _read_config_file(path: str, source: str) -> str:
+    if not path:
+        raise ValueError(f"{source}: '@' must be followed by a file path")
+    # Checked before opening: open() on a FIFO would block until a writer appears.
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise ValueError(f"{source}: {path!r} is not a regular file")
+    try:
+        with open(path, "rb") as handle:
+            data = handle.read(_MAX_FILE_BYTES + 1)
+    except OSError as exc:
+        raise ValueError(f"{source}: cannot read the configuration file {path!r}: {exc.strerror or exc}") from None
+    if len(data) > _MAX_FILE_BYTES:
+        raise ValueError(f"{source}: the configuration file {path!r} is larger than {_MAX_FILE_BYTES} bytes")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise ValueError(f"{source}: the configuration file {path!r} is not UTF-8 text") from None
+
+
+def _parse_lines(text: str, source: str) -> dict[str, Any]:
+    settings: dict[str, Any] = {"enabled": True}
+    for line in text.splitlines():
+        line = line.split("#", 1)[0].strip()
+        if not line:
+            continue
+        if line.lower() in _TRUE | _FALSE and "=" not in line:
+            settings["enabled"] = line.lower() in _TRUE
+            continue
+        settings.update(_parse_items(line, source, line))
+    return settings
+
+
+def _parse_items(text: str, source: str, raw: str) -> dict[str, Any]:
+    settings: dict[str, Any] = {}
+    for item in text.split(","):
+        item = item.strip()
+        if not item:
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"{source}={raw!r}: expected 0, 1, @file or key=value[,key=value...], got {item!r}")
+        settings[key.strip()] = value.strip()
+    return settings
+
+
+def _parse_env(raw: str, source: str = ENV_VAR) -> dict[str, Any]:
     text = raw.strip()
     lowered = text.lower()
     if lowered in _TRUE:
@@ -154,16 +232,7 @@ def _parse_env(raw: str) -> dict[str, Any]:
     if lowered in _FALSE:
         return {"enabled": False}
     settings: dict[str, Any] = {"enabled": True}
-    for item in text.split(","):
-        item = item.strip()
-        if not item:
-            continue
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ValueError(
-                f"{ENV_VAR}={raw!r}: expected 0, 1 or key=value[,key=value...], got {item!r}"
-            )
-        settings[key.strip()] = value.strip()
+    settings.update(_parse_items(text, source, raw))
     return settings
 
 

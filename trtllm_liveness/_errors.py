@@ -19,7 +19,6 @@ __all__ = [
     "PidReused",
     "ProcessGone",
     "ProcessZombie",
-    "StopTimeout",
 ]
 
 
@@ -76,13 +75,6 @@ class AccessDenied(LivenessError):
 
     def _default_message(self) -> str:
         return "access denied"
-
-
-class StopTimeout(LivenessError):
-    """A process did not exit before a deadline."""
-
-    def _default_message(self) -> str:
-        return "process did not exit before the deadline"
 
 
 class InvalidIdentityError(ValueError):

@@ -22,9 +22,29 @@ from collections.abc import Callable
 logger = logging.getLogger(__name__)
 
 
-def _interrupt_self() -> None:
-    # SIGINT is what uvicorn/trtllm-serve and most asyncio servers treat as "shut down gracefully".
+_SIGINT_LOCK = threading.Lock()
+_sigint_sent = False
+
+
+def interrupt_self_once() -> bool:
+    """Send SIGINT to this process unless a guard of this process already did; True if sent now.
+
+    Process-wide: several engines (each with its guard) in one process start ONE graceful
+    shutdown. SIGINT is what uvicorn/trtllm-serve and most asyncio servers treat as "shut down
+    gracefully"; a second one makes uvicorn skip its graceful shutdown ("force exit"). Never blocks.
+    """
+    global _sigint_sent
+    with _SIGINT_LOCK:
+        if _sigint_sent:
+            return False
+        _sigint_sent = True
     os.kill(os.getpid(), signal.SIGINT)
+    return True
+
+
+def _interrupt_self() -> None:
+    if not interrupt_self_once():
+        logger.info("graceful shutdown already requested by another exit guard of this process")
 
 
 class FatalExitGuard:

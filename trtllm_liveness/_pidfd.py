@@ -1,4 +1,4 @@
-"""pidfd syscalls: open a process handle, verify it, signal through it, test whether it exited.
+"""pidfd syscalls: open a process handle, verify it, signal it (or its process group), test whether it exited.
 
 A pidfd pins one process: once opened, it never refers to a later process that reuses the PID.
 So the safe order is *open, then verify the start time*: if the start time read after opening
@@ -13,6 +13,7 @@ import logging
 import os
 import select
 import signal
+import threading
 
 from . import _procfs
 from ._errors import AccessDenied, PidReused, ProcessGone, ProcessZombie
@@ -110,6 +111,68 @@ def send_signal(pidfd: int, sig: int) -> bool:
     """Send ``sig`` through ``pidfd``. Returns False if the process already exited."""
     try:
         signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+# pidfd_send_signal()'s scope flags (linux/pidfd.h, Linux 6.9+): PIDFD_SIGNAL_THREAD = 1,
+# PIDFD_SIGNAL_THREAD_GROUP = 2, PIDFD_SIGNAL_PROCESS_GROUP = 4. Python passes ``flags`` through.
+PIDFD_SIGNAL_PROCESS_GROUP = 4
+
+_group_signal_lock = threading.Lock()
+_group_signal_probe: bool | None = None  # None: not probed yet (or the probe could not tell)
+
+
+def group_signal_supported() -> bool:
+    """Whether ``pidfd_send_signal`` takes ``PIDFD_SIGNAL_PROCESS_GROUP`` here (Linux 6.9+).
+
+    Probed once with signal 0 through a pidfd of this process and cached; never blocks. A kernel
+    without the flag rejects it with ``EINVAL`` before looking at the target; one that has it
+    answers ``ESRCH`` when this process leads no group (or succeeds when it does: signal 0 is only
+    a permission check). Running out of descriptors says nothing about the kernel, so that answer
+    (False) is not cached. Thread-safe.
+    """
+    global _group_signal_probe
+    with _group_signal_lock:
+        if _group_signal_probe is not None:
+            return _group_signal_probe
+        if not pidfd_supported():
+            _group_signal_probe = False
+            return False
+        try:
+            fd = os.pidfd_open(os.getpid())
+        except OSError as exc:
+            logger.debug("group-signal probe could not open a pidfd (%s); using killpg this time", exc)
+            return False
+        try:
+            signal.pidfd_send_signal(fd, 0, None, PIDFD_SIGNAL_PROCESS_GROUP)
+        except OSError as exc:
+            # ESRCH: the flag was accepted, this process just leads no group. EPERM: accepted too.
+            supported = exc.errno in (errno.ESRCH, errno.EPERM)
+            if not supported:
+                logger.debug("pidfd_send_signal has no PIDFD_SIGNAL_PROCESS_GROUP here (%s); "
+                             "process groups are signalled with killpg", exc)
+            _group_signal_probe = supported
+        else:
+            _group_signal_probe = True
+        finally:
+            os.close(fd)
+        return _group_signal_probe
+
+
+def send_group_signal(pidfd: int, sig: int) -> bool:
+    """Send ``sig`` to the process group led by the process behind ``pidfd`` (Linux 6.9+).
+
+    The kernel resolves the group from the ``struct pid`` the fd pins, not from a number, so the
+    signal reaches exactly the members of that group, also after its leader exited or was reaped
+    and even if the leader's pid number was reused since. Returns False when the group has no
+    member left (``ESRCH``: also when the process never led a group). Raises ``OSError`` otherwise:
+    ``EINVAL`` where the kernel lacks the flag (check :func:`group_signal_supported` first), or
+    for a bad signal; ``EBADF`` for an fd that is not a pidfd. Never blocks.
+    """
+    try:
+        signal.pidfd_send_signal(pidfd, sig, None, PIDFD_SIGNAL_PROCESS_GROUP)
     except ProcessLookupError:
         return False
     return True

@@ -212,12 +212,6 @@ def list_pids() -> list[int]:
     return [int(name) for name in os.listdir(PROCFS_PATH) if name.isdigit()]
 
 
-def read_cmdline(pid: int) -> list[str]:
-    """The argument vector of ``pid`` (empty for kernel threads and zombies)."""
-    data = _read(f"{PROCFS_PATH}/{pid}/cmdline")
-    return [part.decode("utf-8", "replace") for part in data.split(b"\0") if part]
-
-
 def describe_wait_status(status: int) -> str:
     """Render a waitpid(2)-style status as ``exit code N`` or ``killed by SIGNAME``."""
     if os.WIFSIGNALED(status):

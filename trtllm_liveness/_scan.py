@@ -13,6 +13,10 @@ and whether the process is a zombie. From those it gives a verdict and the actio
 - ``stopped``: ``T``/``t`` (SIGSTOP or a tracer): alive, stuck, but killable.
 - ``zombie``: exited, not yet reaped by its parent. ``gone``: vanished or PID reused during the scan.
 
+Reading never hangs the scan: the one file it reads that takes the target's mmap lock, the command
+line, is read through :class:`._mm_read.MmReader` (a helper thread with a deadline) and not at all
+for a process with a thread in ``D``; each such skip is recorded in the report with its reason.
+
 Parsing stays in :mod:`._procfs`; the ``D`` rules come from :mod:`._wedge`. Standard library only;
 this module never sends a signal.
 """
@@ -28,6 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from . import _procfs
+from ._mm_read import DEFAULT_TIMEOUT_S, MmReader, SkippedRead, skip_for_d
 from ._wedge import WedgeTracker, sample_d_state
 
 RECYCLE_ADVICE = (
@@ -108,6 +113,8 @@ class ProcessReport:
     samples: int
     exit_status: str = ""
     threads: tuple[ThreadReport, ...] = ()
+    # Reads that take the target's mm lock and were not made or timed out (cmdline is then empty).
+    skipped: tuple[SkippedRead, ...] = ()
 
     @property
     def unkillable(self) -> bool:
@@ -137,6 +144,7 @@ class ProcessReport:
             "samples": self.samples,
             "exit_status": self.exit_status,
             "threads": [thread.to_dict() for thread in self.threads],
+            "skipped": [skip.to_dict() for skip in self.skipped],
         }
 
 
@@ -153,6 +161,11 @@ class ScanResult:
         """The processes only a host recycle will end."""
         return [report for report in self.processes if report.unkillable]
 
+    @property
+    def skipped(self) -> list[SkippedRead]:
+        """Every read skipped in the reports, in process order."""
+        return [skip for report in self.processes for skip in report.skipped]
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
         unkillable = self.unkillable
@@ -162,8 +175,21 @@ class ScanResult:
             "processes": [report.to_dict() for report in self.processes],
             "flagged": sum(1 for report in self.processes if report.flagged),
             "unkillable": len(unkillable),
+            "skipped_reads": len(self.skipped),
             "advice": RECYCLE_ADVICE if unkillable else "",
         }
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The processes a filter matched, and the reads it could not make while matching.
+
+    A process in ``skipped`` could not be matched by its command line (its comm was still
+    compared); scan it by pid, or select it with ``parent``/``cgroup``, which need no such read.
+    """
+
+    pids: tuple[int, ...]
+    skipped: tuple[SkippedRead, ...] = ()
 
 
 @dataclass
@@ -191,6 +217,11 @@ class _ProcessSampler:
     @property
     def finished(self) -> bool:
         return bool(self.gone) or self.denied
+
+    @property
+    def saw_d(self) -> bool:
+        """A thread was in D at the last sample."""
+        return any(state in _procfs.UNINTERRUPTIBLE_STATES for state in self.last_states.values())
 
     def sample(self, now: float) -> None:
         if self.finished:
@@ -232,7 +263,7 @@ class _ProcessSampler:
             if tid not in states:
                 del self.threads[tid]
 
-    def report(self, window_s: float) -> ProcessReport:
+    def report(self, window_s: float, reader: MmReader) -> ProcessReport:
         if self.denied or (self.info is None and not self.gone):
             return ProcessReport(
                 self.pid, "", (), 0, "", Verdict.ACCESS_DENIED,
@@ -242,12 +273,16 @@ class _ProcessSampler:
         info = self.info
         if info is None:
             return ProcessReport(self.pid, "", (), 0, "", Verdict.GONE, self.gone, "", False, 0.0, 0)
-        cmdline = tuple(_cmdline(self.pid))
         threads = tuple(self._thread_reports())
+        # The freshest thread states (just read): a thread in D may hold the mm lock the command
+        # line read needs, so it is not read at all; otherwise it is read with a deadline.
+        in_d = [thread.tid for thread in threads if thread.state in _procfs.UNINTERRUPTIBLE_STATES]
+        cmdline, skip = _cmdline(self.pid, reader, in_d)
+        skipped = () if skip is None else (skip,)
         if self.gone:
             return ProcessReport(
                 self.pid, info.comm, cmdline, info.ppid, "", Verdict.GONE, self.gone, "", False, 0.0,
-                self.samples, threads=threads,
+                self.samples, threads=threads, skipped=skipped,
             )
         kill_pending = _thread_kill_pending(self.pid, None) or any(
             thread.kill_pending for thread in threads
@@ -265,11 +300,11 @@ class _ProcessSampler:
                 "has not noticed the death: restart the engine"
             )
             return ProcessReport(*base, Verdict.ZOMBIE, detail, advice, kill_pending, 0.0, self.samples,
-                                 exit_status=status, threads=threads)
+                                 exit_status=status, threads=threads, skipped=skipped)
         if self.wedge.kill_pending_scans >= 2 and first_d is not None:
             detail = f"in D with SIGKILL pending for at least {d_seconds:.1f}s: {where}"
             return ProcessReport(*base, Verdict.UNKILLABLE, detail, RECYCLE_ADVICE, kill_pending, d_seconds,
-                                 self.samples, threads=threads)
+                                 self.samples, threads=threads, skipped=skipped)
         if self.d_every_sample and first_d is not None and (self.samples >= 2 or window_s <= 0):
             pending = "; SIGKILL pending" if kill_pending else ""
             detail = f"in uninterruptible sleep (D) on every sample, at least {d_seconds:.1f}s: {where}{pending}"
@@ -278,14 +313,15 @@ class _ProcessSampler:
                 "in D, SIGKILL it and scan again: if SIGKILL stays pending, " + RECYCLE_ADVICE
             )
             return ProcessReport(*base, Verdict.D_STATE, detail, advice, kill_pending, d_seconds,
-                                 self.samples, threads=threads)
+                                 self.samples, threads=threads, skipped=skipped)
         if info.state in _STOPPED_STATES:
             how = "by a tracer" if info.state == "t" else "by a signal (SIGSTOP/SIGTSTP)"
             return ProcessReport(*base, Verdict.STOPPED, f"stopped {how}", "SIGCONT resumes it; SIGKILL ends it",
-                                 kill_pending, 0.0, self.samples, threads=threads)
+                                 kill_pending, 0.0, self.samples, threads=threads, skipped=skipped)
         seen_d = max((track.d_samples for track in self.threads.values()), default=0)
         detail = f"briefly in D ({seen_d} of {self.samples} samples)" if seen_d else ""
-        return ProcessReport(*base, Verdict.OK, detail, "", kill_pending, d_seconds, self.samples, threads=threads)
+        return ProcessReport(*base, Verdict.OK, detail, "", kill_pending, d_seconds, self.samples, threads=threads,
+                             skipped=skipped)
 
     def _thread_reports(self) -> Iterable[ThreadReport]:
         for tid in sorted(self.last_states):
@@ -321,11 +357,21 @@ def _thread_wchan(pid: int, tid: int) -> str:
         return ""
 
 
-def _cmdline(pid: int) -> list[str]:
+def _cmdline(pid: int, reader: MmReader, d_tids: list[int] | None) -> tuple[tuple[str, ...], SkippedRead | None]:
+    """The command line of ``pid`` read through ``reader``; skipped when ``d_tids`` is not empty.
+
+    ``d_tids=None`` reads even a process in D (with the reader's deadline). Empty when unreadable
+    or gone (kernel threads and zombies have none).
+    """
+    if d_tids:
+        return (), skip_for_d(pid, "cmdline", d_tids)
     try:
-        return _procfs.read_cmdline(pid)
+        data = reader.read(pid, "cmdline")
     except OSError:
-        return []
+        return (), None
+    if isinstance(data, SkippedRead):
+        return (), data
+    return tuple(part.decode("utf-8", "replace") for part in data.split(b"\0") if part), None
 
 
 def scan(
@@ -335,31 +381,55 @@ def scan(
     samples: int = 5,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], None] = time.sleep,
+    read_timeout_s: float = DEFAULT_TIMEOUT_S,
+    reader: MmReader | None = None,
 ) -> ScanResult:
     """Sample ``pids`` ``samples`` times, evenly over ``window_s`` seconds, and judge each one.
 
     Blocks for about ``window_s`` seconds (one deadline; the reads themselves take microseconds
-    per thread). ``window_s <= 0`` or ``samples == 1`` takes one sample, which cannot confirm a
-    wedge or an unkillable process. Never raises for a process that is gone or unreadable: that
-    is its verdict. Raises ``ValueError`` for ``samples < 1``. Thread-safe (no shared state).
+    per thread), plus at most ``read_timeout_s`` per process whose command line read hangs on its
+    mm lock, up to the reader's bound on stuck helpers (then such reads are skipped at once). The
+    command line of a process with a thread in ``D`` is not read; every skip is in the report's
+    ``skipped``. ``reader`` (default: a fresh :class:`MmReader` with ``read_timeout_s``) lets a
+    caller share one bound on stuck helpers with :func:`select`. ``window_s <= 0`` or
+    ``samples == 1`` takes one sample, which cannot confirm a wedge or an unkillable process.
+    When the first sample sees no thread in D in any process, the scan ends there (nothing is
+    left to confirm; a healthy scan then takes milliseconds): ``ScanResult.samples`` is 1 and
+    ``window_s`` 0.
+    Never raises for a process that is gone or unreadable: that is its verdict. Raises
+    ``ValueError`` for ``samples < 1`` or ``read_timeout_s <= 0``. Thread-safe (no shared state).
     """
     if samples < 1:
         raise ValueError("samples must be at least 1")
+    own_reader = reader is None
+    mm_reader = MmReader(read_timeout_s) if reader is None else reader
     if window_s <= 0:
         samples = 1
     samplers = [_ProcessSampler(pid) for pid in pids]
     start = clock()
     interval = window_s / (samples - 1) if samples > 1 else 0.0
+    taken = 0
     for index in range(samples):
         now = clock()
         for sampler in samplers:
             sampler.sample(now)
+        taken += 1
+        # The window only confirms what a sample saw in D (D on every sample; D with SIGKILL
+        # pending twice): when the first sample sees no thread in D, no later one can make a
+        # d-state verdict, and every other verdict is read from one sample. Ending here keeps a
+        # healthy scan well under a probe's timeout (Kubernetes: 1 s).
+        if index == 0 and not any(sampler.saw_d for sampler in samplers):
+            break
         if index + 1 < samples:
             remaining = start + interval * (index + 1) - clock()
             if remaining > 0:
                 sleep(remaining)
-    return ScanResult(window_s if samples > 1 else 0.0, samples,
-                      tuple(sampler.report(window_s) for sampler in samplers))
+    try:
+        reports = tuple(sampler.report(window_s, mm_reader) for sampler in samplers)
+    finally:
+        if own_reader:
+            mm_reader.close()
+    return ScanResult(window_s if taken > 1 else 0.0, taken, reports)
 
 
 # ----------------------------------------------------------------------------- selection
@@ -419,6 +489,14 @@ def _in_cgroup(paths: list[str], wanted: str) -> bool:
 def select_processes(
     *, name: str | None = None, parent: int | None = None, cgroup: str | None = None
 ) -> list[int]:
+    """:func:`select`'s pids, as a list (the reads it skipped are dropped)."""
+    return list(select(name=name, parent=parent, cgroup=cgroup).pids)
+
+
+def select(
+    *, name: str | None = None, parent: int | None = None, cgroup: str | None = None,
+    read_timeout_s: float = DEFAULT_TIMEOUT_S, reader: MmReader | None = None,
+) -> Selection:
     """PIDs matching every given filter, sorted; the calling process and its ancestors excluded.
 
     ``name``: substring of the process name (``comm``) or of its command line joined by spaces
@@ -428,6 +506,13 @@ def select_processes(
     cgroup path as written in ``/proc/<pid>/cgroup`` (``/system.slice/job.service``: that group
     and below). Raises ``ValueError`` when no filter is given. Reads one ``stat`` per process on
     the host (a few ms for hundreds); thread-safe.
+
+    ``name`` reads the command line of each candidate whose comm does not match, through
+    ``reader`` (default: a fresh :class:`MmReader` with ``read_timeout_s``): at most
+    ``read_timeout_s`` for each that hangs on its mm lock, up to the reader's bound on stuck
+    helpers. Unlike the scan's report, a process in ``D`` is read too (with that deadline):
+    skipping it would hide the wedged worker the filter is meant to find. Reads that timed out or
+    were skipped are in :attr:`Selection.skipped`, and those processes are not matched.
     """
     if name is None and parent is None and cgroup is None:
         raise ValueError("give at least one filter: name, parent or cgroup")
@@ -458,13 +543,22 @@ def select_processes(
             candidates &= _pids_of_cgroup_dir(cgroup)
         else:
             candidates = {pid for pid in candidates if _in_cgroup(_cgroup_paths(pid), cgroup)}
+    skipped: list[SkippedRead] = []
     if name is not None:
         matched = set()
-        for pid in candidates:
-            if name in infos[pid].comm:
-                matched.add(pid)
-                continue
-            if name in " ".join(_cmdline(pid)):
-                matched.add(pid)
+        mm_reader = MmReader(read_timeout_s) if reader is None else reader
+        try:
+            for pid in sorted(candidates):
+                if name in infos[pid].comm:
+                    matched.add(pid)
+                    continue
+                cmdline, skip = _cmdline(pid, mm_reader, None)
+                if skip is not None:
+                    skipped.append(skip)
+                elif name in " ".join(cmdline):
+                    matched.add(pid)
+        finally:
+            if reader is None:
+                mm_reader.close()
         candidates = matched
-    return sorted(candidates)
+    return Selection(tuple(sorted(candidates)), tuple(skipped))

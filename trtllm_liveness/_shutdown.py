@@ -4,17 +4,19 @@ torchrun's close used to send SIGTERM, wait, send SIGKILL and then ``join()`` wi
 a worker in uninterruptible sleep (``D``: GPU driver, NCCL, RDMA) survives SIGKILL, so the
 launcher never exited. Here every wait has a deadline::
 
-    t0 ---- TERM (pidfd / killpg) ---- poll(pidfds) until grace deadline ----+
-                                                                            |  survivors
-          +---- KILL (pidfd / killpg) ---- poll(pidfds) until kill deadline -+
+    t0 ---- TERM (pidfd) ---- poll(pidfds) until grace deadline ----+
+                                                                    |  survivors
+          +---- KILL (pidfd) ---- poll(pidfds) until kill deadline -+
           |
           +--> survivors: sampled (state, wchan, D threads), logged at ERROR, reported unkillable
 
 Signals go only through pidfds opened *and then* verified against the target's start time, so a
-recycled PID is never signalled; a whole process group is signalled with ``killpg`` only while its
-verified leader still pins the group id. Exits are awaited with one ``poll`` over the pidfds per
-phase (no busy loop). Children the caller owns (``Popen``, ``multiprocessing.Process``) are reaped
-with a bounded wait.
+recycled PID is never signalled; a whole process group is signalled through its leader's pidfd
+(``PIDFD_SIGNAL_PROCESS_GROUP``, Linux 6.9+) or, on older kernels, with ``killpg`` while its
+verified leader still pins the group id (the window that leaves is described in
+:func:`stop_processes`). Exits are awaited with one ``poll`` over the pidfds per phase (no busy
+loop). Children the caller owns (``Popen``, ``multiprocessing.Process``) are reaped with a bounded
+wait.
 """
 
 from __future__ import annotations
@@ -341,10 +343,19 @@ def stop_processes(
     of SIGKILL (a task stuck in ``D``) is reported unkillable, with one ERROR log line each, and
     makes :attr:`StopReport.restartable` False; it is left as it is (an owned one unreaped).
 
-    With ``process_group=True`` a target that leads its own process group is signalled with
-    ``killpg`` (its children too) while the verified leader pins the group id, and the group's
-    members found at the start are awaited and reported as well. A target that is not a group
-    leader, or whose group is the caller's own, is signalled alone.
+    With ``process_group=True`` a target that leads its own process group is signalled as a group
+    (its children too, also those forked after the call started), and the group's members found at
+    the start are awaited and reported as well. A target that is not a group leader, or whose group
+    is the caller's own, is signalled alone. Where the kernel has ``PIDFD_SIGNAL_PROCESS_GROUP``
+    (Linux 6.9+, probed once) the group signal goes through the verified leader's pidfd: the kernel
+    picks the group from the process the fd pins, so no other group can be reached, even after the
+    leader exited and was reaped. On older kernels it is ``killpg`` by number, sent only while the
+    verified leader (alive, or a zombie not yet reaped) still holds the group id. That leaves a
+    window between the check and the ``killpg``: if in it the leader is reaped, every member exits,
+    the number is reused and the new process makes itself a group leader (``setsid``/``setpgid``),
+    that unrelated group gets the signal. The window is microseconds wide and needs all four
+    events; where the leader was already reaped at the check, each member is signalled through
+    its own pidfd instead (members forked after the start are then missed).
 
     Never signals: an identity whose start time differs (PID reused) or cannot be read, an
     identity of another host (``host``, default this machine's hostname) or PID namespace, the
@@ -465,6 +476,11 @@ def _prepare_identity(index: int, raw: object, hostname: str) -> _Target:
     if identity.hostname != hostname:
         target.outcome = StopOutcome.NOT_LOCAL
         target.detail = f"on host {identity.hostname}, not {hostname}; not signalled"
+        return target
+    if identity.start_time is None or identity.pid_namespace is None:
+        # The worker could not read its own /proc entry: nothing to verify its pid against.
+        target.outcome = StopOutcome.UNVERIFIED
+        target.detail = "identity without a start time or PID namespace (cannot be verified); not signalled"
         return target
     if identity.pid_namespace != local_pid_namespace():
         target.outcome = StopOutcome.NOT_LOCAL
@@ -631,18 +647,7 @@ def _signal_all(targets: list[_Target], sig: signal.Signals, waiting: dict[int, 
         live = [proc for proc in target.procs() if proc.pidfd in waiting]
         if not live:
             continue
-        if target.pgid is not None and _group_pinned(target):
-            # One killpg reaches the whole group, also members forked after the scan.
-            if _claim(target.leader.key, sig):  # type: ignore[union-attr]
-                for member in target.members:
-                    _claim(member.key, sig)
-                try:
-                    os.killpg(target.pgid, sig)
-                    target.signals.append(f"{sig.name} (group {target.pgid})")
-                except ProcessLookupError:
-                    pass
-                except OSError as exc:
-                    logger.warning("liveness: killpg(%d, %s) failed: %s", target.pgid, sig.name, exc)
+        if target.pgid is not None and _signal_group(target, sig):
             continue
         for proc in live:
             if not _claim(proc.key, sig):
@@ -652,6 +657,57 @@ def _signal_all(targets: list[_Target], sig: signal.Signals, waiting: dict[int, 
                     target.signals.append(sig.name)
             except OSError as exc:
                 logger.warning("liveness: pidfd_send_signal(pid %d, %s) failed: %s", proc.pid, sig.name, exc)
+
+
+def _signal_group(target: _Target, sig: signal.Signals) -> bool:
+    """Signal ``target``'s whole process group once; False when it must be signalled member by member.
+
+    One signal reaches the whole group, also members forked after the scan. Where the kernel has
+    ``PIDFD_SIGNAL_PROCESS_GROUP`` it goes through the leader's pidfd: the group is the one that
+    pidfd pins, whatever became of its number. Elsewhere ``killpg`` by number, and only while the
+    verified leader pins the number (see :func:`stop_processes` for the window that remains).
+    """
+    leader = target.leader
+    if leader is None or target.pgid is None:
+        return False
+    use_pidfd = _pidfd.group_signal_supported()
+    if not use_pidfd and not _group_pinned(target):
+        return False
+    if not _claim(leader.key, sig):
+        return True  # another call in flight already sent it to this group
+    for member in target.members:
+        _claim(member.key, sig)
+    label = f"{sig.name} (group {target.pgid})"
+    if use_pidfd:
+        try:
+            if _pidfd.send_group_signal(leader.pidfd, sig):
+                target.signals.append(label)
+            return True  # ESRCH: no member is left to signal
+        except OSError as exc:
+            if exc.errno not in (errno.EINVAL, errno.ENOSYS):
+                logger.warning("liveness: pidfd_send_signal(group %d, %s) failed: %s", target.pgid, sig.name, exc)
+                return True
+            # Probed as supported but refused (a seccomp filter, say): today's path, for this call.
+            logger.debug("liveness: group signal through a pidfd refused (%s); using killpg", exc)
+            if not _group_pinned(target):
+                _unclaim_group(target, sig)
+                return False
+    try:
+        os.killpg(target.pgid, sig)
+        target.signals.append(label)
+    except ProcessLookupError:
+        pass
+    except OSError as exc:
+        logger.warning("liveness: killpg(%d, %s) failed: %s", target.pgid, sig.name, exc)
+    return True
+
+
+def _unclaim_group(target: _Target, sig: signal.Signals) -> None:
+    with _ledger_lock:
+        for proc in target.procs():
+            entry = _ledgers.get(proc.key)
+            if entry is not None:
+                entry.sent.discard(sig)
 
 
 def _group_pinned(target: _Target) -> bool:

@@ -8,6 +8,9 @@ Subcommands:
 
 Results go to stdout (one JSON object with ``--json``); progress and errors go to stderr, errors
 as one line starting with ``trtllm-liveness:``.
+
+``scan`` and ``watch`` never import ``reference/`` (the demo's executor and its MPI stack): the
+``demo`` subcommand's arguments are added, and its module imported, only when it is the command.
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ from . import _scan
 from ._errors import AccessDenied, LivenessError, ProcessGone
 from ._events import EventKind, WorkerEvent, WorkerState
 from ._identity import ProcessIdentity, capture_identity
+from ._mm_read import DEFAULT_TIMEOUT_S as DEFAULT_READ_TIMEOUT_S
+from ._mm_read import MmReader, SkippedRead
 from ._monitor import WorkerProcessMonitor
 
 EXIT_OK = 0
@@ -276,6 +281,8 @@ def _print_report(report: _scan.ProcessReport, *, all_threads: bool) -> None:
     _out(line)
     if report.cmdline:
         _out(f"  cmd: {_printable(' '.join(report.cmdline))}"[:300])
+    for skip in report.skipped:
+        _out(f"  skipped: {skip.detail}")
     if report.threads and (all_threads or report.flagged):
         _out(f"    {'TID':<8} {'NAME':<16} {'STATE':<5} {'IN-D':>7} {'SIGKILL':<8} WCHAN")
         for thread in report.threads:
@@ -301,8 +308,15 @@ def _cmd_scan(args: argparse.Namespace) -> int:
                 capture_identity(0, pid)
             except LivenessError as exc:
                 return _usage_error(_describe_pid_error(pid, exc))
-    else:
-        pids = _scan.select_processes(**given)
+    # One reader for the selection and the scan: one bound on helper threads stuck on mm locks.
+    reader = MmReader(args.read_timeout)
+    selection_skipped: tuple[SkippedRead, ...] = ()
+    if not args.pids:
+        selection = _scan.select(**given, reader=reader)
+        pids = list(selection.pids)
+        selection_skipped = selection.skipped
+        for skip in selection_skipped:
+            _err(f"pid {skip.pid} not matched by its command line: {skip.detail}; scan it by pid")
         if not pids:
             described = " ".join(f"--{key} {value}" for key, value in given.items())
             _err(f"no process matches {described}")
@@ -310,11 +324,17 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     samples = 1 if args.window == 0 else args.samples
     progress = _Progress(sys.stderr)
     if args.window >= 1.0:
-        progress.line(f"sampling {len(pids)} process(es) for {args.window:g}s ({samples} samples)...")
-    result = _scan.scan(pids, window_s=args.window, samples=samples)
+        progress.line(f"sampling {len(pids)} process(es) for up to {args.window:g}s ({samples} samples; "
+                      "ends after the first when no thread is in D)...")
+    try:
+        result = _scan.scan(pids, window_s=args.window, samples=samples, reader=reader)
+    finally:
+        reader.close()
     progress.done()
     if args.json:
-        _out(json.dumps(result.to_dict()))
+        data = result.to_dict()
+        data["selection_skipped"] = [skip.to_dict() for skip in selection_skipped]
+        _out(json.dumps(data))
     else:
         for report in result.processes:
             _print_report(report, all_threads=args.threads)
@@ -365,8 +385,12 @@ the process. No signal is ever sent.
 """
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The argument parser of the ``trtllm-liveness`` command."""
+def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
+    """The argument parser of the ``trtllm-liveness`` command.
+
+    ``with_demo=False`` leaves out the ``demo`` subcommand's own arguments, so that nothing of
+    ``reference/`` is imported (:func:`main` passes it unless ``demo`` is the command).
+    """
     parser = _Parser(prog="trtllm-liveness", description=_MAIN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("-v", "--verbose", action="count", default=0,
@@ -381,10 +405,14 @@ def build_parser() -> argparse.ArgumentParser:
     scan.add_argument("--parent", type=_pid_arg, metavar="PID", help="select the descendants of PID")
     scan.add_argument("--cgroup", metavar="PATH", help="select the processes of a cgroup (directory or cgroup path)")
     scan.add_argument("--window", type=_seconds_arg(allow_zero=True), default=1.0, metavar="S",
-                      help="sample over this many seconds (default 1; 0 takes one sample)")
+                      help="sample over this many seconds to confirm a thread seen in D (default 1; 0 takes "
+                      "one sample); when the first sample sees no thread in D, the scan ends there")
     scan.add_argument("--samples", type=_int_arg(1, 10000), default=5, metavar="N",
                       help="number of samples over the window (default 5)")
     scan.add_argument("--threads", action="store_true", help="list every thread, also of healthy processes")
+    scan.add_argument("--read-timeout", type=_seconds_arg(allow_zero=False), default=DEFAULT_READ_TIMEOUT_S,
+                      metavar="S", help="give up reading a command line after S seconds (its mm lock is held; "
+                      f"default {DEFAULT_READ_TIMEOUT_S:g}); a process with a thread in D is not read")
     scan.add_argument("--json", action="store_true", help="print the result as one JSON object")
     scan.set_defaults(func=_cmd_scan)
 
@@ -406,7 +434,8 @@ def build_parser() -> argparse.ArgumentParser:
         "workers) with liveness on, stream requests, inject a fault into one rank and print the timeline: "
         "fault, detection, health false, requests failed, shutdown done. Needs the 'mpi' extra.",
     )
-    _add_executor_demo_arguments(demo)
+    if with_demo:
+        _add_executor_demo_arguments(demo)
     demo.set_defaults(func=_cmd_demo_executor)
 
     plain = sub.add_parser("demo-processes", help="the monitor alone: SIGKILL one of N plain processes")
@@ -452,10 +481,17 @@ def _configure_logging(verbosity: int) -> None:
     package_logger.setLevel(level)
 
 
+def _command_of(argv: Sequence[str]) -> str | None:
+    # The top-level options take no value (-v/--verbose, --help), so the first word that is not an
+    # option is the subcommand.
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (see ``EXIT_STATUS_HELP``)."""
+    words = sys.argv[1:] if argv is None else list(argv)
     try:
-        args = build_parser().parse_args(argv)
+        args = build_parser(with_demo=_command_of(words) == "demo").parse_args(words)
         _configure_logging(args.verbose)
         status: int = args.func(args)
     except KeyboardInterrupt:

@@ -11,6 +11,7 @@ import json
 import os
 import random
 import select
+import shutil
 import socket
 import subprocess
 import sys
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from trtllm_liveness import ProcessIdentity
+from trtllm_liveness.reference._fuse_stall import remove_leftover_mounts
 from trtllm_liveness.reference._scenario import kill_session
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -52,15 +54,25 @@ def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int | None, st
 
 class HelperProcess:
     """``python -m tests.helpers.<module> <json>`` in a new session (stdin/stdout pipes, stderr to
-    a file so a chatty child never blocks). Use as a context manager: exit kills the session."""
+    a file so a chatty child never blocks). Use as a context manager: exit kills the session.
+
+    The helper gets a ``TMPDIR`` of its own (unless ``env`` sets one), removed at :meth:`close`
+    after its session is killed: a helper that is killed, or ends with ``os._exit``, cannot remove
+    what it made there (announce directories, the reference proxy's IPC directory, PRRTE bases)."""
 
     def __init__(self, module: str, options: dict[str, Any], env: dict[str, str] | None = None) -> None:
         self._stderr = tempfile.TemporaryFile()
-        self.popen = subprocess.Popen(
-            [sys.executable, "-m", f"tests.helpers.{module}", json.dumps(options)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=REPO_ROOT,
-            env={**os.environ, **(env or {})}, start_new_session=True,
-        )
+        self.tmpdir = tempfile.mkdtemp(prefix="trtllm-helper-")
+        try:
+            self.popen = subprocess.Popen(
+                [sys.executable, "-m", f"tests.helpers.{module}", json.dumps(options)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=REPO_ROOT,
+                env={**os.environ, "TMPDIR": self.tmpdir, **(env or {})}, start_new_session=True,
+            )
+        except BaseException:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            self._stderr.close()
+            raise
         self.pid = self.popen.pid
         self._pidfd = os.pidfd_open(self.pid)
         self._buffer = b""
@@ -129,6 +141,9 @@ class HelperProcess:
         with contextlib.suppress(OSError):
             os.close(self._pidfd)
         self._stderr.close()
+        if not survivors:  # a survivor may still use it (and a FUSE stall in it may be served)
+            remove_leftover_mounts()  # the helper's own stalls: their owner is dead now
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
         return survivors
 
 

@@ -54,7 +54,7 @@ def main(options: dict[str, Any]) -> None:
         deadline = time.monotonic() + 30
         while proxy.liveness_fatal_error is None and time.monotonic() < deadline:
             time.sleep(0.01)
-        leader_future = proxy.__dict__["_liveness_real_mpi_futures"][0]  # mpi4py's, not the mirror
+        leader_future = proxy.liveness_state.real_mpi_futures[0]  # mpi4py's, not the mirror
         leader_returned = wait(leader_future, 30)
         time.sleep(SETTLE_S)  # a late exception in the manager thread would land now
         emit({"fatal": None if proxy.liveness_fatal_error is None else str(proxy.liveness_fatal_error),

@@ -20,7 +20,6 @@ import json
 import logging
 import os
 import signal
-from types import SimpleNamespace
 from typing import Any
 
 from trtllm_liveness import ProcessIdentity, _pidfd
@@ -34,21 +33,20 @@ def build_executor(mode: str, announce_dir: str, *, workers: int = 2, liveness: 
                    options: dict[str, Any] | None = None) -> Any:
     """Start a reference executor (blocks until its ranks are ready; MPI env configured first).
 
-    ``liveness``: True = extension on with ``options`` in ``llm_args.worker_liveness``; False =
-    upstream class; None = the liveness class with nothing in ``llm_args``, so
-    ``TRTLLM_WORKER_LIVENESS`` decides (what the import hook does for ``trtllm-serve``).
+    ``liveness``: True = extension on, configured with ``options`` in code (the class's
+    ``config``); False = upstream class; None = the liveness class with no configuration of its
+    own, so ``TRTLLM_WORKER_LIVENESS`` decides (what the import hook does for ``trtllm-serve``).
     """
     configure_mpi_env()
     base = PROXY_CLASSES[mode]
     cls: Any = base
-    llm_args: Any = None
     if liveness is not False:
+        from trtllm_liveness import LivenessConfig
         from trtllm_liveness.integrations.trtllm import liveness_proxy_class
 
-        cls = liveness_proxy_class(base, default_enabled=False)
-        if liveness:
-            llm_args = SimpleNamespace(worker_liveness={"scan_interval_s": 0.1, **(options or {})})
-    worker_kwargs = {"token_delay_s": 0.01, "announce_dir": announce_dir, "llm_args": llm_args}
+        config = LivenessConfig(**{"enabled": True, "scan_interval_s": 0.1, **(options or {})}) if liveness else None
+        cls = liveness_proxy_class(base, default_enabled=False, config=config)
+    worker_kwargs = {"token_delay_s": 0.01, "announce_dir": announce_dir, "llm_args": None}
     return cls(worker_kwargs, model_world_size=workers)
 
 

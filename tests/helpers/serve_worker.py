@@ -4,7 +4,7 @@ Usage: ``python -m tests.helpers.serve_worker '{"mode": "main"}'`` from the repo
 new session. The liveness extension is configured only by ``TRTLLM_WORKER_LIVENESS`` (as with
 the import hook under ``trtllm-serve``), e.g. ``exit_on_fatal=1,exit_code=3``.
 
-``GET /health`` follows trtllm-serve (main, Aug-Sep 2026) as UPSTREAM.md describes it: 200 when
+``GET /health`` follows trtllm-serve (main, Aug-Sep 2026) as docs/upstream-contract.md describes it: 200 when
 ``llm._check_health()``; otherwise, if the executor recorded a fatal error **and not**
 ``doing_shutdown``, raise SIGINT (the buggy condition of TensorRT-LLM issue #18663: after a killed
 rank ``pre_shutdown()`` has already set ``doing_shutdown``, so it never fires), and answer 503.

@@ -1,6 +1,6 @@
 """The installed ``trtllm-liveness`` console script, run as a subprocess on real processes.
 
-Live, zombie and frozen (real ``D`` via the cgroup v1 freezer) processes; every wait is bounded and
+Live, zombie and stuck (real ``D`` via the cgroup v1 freezer or FUSE) processes; every wait is bounded and
 nothing asserts on timing.
 """
 
@@ -22,13 +22,21 @@ import pytest
 
 from trtllm_liveness import _procfs
 
-from ..conftest import SLEEPER, WAIT_SCALE, Freezer, ProcessTracker, state_of, wait_until
+from ..conftest import (
+    SLEEPER,
+    WAIT_SCALE,
+    Freezer,
+    ProcessTracker,
+    StuckChild,
+    require_facility,
+    state_of,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(120)]
 
 CLI = Path(sys.executable).parent / "trtllm-liveness"
-if not CLI.exists():  # pragma: no cover - depends on how the package was installed
-    pytest.skip(f"console script not installed next to {sys.executable}", allow_module_level=True)
+require_facility("console-script", allow_module_level=True)  # trtllm-liveness next to sys.executable
 
 RUN_TIMEOUT = 60 * WAIT_SCALE
 
@@ -142,7 +150,8 @@ def test_scan_json_parses_and_lists_threads(procs: ProcessTracker) -> None:
     child = procs.sleeper()
     status, data = scan_json("--window", "0.2", "--samples", "3", child.pid)
     assert status == 0
-    assert data["samples"] == 3
+    assert data["samples"] == 1  # no thread in D at the first sample: nothing to confirm
+    assert data["window_s"] == 0.0
     assert data["unkillable"] == 0
     (report,) = data["processes"]
     assert report["pid"] == child.pid
@@ -167,18 +176,16 @@ def test_scan_of_a_zombie_says_so_with_its_exit(procs: ProcessTracker) -> None:
     assert data["processes"][0]["exit_status"] == "killed by SIGKILL"
 
 
-@pytest.mark.freezer
-def test_scan_of_a_frozen_process_shows_d_then_unkillable_with_recycle_advice(
-    procs: ProcessTracker, freezer: Freezer
+def test_scan_of_a_stuck_process_shows_d_then_unkillable_with_recycle_advice(
+    procs: ProcessTracker, stuck_child: StuckChild
 ) -> None:
-    child = procs.sleeper()
-    freezer.add(child.pid)
-    with killed_at_exit(child.pid):
-        _check_frozen_scan(child.pid, freezer)
+    """Over both sources of real D (freezer, FUSE): a cgroup-v2-only host is covered too."""
+    pid = stuck_child.popen.pid
+    with killed_at_exit(pid):
+        _check_stuck_scan(pid)
 
 
-def _check_frozen_scan(pid: int, freezer: Freezer) -> None:
-    freezer.freeze()
+def _check_stuck_scan(pid: int) -> None:
     assert wait_until(lambda: state_of(pid) == "D", 10)
 
     result = run_cli("scan", "--window", "0.3", pid)
@@ -203,7 +210,7 @@ def _check_frozen_scan(pid: int, freezer: Freezer) -> None:
     assert report["sigkill_pending"] is True
     assert report["d_seconds"] > 0
     assert any(thread["state"] == "D" for thread in report["threads"])
-    assert state_of(pid) == "D"  # the scan only looked; thawing in teardown lets it die
+    assert state_of(pid) == "D"  # the scan only looked; releasing it in teardown lets it die
 
 
 def test_scan_by_name_finds_the_process_with_a_distinctive_argv(procs: ProcessTracker) -> None:
@@ -348,12 +355,9 @@ def test_watch_of_a_zombie_exits_3_at_once(procs: ProcessTracker) -> None:
     assert "zombie" in result.stdout
 
 
-@pytest.mark.freezer
-def test_watch_exits_4_on_a_frozen_process(procs: ProcessTracker, freezer: Freezer) -> None:
-    child = procs.sleeper()
-    freezer.add(child.pid)
+def test_watch_exits_4_on_a_stuck_process(procs: ProcessTracker, stuck_child: StuckChild) -> None:
+    child = stuck_child.popen
     with killed_at_exit(child.pid):
-        freezer.freeze()
         assert wait_until(lambda: state_of(child.pid) == "D", 10)
         watch = start_cli(procs, "watch", "--json", "--d-state-timeout", "0.3", child.pid)
         status, out, err = finish(watch)
@@ -374,3 +378,46 @@ def test_watch_exits_130_on_sigint(procs: ProcessTracker) -> None:
     assert out == ""
     assert "interrupted" in err
     assert state_of(child.pid) in ("S", "R")  # watching never touches the process
+
+
+# ----------------------------------------------------------------------------- imports
+
+# Runs the command in-process and prints the reference/ modules it imported.
+IMPORTS_OF = (
+    "import json, sys\n"
+    "from trtllm_liveness import cli\n"
+    "status = cli.main(sys.argv[1:])\n"
+    "print(json.dumps([status, sorted(m for m in sys.modules if m.startswith('trtllm_liveness.reference'))]))\n"
+)
+
+
+def _reference_modules_of(*args: str | int) -> tuple[int, list[str]]:
+    result = subprocess.run([sys.executable, "-c", IMPORTS_OF, *map(str, args)], capture_output=True, text=True,
+                            timeout=RUN_TIMEOUT, check=False)
+    status, modules = json.loads(result.stdout.splitlines()[-1])
+    return status, modules
+
+
+def test_scan_and_watch_never_import_reference(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    assert _reference_modules_of("scan", "--window", "0", child.pid) == (0, [])
+    assert _reference_modules_of("scan", "--window", "0", "--name", f"no-such-{uuid.uuid4().hex}") == (1, [])
+    _middle, zombie = procs.grandchild(reap=False)
+    os.kill(zombie, signal.SIGKILL)
+    assert wait_until(lambda: state_of(zombie) == "Z", 10)
+    assert _reference_modules_of("watch", zombie) == (3, [])
+    # The demo still gets its arguments (and so imports reference/) when it is the command.
+    status, modules = _reference_modules_of("demo", "--workers", "1")
+    assert status == 2
+    assert "trtllm_liveness.reference.demo" in modules
+
+
+def test_scan_of_a_healthy_process_skips_nothing(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    status, data = scan_json("--window", "0", child.pid)
+    assert status == 0
+    assert data["skipped_reads"] == 0
+    (report,) = data["processes"]
+    assert report["skipped"] == []
+    assert report["cmdline"][-1].endswith("time.sleep(3600)")
+    assert data["selection_skipped"] == []

@@ -80,3 +80,24 @@ def test_disarmed_guard_never_acts() -> None:
     assert guard.trigger("dead") is False
     assert guard.triggered is False
     assert ended == []
+
+
+def test_two_guards_of_one_process_send_one_sigint() -> None:
+    """Issue 10 point 10: two engines (each with its guard) in one server start ONE graceful
+    shutdown; a second SIGINT makes uvicorn skip its graceful shutdown."""
+    result = run_script(
+        """
+        got = []
+        signal.signal(signal.SIGINT, lambda *a: got.append(1))
+        first = FatalExitGuard(timeout_s=None)
+        second = FatalExitGuard(timeout_s=None)
+        assert first.trigger("rank 0 of engine A died") and second.trigger("rank 0 of engine B died")
+        deadline = time.monotonic() + 10
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.3)  # a second SIGINT would be delivered by now
+        print("sigints", len(got), flush=True)
+        os._exit(0)
+        """
+    )
+    assert "sigints 1" in result.stdout, result.stderr

@@ -6,7 +6,6 @@ import json
 import logging
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -24,7 +23,7 @@ from trtllm_liveness import (
     capture_identity,
 )
 
-from ..conftest import ProcessTracker, start_time_or_none, state_of, wait_until
+from ..conftest import ProcessTracker, needs, require_or_skip, start_time_or_none, state_of, wait_until
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 
@@ -153,7 +152,7 @@ def test_other_host_is_unmonitored_not_dead(procs: ProcessTracker) -> None:
         assert rec.events == []
 
 
-@pytest.mark.skipif(shutil.which("unshare") is None, reason="unshare(1) not installed")
+@needs("unshare")
 def test_other_pid_namespace_is_unmonitored_not_dead(procs: ProcessTracker) -> None:
     code = (
         "import json, sys, time\nfrom trtllm_liveness import capture_identity\n"
@@ -166,7 +165,7 @@ def test_other_pid_namespace_is_unmonitored_not_dead(procs: ProcessTracker) -> N
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if not line:
-        pytest.skip(f"unshare --pid failed here: {proc.stderr.read().decode() if proc.stderr else ''}")
+        require_or_skip("unshare", f"unshare --pid failed here: {proc.stderr.read().decode() if proc.stderr else ''}")
     inner = ProcessIdentity(*json.loads(line))
     # The worker's own view: pid 1 of its namespace, and that namespace's real inode.
     inner_child = [int(p) for p in open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()]
@@ -234,7 +233,7 @@ def test_low_rlimit_nofile_forces_procfs_fallback_and_detection_still_works() ->
 def test_pidfds_above_fd_setsize_work(procs: ProcessTracker) -> None:
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if hard != resource.RLIM_INFINITY and hard < 1200:
-        pytest.skip(f"RLIMIT_NOFILE hard limit {hard} too low to place fds above 1024")
+        require_or_skip("nofile-1200", f"RLIMIT_NOFILE hard limit {hard} too low to place fds above 1024")
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
     fillers: list[int] = []
     try:

@@ -13,7 +13,7 @@ import pytest
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
 from trtllm_liveness._oom import OomProbe
 
-from ..conftest import MemoryCgroup, ProcessTracker
+from ..conftest import MemoryCgroup, ProcessTracker, require_or_skip
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
 
@@ -78,7 +78,7 @@ def test_probe_of_a_missing_process_never_raises_and_falls_back_to_the_machine_c
     probe = OomProbe.capture(2**22 - 1)  # no such process: no cgroup to read, and no error
     assert probe.counter_file is None
     if probe.machine_kills is None:
-        pytest.skip("/proc/vmstat has no oom_kill counter on this kernel")
+        require_or_skip("oom-counter", "/proc/vmstat has no oom_kill counter on this kernel")
     probe.machine_kills -= 1  # as if one OOM kill happened on the machine since registration
     verdict = probe.verdict()
     assert verdict is not None and verdict.startswith("likely killed by the kernel OOM killer")

@@ -1,7 +1,8 @@
-"""Bounded shutdown with real processes, real signals and real D state (cgroup v1 freezer)."""
+"""Bounded shutdown with real processes, real signals and real D state (cgroup v1 freezer and FUSE)."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import multiprocessing
 import os
@@ -10,14 +11,16 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 import pytest
 
-from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, _procfs, capture_identity
+from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, _pidfd, _procfs, capture_identity
 from trtllm_liveness._shutdown import StopOutcome, StopReport, stop_processes
 
-from ..conftest import Freezer, ProcessTracker, state_of, wait_until
+from ..conftest import SLEEPER, WAIT_SCALE, ProcessTracker, StuckChild, require_facility, state_of, wait_until
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
 
@@ -72,14 +75,12 @@ def test_popen_and_multiprocessing_children_are_reaped(procs: ProcessTracker) ->
             os.waitpid(pid, os.WNOHANG)  # already reaped: nothing left for us to collect
 
 
-def test_frozen_worker_is_reported_unkillable_and_the_call_returns(
-    procs: ProcessTracker, freezer: Freezer, caplog: pytest.LogCaptureFixture
+def test_wedged_worker_is_reported_unkillable_and_the_call_returns(
+    procs: ProcessTracker, stuck_child: StuckChild, caplog: pytest.LogCaptureFixture
 ) -> None:
     healthy = procs.sleeper()
-    wedged = procs.sleeper()
+    wedged = stuck_child.popen
     identities = [capture_identity(0, healthy.pid), capture_identity(1, wedged.pid)]
-    freezer.add(wedged.pid)
-    freezer.freeze()
     assert wait_until(lambda: state_of(wedged.pid) == "D", 10)
     caplog.set_level(logging.ERROR, logger="trtllm_liveness")
 
@@ -89,11 +90,14 @@ def test_frozen_worker_is_reported_unkillable_and_the_call_returns(
     assert isinstance(report, StopReport)
     assert report.workers[0].outcome is StopOutcome.EXITED_AFTER_TERM
     assert report.workers[1].outcome is StopOutcome.UNKILLABLE
+    assert report.workers[1].signals_sent == ("SIGTERM", "SIGKILL")
     assert not report.restartable and not report.all_stopped
     [stuck] = report.unkillable
     assert (stuck.rank, stuck.pid, stuck.signal) == (1, wedged.pid, "SIGKILL")
-    assert stuck.state == "D" and stuck.kill_pending and stuck.d_tids
+    assert stuck.state == "D" and stuck.kill_pending and wedged.pid in stuck.d_tids
     assert stuck.hostname == identities[1].hostname
+    if stuck_child.source == "fuse":
+        assert stuck.d_wchan == "request_wait_answer"
     errors = [r.getMessage() for r in caplog.records if r.levelno == logging.ERROR]
     mine = [text for text in errors if f"pid {wedged.pid}" in text]
     assert len(mine) == 1
@@ -104,22 +108,36 @@ def test_frozen_worker_is_reported_unkillable_and_the_call_returns(
     data = report.to_dict()
     assert data["restartable"] is False and data["unkillable"][0]["pid"] == wedged.pid
 
-    freezer.thaw()  # the pending fatal signals take effect now (the kernel may report SIGTERM's)
+    stuck_child.release()  # the pending fatal signals take effect now (the kernel may report SIGTERM's)
     assert wait_until(lambda: _gone(wedged.pid), 10)
     assert wedged.wait(10) in (-9, -15)
     assert state_of(wedged.pid) is None
 
 
-def test_frozen_popen_child_is_left_unreaped_until_it_can_die(procs: ProcessTracker, freezer: Freezer) -> None:
-    child = procs.sleeper()
-    freezer.add(child.pid)
-    freezer.freeze()
+def test_wedged_popen_child_is_left_unreaped_until_it_can_die(procs: ProcessTracker, stuck_child: StuckChild) -> None:
+    child = stuck_child.popen
     assert wait_until(lambda: state_of(child.pid) == "D", 10)
     report = stop_processes([child], grace_s=0.1, kill_s=0.3)
     assert report.workers[0].outcome is StopOutcome.UNKILLABLE
     assert child.returncode is None  # cannot reap a live task; the caller waits for it later
-    freezer.thaw()
+    assert state_of(child.pid) == "D"
+    stuck_child.release()
     assert child.wait(10) in (-9, -15)
+
+
+def test_wedged_group_member_makes_the_leader_unkillable_and_the_call_returns(
+    procs: ProcessTracker, stuck_child: StuckChild
+) -> None:
+    # The wedged child leads its own group (start_new_session): the group path signals it, and the
+    # call still returns within its bound with the leader reported unkillable.
+    wedged = stuck_child.popen
+    report = stop_processes([wedged], process_group=True, grace_s=0.1, kill_s=0.3)
+    [worker] = report.workers
+    assert worker.outcome is StopOutcome.UNKILLABLE
+    assert worker.signals_sent == (f"SIGTERM (group {wedged.pid})", f"SIGKILL (group {wedged.pid})")
+    assert [item.pid for item in report.unkillable] == [wedged.pid]
+    stuck_child.release()
+    assert wedged.wait(10) in (-9, -15)
 
 
 def test_wrong_start_time_is_unverified_and_not_signalled(procs: ProcessTracker) -> None:
@@ -164,6 +182,17 @@ def test_identities_of_other_hosts_and_namespaces_are_never_signalled(procs: Pro
     assert child.poll() is None
 
 
+def test_identity_without_start_time_or_namespace_is_unverified_and_not_signalled(procs: ProcessTracker) -> None:
+    # Upstream sends None for a field the worker could not read: nothing to verify the pid against.
+    child = procs.sleeper()
+    real = capture_identity(0, child.pid)
+    report = stop_processes([real._replace(start_time=None), real._replace(rank=1, pid_namespace=None)],
+                            process_group=True, grace_s=0.1, kill_s=0.1)
+    assert [w.outcome for w in report.workers] == [StopOutcome.UNVERIFIED] * 2
+    assert all(w.signals_sent == () for w in report.workers)
+    assert child.poll() is None and state_of(child.pid) in ("S", "R")
+
+
 def test_bad_input_is_reported_and_never_signalled(procs: ProcessTracker) -> None:
     child = procs.sleeper()
     done = procs.sleeper()
@@ -187,7 +216,48 @@ def test_bad_input_is_reported_and_never_signalled(procs: ProcessTracker) -> Non
     assert child.poll() is None
 
 
-def test_process_group_signalling_reaches_the_workers_children(procs: ProcessTracker) -> None:
+@dataclass
+class GroupSignals:
+    """Which path signalled process groups: the leader's pidfd, or killpg by number."""
+
+    path: str
+    pidfd_calls: list[tuple[int, int]] = field(default_factory=list)
+    killpg_calls: list[tuple[int, int]] = field(default_factory=list)
+
+    def check_path(self) -> None:
+        if self.path == "pidfd":
+            assert self.pidfd_calls and not self.killpg_calls
+        else:
+            assert self.killpg_calls and not self.pidfd_calls
+
+
+@pytest.fixture(params=["pidfd", "killpg"])
+def group_signals(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> GroupSignals:
+    """Run a test over both group-signal paths; "killpg" forces the probe off (a kernel < 6.9).
+    The real calls still happen: the recorders only pass them on."""
+    seen = GroupSignals(request.param)
+    if request.param == "pidfd":
+        require_facility("pidfd-group")
+    else:
+        monkeypatch.setattr(_pidfd, "group_signal_supported", lambda: False)
+    real_send, real_killpg = _pidfd.send_group_signal, os.killpg
+
+    def send(pidfd: int, sig: int) -> bool:
+        seen.pidfd_calls.append((pidfd, sig))
+        return real_send(pidfd, sig)
+
+    def killpg(pgid: int, sig: int) -> None:
+        seen.killpg_calls.append((pgid, sig))
+        real_killpg(pgid, sig)
+
+    monkeypatch.setattr(_pidfd, "send_group_signal", send)
+    monkeypatch.setattr(os, "killpg", killpg)
+    return seen
+
+
+def test_process_group_signalling_reaches_the_workers_children(
+    procs: ProcessTracker, group_signals: GroupSignals
+) -> None:
     middle, grandchild = procs.grandchild()
     report = stop_processes([middle], process_group=True, grace_s=5.0, kill_s=5.0)
     [worker] = report.workers
@@ -196,6 +266,7 @@ def test_process_group_signalling_reaches_the_workers_children(procs: ProcessTra
     assert "1 group member(s) awaited" in worker.detail
     assert middle.returncode == -15
     assert wait_until(lambda: _gone(grandchild), 10)
+    group_signals.check_path()
 
 
 def test_without_process_group_the_children_are_left_alone(procs: ProcessTracker) -> None:
@@ -205,7 +276,7 @@ def test_without_process_group_the_children_are_left_alone(procs: ProcessTracker
     assert state_of(grandchild) in ("S", "R")  # only the worker itself was signalled
 
 
-def test_process_group_stubborn_member_gets_sigkill(procs: ProcessTracker) -> None:
+def test_process_group_stubborn_member_gets_sigkill(procs: ProcessTracker, group_signals: GroupSignals) -> None:
     code = (
         "import os, signal, sys, time\n"
         "pid = os.fork()\n"
@@ -228,6 +299,123 @@ def test_process_group_stubborn_member_gets_sigkill(procs: ProcessTracker) -> No
     assert worker.signals_sent == (f"SIGTERM (group {leader.pid})", f"SIGKILL (group {leader.pid})")
     assert wait_until(lambda: _gone(member), 10)
     assert leader.returncode == -15
+    group_signals.check_path()
+    assert [sig for _who, sig in group_signals.pidfd_calls + group_signals.killpg_calls] == [
+        signal.SIGTERM, signal.SIGKILL]
+
+
+# The leader forks a session-leading "leader" of its own that it reaps at once when it exits; that
+# leader forks a member that ignores SIGTERM and, when one arrives, forks a late child into the
+# group and prints its pid. So by the kill phase the group's leader is reaped and a member exists
+# that no scan at the start saw.
+LATE_FORKER = """
+import os, signal, sys, time
+leader = os.fork()
+if leader == 0:
+    os.setsid()
+    member = os.fork()
+    if member == 0:
+        def on_term(*_):
+            late = os.fork()
+            if late == 0:
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)
+                time.sleep(3600); os._exit(0)
+            os.write(1, f"late {late}\\n".encode())
+        signal.signal(signal.SIGTERM, on_term)
+        os.write(1, f"member {os.getpid()}\\n".encode())
+        while True:
+            time.sleep(3600)
+    os.write(1, f"leader {os.getpid()}\\n".encode())
+    time.sleep(3600); os._exit(0)
+os.waitpid(leader, 0)  # reap the leader the moment it dies, as an init or a supervisor would
+os.write(1, b"reaped\\n")
+time.sleep(3600)
+"""
+
+
+def _read_tagged(stream: IO[bytes], tag: bytes) -> int:
+    while True:
+        line = stream.readline()
+        assert line, f"no {tag!r} line"
+        if line.startswith(tag + b" "):
+            return int(line.split()[1])
+
+
+def test_group_signal_goes_through_the_pidfd_and_reaches_members_after_the_leader_is_reaped(
+    procs: ProcessTracker,
+) -> None:
+    """With PIDFD_SIGNAL_PROCESS_GROUP the group stays addressed by the leader's pidfd after the
+    leader is reaped: SIGKILL reaches a member forked after the start. The killpg path cannot send
+    it (the reaped leader no longer pins the number) and signals only the members it saw."""
+    require_facility("pidfd-group")
+    top = subprocess.Popen([sys.executable, "-c", LATE_FORKER], stdout=subprocess.PIPE, start_new_session=True)
+    procs.popens.append(top)
+    procs.track(top.pid)
+    assert top.stdout is not None
+    leader = procs.track(_read_tagged(top.stdout, b"leader"))
+    member = procs.track(_read_tagged(top.stdout, b"member"))
+    assert wait_until(lambda: _handles_term(member), 10)  # its SIGTERM handler is installed
+    identity = capture_identity(0, leader)
+    report = stop_processes([identity], process_group=True, grace_s=1.0 * WAIT_SCALE, kill_s=5.0)
+    late = procs.track(_read_tagged(top.stdout, b"late"))
+    [worker] = report.workers
+    assert worker.outcome is StopOutcome.EXITED_AFTER_TERM
+    assert worker.signals_sent == (f"SIGTERM (group {leader})", f"SIGKILL (group {leader})")
+    assert wait_until(lambda: _gone(member), 10)
+    assert wait_until(lambda: _gone(late), 10), "the late member never got the group's SIGKILL"
+
+
+def _handles_term(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as handle:
+            for line in handle:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) & (1 << 14))
+    except OSError:
+        pass
+    return False
+
+
+def test_group_signal_probe_and_wrapper_reject_what_is_not_a_group(procs: ProcessTracker) -> None:
+    require_facility("pidfd-group")
+    assert _pidfd.group_signal_supported() is _pidfd.group_signal_supported() is True  # cached
+    child = subprocess.Popen([sys.executable, "-c", SLEEPER], stdout=subprocess.PIPE)  # in our group
+    procs.popens.append(child)
+    procs.track(child.pid)
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    fd = os.pidfd_open(child.pid)
+    try:
+        # It leads no group: nothing is signalled, not even the process itself, nor our group.
+        assert _pidfd.send_group_signal(fd, signal.SIGTERM) is False
+        assert child.poll() is None and state_of(child.pid) in ("S", "R")
+    finally:
+        os.close(fd)
+    leader = procs.sleeper()  # leads its own group
+    fd = os.pidfd_open(leader.pid)
+    try:
+        with pytest.raises(OSError) as bad_signal:
+            _pidfd.send_group_signal(fd, 4096)
+        assert bad_signal.value.errno == errno.EINVAL
+        assert leader.poll() is None
+    finally:
+        os.close(fd)
+    with open(os.devnull) as not_a_pidfd:
+        with pytest.raises(OSError) as wrong_fd:
+            _pidfd.send_group_signal(not_a_pidfd.fileno(), signal.SIGTERM)
+    assert wrong_fd.value.errno == errno.EBADF
+    assert child.poll() is None
+
+
+def test_group_of_a_forged_identity_is_never_signalled(procs: ProcessTracker, group_signals: GroupSignals) -> None:
+    middle, grandchild = procs.grandchild()
+    real = capture_identity(0, middle.pid)
+    forged = real._replace(start_time=real.start_time + 1)
+    report = stop_processes([forged, real._replace(rank=1, hostname="elsewhere")], process_group=True,
+                            grace_s=0.1, kill_s=0.1)
+    assert [w.outcome for w in report.workers] == [StopOutcome.UNVERIFIED, StopOutcome.NOT_LOCAL]
+    assert all(w.signals_sent == () for w in report.workers)
+    assert group_signals.pidfd_calls == [] and group_signals.killpg_calls == []
+    assert middle.poll() is None and state_of(grandchild) in ("S", "R")
 
 
 def _ignores_term(pid: int) -> bool:

@@ -6,8 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import pytest
 
@@ -15,7 +13,7 @@ from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, Worker
 from trtllm_liveness._wedge import DStateSample, WedgeTracker
 from trtllm_liveness.reference._fuse_stall import FuseStall
 
-from ..conftest import Freezer, ProcessTracker, state_of, wait_until
+from ..conftest import WAIT_SCALE, Freezer, ProcessTracker, StuckChild, state_of, wait_until
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 
@@ -37,27 +35,6 @@ def _state(monitor: WorkerProcessMonitor, rank: int = 0) -> WorkerState:
 
 def _kinds(events: list[WorkerEvent]) -> list[EventKind]:
     return [e.kind for e in list(events)]
-
-
-@dataclass
-class StuckChild:
-    popen: subprocess.Popen[bytes]
-    release: Callable[[], None]
-
-
-@pytest.fixture(params=[pytest.param("freezer", marks=pytest.mark.freezer),
-                        pytest.param("fuse", marks=pytest.mark.fuse)])
-def stuck_child(request: pytest.FixtureRequest, procs: ProcessTracker) -> StuckChild:
-    """A real process in D from either source: frozen by the cgroup v1 freezer, or blocked in a
-    FUSE lookup nobody answers (wchan request_wait_answer). Skips where the source is missing."""
-    if request.param == "freezer":
-        freezer: Freezer = request.getfixturevalue("freezer")
-        child = procs.sleeper()
-        freezer.add(child.pid)
-        freezer.freeze()
-        return StuckChild(child, freezer.thaw)
-    stall: FuseStall = request.getfixturevalue("fuse_stall")
-    return StuckChild(procs.stuck_in_fuse(stall), stall.release)
 
 
 def test_stuck_process_becomes_wedged_then_unkillable_then_dies_on_release(
@@ -118,6 +95,99 @@ def test_d_state_in_a_helper_thread_only_is_caught(procs: ProcessTracker, freeze
         assert wait_until(lambda: monitor.find_dead_worker() == identity, 10)
 
 
+# A FUSE variant of THREADED: the helper thread stats a path in the stall (argv[1]) and sticks in
+# D; the main thread waits in join (S), so the process looks healthy from its main thread alone.
+THREADED_FUSE = """
+import os, sys, threading
+def helper():
+    try:
+        os.stat(sys.argv[1])
+    except OSError:
+        pass
+thread = threading.Thread(target=helper)
+thread.start()
+sys.stdout.write(f"{thread.native_id}\\n"); sys.stdout.flush()
+thread.join()
+"""
+
+# Stats a path in the stall (argv[1]), then, once released (ENOTCONN), sleeps on as a healthy process.
+RECOVERING_FUSE = """
+import os, sys, time
+try:
+    os.stat(sys.argv[1])
+except OSError:
+    pass
+sys.stdout.write("back\\n"); sys.stdout.flush()
+time.sleep(3600)
+"""
+
+
+@pytest.mark.fuse
+def test_fuse_d_state_in_a_helper_thread_only_is_caught(procs: ProcessTracker, fuse_stall: FuseStall) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", THREADED_FUSE, fuse_stall.new_path()], stdout=subprocess.PIPE,
+                            start_new_session=True)
+    procs.popens.append(proc)
+    procs.track(proc.pid)
+    assert proc.stdout is not None
+    helper_tid = int(proc.stdout.readline())
+    assert fuse_stall.wait_held(helper_tid, 10 * WAIT_SCALE)
+    identity = capture_identity(0, proc.pid)
+    events: list[WorkerEvent] = []
+    with WorkerProcessMonitor(d_state_timeout_s=0.3, scan_interval_s=0.05) as monitor:
+        monitor.subscribe(events.append)
+        monitor.register([identity])
+        monitor.start()
+        assert wait_until(lambda: _tstate(proc.pid, helper_tid) == "D", 10)
+        assert wait_until(lambda: EventKind.WEDGED in _kinds(events), 10)
+        assert events[0].tid == helper_tid and events[0].wchan == "request_wait_answer"
+        assert state_of(proc.pid) in ("S", "R")  # the main thread alone would look healthy
+        os.kill(proc.pid, signal.SIGKILL)
+        assert wait_until(lambda: EventKind.UNKILLABLE in _kinds(events), 10)
+        assert monitor.find_dead_worker() is None  # the held helper keeps the thread group alive
+        fuse_stall.release()
+        assert wait_until(lambda: monitor.find_dead_worker() == identity, 10)
+    assert proc.wait(10) == -signal.SIGKILL
+
+
+@pytest.mark.fuse
+def test_fuse_short_d_state_is_not_wedged_and_recovery_shows_alive(
+    procs: ProcessTracker, fuse_stall: FuseStall
+) -> None:
+    children = []
+    for _ in range(2):
+        child = subprocess.Popen([sys.executable, "-c", RECOVERING_FUSE, fuse_stall.new_path()],
+                                 stdout=subprocess.PIPE, start_new_session=True)
+        procs.popens.append(child)
+        procs.track(child.pid)
+        assert fuse_stall.wait_held(child.pid, 10 * WAIT_SCALE)
+        children.append(child)
+    short, long_ = children
+    short_events: list[WorkerEvent] = []
+    long_events: list[WorkerEvent] = []
+    with WorkerProcessMonitor(d_state_timeout_s=0.4, scan_interval_s=0.05) as short_monitor, \
+            WorkerProcessMonitor(d_state_timeout_s=60, scan_interval_s=0.02) as long_monitor:
+        short_monitor.subscribe(short_events.append)
+        long_monitor.subscribe(long_events.append)
+        short_monitor.register([capture_identity(0, short.pid)])
+        long_monitor.register([capture_identity(1, long_.pid)])
+        short_monitor.start()
+        long_monitor.start()
+        assert wait_until(lambda: EventKind.WEDGED in _kinds(short_events), 10)
+        assert state_of(long_.pid) == "D"
+        fuse_stall.release()  # both stats fail with ENOTCONN and the processes carry on
+        for child in children:
+            assert child.stdout is not None and child.stdout.readline() == b"back\n"
+        # Back to ALIVE in the view (it left D), while the failure recorded stays.
+        assert wait_until(lambda: _state(short_monitor) is WorkerState.ALIVE, 10)
+        assert "was wedged" in short_monitor.statuses()[0].detail
+        assert short_monitor.failure is not None and short_monitor.failure.kind is EventKind.WEDGED
+        # With a long timeout, a D state that ends quickly raises nothing.
+        assert wait_until(lambda: state_of(long_.pid) in ("S", "R"), 10)
+        assert long_monitor.check() is None
+        assert long_events == [] and _state(long_monitor, 1) is WorkerState.ALIVE
+        assert short.poll() is None and long_.poll() is None
+
+
 def _tstate(pid: int, tid: int) -> str | None:
     try:
         return _procfs.read_stat(pid, tid).state
@@ -159,15 +229,12 @@ def test_short_d_state_is_not_wedged_and_recovery_shows_alive(procs: ProcessTrac
         assert events == [] and _state(monitor, 1) is WorkerState.ALIVE
 
 
-@pytest.mark.freezer
-def test_wedge_detection_off_by_default_costs_nothing(procs: ProcessTracker, freezer: Freezer) -> None:
-    child = procs.sleeper()
+def test_wedge_detection_off_by_default_costs_nothing(procs: ProcessTracker, stuck_child: StuckChild) -> None:
+    child = stuck_child.popen
     with WorkerProcessMonitor(scan_interval_s=0.01) as monitor:
         monitor.register([capture_identity(0, child.pid)])
         monitor.start()
-        assert monitor._tick_needs() == (False, False)  # the watcher blocks with no timeout
-        freezer.add(child.pid)
-        freezer.freeze()
+        assert monitor._watch_timeout() is None  # the watcher blocks with no timeout: no scan runs
         assert wait_until(lambda: state_of(child.pid) == "D", 10)
         assert monitor.check() is None and _state(monitor) is WorkerState.ALIVE
 

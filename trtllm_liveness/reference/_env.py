@@ -1,7 +1,8 @@
 """Environment for Open MPI 5 (the PyPI wheel) as root on loopback, set before MPI starts.
 
-Values are the ones measured in ENVIRONMENT.md. Only ``setdefault`` is used, so whatever the user
-exported wins. ``PRTE_MCA_oob_tcp_if_include`` is deliberately never set: it breaks the spawn.
+Values are the ones measured on this project's machines (Open MPI 5 wheels, root, loopback).
+Only ``setdefault`` is used, so whatever the user exported wins. ``PRTE_MCA_oob_tcp_if_include``
+is deliberately never set: it breaks the spawn.
 """
 
 from __future__ import annotations

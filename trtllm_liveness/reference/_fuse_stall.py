@@ -3,7 +3,10 @@
 :class:`FuseStall` mounts a file system served by a thread of this process that speaks the raw
 FUSE protocol on ``/dev/fuse`` (no libfuse). It answers ``FUSE_INIT`` and otherwise reads every
 request and never replies, so a process that calls ``stat()`` on a path inside the mount waits in
-the kernel for an answer that never comes. It is a second stand-in, next to the cgroup v1 freezer
+the kernel for an answer that never comes. One file is the exception,
+:attr:`FuseStall.read_path`: its lookup, attributes, open, flush and release are answered and only
+its ``READ`` is held, so a process can open and ``mmap`` it and then gets stuck in the page fault
+(a stand-in for a fault on an NFS or GPU-unified-memory mapping). It is a second stand-in, next to the cgroup v1 freezer
 (:mod:`._faults`), for a worker wedged in a GPU driver, and works where cgroup v2 is mounted instead.
 
 What the kernel does (Linux ``fs/fuse``; measured on 6.18, see the tests):
@@ -24,6 +27,13 @@ What the kernel does (Linux ``fs/fuse``; measured on 6.18, see the tests):
   killable wait into the uninterruptible one, so it shows ``R`` for a moment (~1-10 ms) in between.
 - Aborting the connection (the last ``/dev/fuse`` file closed, or ``umount2`` with ``MNT_FORCE``)
   ends every wait with ``ENOTCONN``: the callers return, and those with SIGKILL pending die.
+
+A page fault on :attr:`FuseStall.read_path` holds the target's mmap lock only on some paths:
+the ordinary fault (``filemap_fault``) drops it (or the per-VMA lock) before it waits for the
+READ, but a fault made by ``get_user_pages`` without ``FOLL_UNLOCKABLE`` (``/proc/PID/mem``,
+``ptrace(PEEKDATA)``) keeps ``mmap_read_lock`` for the whole wait: a writer (``mmap``/``munmap``)
+then queues behind it, and every later reader of that mm (``/proc/PID/cmdline``, ``environ``,
+``maps``) queues behind the writer. :data:`MEM_FAULT_TARGET_CODE` builds exactly that process.
 
 Each caller should use its own name (:meth:`FuseStall.new_path`): a second lookup of a name that
 is already being looked up waits on the first one in the VFS (``d_alloc_parallel``), not in FUSE,
@@ -53,6 +63,9 @@ from types import TracebackType
 __all__ = [
     "FUSE_FSTYPE",
     "FUSE_SOURCE",
+    "HELD_READ_NAME",
+    "HELD_READ_SIZE",
+    "MEM_FAULT_TARGET_CODE",
     "MOUNT_PREFIX",
     "FuseStall",
     "fuse_available",
@@ -95,14 +108,75 @@ _FUSE_MINOR = 38  # the highest minor this server claims; it uses nothing beyond
 # The one optional feature asked for. Without it the kernel serializes lookups in a directory on a
 # mutex (fuse_lock_inode), so a second caller would sleep there, never reaching the server.
 _FUSE_PARALLEL_DIROPS = 1 << 18
+_FUSE_LOOKUP = 1
 _FUSE_FORGET = 2
+_FUSE_GETATTR = 3
+_FUSE_OPEN = 14
+_FUSE_READ = 15
+_FUSE_RELEASE = 18
+_FUSE_FLUSH = 25
 _FUSE_INIT = 26
 _FUSE_INTERRUPT = 36
 _FUSE_BATCH_FORGET = 42
 _NO_REPLY_OPCODES = frozenset({_FUSE_FORGET, _FUSE_BATCH_FORGET})
 
+# The one file whose READ (only) is held: see FuseStall.read_path.
+HELD_READ_NAME = "held-read"
+HELD_READ_SIZE = 1 << 20
+_ROOT_NODEID = 1
+_HELD_READ_NODEID = 2
+# struct fuse_attr: ino, size, blocks, atime, mtime, ctime, atimensec, mtimensec, ctimensec, mode,
+# nlink, uid, gid, rdev, blksize, flags.
+_ATTR = struct.Struct("<QQQQQQIIIIIIIIII")
+_ENTRY_OUT_HEAD = struct.Struct("<QQQQII")  # nodeid, generation, entry_valid, attr_valid, *_nsec
+_ATTR_OUT_HEAD = struct.Struct("<QII")  # attr_valid, attr_valid_nsec, dummy
+_OPEN_OUT = struct.Struct("<QIi")  # fh, open_flags, backing_id
+# Long validity, so the kernel does not come back to revalidate while a caller is stuck.
+_VALID_S = 3600
+
 # The stuck child: one stat() into the mount; an error after release (ENOTCONN) exits quietly.
 _STAT_CODE = "import os, sys\ntry:\n    os.stat(sys.argv[1])\nexcept OSError:\n    sys.exit(3)\n"
+
+# A process stuck in a page fault on the held READ while holding its mmap lock, with a second
+# thread queued on that lock for write. argv: the held-read path, then a name for the process's
+# comm (prctl PR_SET_NAME; at most 15 bytes). Both threads are started first (starting a thread
+# maps its stack, which would queue on the lock too), then it prints "<fault tid> <mmap tid>" and
+# lets them go. The fault goes through /proc/self/mem: get_user_pages without FOLL_UNLOCKABLE
+# keeps mmap_read_lock across the READ (an ordinary fault would drop it); the other thread's
+# mmap(2) then waits for mmap_write_lock. After release the read fails and the process exits 3.
+MEM_FAULT_TARGET_CODE = """\
+import ctypes, mmap, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.prctl(15, sys.argv[2].encode()[:15], 0, 0, 0)
+fd = os.open(sys.argv[1], os.O_RDONLY)
+addr = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+if addr in (None, ctypes.c_void_p(-1).value):
+    sys.exit(f"mmap failed: {os.strerror(ctypes.get_errno())}")
+mem = os.open("/proc/self/mem", os.O_RDONLY)
+go = threading.Event()
+def fault():
+    go.wait()
+    try:
+        os.pread(mem, 1, addr)
+    except OSError:
+        pass
+def remap():
+    go.wait()
+    time.sleep(0.2)  # let the fault take the lock first: the writer must queue behind it
+    try:
+        mmap.mmap(-1, 4096).close()
+    except OSError:
+        pass
+a = threading.Thread(target=fault, daemon=True)
+b = threading.Thread(target=remap, daemon=True)
+a.start(); b.start()
+sys.stdout.write(f"{a.native_id} {b.native_id}\\n"); sys.stdout.flush()
+go.set()
+a.join(); b.join()
+sys.exit(3)
+"""
 
 _DEFAULT_TIMEOUT_S = 10.0
 
@@ -270,12 +344,17 @@ class FuseStall:
     :func:`fuse_available`). A caller that stats :attr:`path` or a :meth:`new_path` shows ``D`` at
     once (wchan ``request_wait_answer``); once :meth:`wait_held` is true for it, SIGKILL stays
     pending and it stays in ``D`` until :meth:`release`, which ends every wait.
+
+    :attr:`read_path` is a regular read-only file of :data:`HELD_READ_SIZE` bytes that opens and
+    maps normally; reading it (``read(2)`` or a page fault on a mapping) blocks the same way, in
+    the READ request (:meth:`wait_read_held`).
     """
 
     def __init__(self, timeout: float = _DEFAULT_TIMEOUT_S) -> None:
         self.timeout = timeout
         self.mountpoint = ""
         self.path = ""  # <mountpoint>/stall, for one caller
+        self.read_path = ""  # <mountpoint>/held-read: opens and maps; its READ is never answered
         self._fd = -1
         self._wake_r = self._wake_w = -1
         self._mounted = False
@@ -286,6 +365,7 @@ class FuseStall:
         self._primed = False
         self._prime_pid = 0
         self._held: dict[int, int] = {}  # unique id of each unanswered request -> caller tid
+        self._held_reads: set[int] = set()  # unique ids in _held that are READs of read_path
         self._names = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -307,6 +387,7 @@ class FuseStall:
             raise RuntimeError("a FuseStall is entered once")
         self.mountpoint = tempfile.mkdtemp(prefix=f"{MOUNT_PREFIX}-{os.getpid()}-")
         self.path = os.path.join(self.mountpoint, "stall")
+        self.read_path = os.path.join(self.mountpoint, HELD_READ_NAME)
         # Non-blocking, so that the server thread can poll it together with a wake-up pipe: a
         # thread blocked in read(2) keeps the file alive, and close() alone would not end it.
         self._fd = os.open(DEV_FUSE, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
@@ -385,6 +466,7 @@ class FuseStall:
                 logger.debug("cannot remove FUSE mountpoint %s: %s", self.mountpoint, exc)
         with self._cond:
             self._held.clear()
+            self._held_reads.clear()
             self._cond.notify_all()
 
     @property
@@ -422,6 +504,18 @@ class FuseStall:
                 tid in self._held.values()
             )
 
+    def wait_read_held(self, tid: int, timeout: float) -> bool:
+        """Wait until the server holds a READ of :attr:`read_path` from thread ``tid``.
+
+        The kernel sends the READ from the thread that reads or faults (readahead here is
+        synchronous: INIT does not offer ``FUSE_ASYNC_READ``). False on timeout.
+        """
+        def held() -> bool:
+            return any(self._held.get(unique) == tid for unique in self._held_reads)
+
+        with self._cond:
+            return self._cond.wait_for(lambda: held() or self._released, timeout) and held()
+
     # ------------------------------------------------------------------ server thread
 
     def _serve(self) -> None:
@@ -455,7 +549,7 @@ class FuseStall:
     def _handle(self, data: bytes) -> None:
         if len(data) < _IN_HEADER.size:
             return
-        _, opcode, unique, _, _, _, tid, _, _ = _IN_HEADER.unpack_from(data)
+        _, opcode, unique, nodeid, _, _, tid, _, _ = _IN_HEADER.unpack_from(data)
         if opcode == _FUSE_INIT:
             _, minor = _INIT_IN.unpack_from(data, _IN_HEADER.size)
             minor = min(minor, _FUSE_MINOR)
@@ -481,7 +575,40 @@ class FuseStall:
             pass
         elif _is_own_thread(tid):
             self._reply(unique, -errno.EIO)
-        else:
+        elif not self._answer_read_file(opcode, unique, nodeid, data):
             with self._cond:
                 self._held[unique] = tid
+                if opcode == _FUSE_READ and nodeid == _HELD_READ_NODEID:
+                    self._held_reads.add(unique)
                 self._cond.notify_all()
+
+    def _answer_read_file(self, opcode: int, unique: int, nodeid: int, data: bytes) -> bool:
+        """Answer what :attr:`read_path` needs to be opened and mapped; False leaves it held.
+
+        Everything but its READ is answered: the lookup of its name, its attributes, open, flush
+        (sent by every close) and release; an opcode this server does not implement gets ENOSYS.
+        """
+        if opcode == _FUSE_LOOKUP:
+            name = data[_IN_HEADER.size:].split(b"\0", 1)[0]
+            if nodeid != _ROOT_NODEID or name != HELD_READ_NAME.encode():
+                return False
+            entry = _ENTRY_OUT_HEAD.pack(_HELD_READ_NODEID, 0, _VALID_S, _VALID_S, 0, 0)
+            self._reply(unique, 0, entry + self._read_file_attr())
+            return True
+        if nodeid != _HELD_READ_NODEID or opcode == _FUSE_READ:
+            return False
+        if opcode == _FUSE_GETATTR:
+            self._reply(unique, 0, _ATTR_OUT_HEAD.pack(_VALID_S, 0, 0) + self._read_file_attr())
+        elif opcode == _FUSE_OPEN:
+            self._reply(unique, 0, _OPEN_OUT.pack(0, 0, 0))
+        elif opcode in (_FUSE_FLUSH, _FUSE_RELEASE):
+            self._reply(unique, 0)
+        else:
+            self._reply(unique, -errno.ENOSYS)
+        return True
+
+    @staticmethod
+    def _read_file_attr() -> bytes:
+        mode = 0o100444  # S_IFREG | r--r--r--
+        return _ATTR.pack(_HELD_READ_NODEID, HELD_READ_SIZE, HELD_READ_SIZE // 512, 0, 0, 0, 0, 0, 0, mode, 1,
+                          os.geteuid(), os.getegid(), 0, 4096, 0)

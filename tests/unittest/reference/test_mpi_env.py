@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, wait_until
+from tests.conftest import WAIT_SCALE, ProcessTracker, needs, require_facility, wait_until
 from tests.helpers.children import REPO_ROOT, HelperProcess
 from trtllm_liveness.reference._env import (
     PRTE_TMPDIR_PREFIX,
@@ -26,7 +26,7 @@ from trtllm_liveness.reference._env import (
     remove_orphaned_prte_tmpdirs,
 )
 
-pytest.importorskip("mpi4py")
+require_facility("mpi", allow_module_level=True)
 
 NS_LAST_PID = Path("/proc/sys/kernel/ns_last_pid")
 LISTENER_FAILED = "listener thread failed to start"
@@ -110,7 +110,7 @@ def _spawn_at(first_pid: int, env: dict[str, str]) -> HelperProcess:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.skipif(_can_position_pids() is not None, reason=str(_can_position_pids()))
+@needs("ns-last-pid")
 def test_stale_prte_session_of_a_killed_launcher_cannot_break_the_spawn(tmp_path: Path) -> None:
     pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
     first_pid = int(NS_LAST_PID.read_text()) + 2000

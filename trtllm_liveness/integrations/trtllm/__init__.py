@@ -1,0 +1,87 @@
+"""TensorRT-LLM integration: worker identities, event-driven death/wedge handling, bounded shutdown.
+
+Works with the released 1.2.x and with main; every upstream name is looked up lazily and
+feature-detected (docs/upstream-contract.md lists each one, where it exists and what happens
+when it is missing). ``tensorrt_llm`` is never imported at module import time.
+
+Where each part lives::
+
+    _features.py      what the installed TensorRT-LLM offers; one WARNING per missing hook/route
+    _worker_entry.py  every rank's entry: proxy-death watch, identities (1.2.x), then worker_main
+    _side_channel.py  the proxy's end of the 1.2.x identity side channel
+    _identities.py    per-element validation of identity payloads
+    _shim.py          what upstream main sees as its _worker_process_monitor
+    _state.py         EngineLiveness: the per-engine state, one attribute on the proxy
+    _mixin.py         LivenessProxyMixin: the overrides of upstream's GenerationExecutorProxy
+    _fatal.py         the fatal path (publish, fail, guard, then pre_shutdown in a helper)
+    _classes.py       liveness_proxy_class, liveness_executor_class, patch_tensorrt_llm
+    _doctor.py        what ``trtllm-liveness doctor`` reports
+
+Data flow::
+
+    proxy __init__ -> EngineLiveness(monitor started, wedge verdicts held until READY)
+    _start_executor_workers -> mpi_session.submit(liveness_worker_entry, fn=worker_main, ...)
+        rank: proxy-death watch (pidfd on the proxy) ; 1.2.x: gather identities -> side channel
+        main: upstream's identities message -> shim.register -> monitor
+    READY -> arm the wedge timer
+    monitor watcher: death / wedge -> fatal path (_fatal.py)
+    pre_shutdown() / shim.close() / healthy shutdown() -> expected exits (not deaths)
+    shutdown() -> upstream's in a daemon thread, then stop_processes (bounded)
+
+**Exit on fatal** (``exit_on_fatal``, off by default, for servers such as ``trtllm-serve`` whose
+``/health`` never restarts them after a killed rank, TensorRT-LLM #18663): ``exit_delay_s`` after
+the fatal error a :class:`~trtllm_liveness._exit_guard.FatalExitGuard` sends ONE SIGINT to the
+process (its graceful shutdown; ``/health`` is kept from sending another, see ``_fatal.py``),
+turns a clean exit into ``exit_code``, and, if the process still runs ``exit_timeout_s`` later,
+stops the workers (bounded) and ``os._exit(exit_code)``.
+
+**Activation.**
+
+- ``LLM(..., executor_cls=liveness_executor_class())`` (or the lazily built module attribute
+  ``LivenessGenerationExecutor``); ``liveness_executor_class(config=LivenessConfig(...))`` sets
+  this engine's configuration in code. Liveness is on unless the configuration says ``enabled=0``.
+- ``TRTLLM_WORKER_LIVENESS=1`` (or ``key=value,...``, or ``@/path/to/liveness.conf``) plus the
+  import hook of :mod:`trtllm_liveness.integrations.trtllm_autoload`, for ``trtllm-serve`` and
+  Dynamo, where no class can be passed.
+- On TensorRT-LLM main, the same value in ``llm_args.env_overrides["TRTLLM_WORKER_LIVENESS"]``
+  (e.g. from ``--extra_llm_api_options``). There is no ``llm_args`` field of this package:
+  upstream's ``llm_args`` rejects unknown keys.
+
+Limits: the rpc and ray orchestrators and the single-process worker get no liveness (one WARNING
+names the route); a rank that dies before its entry ran is only seen by upstream's own checks;
+ranks on other hosts are reported unmonitored, not dead, and have no proxy-death watch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._pool_manager_watch import PoolManagerDiedError
+from ._classes import liveness_executor_class, liveness_proxy_class, patch_tensorrt_llm
+from ._features import UpstreamFeatures, detect_features
+from ._mixin import LivenessProxyMixin
+from ._state import EngineLiveness
+from ._worker_entry import PROXY_DIED_EXIT_STATUS, liveness_worker_entry
+
+__all__ = [
+    "PROXY_DIED_EXIT_STATUS",
+    "EngineLiveness",
+    "LivenessProxyMixin",
+    "PoolManagerDiedError",
+    "UpstreamFeatures",
+    "detect_features",
+    "liveness_executor_class",
+    "liveness_proxy_class",
+    "liveness_worker_entry",
+    "patch_tensorrt_llm",
+]
+
+
+def __getattr__(name: str) -> Any:
+    # PEP 562: ``from trtllm_liveness.integrations.trtllm import LivenessGenerationExecutor``
+    # builds the class on first use, importing tensorrt_llm only then.
+    if name == "LivenessGenerationExecutor":
+        cls = liveness_executor_class()
+        globals()[name] = cls
+        return cls
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,209 @@
+"""The fatal path: what happens, in this order, on the first fatal event of an engine.
+
+1. (exit guard on) upstream's shutdown flags are set first: ``doing_shutdown`` (trtllm-serve's
+   ``/health`` on main raises SIGINT only while it is False) and ``_shutdown_signal_sent``
+   (TensorRT-LLM PR #19029's latch name, for a frontend that reads it from the executor), so
+   that ``/health`` sends no SIGINT of its own and the guard's is the only one;
+   :func:`~trtllm_liveness._exit_guard.interrupt_self_once` makes the guard's process-wide
+   single. Where the latch lives on the frontend object (PR #19029 as read), ``/health`` may
+   send its one SIGINT first; the guard then skips its own once the executor's ``shutdown()``
+   began (what that SIGINT leads to), see ``_mixin._graceful``;
+2. publish: upstream's ``_set_fatal_error`` where present, ``_fatal_error`` in any case (Dynamo
+   reads it);
+3. fail pending work: every pending request (upstream's ``_mark_engine_dead`` where present, an
+   ``ErrorResponse`` per request otherwise), then removed from ``_results`` so that upstream's
+   ``pre_shutdown()`` sends no ``CancellingRequest`` for it; on 1.2.x mpi4py's exit join of the
+   pool thread is released (main's ``_mark_engine_dead`` does that itself) when the proxy owns
+   the session;
+4. trigger the exit guard (``exit_on_fatal``), after ``exit_delay_s``, from its own thread;
+5. upstream's ``pre_shutdown()`` in a daemon helper thread: where a hang (a blocking send to a
+   dead peer) stops nothing. Nobody waits on it without a bound. After it returns, or after
+   ``PRE_SHUTDOWN_WAIT_S``, the worker futures upstream waits on (the mirrors) are failed.
+
+Steps 1-3 never block (no socket send, no join); they run in the thread that saw the event (the
+monitor's watcher or a ``check_health()`` caller).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import sys
+import threading
+import time
+from typing import Any
+
+from ..._events import WorkerFailedError
+from .._futures import fail_pending
+from ._features import find_symbol
+from ._state import EngineLiveness
+
+logger = logging.getLogger(__name__.rpartition(".")[0])
+
+PRE_SHUTDOWN_WAIT_S = 0.5
+"""How long any caller waits for another thread's run of upstream's ``pre_shutdown()``."""
+
+
+def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) -> None:
+    """Steps 1-5 of the module docstring. Never blocks; never raises."""
+    logger.error("liveness: fatal: %s", error)
+    if state.exit_guard is not None:
+        mark_shutdown_signalled(proxy)
+    publish_fatal(proxy, error)
+    fail_requests(proxy, error)
+    release_exit_joins(proxy, state)
+    if state.exit_guard is not None:
+        threading.Thread(target=_trigger_exit_guard, args=(state, error),
+                         name="trtllm-liveness-exit", daemon=True).start()
+    threading.Thread(target=_pre_shutdown_helper, args=(proxy, state, error),
+                     name="trtllm-liveness-fatal", daemon=True).start()
+
+
+def mark_shutdown_signalled(proxy: Any) -> None:
+    # Plain attribute stores: upstream reads both without a lock.
+    with contextlib.suppress(Exception):
+        proxy.doing_shutdown = True
+    with contextlib.suppress(Exception):
+        proxy._shutdown_signal_sent = True
+
+
+def publish_fatal(proxy: Any, error: WorkerFailedError) -> None:
+    setter = getattr(proxy, "_set_fatal_error", None)
+    if callable(setter):
+        try:
+            setter(error)
+        except Exception:
+            logger.exception("liveness: upstream _set_fatal_error raised")
+    if getattr(proxy, "_fatal_error", None) is None:
+        proxy._fatal_error = error
+
+
+def fail_requests(proxy: Any, error: WorkerFailedError) -> None:
+    """Fail every pending request with the engine's error and forget it; never blocks."""
+    results: Any = getattr(proxy, "_results", None)
+    mark_dead = getattr(proxy, "_mark_engine_dead", None)
+    if callable(mark_dead):
+        try:
+            mark_dead(error)
+        except Exception:
+            logger.exception("liveness: upstream _mark_engine_dead failed; failing requests directly")
+        else:
+            if isinstance(results, dict):
+                results.clear()  # each has its EngineDeadError; no CancellingRequest to a dead peer
+            return
+    if isinstance(results, dict):
+        for client_id in list(results):
+            fail_request(proxy, client_id, error)
+
+
+def fail_request(proxy: Any, client_id: Any, error: BaseException) -> None:
+    results: Any = getattr(proxy, "_results", {})
+    result = results.pop(client_id, None)
+    if result is None:
+        return
+    response_cls = getattr(proxy, "_error_response_cls", None) or find_symbol(
+        ["ErrorResponse"], ["tensorrt_llm.executor.utils"])
+    try:
+        item: Any = error
+        if response_cls is not None:
+            item = response_cls(client_id, str(error), getattr(result, "request_id", client_id))
+        result.queue.put(item)
+        _notify_async(result.queue)
+    except Exception:
+        logger.exception("liveness: could not fail request %r", client_id)
+
+
+def release_exit_joins(proxy: Any, state: EngineLiveness) -> None:
+    """Let the interpreter exit although the dead world never ends mpi4py's pool thread.
+
+    main: ``_mark_engine_dead`` calls ``mpi_session.release_exit_joins()``. 1.2.x: nothing does,
+    so the pool thread is removed from mpi4py's exit-join table here, feature-detected, only for
+    a session the proxy owns (created itself)."""
+    session = getattr(proxy, "mpi_session", None)
+    if session is None or callable(getattr(session, "release_exit_joins", None)):
+        return
+    if not _owns_session(proxy, state):
+        return
+    core = sys.modules.get("mpi4py.futures._core")
+    table = getattr(core, "THREADS_QUEUES", None)
+    thread = getattr(getattr(getattr(session, "mpi_pool", None), "_pool", None), "thread", None)
+    if table is None or thread is None:
+        logger.debug("liveness: no mpi4py exit-join table to release (another mpi4py layout)")
+        return
+    with contextlib.suppress(Exception):
+        table.pop(thread, None)
+        logger.info("liveness: released mpi4py's exit join of %s (the world is dead)", thread.name)
+
+
+def _owns_session(proxy: Any, state: EngineLiveness) -> bool:
+    owns = getattr(proxy, "_owns_mpi_session", None)
+    if isinstance(owns, bool):
+        return owns
+    return state.owns_session
+
+
+def _trigger_exit_guard(state: EngineLiveness, error: WorkerFailedError) -> None:
+    guard = state.exit_guard
+    if guard is not None:
+        # Let health endpoints answer 503 (and logs say why) before the server goes away.
+        time.sleep(state.config.exit_delay_s)
+        guard.trigger(error)
+
+
+def _pre_shutdown_helper(proxy: Any, state: EngineLiveness, error: WorkerFailedError) -> None:
+    # pre_shutdown() runs in a thread of its own, waited on for PRE_SHUTDOWN_WAIT_S at most: it
+    # may hang for good in a send to a dead peer. The worker futures are failed after it (1.2.x
+    # sends its stop sentinel, which lets a live leader return, only while every future is
+    # pending) or after the bound, whichever comes first: upstream's start-up loop and its
+    # shutdown() wait on them without a timeout.
+    def run() -> None:
+        # Never while a caller's submit() is inside a send on the same (unlocked) socket.
+        if not state.send_lock.acquire(timeout=PRE_SHUTDOWN_WAIT_S):
+            logger.warning("liveness: a submit() is still inside a send on upstream's request socket; upstream "
+                           "pre_shutdown() is left to shutdown() (no concurrent send from this thread)")
+            return
+        try:
+            proxy.pre_shutdown()
+        except Exception:
+            logger.exception("liveness: pre_shutdown() raised after the fatal error")
+        finally:
+            state.send_lock.release()
+
+    worker = threading.Thread(target=run, name="trtllm-liveness-pre-shutdown", daemon=True)
+    worker.start()
+    worker.join(2 * PRE_SHUTDOWN_WAIT_S)
+    if worker.is_alive():
+        logger.warning("liveness: upstream pre_shutdown() still blocked after %.1fs (a send to a dead peer?); "
+                       "left in its daemon thread", PRE_SHUTDOWN_WAIT_S)
+    fail_pending(state.mpi_futures if isinstance(state.mpi_futures, list) else [], error)
+    state.fatal_done.set()
+
+
+def acquire_send_lock(proxy: Any, state: EngineLiveness) -> None:
+    """Take ``state.send_lock`` for a submit(); raises the engine-dead error instead of waiting
+    on once a fatal error is known (a send in flight to a dead peer may never end)."""
+    while not state.send_lock.acquire(timeout=0.1):
+        if state.fatal is not None:
+            raise dead_error(proxy, state.fatal)
+
+
+def dead_error(proxy: Any, error: WorkerFailedError) -> BaseException:
+    """Upstream's ``EngineDeadError(error)`` where it exists, else ``error``."""
+    base = getattr(type(proxy), "_liveness_base", type(proxy))
+    engine_dead = find_symbol(["EngineDeadError"], [base.__module__, "tensorrt_llm.executor.utils",
+                                                    "tensorrt_llm.executor.result"])
+    if isinstance(engine_dead, type) and issubclass(engine_dead, BaseException):
+        try:
+            return engine_dead(error)
+        except Exception:
+            pass
+    return error
+
+
+def _notify_async(item_queue: Any) -> None:
+    """Wake an asyncio consumer of upstream's ``_SyncQueue`` (it is woken explicitly upstream)."""
+    loop = getattr(item_queue, "loop", None)
+    notify = getattr(type(item_queue), "notify_many", None)
+    if loop is not None and callable(notify):
+        with contextlib.suppress(Exception):
+            notify(loop, [item_queue])

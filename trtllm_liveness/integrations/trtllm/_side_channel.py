@@ -1,0 +1,104 @@
+"""The identity side channel (1.2.x, whose protocol carries no identities): the proxy's end.
+
+The leader rank sends the ranks' identities (JSON, never unpickled) with a random token to a ZMQ
+PULL socket in a 0700 directory; see :mod:`._worker_entry` for the sending end. One listener
+thread, which ends at the first payload with the right token, at ``close()`` or after the timeout.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..._identity import ProcessIdentity
+from ._identities import validate_identities
+
+logger = logging.getLogger(__name__.rpartition(".")[0])
+
+_MAX_MESSAGE_BYTES = 4 << 20
+
+
+class IdentityChannel:
+    """The proxy's end of the side channel (see the module docstring).
+
+    ``on_identities`` is called once, in the listener thread, with the valid identities of the
+    first token-checked payload (elements rejected one by one; ``exclude_pids`` dropped).
+    """
+
+    def __init__(self, on_identities: Callable[[list[ProcessIdentity]], None], timeout_s: float,
+                 *, exclude_pids: frozenset[int] = frozenset()) -> None:
+        import zmq
+
+        self._dir = tempfile.mkdtemp(prefix="trtllm-liveness-")  # mode 0700: only we can connect
+        self.token = secrets.token_hex(16)
+        self.address = f"ipc://{os.path.join(self._dir, 'identities')}"
+        self._exclude = exclude_pids
+        self._context = zmq.Context()
+        self._sock = self._context.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, _MAX_MESSAGE_BYTES)
+        self._sock.bind(self.address)
+        self._stop = threading.Event()
+        self._on_identities = on_identities
+        self._deadline = time.monotonic() + timeout_s
+        self._thread = threading.Thread(target=self._run, name="trtllm-liveness-identities", daemon=True)
+        self._thread.start()
+
+    @property
+    def spec(self) -> dict[str, str]:
+        return {"address": self.address, "token": self.token}
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set() and time.monotonic() < self._deadline:
+                if not self._sock.poll(100):
+                    continue
+                identities = self._parse(self._sock.recv())
+                if identities is not None:
+                    self._on_identities(identities)
+                    return
+            if not self._stop.is_set():
+                logger.error("liveness: no worker identities within the timeout; workers are unmonitored")
+        except Exception:
+            logger.exception("liveness: identity listener failed; workers are unmonitored")
+        finally:
+            self._release()
+
+    def _parse(self, raw: bytes) -> list[ProcessIdentity] | None:
+        try:
+            message: Any = json.loads(raw)
+            token = message.get("token") if isinstance(message, dict) else None
+            if not isinstance(token, str) or not hmac.compare_digest(token, self.token):
+                raise ValueError("bad or missing token")
+        except (ValueError, TypeError, AttributeError, RecursionError) as exc:
+            # JSON errors, JSON nested too deep, forged: reject it, keep listening.
+            logger.error("liveness: rejected a worker identities payload: %s", exc)
+            return None
+        valid = validate_identities(message.get("identities"), exclude_pids=self._exclude, source="the side channel")
+        if not valid:  # nothing usable: keep listening until the timeout
+            logger.error("liveness: rejected a worker identities payload: no valid identity in it")
+            return None
+        return valid
+
+    def _release(self) -> None:
+        with contextlib.suppress(Exception):
+            self._sock.close(0)
+        with contextlib.suppress(Exception):
+            self._context.term()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop listening; joins the listener for at most ``timeout`` seconds. Idempotent."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)

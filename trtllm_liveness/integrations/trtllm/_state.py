@@ -1,0 +1,109 @@
+"""EngineLiveness: everything the extension keeps for one engine, in one object.
+
+The proxy holds it in ONE attribute (``proxy.__dict__["_liveness"]``), so nothing else of the
+extension lands on the upstream object (besides what upstream itself reads: ``_fatal_error``,
+``_worker_process_monitor`` and ``mpi_futures``, which are upstream's names).
+"""
+
+from __future__ import annotations
+
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..._config import LivenessConfig
+from ..._events import WorkerEvent, WorkerFailedError
+from ..._exit_guard import FatalExitGuard
+from ..._monitor import WorkerProcessMonitor
+from ..._shutdown import StopReport
+from ._features import UpstreamFeatures
+from ._shim import MonitorShim
+from ._side_channel import IdentityChannel
+
+STATE_ATTR = "_liveness"
+MISSING: Any = object()
+
+
+@dataclass(eq=False)
+class EngineLiveness:
+    """Per-engine liveness state. ``lock`` guards the mutable fields below it; the rest is set once.
+
+    Attributes:
+        config: the resolved configuration (``enabled`` False: everything else stays empty).
+        features: what the upstream class offers.
+        monitor / shim / exit_guard: the engine's monitor, what upstream main sees as its monitor,
+            and the exit guard (``exit_on_fatal`` only).
+        channel: the 1.2.x identity side channel, while start-up runs.
+        fatal: the ONE fatal error, once a fatal event arrived.
+        events: every event seen (the first is the fatal error's).
+        expected_exits: set once a clean stop began (upstream's ``pre_shutdown()``/monitor
+            ``close()``, or ``shutdown()`` of a healthy engine): deaths after it are not fatal.
+        ready: the engine reported READY (the wedge timer is armed from then on).
+        owns_session: the proxy created its MPI session (none was passed in).
+        shutdown_started / shutdown_report: ``shutdown()`` ran, and what its bounded stop did.
+        fatal_done: set when the fatal path's helper finished upstream's ``pre_shutdown()``.
+        pre_shutdown_entries: calls of upstream's ``pre_shutdown()`` the extension made or passed on.
+        real_mpi_futures: mpi4py's own futures (upstream holds mirrors, see ``_futures.py``).
+        mpi_futures / upstream_monitor: storage behind upstream's ``mpi_futures`` and
+            ``_worker_process_monitor`` attributes (MISSING until upstream sets them).
+    """
+
+    config: LivenessConfig
+    features: UpstreamFeatures | None = None
+    monitor: WorkerProcessMonitor | None = None
+    shim: MonitorShim | None = None
+    exit_guard: FatalExitGuard | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Serializes upstream's pre_shutdown(): its "already done" flag is not atomic. Taken with a
+    # timeout only: the fatal path's helper may hang inside it (a send to a dead peer).
+    pre_shutdown_lock: threading.Lock = field(default_factory=threading.Lock)
+    # Held around upstream's submit() and the fatal helper's pre_shutdown(): upstream's ZMQ
+    # sockets have no lock, so the extension never sends while a caller's send is in flight.
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+    channel: IdentityChannel | None = None
+    fatal: WorkerFailedError | None = None
+    events: list[WorkerEvent] = field(default_factory=list)
+    expected_exits: bool = False
+    ready: bool = False
+    owns_session: bool = True
+    shutdown_started: bool = False
+    shutdown_report: StopReport | None = None
+    fatal_done: threading.Event = field(default_factory=threading.Event)
+    pre_shutdown_entries: int = 0
+    real_mpi_futures: list[Future[Any]] | None = None
+    mpi_futures: Any = MISSING
+    upstream_monitor: Any = MISSING
+
+    @property
+    def enabled(self) -> bool:
+        return self.config.enabled
+
+    def record(self, event: WorkerEvent) -> WorkerFailedError | None:
+        """Remember ``event``; the fatal error if this is the first fatal one, else None.
+
+        None also after a clean stop began (expected exits) or ``shutdown()`` started.
+        Thread-safe; never blocks beyond the state lock.
+        """
+        with self.lock:
+            # The same event may arrive twice: from the watcher and from a synchronous check.
+            if not any(seen is event for seen in self.events):
+                self.events.append(event)
+            if self.fatal is not None or self.shutdown_started or self.expected_exits:
+                return None
+            self.fatal = WorkerFailedError(event)
+            return self.fatal
+
+    def begin_expected_exits(self) -> bool:
+        """Mark that workers may now exit without it being a failure; True the first time.
+
+        No effect after a fatal error (that one stays). Tells the monitor where it can.
+        """
+        with self.lock:
+            if self.fatal is not None or self.expected_exits:
+                return False
+            self.expected_exits = True
+        mark = getattr(self.monitor, "mark_expected_exits", None)
+        if callable(mark):
+            mark()
+        return True
