@@ -106,5 +106,7 @@ class EventLog:
 def _call(callback: Subscriber, event: WorkerEvent) -> None:
     try:
         callback(event)
-    except Exception:
+    except BaseException:
+        # SystemExit/KeyboardInterrupt too: raised in the watcher thread they would end it (and
+        # wedge detection with it) and drop the rest of the batch for every later subscriber.
         logger.exception("liveness subscriber %r raised; ignored", callback)

@@ -259,6 +259,8 @@ class WorkerProcessMonitor:
     @property
     def events(self) -> list[WorkerEvent]:
         """Every fatal event so far, in the order subscribers get them."""
+        if self._is_foreign_process():
+            return []
         return self._log.events
 
     def statuses(self) -> list[RankStatus]:
@@ -278,6 +280,8 @@ class WorkerProcessMonitor:
 
     def verified_identities(self) -> list[ProcessIdentity]:
         """The local identities whose start time was given and verified: the only signal targets."""
+        if self._is_foreign_process():
+            return []
         with self._lock:
             return [r.identity for _, r in sorted(self._records.items())
                     if r.method != "none" and r.start_time_verified]
@@ -341,6 +345,8 @@ class WorkerProcessMonitor:
         :meth:`statuses` (``exited-expected``); wedges and unkillable workers are still reported,
         since they are facts about the host, not about the shutdown. Idempotent, thread-safe.
         """
+        if self._is_foreign_process():
+            return
         with self._lock:
             self._expecting_exits = True
 
@@ -357,6 +363,8 @@ class WorkerProcessMonitor:
         ``d_state_timeout_s`` replaces the constructor's (turning wedge detection on if it was
         off); 0 or a negative value turns it off. Idempotent without an argument; thread-safe.
         """
+        if self._is_foreign_process():
+            return
         with self._lock:
             if d_state_timeout_s is None and self._wedge_armed:
                 return
@@ -395,6 +403,8 @@ class WorkerProcessMonitor:
 
     def unsubscribe(self, callback: Subscriber) -> None:
         """Stop calling ``callback`` (one subscription of it); a no-op when it is not subscribed."""
+        if self._is_foreign_process():
+            return
         self._log.unsubscribe(callback)
 
     # ----------------------------------------------------------------- watcher thread
@@ -411,8 +421,10 @@ class WorkerProcessMonitor:
                 raise RuntimeError("WorkerProcessMonitor is closed")
         try:
             self._watcher.start(self)
-        except RuntimeError:
-            raise RuntimeError("WorkerProcessMonitor is closed") from None
+        except RuntimeError as exc:
+            if "watcher is closed" in str(exc):
+                raise RuntimeError("WorkerProcessMonitor is closed") from None
+            raise  # e.g. "can't start new thread": say what really happened
 
     def stop(self, timeout: float = 1.0) -> bool:
         """Stop the watcher and join it for at most ``timeout`` seconds.

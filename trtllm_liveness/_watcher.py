@@ -166,7 +166,14 @@ class PidfdWatcher:
             )
             # Started under the lock, so stop() never joins a thread not yet started (the new
             # thread's first step takes this lock, so it waits for us).
-            self._thread.start()
+            try:
+                self._thread.start()
+            except BaseException:
+                # Out of threads: leave no phantom thread behind (it would block every later
+                # start and the release of the descriptors).
+                self._thread = None
+                self._running -= 1
+                raise
 
     def stop(self, timeout: float) -> bool:
         """Ask the thread to stop and join it for at most ``timeout`` s; True when none runs then.
@@ -193,6 +200,8 @@ class PidfdWatcher:
         self.stop(timeout)
         with self._lock:
             self._closed = True
+            if not self._released:
+                self._wakeup.wake()  # a start() racing stop() may have cleared the stop request
             self._release_if_unused_locked()
             return self._released
 

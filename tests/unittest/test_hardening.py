@@ -91,9 +91,12 @@ def test_concurrent_check_health_is_consistent_and_pre_shutdown_runs_once(mode: 
         assert out.victim is not None and out.victim.rank == rank and out.victim.named_in(out.fatal_error)
         assert shutdown.pre_shutdown_runs == 1
         # Entries into upstream's pre_shutdown, counted where upstream would see them (before its own
-        # once-flag): the fatal path, upstream main's own health path and shutdown() may each enter;
-        # sixteen racing check_health() threads must not add one each.
-        assert shutdown.pre_shutdown_calls is not None and 1 <= shutdown.pre_shutdown_calls <= 3
+        # once-flag). On 1.2.x only the extension enters (fatal path, shutdown): sixteen racing
+        # check_health() threads must not add one each. On main upstream's own check_health enters
+        # it on a fatal error in every calling thread, which its flag absorbs.
+        assert shutdown.pre_shutdown_calls is not None and shutdown.pre_shutdown_calls >= 1
+        if mode == "1.2":
+            assert shutdown.pre_shutdown_calls <= 2
 
 
 @needs_mpi

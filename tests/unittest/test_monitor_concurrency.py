@@ -382,3 +382,49 @@ def test_unsubscribe_during_delivery_and_resubscribe(many_sleepers: list[subproc
     for child in many_sleepers:
         child.wait(10)
     assert all(state_of(child.pid) is None for child in many_sleepers)
+
+
+def test_a_failed_thread_start_leaves_the_watcher_startable(
+    procs: ProcessTracker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Out of threads at start(): the error says so, and a later start() works (no phantom thread)."""
+    child = _sleeper(procs)
+    fds_before = _open_fds()
+    real_start = threading.Thread.start
+
+    def failing_start(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monitor = WorkerProcessMonitor()
+    monitor.register([capture_identity(0, child.pid)])
+    monkeypatch.setattr(threading.Thread, "start", failing_start)
+    with pytest.raises(RuntimeError, match="can't start new thread"):
+        monitor.start()
+    monkeypatch.setattr(threading.Thread, "start", real_start)
+    assert monitor.stop(1.0) and not monitor.watcher_alive
+    monitor.start()
+    assert monitor.watcher_alive
+    monitor.close(2.0)
+    assert not monitor.watcher_alive
+    assert wait_until(lambda: _open_fds() <= fds_before, 10), _open_fds() - fds_before
+
+
+def test_a_subscriber_raising_system_exit_does_not_end_the_watcher(procs: ProcessTracker) -> None:
+    children = [_sleeper(procs) for _ in range(2)]
+    after = Tally()
+
+    def exits(event: WorkerEvent) -> None:
+        raise SystemExit(1)
+
+    with WorkerProcessMonitor() as monitor:
+        monitor.subscribe(exits)
+        monitor.subscribe(after)
+        monitor.register([capture_identity(rank, child.pid) for rank, child in enumerate(children)])
+        monitor.start()
+        os.kill(children[0].pid, signal.SIGKILL)
+        assert wait_until(lambda: len(after.snapshot()) == 1, 10)
+        assert monitor.watcher_alive and monitor.watcher_error is None
+        os.kill(children[1].pid, signal.SIGKILL)  # still delivered by the watcher, to the later subscriber
+        assert wait_until(lambda: len(after.snapshot()) == 2, 10)
+    for child in children:
+        child.wait(10)

@@ -36,6 +36,18 @@ def scenario(outer_timeout_s: float = OUTER_TIMEOUT_S, **options: Any) -> Scenar
     return run.results[0]
 
 
+def assert_pre_shutdown_entries(out: ScenarioResult) -> None:
+    """pre_shutdown's work ran once; entries are counted where upstream sees them (before its own
+    once-flag). On 1.2.x only the extension enters it (its fatal path, then shutdown()); on main
+    upstream's own health and monitor paths may enter too, which upstream's flag absorbs."""
+    assert out.shutdown is not None and out.shutdown.pre_shutdown_calls is not None
+    assert out.shutdown.pre_shutdown_runs == 1
+    if out.options.mode == "1.2":
+        assert 1 <= out.shutdown.pre_shutdown_calls <= 2
+    else:
+        assert out.shutdown.pre_shutdown_calls >= 1
+
+
 def assert_detected(out: ScenarioResult, rank: int) -> None:
     assert out.victim is not None and out.victim.rank == rank
     assert out.detection is not None and out.shutdown is not None
@@ -45,8 +57,7 @@ def assert_detected(out: ScenarioResult, rank: int) -> None:
     assert out.pending_not_done == 0
     assert out.victim.named_in(out.fatal_error)
     assert out.detection.new_request_error is not None
-    assert out.shutdown.pre_shutdown_calls == 1
-    assert out.shutdown.pre_shutdown_runs == 1
+    assert_pre_shutdown_entries(out)
     assert out.shutdown.shutdown_ms is not None  # shutdown() returned (its bound is the scenario's timeout)
     assert_no_foreign_thread_broken(out)
 
