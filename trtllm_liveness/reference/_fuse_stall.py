@@ -157,13 +157,13 @@ if addr in (None, ctypes.c_void_p(-1).value):
 mem = os.open("/proc/self/mem", os.O_RDONLY)
 go = threading.Event()
 def fault():
-    go.wait()
+    go.wait(60)
     try:
         os.pread(mem, 1, addr)
     except OSError:
         pass
 def remap():
-    go.wait()
+    go.wait(60)
     time.sleep(0.2)  # let the fault take the lock first: the writer must queue behind it
     try:
         mmap.mmap(-1, 4096).close()
@@ -174,7 +174,7 @@ b = threading.Thread(target=remap, daemon=True)
 a.start(); b.start()
 sys.stdout.write(f"{a.native_id} {b.native_id}\\n"); sys.stdout.flush()
 go.set()
-a.join(); b.join()
+a.join(3600); b.join(3600)  # stuck until the test releases the FUSE server (or kills this)
 sys.exit(3)
 """
 
