@@ -822,6 +822,48 @@ class RouteStandIn(GenerationExecutorBase):
         self.doing_shutdown = True
 
 
+class GenerationExecutorRoutes(GenerationExecutorBase):
+    """``create()`` and its routes, the same in both trees (each tree is ``tensorrt_llm`` when loaded,
+    so the absolute imports below reach the loaded tree's modules, at call time as upstream)."""
+
+    @staticmethod
+    def _create_ray_executor(worker_kwargs: dict[str, Any], model_world_size: int, postproc_worker_config: Any,
+                             is_llm_executor: Any, tp_size: int) -> Any:
+        from tensorrt_llm.executor.ray_executor import RayExecutor
+
+        return RayExecutor(worker_kwargs, model_world_size=model_world_size,
+                           postproc_worker_config=postproc_worker_config, is_llm_executor=is_llm_executor,
+                           tp_size=tp_size)
+
+    @staticmethod
+    def _create_rpc_executor(worker_kwargs: dict[str, Any], model_world_size: int, mpi_session: Any,
+                             postproc_worker_config: Any, is_llm_executor: Any) -> Any:
+        from tensorrt_llm.executor.rpc_proxy import GenerationExecutorRpcProxy
+
+        return GenerationExecutorRpcProxy(worker_kwargs, model_world_size=model_world_size, mpi_session=mpi_session,
+                                          postproc_worker_config=postproc_worker_config,
+                                          is_llm_executor=is_llm_executor)
+
+    @staticmethod
+    def _create_ipc_executor(worker_kwargs: dict[str, Any], model_world_size: int, mpi_session: Any,
+                             postproc_worker_config: Any, is_llm_executor: Any, use_worker: bool = False) -> Any:
+        if use_worker:
+            from tensorrt_llm.executor.worker import GenerationExecutorWorker
+
+            return GenerationExecutorWorker(worker_kwargs, is_llm_executor=is_llm_executor)
+        from tensorrt_llm.executor.proxy import GenerationExecutorProxy  # at call time, as upstream
+
+        return GenerationExecutorProxy(worker_kwargs, model_world_size=model_world_size, mpi_session=mpi_session,
+                                       postproc_worker_config=postproc_worker_config,
+                                       is_llm_executor=is_llm_executor)
+
+    @staticmethod
+    def create(engine: Any = None, **kwargs: Any) -> Any:
+        from tensorrt_llm.executor.executor import GenerationExecutor
+
+        return create_executor(GenerationExecutor, engine, **kwargs)
+
+
 def create_executor(cls: Any, engine: Any, *, executor_config: Any = None, batched_logits_processor: Any = None,
                     model_world_size: int = 1, world_size: int = 0, mpi_session: Any = None,
                     reuse_mpi_comm: bool = False, return_logits: bool = False, postproc_worker_config: Any = None,
