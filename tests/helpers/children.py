@@ -143,7 +143,14 @@ class HelperProcess:
         self._stderr.close()
         if not survivors:  # a survivor may still use it (and a FUSE stall in it may be served)
             remove_leftover_mounts()  # the helper's own stalls: their owner is dead now
-            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            # A killed launcher's daemons may still be writing their session files while they
+            # exit: retry within a short bound until the directory is gone.
+            deadline = time.monotonic() + 5.0
+            while True:
+                shutil.rmtree(self.tmpdir, ignore_errors=True)
+                if not os.path.lexists(self.tmpdir) or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
         return survivors
 
 
