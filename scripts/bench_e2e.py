@@ -1,5 +1,11 @@
 #!/usr/bin/env python3
-"""End-to-end benchmark: SIGKILL an MPI worker with requests in flight, on the reference executor.
+"""End-to-end benchmark: SIGKILL an MPI worker with requests in flight.
+
+The executor (``--executor``): ``reference`` (default; the package's reference executor) or
+``fake``, the upstream-shaped fakes of ``tensorrt_llm`` (``tests/fakes/trtllm_main`` for the main
+samples, ``trtllm_v12`` for the 1.2 ones), built through the fake's own
+``GenerationExecutor.create(FakeEngine(...), model_world_size=N)`` (with ``liveness_executor_class``
+when liveness is on). The Dynamo figures run their own helpers either way.
 
 Measures, side by side in one run (Open MPI with OMPI_MCA_mpi_ft_enable=1, the case where the
 engine otherwise hangs):
@@ -32,7 +38,8 @@ a child process in its own session (helpers in ``tests/helpers/``):
   ``stock_dynamo_12_no_extension_exits``: over 1.2.x without it, does the worker ever exit within
   the window? Expected false.
 
-Usage: ``scripts/bench_e2e.py [--quick] [--kills N] [--dynamo-kills N] [--disabled-window S] [--json]``.
+Usage: ``scripts/bench_e2e.py [--quick] [--kills N] [--dynamo-kills N] [--disabled-window S]
+[--executor reference|fake] [--json]``.
 Needs the mpi extra. ``--quick`` cuts the sample counts (still >= 10 Dynamo kills) for a ~1 min run.
 """
 
@@ -53,7 +60,10 @@ from trtllm_liveness.reference._env import remove_orphaned_prte_tmpdirs
 from trtllm_liveness.reference._records import Detection, ScenarioResult
 from trtllm_liveness.reference._scenario import run_scenario
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers: the Dynamo workers
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # tests.helpers: the Dynamo workers
+FAKES = {"main": REPO / "tests" / "fakes" / "trtllm_main", "1.2": REPO / "tests" / "fakes" / "trtllm_v12"}
+EXECUTOR = "reference"  # --executor
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -66,7 +76,17 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def samples(options: dict[str, Any], timeout: float) -> list[ScenarioResult]:
-    run = run_scenario(options, timeout)
+    if EXECUTOR == "fake":
+        # The fake tree of the mode first on the child's path; liveness through the executor class;
+        # one iteration per child (upstream's API takes one per process: ScenarioOptions).
+        env = {"PYTHONPATH": str(FAKES[options.get("mode", "main")])}
+        one = {**options, "iterations": 1, "via": "executor_cls" if options.get("liveness", True) else "plain"}
+        return [r for _ in range(int(options.get("iterations", 1))) for r in _samples(one, timeout, env)]
+    return _samples(options, timeout, None)
+
+
+def _samples(options: dict[str, Any], timeout: float, env: dict[str, str] | None) -> list[ScenarioResult]:
+    run = run_scenario(options, timeout, env)
     if run.survivors:
         sys.stderr.write(f"warning: processes left behind and killed late: {list(run.survivors)}\n")
     if not run.done:
@@ -157,8 +177,12 @@ def main() -> int:
     parser.add_argument("--disabled-window", type=float, default=None, help="seconds (default 30, quick 10)")
     parser.add_argument("--dynamo-kills", type=int, default=None, help="SIGKILL -> 503 samples (default 20, quick 10)")
     parser.add_argument("--stock-samples", type=int, default=None, help="stock Dynamo exits (default 6, quick 2)")
+    parser.add_argument("--executor", choices=("reference", "fake"), default="reference",
+                        help="what the kill samples run on (default: the reference executor)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    global EXECUTOR
+    EXECUTOR = args.executor
     quick = args.quick
     args.kills = args.kills if args.kills is not None else (8 if quick else 20)
     args.upstream_samples = args.upstream_samples if args.upstream_samples is not None else (1 if quick else 3)
@@ -203,6 +227,7 @@ def main() -> int:
     up = [d.e2e_ms for d in detections(upstream) if d.e2e_ms is not None]
     dis = detections(disabled)[0] if detections(disabled) else None
     result = {
+        "executor": EXECUTOR,
         "kills": len(kills),
         "kills_detected": len(e2e),
         "e2e_p50_ms": round(percentile(e2e, 0.5), 3),

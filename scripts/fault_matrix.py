@@ -1,8 +1,12 @@
 #!/usr/bin/env python3
 """Fault matrix: every way a worker can fail, on real MPI workers, with liveness on.
 
-Runs the reference executor (Open MPI, ``OMPI_MCA_mpi_ft_enable=1``, the setting where the engine
-otherwise hangs) through each fault ``--runs`` times and reports per fault: runs, detected,
+Runs an executor (Open MPI, ``OMPI_MCA_mpi_ft_enable=1``, the setting where the engine otherwise
+hangs) through each fault ``--runs`` times. ``--executor fake`` (default): the upstream-shaped fakes
+of ``tensorrt_llm`` (``tests/fakes/trtllm_main``, and ``trtllm_v12`` for the rows marked 1.2), built
+through upstream's ``GenerationExecutor.create(FakeEngine(...), model_world_size=N)`` of the fake
+with ``liveness_executor_class``; ``--executor reference``: the package's reference executor
+(``trtllm_liveness.reference``). It reports per fault: runs, detected,
 missed, false alarms, detection p50/p99 ms (from the fault to the package's first report),
 shutdown bounded, leftover processes and the cause the package reported. Each fault runs in one
 scenario child (one Python and MPI start, one fresh executor per run) in its own session with an
@@ -31,7 +35,8 @@ after being counted, so one does not hide the next. Open MPI's own per-user sess
 (``ompi.<host>.<uid>``, which a plain ``mpi4py`` start and clean exit also leave in TMPDIR) is
 listed apart and not counted.
 
-Usage: ``scripts/fault_matrix.py [--json] [--runs N] [--control-s S] [--quick] [--soak MINUTES]``
+Usage: ``scripts/fault_matrix.py [--json] [--runs N] [--control-s S] [--quick] [--soak MINUTES]
+[--executor fake|reference]``
 (``--quick``: 2 runs, 10 s controls). Needs the mpi extra; the OOM and wedge rows need root and
 cgroup v1 (memory, freezer), the FUSE row root and /dev/fuse; they are reported as skipped otherwise.
 """
@@ -62,10 +67,9 @@ from trtllm_liveness.reference._records import ScenarioOptions, ScenarioResult, 
 from trtllm_liveness.reference._scenario import run_scenario
 
 REPO = Path(__file__).resolve().parents[1]
-# The upstream-shaped fake of tensorrt_llm main (tests/fakes/README.md says which is which).
-MAIN_FAKE = next((path for path in (REPO / "tests" / "fakes" / "upstream" / "trtllm_main",
-                                    REPO / "tests" / "fakes" / "trtllm_main")
-                  if (path / "tensorrt_llm" / "llmapi").is_dir()), REPO / "tests" / "fakes" / "trtllm_main")
+# The upstream-shaped fake of tensorrt_llm main (tests/fakes/README.md).
+FAKES = {"main": REPO / "tests" / "fakes" / "trtllm_main", "1.2": REPO / "tests" / "fakes" / "trtllm_v12"}
+EXECUTORS = ("fake", "reference")
 FAKE_ENDINGS = Path(__file__).resolve().parent / "fake_endings.py"
 COMMON: dict[str, Any] = {"mode": "main", "workers": 2, "tokens": 300, "observe_s": 10.0,
                           "d_state_timeout_s": 1.0, "scan_interval_s": 0.1, "shutdown_grace_s": 2.0,
@@ -220,20 +224,40 @@ class Row(NamedTuple):
 
     @property
     def ends_process(self) -> bool:
-        """One scenario child per run: the run's outcome is how that process ended."""
+        """The run's outcome is how its scenario process ended."""
         return bool(self.options.get("ending", "shutdown") != "shutdown")
+
+    @property
+    def child_per_run(self) -> bool:
+        """One scenario child per run: the rows that end the process, and every row on upstream's
+        API (the fakes), which takes one iteration per process (``ScenarioOptions``)."""
+        return self.ends_process or self.options.get("via", "class") != "class"
 
     @property
     def fault(self) -> str:
         return str(self.options.get("fault", "kill"))
 
 
-def plan(runs: int, control_s: float, quick: bool, prefix: str) -> list[Row]:
+def fake_env(mode: str) -> dict[str, str]:
+    """The environment that puts the fake ``tensorrt_llm`` of ``mode`` first on the child's path."""
+    return {"PYTHONPATH": os.pathsep.join([str(FAKES[mode]), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+
+
+def on_executor(row: Row, executor: str) -> Row:
+    """``row`` on the fake ``tensorrt_llm`` of its mode (``executor="fake"``) or the reference."""
+    if executor == "reference":
+        return row
+    mode = str(row.options.get("mode", COMMON["mode"]))
+    return row._replace(options={**row.options, "via": "executor_cls"}, env={**fake_env(mode), **(row.env or {})})
+
+
+def plan(runs: int, control_s: float, quick: bool, prefix: str, executor: str = "fake") -> list[Row]:
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor {executor!r}: expected one of {', '.join(EXECUTORS)}")
     init_delay = 1.0 if quick else 2.0
-    fake_env = {"PYTHONPATH": os.pathsep.join([str(MAIN_FAKE), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
-    exit_opts = {"via": "executor_cls", "exit_on_fatal": True, "exit_code": EXIT_CODE,
-                 "exit_timeout_s": EXIT_TIMEOUT_S}
-    rows = [
+    main_env = fake_env("main")
+    exit_opts = {"exit_on_fatal": True, "exit_code": EXIT_CODE, "exit_timeout_s": EXIT_TIMEOUT_S}
+    faults = [
         Row("SIGKILL subordinate (main)", {"fault": "kill", "fault_rank": 1}, judge_death, 15),
         Row("SIGKILL leader (1.2)", {"mode": "1.2", "fault": "kill", "fault_rank": 0}, judge_death, 15),
         Row("SIGSEGV", {"fault": "segv", "fault_rank": 1}, judge_death, 15),
@@ -252,24 +276,26 @@ def plan(runs: int, control_s: float, quick: bool, prefix: str) -> list[Row]:
         Row("D-state wedge (FUSE, one thread)", {"fault": "fuse", "fault_rank": 1, "d_state_timeout_s": 0.5,
                                                  "scan_interval_s": 0.05}, judge_wedge, 20),
     ]
-    # The two ending rows, on the reference executor and on the upstream-shaped main fake (driven
-    # through its own LLM API by scripts/fake_endings.py).
+    rows = [on_executor(row, executor) for row in faults]
+    # The two ending rows, whatever --executor says: on the reference executor and on the
+    # upstream-shaped main fake (driven through its own LLM API by scripts/fake_endings.py).
     server = {**exit_opts, "fault": "kill", "fault_rank": 0, "ending": "serve_until_sigint",
               "observe_s": EXIT_TIMEOUT_S + 5.0}
     script = {**exit_opts, "fault": "none", "tokens": 20, "ending": "interpreter_exit"}
     for where, options, env, program in (
             ("reference", {"via": "class"}, None, None),
-            ("main fake", {}, fake_env, (sys.executable, str(FAKE_ENDINGS)))):
+            ("main fake", {"via": "executor_cls"}, main_env, (sys.executable, str(FAKE_ENDINGS)))):
         rows.append(Row(f"leader death, pending, exit_on_fatal ({where})", {**server, **options},
                         judge_exit_on_fatal, EXIT_TIMEOUT_S + 25, env, program=program))
     # The script row on the fake only: the reference proxy registers no atexit shutdown() (upstream's
     # GenerationExecutor.__init__ does), so without shutdown() its MPI pool hangs the interpreter exit.
-    rows.append(Row("interpreter exit, no shutdown() (main fake)", script, judge_interpreter_exit, 15, fake_env,
-                    program=(sys.executable, str(FAKE_ENDINGS))))
+    rows.append(Row("interpreter exit, no shutdown() (main fake)", {**script, "via": "executor_cls"},
+                    judge_interpreter_exit, 15, main_env, program=(sys.executable, str(FAKE_ENDINGS))))
 
     control = {"fault": "none", "control_s": control_s, "tokens": 50}
-    rows.append(Row(f"control {control_s:g}s, wedge detection on", control, judge_control, control_s + 20))
-    rows.append(Row(f"control {control_s:g}s, both cores busy", control, judge_control, control_s + 20, busy=2))
+    for row in (Row(f"control {control_s:g}s, wedge detection on", control, judge_control, control_s + 20),
+                Row(f"control {control_s:g}s, both cores busy", control, judge_control, control_s + 20, busy=2)):
+        rows.append(on_executor(row, executor))
     return [row._replace(options={**COMMON, **row.options, "cgroup_prefix": prefix}) for row in rows]
 
 
@@ -339,13 +365,13 @@ class Tally:
 
 
 def run_row(row: Row, runs: int, env_extra: dict[str, str] | None = None) -> Tally:
-    """All ``runs`` of a row: one child for all, or one per run for the rows that end the process."""
+    """All ``runs`` of a row: one child for all, or one per run (``Row.child_per_run``)."""
     tally = Tally(row)
     env = {**(row.env or {}), **(env_extra or {})} or None
     t = time.monotonic()
     busy = busy_loops(row.busy)
     try:
-        if row.ends_process:
+        if row.child_per_run:
             for _ in range(runs):
                 tally.add(run_scenario({**row.options, "iterations": 1}, 30 + row.per_run_s, env, row.program), 1)
         else:
@@ -384,7 +410,7 @@ def run_matrix(args: argparse.Namespace, prefix: str) -> int:
     t_start = time.monotonic()
     rows: list[dict[str, Any]] = []
     try:
-        for row in plan(runs, control_s, args.quick, prefix):
+        for row in plan(runs, control_s, args.quick, prefix, args.executor):
             reason = skips.get(row.fault)
             if reason is not None:
                 rows.append({"fault": row.name, "skipped": reason})
@@ -397,7 +423,7 @@ def run_matrix(args: argparse.Namespace, prefix: str) -> int:
     faults = [row for row in measured if not row["fault"].startswith(("control", "SIGSTOP", "interpreter exit"))]
     result = {
         "command": " ".join(["scripts/fault_matrix.py", *sys.argv[1:]]),
-        "runs_per_fault": runs, "control_s": control_s, "rows": rows,
+        "executor": args.executor, "runs_per_fault": runs, "control_s": control_s, "rows": rows,
         "targets": {
             "every_fault_detected_every_run": all(r["missed"] == 0 for r in faults),
             "zero_false_alarms": all(r["false_alarms"] == 0 for r in measured),
@@ -513,7 +539,7 @@ def run_soak(args: argparse.Namespace, prefix: str) -> int:
     rng = random.Random(seed)
     skips = skip_reasons()
     # Controls shortened so the soak mixes many draws; every row has its own per-run timeout.
-    rows = [row for row in plan(1, 5.0, True, prefix) if skips.get(row.fault) is None]
+    rows = [row for row in plan(1, 5.0, True, prefix, args.executor) if skips.get(row.fault) is None]
     tmpdir = tempfile.mkdtemp(prefix="trtllm-liveness-soak-")
     previous_tempdir = tempfile.tempdir
     tempfile.tempdir = tmpdir  # the leftover sweeps (mounts, PRRTE bases) look here
@@ -601,6 +627,9 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="fewer runs and 10 s controls (about 90 s)")
     parser.add_argument("--soak", type=float, default=None, metavar="MINUTES",
                         help="draw faults at random, back to back, for MINUTES; report misses, false alarms, leaks")
+    parser.add_argument("--executor", choices=EXECUTORS, default="fake",
+                        help="what the fault rows run on: the upstream-shaped fakes of tensorrt_llm (default) or "
+                             "the reference executor (the ending rows run on both either way)")
     parser.add_argument("--seed", type=int, default=None, help="the soak's random seed (default: drawn, printed)")
     args = parser.parse_args()
     prefix = f"trtllm-liveness-matrix-{uuid.uuid4().hex[:8]}"

@@ -17,8 +17,25 @@ pip_install() {
   fi
 }
 : >"$log"
+# System packages, installed only where missing and apt-get can run (root on Debian/Ubuntu);
+# elsewhere the tests that need them skip (or fail where CI requires the facility).
+# prometheus: promtool, which checks docs/alerts.yml (facility "promtool").
+apt_packages=()
+command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
+if [ ${#apt_packages[@]} -gt 0 ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${apt_packages[@]}" >>"$log" 2>&1; }
+    if ! apt_install && ! { apt-get update -q >>"$log" 2>&1 && apt_install; }; then
+      cat "$log" >&2
+      echo "setup: apt-get install ${apt_packages[*]} failed (log above, also in $log)" >&2
+      exit 1
+    fi
+  else
+    echo "setup: not installed (needs root and apt-get): ${apt_packages[*]}; the tests that need them skip" >&2
+  fi
+fi
 pip_install --upgrade pip
-pip_install -e ".[mpi,test,dev,metrics,dynamo]"
+pip_install -e ".[mpi,test,dev,metrics,dynamo,diagnose]"
 # Dynamo's TensorRT-LLM engine monitor (the real TrtllmEngineMonitor) for the stock-Dynamo tests:
 # the wheel is pure Python and its module imports without its large dependency set.
 pip_install --no-deps "ai-dynamo==1.6.1"

@@ -140,6 +140,13 @@ def _pidfd_group() -> str | None:
     return "pidfd_send_signal has no PIDFD_SIGNAL_PROCESS_GROUP here (Linux < 6.9)"
 
 
+def _py_spy() -> str | None:
+    path = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+    if path is None:
+        return "py-spy is not installed (the diagnose extra)"
+    return _run_ok([path, "--version"], "py-spy --version")
+
+
 FACILITIES: dict[str, Callable[[], str | None]] = {
     "freezer": freezer_available,  # cgroup v1 freezer: real D state
     "fuse": fuse_available,  # /dev/fuse + mount(2): real D state without cgroup v1
@@ -157,6 +164,8 @@ FACILITIES: dict[str, Callable[[], str | None]] = {
     "ns-last-pid": _ns_last_pid,  # placing the next pid (CAP_SYS_ADMIN)
     "nofile-1200": _nofile_above_fd_setsize,
     "oom-counter": _vmstat_oom_counter,
+    "promtool": lambda: _run_ok(["promtool", "--version"], "promtool --version"),  # Debian's prometheus package
+    "py-spy": _py_spy,  # the diagnose extra: Python stacks in scan --stacks / the diagnosis
 }
 
 REQUIRE_VAR = "TRTLLM_LIVENESS_REQUIRE"

@@ -77,6 +77,10 @@ class LivenessConfig:
         exit_timeout_s: bound on the graceful shutdown: if the process still runs this long after
             it started, it is ended with ``os._exit(exit_code)`` (the remaining workers are
             stopped first, bounded by ``shutdown_term_s + shutdown_kill_s``).
+        termination_log: where the first fatal error's one-line reason is written (Kubernetes'
+            ``terminationMessagePath``; at most 4096 bytes, from a daemon thread, never blocking
+            the exit). The default ``/dev/termination-log`` is written only where it exists (the
+            kubelet mounts it); another absolute path is created if missing; empty: off.
     """
 
     enabled: bool = False
@@ -91,10 +95,14 @@ class LivenessConfig:
     exit_code: int = 1
     exit_delay_s: float = 1.0
     exit_timeout_s: float = 30.0
+    termination_log: str = "/dev/termination-log"
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
-            _check_value(spec.name, getattr(self, spec.name), "LivenessConfig")
+            value = getattr(self, spec.name)
+            if isinstance(spec.default, str) and not isinstance(value, str):
+                raise ValueError(f"LivenessConfig: {spec.name} must be a string, got {value!r}")
+            _check_value(spec.name, value, "LivenessConfig")
 
     @classmethod
     def from_env(
@@ -237,6 +245,10 @@ def _parse_env(raw: str, source: str = ENV_VAR) -> dict[str, Any]:
 
 
 def _coerce(key: str, raw: Any, kind: type, source: str) -> Any:
+    if kind is str:
+        if not isinstance(raw, str):
+            raise ValueError(f"{source}: {key} must be a string, got {raw!r}")
+        return raw.strip()
     if kind is bool:
         if isinstance(raw, bool):
             return raw
@@ -258,6 +270,10 @@ def _coerce(key: str, raw: Any, kind: type, source: str) -> Any:
 
 
 def _check_value(key: str, value: Any, source: str) -> None:
+    if isinstance(value, str):
+        if value and (not value.startswith("/") or "\0" in value or len(value) > 4096):
+            raise ValueError(f"{source}: {key} must be an absolute path or empty (off), got {value!r}")
+        return
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return
     if isinstance(value, float) and not math.isfinite(value):

@@ -62,6 +62,9 @@ class WorkerEvent:
     """One fatal observation about a rank, delivered to monitor subscribers.
 
     ``detected_at`` is ``time.monotonic()`` at detection; ``wall_time`` is ``time.time()``.
+    ``fault_at`` (monotonic) is when the fault began as far as the monitor saw it: for a wedged or
+    unkillable rank the first sample that found the thread in ``D``; ``None`` for a death (the
+    kernel keeps no exit time; a pidfd becomes readable at the exit, so detection is the fault).
     """
 
     kind: EventKind
@@ -71,6 +74,7 @@ class WorkerEvent:
     wall_time: float = field(default_factory=time.time)
     tid: int | None = None
     wchan: str = ""
+    fault_at: float | None = None
 
     @property
     def restartable(self) -> bool:
@@ -80,7 +84,13 @@ class WorkerEvent:
     @property
     def message(self) -> str:
         """One line naming rank, pid, host and cause."""
-        who = f"MPI worker rank {self.identity.rank} (pid {self.identity.pid}) on host {self.identity.hostname}"
+        return self.describe()
+
+    def describe(self, who: str | None = None) -> str:
+        """:attr:`message` with ``who`` instead of "MPI worker rank R (pid P) on host H" (for
+        processes that are no MPI ranks, e.g. the CLI's ``watch`` of arbitrary pids)."""
+        if who is None:
+            who = f"MPI worker rank {self.identity.rank} (pid {self.identity.pid}) on host {self.identity.hostname}"
         if self.kind is EventKind.DIED:
             text = f"{who} exited unexpectedly: {self.cause}"
         elif self.kind is EventKind.WEDGED:

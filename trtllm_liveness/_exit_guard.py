@@ -7,6 +7,12 @@ the orchestrator never restarts it. Dynamo's older monitor exited with status 0 
 guard closes both holes: the first fatal event starts the graceful shutdown exactly once, a
 watchdog ends the process with a non-zero status if that has not finished within ``timeout_s``,
 and an ``atexit`` hook turns a clean interpreter exit into the same non-zero status.
+
+Python offers no way to change the exit status of a normal interpreter exit except ending the
+process from inside it (``os._exit``), which skips every ``atexit`` hook not yet run: the
+executor's ``shutdown()``, MPI session-directory removal, metrics flushes. So the hook first runs
+the others itself (once each, in their usual order) and only then ends the process, bounded by the
+watchdog.
 """
 
 from __future__ import annotations
@@ -21,6 +27,10 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
+
+# Bound on running the other atexit hooks when the watchdog is off (timeout_s=None): a hook blocked
+# on a dead peer (an upstream shutdown() sending to a killed rank) must not keep the process alive.
+ATEXIT_HOOKS_BOUND_S = 10.0
 
 _SIGINT_LOCK = threading.Lock()
 _sigint_sent = False
@@ -38,8 +48,41 @@ def interrupt_self_once() -> bool:
         if _sigint_sent:
             return False
         _sigint_sent = True
-    os.kill(os.getpid(), signal.SIGINT)
+    _send_sigint_to_main_thread()
     return True
+
+
+def _send_sigint_to_main_thread() -> None:
+    # Python runs signal handlers in the main thread only. POSIX lets a process-directed SIGINT
+    # (os.kill) be taken by any thread that does not block it (Linux prefers the main thread, but
+    # not when that one already has a signal pending); taken by another thread, it does not
+    # interrupt a main thread asleep in a blocking wait (an Event, a lock, a join, a future's
+    # result), whose handler then runs only when the wait ends by itself, perhaps after the
+    # watchdog. Directed at the main thread, the signal ends such a wait (EINTR) at once.
+    # Servers that wait in a selector with a wakeup fd (asyncio, uvicorn) are woken either way.
+    # Exception: a main thread that blocks SIGINT (signals left to a sigwait() thread) gets the
+    # process-directed signal, which the kernel then hands to a thread that takes it.
+    main = threading.main_thread()
+    pthread_kill = getattr(signal, "pthread_kill", None)
+    if pthread_kill is not None and main.ident is not None and main.is_alive() and not _main_blocks_sigint():
+        try:
+            pthread_kill(main.ident, signal.SIGINT)
+            return
+        except OSError:  # the main thread is gone (only daemon threads left): any thread will do
+            pass
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+def _main_blocks_sigint() -> bool:
+    # /proc/<pid>/status is the thread group leader's, i.e. the main thread's signal mask.
+    try:
+        with open(f"/proc/{os.getpid()}/status") as status:
+            for line in status:
+                if line.startswith("SigBlk:"):
+                    return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+    except (OSError, ValueError, IndexError):
+        pass
+    return False
 
 
 def _interrupt_self() -> None:
@@ -114,6 +157,7 @@ class FatalExitGuard:
             "fatal engine error: %s; shutting down, exit status %d", getattr(reason, "message", reason), self._exit_code
         )
         atexit.register(self._force_exit_status)
+        self._keep_exit_hook_first()
         threading.Thread(target=self._run_graceful, name="trtllm-liveness-graceful", daemon=True).start()
         if self._timeout_s is not None:
             timer = threading.Timer(self._timeout_s, self._watchdog_expired)
@@ -142,11 +186,52 @@ class FatalExitGuard:
         )
         self._end()
 
+    def _keep_exit_hook_first(self) -> None:
+        # atexit runs hooks last-registered first. Ours must run before every other one, or the
+        # hooks that ran before it would run again when it runs the rest: threading's exit hooks
+        # run just before atexit's (after the main program returned), so move ours to the top then.
+        register = getattr(threading, "_register_atexit", None)
+        if register is None:
+            return
+        try:
+            register(self._move_exit_hook_to_top)
+        except RuntimeError:  # threading's shutdown has begun: the hook registered just now is on top
+            pass
+
+    def _move_exit_hook_to_top(self) -> None:
+        atexit.unregister(self._force_exit_status)
+        atexit.register(self._force_exit_status)
+
     def _force_exit_status(self) -> None:
         # Runs at normal interpreter exit: the main program returned (status 0) after a fatal
         # event. The orchestrator must see a failure, or it will not restart the worker.
-        if not self._disarmed:
-            self._end()
+        if self._disarmed:
+            return
+        atexit.unregister(self._force_exit_status)
+        if self._timeout_s is None:
+            timer = threading.Timer(ATEXIT_HOOKS_BOUND_S, self._atexit_hooks_expired)
+            timer.name = "trtllm-liveness-atexit-watchdog"
+            timer.daemon = True
+            timer.start()
+        self._run_other_exit_hooks()
+        self._end()
+
+    @staticmethod
+    def _run_other_exit_hooks() -> None:
+        # CPython's own runner: each remaining hook once, last-registered first, an exception in
+        # one printed and the rest still run; it clears the registry, so none runs twice.
+        run = getattr(atexit, "_run_exitfuncs", None)
+        if run is None:  # another interpreter: ending at once is still better than status 0
+            logger.warning("cannot run the other atexit hooks on this interpreter; they are skipped")
+            return
+        run()
+
+    def _atexit_hooks_expired(self) -> None:
+        logger.critical(
+            "atexit hooks did not finish within %.1fs after the fatal error; exiting with status %d",
+            ATEXIT_HOOKS_BOUND_S, self._exit_code,
+        )
+        self._end()
 
     def _end(self) -> None:
         for stream in (sys.stdout, sys.stderr):

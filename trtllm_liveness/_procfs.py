@@ -22,6 +22,8 @@ _PPID_INDEX = 1
 _PGRP_INDEX = 2
 _SESSION_INDEX = 3
 _NUM_THREADS_INDEX = 17  # field 20
+_UTIME_INDEX = 11
+_STIME_INDEX = 12
 _STARTTIME_INDEX = 19
 _EXIT_CODE_INDEX = 49  # field 52, the waitpid(2)-style status; shown for zombies since Linux 3.5
 
@@ -43,6 +45,7 @@ class StatInfo(NamedTuple):
     session: int
     start_time: int
     exit_code: int | None = None
+    cpu_ticks: int = 0  # utime + stime, in clock ticks (SC_CLK_TCK)
 
 
 def parse_stat(data: bytes) -> StatInfo:
@@ -67,6 +70,7 @@ def parse_stat(data: bytes) -> StatInfo:
         session=int(fields[_SESSION_INDEX]),
         start_time=int(fields[_STARTTIME_INDEX]),
         exit_code=int(fields[_EXIT_CODE_INDEX]) if len(fields) > _EXIT_CODE_INDEX else None,
+        cpu_ticks=int(fields[_UTIME_INDEX]) + int(fields[_STIME_INDEX]),
     )
 
 
@@ -197,6 +201,28 @@ def read_wchan(pid: int, tid: int | None = None) -> str:
 def pid_namespace_inode(pid: int | str = "self") -> int:
     """Inode number of the PID namespace of ``pid`` (``/proc/<pid>/ns/pid``)."""
     return os.stat(f"{PROCFS_PATH}/{pid}/ns/pid").st_ino
+
+
+INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
+"""The inode of the kernel's initial (the host's) PID namespace: ``PROC_PID_INIT_INO``, fixed."""
+
+INIT_PROGRAMS = frozenset({"init", "systemd", "tini", "tini-static", "dumb-init", "catatonit", "pause",
+                           "s6-svscan", "runsvdir", "my_init", "docker-init"})
+"""Names of programs that run as PID 1 to reap and forward signals: never a worker or a server."""
+
+
+def pid1_role() -> str:
+    """What PID 1 is, seen from this process: ``"host-init"`` in the initial PID namespace (the
+    host's init), ``"container-init"`` when PID 1 of this (container's) namespace runs an init
+    program of :data:`INIT_PROGRAMS` (tini, dumb-init, ...), else ``"server"``: the container's
+    own entrypoint (in a Kubernetes container without an init, the inference server itself)."""
+    try:
+        if pid_namespace_inode() == INITIAL_PID_NAMESPACE_INODE:
+            return "host-init"
+        comm = _read(f"{PROCFS_PATH}/1/comm").decode(errors="replace").strip()
+    except OSError:
+        return "host-init"  # unknown: the careful answer
+    return "container-init" if comm in INIT_PROGRAMS else "server"
 
 
 def boot_id() -> str:

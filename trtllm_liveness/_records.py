@@ -73,7 +73,8 @@ class WatchedRank:
         self.reported.add(kind)
         if kind is EventKind.DIED and self.sampler is not None:
             self.sampler.close()
-        return WorkerEvent(kind, self.identity, self.detail, tid=tid, wchan=wchan)
+        fault_at = self.wedge.d_since if kind is not EventKind.DIED and self.wedge is not None else None
+        return WorkerEvent(kind, self.identity, self.detail, tid=tid, wchan=wchan, fault_at=fault_at)
 
     def close_sampler(self) -> None:
         if self.sampler is not None:

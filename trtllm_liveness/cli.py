@@ -5,12 +5,15 @@ Subcommands:
     watch   block until one of the given processes dies or wedges
     demo            the reference MPI executor with liveness on: a real fault in a worker, the timeline
     demo-processes  the monitor alone on plain processes
+    doctor  what the installed TensorRT-LLM allows the extension to cover (hooks found or missing)
+    autoload  install, remove or show the .pth that loads the import hook in every interpreter
 
 Results go to stdout (one JSON object with ``--json``); progress and errors go to stderr, errors
 as one line starting with ``trtllm-liveness:``.
 
 ``scan`` and ``watch`` never import ``reference/`` (the demo's executor and its MPI stack): the
 ``demo`` subcommand's arguments are added, and its module imported, only when it is the command.
+``doctor`` imports the TensorRT-LLM integration only when it runs.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import NoReturn, TextIO
 
-from . import _scan
+from . import _procfs, _scan
 from ._errors import AccessDenied, LivenessError, ProcessGone
 from ._events import EventKind, WorkerEvent, WorkerState
 from ._identity import ProcessIdentity, capture_identity
@@ -51,6 +54,16 @@ exit status:
   3    a process died (watch), or a scanned process is a zombie or gone (scan)
   4    a process is wedged in D or unkillable (watch), or stuck in D, unkillable or stopped (scan)
   130  interrupted (Ctrl-C)
+  doctor: 0 covered, 1 degraded, 3 inert, 4 tensorrt_llm not installed (see 'doctor --help')
+"""
+
+DOCTOR_STATUS_HELP = """\
+exit status:
+  0    covered: every upstream name this TensorRT-LLM's route needs is present
+  1    degraded: the extension attaches, but some coverage is lost (listed under 'not covered')
+  2    bad arguments
+  3    inert: the extension cannot attach (no proxy class), or tensorrt_llm fails to import (error named)
+  4    tensorrt_llm is not installed (not importable from this interpreter)
 """
 
 
@@ -118,6 +131,12 @@ class _Parser(argparse.ArgumentParser):
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
 
 
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 def _pid_arg(value: str) -> int:
     try:
         pid = int(value, 10)
@@ -126,10 +145,28 @@ def _pid_arg(value: str) -> int:
     if pid <= 0:
         raise argparse.ArgumentTypeError(f"not a pid: {value!r} (must be a positive integer)")
     if pid == 1:
-        raise argparse.ArgumentTypeError("refusing pid 1: init is never a worker")
+        # In a container's own PID namespace, PID 1 is often the server itself (no init in the
+        # image): then it is what the operator means. The host's init, or tini & co, never is.
+        role = _procfs.pid1_role()
+        if role == "host-init":
+            raise argparse.ArgumentTypeError("refusing pid 1: the host's init is never a worker")
+        if role == "container-init":
+            raise argparse.ArgumentTypeError("refusing pid 1: it is this container's init program, not the "
+                                             "server; select the server by --parent 1 or by its pid")
     if pid == os.getpid():
         raise argparse.ArgumentTypeError(f"refusing pid {pid}: that is this command itself")
     return pid
+
+
+def _parent_arg(value: str) -> int:
+    # Descendants of a container's PID 1 (an init or the server) are the container's processes;
+    # descendants of the host's init would be every process of the host.
+    try:
+        return _pid_arg(value)
+    except argparse.ArgumentTypeError:
+        if value.strip() == "1" and _procfs.pid1_role() != "host-init":
+            return 1
+        raise
 
 
 def _seconds_arg(*, allow_zero: bool) -> Callable[[str], float]:
@@ -209,11 +246,16 @@ def _cmd_watch(args: argparse.Namespace) -> int:
     if len(set(pids)) != len(pids):
         return _usage_error("a pid is given more than once")
     identities: list[ProcessIdentity] = []
+    names: dict[int, str] = {}  # pid -> comm, read at the start: the event's line names the process
     for rank, pid in enumerate(pids):
         try:
             identities.append(capture_identity(rank, pid))
         except LivenessError as exc:
             return _usage_error(_describe_pid_error(pid, exc))
+        try:
+            names[pid] = _procfs.read_stat(pid).comm
+        except (OSError, ValueError):
+            names[pid] = ""
     timeout: float | None = args.d_state_timeout
     interval: float = args.scan_interval or (min(1.0, max(0.05, timeout / 5)) if timeout else 1.0)
     got = threading.Event()
@@ -245,8 +287,14 @@ def _cmd_watch(args: argparse.Namespace) -> int:
             return EXIT_INTERRUPTED
         progress.done()
     event = events[0]
-    _out(json.dumps(event.to_dict()) if args.json else event.message)
+    _out(json.dumps(event.to_dict()) if args.json else event.describe(_process_label(event.identity.pid, names)))
     return EXIT_DIED if event.kind is EventKind.DIED else EXIT_WEDGED
+
+
+def _process_label(pid: int, names: dict[int, str]) -> str:
+    # watch takes any pids, not only MPI ranks: name the process, not a "rank".
+    name = names.get(pid, "")
+    return f"process {pid} ({_printable(name)})" if name else f"process {pid}"
 
 
 # ------------------------------------------------------------------------- scan
@@ -302,12 +350,10 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     if not args.pids and not given:
         return _usage_error("give PIDs to scan, or a filter: --name SUBSTR, --parent PID or --cgroup PATH")
     if args.pids:
+        # No pre-check: a gone pid is reported gone (status 3) beside the others, and a process
+        # of another user is scanned as far as /proc lets this user read it (its stat and status
+        # are world-readable; what is not is reported per field).
         pids: list[int] = list(dict.fromkeys(args.pids))
-        for pid in pids:
-            try:
-                capture_identity(0, pid)
-            except LivenessError as exc:
-                return _usage_error(_describe_pid_error(pid, exc))
     # One reader for the selection and the scan: one bound on helper threads stuck on mm locks.
     reader = MmReader(args.read_timeout)
     selection_skipped: tuple[SkippedRead, ...] = ()
@@ -326,18 +372,29 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     if args.window >= 1.0:
         progress.line(f"sampling {len(pids)} process(es) for up to {args.window:g}s ({samples} samples; "
                       "ends after the first when no thread is in D)...")
+    diagnosis: _diagnosis.Diagnosis | None = None
     try:
-        result = _scan.scan(pids, window_s=args.window, samples=samples, reader=reader)
+        if args.stacks:  # imported only here: py-spy runs, CPU classification, odd rank out
+            from . import _diagnosis, _diagnosis_format
+            diagnosis = _diagnosis.diagnose(pids, window_s=args.window, scan_samples=samples, reader=reader,
+                                            cpu_window_s=min(args.window, _diagnosis.DEFAULT_WINDOW_S))
+        result = diagnosis.scan if diagnosis is not None else _scan.scan(
+            pids, window_s=args.window, samples=samples, reader=reader)
     finally:
         reader.close()
     progress.done()
     if args.json:
         data = result.to_dict()
         data["selection_skipped"] = [skip.to_dict() for skip in selection_skipped]
+        if diagnosis is not None:
+            data["diagnosis"] = diagnosis.to_dict(include_scan=False)
         _out(json.dumps(data))
     else:
         for report in result.processes:
             _print_report(report, all_threads=args.threads)
+            rank = None if diagnosis is None else diagnosis.rank(report.pid)
+            for line in [] if rank is None else _diagnosis_format.rank_lines(rank, _printable):
+                _out(line)
         counts: dict[str, int] = {}
         for report in result.processes:
             counts[report.verdict.value] = counts.get(report.verdict.value, 0) + 1
@@ -348,6 +405,8 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         if unkillable:
             _out(f"ACTION: {len(unkillable)} unkillable process(es) (pid {' '.join(str(r.pid) for r in unkillable)}): "
                  f"{_scan.RECYCLE_ADVICE}")
+        for line in [] if diagnosis is None else _diagnosis_format.summary_lines(diagnosis):
+            _out(line)
     verdicts = [report.verdict for report in result.processes]
     if any(verdict.is_stuck for verdict in verdicts):
         return EXIT_WEDGED
@@ -356,6 +415,54 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     if any(verdict is _scan.Verdict.ACCESS_DENIED for verdict in verdicts):
         return EXIT_FAILED
     return EXIT_OK
+
+
+# ------------------------------------------------------------------------- autoload
+
+_AUTOLOAD_DESCRIPTION = """\
+Manage the .pth file that loads the TensorRT-LLM import hook in every Python process of this
+environment (it then follows TRTLLM_WORKER_LIVENESS; off unless set). The line does nothing once
+the package is uninstalled; 'remove' deletes the file (pip uninstall does not).
+
+exit status:
+  0    install/remove done; status: installed and current
+  1    status: not installed
+  2    bad arguments
+  3    status: a file with another content (an older line): run 'install' to rewrite it
+"""
+
+
+def _cmd_autoload(args: argparse.Namespace) -> int:
+    from .integrations import trtllm_autoload as autoload
+
+    if args.action == "install":
+        _out(f"installed {autoload.write_pth(args.site)}")
+        return EXIT_OK
+    if args.action == "remove":
+        removed = autoload.remove_pth(args.site)
+        _out(f"removed {removed}" if removed else "not installed: nothing to remove")
+        return EXIT_OK
+    path, state = autoload.pth_status(args.site)
+    if state is None:
+        _out(f"not installed ({path} absent)")
+        return EXIT_FAILED
+    _out(f"{'installed' if state == 'current' else 'outdated'}: {path}")
+    return EXIT_OK if state == "current" else EXIT_DIED
+
+
+# ------------------------------------------------------------------------- doctor
+
+
+def _cmd_doctor(args: argparse.Namespace) -> int:
+    from .integrations.trtllm import _doctor  # not at import: --help must not load the integration
+
+    report = _doctor.diagnose()
+    if args.json:
+        _out(json.dumps(report.to_dict()))
+    else:
+        for line in _doctor.format_report(report):
+            _out(line)
+    return report.exit_status
 
 
 # ------------------------------------------------------------------------- entry point
@@ -393,16 +500,18 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     """
     parser = _Parser(prog="trtllm-liveness", description=_MAIN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"trtllm-liveness {_version()}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log the library's warnings (-v) or debug messages (-vv) to stderr")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="{scan,watch,demo,demo-processes}")
+    sub = parser.add_subparsers(dest="command", required=True,
+                                metavar="{scan,watch,demo,demo-processes,doctor,autoload}")
 
     scan = sub.add_parser("scan", help="diagnose processes now: D state, SIGKILL pending, zombies, what to do",
                           description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
     scan.add_argument("pids", nargs="*", type=_pid_arg, metavar="PID", help="process ids to scan")
     scan.add_argument("--name", metavar="SUBSTR", help="select processes whose name or command line contains SUBSTR")
-    scan.add_argument("--parent", type=_pid_arg, metavar="PID", help="select the descendants of PID")
+    scan.add_argument("--parent", type=_parent_arg, metavar="PID", help="select the descendants of PID")
     scan.add_argument("--cgroup", metavar="PATH", help="select the processes of a cgroup (directory or cgroup path)")
     scan.add_argument("--window", type=_seconds_arg(allow_zero=True), default=1.0, metavar="S",
                       help="sample over this many seconds to confirm a thread seen in D (default 1; 0 takes "
@@ -413,6 +522,8 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     scan.add_argument("--read-timeout", type=_seconds_arg(allow_zero=False), default=DEFAULT_READ_TIMEOUT_S,
                       metavar="S", help="give up reading a command line after S seconds (its mm lock is held; "
                       f"default {DEFAULT_READ_TIMEOUT_S:g}); a process with a thread in D is not read")
+    scan.add_argument("--stacks", action="store_true", help="also: each thread spinning/sleeping (CPU over "
+                      "0.2 s), Python stacks by py-spy (extra 'diagnose'; none for a process in D), odd rank out")
     scan.add_argument("--json", action="store_true", help="print the result as one JSON object")
     scan.set_defaults(func=_cmd_scan)
 
@@ -432,7 +543,9 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
         help="reference MPI executor with liveness on: inject a fault into a worker, print the timeline",
         description="Run the reference MPI executor (TensorRT-LLM's proxy/worker protocol over real mpi4py "
         "workers) with liveness on, stream requests, inject a fault into one rank and print the timeline: "
-        "fault, detection, health false, requests failed, shutdown done. Needs the 'mpi' extra.",
+        "fault, detection, health false, requests failed, shutdown done. With --compare, the same fault first "
+        "with the extension off (cut after --compare-bound seconds: what upstream does alone), then on, side "
+        "by side. Needs the 'mpi' extra.",
     )
     if with_demo:
         _add_executor_demo_arguments(demo)
@@ -443,6 +556,20 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     plain.add_argument("--rank", type=_int_arg(0, 255), default=1, help="rank to kill (default 1)")
     plain.add_argument("--json", action="store_true", help="also print the result as one JSON object")
     plain.set_defaults(func=_cmd_demo_processes)
+
+    doctor = sub.add_parser("doctor", help="what the installed TensorRT-LLM lets the extension cover",
+                            description="Check the tensorrt_llm this interpreter would import: each upstream name "
+                            "the extension uses, found or missing, and the resulting coverage (docs/doctor.md).",
+                            epilog=DOCTOR_STATUS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
+    doctor.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    doctor.set_defaults(func=_cmd_doctor)
+
+    autoload = sub.add_parser("autoload", help="install, remove or show the autoload .pth of this environment",
+                              description=_AUTOLOAD_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    autoload.add_argument("action", choices=["install", "remove", "status"])
+    autoload.add_argument("--site", metavar="DIR", default=None,
+                          help="site-packages directory (default: this interpreter's purelib)")
+    autoload.set_defaults(func=_cmd_autoload)
     return parser
 
 
@@ -470,15 +597,24 @@ def _usage_error(text: str) -> int:
     return EXIT_USAGE
 
 
-def _configure_logging(verbosity: int) -> None:
+def _configure_logging(verbosity: int) -> Callable[[], None]:
+    """Route the package's log to stderr for one command; returns what undoes it (``main`` may run
+    inside a caller's process, whose logging must not stay changed)."""
     # The commands print events themselves; by default the library's event logs would repeat
     # them on stderr, so only a dying watcher thread (CRITICAL) gets through unless -v is given.
     level = {0: logging.CRITICAL, 1: logging.WARNING}.get(verbosity, logging.DEBUG)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("trtllm-liveness: %(levelname)s %(name)s: %(message)s"))
     package_logger = logging.getLogger("trtllm_liveness")
+    previous = package_logger.level
     package_logger.addHandler(handler)
     package_logger.setLevel(level)
+
+    def restore() -> None:
+        package_logger.removeHandler(handler)
+        package_logger.setLevel(previous)
+
+    return restore
 
 
 def _command_of(argv: Sequence[str]) -> str | None:
@@ -490,9 +626,10 @@ def _command_of(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status (see ``EXIT_STATUS_HELP``)."""
     words = sys.argv[1:] if argv is None else list(argv)
+    restore_logging: Callable[[], None] | None = None
     try:
         args = build_parser(with_demo=_command_of(words) == "demo").parse_args(words)
-        _configure_logging(args.verbose)
+        restore_logging = _configure_logging(args.verbose)
         status: int = args.func(args)
     except KeyboardInterrupt:
         _err("interrupted")
@@ -509,6 +646,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         _err(f"{exc.strerror or exc} ({exc.filename})" if exc.filename else str(exc))
         return EXIT_FAILED
+    finally:
+        if restore_logging is not None:
+            restore_logging()
     return status
 
 

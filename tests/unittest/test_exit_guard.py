@@ -101,3 +101,75 @@ def test_two_guards_of_one_process_send_one_sigint() -> None:
         """
     )
     assert "sigints 1" in result.stdout, result.stderr
+
+
+def test_other_atexit_hooks_run_once_each_before_the_forced_status() -> None:
+    # The forced status must not cost the hooks registered before the trigger (an executor's
+    # shutdown(), MPI session-directory removal): os._exit alone would skip them.
+    result = run_script(
+        """
+        import atexit
+        atexit.register(print, "hook registered before", flush=True)
+        atexit.register(lambda: 1 / 0)  # a failing hook must not stop the rest nor the status
+        guard = FatalExitGuard(graceful=lambda: None, timeout_s=20, exit_code=5)
+        guard.trigger("rank 1 died")
+        atexit.register(print, "hook registered after", flush=True)
+        """
+    )
+    assert result.returncode == 5, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines.count("hook registered before") == 1, result.stdout
+    assert lines.count("hook registered after") == 1, result.stdout
+    assert lines.index("hook registered after") < lines.index("hook registered before")  # usual order
+    assert "ZeroDivisionError" in result.stderr
+
+
+def test_two_triggered_guards_run_each_other_hook_once() -> None:
+    result = run_script(
+        """
+        import atexit
+        atexit.register(print, "first", flush=True)
+        one = FatalExitGuard(graceful=lambda: None, timeout_s=20, exit_code=4)
+        two = FatalExitGuard(graceful=lambda: None, timeout_s=20, exit_code=4)
+        one.trigger("a")
+        atexit.register(print, "second", flush=True)
+        two.trigger("b")
+        atexit.register(print, "third", flush=True)
+        """
+    )
+    assert result.returncode == 4, result.stderr
+    assert result.stdout.splitlines() == ["third", "second", "first"], result.stdout
+
+
+def test_a_hanging_atexit_hook_is_bounded_without_a_watchdog() -> None:
+    result = run_script(
+        """
+        import atexit
+        import trtllm_liveness._exit_guard as exit_guard
+        exit_guard.ATEXIT_HOOKS_BOUND_S = 0.3
+        atexit.register(time.sleep, 3600)  # e.g. upstream's shutdown() blocked on a dead peer
+        guard = FatalExitGuard(graceful=lambda: None, timeout_s=None, exit_code=6)
+        guard.trigger("rank 0 died")
+        """
+    )
+    assert result.returncode == 6, result.stderr
+    assert "atexit hooks did not finish" in result.stderr
+
+
+def test_sigint_reaches_a_sigwait_thread_when_the_main_thread_blocks_it() -> None:
+    # Programs that leave signals to one thread (main blocks SIGINT, a thread sigwait()s) must get
+    # the guard's SIGINT too: directed at the main thread, it would stay pending there for good.
+    result = run_script(
+        """
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+        got = []
+        waiter = threading.Thread(target=lambda: got.append(signal.sigwait({signal.SIGINT})))
+        waiter.start()
+        guard = FatalExitGuard(timeout_s=None)
+        guard.trigger("rank 1 died")
+        waiter.join(10)
+        print("sigwait got", got, flush=True)
+        guard.disarm()
+        """
+    )
+    assert "sigwait got [<Signals.SIGINT: 2>]" in result.stdout, (result.stdout, result.stderr)

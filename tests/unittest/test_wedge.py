@@ -53,6 +53,8 @@ def test_stuck_process_becomes_wedged_then_unkillable_then_dies_on_release(
         assert wedged.kind is EventKind.WEDGED and wedged.restartable is False
         assert wedged.tid == child.pid and wedged.identity == identity
         assert "recycling" in wedged.message
+        # The fault began when D was first seen; the verdict needs the timeout to have passed since.
+        assert wedged.fault_at is not None and wedged.detected_at - wedged.fault_at >= 0.3
         assert _state(monitor) is WorkerState.WEDGED
         assert monitor.find_dead_worker() is None  # wedged is fatal but not dead
         assert monitor.failure == wedged
@@ -65,6 +67,8 @@ def test_stuck_process_becomes_wedged_then_unkillable_then_dies_on_release(
         assert wait_until(lambda: monitor.find_dead_worker() == identity, 10)
         assert wait_until(lambda: EventKind.DIED in _kinds(events), 10)
         assert monitor.failure == wedged  # the first fatal event stays
+        died = next(event for event in events if event.kind is EventKind.DIED)
+        assert died.fault_at is None  # a death's fault time is its detection (the pidfd)
         assert _kinds(events).count(EventKind.WEDGED) == 1 and _kinds(events).count(EventKind.UNKILLABLE) == 1
     assert child.wait(10) == -signal.SIGKILL
 

@@ -20,6 +20,15 @@ there within milliseconds (also on 1.2.x), so the stock worker exits with status
 0.5 s. The bridge adds the immediate 503, the JSON route and a bounded graceful shutdown.
 Works with the ``ai-dynamo-runtime`` package (tested with 1.6.1); it is passed in, never imported
 here, so this module imports without Dynamo installed.
+
+Metrics: :func:`expose_metrics_on_dynamo` appends a
+:class:`~trtllm_liveness.integrations.prometheus.LivenessMetrics` registry to the system status
+server's ``/metrics`` (``DYN_SYSTEM_PORT``) through the runtime's
+``endpoint.metrics.register_prometheus_expfmt_callback``: Dynamo calls it at each scrape and
+appends the text it returns. Stock Dynamo's TensorRT-LLM worker with
+``--publish-events-and-metrics`` already forwards every ``trtllm_*`` family of
+``prometheus_client.REGISTRY``; there, ``LivenessMetrics(use_default_registry=True)`` is enough and
+this function must not be used as well (each family would appear twice).
 """
 
 from __future__ import annotations
@@ -35,7 +44,9 @@ from .._events import WorkerEvent
 from .._exit_guard import FatalExitGuard
 from .._monitor import WorkerProcessMonitor
 
-__all__ = ["DynamoLivenessBridge", "RuntimeLike", "attach_to_dynamo", "liveness_monitor_of"]
+__all__ = [
+    "DynamoLivenessBridge", "RuntimeLike", "attach_to_dynamo", "expose_metrics_on_dynamo", "liveness_monitor_of",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -184,3 +195,38 @@ def attach_to_dynamo(
     )
     bridge.attach()
     return bridge
+
+
+def expose_metrics_on_dynamo(endpoint: Any, metrics: Any) -> Any:
+    """Show liveness metrics on Dynamo's system ``/metrics`` (the port of ``DYN_SYSTEM_PORT``).
+
+    ``endpoint``: a ``dynamo.runtime`` ``Endpoint`` of this worker (``runtime.endpoint("ns.comp.ep")``,
+    the one it serves). ``metrics``: a
+    :class:`~trtllm_liveness.integrations.prometheus.LivenessMetrics`, or anything
+    :func:`liveness_monitor_of` accepts (then a new ``LivenessMetrics`` with a private registry is
+    attached to its monitor). Registers a callback that renders that registry at each scrape
+    (microseconds: one short lock of the monitor); returns the ``LivenessMetrics``. Call it once
+    per worker, before or after ``serve_endpoint``. Needs ``prometheus_client``; raises
+    ``ImportError`` without it, ``ValueError`` when ``metrics`` has no liveness monitor, and
+    ``TypeError`` when ``endpoint`` has no ``metrics.register_prometheus_expfmt_callback``.
+    """
+    from .prometheus import LivenessMetrics  # optional dependency: imported only when asked for
+
+    register = getattr(getattr(endpoint, "metrics", None), "register_prometheus_expfmt_callback", None)
+    if not callable(register):
+        raise TypeError(
+            f"{type(endpoint).__name__} has no metrics.register_prometheus_expfmt_callback: "
+            "pass an Endpoint of ai-dynamo-runtime (runtime.endpoint(...))"
+        )
+    liveness = metrics if isinstance(metrics, LivenessMetrics) else LivenessMetrics(liveness_monitor_of(metrics))
+
+    def render() -> str:
+        # Runs in Dynamo's scrape path: an exception there would fail the whole /metrics page.
+        try:
+            return liveness.exposition()
+        except Exception:
+            logger.exception("could not render liveness metrics for Dynamo's /metrics")
+            return ""
+
+    register(render)
+    return liveness

@@ -1,33 +1,62 @@
 """Prometheus metrics for worker liveness (needs the optional ``prometheus_client`` package).
 
-:class:`LivenessMetrics` subscribes to a :class:`~trtllm_liveness.WorkerProcessMonitor` and exposes:
+:class:`LivenessMetrics` subscribes to a :class:`~trtllm_liveness.WorkerProcessMonitor` and exposes
+the metrics below. Label values are closed sets (nothing user-supplied), so the series count is
+``ranks x 8`` for the state gauge plus a fixed 12 for the rest; docs/metrics.md has the same table.
 
 ``trtllm_liveness_worker_state{rank, host, state}`` (gauge)
     1 for the state each rank is in now, 0 for every other state (one series per state, the
     layout of prometheus_client's ``Enum``), so ``trtllm_liveness_worker_state{state="alive"} == 0``
-    finds a rank in trouble. Read from the monitor at scrape time: never stale.
-``trtllm_liveness_unkillable_workers`` (gauge)
+    finds a rank in trouble. ``rank``: the MPI rank (``"0"``, ``"1"``, ...); ``host``: the host
+    name the rank reported; ``state``: ``alive``, ``exited``, ``zombie``, ``exited-expected``
+    (exited after a shutdown began: not a failure), ``wedged``, ``unkillable``,
+    ``unmonitored-remote``, ``unmonitored-other-namespace``.
+``trtllm_liveness_unkillable_workers`` (gauge, no labels)
     Ranks in ``D`` with SIGKILL pending now. Non-zero means: recycle the host.
 ``trtllm_liveness_worker_failures_total{kind}`` (counter)
-    Fatal events by kind: ``died``, ``wedged``, ``unkillable``. A wedged rank that then becomes
+    Fatal events by ``kind``: ``died``, ``wedged``, ``unkillable``. A wedged rank that then becomes
     unkillable counts once as each. Keeps counting across :meth:`LivenessMetrics.attach` of a new
     monitor (an executor restart).
-``trtllm_liveness_detection_latency_seconds{kind}`` (histogram)
-    Seconds from a fault whose time is *known to the caller* to the monitor's event for that rank
-    (``event.detected_at``, monotonic clock). The fault time comes from
-    :meth:`LivenessMetrics.note_fault` (e.g. called just before the executor or a chaos test sends
-    SIGKILL) or from the ``fault_time`` callback. Nothing is observed for a fault nobody timed: the
-    kernel does not record when a process exited, and a monitor state's ``since`` is the detection
-    time itself, so it cannot stand in for the fault time.
+``trtllm_liveness_detection_latency_seconds{kind, origin}`` (histogram)
+    Seconds from the fault to the delivery of the monitor's event to these metrics. ``origin``
+    says where the fault time came from, and so what the figure measures:
 
-A private :class:`prometheus_client.CollectorRegistry` is used by default, so importing or
-instantiating this never touches the global registry; pass ``registry=prometheus_client.REGISTRY``
-(or ``use_default_registry=True``) to expose the metrics with the process's other metrics.
+    ``noted``: the caller timed the fault (:meth:`LivenessMetrics.note_fault`, e.g. called just
+    before a chaos test sends SIGKILL, or the ``fault_time`` callback): the full detection latency.
+    ``exit_seen`` (``kind="died"`` only): the moment the monitor handled the exit notification
+    (the pidfd turned readable, or the procfs poll that found the exit; the event's
+    ``detected_at``). The kernel records no exit time, so this is the delivery part only; with a
+    pidfd the exit-to-notification part is a scheduler wake-up, microseconds.
+    ``d_state_start`` (``kind="wedged"``/``"unkillable"``): the first scan that saw the stuck thread
+    in ``D`` (the event's ``fault_at``). For ``wedged`` this is about ``d_state_timeout_s`` plus
+    one scan interval, by design: the figure shows it.
+
+    Events handed over late (attaching to a monitor that had already failed) count as failures
+    but observe no latency: the delay would be the attach's, not the monitor's.
+
+Registries and servers:
+
+- By default a private :class:`prometheus_client.CollectorRegistry` is used, so importing or
+  instantiating this never touches the global registry. Pass ``registry=`` (any registry the user
+  owns) or ``use_default_registry=True`` (prometheus_client's ``REGISTRY``; what stock Dynamo's
+  TensorRT-LLM worker forwards to its ``/metrics`` for names starting ``trtllm_`` when it runs
+  with ``--publish-events-and-metrics``).
+- :meth:`LivenessMetrics.start_http_server` serves the registry on a port of its own.
+- Dynamo's system ``/metrics``: :func:`trtllm_liveness.integrations.dynamo.expose_metrics_on_dynamo`.
+- trtllm-serve's ``/prometheus/metrics`` (mounted when ``return_perf_metrics`` is set) serves a
+  fresh registry holding only a ``MultiProcessCollector``, which reads the metric files under
+  ``PROMETHEUS_MULTIPROC_DIR``: a collector in a registry never reaches it. When prometheus_client
+  runs in multiprocess mode (:func:`multiprocess_mode_active`: the variable was set before
+  prometheus_client was first imported), these metrics write their values to those files as
+  well, the state gauges refreshed on every event and every ``refresh_interval_s`` by a daemon
+  thread, so they appear there. Do not also register them in a registry that has a
+  ``MultiProcessCollector`` (each family would appear twice).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -35,7 +64,7 @@ from typing import Any
 
 try:
     import prometheus_client
-    from prometheus_client import CollectorRegistry, Counter, Histogram
+    from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, values
     from prometheus_client.core import GaugeMetricFamily
     from prometheus_client.registry import Collector
 except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by the tests
@@ -50,15 +79,39 @@ from .._monitor import WorkerProcessMonitor
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DETECTION_LATENCY_BUCKETS", "LivenessMetrics"]
+__all__ = ["DETECTION_LATENCY_BUCKETS", "LATENCY_ORIGINS", "LivenessMetrics", "multiprocess_mode_active"]
 
 # Detection is sub-millisecond with pidfds and up to seconds with polling peers (Dynamo 0.5/2 s,
-# upstream's 5 s loop): the buckets span both so the comparison shows in one histogram.
+# upstream's 5 s loop) or a D-state timeout: the buckets span both so one histogram shows both.
 DETECTION_LATENCY_BUCKETS = (
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+    120.0, 300.0,
 )
 
+# The (kind, origin) pairs the latency histogram can have; each is exported from the start.
+LATENCY_ORIGINS: dict[EventKind, tuple[str, ...]] = {
+    EventKind.DIED: ("noted", "exit_seen"),
+    EventKind.WEDGED: ("noted", "d_state_start"),
+    EventKind.UNKILLABLE: ("noted", "d_state_start"),
+}
+
 FaultTime = Callable[[WorkerEvent], "float | None"]
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+_STATE_NAME = "trtllm_liveness_worker_state"
+_STATE_HELP = "1 for the state each worker rank is in now, 0 for the other states"
+_UNKILLABLE_NAME = "trtllm_liveness_unkillable_workers"
+_UNKILLABLE_HELP = "Worker ranks in uninterruptible sleep (D) with SIGKILL pending; non-zero: recycle the host"
+
+
+def multiprocess_mode_active() -> bool:
+    """Whether prometheus_client writes metric values to files under ``PROMETHEUS_MULTIPROC_DIR``.
+
+    prometheus_client decides this once, when it is first imported, from the environment: setting
+    the variable later changes nothing in this process.
+    """
+    return values.ValueClass is not values.MutexValue
 
 
 class _StateCollector(Collector):
@@ -73,28 +126,57 @@ class _StateCollector(Collector):
     def collect(self) -> Iterable[Any]:
         families = self._families()
         state, unkillable = families
-        count = 0
-        for status in self._owner.statuses():
+        statuses = self._owner.statuses()
+        for status in statuses:
             rank, host = str(status.identity.rank), status.identity.hostname
             for candidate in WorkerState:
                 state.add_metric([rank, host, candidate.value], 1.0 if status.state is candidate else 0.0)
-            count += status.state is WorkerState.UNKILLABLE
-        unkillable.add_metric([], float(count))
+        unkillable.add_metric([], float(_unkillable_count(statuses)))
         return families
 
     @staticmethod
     def _families() -> list[GaugeMetricFamily]:
         return [
-            GaugeMetricFamily(
-                "trtllm_liveness_worker_state",
-                "1 for the state each worker rank is in now, 0 for the other states",
-                labels=["rank", "host", "state"],
-            ),
-            GaugeMetricFamily(
-                "trtllm_liveness_unkillable_workers",
-                "Worker ranks in uninterruptible sleep (D) with SIGKILL pending; non-zero: recycle the host",
-            ),
+            GaugeMetricFamily(_STATE_NAME, _STATE_HELP, labels=["rank", "host", "state"]),
+            GaugeMetricFamily(_UNKILLABLE_NAME, _UNKILLABLE_HELP),
         ]
+
+
+def _unkillable_count(statuses: list[RankStatus]) -> int:
+    return sum(status.state is WorkerState.UNKILLABLE for status in statuses)
+
+
+class _FileStateGauges:
+    """The state gauges as file-backed values, for a ``MultiProcessCollector`` (multiprocess mode).
+
+    A ``MultiProcessCollector`` reads only what metrics wrote to files, so the scrape-time
+    collector is invisible to it; these gauges mirror it. Never registered in a registry (the
+    collector already serves these names there). ``livemax``: one process writes them; ``max``
+    keeps a single series without a ``pid`` label. Label series cannot be removed in
+    multiprocess mode, so a rank that disappears is set to 0 in every state.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state = Gauge(_STATE_NAME, _STATE_HELP, ["rank", "host", "state"], registry=None,
+                            multiprocess_mode="livemax")
+        self._unkillable = Gauge(_UNKILLABLE_NAME, _UNKILLABLE_HELP, registry=None, multiprocess_mode="livemax")
+        self._unkillable.set(0)
+        self._shown: set[tuple[str, str]] = set()
+
+    def sync(self, statuses: list[RankStatus]) -> None:
+        with self._lock:
+            now: set[tuple[str, str]] = set()
+            for status in statuses:
+                key = (str(status.identity.rank), status.identity.hostname)
+                now.add(key)
+                for candidate in WorkerState:
+                    self._state.labels(*key, candidate.value).set(1.0 if status.state is candidate else 0.0)
+            for key in self._shown - now:
+                for candidate in WorkerState:
+                    self._state.labels(*key, candidate.value).set(0.0)
+            self._shown |= now
+            self._unkillable.set(_unkillable_count(statuses))
 
 
 class LivenessMetrics:
@@ -103,7 +185,8 @@ class LivenessMetrics:
     Events arrive in the monitor's watcher thread (or the thread that called ``check``); the
     counter and histogram are updated there, which takes microseconds and never blocks. The state
     gauges are computed at scrape time from ``monitor.statuses()`` (one short lock of the
-    monitor). All methods are thread-safe.
+    monitor) and, in multiprocess mode, also written to the metric files (see the module
+    docstring). All methods are thread-safe.
 
     Args:
         monitor: attach to this monitor at once (see :meth:`attach`).
@@ -111,9 +194,14 @@ class LivenessMetrics:
         use_default_registry: register in ``prometheus_client.REGISTRY`` instead (only one
             ``LivenessMetrics`` may do so per process: metric names must be unique there).
         fault_time: optional ``callback(event) -> monotonic time of the fault or None``, consulted
-            when :meth:`note_fault` gave no time for the event's rank.
+            when :meth:`note_fault` gave no time for the event's rank (origin ``noted``).
+        refresh_interval_s: in multiprocess mode, how often the file-backed state gauges are
+            re-read from the monitor (transitions without an event: a rank leaving ``D``, exits
+            after a shutdown began). Positive.
 
-    Raises ``ValueError`` (from prometheus_client) if the registry already has these metric names.
+    Raises ``ValueError`` (from prometheus_client) if the registry already has these metric names,
+    or for a non-positive ``refresh_interval_s``. In one process, create at most one instance
+    while in multiprocess mode (the files hold one value per metric name and labels).
     """
 
     def __init__(
@@ -123,15 +211,20 @@ class LivenessMetrics:
         registry: CollectorRegistry | None = None,
         use_default_registry: bool = False,
         fault_time: FaultTime | None = None,
+        refresh_interval_s: float = 1.0,
     ) -> None:
         if registry is not None and use_default_registry:
             raise ValueError("give either registry or use_default_registry, not both")
+        if not refresh_interval_s > 0:
+            raise ValueError("refresh_interval_s must be positive")
         if registry is None:
             registry = prometheus_client.REGISTRY if use_default_registry else CollectorRegistry(auto_describe=True)
         self.registry: CollectorRegistry = registry
         self._fault_time = fault_time
+        self._refresh_interval_s = refresh_interval_s
         self._lock = threading.Lock()
         self._monitor: WorkerProcessMonitor | None = None
+        self._attached_at = 0.0
         self._faults: dict[int, float] = {}
         self._counted: set[tuple[ProcessIdentity, EventKind]] = set()
         self._collector = _StateCollector(self)
@@ -143,8 +236,9 @@ class LivenessMetrics:
         )
         self._latency = Histogram(
             "trtllm_liveness_detection_latency_seconds",
-            "Seconds from a fault timed by the caller (e.g. SIGKILL sent) to the monitor's event",
-            ["kind"],
+            "Seconds from a worker fault to the delivery of the monitor's event; origin: where the fault time "
+            "came from (noted by the caller, exit_seen by the monitor, d_state_start seen by the monitor)",
+            ["kind", "origin"],
             buckets=DETECTION_LATENCY_BUCKETS,
             registry=None,
         )
@@ -152,7 +246,8 @@ class LivenessMetrics:
             # Export zeroes from the start: a rate() over a series that appears at the first
             # failure misses that failure.
             self._failures.labels(kind.value)
-            self._latency.labels(kind.value)
+            for origin in LATENCY_ORIGINS[kind]:
+                self._latency.labels(kind.value, origin)
         registered: list[Any] = []
         try:
             for collector in (self._failures, self._latency, self._collector):
@@ -162,24 +257,49 @@ class LivenessMetrics:
             for collector in registered:
                 registry.unregister(collector)
             raise
+        self._files: _FileStateGauges | None = None
+        self._stop = threading.Event()
+        self._refresher: threading.Thread | None = None
+        if multiprocess_mode_active():
+            self._files = _FileStateGauges()
+            self._refresher = threading.Thread(target=self._refresh_loop, name="trtllm-liveness-metrics",
+                                               daemon=True)
+            self._refresher.start()
+        elif os.environ.get(MULTIPROC_ENV):
+            # The variable came after prometheus_client's import: no value of this process (ours or
+            # anybody's) reaches a MultiProcessCollector such as trtllm-serve's /prometheus/metrics.
+            logger.warning(
+                "%s is set but prometheus_client was imported before it was: liveness metrics (and every other "
+                "metric of this process) will not appear on a multiprocess endpoint such as trtllm-serve's "
+                "/prometheus/metrics; set %s in the environment the process starts with",
+                MULTIPROC_ENV, MULTIPROC_ENV,
+            )
         if monitor is not None:
             self.attach(monitor)
 
     # ----------------------------------------------------------------- wiring
 
+    @property
+    def multiprocess(self) -> bool:
+        """Whether the values also go to the multiprocess files (see the module docstring)."""
+        return self._files is not None
+
     def attach(self, monitor: WorkerProcessMonitor) -> None:
         """Subscribe to ``monitor``, replacing the monitor attached before (e.g. after a restart).
 
-        A monitor that has already failed reports its first fatal event at once. Counters keep
-        their values; an event already counted for the same identity and kind is not counted
-        twice. Does not block beyond the monitor's lock.
+        A monitor that has already failed reports its fatal events at once (counted, no latency
+        observed). Counters keep their values; an event already counted for the same identity and
+        kind is not counted twice. Does not block beyond the monitor's lock.
         """
         with self._lock:
             previous, self._monitor = self._monitor, monitor
+            if previous is not monitor:
+                self._attached_at = time.monotonic()
         if previous is not None and previous is not monitor:
             previous.unsubscribe(self._on_event)
         if previous is not monitor:
             monitor.subscribe(self._on_event)
+        self._sync_files()
 
     def detach(self) -> None:
         """Stop listening to the attached monitor; its ranks disappear from the state gauge."""
@@ -187,10 +307,17 @@ class LivenessMetrics:
             previous, self._monitor = self._monitor, None
         if previous is not None:
             previous.unsubscribe(self._on_event)
+        self._sync_files()
 
     def close(self) -> None:
-        """Detach and unregister every metric from the registry. Idempotent."""
+        """Detach, stop the refresh thread (multiprocess mode) and unregister every metric. Idempotent."""
         self.detach()
+        self._stop.set()
+        refresher = self._refresher
+        if refresher is not None and refresher is not threading.current_thread():
+            refresher.join(timeout=5.0)
+            if refresher.is_alive():
+                logger.warning("liveness metrics refresh thread did not stop within 5 s (daemon: left to exit)")
         for collector in (self._failures, self._latency, self._collector):
             try:
                 self.registry.unregister(collector)
@@ -208,13 +335,18 @@ class LivenessMetrics:
         server, thread = prometheus_client.start_http_server(port, addr=addr, registry=self.registry)
         return server, thread
 
+    def exposition(self) -> str:
+        """This registry in the Prometheus text format (what a scrape of it returns)."""
+        text: str = prometheus_client.generate_latest(self.registry).decode()
+        return text
+
     # ----------------------------------------------------------------- inputs
 
     def note_fault(self, rank: int, at: float | None = None) -> None:
         """Record that a fault hit ``rank`` at monotonic time ``at`` (default: now).
 
-        The next event for that rank observes ``event.detected_at - at`` in the latency
-        histogram. Call it right before sending the signal (or injecting the fault), not after.
+        The next event for that rank observes its latency from ``at`` (origin ``noted``). Call it
+        right before sending the signal (or injecting the fault), not after.
         """
         with self._lock:
             self._faults[rank] = time.monotonic() if at is None else at
@@ -226,24 +358,55 @@ class LivenessMetrics:
         return [] if monitor is None else monitor.statuses()
 
     def _on_event(self, event: WorkerEvent) -> None:
+        delivered = time.monotonic()
         key = (event.identity, event.kind)
         with self._lock:
             if key in self._counted:
                 return
             self._counted.add(key)
-            fault_at = self._faults.pop(event.identity.rank, None)
+            noted = self._faults.pop(event.identity.rank, None)
+            late = event.detected_at < self._attached_at
         self._failures.labels(event.kind.value).inc()
-        if fault_at is None and self._fault_time is not None:
-            try:
-                fault_at = self._fault_time(event)
-            except Exception:
-                logger.exception("fault_time callback raised; no latency recorded for %s", event.identity.describe())
-                fault_at = None
+        self._sync_files()
+        if late:
+            return
+        fault_at, origin = self._fault_of(event, noted)
         if fault_at is None:
             return
-        latency = event.detected_at - fault_at
+        latency = delivered - fault_at
         if latency < 0:
-            # The fault was noted after the detection: a caller bug, not a negative latency.
+            # A fault time after the delivery: a caller bug (or another clock), not a latency.
             logger.debug("fault time for %s is after its detection; latency not recorded", event.identity.describe())
             return
-        self._latency.labels(event.kind.value).observe(latency)
+        self._latency.labels(event.kind.value, origin).observe(latency)
+
+    def _fault_of(self, event: WorkerEvent, noted: float | None) -> tuple[float | None, str]:
+        """The best fault time known for ``event`` and its origin label."""
+        if noted is None and self._fault_time is not None:
+            try:
+                noted = self._fault_time(event)
+            except Exception:
+                logger.exception("fault_time callback raised; using the monitor's times for %s",
+                                 event.identity.describe())
+                noted = None
+        if noted is not None:
+            return noted, "noted"
+        if event.kind is EventKind.DIED:
+            return event.detected_at, "exit_seen"
+        # The monitor's first sample of the stuck thread in D (None only for events built without it).
+        return event.fault_at, "d_state_start"
+
+    # ----------------------------------------------------------------- multiprocess files
+
+    def _sync_files(self) -> None:
+        files = self._files
+        if files is None:
+            return
+        try:
+            files.sync(self.statuses())
+        except Exception:  # never let a metrics file problem reach the monitor's delivery
+            logger.exception("could not write the liveness state gauges to %s", os.environ.get(MULTIPROC_ENV))
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(self._refresh_interval_s):
+            self._sync_files()

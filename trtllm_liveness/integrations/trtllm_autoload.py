@@ -7,11 +7,17 @@ Workers need nothing: the patched proxy wraps the worker entry it submits.
 
 Ways to load it, pick one:
 
-- ``python -m trtllm_liveness.integrations.trtllm_autoload trtllm-serve MODEL ...`` (or
-  ``... -m module args``): installs the hook, then runs the command in this interpreter;
+- ``python -m trtllm_liveness.integrations.trtllm_autoload [--] COMMAND ARGS...`` for any command
+  (a console script such as ``trtllm-serve``, ``python -c ...``, a shell wrapper, a binary that
+  starts Python later; ``-m module`` runs ``python -m module``): sets the switch on unless it is
+  set, puts the directory of this package's ``sitecustomize`` first on ``PYTHONPATH`` (every
+  Python the command starts with this package importable then installs the hook at start-up and
+  goes on to the ``sitecustomize`` it would have run), and execs the command, which so keeps
+  this process's pid (PID 1 in a container stays the server);
 - a ``.pth`` file in the environment's site-packages with the one line :data:`PTH_LINE`
-  (:func:`write_pth` writes it), which every Python process of that environment then runs at
-  start-up;
+  (:func:`write_pth` writes it, :func:`remove_pth` removes it, :func:`pth_status` says where it
+  is), which every Python process of that environment then runs at start-up; the line does
+  nothing once the package is uninstalled;
 - ``import trtllm_liveness.integrations.trtllm_autoload`` at the top of your own launcher.
 
 What it costs every interpreter (the ``.pth``): with liveness off, the line imports the package
@@ -19,9 +25,8 @@ What it costs every interpreter (the ``.pth``): with liveness off, the line impo
 other module, no thread, no at-fork hook. With liveness on, it also imports this module, which
 imports nothing else and puts one finder first on ``sys.meta_path`` that answers only for
 ``tensorrt_llm.executor.proxy``; the integration itself loads when TensorRT-LLM does. A settings
-value (``key=value,...`` or ``@file``) is validated at start-up with ``LivenessConfig``, whose
-``dataclasses`` import costs about 15 ms more; a malformed one is logged and installs nothing.
-Importing this module directly (an older ``.pth`` line) costs the same plus this module when off.
+value (``key=value,...`` or ``@file``) installs the hook too and is validated when an engine
+starts: a malformed one makes the engine's start fail with the error, never an unprotected run.
 ``scripts/bench_import.py`` measures all of this.
 """
 
@@ -38,15 +43,23 @@ if TYPE_CHECKING:  # no typing, collections.abc or importlib.abc at run time: se
     from importlib.machinery import ModuleSpec
     from types import ModuleType
 
-__all__ = ["PTH_LINE", "install", "main", "write_pth"]
+__all__ = ["PTH_LINE", "SITE_DIR", "install", "main", "pth_status", "remove_pth", "write_pth"]
 
 _TARGET = "tensorrt_llm.executor.proxy"
 # A .pth line that starts with "import" is executed by site; this one imports this module (and
-# installs the hook) only when the switch is not plainly off.
+# installs the hook) only when the switch is not plainly off, and nothing at all once the package
+# is gone (pip uninstall leaves a file written by write_pth behind: a line that raised would print
+# an error at every Python start). The package is looked up with the finders on sys.meta_path
+# themselves (an editable install's included), so the check imports no module.
 PTH_LINE = (
-    "import trtllm_liveness._switch as switch; "
-    "switch.autoload_wanted() and __import__('trtllm_liveness.integrations.trtllm_autoload')\n"
+    "import sys; "
+    "any(hasattr(f, 'find_spec') and f.find_spec('trtllm_liveness', None) for f in sys.meta_path) and "
+    "__import__('trtllm_liveness._switch', fromlist=('autoload_wanted',)).autoload_wanted() and "
+    "__import__('trtllm_liveness.integrations.trtllm_autoload')\n"
 )
+PTH_NAME = "trtllm_liveness_autoload.pth"
+# The directory whose sitecustomize.py installs the hook in the interpreters a launched command starts.
+SITE_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "_autoload_site")
 _lock = _thread.allocate_lock()  # threading.Lock itself, without importing threading
 _installed = False
 
@@ -94,20 +107,15 @@ class _Finder:
 
 
 def _switched_on() -> bool:
-    """The switch; raises ``ValueError`` for a malformed value. Only a settings value (neither a
-    plain word nor unset) needs ``LivenessConfig``, and with it ``dataclasses``."""
-    word = switch_word()
-    if word is not None:
-        return word
-    from .._config import LivenessConfig
-
-    return LivenessConfig.from_env().enabled
+    """The switch. A settings value (neither a plain word nor unset) counts as on: the engine
+    validates it when it starts (``LivenessConfig``), so that a malformed one fails that start
+    instead of leaving the server unprotected, and no interpreter pays for ``dataclasses`` here."""
+    return switch_word() is not False
 
 
 def install(force: bool = False) -> bool:
     """Install the patch (now or at TensorRT-LLM's import) if the environment switches liveness
-    on, or always with ``force``. Idempotent and thread-safe. Raises ``ValueError`` for a
-    malformed ``TRTLLM_WORKER_LIVENESS``. Returns whether the hook is active."""
+    on, or always with ``force``. Idempotent and thread-safe. Returns whether the hook is active."""
     global _installed
     if not force and not _switched_on():
         return False
@@ -125,40 +133,98 @@ def install(force: bool = False) -> bool:
     return True
 
 
-def write_pth(site_dir: str | None = None, name: str = "trtllm_liveness_autoload.pth") -> str:
-    """Write the ``.pth`` file that loads this module at every interpreter start; returns its path."""
-    if site_dir is None:
-        import sysconfig
+def _site_dir(site_dir: "str | None") -> str:
+    if site_dir is not None:
+        return site_dir
+    import sysconfig
 
-        site_dir = sysconfig.get_paths()["purelib"]
-    path = os.path.join(site_dir, name)
+    return sysconfig.get_paths()["purelib"]
+
+
+def write_pth(site_dir: "str | None" = None, name: str = PTH_NAME) -> str:
+    """Write the ``.pth`` file that loads this module at every interpreter start (default: this
+    environment's site-packages); returns its path."""
+    path = os.path.join(_site_dir(site_dir), name)
     with open(path, "w") as handle:
         handle.write(PTH_LINE)
     return path
 
 
+def remove_pth(site_dir: "str | None" = None, name: str = PTH_NAME) -> "str | None":
+    """Remove the ``.pth`` file :func:`write_pth` wrote; its path, or ``None`` if there was none."""
+    path = os.path.join(_site_dir(site_dir), name)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return None
+    return path
+
+
+def pth_status(site_dir: "str | None" = None, name: str = PTH_NAME) -> "tuple[str, str | None]":
+    """``(path, state)``: ``state`` is ``None`` when there is no file, ``"current"`` when it holds
+    :data:`PTH_LINE`, ``"other"`` when it holds something else (an older line: rewrite it)."""
+    path = os.path.join(_site_dir(site_dir), name)
+    try:
+        with open(path) as handle:
+            text = handle.read()
+    except FileNotFoundError:
+        return path, None
+    return path, "current" if text == PTH_LINE else "other"
+
+
+USAGE = """usage: python -m trtllm_liveness.integrations.trtllm_autoload [--] COMMAND [ARGS...]
+       python -m trtllm_liveness.integrations.trtllm_autoload -m MODULE [ARGS...]
+
+Runs COMMAND (any program: trtllm-serve, python -c ..., a shell script) with TensorRT-LLM worker
+liveness switched on in every Python it starts: TRTLLM_WORKER_LIVENESS=1 unless already set (its
+settings form, key=value,... or @file, is kept and validated when an engine starts), and this
+package's sitecustomize first on PYTHONPATH. The command replaces this process (same pid).
+Exit status: the command's; 127 when COMMAND is not found, 2 for a usage error.
+"""
+
+
+def launch_env(environ: "dict[str, str]") -> "dict[str, str]":
+    """The environment a launched command gets: switch on unless set, our ``sitecustomize`` first."""
+    env = dict(environ)
+    env.setdefault(ENV_VAR, "1")  # running through this launcher means "on"
+    rest = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != SITE_DIR]
+    env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *rest])
+    return env
+
+
 def main(argv: "Sequence[str] | None" = None) -> int:
-    """``python -m trtllm_liveness.integrations.trtllm_autoload [-m module | command] args...``."""
-    import runpy
+    """The launcher (see :data:`USAGE`); returns only on an error (else it execs the command)."""
     import shutil
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if not args:
-        sys.stderr.write(__doc__ or "")
-        return 2
-    os.environ.setdefault(ENV_VAR, "1")  # running through this launcher means "on"
-    install()
-    if args[0] == "-m" and len(args) > 1:
-        sys.argv = args[1:]
-        runpy.run_module(args[1], run_name="__main__", alter_sys=True)
+    if args[:1] in (["-h"], ["--help"]):
+        sys.stdout.write(USAGE)
         return 0
-    script = args[0] if os.path.exists(args[0]) else shutil.which(args[0])
-    if script is None:
-        sys.stderr.write(f"trtllm_autoload: command not found: {args[0]}\n")
-        return 127
-    sys.argv = [script, *args[1:]]
-    runpy.run_path(script, run_name="__main__")
-    return 0
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args or args == ["-m"]:
+        sys.stderr.write(USAGE)
+        return 2
+    env = launch_env(dict(os.environ))
+    if args[0] == "-m":
+        program, argv_out = sys.executable, [sys.executable, *args]
+    elif os.sep in args[0] and os.path.isfile(args[0]) and not os.access(args[0], os.X_OK):
+        program, argv_out = sys.executable, [sys.executable, *args]  # a script file without +x
+    else:
+        found = shutil.which(args[0], path=env.get("PATH"))
+        if found is None:
+            sys.stderr.write(f"trtllm_autoload: command not found: {args[0]}\n")
+            return 127
+        program, argv_out = found, args
+    state = "off" if switch_word(env) is False else "on"
+    sys.stderr.write(f"trtllm-liveness: worker liveness {state} ({ENV_VAR}={env[ENV_VAR]}) for: {' '.join(args)}\n")
+    sys.stderr.flush()
+    try:
+        os.execve(program, argv_out, env)
+    except OSError as exc:
+        sys.stderr.write(f"trtllm_autoload: cannot run {args[0]}: {exc}\n")
+        return 126
+    return 126  # not reached: execve returns only by raising
 
 
 if __name__ == "__main__":
@@ -167,9 +233,4 @@ if __name__ == "__main__":
 
     sys.exit(_autoload.main())
 else:
-    try:
-        install()
-    except ValueError as exc:  # loaded from a .pth: report, do not break every interpreter
-        import logging  # only here: logging (and threading with it) costs every interpreter
-
-        logging.getLogger(__name__).error("trtllm_liveness autoload not installed: %s", exc)
+    install()

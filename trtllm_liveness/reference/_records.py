@@ -116,8 +116,9 @@ class ScenarioOptions(_Record):
     ending: str = "shutdown"  # one of ENDINGS
     iterations: int = 1
     # How the executor is built: "class" (reference proxy class, mixed in directly);
-    # "executor_cls" / "autoload" / "plain" go through an importable ``tensorrt_llm`` (the test
-    # fakes): liveness_executor_class(GenerationExecutor).create(...), the import hook, or none.
+    # "executor_cls" / "autoload" / "plain" go through upstream's API of an importable
+    # ``tensorrt_llm`` (the upstream-shaped test fakes, tests/fakes/):
+    # liveness_executor_class(GenerationExecutor).create(FakeEngine(...), ...), the import hook, or none.
     via: str = "class"
 
     def __post_init__(self) -> None:
@@ -128,6 +129,11 @@ class ScenarioOptions(_Record):
                 raise ValueError(f"scenario option {name}={value!r}: expected one of {', '.join(allowed)}")
         if self.ending != "shutdown" and self.iterations != 1:
             raise ValueError(f"ending {self.ending!r} ends the process: iterations must be 1")
+        if self.via != "class" and self.iterations != 1:
+            # Upstream main's shutdown of a dead engine closes its queues after a 5 s join of its
+            # dispatch thread, which is still blocked in a receive on one of them: libzmq aborts
+            # the process (seen on the fake, a few seconds after an iteration ends).
+            raise ValueError(f"via {self.via!r} (upstream's API): one iteration per process, iterations must be 1")
         if self.ending == "interpreter_exit" and self.fault != "none":
             raise ValueError("ending 'interpreter_exit' takes fault 'none' (a script that just ends)")
 

@@ -9,7 +9,12 @@ the real interpreter exit). Every wait is bounded by the options.
 
 A scenario: start the executor (mode ``1.2`` or ``main``, liveness on or off, configured through
 ``TRTLLM_WORKER_LIVENESS`` as a server would be), stream requests, inject the fault into one rank,
-then time detection, health, failed requests and shutdown.
+then time detection, health, failed requests and shutdown. The executor (``via``): the reference
+proxy (``class``), or upstream's API of the ``tensorrt_llm`` on ``sys.path``, in the tests the
+upstream-shaped fakes (``executor_cls``, ``autoload``, ``plain``): ``GenerationExecutor.create(
+FakeEngine(...), model_world_size=N)``, whose ranks announce their identities (``announce_dir``) and
+arm the in-rank faults (``fault``) as the reference's do, so every fault below runs on both; on
+upstream's API one iteration per process (``ScenarioOptions``).
 Faults: ``kill`` (SIGKILL; ``fault_ranks`` kills several at once), ``segv`` (SIGSEGV), ``stop``
 (SIGSTOP), ``wedge`` (cgroup v1 freezer: real ``D`` state), ``exit0`` (the rank calls
 ``os._exit(0)`` mid-request), ``oom`` (the rank, in a memory-limited cgroup v1, allocates until the
@@ -79,7 +84,7 @@ from ._records import (
 from ._worker import read_announced_identities
 
 __all__ = ["FAULTS", "FREEZER_ROOT", "ScenarioOptions", "ScenarioResult", "ScenarioRun", "kill_session",
-           "run_in_child", "run_scenario", "session_members"]
+           "run_scenario", "session_members"]
 
 LIVENESS_ENV_VAR = "TRTLLM_WORKER_LIVENESS"
 _SIGNALS = {"kill": signal.SIGKILL, "segv": signal.SIGSEGV, "stop": signal.SIGSTOP}
@@ -246,11 +251,13 @@ def _inject(opts: ScenarioOptions, victims: list[ProcessIdentity], freezer: Free
 
 
 def _build(opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> Any:
+    """The executor: the reference proxy (``via="class"``), else upstream's ``create()`` of the
+    ``tensorrt_llm`` on ``sys.path`` (the upstream-shaped test fakes), given a ``FakeEngine``."""
     if opts.via == "class":
         return _proxy_class(opts)(worker_kwargs, model_world_size=opts.workers)
-    if opts.via == "autoload":
-        import importlib
+    import importlib
 
+    if opts.via == "autoload":
         importlib.import_module("trtllm_liveness.integrations.trtllm_autoload")
     from tensorrt_llm.executor.executor import GenerationExecutor  # the test fakes
 
@@ -259,7 +266,104 @@ def _build(opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> Any:
         from ..integrations.trtllm import liveness_executor_class
 
         executor_cls = liveness_executor_class(GenerationExecutor)
-    return executor_cls.create(model_world_size=opts.workers, **worker_kwargs)
+    # The fakes' shared module, on sys.path once their tensorrt_llm is imported.
+    engine = importlib.import_module("_trtllm_fake_common").FakeEngine(
+        token_delay_s=opts.token_delay_s, init_delay_s=opts.init_delay_s,
+        announce_dir=worker_kwargs["announce_dir"], fault=worker_kwargs.get("fault"))
+    return executor_cls.create(engine, model_world_size=opts.workers)
+
+
+def _upstream_api(opts: ScenarioOptions) -> bool:
+    """Whether the executor is upstream-shaped (the fakes' API) rather than the reference's."""
+    return opts.via != "class"
+
+
+class _UpstreamRequest:
+    """A request on an upstream-shaped executor, seen through the reference result's surface
+    (``started``, ``done``, ``tokens``, ``error``, ``finished_at``, ``wait``, ``result``).
+
+    Upstream's ``GenerationResult`` advances only while its consumer reads it, so a daemon thread
+    reads it here (each read bounded), until it finishes, fails, or ``stop`` is set (the end of
+    the iteration: a request of a dead engine without liveness never finishes).
+    """
+
+    def __init__(self, result: Any, stop: threading.Event) -> None:
+        self._result = result
+        self._stop = stop
+        self.tokens: list[int] = []
+        self.error: BaseException | None = None
+        self.finished_at: float | None = None
+        self.started = threading.Event()
+        self._event = threading.Event()
+        threading.Thread(target=self._read, name="scenario-request", daemon=True).start()
+
+    @property
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def _read(self) -> None:
+        import queue
+
+        while not self._result.finished and not self._stop.is_set():
+            try:
+                self._result._result_step(0.1)
+            except queue.Empty:
+                continue
+            except BaseException as exc:  # the engine's error for this request (EngineDeadError, ...)
+                self.error = exc
+                break
+            self.tokens = list(self._result.token_ids)
+            self.started.set()
+        if self.error is None and not self._result.finished:
+            return  # stopped, not finished: stays pending
+        self.finished_at = time.monotonic()
+        self._event.set()
+
+    def wait(self, timeout: float) -> bool:
+        return self._event.wait(timeout)
+
+    def result(self, timeout: float) -> list[int]:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"request {self._result.request_id} not finished after {timeout}s")
+        if self.error is not None:
+            raise self.error
+        return list(self.tokens)
+
+
+def _submit(opts: ScenarioOptions, proxy: Any, prompt: int, stop: threading.Event) -> Any:
+    """One request of ``opts.tokens`` tokens; the reference echoes its prompt, upstream's API
+    takes ``max_tokens``."""
+    if not _upstream_api(opts):
+        return proxy.generate_async([prompt] * opts.tokens)
+    return _UpstreamRequest(proxy.generate_async([prompt] * 4, max_tokens=opts.tokens), stop)
+
+
+def _expected_tokens(opts: ScenarioOptions, prompt: int) -> list[int]:
+    """What a healthy engine answers to :func:`_submit`: the reference echoes the prompt, the
+    fakes' engine counts 1..n."""
+    return list(range(1, opts.tokens + 1)) if _upstream_api(opts) else [prompt] * opts.tokens
+
+
+def _pre_shutdown_runs(proxy: Any) -> int | None:
+    """How often upstream's ``pre_shutdown()`` did its work (the reference's counter, or the
+    fakes' instrumentation of it)."""
+    for name in ("pre_shutdown_runs", "_fake_pre_shutdown_runs"):
+        value = getattr(proxy, name, None)
+        if isinstance(value, int):
+            return value
+    return None
+
+
+def _bounded(action: Any, timeout: float = 5.0) -> None:
+    """Run a harness clean-up step (``action()``) in a daemon thread, waiting at most ``timeout``:
+    upstream's session and queue shutdowns wait without a bound on a dead world."""
+    def run() -> None:
+        with contextlib.suppress(Exception):
+            action()
+
+    thread = threading.Thread(target=run, name="scenario-cleanup", daemon=True)
+    thread.start()
+    thread.join(timeout)
 
 
 def _proxy_class(opts: ScenarioOptions) -> type:
@@ -390,6 +494,7 @@ def _run_once(opts: ScenarioOptions, iteration: int, thread_exceptions: _ThreadE
     identities: list[ProcessIdentity] = []
     critical = _CriticalLog()
     logging.getLogger("trtllm_liveness").addHandler(critical)
+    stop_reading = threading.Event()  # ends the readers of upstream-shaped requests (_UpstreamRequest)
     try:
         t_start = time.monotonic()
         if opts.fault == "spawn":
@@ -408,14 +513,14 @@ def _run_once(opts: ScenarioOptions, iteration: int, thread_exceptions: _ThreadE
         identities.extend(read_announced_identities(announce, opts.workers, 10))
         draft.pids = [identity.pid for identity in identities]
         _emit({"pids": draft.pids, "iteration": iteration})
-        results = [proxy.generate_async([rank] * opts.tokens) for rank in range(opts.requests)]
+        results = [_submit(opts, proxy, rank, stop_reading) for rank in range(opts.requests)]
         for result in results:
             result.started.wait(10)
         draft.in_flight = sum(1 for result in results if result.started.is_set() and not result.done)
         if opts.fault == "none" and opts.control_s > 0:
-            _control(opts, proxy, results, draft)
+            _control(opts, proxy, results, draft, stop_reading)
         elif opts.fault == "none":
-            draft.tokens_ok = all(r.result(30) == [i] * opts.tokens for i, r in enumerate(results))
+            draft.tokens_ok = all(r.result(30) == _expected_tokens(opts, i) for i, r in enumerate(results))
             draft.pending_not_done = sum(1 for r in results if not r.done)
             if opts.ending == "interpreter_exit":
                 return  # the script just ends: no shutdown(), the record comes from the atexit hook
@@ -433,6 +538,11 @@ def _run_once(opts: ScenarioOptions, iteration: int, thread_exceptions: _ThreadE
                 draft.fault_at = t0
                 _emit({"fault_at": t0, "iteration": iteration})
                 _observe(opts, proxy, results, t0, floor, draft)
+                # Before anything that may end the process (the harness's kill of the ranks after a
+                # wedge or stop without liveness can make MPI abort it): what was seen, for the demo.
+                _emit({"observed": {"pending_not_done": draft.pending_not_done, "in_flight": draft.in_flight,
+                                    "health_false_ms": None if draft.detection is None
+                                    else draft.detection.health_false_ms}, "iteration": iteration})
             finally:
                 if hammer is not None:
                     draft.health_probe = hammer.finish()
@@ -443,6 +553,7 @@ def _run_once(opts: ScenarioOptions, iteration: int, thread_exceptions: _ThreadE
             draft.ending = dataclasses.replace(
                 draft.ending, graceful_ms=round((time.monotonic() - _SIGINTS.times[0]) * 1e3, 3))
     finally:
+        stop_reading.set()
         logging.getLogger("trtllm_liveness").removeHandler(critical)
         draft.critical_logs = critical.messages
         if memory is not None:
@@ -492,10 +603,11 @@ def _kill_watcher(proxy: Any) -> WatcherFaultOutcome:
     return WatcherFaultOutcome(alive_at_fault=bool(monitor.watcher_alive), error=repr(monitor.watcher_error))
 
 
-def _control(opts: ScenarioOptions, proxy: Any, results: list[Any], draft: _Draft) -> None:
+def _control(opts: ScenarioOptions, proxy: Any, results: list[Any], draft: _Draft, stop: threading.Event) -> None:
     """No fault: keep ``requests`` requests in flight for ``control_s`` seconds; count alarms."""
     deadline = time.monotonic() + opts.control_s
     active = list(results)
+    prompts = list(range(len(results)))
     completed = errors = wrong = health_false = 0
     checks = 0
     while time.monotonic() < deadline:
@@ -507,11 +619,11 @@ def _control(opts: ScenarioOptions, proxy: Any, results: list[Any], draft: _Draf
                 continue
             if result.error is not None:
                 errors += 1
-            elif result.tokens != [result.tokens[0]] * opts.tokens:
+            elif result.tokens != _expected_tokens(opts, prompts[index]):
                 wrong += 1
             completed += 1
-            prompt = completed % 1000
-            active[index] = proxy.generate_async([prompt] * opts.tokens)
+            prompts[index] = completed % 1000
+            active[index] = _submit(opts, proxy, prompts[index], stop)
         time.sleep(0.005)
     for result in active:
         result.wait(30)
@@ -552,15 +664,14 @@ def _run_shutdown_fault(opts: ScenarioOptions, proxy: Any, identities: list[Proc
     report = _stop_report(proxy)
     draft.shutdown = ShutdownOutcome(
         shutdown_ms=round((time.monotonic() - t_start) * 1e3, 3) if finished else None, hung=not finished,
-        pre_shutdown_runs=proxy.pre_shutdown_runs, report=report,
+        pre_shutdown_runs=_pre_shutdown_runs(proxy), report=report,
         unkillable=() if report is None else tuple(u.pid for u in report.unkillable))
     fatal = _settled_fatal_error(proxy) if getattr(proxy, "liveness_events", []) else getattr(
         proxy, "_fatal_error", None)
     draft.record_fatal(proxy, fatal)
     if not finished or os.path.isdir(getattr(proxy, "_ipc_dir", "")):
         stop_processes(identities, grace_s=0.0, kill_s=2.0)
-        with contextlib.suppress(Exception):
-            proxy._close_queues()
+        _bounded(proxy._close_queues)
     draft.survivors = [i.pid for i in identities if _alive(i)]
 
 
@@ -673,7 +784,7 @@ def _finish(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity]
         fatal = getattr(proxy, "liveness_fatal_error", None)
         draft.shutdown = ShutdownOutcome(
             shutdown_ms=shutdown_ms, pre_shutdown_calls=getattr(proxy, "liveness_pre_shutdown_calls", None),
-            pre_shutdown_runs=proxy.pre_shutdown_runs, report=report,
+            pre_shutdown_runs=_pre_shutdown_runs(proxy), report=report,
             unkillable=() if report is None else tuple(u.pid for u in report.unkillable),
             restartable=None if report is None else report.restartable,
             fatal_restartable=None if fatal is None else fatal.restartable)
@@ -683,10 +794,11 @@ def _finish(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity]
     else:
         # The executor would wait forever: the harness ends the hang itself.
         stop_processes(identities, grace_s=0.0, kill_s=2.0)
-        with contextlib.suppress(Exception):
-            proxy.mpi_session.shutdown()
-        with contextlib.suppress(Exception):
-            proxy._close_queues()
+        _bounded(proxy.mpi_session.shutdown)
+        if not _upstream_api(opts):
+            # Upstream's queues are not closed here: its dispatch thread is still inside a receive on
+            # one (ZMQ sockets are not thread-safe); the scenario process ends with os._exit anyway.
+            _bounded(proxy._close_queues)
         draft.shutdown = ShutdownOutcome(shutdown_ms=None, by_harness=True)
     draft.survivors = [i.pid for i in identities if _alive(i)]
 
@@ -987,73 +1099,3 @@ def run_scenario(options: ScenarioOptions | Mapping[str, Any], timeout: float,
         results=results, survivors=tuple(out.survivors), done=any(line.get("done") for line in other),
         error=error, stderr=out.stderr, returncode=out.returncode, exited_at=out.exited_at,
         timed_out=out.timed_out, progress=tuple(line for line in other if "done" not in line and "error" not in line))
-
-
-def legacy_dict(result: ScenarioResult) -> dict[str, Any]:
-    """``result`` in the flat layout of the untyped records of before (one namespace of keys).
-
-    Only for :func:`run_in_child`'s remaining callers; remove both once they read typed records.
-    """
-    out: dict[str, Any] = {"iteration": result.iteration, "options": result.options.to_dict(),
-                           "mode": result.options.mode, "liveness": result.options.liveness,
-                           "fault": result.options.fault, "fault_rank": result.options.fault_rank}
-    for name in ("phase", "proxy_class", "ready_ms", "in_flight", "tokens_ok", "fault_at", "fatal_error",
-                 "fatal_error_type", "pending_not_done", "oom_kills", "freezer_path", "memory_cgroup_path",
-                 "pidfds_open", "fds_open"):
-        out[name] = getattr(result, name)
-    for name in ("pids", "survivors", "survivors_while_frozen", "critical_logs", "thread_exceptions"):
-        out[name] = list(getattr(result, name))
-    out["events"] = [event.to_dict() for event in result.events]
-    if result.victims:
-        out["victim"] = result.victims[0].to_dict()
-        out["victims"] = [victim.to_dict() for victim in result.victims]
-    if (d := result.detection) is not None:
-        out.update(detected_ms=d.detected_ms, health_false_ms=d.health_false_ms,
-                   requests_failed_ms=d.requests_failed_ms, e2e_ms=d.e2e_ms, stall_detected_ms=d.stall_detected_ms,
-                   pending_errors=list(d.pending_errors), new_request_error=d.new_request_error,
-                   detection_window_s=d.window_s, floor_ms=d.floor_ms)
-    if (sh := result.shutdown) is not None:
-        out.update(shutdown_ms=sh.shutdown_ms, pre_shutdown_calls=sh.pre_shutdown_calls,
-                   pre_shutdown_runs=sh.pre_shutdown_runs, unkillable=list(sh.unkillable),
-                   shutdown_report=None if sh.report is None else sh.report.to_dict(),
-                   restartable=sh.restartable, fatal_restartable=sh.fatal_restartable)
-        if result.phase == "shutdown":
-            out["shutdown_hung"] = sh.hung
-    if (i := result.init) is not None:
-        out.update(init_hung=i.hung, init_error_ms=i.error_ms, init_error_type=i.error_type, init_error=i.error,
-                   restartable=i.restartable)
-        if i.spawn_failed is not None:
-            out["spawn_failed"] = i.spawn_failed
-    if (c := result.control) is not None:
-        out.update(c.to_dict())
-    if (h := result.health_probe) is not None:
-        out.update(health_threads=h.threads, health_calls=h.calls, health_false_answers=h.false_answers,
-                   health_inconsistent=h.inconsistent, health_errors=list(h.errors),
-                   health_threads_alive=h.threads_alive)
-    if (w := result.watcher) is not None:
-        out.update(watcher_alive_at_fault=w.alive_at_fault, watcher_error=w.error)
-    if result.ending is not None:
-        out["ending"] = result.ending.to_dict()
-    return out
-
-
-def run_in_child(
-    options: Mapping[str, Any], timeout: float, env: dict[str, str] | None = None
-) -> tuple[list[dict[str, Any]], list[int]]:
-    """Untyped form of :func:`run_scenario`, kept while callers migrate: the child's JSON lines,
-    record lines in the flat layout of :func:`legacy_dict`, and the pids left in its session.
-
-    A last ``{"stderr": ...}`` line is added when the child did not report ``done``.
-    """
-    out = _run_child(options, timeout, env)
-    records: list[dict[str, Any]] = []
-    for line in out.lines:
-        if "options" in line and "phase" in line:
-            try:
-                line = legacy_dict(ScenarioResult.from_dict(line))
-            except (KeyError, TypeError, ValueError) as exc:
-                line = {"error": f"malformed scenario record: {exc!r}"}
-        records.append(line)
-    if not any(r.get("done") for r in records):
-        records.append({"stderr": out.stderr})
-    return records, out.survivors

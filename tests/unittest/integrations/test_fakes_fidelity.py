@@ -1,4 +1,4 @@
-"""Fidelity of the upstream-shaped fakes (tests/fakes/upstream/): what a real user sees WITHOUT the extension.
+"""Fidelity of the upstream-shaped fakes (tests/fakes/): what a real user sees WITHOUT the extension.
 
 Each test runs a child interpreter in its own session with ``PYTHONPATH`` set to one fake tree, so
 the fake ``tensorrt_llm`` is never imported into pytest's process, and with
@@ -20,8 +20,8 @@ import pytest
 
 from ...conftest import ProcessTracker, needs
 
-UPSTREAM_FAKES = Path(__file__).resolve().parents[2] / "fakes" / "upstream"
-TREES = {"v12": UPSTREAM_FAKES / "trtllm_v12", "main": UPSTREAM_FAKES / "trtllm_main"}
+FAKES = Path(__file__).resolve().parents[2] / "fakes"
+TREES = {"v12": FAKES / "trtllm_v12", "main": FAKES / "trtllm_main"}
 # Variables that would change what the child sees: the extension's switch and upstream's knobs.
 _DROPPED_ENV = ("PYTHONPATH", "TRTLLM_WORKER_LIVENESS", "TLLM_LLMAPI_ZMQ_DEBUG", "TLLM_WORKER_USE_SINGLE_PROCESS")
 

@@ -7,8 +7,10 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ prometheus_client = pytest.importorskip("prometheus_client", reason="the optiona
 
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
+from trtllm_liveness.integrations import prometheus as metrics_module  # noqa: E402
 from trtllm_liveness.integrations.prometheus import LivenessMetrics  # noqa: E402
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
@@ -86,9 +89,12 @@ def test_metrics_page_after_a_real_sigkill(procs: ProcessTracker) -> None:
     host = identities[0].hostname
     assert value(after, "trtllm_liveness_worker_failures_total", kind="died") == 1
     assert value(after, "trtllm_liveness_worker_failures_total", kind="wedged") == 0
-    assert value(after, "trtllm_liveness_detection_latency_seconds_count", kind="died") == 1
-    assert value(after, "trtllm_liveness_detection_latency_seconds_sum", kind="died") >= 0
-    assert value(after, "trtllm_liveness_detection_latency_seconds_bucket", kind="died", le="+Inf") == 1
+    assert value(after, "trtllm_liveness_detection_latency_seconds_count", kind="died", origin="noted") == 1
+    assert value(after, "trtllm_liveness_detection_latency_seconds_sum", kind="died", origin="noted") >= 0
+    assert value(after, "trtllm_liveness_detection_latency_seconds_bucket", kind="died", origin="noted",
+                 le="+Inf") == 1
+    # The noted fault time wins over the monitor's own: nothing under exit_seen for this death.
+    assert value(after, "trtllm_liveness_detection_latency_seconds_count", kind="died", origin="exit_seen") == 0
     dead_state = {
         state for state in ("exited", "zombie")
         if value(after, "trtllm_liveness_worker_state", rank="2", host=host, state=state) == 1
@@ -132,8 +138,13 @@ def test_unkillable_gauge_and_wedge_counts_on_a_stuck_process(
     assert value(stuck, "trtllm_liveness_worker_state", rank="0", host=identity.hostname, state="unkillable") == 1
     assert value(stuck, "trtllm_liveness_worker_failures_total", kind="wedged") == 1
     assert value(stuck, "trtllm_liveness_worker_failures_total", kind="unkillable") == 1
-    # No fault time was noted: nothing is observed rather than a made-up latency.
-    assert value(stuck, "trtllm_liveness_detection_latency_seconds_count", kind="wedged") == 0
+    # No fault time was noted: the monitor's own D-state start (the event's fault_at) is used, so
+    # the wedge's latency is at least the 0.3 s D-state timeout.
+    for kind in ("wedged", "unkillable"):
+        assert value(stuck, "trtllm_liveness_detection_latency_seconds_count", kind=kind, origin="d_state_start") == 1
+        assert value(stuck, "trtllm_liveness_detection_latency_seconds_count", kind=kind, origin="noted") == 0
+    assert value(stuck, "trtllm_liveness_detection_latency_seconds_bucket", kind="wedged", origin="d_state_start",
+                 le="0.25") == 0
     assert value(dead, "trtllm_liveness_unkillable_workers") == 0
     assert value(dead, "trtllm_liveness_worker_failures_total", kind="died") == 1
 
@@ -180,10 +191,10 @@ def test_reattach_after_restart_keeps_counts_and_never_counts_twice(
         assert value(samples, "trtllm_liveness_worker_state", rank="0", host=new.identities[0].hostname,
                      state="alive") == 1
         assert value(samples, "trtllm_liveness_worker_failures_total", kind="died") == 1
-        # The fault_time callback supplied the fault time: one observation, in the 0.25..0.5 s bucket.
-        assert value(samples, "trtllm_liveness_detection_latency_seconds_count", kind="died") == 1
-        assert value(samples, "trtllm_liveness_detection_latency_seconds_bucket", kind="died", le="0.1") == 0
-        assert value(samples, "trtllm_liveness_detection_latency_seconds_bucket", kind="died", le="0.5") == 1
+        # The fault_time callback supplied the fault time: one observation, at least 0.25 s.
+        assert value(samples, "trtllm_liveness_detection_latency_seconds_count", kind="died", origin="noted") == 1
+        assert value(samples, "trtllm_liveness_detection_latency_seconds_bucket", kind="died", origin="noted",
+                     le="0.1") == 0
 
         metrics.detach()
         assert not any(name == "trtllm_liveness_worker_state" for name, _ in scrape_registry(metrics))
@@ -202,3 +213,100 @@ def test_clear_import_error_without_prometheus_client() -> None:
     assert result.returncode == 3, result.stderr
     assert "prometheus_client" in result.stdout
     assert "pip install" in result.stdout
+
+
+def test_latency_from_the_monitor_alone_after_a_real_sigkill(procs: ProcessTracker) -> None:
+    """Nobody noted the fault: the exit the monitor saw is the fault time (origin exit_seen)."""
+    child = procs.sleeper()
+    got = threading.Event()
+    with WorkerProcessMonitor() as monitor:
+        metrics = LivenessMetrics(monitor)
+        try:
+            monitor.register([capture_identity(0, child.pid)])
+            monitor.subscribe(lambda event: got.set())
+            monitor.start()
+            os.kill(child.pid, signal.SIGKILL)
+            assert got.wait(10)
+            assert wait_until(lambda: value(scrape_registry(metrics), "trtllm_liveness_worker_failures_total",
+                                            kind="died") == 1, 10)
+            samples = scrape_registry(metrics)
+        finally:
+            metrics.close()
+    assert value(samples, "trtllm_liveness_detection_latency_seconds_count", kind="died", origin="exit_seen") == 1
+    assert value(samples, "trtllm_liveness_detection_latency_seconds_count", kind="died", origin="noted") == 0
+    assert value(samples, "trtllm_liveness_detection_latency_seconds_sum", kind="died", origin="exit_seen") >= 0
+
+
+def test_late_attach_counts_the_failure_but_observes_no_latency(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    with WorkerProcessMonitor() as monitor:
+        monitor.register([capture_identity(0, child.pid)])
+        os.kill(child.pid, signal.SIGKILL)
+        assert wait_until(lambda: monitor.check() is not None, 10)
+        metrics = LivenessMetrics(monitor)  # attaches after the death: the event is handed over late
+        try:
+            samples = scrape_registry(metrics)
+        finally:
+            metrics.close()
+    assert value(samples, "trtllm_liveness_worker_failures_total", kind="died") == 1
+    for origin in ("noted", "exit_seen"):
+        assert value(samples, "trtllm_liveness_detection_latency_seconds_count", kind="died", origin=origin) == 0
+
+
+def test_d_state_start_on_the_event_is_the_wedge_fault_time(procs: ProcessTracker, served: list[LivenessMetrics]
+                                                            ) -> None:
+    child = procs.sleeper()
+    identity = capture_identity(0, child.pid)
+    metrics = LivenessMetrics()
+    served.append(metrics)
+    with WorkerProcessMonitor() as monitor:
+        metrics.attach(monitor)
+        detected = time.monotonic()
+        # Delivered as a monitor would (to the subscriber, after the attach), with exact times.
+        metrics._on_event(WorkerEvent(EventKind.WEDGED, identity, "thread in D", detected_at=detected,
+                                      fault_at=detected - 2.0))
+        metrics._on_event(WorkerEvent(EventKind.UNKILLABLE, identity, "SIGKILL pending", detected_at=detected))
+    samples = scrape_registry(metrics)
+    assert value(samples, "trtllm_liveness_detection_latency_seconds_count", kind="wedged",
+                 origin="d_state_start") == 1
+    assert value(samples, "trtllm_liveness_detection_latency_seconds_bucket", kind="wedged",
+                 origin="d_state_start", le="1.0") == 0  # at least the 2 s the thread was in D
+    # An event without fault_at (and nothing noted): nothing observed rather than a made-up latency.
+    assert value(samples, "trtllm_liveness_detection_latency_seconds_count", kind="unkillable",
+                 origin="d_state_start") == 0
+    assert value(samples, "trtllm_liveness_worker_failures_total", kind="unkillable") == 1
+
+
+DOCS = Path(__file__).resolve().parents[3] / "docs" / "metrics.md"
+
+
+def test_every_exported_family_and_label_is_documented(procs: ProcessTracker, served: list[LivenessMetrics]
+                                                       ) -> None:
+    """The module docstring and docs/metrics.md name each family, label and label value exported."""
+    child = procs.sleeper()
+    with WorkerProcessMonitor() as monitor:
+        monitor.register([capture_identity(0, child.pid)])
+        metrics = LivenessMetrics(monitor)
+        served.append(metrics)
+        # prometheus_client's own *_created series (unless the process disabled them) are not ours to document.
+        families = [family for family in text_string_to_metric_families(metrics.exposition())
+                    if not family.name.endswith("_created")]
+    docstring = metrics_module.__doc__ or ""
+    table = DOCS.read_text()
+    assert {family.name for family in families} == {
+        "trtllm_liveness_worker_state", "trtllm_liveness_unkillable_workers", "trtllm_liveness_worker_failures",
+        "trtllm_liveness_detection_latency_seconds",
+    }
+    for family in families:
+        shown = family.name + ("_total" if family.type == "counter" else "")
+        assert shown in docstring and shown in table, shown
+        for sample in family.samples:
+            for label, label_value in sample.labels.items():
+                if label == "le":
+                    continue
+                if label in ("rank", "host"):
+                    assert f"``{label}``" in docstring and f"`{label}`" in table, label
+                    continue
+                assert f"``{label}``" in docstring and f"`{label}`" in table, (family.name, label)
+                assert f"``{label_value}``" in docstring, (family.name, label, label_value)
+                assert f"`{label_value}`" in table, (family.name, label, label_value)

@@ -1,8 +1,10 @@
-"""The TensorRT-LLM integration against faithful fakes of 1.2.x and main (tests/fakes/).
+"""The TensorRT-LLM integration against the upstream-shaped fakes of 1.2.x and main (tests/fakes/).
 
 Unit checks run in this process (feature detection, payload validation, the side channel);
 everything that spawns MPI workers or imports a fake ``tensorrt_llm`` runs in a child process in
-its own session (``run_in_child``), which also kills and reports whatever it left behind.
+its own session (``run_scenario``, which also kills and reports whatever it left behind). The
+end-to-end checks build the executor through upstream's own ``GenerationExecutor.create(engine,
+model_world_size=N)`` of the fake, with a ``FakeEngine`` (``reference._scenario._build``).
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from trtllm_liveness.integrations.trtllm._mixin import _subscriber
 from trtllm_liveness.integrations.trtllm._shim import MonitorShim
 from trtllm_liveness.integrations.trtllm._side_channel import IdentityChannel
 from trtllm_liveness.reference import GenerationExecutorProxy, MainGenerationExecutorProxy
-from trtllm_liveness.reference._scenario import run_in_child
+from trtllm_liveness.reference._records import ScenarioResult
+from trtllm_liveness.reference._scenario import run_scenario
 
 from ...conftest import WAIT_SCALE, ProcessTracker, needs, wait_until
 
@@ -209,13 +212,6 @@ def test_import_hook_patches_the_proxy_only_when_enabled(version: str) -> None:
     assert late.stdout.strip() == "LivenessGenerationExecutorProxy", late.stderr
 
 
-def test_autoload_reports_a_bad_env_value_without_breaking_the_interpreter() -> None:
-    result = _python("import trtllm_liveness.integrations.trtllm_autoload\nprint('alive')", "v12",
-                     TRTLLM_WORKER_LIVENESS="scan_interval_s=-3")
-    assert result.stdout.strip() == "alive"
-    assert "scan_interval_s" in result.stderr
-
-
 def test_lazy_executor_class_attribute_imports_tensorrt_llm_only_on_use() -> None:
     code = ("import sys\nimport trtllm_liveness.integrations.trtllm as t\n"
             "assert 'tensorrt_llm' not in sys.modules\n"
@@ -229,13 +225,13 @@ def test_lazy_executor_class_attribute_imports_tensorrt_llm_only_on_use() -> Non
 # ----------------------------------------------------------------------------- fakes, real MPI
 
 
-def run_fake(version: str, env: dict[str, str] | None = None, **options: Any) -> dict[str, Any]:
+def run_fake(version: str, env: dict[str, str] | None = None, **options: Any) -> ScenarioResult:
+    """One scenario iteration on the fake tree ``trtllm_<version>``; nothing may be left behind."""
     options.setdefault("observe_s", 15 * WAIT_SCALE)
-    records, survivors = run_in_child(options, 60 * WAIT_SCALE, env={"PYTHONPATH": fake_path(version), **(env or {})})
-    assert survivors == [], f"processes left behind: {survivors}"
-    results = [r for r in records if "phase" in r]
-    assert results and records[-1].get("done"), f"scenario failed: {records}"
-    return results[0]
+    run = run_scenario(options, 60 * WAIT_SCALE, env={"PYTHONPATH": fake_path(version), **(env or {})})
+    assert run.survivors == (), f"processes left behind: {run.survivors}"
+    assert run.results and run.done, f"scenario failed: {run.problems()}"
+    return run.results[0]
 
 
 @pytest.mark.mpi
@@ -248,21 +244,33 @@ def run_fake(version: str, env: dict[str, str] | None = None, **options: Any) ->
 def test_fake_trtllm_sigkill_end_to_end(version: str, mode: str, via: str, rank: int) -> None:
     env = {"TRTLLM_WORKER_LIVENESS": "1"} if via == "autoload" else {}
     out = run_fake(version, env, mode=mode, via=via, fault="kill", fault_rank=rank)
-    assert out["proxy_class"] == "LivenessGenerationExecutorProxy"
-    assert out["health_false_ms"] is not None and out["requests_failed_ms"] is not None
-    assert f"rank {rank} (pid {out['victim']['pid']})" in out["fatal_error"]
-    assert out["pre_shutdown_calls"] == 1 and out["pre_shutdown_runs"] == 1
+    assert out.proxy_class == "LivenessGenerationExecutorProxy"
+    assert out.victim is not None and out.victim.rank == rank and out.in_flight == out.options.requests
+    d, sh = out.detection, out.shutdown
+    assert d is not None and sh is not None
+    assert d.health_false_ms is not None and d.requests_failed_ms is not None
+    assert out.names_a_victim(out.fatal_error), out.fatal_error
+    assert [(e.kind, e.rank, e.pid) for e in out.events][:1] == [("died", rank, out.victim.pid)]
+    assert sh.pre_shutdown_calls == 1 and sh.pre_shutdown_runs == 1
+    # Every pending request failed with the engine's error: upstream main's EngineDeadError (its
+    # _mark_engine_dead), on 1.2.x an ErrorResponse per request (upstream's RequestError).
+    assert d.pending_errors == (("EngineDeadError",) if version == "main" else ("RequestError",))
+    assert out.pending_not_done == 0
     expected = "EngineDeadError" if version == "main" else "WorkerFailedError"
-    assert out["new_request_error"] == expected
-    assert out["shutdown_ms"] is not None
+    assert d.new_request_error == expected
+    assert sh.shutdown_ms is not None and not sh.by_harness
+    assert out.survivors == ()
 
 
 @pytest.mark.mpi
 def test_fake_without_liveness_is_untouched_and_hangs() -> None:
     out = run_fake("v12", {"TRTLLM_WORKER_LIVENESS": "0"}, mode="1.2", via="autoload", liveness=False,
                    fault="kill", observe_s=1.5)
-    assert out["proxy_class"] == "GenerationExecutorProxy"
-    assert out["health_false_ms"] is None and out["pending_not_done"] > 0
+    assert out.proxy_class == "GenerationExecutorProxy"
+    assert out.in_flight == out.options.requests  # the requests were streaming when the rank died
+    assert out.detection is not None and out.detection.health_false_ms is None
+    assert out.pending_not_done == out.options.requests and out.fatal_error is None and out.events == ()
+    assert out.shutdown is not None and out.shutdown.by_harness  # upstream 1.2.x would wait forever
 
 
 def test_identity_channel_times_out_and_cleans_up(caplog: pytest.LogCaptureFixture) -> None:

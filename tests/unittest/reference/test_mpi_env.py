@@ -63,11 +63,11 @@ def test_private_prte_tmpdir_is_removed_when_its_process_exits(tmp_path: Path) -
 
 
 def test_a_scenario_child_ending_with_os_exit_removes_its_prte_tmpdir(tmp_path: Path) -> None:
-    from trtllm_liveness.reference._scenario import run_in_child
+    from trtllm_liveness.reference._scenario import run_scenario
 
-    records, survivors = run_in_child({"mode": "main", "fault": "none", "tokens": 3, "observe_s": 10.0},
-                                      60 * WAIT_SCALE, env={"TMPDIR": str(tmp_path)})
-    assert survivors == [] and any(r.get("done") for r in records), records
+    run = run_scenario({"mode": "main", "fault": "none", "tokens": 3, "observe_s": 10.0},
+                       60 * WAIT_SCALE, env={"TMPDIR": str(tmp_path)})
+    assert run.survivors == () and run.done and run.returncode == 0, run.problems()
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(PRTE_TMPDIR_PREFIX)] == []
 
 

@@ -18,7 +18,7 @@ from trtllm_liveness.reference._records import (
     StopReportRecord,
     Victim,
 )
-from trtllm_liveness.reference._scenario import legacy_dict, liveness_env
+from trtllm_liveness.reference._scenario import liveness_env
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -74,15 +74,6 @@ def test_liveness_env_carries_the_knobs_and_the_exit_guard_only_when_asked() -> 
     assert "exit_on_fatal=1" in guarded and "exit_code=3" in guarded and "exit_timeout_s=5.0" in guarded
 
 
-def test_legacy_layout_keeps_the_flat_keys_of_the_untyped_records() -> None:
-    flat = legacy_dict(_result())
-    assert flat["victim"] == {"rank": 1, "pid": 42}
-    assert flat["health_false_ms"] == 2.9 and flat["shutdown_ms"] == 90.0
-    assert flat["pre_shutdown_calls"] == 1 and flat["pending_errors"] == ["EngineDeadError"]
-    assert flat["shutdown_report"]["workers"][1]["outcome"] == "already-gone"
-    assert flat["events"][0]["kind"] == "died" and flat["proxy_class"] is None
-
-
 def test_a_run_parses_records_and_times_the_exit_from_the_fault() -> None:
     lines = [{"pids": [41, 42], "iteration": 0}, {"fault_at": 12.5, "iteration": 0}, _result().to_dict(),
              {"done": True}]
@@ -94,3 +85,11 @@ def test_a_run_parses_records_and_times_the_exit_from_the_fault() -> None:
     assert run.problems() == []
     hung = ScenarioRun(results=(), survivors=(9,), done=False, stderr="boom", timed_out=True)
     assert hung.exit_ms is None and hung.problems() == ["boom", "processes left behind: [9]"]
+
+
+def test_upstream_api_takes_one_iteration_per_process() -> None:
+    """A second iteration on the fakes would share the process with the first one's upstream
+    shutdown, which aborts it (libzmq) when it closes its queues under its dispatch thread."""
+    with pytest.raises(ValueError, match="one iteration per process"):
+        ScenarioOptions(via="executor_cls", iterations=2)
+    assert ScenarioOptions(via="autoload").iterations == 1 and ScenarioOptions(iterations=3).via == "class"

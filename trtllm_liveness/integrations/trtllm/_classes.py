@@ -9,7 +9,8 @@
   thread-local set by the liveness class's ``create`` says which proxy class this call asked
   for, and every other call, in any thread, runs upstream's method unchanged. No module
   attribute is swapped, so an engine built meanwhile by another thread gets what it asked for,
-  and concurrent builds do not serialise.
+  and concurrent builds do not serialise. If no class defines ``_create_ipc_executor``, nothing
+  can be wrapped: one WARNING per process says that this route gets no liveness.
 - :func:`patch_tensorrt_llm`: the import hook's entry (``TRTLLM_WORKER_LIVENESS``): replaces
   ``tensorrt_llm.executor.proxy.GenerationExecutorProxy`` for the whole process, which is what
   that switch means; liveness still follows the configuration (default off).
@@ -27,7 +28,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from ..._config import LivenessConfig
-from ._features import route_of, warn_route
+from ._features import route_of, warn_once, warn_route
 from ._mixin import LivenessProxyMixin
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
@@ -73,16 +74,29 @@ def _requested(proxy_cls: type) -> Iterator[None]:
         _REQUEST.proxy_cls = previous
 
 
-def _routing_class(executor_cls: type) -> type:
-    """The class whose ``_create_ipc_executor`` upstream's ``create`` calls by name: the first
-    class named ``GenerationExecutor`` in ``executor_cls``'s MRO that defines it."""
-    for klass in executor_cls.__mro__:
-        if klass.__name__ == "GenerationExecutor" and "_create_ipc_executor" in vars(klass):
-            return klass
-    return executor_cls
+def _routing_class(executor_cls: type) -> type | None:
+    """The class whose ``_create_ipc_executor`` upstream's ``create`` reaches: it calls the method
+    by name on ``GenerationExecutor``, so this is the first class in the MRO from the first class
+    named ``GenerationExecutor`` on (``executor_cls``'s own MRO if none is) that defines it;
+    upstream defines it on ``GenerationExecutor`` itself, a layout may define it on a base. None
+    when no class defines it (then nothing can be hooked: see :func:`_install_create_hook`)."""
+    mro = executor_cls.__mro__
+    start = next((index for index, klass in enumerate(mro) if klass.__name__ == "GenerationExecutor"), 0)
+    return next((klass for klass in mro[start:] if "_create_ipc_executor" in vars(klass)), None)
 
 
-def _install_create_hook(owner: type) -> None:
+CREATE_HOOK_MISSING = ("the executor_cls route (LLM(executor_cls=liveness_executor_class())): its engines get "
+                       "upstream's proxy without liveness (the TRTLLM_WORKER_LIVENESS import hook still attaches)")
+
+
+def _install_create_hook(owner: type | None, executor_cls: type | None = None) -> None:
+    """Wrap ``owner._create_ipc_executor`` once (see the module docstring). ``owner`` None (no
+    class of ``executor_cls``'s MRO defines it): one WARNING per process naming what is lost."""
+    if owner is None:
+        subject = "?" if executor_cls is None else f"{executor_cls.__module__}.{executor_cls.__qualname__}"
+        warn_once("_create_ipc_executor", subject, "liveness: no class in the MRO of %s defines _create_ipc_executor: "
+                  "%s is not covered", subject, CREATE_HOOK_MISSING)
+        return
     with _HOOK_LOCK:
         current = vars(owner).get("_create_ipc_executor")
         if current is None or hasattr(getattr(current, "__func__", current), _ORIGINAL_ATTR):
@@ -115,7 +129,8 @@ def liveness_executor_class(executor_cls: type | None = None, proxy_cls: type | 
     Defaults to ``tensorrt_llm.executor.executor.GenerationExecutor`` and
     ``tensorrt_llm.executor.proxy.GenerationExecutorProxy`` (imported now). Raises
     ``ImportError`` without TensorRT-LLM. The rpc, ray and single-process routes of ``create``
-    get no liveness: each logs one WARNING naming the route.
+    get no liveness: each logs one WARNING naming the route (so does a layout where no class
+    defines ``_create_ipc_executor``: then no route gets liveness through this class).
     """
     if executor_cls is None:
         executor_cls = importlib.import_module("tensorrt_llm.executor.executor").GenerationExecutor
@@ -125,7 +140,7 @@ def liveness_executor_class(executor_cls: type | None = None, proxy_cls: type | 
     assert executor_cls is not None and proxy_cls is not None
     base_executor: type = executor_cls
     liveness_proxy = liveness_proxy_class(proxy_cls, default_enabled=True, config=config)
-    _install_create_hook(_routing_class(base_executor))
+    _install_create_hook(_routing_class(base_executor), base_executor)
 
     def _create_ipc_executor(worker_kwargs: Any, model_world_size: int = 1, mpi_session: Any = None,
                              postproc_worker_config: Any = None, is_llm_executor: Any = None,

@@ -9,7 +9,8 @@
    send its one SIGINT first; the guard then skips its own once the executor's ``shutdown()``
    began (what that SIGINT leads to), see ``_mixin._graceful``;
 2. publish: upstream's ``_set_fatal_error`` where present, ``_fatal_error`` in any case (Dynamo
-   reads it);
+   reads it); the one-line reason goes to the termination log (Kubernetes'
+   ``terminationMessagePath``, config ``termination_log``) from a daemon thread;
 3. fail pending work: every pending request (upstream's ``_mark_engine_dead`` where present, an
    ``ErrorResponse`` per request otherwise), then removed from ``_results`` so that upstream's
    ``pre_shutdown()`` sends no ``CancellingRequest`` for it; on 1.2.x mpi4py's exit join of the
@@ -17,8 +18,12 @@
    the session;
 4. trigger the exit guard (``exit_on_fatal``), after ``exit_delay_s``, from its own thread;
 5. upstream's ``pre_shutdown()`` in a daemon helper thread: where a hang (a blocking send to a
-   dead peer) stops nothing. Nobody waits on it without a bound. After it returns, or after
-   ``PRE_SHUTDOWN_WAIT_S``, the worker futures upstream waits on (the mirrors) are failed.
+   dead peer) stops nothing. Nobody waits on it without a bound. The helper thread does not own
+   upstream's request socket once a caller's ``submit()`` used it (ZMQ sockets are not
+   thread-safe; upstream's debug mode raises on such a send), so then the worker futures (the
+   mirrors) are failed *before* it, and upstream, seeing no pending future, sends no stop sentinel
+   (a leader still alive is ended by the bounded stop instead; see ``_mixin.pre_shutdown``).
+   Otherwise they are failed after it returns, or after ``PRE_SHUTDOWN_WAIT_S``.
 
 Steps 1-3 never block (no socket send, no join); they run in the thread that saw the event (the
 monitor's watcher or a ``check_health()`` caller).
@@ -34,8 +39,9 @@ import time
 from typing import Any
 
 from ..._events import WorkerFailedError
+from ..._termination_log import write_termination_message
 from .._futures import fail_pending
-from ._features import find_symbol
+from ._features import find_symbol, warn_once
 from ._state import EngineLiveness
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
@@ -50,6 +56,7 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
     if state.exit_guard is not None:
         mark_shutdown_signalled(proxy)
     publish_fatal(proxy, error)
+    write_termination_message(state.config.termination_log, f"trtllm-liveness: fatal engine error: {error}\n")
     fail_requests(proxy, error)
     release_exit_joins(proxy, state)
     if state.exit_guard is not None:
@@ -128,10 +135,19 @@ def release_exit_joins(proxy: Any, state: EngineLiveness) -> None:
     table = getattr(core, "THREADS_QUEUES", None)
     thread = getattr(getattr(getattr(session, "mpi_pool", None), "_pool", None), "thread", None)
     if table is None or thread is None:
-        logger.debug("liveness: no mpi4py exit-join table to release (another mpi4py layout)")
+        warn_once("exit-join", type(session).__qualname__, "liveness: no mpi4py exit-join table to release for "
+                  "%s (another mpi4py layout): the interpreter's exit may wait for the dead world's pool thread "
+                  "unless exit_on_fatal", type(session).__qualname__)
         return
     with contextlib.suppress(Exception):
         table.pop(thread, None)
+        # mpi4py's manager thread is not a daemon where threading has _register_atexit, so
+        # threading's own shutdown joins it too (through _shutdown_locks): a wedged world never
+        # lets it end. Upstream main's _abandon_mpi_pool_threads drops that lock the same way.
+        lock = getattr(thread, "_tstate_lock", None)
+        locks = getattr(threading, "_shutdown_locks", None)
+        if lock is not None and locks is not None:
+            locks.discard(lock)
         logger.info("liveness: released mpi4py's exit join of %s (the world is dead)", thread.name)
 
 
@@ -155,7 +171,8 @@ def _pre_shutdown_helper(proxy: Any, state: EngineLiveness, error: WorkerFailedE
     # may hang for good in a send to a dead peer. The worker futures are failed after it (1.2.x
     # sends its stop sentinel, which lets a live leader return, only while every future is
     # pending) or after the bound, whichever comes first: upstream's start-up loop and its
-    # shutdown() wait on them without a timeout.
+    # shutdown() wait on them without a timeout. (Where this thread does not own the request
+    # socket, the mixin's pre_shutdown() fails them first, so that no sentinel is sent from here.)
     def run() -> None:
         # Never while a caller's submit() is inside a send on the same (unlocked) socket.
         if not state.send_lock.acquire(timeout=PRE_SHUTDOWN_WAIT_S):

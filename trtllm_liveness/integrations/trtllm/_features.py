@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 import logging
 import sys
 import threading
@@ -29,8 +30,11 @@ REQUIRED_HOOKS: Mapping[str, str] = {
 # Hooks the extension replaces when absent (debug log only): name -> what it does instead.
 REPLACED_HOOKS: Mapping[str, str] = {
     "check_health": "the extension adds check_health (1.2.x: health is not is_shutdown())",
+    "_fatal_error": "the extension creates it (None) before upstream's constructor",
     "_set_fatal_error": "the fatal error is stored in _fatal_error directly",
     "_mark_engine_dead": "each pending request is failed with an ErrorResponse",
+    "_engine_dead": "treated as False (upstream has no death path of its own)",
+    "_owns_mpi_session": "the extension's own record: the proxy owns its session if none was passed in",
     "WORKER_PROCESS_IDENTITIES_SIGNAL": "identities come over the extension's side channel",
     "_error_monitor_loop": "nothing: the watcher thread replaces polling",
 }
@@ -41,7 +45,9 @@ _WARNED_LOCK = threading.Lock()
 
 @dataclass(frozen=True)
 class UpstreamFeatures:
-    """What a proxy class offers (``hasattr`` on the upstream class)."""
+    """What a proxy class offers: a class attribute (``hasattr``), or for the instance attributes
+    ``_fatal_error``, ``_engine_dead`` and ``_owns_mpi_session`` one that its constructor assigns
+    (see :func:`has_attribute`)."""
 
     check_health: bool
     fatal_error: bool
@@ -50,11 +56,64 @@ class UpstreamFeatures:
     mark_engine_dead: bool
     identities_signal: bool
     missing_hooks: tuple[str, ...] = ()
+    engine_dead: bool = False
+    owns_mpi_session: bool = False
 
     @property
     def flavour(self) -> str:
         """``"main"`` when upstream sends identities itself, ``"1.2"`` otherwise."""
         return "main" if self.identities_signal else "1.2"
+
+    def has(self, name: str) -> bool:
+        """Whether the hook ``name`` (a key of REQUIRED_HOOKS or REPLACED_HOOKS) was found."""
+        if name in REQUIRED_HOOKS:
+            return name not in self.missing_hooks
+        return bool(getattr(self, _FIELD_OF[name]))
+
+
+# REPLACED_HOOKS name -> its UpstreamFeatures field.
+_FIELD_OF: Mapping[str, str] = {
+    "check_health": "check_health", "_fatal_error": "fatal_error", "_set_fatal_error": "set_fatal_error",
+    "_mark_engine_dead": "mark_engine_dead", "_engine_dead": "engine_dead", "_owns_mpi_session": "owns_mpi_session",
+    "WORKER_PROCESS_IDENTITIES_SIGNAL": "identities_signal", "_error_monitor_loop": "error_monitor_loop",
+}
+
+
+def _attribute_names(function: Any, opnames: frozenset[str]) -> set[str]:
+    import dis  # only when probing: nothing on the import path of the autoload hook
+
+    # A decorated constructor (functools.wraps) is read through to the function it wraps.
+    code = getattr(inspect.unwrap(function), "__code__", None)
+    if code is None:
+        return set()
+    return {str(instr.argval) for instr in dis.get_instructions(code) if instr.opname in opnames}
+
+
+_STORES = frozenset({"STORE_ATTR"})
+_LOADS = frozenset({"LOAD_ATTR", "LOAD_METHOD"})
+
+
+def has_attribute(cls: type, name: str) -> bool:
+    """Whether instances of ``cls`` have ``name`` from construction on: a class attribute, or one
+    that a constructor in the MRO assigns (``self.name = ...``), directly or in a method of the
+    class it calls (one level: main's proxy sets its state in such helpers). Read from the
+    bytecode, so it works without source files; never raises (False when it cannot tell)."""
+    if hasattr(cls, name):
+        return True
+    try:
+        for klass in cls.__mro__:
+            init = vars(klass).get("__init__")
+            if init is None or klass is object:
+                continue
+            if name in _attribute_names(init, _STORES):
+                return True
+            for called in _attribute_names(init, _LOADS):
+                method = inspect.getattr_static(cls, called, None)
+                if inspect.isfunction(method) and name in _attribute_names(method, _STORES):
+                    return True
+    except Exception:  # an unusual class layout: say "not found", the extension then creates it
+        logger.debug("liveness: could not probe %s for %s", cls, name, exc_info=True)
+    return False
 
 
 @functools.lru_cache(maxsize=32)
@@ -63,12 +122,15 @@ def detect_features(proxy_cls: type) -> UpstreamFeatures:
     base = getattr(proxy_cls, "_liveness_base", proxy_cls)
     features = UpstreamFeatures(
         check_health=hasattr(base, "check_health"),
-        fatal_error=hasattr(base, "_fatal_error"),
+        # main sets _fatal_error in GenerationExecutor.__init__: an instance attribute, not a class one.
+        fatal_error=has_attribute(base, "_fatal_error"),
         set_fatal_error=hasattr(base, "_set_fatal_error"),
         error_monitor_loop=hasattr(base, "_error_monitor_loop"),
         mark_engine_dead=hasattr(base, "_mark_engine_dead"),
         identities_signal=hasattr(base, "WORKER_PROCESS_IDENTITIES_SIGNAL"),
         missing_hooks=tuple(name for name in REQUIRED_HOOKS if not hasattr(base, name)),
+        engine_dead=has_attribute(base, "_engine_dead"),
+        owns_mpi_session=has_attribute(base, "_owns_mpi_session"),
     )
     logger.debug("liveness: %s.%s looks like TensorRT-LLM %s: %s",
                  base.__module__, base.__qualname__, features.flavour, features)
@@ -93,19 +155,36 @@ def warn_missing_hooks(proxy_cls: type) -> list[str]:
     for name in features.missing_hooks:
         warn_once(name, subject, "liveness: %s has no %s: %s is not covered", subject, name, REQUIRED_HOOKS[name])
     for name, instead in REPLACED_HOOKS.items():
-        if not hasattr(base, name):
+        if not features.has(name):
             logger.debug("liveness: %s has no %s: %s", subject, name, instead)
     return list(features.missing_hooks)
 
 
-def warn_session_hooks(session: Any) -> None:
-    """One WARNING per missing session hook of upstream main that the extension cannot replace."""
+# Hooks of the MPI session whose absence costs coverage: name -> what is then not covered.
+SESSION_HOOKS: Mapping[str, str] = {
+    "release_exit_joins": "releasing mpi4py's exit join after a death for a session the proxy does not own "
+                          "(the extension releases it for owned sessions only): the interpreter may hang at exit "
+                          "after a death unless exit_on_fatal",
+    "abandon": "abandoning an owned session whose upstream shutdown() is still blocked after the workers were "
+               "stopped: the interpreter may wait at exit",
+}
+
+
+def warn_session_hooks(session: Any, *, owned: bool | None = None) -> None:
+    """One WARNING per missing session hook that the extension cannot replace (once per process
+    and session class). ``owned``: whether the proxy created the session (None: unknown, then a
+    missing ``release_exit_joins`` is not judged)."""
     if session is None:
+        warn_once("mpi_session", "None", "liveness: the proxy has no mpi_session: worker identities and the "
+                  "proxy-death watch are not covered")
         return
     subject = type(session).__qualname__
     if not callable(getattr(session, "submit", None)):
         warn_once("submit", subject, "liveness: the MPI session %s has no submit(): worker identities and the "
                   "proxy-death watch are not covered", subject)
+    if owned is False and not callable(getattr(session, "release_exit_joins", None)):
+        warn_once("release_exit_joins", subject, "liveness: the MPI session %s has no release_exit_joins(): %s is "
+                  "not covered", subject, SESSION_HOOKS["release_exit_joins"])
 
 
 # Routes of GenerationExecutor.create that do not build an MPI GenerationExecutorProxy.

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 import weakref
@@ -34,10 +35,10 @@ from ..._identity import ProcessIdentity
 from ..._monitor import WorkerProcessMonitor
 from ..._pidfd import verify_start_time
 from ..._shutdown import StopReport
-from .._futures import mirror_future
+from .._futures import fail_pending, mirror_future
 from .._pool_manager_watch import PoolManagerWatch
 from ._fatal import PRE_SHUTDOWN_WAIT_S, acquire_send_lock, dead_error, fail_request, run_fatal_path
-from ._features import detect_features, warn_missing_hooks, warn_session_hooks
+from ._features import detect_features, warn_missing_hooks, warn_once, warn_session_hooks
 from ._shim import MonitorShim
 from ._side_channel import IdentityChannel
 from ._state import MISSING, STATE_ATTR, EngineLiveness
@@ -101,6 +102,7 @@ class LivenessProxyMixin:
         self.__dict__[STATE_ATTR] = state
         if config.enabled:
             self._liveness_start(state, args, kwargs)
+            _export_metrics(state, llm_args)
         super().__init__(worker_kwargs, *args, **kwargs)  # type: ignore[call-arg]
 
     def _liveness_start(self, state: EngineLiveness, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
@@ -119,6 +121,7 @@ class LivenessProxyMixin:
         monitor.start()
         state.monitor = monitor
         state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits)
+        _announce(type(self)._liveness_base, config)
 
     # -- public view ---------------------------------------------------------------------
 
@@ -244,7 +247,7 @@ class LivenessProxyMixin:
 
     def _liveness_wrap_session(self, state: EngineLiveness) -> Callable[[], None] | None:
         session = getattr(self, "mpi_session", None)
-        warn_session_hooks(session)
+        warn_session_hooks(session, owned=state.owns_session)
         submit = getattr(session, "submit", None)
         if session is None or not callable(submit):
             return None
@@ -336,6 +339,12 @@ class LivenessProxyMixin:
             raise dead_error(self, state.fatal)
         acquire_send_lock(self, state)
         try:
+            if state.fatal is not None:
+                # Became fatal while this call waited for the lock: upstream's send could go to a
+                # leader the bounded stop has ended meanwhile (a PAIR put then never returns).
+                raise dead_error(self, state.fatal)
+            if state.request_socket_owner is None:
+                state.request_socket_owner = threading.get_ident()
             result = super().submit(request)  # type: ignore[misc]
         finally:
             state.send_lock.release()
@@ -347,7 +356,12 @@ class LivenessProxyMixin:
     def pre_shutdown(self) -> None:
         """Upstream's ``pre_shutdown()``: marks expected exits first (a clean stop, unless a fatal
         error is known), then runs upstream's, serialized. Waits at most 0.5 s for another thread
-        running it (the fatal path's helper may hang in it on a send to a dead peer): then returns."""
+        running it (the fatal path's helper may hang in it on a send to a dead peer): then returns.
+
+        After a fatal error, in a thread other than the request socket's owner (the thread of the
+        first ``submit()``), upstream's makes no socket send: the pending requests were failed and
+        forgotten (no ``CancellingRequest``), and the worker futures are failed first (no stop
+        sentinel, see :func:`_quiet_after_fatal`)."""
         state = _state(self)
         if not state.enabled:
             super().pre_shutdown()  # type: ignore[misc]
@@ -359,6 +373,8 @@ class LivenessProxyMixin:
         try:
             with state.lock:
                 state.pre_shutdown_entries += 1
+            if state.fatal is not None and not _owns_request_socket(state):
+                _quiet_after_fatal(state, state.fatal)
             super().pre_shutdown()  # type: ignore[misc]
         finally:
             state.pre_shutdown_lock.release()
@@ -432,10 +448,15 @@ class LivenessProxyMixin:
         if not (owns if isinstance(owns, bool) else state.owns_session):
             logger.info("liveness: the MPI session belongs to the caller; not abandoned")
             return
-        abandon = getattr(getattr(self, "mpi_session", None), "abandon", None)
+        session = getattr(self, "mpi_session", None)
+        abandon = getattr(session, "abandon", None)
         if callable(abandon):
             with contextlib.suppress(Exception):
                 abandon()
+        elif session is not None:
+            warn_once("abandon", type(session).__qualname__, "liveness: the MPI session %s has no abandon(): its "
+                      "blocked pool threads may keep the interpreter from exiting after this shutdown",
+                      type(session).__qualname__)
 
     def _liveness_wait_exit(self, deadline: float) -> None:
         monitor = _state(self).monitor
@@ -472,6 +493,66 @@ class LivenessProxyMixin:
         if state.monitor is not None:
             with contextlib.suppress(Exception):
                 state.monitor.close()
+        if state.metrics is not None:
+            with contextlib.suppress(Exception):
+                state.metrics.close()
+
+
+def _export_metrics(state: EngineLiveness, llm_args: Any) -> None:
+    # trtllm-serve with return_perf_metrics serves /prometheus/metrics from prometheus_client's
+    # multiprocess files (a fresh registry holding only a MultiProcessCollector), so metrics
+    # reach that page only through those files: only when PROMETHEUS_MULTIPROC_DIR is set before
+    # prometheus_client's first import. Upstream sets the variable itself, but after the engine
+    # exists; importing prometheus_client here without it would fix prometheus_client in its
+    # single-process mode and drop upstream's own trtllm_* metrics from that page. So: only with
+    # the variable already set (by the user, for the server), else one WARNING and no import.
+    if not getattr(llm_args, "return_perf_metrics", False) or state.monitor is None:
+        return
+    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        warn_once("metrics", "PROMETHEUS_MULTIPROC_DIR", "liveness: return_perf_metrics is set but "
+                  "PROMETHEUS_MULTIPROC_DIR is not: the liveness metrics are not on trtllm-serve's "
+                  "/prometheus/metrics (set PROMETHEUS_MULTIPROC_DIR in the server's environment)")
+        return
+    try:
+        from ..prometheus import LivenessMetrics
+    except ImportError as exc:
+        warn_once("metrics", "prometheus_client", "liveness: no liveness metrics on /prometheus/metrics: %s", exc)
+        return
+    try:
+        state.metrics = LivenessMetrics(state.monitor)
+    except Exception:
+        logger.warning("liveness: could not export the liveness metrics", exc_info=True)
+
+
+def _announce(base: type, config: LivenessConfig) -> None:
+    # One line per engine saying that liveness is on (a user who switched it on by environment
+    # must be able to see that it took). Servers seldom configure Python logging (trtllm-serve's
+    # own logger is not it), and an INFO record without a handler is dropped: then stderr.
+    line = (f"worker liveness on for {base.__module__}.{base.__qualname__} "
+            f"(d_state_timeout_s={config.d_state_timeout_s:g}, exit_on_fatal={int(config.exit_on_fatal)})")
+    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
+        logger.info("liveness: %s", line)
+        return
+    with contextlib.suppress(Exception):  # a closed stderr must not fail the engine's start
+        sys.stderr.write(f"trtllm-liveness: {line}\n")
+        sys.stderr.flush()
+
+
+def _owns_request_socket(state: EngineLiveness) -> bool:
+    # No submit yet: nobody owns the socket, and the thread that sends now becomes its owner.
+    owner = state.request_socket_owner
+    return owner is None or owner == threading.get_ident()
+
+
+def _quiet_after_fatal(state: EngineLiveness, error: WorkerFailedError) -> None:
+    # Upstream's pre_shutdown() sends its stop sentinel (put_noblock(None)) only while worker
+    # futures are pending (main: any; 1.2.x: all). After a fatal error it runs in the fatal path's
+    # helper thread (or the upstream-shutdown thread); once a caller's thread owns upstream's
+    # request socket, a send from another thread breaks ZMQ's rule (sockets are not thread-safe)
+    # and raises with TLLM_LLMAPI_ZMQ_DEBUG=1. Failing the futures (upstream's mirrors) first keeps
+    # upstream from sending at all; a leader still alive is then ended by the bounded stop of
+    # shutdown() / the exit guard instead of returning by itself.
+    fail_pending(state.mpi_futures if isinstance(state.mpi_futures, list) else [], error)
 
 
 def _graceful(state: EngineLiveness) -> Callable[[], None]:

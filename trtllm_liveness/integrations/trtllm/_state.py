@@ -45,6 +45,11 @@ class EngineLiveness:
         fatal_done: set when the fatal path's helper finished upstream's ``pre_shutdown()``.
         pre_shutdown_entries: calls of upstream's ``pre_shutdown()`` the extension made or passed on.
         real_mpi_futures: mpi4py's own futures (upstream holds mirrors, see ``_futures.py``).
+        request_socket_owner: the thread (ident) that owns upstream's request socket as its
+            ``TLLM_LLMAPI_ZMQ_DEBUG`` check defines it: the first that used it, i.e. the first
+            ``submit()``'s (``abort_request()`` follows a submit; ``pre_shutdown()`` sends last).
+        metrics: the engine's ``LivenessMetrics`` when the extension exported them itself
+            (trtllm-serve's multiprocess Prometheus page), else None.
         mpi_futures / upstream_monitor: storage behind upstream's ``mpi_futures`` and
             ``_worker_process_monitor`` attributes (MISSING until upstream sets them).
     """
@@ -72,6 +77,8 @@ class EngineLiveness:
     fatal_done: threading.Event = field(default_factory=threading.Event)
     pre_shutdown_entries: int = 0
     real_mpi_futures: list[Future[Any]] | None = None
+    request_socket_owner: int | None = None
+    metrics: Any = None
     mpi_futures: Any = MISSING
     upstream_monitor: Any = MISSING
 

@@ -4,12 +4,18 @@ The proxy wraps ``mpi_session.submit`` while it starts the workers, so each rank
 :func:`liveness_worker_entry` (it travels by reference to this module: workers need no import
 hook), which
 
-1. starts the **proxy-death watch** (all versions): a daemon thread holding a pidfd on the proxy
-   process, verified against its start time. When the proxy dies (SIGKILL, OOM kill), the rank
-   logs one line and ends with ``os._exit(PROXY_DIED_EXIT_STATUS)``, so ranks launched by
-   ``mpirun`` (``MpiCommSession``) do not keep their GPUs after their server is gone. Skipped in
-   the proxy process itself (rank 0 of ``MpiCommSession`` runs there) and on another host or PID
-   namespace (no pidfd can reach the proxy there);
+1. starts the **proxy-death watch** (all versions; :class:`ProxyDeathWatch`): a daemon thread
+   holding a pidfd on the proxy process, opened at the rank's start and verified against the
+   start time the proxy sent (:func:`proxy_identity`, passed with the task, so every rank learns
+   the pid of the process that submitted it: the spawning parent under ``MpiPoolSession``,
+   rank 0's process under ``MpiCommSession``, with or without a sub-communicator; no collective).
+   When the proxy dies (SIGKILL, OOM kill), the rank logs one line naming it and ends with
+   ``os._exit(PROXY_DIED_EXIT_STATUS)``, so ranks launched by ``mpirun`` (``MpiCommSession``) do
+   not keep their GPUs after their server is gone. Skipped in the proxy process itself (rank 0 of
+   ``MpiCommSession`` runs there) and on another host or PID namespace (no pidfd can reach the
+   proxy there); without pidfd, ``/proc`` is polled (one WARNING). A rank whose own interpreter
+   exit has begun is not ended for ``_EXIT_GRACE_S`` (a clean job end, where rank 0 may exit
+   first, keeps its statuses). ``TRTLLM_LIVENESS_PROXY_WATCH=0`` turns the watch off;
 2. on 1.2.x (no identities in upstream's protocol), **announces identities**: the ranks gather
    them over the session's own communicator (upstream's ``tensorrt_llm._utils.mpi_comm()``, which
    is the sub-communicator of a sub-communicator session; ``COMM_WORLD`` only without it) and the
@@ -22,13 +28,16 @@ Nothing here raises into upstream: a failure is logged and the rank runs unmonit
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import json
 import logging
 import os
 import select
 import sys
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..._identity import capture_identity, local_hostname, local_pid_namespace
@@ -41,8 +50,14 @@ PROXY_KWARG = "_trtllm_liveness_proxy"
 PROXY_DIED_EXIT_STATUS = 75
 """Exit status of a rank ended by the proxy-death watch (EX_TEMPFAIL: the job may be restarted)."""
 
+WATCH_ENV_VAR = "TRTLLM_LIVENESS_PROXY_WATCH"
+"""``0`` in a rank's environment turns the proxy-death watch off there (diagnosis; tests)."""
+
 _SEND_TIMEOUT_MS = 5000
-_WATCH_TICK_MS = 1000  # how often the watch re-checks that it should still run; not a poll interval
+_WATCH_TICK_MS = 1000  # poll() wakes this often; a bound on each wait, not how fast a death is seen
+_FALLBACK_POLL_S = 0.5  # without pidfd: how often /proc/<pid>/stat is re-read
+_EXIT_GRACE_S = 5.0  # a rank already exiting on its own is ended only if still here after this
+_LAST_WORDS_S = 1.0  # the most the rank waits for its last log line and flushes
 
 
 def liveness_worker_entry(*args: Any, **kwargs: Any) -> Any:
@@ -53,7 +68,7 @@ def liveness_worker_entry(*args: Any, **kwargs: Any) -> Any:
     target = kwargs.pop(FN_KWARG)
     channel = kwargs.pop(CHANNEL_KWARG, None)
     proxy = kwargs.pop(PROXY_KWARG, None)
-    if proxy is not None:
+    if proxy is not None and os.environ.get(WATCH_ENV_VAR, "1") != "0":
         try:
             start_proxy_death_watch(proxy)
         except Exception:
@@ -67,68 +82,214 @@ def liveness_worker_entry(*args: Any, **kwargs: Any) -> Any:
 
 
 def proxy_identity() -> list[Any]:
-    """What the proxy passes to its workers: ``[pid, start_time, hostname, pid_namespace]``."""
+    """What the proxy passes to its workers: ``[pid, start_time, hostname, pid_namespace, boot_id]``.
+
+    ``boot_id`` (the kernel's, ``""`` if unreadable) tells two hosts apart even where hostnames
+    and the initial PID namespace's inode coincide; a 4-element form without it is still accepted.
+    """
+    from ..._procfs import boot_id
+
     identity = capture_identity(0)
-    return [identity.pid, identity.start_time, identity.hostname, identity.pid_namespace]
+    return [identity.pid, identity.start_time, identity.hostname, identity.pid_namespace, boot_id()]
 
 
-def start_proxy_death_watch(proxy: Sequence[Any]) -> threading.Thread | None:
+class ProxyDeathWatch:
+    """One rank's watch on its proxy process; see :func:`start_proxy_death_watch`.
+
+    The thread owns its descriptor (a pidfd, or none in the procfs fallback) and closes it when
+    the proxy is gone, just before it ends the rank. ``on_gone(pid)`` ends the rank (default:
+    one CRITICAL line naming the dead proxy, then ``os._exit(PROXY_DIED_EXIT_STATUS)``); tests
+    pass their own.
+    """
+
+    def __init__(self, pid: int, start_time: int | None, fd: int | None,
+                 on_gone: Callable[[int], None]) -> None:
+        self.pid = pid
+        self.start_time = start_time
+        self.fd = fd  # closed by the thread once the proxy is gone
+        self.method = "pidfd" if fd is not None else "procfs"
+        self._on_gone = on_gone
+        self.thread = threading.Thread(target=self._run, name="trtllm-liveness-proxy-watch", daemon=True)
+
+    def _run(self) -> None:
+        if self.fd is not None:
+            try:
+                poller = select.poll()
+                poller.register(self.fd, select.POLLIN)
+                while not poller.poll(_WATCH_TICK_MS):  # readable once the proxy exited (zombie or reaped)
+                    pass
+            finally:
+                os.close(self.fd)
+        else:
+            while not _proxy_gone_now(self.pid, self.start_time):
+                time.sleep(_FALLBACK_POLL_S)
+        if _EXITING.is_set():
+            # This rank is leaving on its own (its interpreter exit began before the proxy was
+            # seen gone, as at the clean end of an mpirun job, where rank 0 may exit first): that
+            # is no reason for status 75. Only a rank still here after the grace is ended.
+            time.sleep(_EXIT_GRACE_S)
+        self._on_gone(self.pid)
+
+
+# Set when this process's interpreter exit begins (a threading exit hook: it runs before the atexit
+# handlers, and before mpi4py's MPI_Finalize, which is a Py_AtExit callback at the very end).
+_EXITING = threading.Event()
+_WATCHES: dict[tuple[int, int | None], ProxyDeathWatch] = {}
+_WATCHES_LOCK = threading.Lock()
+
+
+def _note_exit_hook() -> None:
+    """Register the hook that marks this process's own exit, once (called under the lock)."""
+    if _WATCHES:
+        return
+    register = getattr(threading, "_register_atexit", None)
+    try:
+        if callable(register):
+            register(_EXITING.set)
+        else:  # pragma: no cover - CPython has had it since 3.9
+            atexit.register(_EXITING.set)
+    except RuntimeError:  # the interpreter is already shutting down
+        _EXITING.set()
+
+
+def _parse_proxy(proxy: Sequence[Any]) -> tuple[int, int | None, str, int | None, str | None]:
+    if isinstance(proxy, (str, bytes)) or not isinstance(proxy, Sequence) or len(proxy) not in (4, 5):
+        raise ValueError(f"bad proxy identity {proxy!r}: want [pid, start_time, hostname, pid_namespace(, boot_id)]")
+    pid, start_time, hostname, namespace = proxy[:4]
+    boot = proxy[4] if len(proxy) == 5 else None
+
+    def is_int(value: Any) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    if not is_int(pid) or pid <= 1:
+        raise ValueError(f"bad proxy pid {pid!r}")
+    if start_time is not None and (not is_int(start_time) or start_time < 0):
+        raise ValueError(f"bad proxy start time {start_time!r}")
+    if not isinstance(hostname, str):
+        raise ValueError(f"bad proxy hostname {hostname!r}")
+    if namespace is not None and not is_int(namespace):
+        raise ValueError(f"bad proxy PID namespace {namespace!r}")
+    if boot is not None and not isinstance(boot, str):
+        raise ValueError(f"bad proxy boot id {boot!r}")
+    return pid, start_time, hostname, namespace, boot
+
+
+def start_proxy_death_watch(proxy: Sequence[Any], *,
+                            on_gone: Callable[[int], None] | None = None) -> ProxyDeathWatch | None:
     """Start the daemon thread that ends this rank when the proxy process ``proxy`` ends.
 
-    Returns None (and starts nothing) in the proxy process itself, on another host or PID
-    namespace, or when the proxy is already gone or its start time does not match (then the rank
-    ends at once: its proxy is gone). Raises ``ValueError`` for a malformed ``proxy``.
+    ``proxy`` is :func:`proxy_identity`'s list, made in the proxy process. The proxy is watched
+    through a pidfd opened here and verified against its start time after opening (so the watch
+    can never follow a later process that reuses the pid); where this kernel or Python has no
+    pidfd, through ``/proc/<pid>/stat`` (pid and start time) every 0.5 s, with one WARNING.
+
+    Returns the watch, or None when nothing is watched: in the proxy process itself (rank 0 of
+    ``MpiCommSession`` runs there), on another host or PID namespace (no pidfd can reach the proxy;
+    INFO), when a watch on the same proxy already runs in this process (a rank that serves several
+    tasks of one session), when the proxy's ``/proc`` entry cannot be read or no pidfd can be
+    opened (WARNING), or when the proxy is already gone or its pid now belongs to another process:
+    then ``on_gone`` runs at once (by default the rank ends: its proxy is gone). Raises
+    ``ValueError`` for a malformed ``proxy``. Never blocks (two procfs reads and a ``pidfd_open``).
     """
     from ... import _pidfd
-    from ..._errors import LivenessError
+    from ..._errors import ProcessGone
+    from ..._procfs import boot_id
 
-    pid, start_time, hostname, namespace = proxy
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
-        raise ValueError(f"bad proxy pid {pid!r}")
+    pid, start_time, hostname, namespace, boot = _parse_proxy(proxy)
+    end = _end_rank if on_gone is None else on_gone
     if pid == os.getpid():
         return None  # rank 0 of MpiCommSession runs in the proxy process
-    if hostname != local_hostname() or namespace != local_pid_namespace():
+    if (hostname != local_hostname() or namespace is None or namespace != local_pid_namespace()
+            or (boot and boot_id() and boot != boot_id())):
         logger.info("liveness: the proxy (pid %d on %s) is on another host or PID namespace; no proxy-death watch",
                     pid, hostname)
         return None
-    if not _pidfd.pidfd_supported():
-        logger.warning("liveness: no pidfd on this kernel: a rank does not exit when its proxy dies")
-        return None
+    key = (pid, start_time)
+    with _WATCHES_LOCK:
+        if key in _WATCHES:
+            return None
+        fd: int | None = None
+        if _pidfd.pidfd_supported():
+            try:
+                fd = _pidfd.open_verified_pidfd(pid, start_time)
+            except ProcessGone:  # gone, a zombie, or its pid reused: this rank's proxy is gone
+                gone = True
+            except Exception as exc:  # AccessDenied, EMFILE...: cannot tell, so the rank keeps running
+                logger.warning("liveness: cannot watch the proxy (pid %d): %s; this rank will not exit "
+                               "when its proxy dies", pid, exc)
+                return None
+            else:
+                gone = False
+        else:
+            gone = _proxy_gone_now(pid, start_time)
+            if not gone:
+                logger.warning("liveness: no pidfd here: the proxy (pid %d) is watched by polling /proc every "
+                               "%.1f s (pid and start time)", pid, _FALLBACK_POLL_S)
+        if not gone:
+            watch = ProxyDeathWatch(pid, start_time, fd, end)
+            try:
+                _note_exit_hook()
+                watch.thread.start()
+            except BaseException:
+                if fd is not None:
+                    os.close(fd)
+                raise
+            _WATCHES[key] = watch
+            logger.debug("liveness: watching the proxy (pid %d) by %s", pid, watch.method)
+            return watch
+    end(pid)
+    return None
+
+
+def _proxy_gone_now(pid: int, start_time: int | None) -> bool:
+    """The procfs check: True if ``pid`` is gone, a zombie, or another process now."""
+    from ... import _pidfd
+    from ..._errors import ProcessGone
+
     try:
-        fd = _pidfd.open_verified_pidfd(pid, start_time)
-    except (LivenessError, OSError):
-        _proxy_gone(pid)
-        return None
-    thread = threading.Thread(target=_watch_proxy, args=(fd, pid), name="trtllm-liveness-proxy-watch", daemon=True)
-    thread.start()
-    return thread
+        _pidfd.verify_start_time(pid, start_time)
+    except ProcessGone:
+        return True
+    except Exception:  # cannot tell this time (AccessDenied, EMFILE...): keep watching
+        return False
+    return False
 
 
-def _watch_proxy(fd: int, pid: int) -> None:
-    poller = select.poll()
-    poller.register(fd, select.POLLIN)
-    while not poller.poll(_WATCH_TICK_MS):
-        pass
-    _proxy_gone(pid)
+def _end_rank(pid: int) -> None:
+    """One line naming the dead proxy, then ``os._exit(PROXY_DIED_EXIT_STATUS)``.
 
-
-def _proxy_gone(pid: int) -> None:
-    logger.critical("liveness: the proxy process (pid %d) is gone; ending this rank (pid %d) with status %d",
-                    pid, os.getpid(), PROXY_DIED_EXIT_STATUS)
-    for stream in (sys.stdout, sys.stderr):
+    The line and the flushes run in a helper thread the rank waits for at most
+    ``_LAST_WORDS_S``: a stream whose reader is gone or stopped must not keep the rank alive.
+    """
+    def last_words() -> None:
         try:
-            stream.flush()
-        except Exception:  # a closed stream must not keep the rank alive
-            pass
+            logger.critical("liveness: the proxy process (pid %d) is gone; ending this rank (pid %d) with status %d",
+                            pid, os.getpid(), PROXY_DIED_EXIT_STATUS)
+            for stream in (sys.stderr, sys.stdout):
+                with contextlib.suppress(Exception):  # a closed stream must not keep the rank alive
+                    stream.flush()
+        finally:
+            said.set()
+
+    said = threading.Event()
+    with contextlib.suppress(Exception):
+        threading.Thread(target=last_words, name="trtllm-liveness-last-words", daemon=True).start()
+        said.wait(_LAST_WORDS_S)
     os._exit(PROXY_DIED_EXIT_STATUS)
 
 
 def session_comm() -> Any:
-    """The communicator of this rank's session: upstream's ``mpi_comm()`` where it is loaded
-    (it is once ``worker_main`` was unpickled), else ``COMM_WORLD``."""
+    """The communicator of this rank's session: upstream's ``tensorrt_llm._utils.mpi_comm()``,
+    else ``COMM_WORLD`` (only where ``tensorrt_llm`` is not loaded at all).
+
+    ``_utils`` is imported here when ``tensorrt_llm`` is loaded (it is on a rank once
+    ``worker_main`` was unpickled; upstream's package ``__init__`` imports ``_utils`` itself, but
+    nothing here may rely on that): without it, a rank of a sub-communicator session would gather
+    over ``COMM_WORLD``, a collective that the ranks outside the session never reach (issue 10
+    point 4c; seen as a start-up hang with the fakes, whose ``__init__`` does not import it)."""
     from ._features import find_symbol
 
-    mpi_comm = find_symbol(["mpi_comm"], ["tensorrt_llm._utils"], import_missing=False)
+    mpi_comm = find_symbol(["mpi_comm"], ["tensorrt_llm._utils"], import_missing="tensorrt_llm" in sys.modules)
     if callable(mpi_comm):
         try:
             comm = mpi_comm()

@@ -1,33 +1,25 @@
-"""Fake GenerationExecutor: ``create`` routes to ``GenerationExecutor._create_ipc_executor`` by name."""
+"""Fake ``tensorrt_llm.executor.executor`` (main): ``create`` routes; base ``check_health`` and the fatal error."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
-from trtllm_liveness.reference._proxy import GenerationExecutor as _ReferenceExecutor
+from _trtllm_fake_common import GenerationExecutorRoutes
 
 
-class GenerationExecutor(_ReferenceExecutor):
-    @staticmethod
-    def _create_ipc_executor(
-        worker_kwargs: dict[str, Any],
-        model_world_size: int,
-        mpi_session: Any,
-        postproc_worker_config: Any = None,
-        is_llm_executor: Any = None,
-        use_worker: bool = False,
-    ) -> Any:
-        if use_worker:
-            raise NotImplementedError("the fake has no single-process worker")
-        from .proxy import GenerationExecutorProxy
+class GenerationExecutor(GenerationExecutorRoutes):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fatal_error: BaseException | None = None
+        self._fatal_error_lock = threading.Lock()
 
-        return GenerationExecutorProxy(worker_kwargs, model_world_size=model_world_size, mpi_session=mpi_session,
-                                       postproc_worker_config=postproc_worker_config,
-                                       is_llm_executor=is_llm_executor)
+    def _set_fatal_error(self, error: BaseException) -> None:
+        """The first error wins."""
+        with self._fatal_error_lock:
+            if self._fatal_error is None:
+                self._fatal_error = error
 
-    @staticmethod
-    def create(*, model_world_size: int = 1, mpi_session: Any = None, llm_args: Any = None,
-               **worker_kwargs: Any) -> Any:  # type: ignore[override]
-        worker_kwargs["llm_args"] = llm_args
-        return GenerationExecutor._create_ipc_executor(worker_kwargs, model_world_size=model_world_size,
-                                                       mpi_session=mpi_session, is_llm_executor=True)
+    def check_health(self) -> bool:
+        """Base version (what the rpc proxy and Ray have): shutdown or a fatal error -> False."""
+        return not self.doing_shutdown and self._fatal_error is None

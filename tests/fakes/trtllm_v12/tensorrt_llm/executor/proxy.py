@@ -1,16 +1,23 @@
-"""Fake GenerationExecutorProxy (1.2.1 behaviour, from the reference executor)."""
+"""Fake ``tensorrt_llm.executor.proxy`` (1.2.x): the shape of ``_trtllm_fake_common.ProxyCore``.
 
-from __future__ import annotations
+No ``check_health``, ``_fatal_error``, ``_error_monitor_loop``, ``_worker_process_monitor``,
+``_mark_engine_dead`` or ``WORKER_PROCESS_IDENTITIES_SIGNAL``: the extension must detect that.
+"""
 
-from typing import Any
+from _trtllm_fake_common import ProxyCore
 
-from trtllm_liveness.reference._proxy import GenerationExecutorProxy as _ReferenceProxy
-
-from . import worker as _worker
+from ..llmapi.mpi_session import MpiCommSession, MpiPoolSession, RemoteMpiCommSessionClient
 from .executor import GenerationExecutor
-from .utils import *  # noqa: F403  (ErrorResponse, and EngineDeadError on main, as upstream imports them)
+from .ipc import IpcQueue
+from .request import CancellingRequest, GenerationRequest
+from .result import GenerationResult
+from .utils import ErrorResponse
+from .worker import worker_main
+
+__all__ = ["GenerationExecutorProxy"]
+_IMPORTED = (CancellingRequest, ErrorResponse, GenerationRequest, GenerationResult, IpcQueue, MpiCommSession,
+             MpiPoolSession, RemoteMpiCommSessionClient, worker_main)  # module globals, looked up at call time
 
 
-class GenerationExecutorProxy(_ReferenceProxy, GenerationExecutor):
-    def _resolve_worker_main(self) -> Any:
-        return _worker.worker_main  # looked up at call time, like upstream's module global
+class GenerationExecutorProxy(ProxyCore, GenerationExecutor):
+    pass

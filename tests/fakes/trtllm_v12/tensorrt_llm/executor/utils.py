@@ -1,5 +1,5 @@
-"""Fake tensorrt_llm.executor.utils (1.2.x: no EngineDeadError)."""
+"""Fake ``tensorrt_llm.executor.utils`` (1.2.x: no EngineDeadError)."""
 
-from trtllm_liveness.reference._protocol import ErrorResponse
+from _trtllm_fake_common import ErrorResponse, RequestError, WorkerCommIpcAddrs
 
-__all__ = ["ErrorResponse"]
+__all__ = ["ErrorResponse", "RequestError", "WorkerCommIpcAddrs"]

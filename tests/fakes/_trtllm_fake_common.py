@@ -91,6 +91,14 @@ class FakeEngine:
     leader produced that many tokens; a subordinate counts the leader's per-token broadcasts) or
     ``die_after_s`` (seconds after READY), ``hang_rank`` (that rank stops in a ``SIGSTOP`` of itself
     after READY).
+
+    Harness knobs (not upstream; for ``trtllm_liveness.reference._scenario``, which injects faults
+    from outside by verified pid): ``announce_dir`` makes every rank write its identity there before
+    the build (``rank<N>.json``, the layout ``reference._worker.read_announced_identities`` reads), so
+    a harness knows whom to signal even on 1.2.x, whose protocol carries no identities; ``fault`` is
+    the reference worker's in-rank fault hook (``{"kind": "exit0" | "oom" | "fuse", "rank", "trigger",
+    "record", "cgroup", "path"}``, see ``reference._worker``), armed before the first barrier. Both
+    import the package's reference harness in the rank, and only when set.
     """
 
     token_delay_s: float = 0.005
@@ -100,6 +108,8 @@ class FakeEngine:
     die_after_tokens: int | None = None
     die_after_s: float | None = None
     hang_rank: int | None = None
+    announce_dir: str | None = None
+    fault: dict[str, Any] | None = None
 
 
 # ----------------------------------------------------------------------------- llmapi/utils.py ManagedThread
@@ -668,6 +678,26 @@ class FakeEngineWorker:
             self.comm.bcast(("stop", self.tokens), root=0)
 
 
+def _arm_harness_fault(fault: dict[str, Any]) -> None:
+    """``FakeEngine.fault``: the reference worker's hook, so a fault is the same on both engines
+    (an OOM victim moves itself into its memory cgroup here, before any identity is taken)."""
+    from trtllm_liveness.reference._worker import _arm_fault
+
+    _arm_fault(fault)
+
+
+def _announce_identity(directory: str, rank: int) -> None:
+    """``FakeEngine.announce_dir``: this rank's identity, written atomically (a reader never sees half)."""
+    import json
+
+    from trtllm_liveness import capture_identity
+
+    path = os.path.join(directory, f"rank{rank}.json")
+    with open(path + ".tmp", "w") as handle:
+        json.dump(list(capture_identity(rank)), handle)
+    os.replace(path + ".tmp", path)
+
+
 def _maybe_fault(engine: FakeEngine, rank: int, tokens: int) -> None:
     import signal
 
@@ -699,9 +729,13 @@ def worker_main_impl(*, engine: Any, worker_queues: WorkerCommIpcAddrs, ready_si
     import zmq
 
     comm = mpi_comm()
-    comm.barrier()
     rank = comm.Get_rank()
     spec = engine if isinstance(engine, FakeEngine) else FakeEngine()
+    if spec.fault is not None and spec.fault.get("rank") == rank:
+        _arm_harness_fault(spec.fault)
+    comm.barrier()
+    if spec.announce_dir is not None:
+        _announce_identity(spec.announce_dir, rank)
     leader = rank == 0
     if leader:
         request_queue = queue_cls(worker_queues.request_queue_addr, is_server=False, name="worker_request_queue")
@@ -928,6 +962,9 @@ class ProxyCore(GenerationExecutorBase):
         import atexit
 
         super().__init__(is_llm_executor=is_llm_executor)
+        # Instrumentation, not upstream: how many times pre_shutdown() did its work (got past its
+        # guards); the scenario harness reports it. main's tree counts the same in its override.
+        self._fake_pre_shutdown_runs = 0
         self.workers_started = False
         self.worker_cls = worker_cls
         module = proxy_module()
@@ -1040,6 +1077,7 @@ class ProxyCore(GenerationExecutorBase):
         if self.doing_shutdown:
             return
         self.doing_shutdown = True
+        self._fake_pre_shutdown_runs += 1
         self._abort_all_requests()
         if all(not f.done() for f in self.mpi_futures):
             self.request_queue.put_noblock(None, retry=4)
@@ -1120,6 +1158,7 @@ BASE_LLM_FIELDS: dict[str, Any] = {
     "model": None, "tokenizer": None, "tokenizer_mode": "auto", "skip_tokenizer_init": False,
     "trust_remote_code": False, "tensor_parallel_size": 1, "dtype": "auto", "revision": None,
     "tokenizer_revision": None, "mpi_session": None, "backend": None, "orchestrator_type": None,
+    "return_perf_metrics": False,  # trtllm-serve mounts /prometheus/metrics when it is set
 }
 
 

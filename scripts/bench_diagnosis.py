@@ -1,0 +1,145 @@
+#!/usr/bin/env python3
+"""Benchmark the diagnosis snapshot (``trtllm_liveness._diagnosis.diagnose``) on 8 real ranks.
+
+Starts ``--ranks`` (8) Python processes, each with ``--threads`` (4) threads sleeping in a
+distinctively named function (a rank waiting in a collective), then times, interleaved over
+``--reps`` rounds (median and max):
+
+- ``baseline_ms_8_ranks``: one bare read of ``/proc/PID/task/TID/stat`` per thread of every rank;
+- ``diagnosis_ms_8_ranks``: ``diagnose(pids, stacks=False)``: the scan, per-thread CPU over the
+  default 0.2 s window (most of the figure, by design), classification, odd rank out;
+- ``diagnosis_stacks_ms_8_ranks``: the same with Python stacks by ``py-spy dump --nonblocking``
+  (all ranks in parallel, one deadline); skipped (null) when py-spy is not installed.
+
+Each stacks run is checked to have named the function every rank sleeps in.
+Targets: diagnosis_ms_8_ranks <= 300, diagnosis_stacks_ms_8_ranks <= 3000.
+
+Usage: scripts/bench_diagnosis.py [--json] [--reps N] [--ranks N] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from trtllm_liveness import _diagnosis, _procfs
+
+TARGETS = {"diagnosis_ms_8_ranks": 300.0, "diagnosis_stacks_ms_8_ranks": 3000.0}
+
+RANK = """\
+import sys, threading
+def wait_in_a_collective_that_never_completes(never):
+    never.wait()
+never = threading.Event()
+for index in range({extra}):
+    threading.Thread(target=wait_in_a_collective_that_never_completes, args=(never,), daemon=True).start()
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+wait_in_a_collective_that_never_completes(never)
+"""
+FUNCTION = "wait_in_a_collective_that_never_completes"
+
+
+def _start(count: int, threads: int) -> list[subprocess.Popen[bytes]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    for _ in range(count):
+        proc = subprocess.Popen([sys.executable, "-c", RANK.format(extra=threads - 1)], stdout=subprocess.PIPE,
+                                start_new_session=True)
+        procs.append(proc)
+    for proc in procs:
+        assert proc.stdout is not None
+        if proc.stdout.readline() != b"ready\n":
+            raise RuntimeError(f"rank pid {proc.pid} did not start")
+    return procs
+
+
+def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.kill()  # our own unreaped children
+    for proc in procs:
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            print(f"rank pid {proc.pid} did not exit", file=sys.stderr)
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def _baseline(pids: list[int]) -> float:
+    start = time.perf_counter()
+    for pid in pids:
+        for tid in _procfs.list_tids(pid):
+            _procfs.read_task_stat(pid, tid)
+    return (time.perf_counter() - start) * 1000.0
+
+
+def _timed_diagnosis(pids: list[int], stacks: bool) -> float:
+    start = time.perf_counter()
+    diagnosis = _diagnosis.diagnose(pids, stacks=stacks)
+    elapsed = (time.perf_counter() - start) * 1000.0
+    if stacks:
+        missed = [rank.pid for rank in diagnosis.ranks if rank.stuck_in is None or rank.stuck_in.function != FUNCTION]
+        if missed:
+            raise RuntimeError(f"stacks did not name {FUNCTION} for pids {missed}: {diagnosis.summary()}")
+    return elapsed
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print only the JSON object")
+    parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--ranks", type=int, default=8)
+    parser.add_argument("--threads", type=int, default=4, help="threads per rank (default 4)")
+    args = parser.parse_args()
+    py_spy = _diagnosis.find_py_spy()
+    procs = _start(args.ranks, args.threads)
+    samples: dict[str, list[float]] = {"baseline": [], "diagnosis": [], "stacks": []}
+    try:
+        pids = [proc.pid for proc in procs]
+        time.sleep(0.2)  # let the ranks settle into their wait
+        if py_spy is not None:
+            _diagnosis._supports_json(py_spy)  # the one-time --help probe, not part of a snapshot
+        for _ in range(args.reps):
+            samples["baseline"].append(_baseline(pids))
+            samples["diagnosis"].append(_timed_diagnosis(pids, stacks=False))
+            if py_spy is not None:
+                samples["stacks"].append(_timed_diagnosis(pids, stacks=True))
+    finally:
+        _stop(procs)
+
+    def med(name: str) -> float | None:
+        return round(statistics.median(samples[name]), 1) if samples[name] else None
+
+    def top(name: str) -> float | None:
+        return round(max(samples[name]), 1) if samples[name] else None
+
+    figures = {
+        "ranks": args.ranks, "threads_per_rank": args.threads, "reps": args.reps,
+        "cpu_window_s": _diagnosis.DEFAULT_WINDOW_S, "py_spy": py_spy or "",
+        "baseline_ms_8_ranks": med("baseline"), "baseline_max_ms": top("baseline"),
+        "diagnosis_ms_8_ranks": med("diagnosis"), "diagnosis_max_ms": top("diagnosis"),
+        "diagnosis_stacks_ms_8_ranks": med("stacks"), "diagnosis_stacks_max_ms": top("stacks"),
+    }
+    verdicts = {name: (figures[name] is not None and float(figures[name] or 0) <= target)
+                for name, target in TARGETS.items()}
+    figures["targets_met"] = all(verdicts.values())
+    if not args.json:
+        print(f"{'figure':<30} {'median ms':>10} {'max ms':>10} {'target':>8}")
+        for name, maximum in (("baseline_ms_8_ranks", "baseline_max_ms"), ("diagnosis_ms_8_ranks", "diagnosis_max_ms"),
+                              ("diagnosis_stacks_ms_8_ranks", "diagnosis_stacks_max_ms")):
+            target = TARGETS.get(name)
+            shown = "-" if target is None else f"<= {target:g}" + ("" if verdicts[name] else " MISSED")
+            print(f"{name:<30} {figures[name]!s:>10} {figures[maximum]!s:>10} {shown:>8}")
+    print(json.dumps(figures))
+    return 0 if figures["targets_met"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,198 @@
+"""Child program for the proxy-death tests: an upstream-shaped engine whose proxy the test SIGKILLs.
+
+Usage: ``python -m tests.helpers.proxy_death_child '<json options>'`` (``session: "pool"``), or
+``mpirun -n N python -m tests.helpers.proxy_death_child '<json options>'`` (``session: "comm"``).
+Options: ``tree`` (``"trtllm_main"`` or ``"trtllm_v12"``: which fake ``tensorrt_llm`` under
+tests/fakes is put first on ``sys.path``), ``liveness`` (bool: ``LLM(executor_cls=
+liveness_executor_class())`` or upstream's own executor), ``workers`` (pool: the tensor parallel
+size), ``outsider`` (comm: the last rank of ``COMM_WORLD`` stays out of the session, which then
+runs on a sub-communicator of the others, as with ``MpiCommSession(comm=sub_comm)``),
+``clean_end`` (comm: one short request, then ``llm.shutdown()`` and the session's, and every rank
+ends normally; prints ``{"done": true, ...}`` instead of waiting to be killed).
+
+- ``pool``: this process is the proxy. ``LLM`` spawns its ranks through a real
+  ``MPIPoolExecutor`` (``MpiPoolSession``); they are grandchildren (this process -> prte -> ranks).
+- ``comm``: the ``mpirun`` shape. Rank 0 of the session is the proxy (``LLM(...,
+  _mpi_session=MpiCommSession(comm, n))``; its own rank's task runs in its thread pool); the other
+  session ranks serve tasks (``serve_comm_workers``), as upstream's worker-node entry does. Every
+  rank but 0 writes its stderr to ``$TMPDIR/rank-<world rank>.log``.
+
+Once the engine is up, the proxy starts one long request (so the ranks are in the engine's step
+loop, as a server's would be) and prints one JSON line ``{"ready": true, "proxy": [pid,
+start_time], "ranks": [[rank, pid, start_time], ...]}`` (every rank but those inside the proxy
+process), then waits (bounded) to be killed. Every wait is bounded; the parent bounds the whole
+process with its own timeout and kills its session.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LINGER_S = 300.0  # how long the proxy waits to be killed before it gives up (the test kills it long before)
+
+
+def emit(record: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def start_time_of(pid: int) -> int:
+    from trtllm_liveness import _procfs
+
+    return _procfs.read_start_time(pid)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (from /proc/<pid>/task/*/children, recursively)."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as handle:
+                    children = [int(child) for child in handle.read().split()]
+            except OSError:
+                continue
+            found.extend(children)
+            pending.extend(children)
+    return found
+
+
+def spawned_ranks(timeout: float = 30.0) -> list[int]:
+    """The pids of this process's ``MPIPoolExecutor`` workers (``-m mpi4py.futures.server``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ranks = []
+        for pid in descendants(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    argv = handle.read().split(b"\0")
+            except OSError:
+                continue
+            if b"mpi4py.futures.server" in argv:
+                ranks.append(pid)
+        if ranks or time.monotonic() >= deadline:
+            return sorted(ranks)
+        time.sleep(0.05)
+
+
+def build_llm(options: dict[str, Any], world: int, session: Any = None) -> Any:
+    import importlib
+
+    from tensorrt_llm import LLM  # type: ignore[import-not-found]  # the fake tree put on sys.path
+
+    fake = importlib.import_module("_trtllm_fake_common")
+    kwargs: dict[str, Any] = {"tensor_parallel_size": world}
+    if session is not None:
+        kwargs["_mpi_session"] = session
+    if options.get("liveness"):
+        from trtllm_liveness.integrations.trtllm import liveness_executor_class
+
+        kwargs["executor_cls"] = liveness_executor_class()
+    return LLM(fake.FakeEngine(token_delay_s=0.05), **kwargs)
+
+
+def children_named(name: str) -> list[list[int]]:
+    """``[pid, start_time]`` of this process's direct children whose comm is ``name``."""
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as handle:
+            children = [int(child) for child in handle.read().split()]
+        for pid in children:
+            try:
+                with open(f"/proc/{pid}/comm") as handle:
+                    if handle.read().strip() == name:
+                        found.append([pid, start_time_of(pid)])
+            except OSError:
+                continue
+    return found
+
+
+def serve_until_killed(llm: Any, ranks: list[list[int]], **extra: Any) -> int:
+    llm.generate_async([1, 2, 3], max_tokens=10**9)  # keeps every rank in the engine's step loop
+    emit({"ready": True, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks, **extra})
+    time.sleep(LINGER_S)
+    return 1  # never killed: the parent's deadline has long passed
+
+
+def run_pool(options: dict[str, Any]) -> int:
+    workers = int(options.get("workers", 2))
+    llm = build_llm(options, workers)
+    pids = spawned_ranks()
+    return serve_until_killed(llm, [[-1, pid, start_time_of(pid)] for pid in pids], prte=children_named("prte"))
+
+
+def run_comm(options: dict[str, Any]) -> int:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if world.Get_rank() != 0:
+        # Straight to a file (TMPDIR/rank-<n>.log), not through mpirun's forwarding, which may
+        # drop what a process wrote just before it ended.
+        log = os.open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"rank-{world.Get_rank()}.log"),
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log, 2)
+        os.close(log)
+    me = [world.Get_rank(), os.getpid(), start_time_of(os.getpid())]
+    everyone = world.allgather(me)  # a COMM_WORLD collective every rank of this program reaches
+    comm = world
+    if options.get("clean_end"):
+        comm = world.Split(0, world.Get_rank())  # every rank; a session that owns its pool (not COMM_WORLD's)
+    elif options.get("outsider"):
+        # The last rank stays out: the session runs on a sub-communicator of the others.
+        outsider = world.Get_rank() == world.Get_size() - 1
+        comm = world.Split(1 if outsider else 0, world.Get_rank())
+        if outsider:
+            time.sleep(LINGER_S)  # never reaches any collective of the session
+            return 1
+    # The executor package first: the fake's llmapi.mpi_session imported on its own is a circular import.
+    import tensorrt_llm.executor  # type: ignore[import-not-found]  # noqa: F401
+
+    if comm.Get_rank() != 0:
+        from tensorrt_llm.llmapi.mpi_session import serve_comm_workers  # type: ignore[import-not-found]
+
+        serve_comm_workers(comm)
+        return 0
+    from tensorrt_llm.llmapi.mpi_session import MpiCommSession
+
+    session = MpiCommSession(comm, n_workers=comm.Get_size())
+    llm = build_llm(options, comm.Get_size(), session)
+    ranks = [entry for entry in everyone if entry[1] != os.getpid()]
+    if options.get("clean_end"):
+        # A job that ends well: one request, shutdown, the session's pool closed (the servers
+        # return), and every rank leaves through a normal interpreter exit.
+        tokens = len(llm.generate_async([1, 2, 3], max_tokens=4).result(timeout=60).token_ids)
+        llm.shutdown()
+        session.shutdown()
+        emit({"done": True, "tokens": tokens, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks})
+        return 0
+    return serve_until_killed(llm, ranks)
+
+
+def main(options: dict[str, Any]) -> int:
+    tree = str(options.get("tree", "trtllm_main"))
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "fakes" / tree))
+    from trtllm_liveness.reference._env import configure_mpi_env
+
+    configure_mpi_env()
+    if options.get("session") == "comm":
+        return run_comm(options)
+    return run_pool(options)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))
