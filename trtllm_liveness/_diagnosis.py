@@ -295,21 +295,33 @@ class Diagnosis:
 
 
 @functools.cache
+@functools.lru_cache(maxsize=1)
 def _stdlib_dirs() -> tuple[str, ...]:
+    # This interpreter's own paths (local files, read once), as given and resolved.
     paths = sysconfig.get_paths()
-    found = {os.path.realpath(paths[key]) + os.sep for key in ("stdlib", "platstdlib") if key in paths}
+    found: set[str] = set()
+    for key in ("stdlib", "platstdlib"):
+        if key in paths:
+            found.update({paths[key] + os.sep, os.path.realpath(paths[key]) + os.sep})
     return tuple(sorted(found))
 
 
+@functools.lru_cache(maxsize=1)
+def _stdlib_module_files() -> frozenset[str]:
+    # Base names of this interpreter's stdlib modules, from the name list (no filesystem access).
+    return frozenset(f"{name}.py" for name in getattr(sys, "stdlib_module_names", ()))
+
+
 def _is_stdlib(filename: str) -> bool:
+    # By the string alone: the names come from the target (its mount namespace, perhaps a stalled
+    # NFS or FUSE path), and a stat or realpath of one could block this scan in D.
     if filename.startswith("<frozen"):
         return True
     if "site-packages" in filename or "dist-packages" in filename:
         return False
-    if os.sep not in filename:  # py-spy's text dump shows base names: one of our stdlib's files?
-        return filename.endswith(".py") and any(os.path.isfile(os.path.join(d, filename)) for d in _stdlib_dirs())
-    return os.path.realpath(filename).startswith(_stdlib_dirs()) or bool(
-        re.search(r"/lib/python3\.\d+/[^/]+\.py$", filename))
+    if "/" not in filename:  # py-spy's text dump shows base names
+        return filename in _stdlib_module_files()
+    return filename.startswith(_stdlib_dirs()) or bool(re.search(r"/lib/python3\.\d+/[^/]+\.py$", filename))
 
 
 def find_py_spy() -> str | None:
@@ -526,10 +538,20 @@ def take_stacks(pids: Sequence[int], *, timeout_s: float = DEFAULT_STACKS_TIMEOU
                                 "'trtllm-liveness[diagnose]')") for pid in pids}
     json_format = _supports_json(executable)
     deadline = time.monotonic() + timeout_s
-    started = {pid: _start_dump(executable, pid, json_format) for pid in pids}
+    started: dict[int, _Dump | RankStacks] = {}
     results: dict[int, RankStacks] = {}
-    for pid, dump in started.items():
-        results[pid] = dump if isinstance(dump, RankStacks) else _finish_dump(dump, deadline, timeout_s)
+    try:
+        for pid in pids:
+            started[pid] = _start_dump(executable, pid, json_format)
+        for pid, dump in started.items():
+            results[pid] = dump if isinstance(dump, RankStacks) else _finish_dump(dump, deadline, timeout_s)
+    finally:
+        # Interrupted (Ctrl-C in the operator's scan): end the dumps still running, our own
+        # unreaped children (each in its own session, so the terminal's SIGINT missed them).
+        for pid, dump in started.items():
+            if pid not in results and isinstance(dump, _Dump) and dump.proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    dump.proc.send_signal(signal.SIGKILL)
     return results
 
 

@@ -9,10 +9,14 @@ watchdog ends the process with a non-zero status if that has not finished within
 and an ``atexit`` hook turns a clean interpreter exit into the same non-zero status.
 
 Python offers no way to change the exit status of a normal interpreter exit except ending the
-process from inside it (``os._exit``), which skips every ``atexit`` hook not yet run: the
-executor's ``shutdown()``, MPI session-directory removal, metrics flushes. So the hook first runs
-the others itself (once each, in their usual order) and only then ends the process, bounded by the
-watchdog.
+process from inside it (``os._exit``), which skips every ``atexit`` hook not yet run. So the hook
+that does it is registered once per process when the first guard is *built* (at engine start,
+before the executor registers its own ``shutdown()`` hook): hooks registered after that (the
+executor's ``shutdown()``, anything registered at or after the fatal event) run first, each once,
+in their usual order, and a fatal event that arrives while they run is still seen. Hooks registered
+before the first guard was built run after it and are skipped; cleanup that must happen anyway
+is registered with :func:`add_exit_cleanup` and run just before the end. The first guard
+triggered in a process decides the exit status (several engines, a Dynamo bridge).
 """
 
 from __future__ import annotations
@@ -28,9 +32,42 @@ from collections.abc import Callable
 logger = logging.getLogger(__name__)
 
 
-# Bound on running the other atexit hooks when the watchdog is off (timeout_s=None): a hook blocked
-# on a dead peer (an upstream shutdown() sending to a killed rank) must not keep the process alive.
-ATEXIT_HOOKS_BOUND_S = 10.0
+_PROCESS_LOCK = threading.Lock()
+_triggered_guards: list[FatalExitGuard] = []  # in trigger order: the first armed one decides the status
+_final_hook_registered = False
+_exit_cleanups: list[Callable[[], None]] = []
+
+
+def add_exit_cleanup(cleanup: Callable[[], None]) -> None:
+    """Run ``cleanup`` just before a guard ends the process (``os._exit`` skips the ``atexit``
+    hooks registered before the first guard was built). It must be quick and idempotent: it may
+    also run from its own ``atexit`` hook. Exceptions are logged."""
+    with _PROCESS_LOCK:
+        _exit_cleanups.append(cleanup)
+
+
+def _register_final_hook() -> None:
+    global _final_hook_registered
+    with _PROCESS_LOCK:
+        if _final_hook_registered:
+            return
+        _final_hook_registered = True
+    atexit.register(_final_exit_status)
+
+
+def _deciding_guard() -> FatalExitGuard | None:
+    with _PROCESS_LOCK:
+        return next((guard for guard in _triggered_guards if not guard._disarmed), None)
+
+
+def _final_exit_status() -> None:
+    # Runs at normal interpreter exit, after the hooks registered since the first guard was built:
+    # the main program returned (status 0) after a fatal event, or a fatal event came while those
+    # hooks ran. The orchestrator must see a failure, or it will not restart the worker.
+    guard = _deciding_guard()
+    if guard is not None:
+        guard._end()
+
 
 _SIGINT_LOCK = threading.Lock()
 _sigint_sent = False
@@ -74,9 +111,10 @@ def _send_sigint_to_main_thread() -> None:
 
 
 def _main_blocks_sigint() -> bool:
-    # /proc/<pid>/status is the thread group leader's, i.e. the main thread's signal mask.
+    # /proc/self/status is the thread group leader's, i.e. the main thread's signal mask (and,
+    # unlike /proc/<getpid()>, right also where /proc belongs to another PID namespace).
     try:
-        with open(f"/proc/{os.getpid()}/status") as status:
+        with open("/proc/self/status") as status:
             for line in status:
                 if line.startswith("SigBlk:"):
                     return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
@@ -125,6 +163,7 @@ class FatalExitGuard:
         self._reason: object = None
         self._triggered = threading.Event()
         self._disarmed = False
+        _register_final_hook()
 
     @property
     def triggered(self) -> bool:
@@ -151,19 +190,25 @@ class FatalExitGuard:
                 return False
             self._reason = reason
             self._triggered.set()
+        with _PROCESS_LOCK:
+            _triggered_guards.append(self)
         # Log the event's own one-line message (rank, pid, host, cause): this line may be the last
         # the process writes, since the exit can overtake the monitor's own log line.
         logger.critical(
             "fatal engine error: %s; shutting down, exit status %d", getattr(reason, "message", reason), self._exit_code
         )
-        atexit.register(self._force_exit_status)
-        self._keep_exit_hook_first()
-        threading.Thread(target=self._run_graceful, name="trtllm-liveness-graceful", daemon=True).start()
-        if self._timeout_s is not None:
-            timer = threading.Timer(self._timeout_s, self._watchdog_expired)
-            timer.name = "trtllm-liveness-exit-watchdog"
-            timer.daemon = True
-            timer.start()
+        try:
+            threading.Thread(target=self._run_graceful, name="trtllm-liveness-graceful", daemon=True).start()
+            if self._timeout_s is not None:
+                timer = threading.Timer(self._timeout_s, self._watchdog_expired)
+                timer.name = "trtllm-liveness-exit-watchdog"
+                timer.daemon = True
+                timer.start()
+        except RuntimeError as exc:
+            # Interpreter shutdown has begun (no new threads from then on): the final atexit hook
+            # still sets the status; there is nothing left to shut down gracefully.
+            logger.warning("exit guard triggered during interpreter shutdown (%s): exit status from the atexit hook",
+                           exc)
         return True
 
     def disarm(self) -> None:
@@ -186,58 +231,21 @@ class FatalExitGuard:
         )
         self._end()
 
-    def _keep_exit_hook_first(self) -> None:
-        # atexit runs hooks last-registered first. Ours must run before every other one, or the
-        # hooks that ran before it would run again when it runs the rest: threading's exit hooks
-        # run just before atexit's (after the main program returned), so move ours to the top then.
-        register = getattr(threading, "_register_atexit", None)
-        if register is None:
-            return
-        try:
-            register(self._move_exit_hook_to_top)
-        except RuntimeError:  # threading's shutdown has begun: the hook registered just now is on top
-            pass
-
-    def _move_exit_hook_to_top(self) -> None:
-        atexit.unregister(self._force_exit_status)
-        atexit.register(self._force_exit_status)
-
-    def _force_exit_status(self) -> None:
-        # Runs at normal interpreter exit: the main program returned (status 0) after a fatal
-        # event. The orchestrator must see a failure, or it will not restart the worker.
-        if self._disarmed:
-            return
-        atexit.unregister(self._force_exit_status)
-        if self._timeout_s is None:
-            timer = threading.Timer(ATEXIT_HOOKS_BOUND_S, self._atexit_hooks_expired)
-            timer.name = "trtllm-liveness-atexit-watchdog"
-            timer.daemon = True
-            timer.start()
-        self._run_other_exit_hooks()
-        self._end()
-
-    @staticmethod
-    def _run_other_exit_hooks() -> None:
-        # CPython's own runner: each remaining hook once, last-registered first, an exception in
-        # one printed and the rest still run; it clears the registry, so none runs twice.
-        run = getattr(atexit, "_run_exitfuncs", None)
-        if run is None:  # another interpreter: ending at once is still better than status 0
-            logger.warning("cannot run the other atexit hooks on this interpreter; they are skipped")
-            return
-        run()
-
-    def _atexit_hooks_expired(self) -> None:
-        logger.critical(
-            "atexit hooks did not finish within %.1fs after the fatal error; exiting with status %d",
-            ATEXIT_HOOKS_BOUND_S, self._exit_code,
-        )
-        self._end()
-
     def _end(self) -> None:
+        # The first guard triggered in this process decides the status (say exit_code=3 for an
+        # engine death, whatever a later bridge's guard would use).
+        deciding = _deciding_guard() or self
+        with _PROCESS_LOCK:
+            cleanups = list(_exit_cleanups)
+        for cleanup in cleanups:
+            try:
+                cleanup()
+            except Exception:
+                logger.exception("exit cleanup %r raised", cleanup)
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
             except Exception:  # a closed stream must not keep us from exiting
                 pass
         logging.shutdown()
-        self._exit_fn(self._exit_code)
+        self._exit_fn(deciding._exit_code)

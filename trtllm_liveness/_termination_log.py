@@ -6,9 +6,12 @@ and the pod's status after the container ended, keeping at most 4096 bytes of it
 engine's fatal error there puts "rank 1 (pid 4242 on host a) killed by SIGKILL (OOM killer)" next
 to the restart, instead of a bare exit status.
 
-The write never blocks the caller nor the exit: it runs in a daemon thread of its own and opens
-the file with ``O_NONBLOCK`` (a FIFO without a reader fails at once instead of waiting). Outside a
-container (no such file) the default path is left alone: only a path the user set is created.
+The write never blocks the caller: it runs in a daemon thread of its own and opens the file with
+``O_NONBLOCK`` (a FIFO without a reader fails at once instead of waiting) and ``O_NOFOLLOW``. A
+write to a regular file on a stalled mount could still leave that thread in ``D``, which the
+kernel would then wait for at the process's exit: the path Kubernetes mounts is a local file.
+Outside a container (no such file) the default path is left alone: only a path the user set is
+created. One message per process: the first fatal error's.
 """
 
 from __future__ import annotations
@@ -21,6 +24,9 @@ import threading
 logger = logging.getLogger(__name__)
 
 __all__ = ["MESSAGE_LIMIT_BYTES", "TERMINATION_LOG_DEFAULT", "write_termination_message"]
+
+_CLAIM_LOCK = threading.Lock()
+_claimed = False
 
 TERMINATION_LOG_DEFAULT = "/dev/termination-log"
 MESSAGE_LIMIT_BYTES = 4096
@@ -38,6 +44,17 @@ def write_termination_message(path: str, message: str, *, create: bool | None = 
         return None
     if create is None:
         create = path != TERMINATION_LOG_DEFAULT
+    if not create and not os.path.lexists(path):
+        # Not in a container that asked for one: no thread at all (one stat; the fatal path runs
+        # this at the moment everything else wants the CPU).
+        logger.debug("no %s: termination message not written", path)
+        return None
+    global _claimed
+    with _CLAIM_LOCK:  # the first fatal error of the process is the reason (several engines may fail)
+        if _claimed:
+            logger.debug("termination message already written by this process; %r not written", message[:80])
+            return None
+        _claimed = True
     writer = threading.Thread(target=_write, args=(path, message, create),
                               name="trtllm-liveness-termination-log", daemon=True)
     try:
@@ -57,7 +74,10 @@ def bounded_message(message: str, limit: int = MESSAGE_LIMIT_BYTES) -> bytes:
 
 
 def _write(path: str, message: str, create: bool) -> None:
-    flags = os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+    # O_NOFOLLOW: a symlink planted at a path the user named (say under /tmp, with the server as
+    # root) must not make this truncate another file.
+    flags = (os.O_WRONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | os.O_NOFOLLOW
+             | (os.O_CREAT if create else 0))
     try:
         fd = os.open(path, flags, 0o644)
     except FileNotFoundError:
@@ -66,7 +86,7 @@ def _write(path: str, message: str, create: bool) -> None:
         else:  # not in a container that asked for one
             logger.debug("no %s: termination message not written", path)
         return
-    except OSError as exc:
+    except OSError as exc:  # ELOOP for a symlink, ENXIO for a FIFO without a reader, EACCES, ...
         logger.warning("termination message not written to %s: %s", path, exc.strerror or exc)
         return
     try:

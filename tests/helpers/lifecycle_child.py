@@ -216,6 +216,13 @@ class Violations(logging.Handler):
             self.seen.append({"thread": record.threadName or "?", "logger": record.name, "text": text[-1500:]})
 
 
+def _signalled(report: Any) -> list[int]:
+    """Ranks the bounded stop had to signal (none when each left by itself)."""
+    if report is None:
+        return []
+    return [worker.rank for worker in report.workers if worker.outcome.name != "ALREADY_GONE"]
+
+
 def sends(options: dict[str, Any]) -> int:
     violations = Violations()
     logging.getLogger().addHandler(violations)
@@ -234,6 +241,18 @@ def sends(options: dict[str, Any]) -> int:
     for _ in range(4):
         executor.generate_async([1, 2], max_tokens=100000)
         submitted += 1
+    if options.get("healthy"):
+        # A healthy shutdown with requests in flight, from the thread that submitted them (the
+        # request socket's owner): upstream's pre_shutdown() sends its cancellations and the stop
+        # sentinel; from any other thread its debug mode raises.
+        started = time.monotonic()
+        executor.shutdown()
+        emit({"violations": violations.seen, "fatal": None if proxy.liveness_fatal_error is None
+              else str(proxy.liveness_fatal_error), "submitted": submitted,
+              "debug": os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG"),
+              "signalled": _signalled(proxy.liveness_state.shutdown_report),
+              "shutdown_s": round(time.monotonic() - started, 3)})
+        return 0
     killer = threading.Timer(0.3, kill_rank, (proxy, int(options.get("rank", 1))))
     killer.start()
     deadline = time.monotonic() + 15

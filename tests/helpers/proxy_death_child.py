@@ -174,9 +174,13 @@ def run_comm(options: dict[str, Any]) -> int:
         # A job that ends well: one request, shutdown, the session's pool closed (the servers
         # return), and every rank leaves through a normal interpreter exit.
         tokens = len(llm.generate_async([1, 2, 3], max_tokens=4).result(timeout=60).token_ids)
+        state = getattr(llm._executor, "liveness_state", None)
+        monitor = None if state is None else state.monitor
+        watched = [] if monitor is None else sorted(status.identity.rank for status in monitor.statuses())
         llm.shutdown()
         session.shutdown()
-        emit({"done": True, "tokens": tokens, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks})
+        emit({"done": True, "tokens": tokens, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks,
+              "watched": watched})
         return 0
     return serve_until_killed(llm, ranks)
 

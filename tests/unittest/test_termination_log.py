@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from trtllm_liveness import _termination_log as termination_log
 from trtllm_liveness._config import LivenessConfig
 from trtllm_liveness._termination_log import (
     MESSAGE_LIMIT_BYTES,
@@ -20,6 +21,12 @@ from trtllm_liveness._termination_log import (
 pytestmark = pytest.mark.timeout(30)
 
 
+@pytest.fixture(autouse=True)
+def fresh_process_claim(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One message per process: each test stands for a process of its own.
+    monkeypatch.setattr(termination_log, "_claimed", False)
+
+
 def _written(path: Path, message: str, **kwargs: bool) -> None:
     writer = write_termination_message(str(path), message, **kwargs)
     assert isinstance(writer, threading.Thread)
@@ -27,18 +34,37 @@ def _written(path: Path, message: str, **kwargs: bool) -> None:
     assert not writer.is_alive()
 
 
-def test_an_explicit_path_is_created_and_overwritten(tmp_path: Path) -> None:
+def test_an_explicit_path_is_created_and_overwritten(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "termination-log"
+    path.write_text("an older container's longer message\n")
     _written(path, "rank 1 (pid 42) killed by SIGKILL\n")
-    assert path.read_text() == "rank 1 (pid 42) killed by SIGKILL\n"
-    _written(path, "short\n")
-    assert path.read_text() == "short\n"  # truncated first: no tail of the older message
+    assert path.read_text() == "rank 1 (pid 42) killed by SIGKILL\n"  # truncated first: no older tail
+
+
+def test_only_the_first_fatal_error_of_the_process_is_written(tmp_path: Path) -> None:
+    # Two engines failing one after the other: the first reason stays (they would race otherwise).
+    path = tmp_path / "termination-log"
+    _written(path, "first\n")
+    assert write_termination_message(str(path), "second\n") is None
+    assert path.read_text() == "first\n"
+
+
+def test_a_symlink_at_the_path_is_not_followed(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    victim = tmp_path / "victim"
+    victim.write_text("keep me\n")
+    link = tmp_path / "termination-log"
+    link.symlink_to(victim)
+    with caplog.at_level(logging.WARNING, logger="trtllm_liveness._termination_log"):
+        _written(link, "x")
+    assert victim.read_text() == "keep me\n"
+    assert "not written" in caplog.text
 
 
 def test_a_missing_file_is_not_created_where_creation_is_off(tmp_path: Path) -> None:
-    # The rule for the default path: outside a container that asked for one, nothing is made.
+    # The rule for the default path: outside a container that asked for one, nothing is made
+    # (and no thread is started for it).
     path = tmp_path / "termination-log"
-    _written(path, "x", create=False)
+    assert write_termination_message(str(path), "x", create=False) is None
     assert not path.exists()
 
 
@@ -61,11 +87,13 @@ def test_a_fifo_without_reader_does_not_block_and_is_refused(tmp_path: Path,
     assert "not written" in caplog.text
 
 
-def test_a_directory_or_bad_parent_is_logged_not_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("where", ["directory", "missing parent"])
+def test_a_directory_or_bad_parent_is_logged_not_raised(tmp_path: Path, caplog: pytest.LogCaptureFixture,
+                                                        where: str) -> None:
+    path = tmp_path if where == "directory" else tmp_path / "no" / "such" / "dir" / "log"
     with caplog.at_level(logging.WARNING, logger="trtllm_liveness._termination_log"):
-        _written(tmp_path, "x")
-        _written(tmp_path / "no" / "such" / "dir" / "log", "x")
-    assert caplog.text.count("not written") == 2
+        _written(path, "x")
+    assert caplog.text.count("not written") == 1
 
 
 def test_empty_path_is_off() -> None:

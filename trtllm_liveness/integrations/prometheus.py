@@ -1,8 +1,9 @@
 """Prometheus metrics for worker liveness (needs the optional ``prometheus_client`` package).
 
 :class:`LivenessMetrics` subscribes to a :class:`~trtllm_liveness.WorkerProcessMonitor` and exposes
-the metrics below. Label values are closed sets (nothing user-supplied), so the series count is
-``ranks x 8`` for the state gauge plus a fixed 12 for the rest; docs/metrics.md has the same table.
+the metrics below. Label values are closed sets except ``rank`` and ``host`` (what the ranks
+reported), so the series count is ``ranks x 8`` for the state gauge plus a fixed 12 for the rest;
+docs/metrics.md has the same table.
 
 ``trtllm_liveness_worker_state{rank, host, state}`` (gauge)
     1 for the state each rank is in now, 0 for every other state (one series per state, the

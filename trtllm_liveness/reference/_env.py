@@ -8,6 +8,7 @@ is deliberately never set: it breaks the spawn.
 from __future__ import annotations
 
 import atexit
+import functools
 import glob
 import logging
 import os
@@ -16,6 +17,8 @@ import sys
 import tempfile
 import threading
 from collections.abc import MutableMapping
+
+from .._exit_guard import add_exit_cleanup
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +61,9 @@ def _private_prte_tmpdir() -> str:
             path = tempfile.mkdtemp(prefix=f"{PRTE_TMPDIR_PREFIX}{pid}-")
             _private_dir = (pid, path)
             atexit.register(_remove_private_dir, pid, path)
+            # A process the exit guard ends (os._exit after a fatal error) skips this atexit hook,
+            # registered before the guard's: hand the removal to the guard as well (idempotent).
+            add_exit_cleanup(functools.partial(_remove_private_dir, pid, path))
         return _private_dir[1]
 
 

@@ -295,7 +295,24 @@ class _UpstreamRequest:
         self.finished_at: float | None = None
         self.started = threading.Event()
         self._event = threading.Event()
+        self._last_delivery: float | None = None
+        self._time_deliveries(getattr(result, "queue", None))
         threading.Thread(target=self._read, name="scenario-request", daemon=True).start()
+
+    def _time_deliveries(self, item_queue: Any) -> None:
+        # finished_at is when the final item (the last token, or the engine's error) was put into
+        # the request's queue, by whichever thread put it: what the reference's results record
+        # (they are completed where they are failed). When this harness thread then gets the GIL
+        # to read it is the harness's cost, not the engine's.
+        put = getattr(item_queue, "put", None)
+        if not callable(put):
+            return
+
+        def timed_put(item: Any, *args: Any, **kwargs: Any) -> Any:
+            self._last_delivery = time.monotonic()
+            return put(item, *args, **kwargs)
+
+        item_queue.put = timed_put
 
     @property
     def done(self) -> bool:
@@ -316,7 +333,7 @@ class _UpstreamRequest:
             self.started.set()
         if self.error is None and not self._result.finished:
             return  # stopped, not finished: stays pending
-        self.finished_at = time.monotonic()
+        self.finished_at = self._last_delivery if self._last_delivery is not None else time.monotonic()
         self._event.set()
 
     def wait(self, timeout: float) -> bool:

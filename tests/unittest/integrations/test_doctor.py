@@ -464,11 +464,19 @@ def test_missing_hooks_warn_once_per_process_not_per_engine(fresh_warnings: None
 
 def test_session_hooks_warn_once_naming_what_is_not_covered(fresh_warnings: None,
                                                             caplog: pytest.LogCaptureFixture) -> None:
-    class OldSession:
+    class OldSession:  # a 1.2.x MpiPoolSession: an mpi4py pool, no release_exit_joins()
+        mpi_pool = object()
+
+        def submit(self, task: Any) -> list[Any]:
+            return []
+
+    class CommSession:  # mpirun's ranks: no pool thread to join, so nothing is lost
         def submit(self, task: Any) -> list[Any]:
             return []
 
     with caplog.at_level(logging.WARNING, logger="trtllm_liveness"):
+        _features.warn_session_hooks(CommSession(), owned=False)
+        assert _warnings(caplog, "release_exit_joins") == []
         _features.warn_session_hooks(OldSession(), owned=True)  # the extension releases it itself
         assert _warnings(caplog, "release_exit_joins") == []
         for _ in range(2):

@@ -29,6 +29,7 @@ import json
 import os
 import select
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -45,7 +46,7 @@ from trtllm_liveness._procfs import boot_id
 from trtllm_liveness.integrations.trtllm import _worker_entry
 from trtllm_liveness.integrations.trtllm._worker_entry import PROXY_DIED_EXIT_STATUS, start_proxy_death_watch
 
-from ...conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, wait_until
+from ...conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, needs, wait_until
 
 EXIT_BOUND_S = 5.0  # every rank must be gone this long (scaled) after the proxy's SIGKILL
 START_S = 60.0  # the engine's start-up on 2 shared cores
@@ -208,16 +209,22 @@ def test_mpirun_ranks_outlive_a_killed_proxy_without_liveness(procs: ProcessTrac
 
 @pytest.mark.timeout(120)
 @mpi_test
-def test_a_clean_mpirun_job_end_keeps_every_status_zero(procs: ProcessTracker) -> None:
+@pytest.mark.parametrize("tree", ["trtllm_main", "trtllm_v12"])
+def test_a_clean_mpirun_job_end_keeps_every_status_zero(procs: ProcessTracker, tree: str) -> None:
     """With the watch in every rank, a job that ends well (rank 0, the proxy, shuts down and
     exits, and may do so before the other ranks have finished their own exit) ends with status 0
-    everywhere: no rank is ended by its proxy's normal exit."""
-    options = {"session": "comm", "tree": "trtllm_main", "liveness": True, "clean_end": True}
+    everywhere: no rank is ended by its proxy's normal exit. On 1.2.x the extension watches the
+    comm session's ranks itself (side channel); its healthy shutdown must still never signal them:
+    they belong to mpirun's job, not to the proxy (before: SIGTERM after the grace, status 143)."""
+    options = {"session": "comm", "tree": tree, "liveness": True, "clean_end": True}
     with HelperProcess("mpirun_exec", {"mpirun_args": [], "n": 3, "module": "proxy_death_child",
                                        "options": options}, OPEN_MPI_DEFAULT) as job:
         record = job.read_record(START_S * WAIT_SCALE, "done")
         _track(procs, [record["proxy"], *[[pid, start] for _rank, pid, start in record["ranks"]]])
         assert record["tokens"] == 4
+        # The mpirun-launched ranks are watched on both lines (main registers none of a comm
+        # session's ranks itself: the side channel does; rank 0 is the proxy's own pid, dropped).
+        assert record["watched"] == [1, 2], record
         status = job.wait_exit(START_S * WAIT_SCALE)
         log = job.stderr_tail(40000)
         assert status == 0, log[-4000:]
@@ -456,3 +463,29 @@ def test_a_rank_already_exiting_is_not_ended_by_its_proxys_exit(procs: ProcessTr
     assert wait_until(lambda: proxy.poll() is not None, 10)
     assert not ended.event.wait(1.0)
     assert ended.event.wait(3.0 + 10 * WAIT_SCALE)  # and after the grace it is (a rank hung in its exit)
+
+
+@needs("unshare")
+def test_a_proxy_that_is_pid_1_of_the_namespace_is_not_watched_and_not_warned_about(tmp_path: Any) -> None:
+    """A server exec'ed as PID 1 of a container: its exit ends the whole PID namespace, so there is
+    nothing to watch, and nothing to warn about (before: a WARNING with a traceback on every rank)."""
+    rank = tmp_path / "rank.py"
+    rank.write_text(
+        "import json, logging, sys\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from trtllm_liveness.integrations.trtllm._worker_entry import start_proxy_death_watch\n"
+        "print(json.dumps(start_proxy_death_watch(json.loads(sys.argv[1])) is None))\n")
+    server = tmp_path / "server.py"  # PID 1 of the new namespace: the "server" that spawns a rank
+    server.write_text(
+        "import json, subprocess, sys\n"
+        "from trtllm_liveness.integrations.trtllm._worker_entry import proxy_identity\n"
+        "me = proxy_identity()\n"
+        f"out = subprocess.run([sys.executable, {str(rank)!r}, json.dumps(me)], capture_output=True, text=True,"
+        " timeout=30)\n"
+        "print(me[0], out.stdout.strip())\n"
+        "sys.stderr.write(out.stderr)\n")
+    result = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, str(server)],
+                            capture_output=True, text=True, timeout=60 * WAIT_SCALE, start_new_session=True)
+    assert result.stdout.split() == ["1", "true"], (result.stdout, result.stderr)
+    assert "WARNING" not in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert "PID 1 of this PID namespace" in result.stderr

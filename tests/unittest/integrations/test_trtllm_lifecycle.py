@@ -203,6 +203,22 @@ def test_no_extension_send_from_a_thread_that_does_not_own_the_socket(child_fact
     assert survivors == []
 
 
+def test_a_healthy_shutdown_sends_from_the_owning_thread_in_zmq_debug_mode(child_factory: Any) -> None:
+    """Before: a healthy shutdown() ran upstream's shutdown (and its pre_shutdown() sends) in a
+    helper thread; in debug mode upstream raised there ("thread safety violation"), so no stop
+    sentinel and no cancellation went out. (The fake's own shutdown in debug mode with requests in
+    flight then still waits for its dispatch thread, with or without the extension: the bounded
+    stop ends it; that is the fake's behaviour, not checked against upstream.)"""
+    child = child_factory({"scenario": "sends", "tree": "main", "healthy": True}, "shutdown_grace_s=10",
+                          {"TLLM_LLMAPI_ZMQ_DEBUG": "1"})
+    record = child.record("violations", 60)
+    status, log, survivors = child.finish()
+    assert record["debug"] == "1" and record["fatal"] is None, log[-4000:]
+    assert record["violations"] == [] and "thread safety violation" not in log, log[-6000:]
+    assert status == 0, log[-4000:]
+    assert survivors == []
+
+
 # ----------------------------------------------------------------------------- submit re-check (point 9)
 
 

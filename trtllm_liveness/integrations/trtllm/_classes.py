@@ -114,7 +114,8 @@ def _install_create_hook(owner: type | None, executor_cls: type | None = None) -
                                 is_llm_executor, use_worker=use_worker, **extra)
             _REQUEST.proxy_cls = None  # one proxy per create(): nested builds get upstream's
             return proxy_cls(worker_kwargs, model_world_size=model_world_size, mpi_session=mpi_session,
-                             postproc_worker_config=postproc_worker_config, is_llm_executor=is_llm_executor)
+                             postproc_worker_config=postproc_worker_config, is_llm_executor=is_llm_executor,
+                             **extra)  # what a newer upstream passes on to its proxy
 
         setattr(_create_ipc_executor, _ORIGINAL_ATTR, original)
         _create_ipc_executor.__doc__ = original.__doc__

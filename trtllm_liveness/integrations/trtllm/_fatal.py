@@ -23,7 +23,9 @@
    thread-safe; upstream's debug mode raises on such a send), so then the worker futures (the
    mirrors) are failed *before* it, and upstream, seeing no pending future, sends no stop sentinel
    (a leader still alive is ended by the bounded stop instead; see ``_mixin.pre_shutdown``).
-   Otherwise they are failed after it returns, or after ``PRE_SHUTDOWN_WAIT_S``.
+   Otherwise they are failed after it returns, or after ``PRE_SHUTDOWN_WAIT_S``. (With the exit
+   guard on, step 1 set ``doing_shutdown``, so upstream's ``pre_shutdown()`` returns at its first
+   check: the send that may hang exists only without ``exit_on_fatal``.)
 
 Steps 1-3 never block (no socket send, no join); they run in the thread that saw the event (the
 monitor's watcher or a ``check_health()`` caller).
@@ -45,6 +47,9 @@ from ._features import find_symbol, warn_once
 from ._state import EngineLiveness
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
+
+OBSERVERS_FIRST_S = 0.002
+"""How long the fatal path's cleanup thread waits before upstream's ``pre_shutdown()`` (see there)."""
 
 PRE_SHUTDOWN_WAIT_S = 0.5
 """How long any caller waits for another thread's run of upstream's ``pre_shutdown()``."""
@@ -146,7 +151,14 @@ def release_exit_joins(proxy: Any, state: EngineLiveness) -> None:
         # lets it end. Upstream main's _abandon_mpi_pool_threads drops that lock the same way.
         lock = getattr(thread, "_tstate_lock", None)
         locks = getattr(threading, "_shutdown_locks", None)
-        if lock is not None and locks is not None:
+        locks_lock = getattr(threading, "_shutdown_locks_lock", None)
+        if lock is None or locks is None or locks_lock is None:
+            # CPython 3.13+ tracks non-daemon threads in C: nothing here can release that join.
+            warn_once("exit-join", "threading", "liveness: this Python joins mpi4py's pool thread at exit in a way "
+                      "the extension cannot release: after a death the interpreter may wait for the dead world "
+                      "at exit unless exit_on_fatal")
+            return
+        with locks_lock:  # threading's own lock for that set (Thread.start adds to it)
             locks.discard(lock)
         logger.info("liveness: released mpi4py's exit join of %s (the world is dead)", thread.name)
 
@@ -174,6 +186,10 @@ def _pre_shutdown_helper(proxy: Any, state: EngineLiveness, error: WorkerFailedE
     # shutdown() wait on them without a timeout. (Where this thread does not own the request
     # socket, the mixin's pre_shutdown() fails them first, so that no sentinel is sent from here.)
     def run() -> None:
+        # Cleanup yields first: the threads that observe the failure (health probes, the readers
+        # of the requests just failed) are waiting for the GIL right now, and upstream's
+        # pre_shutdown() is pure Python that would hold it for the next switch interval.
+        time.sleep(OBSERVERS_FIRST_S)
         # Never while a caller's submit() is inside a send on the same (unlocked) socket.
         if not state.send_lock.acquire(timeout=PRE_SHUTDOWN_WAIT_S):
             logger.warning("liveness: a submit() is still inside a send on upstream's request socket; upstream "
@@ -221,6 +237,14 @@ def _notify_async(item_queue: Any) -> None:
     """Wake an asyncio consumer of upstream's ``_SyncQueue`` (it is woken explicitly upstream)."""
     loop = getattr(item_queue, "loop", None)
     notify = getattr(type(item_queue), "notify_many", None)
-    if loop is not None and callable(notify):
-        with contextlib.suppress(Exception):
-            notify(loop, [item_queue])
+    if loop is None:
+        return  # a synchronous consumer: the put itself wakes it
+    if not callable(notify):
+        warn_once("notify_many", type(item_queue).__qualname__, "liveness: %s has a loop but no notify_many(): "
+                  "asyncio consumers of a failed request may not be woken", type(item_queue).__qualname__)
+        return
+    try:
+        notify(loop, [item_queue])
+    except Exception:
+        warn_once("notify_many", "raised", "liveness: notify_many() raised: asyncio consumers of a failed request "
+                  "may not be woken", exc_info=True)

@@ -137,13 +137,13 @@ def detect_features(proxy_cls: type) -> UpstreamFeatures:
     return features
 
 
-def warn_once(key: str, subject: str, message: str, *args: Any) -> bool:
+def warn_once(key: str, subject: str, message: str, *args: Any, exc_info: bool = False) -> bool:
     """Log ``message`` as a WARNING once per ``(key, subject)`` in this process; True if logged."""
     with _WARNED_LOCK:
         if (key, subject) in _WARNED:
             return False
         _WARNED.add((key, subject))
-    logger.warning(message, *args)
+    logger.warning(message, *args, exc_info=exc_info)
     return True
 
 
@@ -163,8 +163,8 @@ def warn_missing_hooks(proxy_cls: type) -> list[str]:
 # Hooks of the MPI session whose absence costs coverage: name -> what is then not covered.
 SESSION_HOOKS: Mapping[str, str] = {
     "release_exit_joins": "releasing mpi4py's exit join after a death for a session the proxy does not own "
-                          "(the extension releases it for owned sessions only): the interpreter may hang at exit "
-                          "after a death unless exit_on_fatal",
+                          "(the extension releases it for owned sessions only; without it the interpreter may "
+                          "hang at exit after a death unless exit_on_fatal)",
     "abandon": "abandoning an owned session whose upstream shutdown() is still blocked after the workers were "
                "stopped: the interpreter may wait at exit",
 }
@@ -182,9 +182,11 @@ def warn_session_hooks(session: Any, *, owned: bool | None = None) -> None:
     if not callable(getattr(session, "submit", None)):
         warn_once("submit", subject, "liveness: the MPI session %s has no submit(): worker identities and the "
                   "proxy-death watch are not covered", subject)
-    if owned is False and not callable(getattr(session, "release_exit_joins", None)):
-        warn_once("release_exit_joins", subject, "liveness: the MPI session %s has no release_exit_joins(): %s is "
-                  "not covered", subject, SESSION_HOOKS["release_exit_joins"])
+    # Only a session with an mpi4py pool (MpiPoolSession's mpi_pool) has a pool thread to join at exit.
+    if owned is False and getattr(session, "mpi_pool", None) is not None \
+            and not callable(getattr(session, "release_exit_joins", None)):
+        warn_once("release_exit_joins", subject, "liveness: the MPI session %s has no release_exit_joins(), so %s "
+                  "is not covered", subject, SESSION_HOOKS["release_exit_joins"])
 
 
 # Routes of GenerationExecutor.create that do not build an MPI GenerationExecutorProxy.
@@ -199,13 +201,15 @@ UNCOVERED_ROUTES: Mapping[str, str] = {
 
 
 def route_of(kwargs: Mapping[str, Any], environ: Mapping[str, str]) -> str:
-    """Which route ``GenerationExecutor.create(**kwargs)`` takes: ``mpi`` or a key of UNCOVERED_ROUTES."""
+    """Which orchestrator ``GenerationExecutor.create(**kwargs)`` uses: ``rpc``, ``ray`` or ``mpi``.
+
+    The single-process worker is a branch inside the MPI route whose condition (world size, session,
+    environment) only ``create`` itself evaluates: the create hook warns when it is taken
+    (``use_worker``), not guessed from the arguments here."""
     llm_args = kwargs.get("llm_args")
     orchestrator = kwargs.get("orchestrator_type", getattr(llm_args, "orchestrator_type", None))
     if orchestrator in ("rpc", "ray"):
         return str(orchestrator)
-    if kwargs.get("return_logits") or environ.get("TLLM_WORKER_USE_SINGLE_PROCESS", "0") not in ("", "0"):
-        return "single-process"
     return "mpi"
 
 

@@ -253,7 +253,10 @@ class LivenessProxyMixin:
             return None
         channel: IdentityChannel | None = None
         assert state.features is not None
-        if not state.features.identities_signal:
+        # main sends the ranks' identities itself, but registers them only for sessions it spawned:
+        # for an mpirun-launched (MpiCommSession) or remote session it skips them, so the side
+        # channel serves there too (as on 1.2.x, which sends none).
+        if not state.features.identities_signal or _upstream_skips_registration(session):
             ref = weakref.ref(self)
 
             def on_identities(identities: list[ProcessIdentity]) -> None:
@@ -346,11 +349,14 @@ class LivenessProxyMixin:
             if state.request_socket_owner is None:
                 state.request_socket_owner = threading.get_ident()
             result = super().submit(request)  # type: ignore[misc]
+            fatal = state.fatal
+            if fatal is not None:
+                # The sweep may have run between upstream's registration and now. Failed (and
+                # forgotten) before the lock is released: else the fatal helper's pre_shutdown()
+                # could send a CancellingRequest for it, from its thread, to a dead leader.
+                fail_request(self, getattr(request, "id", getattr(result, "id", None)), dead_error(self, fatal))
         finally:
             state.send_lock.release()
-        fatal = state.fatal
-        if fatal is not None:  # the sweep may have run between upstream's registration and now
-            fail_request(self, getattr(request, "id", getattr(result, "id", None)), dead_error(self, fatal))
         return result
 
     def pre_shutdown(self) -> None:
@@ -416,20 +422,33 @@ class LivenessProxyMixin:
             state.shutdown_started = True
             failed = state.fatal is not None
         config = state.config
+        owned = self._liveness_owns_session(state)
         if failed:
             state.fatal_done.wait(PRE_SHUTDOWN_WAIT_S)
         else:
             # Workers exiting now are expected: stop the watcher so they are not reported dead.
             state.monitor.stop()
+            if _zmq_debug() and _owns_request_socket(state):
+                # Upstream's debug mode raises on a send from a thread that does not own its
+                # request socket: this one does, so upstream's pre_shutdown() (stop sentinel,
+                # cancellations) runs here; the shutdown() below then finds it done. The engine is
+                # healthy, so these sends go to a live leader.
+                self.pre_shutdown()
         upstream = threading.Thread(target=self._liveness_upstream_shutdown,
                                     name="trtllm-liveness-upstream-shutdown", daemon=True)
         upstream.start()
-        # A healthy engine gets the grace period to stop by itself; a dead world does not.
+        report = None
         if not failed:
+            # A healthy engine gets the grace period to stop by itself; a dead world does not.
             deadline = time.monotonic() + config.shutdown_grace_s
             upstream.join(config.shutdown_grace_s)
-            self._liveness_wait_exit(deadline)
-        report = self._liveness_stop_workers()
+            if owned:
+                self._liveness_wait_exit(deadline)
+                report = self._liveness_stop_workers()
+            # else: the ranks belong to the caller's session (mpirun's job): they keep serving it
+            # after this engine is gone, and are never signalled by a healthy shutdown.
+        else:
+            report = self._liveness_stop_workers()
         upstream.join(_UPSTREAM_SHUTDOWN_AFTER_STOP_S)
         if upstream.is_alive():
             logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
@@ -443,9 +462,12 @@ class LivenessProxyMixin:
             if events and getattr(self, "_fatal_error", None) is None:
                 self._fatal_error = state.fatal
 
-    def _liveness_abandon_session(self, state: EngineLiveness) -> None:
+    def _liveness_owns_session(self, state: EngineLiveness) -> bool:
         owns = getattr(self, "_owns_mpi_session", None)
-        if not (owns if isinstance(owns, bool) else state.owns_session):
+        return owns if isinstance(owns, bool) else state.owns_session
+
+    def _liveness_abandon_session(self, state: EngineLiveness) -> None:
+        if not self._liveness_owns_session(state):
             logger.info("liveness: the MPI session belongs to the caller; not abandoned")
             return
         session = getattr(self, "mpi_session", None)
@@ -536,6 +558,19 @@ def _announce(base: type, config: LivenessConfig) -> None:
     with contextlib.suppress(Exception):  # a closed stderr must not fail the engine's start
         sys.stderr.write(f"trtllm-liveness: {line}\n")
         sys.stderr.flush()
+
+
+# Session kinds whose ranks upstream main does not register (docs/upstream-contract.md, "Sessions").
+_UNREGISTERED_SESSION_KINDS = frozenset({"MpiCommSession", "RemoteMpiCommSessionClient"})
+
+
+def _upstream_skips_registration(session: Any) -> bool:
+    return any(cls.__name__ in _UNREGISTERED_SESSION_KINDS for cls in type(session).__mro__)
+
+
+def _zmq_debug() -> bool:
+    # Upstream's ipc reads it per queue at construction; the same word here (docs/upstream-contract.md).
+    return os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG", "0") != "0"
 
 
 def _owns_request_socket(state: EngineLiveness) -> bool:

@@ -152,6 +152,13 @@ def _note_exit_hook() -> None:
         _EXITING.set()
 
 
+def _is_pid_1_here(proxy: Sequence[Any]) -> bool:
+    if isinstance(proxy, (str, bytes)) or not isinstance(proxy, Sequence) or len(proxy) not in (4, 5):
+        return False
+    pid, _start, hostname, namespace = proxy[:4]
+    return bool(pid == 1 and hostname == local_hostname() and namespace == local_pid_namespace())
+
+
 def _parse_proxy(proxy: Sequence[Any]) -> tuple[int, int | None, str, int | None, str | None]:
     if isinstance(proxy, (str, bytes)) or not isinstance(proxy, Sequence) or len(proxy) not in (4, 5):
         raise ValueError(f"bad proxy identity {proxy!r}: want [pid, start_time, hostname, pid_namespace(, boot_id)]")
@@ -180,7 +187,8 @@ def start_proxy_death_watch(proxy: Sequence[Any], *,
 
     ``proxy`` is :func:`proxy_identity`'s list, made in the proxy process. The proxy is watched
     through a pidfd opened here and verified against its start time after opening (so the watch
-    can never follow a later process that reuses the pid); where this kernel or Python has no
+    can never follow a later process that reuses the pid; an identity without a start time, which
+    upstream may send, is watched through the pidfd opened now, unverified); where this kernel or Python has no
     pidfd, through ``/proc/<pid>/stat`` (pid and start time) every 0.5 s, with one WARNING.
 
     Returns the watch, or None when nothing is watched: in the proxy process itself (rank 0 of
@@ -195,6 +203,11 @@ def start_proxy_death_watch(proxy: Sequence[Any], *,
     from ..._errors import ProcessGone
     from ..._procfs import boot_id
 
+    if _is_pid_1_here(proxy):
+        # A server that is PID 1 of this (container's) PID namespace: when it exits, the kernel
+        # ends every process of the namespace, these ranks included. Nothing to watch.
+        logger.info("liveness: the proxy is PID 1 of this PID namespace; its exit ends the ranks (no watch needed)")
+        return None
     pid, start_time, hostname, namespace, boot = _parse_proxy(proxy)
     end = _end_rank if on_gone is None else on_gone
     if pid == os.getpid():
