@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -29,9 +28,11 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import NoReturn, TextIO
+from typing import NoReturn
 
 from . import _procfs, _scan
+from ._cli_args import int_arg, package_version, parent_arg, pid_arg, seconds_arg
+from ._cli_output import Progress, out, print_report, printable
 from ._errors import AccessDenied, LivenessError, ProcessGone
 from ._events import EventKind, WorkerEvent, WorkerState
 from ._identity import ProcessIdentity, capture_identity
@@ -67,11 +68,6 @@ exit status:
 """
 
 
-def _out(text: str) -> None:
-    sys.stdout.write(text + "\n")
-    sys.stdout.flush()
-
-
 def _err(text: str) -> None:
     sys.stderr.write(f"trtllm-liveness: {text}\n")
     sys.stderr.flush()
@@ -101,18 +97,18 @@ def _cmd_demo_processes(args: argparse.Namespace) -> int:
             monitor.register(identities)
             monitor.start()
             victim = identities[args.rank % len(identities)]
-            _out(f"watching {len(identities)} worker processes; SIGKILL rank {victim.rank} (pid {victim.pid})")
+            out(f"watching {len(identities)} worker processes; SIGKILL rank {victim.rank} (pid {victim.pid})")
             t0 = time.monotonic()
             os.kill(victim.pid, signal.SIGKILL)
             got = detected.wait(10.0)
             if not got:
-                _out("fault NOT detected within 10 s")
+                out("fault NOT detected within 10 s")
                 return EXIT_FAILED
             when, event = seen[0]
-            _out(f"t0        +0.000 ms  SIGKILL sent to pid {victim.pid}")
-            _out(f"detected  +{(when - t0) * 1e3:.3f} ms  {event.message}")
+            out(f"t0        +0.000 ms  SIGKILL sent to pid {victim.pid}")
+            out(f"detected  +{(when - t0) * 1e3:.3f} ms  {event.message}")
             if args.json:
-                _out(json.dumps({"detect_ms": (when - t0) * 1e3, "event": event.to_dict()}))
+                out(json.dumps({"detect_ms": (when - t0) * 1e3, "event": event.to_dict()}))
             return EXIT_OK
     finally:
         for child in children:
@@ -129,105 +125,6 @@ class _Parser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message} (see --help)\n")
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
-
-
-def _pid_arg(value: str) -> int:
-    try:
-        pid = int(value, 10)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a pid: {value!r}") from None
-    if pid <= 0:
-        raise argparse.ArgumentTypeError(f"not a pid: {value!r} (must be a positive integer)")
-    if pid == 1:
-        # In a container's own PID namespace, PID 1 is often the server itself (no init in the
-        # image): then it is what the operator means. The host's init, or tini & co, never is.
-        role = _procfs.pid1_role()
-        if role == "host-init":
-            raise argparse.ArgumentTypeError("refusing pid 1: the host's init is never a worker")
-        if role == "container-init":
-            raise argparse.ArgumentTypeError("refusing pid 1: it is this container's init program, not the "
-                                             "server; select the server by --parent 1 or by its pid")
-    if pid == os.getpid():
-        raise argparse.ArgumentTypeError(f"refusing pid {pid}: that is this command itself")
-    return pid
-
-
-def _parent_arg(value: str) -> int:
-    # Descendants of a container's PID 1 (an init or the server) are the container's processes;
-    # descendants of the host's init would be every process of the host.
-    try:
-        return _pid_arg(value)
-    except argparse.ArgumentTypeError:
-        if value.strip() == "1" and _procfs.pid1_role() != "host-init":
-            return 1
-        raise
-
-
-def _seconds_arg(*, allow_zero: bool) -> Callable[[str], float]:
-    def parse(value: str) -> float:
-        try:
-            seconds = float(value)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number of seconds: {value!r}") from None
-        if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not allow_zero) or seconds > 86400:
-            bound = ">= 0" if allow_zero else "> 0"
-            raise argparse.ArgumentTypeError(f"seconds must be {bound} and at most 86400, got {value!r}")
-        return seconds
-
-    return parse
-
-
-def _int_arg(low: int, high: int) -> Callable[[str], int]:
-    def parse(value: str) -> int:
-        try:
-            number = int(value, 10)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not an integer: {value!r}") from None
-        if not low <= number <= high:
-            raise argparse.ArgumentTypeError(f"must be between {low} and {high}, got {number}")
-        return number
-
-    return parse
-
-
-class _Progress:
-    """A progress line on stderr: redrawn in place on a terminal, else repeated every ``every_s``."""
-
-    def __init__(self, stream: TextIO, every_s: float = 30.0) -> None:
-        self._stream = stream
-        self._tty = stream.isatty()
-        self._every_s = every_s
-        self._last = time.monotonic()
-        self._drawn = False
-
-    def line(self, text: str) -> None:
-        self._finish_redraw()
-        self._stream.write(f"trtllm-liveness: {text}\n")
-        self._stream.flush()
-        self._last = time.monotonic()
-
-    def tick(self, text: str) -> None:
-        if self._tty:
-            self._stream.write(f"\r\033[Ktrtllm-liveness: {text}")
-            self._stream.flush()
-            self._drawn = True
-        elif time.monotonic() - self._last >= self._every_s:
-            self.line(text)
-
-    def _finish_redraw(self) -> None:
-        if self._drawn:
-            self._stream.write("\n")
-            self._drawn = False
-
-    def done(self) -> None:
-        self._finish_redraw()
-        self._stream.flush()
 
 
 def _describe_pid_error(pid: int, exc: LivenessError) -> str:
@@ -265,7 +162,7 @@ def _cmd_watch(args: argparse.Namespace) -> int:
         events.append(event)
         got.set()
 
-    progress = _Progress(sys.stderr, every_s=60.0)
+    progress = Progress(sys.stderr, every_s=60.0)
     with WorkerProcessMonitor(d_state_timeout_s=timeout, scan_interval_s=interval) as monitor:
         monitor.subscribe(on_event)
         monitor.register(identities)
@@ -287,59 +184,17 @@ def _cmd_watch(args: argparse.Namespace) -> int:
             return EXIT_INTERRUPTED
         progress.done()
     event = events[0]
-    _out(json.dumps(event.to_dict()) if args.json else event.describe(_process_label(event.identity.pid, names)))
+    out(json.dumps(event.to_dict()) if args.json else event.describe(_process_label(event.identity.pid, names)))
     return EXIT_DIED if event.kind is EventKind.DIED else EXIT_WEDGED
 
 
 def _process_label(pid: int, names: dict[int, str]) -> str:
     # watch takes any pids, not only MPI ranks: name the process, not a "rank".
     name = names.get(pid, "")
-    return f"process {pid} ({_printable(name)})" if name else f"process {pid}"
+    return f"process {pid} ({printable(name)})" if name else f"process {pid}"
 
 
 # ------------------------------------------------------------------------- scan
-
-
-def _thread_summary(report: _scan.ProcessReport) -> str:
-    counts: dict[str, int] = {}
-    for thread in report.threads:
-        counts[thread.state] = counts.get(thread.state, 0) + 1
-    states = ", ".join(f"{state} {count}" for state, count in sorted(counts.items()))
-    return f"{len(report.threads)} thread(s) ({states})"
-
-
-def _printable(text: str) -> str:
-    # Command lines and thread names are chosen by whoever started the process: keep control
-    # characters from reaching the operator's terminal.
-    return "".join(char if char.isprintable() else f"\\x{ord(char):02x}" for char in text)
-
-
-def _print_report(report: _scan.ProcessReport, *, all_threads: bool) -> None:
-    verdict = report.verdict.value.upper() if report.flagged else report.verdict.value
-    head = f"pid {report.pid}"
-    if report.comm:
-        head += f" ({_printable(report.comm)}) ppid {report.ppid}"
-    if report.state:
-        head += f" state {report.state}"
-    line = f"{head}: {verdict}"
-    if report.detail:
-        line += f" - {report.detail}"
-    if report.threads and not (all_threads or report.flagged):
-        line += f"; {_thread_summary(report)}"
-    _out(line)
-    if report.cmdline:
-        _out(f"  cmd: {_printable(' '.join(report.cmdline))}"[:300])
-    for skip in report.skipped:
-        _out(f"  skipped: {skip.detail}")
-    if report.threads and (all_threads or report.flagged):
-        _out(f"    {'TID':<8} {'NAME':<16} {'STATE':<5} {'IN-D':>7} {'SIGKILL':<8} WCHAN")
-        for thread in report.threads:
-            in_d = f"{thread.d_seconds:.1f}s" if thread.state == "D" else "-"
-            pending = "pending" if thread.kill_pending else "-"
-            _out(f"    {thread.tid:<8} {_printable(thread.name)[:16]:<16} {thread.state:<5} {in_d:>7} {pending:<8} "
-                 f"{thread.wchan or '-'}")
-    if report.advice:
-        _out(f"  action: {report.advice}")
 
 
 def _cmd_scan(args: argparse.Namespace) -> int:
@@ -368,7 +223,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
             _err(f"no process matches {described}")
             return EXIT_FAILED
     samples = 1 if args.window == 0 else args.samples
-    progress = _Progress(sys.stderr)
+    progress = Progress(sys.stderr)
     if args.window >= 1.0:
         progress.line(f"sampling {len(pids)} process(es) for up to {args.window:g}s ({samples} samples; "
                       "ends after the first when no thread is in D)...")
@@ -388,25 +243,25 @@ def _cmd_scan(args: argparse.Namespace) -> int:
         data["selection_skipped"] = [skip.to_dict() for skip in selection_skipped]
         if diagnosis is not None:
             data["diagnosis"] = diagnosis.to_dict(include_scan=False)
-        _out(json.dumps(data))
+        out(json.dumps(data))
     else:
         for report in result.processes:
-            _print_report(report, all_threads=args.threads)
+            print_report(report, all_threads=args.threads)
             rank = None if diagnosis is None else diagnosis.rank(report.pid)
-            for line in [] if rank is None else _diagnosis_format.rank_lines(rank, _printable):
-                _out(line)
+            for line in [] if rank is None else _diagnosis_format.rank_lines(rank, printable):
+                out(line)
         counts: dict[str, int] = {}
         for report in result.processes:
             counts[report.verdict.value] = counts.get(report.verdict.value, 0) + 1
         summary = ", ".join(f"{count} {verdict}" for verdict, count in counts.items())
-        _out(f"summary: {len(result.processes)} process(es) over {result.window_s:g}s, {result.samples} "
+        out(f"summary: {len(result.processes)} process(es) over {result.window_s:g}s, {result.samples} "
              f"sample(s): {summary}")
         unkillable = result.unkillable
         if unkillable:
-            _out(f"ACTION: {len(unkillable)} unkillable process(es) (pid {' '.join(str(r.pid) for r in unkillable)}): "
+            out(f"ACTION: {len(unkillable)} unkillable process(es) (pid {' '.join(str(r.pid) for r in unkillable)}): "
                  f"{_scan.RECYCLE_ADVICE}")
         for line in [] if diagnosis is None else _diagnosis_format.summary_lines(diagnosis):
-            _out(line)
+            out(line)
     verdicts = [report.verdict for report in result.processes]
     if any(verdict.is_stuck for verdict in verdicts):
         return EXIT_WEDGED
@@ -436,17 +291,17 @@ def _cmd_autoload(args: argparse.Namespace) -> int:
     from .integrations import trtllm_autoload as autoload
 
     if args.action == "install":
-        _out(f"installed {autoload.write_pth(args.site)}")
+        out(f"installed {autoload.write_pth(args.site)}")
         return EXIT_OK
     if args.action == "remove":
         removed = autoload.remove_pth(args.site)
-        _out(f"removed {removed}" if removed else "not installed: nothing to remove")
+        out(f"removed {removed}" if removed else "not installed: nothing to remove")
         return EXIT_OK
     path, state = autoload.pth_status(args.site)
     if state is None:
-        _out(f"not installed ({path} absent)")
+        out(f"not installed ({path} absent)")
         return EXIT_FAILED
-    _out(f"{'installed' if state == 'current' else 'outdated'}: {path}")
+    out(f"{'installed' if state == 'current' else 'outdated'}: {path}")
     return EXIT_OK if state == "current" else EXIT_DIED
 
 
@@ -458,10 +313,10 @@ def _cmd_doctor(args: argparse.Namespace) -> int:
 
     report = _doctor.diagnose()
     if args.json:
-        _out(json.dumps(report.to_dict()))
+        out(json.dumps(report.to_dict()))
     else:
         for line in _doctor.format_report(report):
-            _out(line)
+            out(line)
     return report.exit_status
 
 
@@ -500,7 +355,7 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     """
     parser = _Parser(prog="trtllm-liveness", description=_MAIN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"trtllm-liveness {_version()}")
+    parser.add_argument("--version", action="version", version=f"trtllm-liveness {package_version()}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log the library's warnings (-v) or debug messages (-vv) to stderr")
     sub = parser.add_subparsers(dest="command", required=True,
@@ -509,17 +364,17 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     scan = sub.add_parser("scan", help="diagnose processes now: D state, SIGKILL pending, zombies, what to do",
                           description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
                           formatter_class=argparse.RawDescriptionHelpFormatter)
-    scan.add_argument("pids", nargs="*", type=_pid_arg, metavar="PID", help="process ids to scan")
+    scan.add_argument("pids", nargs="*", type=pid_arg, metavar="PID", help="process ids to scan")
     scan.add_argument("--name", metavar="SUBSTR", help="select processes whose name or command line contains SUBSTR")
-    scan.add_argument("--parent", type=_parent_arg, metavar="PID", help="select the descendants of PID")
+    scan.add_argument("--parent", type=parent_arg, metavar="PID", help="select the descendants of PID")
     scan.add_argument("--cgroup", metavar="PATH", help="select the processes of a cgroup (directory or cgroup path)")
-    scan.add_argument("--window", type=_seconds_arg(allow_zero=True), default=1.0, metavar="S",
+    scan.add_argument("--window", type=seconds_arg(allow_zero=True), default=1.0, metavar="S",
                       help="sample over this many seconds to confirm a thread seen in D (default 1; 0 takes "
                       "one sample); when the first sample sees no thread in D, the scan ends there")
-    scan.add_argument("--samples", type=_int_arg(1, 10000), default=5, metavar="N",
+    scan.add_argument("--samples", type=int_arg(1, 10000), default=5, metavar="N",
                       help="number of samples over the window (default 5)")
     scan.add_argument("--threads", action="store_true", help="list every thread, also of healthy processes")
-    scan.add_argument("--read-timeout", type=_seconds_arg(allow_zero=False), default=DEFAULT_READ_TIMEOUT_S,
+    scan.add_argument("--read-timeout", type=seconds_arg(allow_zero=False), default=DEFAULT_READ_TIMEOUT_S,
                       metavar="S", help="give up reading a command line after S seconds (its mm lock is held; "
                       f"default {DEFAULT_READ_TIMEOUT_S:g}); a process with a thread in D is not read")
     scan.add_argument("--stacks", action="store_true", help="also: each thread spinning/sleeping (CPU over "
@@ -530,10 +385,10 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     watch = sub.add_parser("watch", help="block until one of the processes dies or wedges",
                            description=_WATCH_DESCRIPTION, epilog=EXIT_STATUS_HELP,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
-    watch.add_argument("pids", nargs="+", type=_pid_arg, metavar="PID", help="process ids to watch")
-    watch.add_argument("--d-state-timeout", type=_seconds_arg(allow_zero=False), default=None, metavar="S",
+    watch.add_argument("pids", nargs="+", type=pid_arg, metavar="PID", help="process ids to watch")
+    watch.add_argument("--d-state-timeout", type=seconds_arg(allow_zero=False), default=None, metavar="S",
                        help="report a process wedged once a thread is in D this long (default: deaths only)")
-    watch.add_argument("--scan-interval", type=_seconds_arg(allow_zero=False), default=None, metavar="S",
+    watch.add_argument("--scan-interval", type=seconds_arg(allow_zero=False), default=None, metavar="S",
                        help="how often to sample thread states (default min(1, S/5))")
     watch.add_argument("--json", action="store_true", help="print the event as one JSON object")
     watch.set_defaults(func=_cmd_watch)
@@ -552,8 +407,8 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     demo.set_defaults(func=_cmd_demo_executor)
 
     plain = sub.add_parser("demo-processes", help="the monitor alone: SIGKILL one of N plain processes")
-    plain.add_argument("--workers", type=_int_arg(1, 256), default=4, help="number of worker processes (default 4)")
-    plain.add_argument("--rank", type=_int_arg(0, 255), default=1, help="rank to kill (default 1)")
+    plain.add_argument("--workers", type=int_arg(1, 256), default=4, help="number of worker processes (default 4)")
+    plain.add_argument("--rank", type=int_arg(0, 255), default=1, help="rank to kill (default 1)")
     plain.add_argument("--json", action="store_true", help="also print the result as one JSON object")
     plain.set_defaults(func=_cmd_demo_processes)
 
