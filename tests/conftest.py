@@ -577,3 +577,20 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     if _LEAKED:
         sys.stderr.write("\nLEAKED by tests:\n" + "\n".join(_LEAKED) + "\n")
         session.exitstatus = 1
+
+
+@pytest.fixture(autouse=True)
+def _helper_tmpdirs_removed(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Name the test that leaves a helper child's TMPDIR behind (the session check only says that
+    one is left); the session check still counts it."""
+    def helper_dirs() -> set[str]:
+        with contextlib.suppress(OSError):
+            return {name for name in os.listdir(tempfile.gettempdir()) if name.startswith("trtllm-helper-")}
+        return set()
+
+    before = helper_dirs()
+    yield
+    left = helper_dirs() - before
+    if left:
+        sys.stderr.write(f"\n{request.node.nodeid} left helper TMPDIR(s) {sorted(left)}\n")
+        _LEAKED.append(f"{request.node.nodeid} left {sorted(left)}")

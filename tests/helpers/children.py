@@ -134,6 +134,13 @@ class HelperProcess:
         survivors = kill_session(self.pid)
         with contextlib.suppress(Exception):
             self.popen.wait(10)
+        # Under load an MPI rank can take longer than kill_session's bound to finish exiting (its
+        # mappings torn down in D): wait for such survivors a little longer (bounded) before
+        # deciding that the directory must be kept for them.
+        deadline = time.monotonic() + 10.0
+        while survivors and time.monotonic() < deadline:
+            time.sleep(0.05)
+            survivors = [pid for pid in survivors if _still_running(pid)]
         for stream in (self.popen.stdin, self.popen.stdout):
             with contextlib.suppress(Exception):
                 if stream is not None:
@@ -158,6 +165,16 @@ class HelperProcess:
                     ended_stragglers = True
                 time.sleep(0.05)
         return survivors
+
+
+def _still_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return False
+    fields = data[data.rfind(b")") + 2:].split()
+    return bool(fields) and fields[0] not in (b"Z", b"X")
 
 
 def end_processes_with_tmpdir(tmpdir: str) -> list[int]:
