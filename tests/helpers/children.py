@@ -136,8 +136,9 @@ class HelperProcess:
             self.popen.wait(10)
         # Under load an MPI rank can take longer than kill_session's bound to finish exiting (its
         # mappings torn down in D): wait for such survivors a little longer (bounded) before
-        # deciding that the directory must be kept for them.
-        deadline = time.monotonic() + 10.0
+        # deciding that the directory must be kept for them (a process the helper left stuck, a
+        # frozen rank, stays: then the test calls remove_tmpdir() after releasing it).
+        deadline = time.monotonic() + 3.0
         while survivors and time.monotonic() < deadline:
             time.sleep(0.05)
             survivors = [pid for pid in survivors if _still_running(pid)]
@@ -148,23 +149,40 @@ class HelperProcess:
         with contextlib.suppress(OSError):
             os.close(self._pidfd)
         self._stderr.close()
+        self._survivors = survivors
         if not survivors:  # a survivor may still use it (and a FUSE stall in it may be served)
-            remove_leftover_mounts()  # the helper's own stalls: their owner is dead now
-            # A killed launcher's daemons may still be writing their session files while they
-            # exit: retry within a short bound until the directory is gone. Some of them leave the
-            # helper's session (a daemon's setsid), so kill_session missed them: those still
-            # carrying this helper's TMPDIR were started by it, and are ended too.
-            deadline = time.monotonic() + 5.0
-            ended_stragglers = False
-            while True:
-                shutil.rmtree(self.tmpdir, ignore_errors=True)
-                if not os.path.lexists(self.tmpdir) or time.monotonic() >= deadline:
-                    break
-                if not ended_stragglers:
-                    end_processes_with_tmpdir(self.tmpdir)
-                    ended_stragglers = True
-                time.sleep(0.05)
+            self.remove_tmpdir()
         return survivors
+
+    def remove_tmpdir(self, survivors_timeout: float = 10.0) -> bool:
+        """Remove the helper's TMPDIR once no survivor of :meth:`close` runs (bounded); True if gone.
+
+        For tests whose helper left a process it had stuck (a frozen rank): call it after releasing
+        that process (thawing its group)."""
+        deadline = time.monotonic() + survivors_timeout
+        survivors = list(getattr(self, "_survivors", []))
+        while survivors and time.monotonic() < deadline:
+            time.sleep(0.05)
+            survivors = [pid for pid in survivors if _still_running(pid)]
+        if survivors:
+            return False
+        self._survivors = []
+        remove_leftover_mounts()  # the helper's own stalls: their owner is dead now
+        # A killed launcher's daemons may still be writing their session files while they
+        # exit: retry within a short bound until the directory is gone. Some of them leave the
+        # helper's session (a daemon's setsid), so kill_session missed them: those still
+        # carrying this helper's TMPDIR were started by it, and are ended too.
+        deadline = time.monotonic() + 5.0
+        ended_stragglers = False
+        while True:
+            shutil.rmtree(self.tmpdir, ignore_errors=True)
+            if not os.path.lexists(self.tmpdir) or time.monotonic() >= deadline:
+                break
+            if not ended_stragglers:
+                end_processes_with_tmpdir(self.tmpdir)
+                ended_stragglers = True
+            time.sleep(0.05)
+        return not os.path.lexists(self.tmpdir)
 
 
 def _still_running(pid: int) -> bool:

@@ -93,12 +93,15 @@ GROUP_PREFIX = "trtllm-liveness-test-frozen-rank"
 @needs("mpi", "freezer")
 @pytest.mark.parametrize("mode", ["1.2", "main"])
 def test_leader_returning_after_the_fatal_error_does_not_kill_mpi4pys_manager(mode: str) -> None:
+    helper = HelperProcess("frozen_rank_fatal", {"mode": mode})
     try:
-        with HelperProcess("frozen_rank_fatal", {"mode": mode}) as helper:
+        with helper:
             record = helper.read_record(90 * WAIT_SCALE, "thread_exceptions")
             stderr = helper.stderr_tail(20000)
     finally:
         remove_leftover_groups(GROUP_PREFIX)  # the helper removes its group; this is for a crash
+        # A rank still frozen when the helper was ended kept its TMPDIR: thawed now, so it can go.
+        helper.remove_tmpdir()
     assert record["fatal"] is not None and "uninterruptible" in record["fatal"]
     assert record["leader_returned"] is True, stderr
     assert record["thread_exceptions"] == [], stderr

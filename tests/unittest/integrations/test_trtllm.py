@@ -251,7 +251,9 @@ def test_fake_trtllm_sigkill_end_to_end(version: str, mode: str, via: str, rank:
     assert d.health_false_ms is not None and d.requests_failed_ms is not None
     assert out.names_a_victim(out.fatal_error), out.fatal_error
     assert [(e.kind, e.rank, e.pid) for e in out.events][:1] == [("died", rank, out.victim.pid)]
-    assert sh.pre_shutdown_calls == 1 and sh.pre_shutdown_runs == 1
+    # Upstream's pre_shutdown() body runs once (its once-flag, serialized by the mixin); the fatal
+    # path's helper and the harness's shutdown() may both call it, so up to two entries.
+    assert sh.pre_shutdown_runs == 1 and 1 <= sh.pre_shutdown_calls <= 2
     # Every pending request failed with the engine's error: upstream main's EngineDeadError (its
     # _mark_engine_dead), on 1.2.x an ErrorResponse per request (upstream's RequestError).
     assert d.pending_errors == (("EngineDeadError",) if version == "main" else ("RequestError",))

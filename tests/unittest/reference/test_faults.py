@@ -141,7 +141,9 @@ def test_two_ranks_killed_at_once_one_fatal_error() -> None:
     assert {v.rank for v in out.victims} == {1, 2}
     assert out.detection.health_false_ms is not None and out.pending_not_done == 0
     assert out.names_a_victim(out.fatal_error)
-    assert out.shutdown.pre_shutdown_runs == 1 and out.shutdown.pre_shutdown_calls == 1
+    # One fatal error for two deaths: upstream's pre_shutdown() body runs once; its entries are
+    # the fatal path's helper and shutdown()'s own, so at most two.
+    assert out.shutdown.pre_shutdown_runs == 1 and 1 <= out.shutdown.pre_shutdown_calls <= 2
 
 
 @needs_mpi
