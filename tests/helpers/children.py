@@ -169,18 +169,12 @@ class HelperProcess:
         self._survivors = []
         remove_leftover_mounts()  # the helper's own stalls: their owner is dead now
         # A killed launcher's daemons may still be writing their session files while they
-        # exit: retry within a short bound until the directory is gone. Some of them leave the
-        # helper's session (a daemon's setsid), so kill_session missed them: those still
-        # carrying this helper's TMPDIR were started by it, and are ended too.
+        # exit: retry within a short bound until the directory is gone.
         deadline = time.monotonic() + 5.0
-        ended_stragglers = False
         while True:
             shutil.rmtree(self.tmpdir, ignore_errors=True)
             if not os.path.lexists(self.tmpdir) or time.monotonic() >= deadline:
                 break
-            if not ended_stragglers:
-                end_processes_with_tmpdir(self.tmpdir)
-                ended_stragglers = True
             time.sleep(0.05)
         return not os.path.lexists(self.tmpdir)
 
@@ -193,43 +187,6 @@ def _still_running(pid: int) -> bool:
         return False
     fields = data[data.rfind(b")") + 2:].split()
     return bool(fields) and fields[0] not in (b"Z", b"X")
-
-
-def end_processes_with_tmpdir(tmpdir: str) -> list[int]:
-    """SIGKILL the processes whose environment has ``TMPDIR=tmpdir`` (a helper's descendants that
-    left its session), each through a pidfd verified against the start time it was found with.
-    Environments are read with a deadline (an environ read takes the target's mmap lock) and never
-    of a process with a thread in D. Returns the pids signalled."""
-    from trtllm_liveness import _pidfd, _procfs
-    from trtllm_liveness._mm_read import MmReader
-
-    needle = b"TMPDIR=" + os.fsencode(tmpdir) + b"\0"
-    ended: list[int] = []
-    with MmReader(0.2) as reader:
-        for pid in _procfs.list_pids():
-            if pid in (1, os.getpid()):
-                continue
-            try:
-                start = _procfs.read_start_time(pid)
-                if any(state == "D" for state in _procfs.read_thread_states(pid).values()):
-                    continue
-            except (OSError, ValueError):
-                continue
-            try:
-                data = reader.read(pid, "environ")
-            except OSError:  # gone, or a kernel thread
-                continue
-            if not isinstance(data, bytes) or not (b"\0" + data).count(b"\0" + needle):
-                continue
-            with contextlib.suppress(OSError, ValueError):
-                fd = _pidfd.open_pidfd(pid)
-                try:
-                    if _procfs.read_start_time(pid) == start:  # still the process that was found
-                        _pidfd.send_signal(fd, 9)
-                        ended.append(pid)
-                finally:
-                    os.close(fd)
-    return ended
 
 
 def identities_of(record: dict[str, Any]) -> list[ProcessIdentity]:
