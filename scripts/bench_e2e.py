@@ -38,8 +38,15 @@ a child process in its own session (helpers in ``tests/helpers/``):
   ``stock_dynamo_12_no_extension_exits``: over 1.2.x without it, does the worker ever exit within
   the window? Expected false.
 
+Stalls (``scripts/bench_stall.py``, run as a child; its docstring says how): ``stall_overshoot_p50_ms`` /
+``stall_overshoot_p99_ms`` (a stall declared past ``stall_timeout_s``, >= 20 real stalls: a SIGSTOPped
+rank; target p99 <= 50), beside ``stall_poll_baseline_p50_ms`` (a 0.1 s polling watchdog on the same
+stalls), and ``false_stalls_loaded_60s`` (a 60 s control, 2 s timeout, both cores busy, near misses at
+80% of the timeout; target 0). Diagnosis (``scripts/bench_diagnosis.py``): ``diagnosis_ms_8_ranks``
+(target <= 300) and ``diagnosis_stacks_ms_8_ranks`` with py-spy (target <= 3000).
+
 Usage: ``scripts/bench_e2e.py [--quick] [--kills N] [--dynamo-kills N] [--disabled-window S]
-[--executor reference|fake] [--json]``.
+[--executor reference|fake] [--stall-cycles N] [--stall-control-s S] [--json]``.
 Needs the mpi extra. ``--quick`` cuts the sample counts (still >= 10 Dynamo kills) for a ~1 min run.
 """
 
@@ -50,11 +57,14 @@ import importlib.util
 import json
 import random
 import statistics
+import subprocess
 import sys
 import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import _stats
 
 from trtllm_liveness.reference._env import remove_orphaned_prte_tmpdirs
 from trtllm_liveness.reference._records import Detection, ScenarioResult
@@ -67,12 +77,8 @@ EXECUTOR = "reference"  # --executor
 
 
 def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    if not ordered:
-        return float("nan")
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo)
+    value = _stats.percentile(values, q)
+    return float("nan") if value is None else value
 
 
 def samples(options: dict[str, Any], timeout: float) -> list[ScenarioResult]:
@@ -169,6 +175,17 @@ def stock_exit(mode: str, liveness: bool, max_life_s: float = 30.0) -> tuple[flo
     return elapsed, status
 
 
+def script_figures(script: str, *args: str, timeout: float = 900) -> dict[str, Any]:
+    """Run one of the other benchmark scripts with ``--json``; its JSON object (``{}`` if none)."""
+    try:
+        run = subprocess.run([sys.executable, str(REPO / "scripts" / script), *args, "--json"], capture_output=True,
+                             timeout=timeout, check=False, start_new_session=True)
+    except subprocess.TimeoutExpired:
+        return {}
+    lines = [line for line in run.stdout.decode().splitlines() if line.startswith("{")]
+    return dict(json.loads(lines[-1])) if lines else {}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="fewer samples (about a minute)")
@@ -179,6 +196,8 @@ def main() -> int:
     parser.add_argument("--stock-samples", type=int, default=None, help="stock Dynamo exits (default 6, quick 2)")
     parser.add_argument("--executor", choices=("reference", "fake"), default="reference",
                         help="what the kill samples run on (default: the reference executor)")
+    parser.add_argument("--stall-cycles", type=int, default=20, help="real stalls timed (default 20)")
+    parser.add_argument("--stall-control-s", type=float, default=None, help="loaded control (default 60, quick 20)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     global EXECUTOR
@@ -220,6 +239,9 @@ def main() -> int:
     baseline.join(args.disabled_window + 90)
     if with_monitor:
         stock_baseline.join(args.disabled_window + 90)
+    control_s = args.stall_control_s if args.stall_control_s is not None else (20.0 if quick else 60.0)
+    stall = script_figures("bench_stall.py", "--cycles", str(args.stall_cycles), "--control-s", str(control_s))
+    diagnosis = script_figures("bench_diagnosis.py")
 
     e2e = [d.e2e_ms for d in detections(kills) if d.e2e_ms is not None]
     detect = [d.detected_ms for d in detections(kills) if d.detected_ms is not None]
@@ -252,6 +274,10 @@ def main() -> int:
         "stock_dynamo_12_no_extension_exits": (stock_12_plain[0][1] == 1) if stock_12_plain else None,
         "upstream_only_note": "stock Dynamo without the extension: 2 s check_health poll (main) + 5 s upstream "
                               "loop; 1.2.x never",
+        **{key: stall.get(key) for key in ("stall_overshoot_p50_ms", "stall_overshoot_p99_ms", "stall_cycles",
+                                           "stall_poll_baseline_p50_ms", "false_stalls_loaded_60s", "control_s",
+                                           "near_misses")},
+        **{key: diagnosis.get(key) for key in ("diagnosis_ms_8_ranks", "diagnosis_stacks_ms_8_ranks")},
         "wall_s": round(time.monotonic() - t_start, 1),
     }
     print(f"{'measurement':44} {'value':>12}")
@@ -273,6 +299,14 @@ def main() -> int:
     print(f"{'stock monitor, upstream main only':44} {result['stock_dynamo_upstream_main_exit_ms']!s:>9} ms")
     label = f"stock monitor, 1.2.x only: exits within {args.disabled_window} s"
     print(f"{label:44} {result['stock_dynamo_12_no_extension_exits']!s:>12}")
+    print(f"{'stall declared past the timeout, p50':44} {result['stall_overshoot_p50_ms']!s:>9} ms")
+    print(f"{'stall declared past the timeout, p99':44} {result['stall_overshoot_p99_ms']!s:>9} ms")
+    print(f"{'  stalls timed':44} {result['stall_cycles']!s:>12}")
+    print(f"{'  baseline: 0.1 s polling watchdog, p50':44} {result['stall_poll_baseline_p50_ms']!s:>9} ms")
+    label = f"false stalls, {result['control_s']} s loaded control"
+    print(f"{label:44} {result['false_stalls_loaded_60s']!s:>12}")
+    print(f"{'diagnosis of 8 ranks, no stacks':44} {result['diagnosis_ms_8_ranks']!s:>9} ms")
+    print(f"{'diagnosis of 8 ranks, py-spy stacks':44} {result['diagnosis_stacks_ms_8_ranks']!s:>9} ms")
     print(f"{'wall time':44} {result['wall_s']:>10} s")
     e2e_p50, floor_p50 = result["e2e_p50_ms"], result["mpi_rank_floor_p50_ms"]
     checks = [
@@ -281,6 +315,13 @@ def main() -> int:
          bool(e2e and floor) and abs(e2e_p50 - floor_p50) <= 1.0),
         ("dynamo_503_p99_ms <= 100", result["dynamo_503_p99_ms"] is not None and result["dynamo_503_p99_ms"] <= 100),
         ("disabled_detected is false", result["disabled_detected"] is False),
+        ("stall_overshoot_p99_ms <= 50 (>= 20 stalls)", result["stall_overshoot_p99_ms"] is not None
+         and result["stall_overshoot_p99_ms"] <= 50 and (result["stall_cycles"] or 0) >= 20),
+        ("false_stalls_loaded_60s == 0", result["false_stalls_loaded_60s"] == 0),
+        ("diagnosis_ms_8_ranks <= 300", result["diagnosis_ms_8_ranks"] is not None
+         and result["diagnosis_ms_8_ranks"] <= 300),
+        ("diagnosis_stacks_ms_8_ranks <= 3000", result["diagnosis_stacks_ms_8_ranks"] is not None
+         and result["diagnosis_stacks_ms_8_ranks"] <= 3000),
     ]
     for label, ok in checks:
         print(f"{'PASS' if ok else 'FAIL'}  {label}")

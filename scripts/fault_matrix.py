@@ -60,6 +60,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
+import _stats
+
 from trtllm_liveness.reference._env import remove_orphaned_prte_tmpdirs
 from trtllm_liveness.reference._faults import freezer_available, memory_cgroup_available, remove_leftover_groups
 from trtllm_liveness.reference._fuse_stall import fuse_available, fuse_mounts, remove_leftover_mounts
@@ -71,6 +73,8 @@ REPO = Path(__file__).resolve().parents[1]
 FAKES = {"main": REPO / "tests" / "fakes" / "trtllm_main", "1.2": REPO / "tests" / "fakes" / "trtllm_v12"}
 EXECUTORS = ("fake", "reference")
 FAKE_ENDINGS = Path(__file__).resolve().parent / "fake_endings.py"
+FAKE_STALLS = Path(__file__).resolve().parent / "fake_stalls.py"
+STALL_ENV = "TRTLLM_LIVENESS_STALL_SCENARIO"  # fake_stalls.SCENARIO_ENV
 COMMON: dict[str, Any] = {"mode": "main", "workers": 2, "tokens": 300, "observe_s": 10.0,
                           "d_state_timeout_s": 1.0, "scan_interval_s": 0.1, "shutdown_grace_s": 2.0,
                           "shutdown_term_s": 0.5, "shutdown_kill_s": 1.0}
@@ -86,12 +90,8 @@ OMPI_USER_DIR = re.compile(r"ompi\.[^/]+\.\d+$")
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    ordered = sorted(values)
-    if not ordered:
-        return None
-    k = (len(ordered) - 1) * q
-    lo, hi = int(k), min(int(k) + 1, len(ordered) - 1)
-    return round(ordered[lo] + (ordered[hi] - ordered[lo]) * (k - lo), 3)
+    value = _stats.percentile(values, q)
+    return None if value is None else round(value, 3)
 
 
 class Verdict(NamedTuple):
@@ -160,6 +160,26 @@ def judge_wedge(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:
     ok = bool(r.events) and r.events[0].kind == "wedged" and r.names_a_victim(r.fatal_error)
     unkillable = [] if r.shutdown is None else list(r.shutdown.unkillable)
     return Verdict(ok, False, r.detection.detected_ms, _cause(r) + f"; shutdown: unkillable {unkillable}")
+
+
+def judge_stall(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:
+    """stall_action=fatal: one ``stalled`` event, health False, every pending request failed."""
+    if r is None or r.detection is None:
+        return Verdict(False, False, None, "no record")
+    d = r.detection
+    ok = (len(r.events) == 1 and r.events[0].kind == "stalled" and d.health_false_ms is not None
+          and d.requests_failed_ms is not None)
+    dead = any(event.kind == "died" for event in r.events)  # a stalled rank is alive: never "dead"
+    return Verdict(ok and not dead, dead, d.detected_ms, _cause(r) if r.events else "no stall reported")
+
+
+def judge_near_miss(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:
+    """First steps at 80% of stall_timeout_s, then streaming: any stall (or fatal error) is false."""
+    if r is None:
+        return Verdict(False, False, None, "no record")
+    alarm = bool(r.events) or r.fatal_error is not None
+    return Verdict(not alarm, alarm, None, f"{r.in_flight} batches with a first step at 80% of the timeout; "
+                                           f"{len(r.events)} events")
 
 
 def judge_control(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:
@@ -292,6 +312,19 @@ def plan(runs: int, control_s: float, quick: bool, prefix: str, executor: str = 
     rows.append(Row("interpreter exit, no shutdown() (main fake)", {**script, "via": "executor_cls"},
                     judge_interpreter_exit, 15, main_env, program=(sys.executable, str(FAKE_ENDINGS))))
 
+    # Stalls (stall_action=fatal, stall_timeout_s=1) on the upstream-shaped fakes, through their LLM API
+    # (scripts/fake_stalls.py). "stop" is only the scenario's label: each run is one child.
+    stall_program = (sys.executable, str(FAKE_STALLS))
+    for name, kind, mode in (("stall: rank blocks in user space (main)", "block", "main"),
+                             ("stall: subordinate stops answering (1.2)", "silent", "1.2"),
+                             ("stall: busy-spinning rank (main)", "spin", "main"),
+                             ("stall: SIGSTOPped rank, stall_action=fatal (main)", "stop", "main")):
+        rows.append(Row(name, {"mode": mode, "fault": "stop", "fault_rank": 1, "via": "executor_cls"}, judge_stall,
+                        20, {**fake_env(mode), STALL_ENV: kind}, program=stall_program))
+    rows.append(Row("near miss: first step at 80% of stall_timeout_s (main)",
+                    {"fault": "stop", "via": "executor_cls", "observe_s": 5.0 if quick else 10.0}, judge_near_miss,
+                    25, {**main_env, STALL_ENV: "near-miss"}, program=stall_program))
+
     control = {"fault": "none", "control_s": control_s, "tokens": 50}
     for row in (Row(f"control {control_s:g}s, wedge detection on", control, judge_control, control_s + 20),
                 Row(f"control {control_s:g}s, both cores busy", control, judge_control, control_s + 20, busy=2)):
@@ -411,6 +444,8 @@ def run_matrix(args: argparse.Namespace, prefix: str) -> int:
     rows: list[dict[str, Any]] = []
     try:
         for row in plan(runs, control_s, args.quick, prefix, args.executor):
+            if args.only and args.only not in row.name:
+                continue
             reason = skips.get(row.fault)
             if reason is not None:
                 rows.append({"fault": row.name, "skipped": reason})
@@ -420,7 +455,8 @@ def run_matrix(args: argparse.Namespace, prefix: str) -> int:
         left_groups = remove_leftover_groups(prefix)
         left_groups += remove_leftover_mounts()  # a FUSE stall of a scenario child that was killed
     measured = [row for row in rows if "skipped" not in row]
-    faults = [row for row in measured if not row["fault"].startswith(("control", "SIGSTOP", "interpreter exit"))]
+    faults = [row for row in measured
+              if not row["fault"].startswith(("control", "SIGSTOP", "interpreter exit", "near miss"))]
     result = {
         "command": " ".join(["scripts/fault_matrix.py", *sys.argv[1:]]),
         "executor": args.executor, "runs_per_fault": runs, "control_s": control_s, "rows": rows,
@@ -622,6 +658,7 @@ def _merge(into: Tally, other: Tally) -> Tally:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object after the table")
+    parser.add_argument("--only", default="", metavar="TEXT", help="only the rows whose name contains TEXT")
     parser.add_argument("--runs", type=int, default=None, help="runs per fault (default 5, --quick 2)")
     parser.add_argument("--control-s", type=float, default=None, help="length of each control (default 60, --quick 10)")
     parser.add_argument("--quick", action="store_true", help="fewer runs and 10 s controls (about 90 s)")

@@ -22,6 +22,11 @@ pip_install() {
 # prometheus: promtool, which checks docs/alerts.yml (facility "promtool").
 apt_packages=()
 command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
+# slurm-wlm, munge: the one-node Slurm cluster the quarantine tests start (facility "slurm").
+# policy-rc.d-free installs may start the packaged daemons; the tests start their own on other
+# ports and sockets, so those do not matter.
+{ command -v slurmctld && command -v slurmd && command -v scontrol; } >/dev/null 2>&1 || apt_packages+=(slurm-wlm)
+command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || apt_packages+=(munge)
 if [ ${#apt_packages[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${apt_packages[@]}" >>"$log" 2>&1; }
@@ -35,7 +40,7 @@ if [ ${#apt_packages[@]} -gt 0 ]; then
   fi
 fi
 pip_install --upgrade pip
-pip_install -e ".[mpi,test,dev,metrics,dynamo,diagnose]"
+pip_install -e ".[mpi,test,dev,metrics,dynamo,diagnose,k8s]"
 # Dynamo's TensorRT-LLM engine monitor (the real TrtllmEngineMonitor) for the stock-Dynamo tests:
 # the wheel is pure Python and its module imports without its large dependency set.
 pip_install --no-deps "ai-dynamo==1.6.1"

@@ -36,6 +36,7 @@ from typing import NoReturn
 import pytest
 
 from trtllm_liveness import _pidfd, _procfs
+from trtllm_liveness._quarantine import QUARANTINE_DIR_VAR
 from trtllm_liveness.reference._env import PRTE_TMPDIR_PREFIX, remove_orphaned_prte_tmpdirs
 from trtllm_liveness.reference._faults import (
     FreezerGroup,
@@ -140,6 +141,18 @@ def _pidfd_group() -> str | None:
     return "pidfd_send_signal has no PIDFD_SIGNAL_PROCESS_GROUP here (Linux < 6.9)"
 
 
+def _slurm() -> str | None:
+    # A one-node cluster started by the test itself (tests/helpers/slurm_cluster.py): Debian's
+    # slurm-wlm and munge, root (slurmd and munged run as root here).
+    missing = [name for name in ("munged", "slurmctld", "slurmd", "scontrol") if shutil.which(name) is None
+               and not os.path.exists(f"/usr/sbin/{name}")]
+    if missing:
+        return f"not installed: {', '.join(missing)} (Debian's slurm-wlm and munge)"
+    if os.geteuid() != 0:
+        return "the one-node Slurm cluster of the tests runs its daemons as root"
+    return None
+
+
 def _py_spy() -> str | None:
     path = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
     if path is None:
@@ -166,6 +179,8 @@ FACILITIES: dict[str, Callable[[], str | None]] = {
     "oom-counter": _vmstat_oom_counter,
     "promtool": lambda: _run_ok(["promtool", "--version"], "promtool --version"),  # Debian's prometheus package
     "py-spy": _py_spy,  # the diagnose extra: Python stacks in scan --stacks / the diagnosis
+    "slurm": _slurm,  # a real one-node Slurm cluster (slurmctld, slurmd, munged) for the quarantine's drain
+    "k8s-client": _module_facility("kubernetes", reason="the kubernetes client (extra 'k8s') is not installed"),
 }
 
 REQUIRE_VAR = "TRTLLM_LIVENESS_REQUIRE"
@@ -559,6 +574,9 @@ def pytest_sessionstart(session: pytest.Session) -> None:
         factory.getbasetemp()
     check = _TempLeakCheck()
     _TEMP_CHECK.append(check)
+    # The quarantine marker of engines that tests wedge goes to the session's directory, never to
+    # the machine's /run/trtllm-liveness (inherited by every child, removed with the directory).
+    os.environ[QUARANTINE_DIR_VAR] = os.path.join(check.path, "quarantine")
     # Registered before any configure_mpi_env() of a test, so it runs after that one's removal.
     atexit.register(check.remove)
 

@@ -12,6 +12,15 @@ The core is standard-library only and Linux-specific (pidfds, procfs). Public AP
 - :class:`LivenessConfig`: the switch and knobs, from the class's ``config=``,
   ``TRTLLM_WORKER_LIVENESS`` (inline or ``@file``) or upstream main's ``env_overrides``, strictly
   validated.
+- Quarantine of a wedged host: :func:`quarantine_host` records a non-restartable failure in the
+  host's marker (and runs the configured drain/cordon/hook), :func:`check_host` and
+  :func:`read_marker` read it (:class:`QuarantineCheck`, :class:`QuarantineMarker`,
+  :class:`QuarantinedProcess`); an engine start on a quarantined host raises
+  :class:`HostQuarantinedError`.
+- :class:`StallDetector` and :class:`StallInfo`: "alive but no progress" with a pending request,
+  detected by a timer armed by progress (``stall_timeout_s`` of the TensorRT-LLM extension).
+- :func:`diagnose` and :class:`Diagnosis`: a bounded snapshot of every rank (per-thread activity,
+  wait channels, Python stacks with py-spy, the odd rank out), never blocked by a wedged rank.
 - Errors: :class:`LivenessError` and its subclasses, :class:`InvalidIdentityError`.
 """
 
@@ -21,6 +30,8 @@ The core is standard-library only and Linux-specific (pidfds, procfs). Public AP
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._config import LivenessConfig as LivenessConfig
+    from ._diagnosis import Diagnosis as Diagnosis
+    from ._diagnosis import diagnose as diagnose
     from ._errors import AccessDenied as AccessDenied
     from ._errors import InvalidIdentityError as InvalidIdentityError
     from ._errors import LivenessError as LivenessError
@@ -33,22 +44,33 @@ if TYPE_CHECKING:
     from ._events import WorkerFailedError as WorkerFailedError
     from ._events import WorkerState as WorkerState
     from ._exit_guard import FatalExitGuard as FatalExitGuard
+    from ._host_quarantine import HostQuarantinedError as HostQuarantinedError
+    from ._host_quarantine import QuarantineCheck as QuarantineCheck
+    from ._host_quarantine import check_host as check_host
+    from ._host_quarantine import quarantine_host as quarantine_host
     from ._identity import ProcessIdentity as ProcessIdentity
     from ._identity import capture_identity as capture_identity
     from ._identity import parse_identities as parse_identities
     from ._monitor import WorkerProcessMonitor as WorkerProcessMonitor
+    from ._quarantine import QuarantinedProcess as QuarantinedProcess
+    from ._quarantine import QuarantineMarker as QuarantineMarker
+    from ._quarantine import read_marker as read_marker
     from ._shutdown import StopOutcome as StopOutcome
     from ._shutdown import StoppedWorker as StoppedWorker
     from ._shutdown import StopReport as StopReport
     from ._shutdown import UnkillableWorker as UnkillableWorker
     from ._shutdown import stop_processes as stop_processes
+    from ._stall import StallDetector as StallDetector
+    from ._stall import StallInfo as StallInfo
 
 __version__ = "0.1.0"
 
 __all__ = [
     "AccessDenied",
+    "Diagnosis",
     "EventKind",
     "FatalExitGuard",
+    "HostQuarantinedError",
     "InvalidIdentityError",
     "LivenessConfig",
     "LivenessError",
@@ -56,7 +78,12 @@ __all__ = [
     "ProcessGone",
     "ProcessIdentity",
     "ProcessZombie",
+    "QuarantineCheck",
+    "QuarantineMarker",
+    "QuarantinedProcess",
     "RankStatus",
+    "StallDetector",
+    "StallInfo",
     "StopOutcome",
     "StopReport",
     "StoppedWorker",
@@ -67,13 +94,21 @@ __all__ = [
     "WorkerState",
     "__version__",
     "capture_identity",
+    "diagnose",
+    "check_host",
     "parse_identities",
+    "quarantine_host",
+    "read_marker",
     "stop_processes",
 ]
 
 # Public name -> the submodule that defines it.
 _SOURCES = {
     "LivenessConfig": "_config",
+    "Diagnosis": "_diagnosis",
+    "diagnose": "_diagnosis",
+    "StallDetector": "_stall",
+    "StallInfo": "_stall",
     "AccessDenied": "_errors",
     "InvalidIdentityError": "_errors",
     "LivenessError": "_errors",
@@ -86,6 +121,13 @@ _SOURCES = {
     "WorkerFailedError": "_events",
     "WorkerState": "_events",
     "FatalExitGuard": "_exit_guard",
+    "HostQuarantinedError": "_host_quarantine",
+    "QuarantineCheck": "_host_quarantine",
+    "check_host": "_host_quarantine",
+    "quarantine_host": "_host_quarantine",
+    "QuarantinedProcess": "_quarantine",
+    "QuarantineMarker": "_quarantine",
+    "read_marker": "_quarantine",
     "ProcessIdentity": "_identity",
     "capture_identity": "_identity",
     "parse_identities": "_identity",

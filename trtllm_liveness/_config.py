@@ -63,6 +63,12 @@ class LivenessConfig:
         scan_interval_s: how often thread states are sampled for wedges.
         identities_timeout_s: how long the proxy waits for the workers' identities after
             submitting them (they come before the model is built).
+        stall_timeout_s: the engine is *stalled* when at least one request is pending and it made
+            no progress (no output of any request, no executor iteration reported by a rank) for
+            this long; 0 (the default) turns stall detection off. An idle engine is never stalled.
+            See :mod:`trtllm_liveness._stall`.
+        stall_action: ``report`` (a WARNING with the diagnosis once per stall, state ``stalled`` in
+            the statuses and metrics; health stays True) or ``fatal`` (the fatal path a death takes).
         shutdown_grace_s: how long ``shutdown()`` lets a healthy engine stop by itself before
             it stops the remaining workers.
         shutdown_term_s: after SIGTERM, how long to wait before SIGKILL.
@@ -81,6 +87,30 @@ class LivenessConfig:
             ``terminationMessagePath``; at most 4096 bytes, from a daemon thread, never blocking
             the exit). The default ``/dev/termination-log`` is written only where it exists (the
             kubelet mounts it); another absolute path is created if missing; empty: off.
+        exit_code_unrestartable: exit status after a failure that is *not restartable* on this
+            host (a worker wedged in ``D`` or unkillable: it still holds its GPU/NIC); 1-255,
+            default 69 (sysexits' ``EX_UNAVAILABLE``). A Kubernetes Job's ``podFailurePolicy`` or
+            a supervisor can tell it from ``exit_code``; a Deployment restarts whatever the code,
+            hence the host marker below. Used by the exit guard and the Dynamo bridge.
+        quarantine_dir: where a non-restartable failure leaves the host's quarantine marker
+            (``quarantine.json``), which every start-up on the host reads: it refuses to start
+            while a recorded process still exists or cannot be verified from its PID namespace
+            (see :mod:`trtllm_liveness._quarantine`). Default ``/run/trtllm-liveness``, or
+            ``$TRTLLM_LIVENESS_QUARANTINE_DIR`` where set (non-root: ``$XDG_RUNTIME_DIR/trtllm-liveness``,
+            else ``/tmp/trtllm-liveness-<uid>``); in a container, a ``hostPath`` mount of the host's
+            directory. Empty: no marker, no check.
+        quarantine_devices: ``:``-separated glob patterns of the accelerator device files; start-up
+            refuses when a visible process holding one is in ``D`` in two samples. Empty: off.
+        quarantine_override: start even on a quarantined host (logged as an error).
+        quarantine_slurm_drain: on a non-restartable failure, ``scontrol update NodeName=...
+            State=DRAIN Reason=...`` (needs SlurmUser's or root's rights).
+        quarantine_k8s_cordon / quarantine_k8s_taint: on a non-restartable failure, cordon or taint
+            (``trtllm-liveness/wedged=true:NoSchedule``) the node ``$NODE_NAME`` through the
+            ``kubernetes`` client (extra ``k8s``; needs ``get``/``patch`` on ``nodes``).
+        quarantine_hook: an executable run on a non-restartable failure with the marker's path as
+            its argument and the reason in ``TRTLLM_LIVENESS_QUARANTINE_REASON``. Empty: none.
+        quarantine_action_timeout_s: bound on each of those actions (it is killed after it) and on
+            how long the exit waits for them.
     """
 
     enabled: bool = False
@@ -88,6 +118,8 @@ class LivenessConfig:
     startup_d_state_timeout_s: float = 0.0
     scan_interval_s: float = 1.0
     identities_timeout_s: float = 600.0
+    stall_timeout_s: float = 0.0
+    stall_action: str = "report"
     shutdown_grace_s: float = 10.0
     shutdown_term_s: float = 2.0
     shutdown_kill_s: float = 3.0
@@ -96,6 +128,15 @@ class LivenessConfig:
     exit_delay_s: float = 1.0
     exit_timeout_s: float = 30.0
     termination_log: str = "/dev/termination-log"
+    exit_code_unrestartable: int = 69
+    quarantine_dir: str = "/run/trtllm-liveness"
+    quarantine_devices: str = "/dev/nvidia*"
+    quarantine_override: bool = False
+    quarantine_slurm_drain: bool = False
+    quarantine_k8s_cordon: bool = False
+    quarantine_k8s_taint: bool = False
+    quarantine_hook: str = ""
+    quarantine_action_timeout_s: float = 10.0
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
@@ -269,7 +310,14 @@ def _coerce(key: str, raw: Any, kind: type, source: str) -> Any:
         raise ValueError(f"{source}: {key} must be {'an int' if kind is int else 'a number'}, got {raw!r}") from None
 
 
+STALL_ACTIONS = ("report", "fatal")
+
+
 def _check_value(key: str, value: Any, source: str) -> None:
+    if key == "stall_action":
+        if value not in STALL_ACTIONS:
+            raise ValueError(f"{source}: stall_action must be one of {', '.join(STALL_ACTIONS)}, got {value!r}")
+        return
     if isinstance(value, str):
         if value and (not value.startswith("/") or "\0" in value or len(value) > 4096):
             raise ValueError(f"{source}: {key} must be an absolute path or empty (off), got {value!r}")
@@ -278,11 +326,11 @@ def _check_value(key: str, value: Any, source: str) -> None:
         return
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{source}: {key} must be finite, got {value!r}")
-    if key == "exit_code":
+    if key in ("exit_code", "exit_code_unrestartable"):
         if not 1 <= value <= 255:
-            raise ValueError(f"{source}: exit_code must be in [1, 255] (never 0 after a fatal error), got {value!r}")
+            raise ValueError(f"{source}: {key} must be in [1, 255] (never 0 after a fatal error), got {value!r}")
         return
-    if key in ("scan_interval_s", "identities_timeout_s") and value <= 0:
+    if key in ("scan_interval_s", "identities_timeout_s", "quarantine_action_timeout_s") and value <= 0:
         raise ValueError(f"{source}: {key} must be > 0, got {value!r}")
     if value < 0:
         raise ValueError(f"{source}: {key} must be >= 0, got {value!r}")

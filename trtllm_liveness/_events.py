@@ -25,6 +25,7 @@ class WorkerState(str, enum.Enum):
     EXITED_EXPECTED = "exited-expected"  # exited after a shutdown began: not a failure
     WEDGED = "wedged"
     UNKILLABLE = "unkillable"
+    STALLED = "stalled"  # alive, not in D, but the engine makes no progress (see _stall.py)
     UNMONITORED_REMOTE = "unmonitored-remote"
     UNMONITORED_OTHER_NAMESPACE = "unmonitored-other-namespace"
 
@@ -50,11 +51,15 @@ class EventKind(str, enum.Enum):
     DIED = "died"
     WEDGED = "wedged"
     UNKILLABLE = "unkillable"
+    STALLED = "stalled"  # only with stall_action=fatal: the engine made no progress for the timeout
 
     @property
     def restartable(self) -> bool:
-        """Whether a new worker group may be started on the same host after this event."""
-        return self is EventKind.DIED
+        """Whether a new worker group may be started on the same host after this event.
+
+        A stalled engine's processes are alive and killable (not in ``D``), so a bounded stop ends
+        them and the host is reusable; one that turns out unkillable is reported on its own."""
+        return self in (EventKind.DIED, EventKind.STALLED)
 
 
 @dataclass(frozen=True)
@@ -95,6 +100,8 @@ class WorkerEvent:
             text = f"{who} exited unexpectedly: {self.cause}"
         elif self.kind is EventKind.WEDGED:
             text = f"{who} is wedged in uninterruptible sleep (D): {self.cause}"
+        elif self.kind is EventKind.STALLED:
+            text = f"engine stalled (named: {who}): {self.cause}"
         else:
             text = f"{who} is unkillable (SIGKILL pending in D state): {self.cause}"
         if not self.restartable:

@@ -17,6 +17,12 @@ in their usual order, and a fatal event that arrives while they run is still see
 before the first guard was built run after it and are skipped; cleanup that must happen anyway
 is registered with :func:`add_exit_cleanup` and run just before the end. The first guard
 triggered in a process decides the exit status (several engines, a Dynamo bridge).
+
+A failure that is not restartable on this host (a worker wedged in ``D`` or unkillable, whose
+event or error says ``restartable`` False) makes the status ``exit_code_unrestartable`` instead,
+also when it comes after the first fatal event (:meth:`FatalExitGuard.mark_unrestartable`): a
+Kubernetes Job's ``podFailurePolicy`` or a supervisor can then tell "restart elsewhere" from
+"restart". A Deployment restarts whatever the status; the host's quarantine marker covers that.
 """
 
 from __future__ import annotations
@@ -31,6 +37,10 @@ from collections.abc import Callable
 
 logger = logging.getLogger(__name__)
 
+
+DEFAULT_EXIT_CODE_UNRESTARTABLE = 69
+"""sysexits' ``EX_UNAVAILABLE``: distinct from 1 (any failure), 2 (usage), 14 (Open MPI's abort),
+126-127 (the shell's) and 128+N (death by signal N), so "not restartable here" reads unambiguously."""
 
 _PROCESS_LOCK = threading.Lock()
 _triggered_guards: list[FatalExitGuard] = []  # in trigger order: the first armed one decides the status
@@ -137,9 +147,11 @@ class FatalExitGuard:
         timeout_s: seconds after the trigger at which the process is ended with ``exit_code``
             if it is still running; ``None`` disables the watchdog (the atexit hook stays).
         exit_code: the status the process exits with after a fatal event; must be non-zero.
+        exit_code_unrestartable: the status instead when a non-restartable failure was seen
+            (``reason.restartable`` False, or :meth:`mark_unrestartable`); None: ``exit_code``.
         exit_fn: how to end the process (``os._exit``); replaceable for tests.
 
-    Raises ``ValueError`` for ``exit_code`` 0 or a negative ``timeout_s``. Thread-safe;
+    Raises ``ValueError`` for an exit code 0 or a negative ``timeout_s``. Thread-safe;
     :meth:`trigger` may be called from any thread, any number of times, and never blocks.
     """
 
@@ -149,15 +161,18 @@ class FatalExitGuard:
         graceful: Callable[[], None] | None = None,
         timeout_s: float | None = 30.0,
         exit_code: int = 1,
+        exit_code_unrestartable: int | None = None,
         exit_fn: Callable[[int], object] = os._exit,
     ) -> None:
-        if exit_code == 0:
+        if exit_code == 0 or exit_code_unrestartable == 0:
             raise ValueError("exit_code must be non-zero: an engine death is a failure")
         if timeout_s is not None and timeout_s < 0:
             raise ValueError("timeout_s must be >= 0 or None")
         self._graceful = graceful or _interrupt_self
         self._timeout_s = timeout_s
-        self._exit_code = exit_code
+        self._base_exit_code = exit_code
+        self._unrestartable_code = exit_code if exit_code_unrestartable is None else exit_code_unrestartable
+        self._unrestartable = False
         self._exit_fn = exit_fn
         self._lock = threading.Lock()
         self._reason: object = None
@@ -177,8 +192,20 @@ class FatalExitGuard:
 
     @property
     def exit_code(self) -> int:
-        """The status the process will exit with after a fatal event."""
-        return self._exit_code
+        """The status the process will exit with after a fatal event (``exit_code_unrestartable``
+        once a non-restartable failure was seen)."""
+        return self._unrestartable_code if self._unrestartable else self._base_exit_code
+
+    @property
+    def unrestartable(self) -> bool:
+        """Whether a non-restartable failure was seen (the exit status says so)."""
+        return self._unrestartable
+
+    def mark_unrestartable(self) -> None:
+        """A non-restartable failure was seen (also after the first trigger, say a rank left
+        unkillable by the bounded stop after a death): exit with ``exit_code_unrestartable``.
+        Never blocks; does not trigger the guard."""
+        self._unrestartable = True
 
     def trigger(self, reason: object) -> bool:
         """Start the graceful shutdown and arm the watchdog; True only for the first call.
@@ -189,13 +216,15 @@ class FatalExitGuard:
             if self._triggered.is_set() or self._disarmed:
                 return False
             self._reason = reason
+            if getattr(reason, "restartable", True) is False:
+                self._unrestartable = True
             self._triggered.set()
         with _PROCESS_LOCK:
             _triggered_guards.append(self)
         # Log the event's own one-line message (rank, pid, host, cause): this line may be the last
         # the process writes, since the exit can overtake the monitor's own log line.
         logger.critical(
-            "fatal engine error: %s; shutting down, exit status %d", getattr(reason, "message", reason), self._exit_code
+            "fatal engine error: %s; shutting down, exit status %d", getattr(reason, "message", reason), self.exit_code
         )
         try:
             threading.Thread(target=self._run_graceful, name="trtllm-liveness-graceful", daemon=True).start()
@@ -227,7 +256,7 @@ class FatalExitGuard:
             return
         logger.critical(
             "graceful shutdown did not finish within %.1fs after the fatal error; exiting with status %d",
-            self._timeout_s, self._exit_code,
+            self._timeout_s, self.exit_code,
         )
         self._end()
 
@@ -248,4 +277,4 @@ class FatalExitGuard:
             except Exception:  # a closed stream must not keep us from exiting
                 pass
         logging.shutdown()
-        self._exit_fn(deciding._exit_code)
+        self._exit_fn(deciding.exit_code)

@@ -25,6 +25,7 @@ The monitor never sends a signal.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import logging
 import os
@@ -99,6 +100,8 @@ class WorkerProcessMonitor:
         self._fallback = ProcfsFallback(procfs_interval_s)
         self._log = EventLog()
         self._failure: WorkerEvent | None = None
+        self._stall: tuple[float, float, str] | None = None  # (since monotonic, since wall, detail)
+        self._stall_reported = False
         self._first_dead: ProcessIdentity | None = None
         self._expecting_exits = False
         self._closed = False
@@ -264,11 +267,52 @@ class WorkerProcessMonitor:
         return self._log.events
 
     def statuses(self) -> list[RankStatus]:
-        """A snapshot of every registered rank, ordered by rank. Non-blocking."""
+        """A snapshot of every registered rank, ordered by rank. Non-blocking.
+
+        While the engine is stalled (:meth:`set_stalled`), every local rank that is otherwise
+        ``alive`` shows ``stalled`` instead."""
         if self._is_foreign_process():
             return []
         with self._lock:
-            return [self._records[rank].snapshot() for rank in sorted(self._records)]
+            snapshots = [self._records[rank].snapshot() for rank in sorted(self._records)]
+            stall = self._stall
+        if stall is None:
+            return snapshots
+        since, since_wall, detail = stall
+        return [dataclasses.replace(status, state=WorkerState.STALLED, since=since, since_wall=since_wall,
+                                    detail=detail) if status.state is WorkerState.ALIVE else status
+                for status in snapshots]
+
+    def set_stalled(self, since: float | None, detail: str = "", since_wall: float | None = None) -> None:
+        """Show the engine as stalled since ``since`` (monotonic) in :meth:`statuses`, or, with
+        None, no longer. A stall is a fact about the engine, not about one process: no event is
+        raised here (see :meth:`report_stall` for ``stall_action=fatal``). Thread-safe."""
+        if self._is_foreign_process():
+            return
+        with self._lock:
+            if since is None:
+                self._stall = None
+            else:
+                wall = since_wall if since_wall is not None else time.time() - (time.monotonic() - since)
+                self._stall = (since, wall, detail)
+
+    def report_stall(self, event: WorkerEvent) -> bool:
+        """Deliver a ``stalled`` event (``stall_action=fatal``) to every subscriber, at most once per
+        monitor; it becomes :attr:`failure` if none was recorded before. True if delivered now.
+        Raises ``ValueError`` for an event of another kind."""
+        if event.kind is not EventKind.STALLED:
+            raise ValueError(f"report_stall() takes a stalled event, got {event.kind.value}")
+        if self._is_foreign_process():
+            return False
+        with self._lock:
+            if self._closed or self._stall_reported:
+                return False
+            self._stall_reported = True
+            if self._failure is None:
+                self._failure = event
+            self._log.append([event])
+        self._publish([event])
+        return True
 
     @property
     def identities(self) -> list[ProcessIdentity]:

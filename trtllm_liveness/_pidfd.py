@@ -116,6 +116,17 @@ def send_signal(pidfd: int, sig: int) -> bool:
     return True
 
 
+def signal_verified(pid: int, start_time: int | None, sig: int) -> bool:
+    """Send ``sig`` to ``pid`` only if it is still the process that started at ``start_time``
+    (through a pidfd verified after opening: never a recycled pid). False if it already exited;
+    raises as :func:`open_verified_pidfd`."""
+    fd = open_verified_pidfd(pid, start_time)
+    try:
+        return send_signal(fd, sig)
+    finally:
+        os.close(fd)
+
+
 # pidfd_send_signal()'s scope flags (linux/pidfd.h, Linux 6.9+): PIDFD_SIGNAL_THREAD = 1,
 # PIDFD_SIGNAL_THREAD_GROUP = 2, PIDFD_SIGNAL_PROCESS_GROUP = 4. Python passes ``flags`` through.
 PIDFD_SIGNAL_PROCESS_GROUP = 4

@@ -7,6 +7,7 @@ Subcommands:
     demo-processes  the monitor alone on plain processes
     doctor  what the installed TensorRT-LLM allows the extension to cover (hooks found or missing)
     autoload  install, remove or show the .pth that loads the import hook in every interpreter
+    quarantine  show (a node health check) or clear the host's quarantine after a wedged worker
 
 Results go to stdout (one JSON object with ``--json``); progress and errors go to stderr, errors
 as one line starting with ``trtllm-liveness:``.
@@ -33,6 +34,7 @@ from typing import NoReturn
 from . import _procfs, _scan
 from ._cli_args import int_arg, package_version, parent_arg, pid_arg, seconds_arg
 from ._cli_output import Progress, out, print_report, printable
+from ._cli_quarantine import add_quarantine_parser
 from ._errors import AccessDenied, LivenessError, ProcessGone
 from ._events import EventKind, WorkerEvent, WorkerState
 from ._identity import ProcessIdentity, capture_identity
@@ -56,6 +58,7 @@ exit status:
   4    a process is wedged in D or unkillable (watch), or stuck in D, unkillable or stopped (scan)
   130  interrupted (Ctrl-C)
   doctor: 0 covered, 1 degraded, 3 inert, 4 tensorrt_llm not installed (see 'doctor --help')
+  quarantine status: 0 OK, 1 quarantined, 2 unknown (see 'quarantine --help')
 """
 
 DOCTOR_STATUS_HELP = """\
@@ -359,7 +362,7 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log the library's warnings (-v) or debug messages (-vv) to stderr")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{scan,watch,demo,demo-processes,doctor,autoload}")
+                                metavar="{scan,watch,demo,demo-processes,doctor,autoload,quarantine}")
 
     scan = sub.add_parser("scan", help="diagnose processes now: D state, SIGKILL pending, zombies, what to do",
                           description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
@@ -425,6 +428,8 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     autoload.add_argument("--site", metavar="DIR", default=None,
                           help="site-packages directory (default: this interpreter's purelib)")
     autoload.set_defaults(func=_cmd_autoload)
+
+    add_quarantine_parser(sub, _Parser)
     return parser
 
 

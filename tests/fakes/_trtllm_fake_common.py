@@ -54,12 +54,14 @@ class CancellingRequest:
 
 @dataclass(frozen=True)
 class Response:
-    """Stand-in for ``tllm.Response``: one token of one request (``is_final`` ends it)."""
+    """Stand-in for ``tllm.Response``: one token of one request (``is_final`` ends it), or, for a
+    non-streaming request, its whole output at once in ``tokens`` (its only, final response)."""
 
     client_id: int
     token: int
     is_final: bool
     cancelled: bool = False
+    tokens: tuple[int, ...] = ()
 
 
 class ErrorResponse(NamedTuple):
@@ -99,6 +101,16 @@ class FakeEngine:
     the reference worker's in-rank fault hook (``{"kind": "exit0" | "oom" | "fuse", "rank", "trigger",
     "record", "cgroup", "path"}``, see ``reference._worker``), armed before the first barrier. Both
     import the package's reference harness in the rank, and only when set.
+
+    Stall knobs (not upstream): ``step_acks`` makes every step end with each subordinate acknowledging
+    it and the leader waiting for every acknowledgement (as a tensor-parallel collective waits for every
+    rank: a rank that stops participating stops the leader); ``stall`` (``{"rank", "kind",
+    "after_tokens"}``) makes that rank stop making progress after that many steps: ``block`` (the
+    rank's step loop waits forever on an event, in user space: the leader's engine thread, a
+    subordinate's main thread), ``spin`` (busy loop), ``silent`` (a subordinate that stops answering:
+    it sleeps instead of acknowledging, so the leader waits in its MPI receive), ``stop`` (SIGSTOP);
+    ``first_step_delay_s`` makes the leader's step loop sleep that long, before its iteration begins,
+    whenever a request it has not stepped yet is active (a slow first token: no output, no iteration).
     """
 
     token_delay_s: float = 0.005
@@ -110,6 +122,9 @@ class FakeEngine:
     hang_rank: int | None = None
     announce_dir: str | None = None
     fault: dict[str, Any] | None = None
+    step_acks: bool = False
+    stall: dict[str, Any] | None = None
+    first_step_delay_s: float = 0.0
 
 
 # ----------------------------------------------------------------------------- llmapi/utils.py ManagedThread
@@ -365,7 +380,10 @@ class GenerationResultBase:
             self._done = True
             raise RequestError(item.error_msg)
         assert isinstance(item, Response)
-        self.token_ids.append(item.token)
+        if item.tokens:
+            self.token_ids.extend(item.tokens)
+        else:
+            self.token_ids.append(item.token)
         if item.is_final:
             self._done = True
             self._cancelled = item.cancelled
@@ -621,19 +639,20 @@ class FakeEngineWorker:
         self.engine = engine
         self.result_queue = result_queue
         self.comm = comm
-        self._active: dict[int, list[int]] = {}  # client id -> [produced, max_tokens]
+        self._active: dict[int, list[int]] = {}  # client id -> [produced, max_tokens, streaming]
         self._cancelled: set[int] = set()
         self._lock = threading.Lock()
         self._wake = threading.Event()
         self._stop = False
         self.tokens = 0
+        self.hang_detector = _hang_detector()  # main: checkpoint() per iteration, as upstream's executor loop
         self._thread = threading.Thread(target=self._run, name="fake_engine_loop", daemon=True)
         self._thread.start()
 
     def submit(self, request: GenerationRequest) -> None:
         assert request.id is not None
         with self._lock:
-            self._active[request.id] = [0, request.max_tokens]
+            self._active[request.id] = [0, request.max_tokens, int(request.streaming)]
         self._wake.set()
 
     def abort_request(self, request_id: int) -> None:
@@ -652,21 +671,32 @@ class FakeEngineWorker:
                 active = list(self._active.items())
             if not active:
                 continue
+            if self.engine.first_step_delay_s and any(state[0] == 0 for _id, state in active):
+                time.sleep(self.engine.first_step_delay_s)
+            if self.hang_detector is not None:
+                self.hang_detector.checkpoint()
             time.sleep(self.engine.token_delay_s)
             if self.comm.Get_size() > 1:
                 self.comm.bcast(("step", self.tokens), root=0)
+                if self.engine.step_acks:
+                    _wait_step_acks(self.comm)
             for client_id, state in active:
                 with self._lock:
                     cancelled = client_id in self._cancelled
                 state[0] += 1
                 final = cancelled or state[0] >= state[1]
-                self.result_queue.put(Response(client_id, state[0], final, cancelled))
+                if state[2]:
+                    self.result_queue.put(Response(client_id, state[0], final, cancelled))
+                elif final:  # non-streaming: one response with the whole output, at the end
+                    self.result_queue.put(Response(client_id, state[0], final, cancelled,
+                                                   tuple(range(1, state[0] + 1))))
                 if final:
                     with self._lock:
                         self._active.pop(client_id, None)
                         self._cancelled.discard(client_id)
             self.tokens += 1
             _maybe_fault(self.engine, 0, self.tokens)
+            _maybe_stall(self.engine, 0, self.tokens)
             self._wake.set()
 
     def shutdown(self) -> None:
@@ -705,6 +735,62 @@ def _maybe_fault(engine: FakeEngine, rank: int, tokens: int) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
 
 
+def _hang_detector() -> Any:
+    """main's ``HangDetector`` where the tree has it (1.2.x as read: none)."""
+    try:
+        from tensorrt_llm._torch.pyexecutor.hang_detector import HangDetector
+    except ImportError:
+        return None
+    return HangDetector()
+
+
+_TAG_STEP_ACK = 21
+
+
+def _wait_step_acks(comm: Any) -> None:
+    """The leader's wait for every subordinate's acknowledgement of a step (``step_acks``):
+    non-blocking receives polled with short sleeps (Open MPI's blocking receive spins)."""
+    for peer in range(1, comm.Get_size()):
+        request = comm.irecv(source=peer, tag=_TAG_STEP_ACK)
+        while True:
+            done, _message = request.test()
+            if done:
+                break
+            time.sleep(0.001)
+
+
+def _block_forever() -> None:
+    threading.Event().wait()
+
+
+def _spin_forever() -> None:
+    while True:
+        pass
+
+
+def _stop_answering() -> None:
+    while True:
+        time.sleep(3600)
+
+
+def _maybe_stall(engine: FakeEngine, rank: int, tokens: int) -> None:
+    """``FakeEngine.stall``: this rank stops making progress (see the knob)."""
+    import signal
+
+    stall = engine.stall
+    if stall is None or stall.get("rank") != rank or tokens < int(stall.get("after_tokens", 1)):
+        return
+    kind = stall.get("kind")
+    if kind == "block":
+        _block_forever()
+    elif kind == "spin":
+        _spin_forever()
+    elif kind == "silent":
+        _stop_answering()
+    elif kind == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
 def _subordinate_loop(engine: FakeEngine, comm: Any, rank: int) -> None:
     """Non-leader ranks: follow the leader's per-step broadcasts until it says stop."""
     import signal
@@ -718,6 +804,9 @@ def _subordinate_loop(engine: FakeEngine, comm: Any, rank: int) -> None:
         if kind == "stop":
             return
         _maybe_fault(engine, rank, tokens + 1)
+        _maybe_stall(engine, rank, tokens + 1)
+        if engine.step_acks:
+            comm.send(None, dest=0, tag=_TAG_STEP_ACK)
 
 
 def worker_main_impl(*, engine: Any, worker_queues: WorkerCommIpcAddrs, ready_signal: bytes,

@@ -8,7 +8,8 @@ request to the reference executor and streams its tokens. Before reporting ready
 calls its own endpoint through a Dynamo client (one round trip through the request plane).
 
 Options: ``mode`` (``1.2``/``main``), ``iterations`` (default 1), ``shutdown_delay_s``,
-``shutdown_timeout_s``. Per iteration it prints ``{"ready": ..., "identities": ...}``; every
+``shutdown_timeout_s``, ``liveness`` (more of the executor's liveness configuration, e.g.
+``stall_timeout_s``). Per iteration it prints ``{"ready": ..., "identities": ...}``; every
 iteration but the last is a rehearsal for the benchmark: the bridge is real except that
 ``runtime.shutdown()`` and the process exit are withheld; after the parent has seen the 503 it
 writes a line on stdin, and the worker stops that executor, sets the health back to ready and
@@ -80,7 +81,8 @@ async def main(options: dict[str, Any]) -> int:
         final = iteration == iterations - 1
         announce = tempfile.mkdtemp(prefix="trtllm-dynamo-engine-")
         try:
-            executor = await asyncio.to_thread(build_executor, mode, announce, options={"shutdown_grace_s": 2.0})
+            executor = await asyncio.to_thread(build_executor, mode, announce,
+                                               options={"shutdown_grace_s": 2.0, **options.get("liveness", {})})
             identities = read_identities(announce, 2)
         finally:
             shutil.rmtree(announce, ignore_errors=True)

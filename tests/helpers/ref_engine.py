@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import signal
 from typing import Any
 
@@ -57,11 +56,12 @@ def read_identities(announce_dir: str, count: int, timeout: float = 20.0) -> lis
 
 def kill_rank(identity: ProcessIdentity) -> None:
     """SIGKILL one rank through a pidfd verified against its start time (never a recycled pid)."""
-    fd = _pidfd.open_verified_pidfd(identity.pid, identity.start_time)
-    try:
-        _pidfd.send_signal(fd, signal.SIGKILL)
-    finally:
-        os.close(fd)
+    signal_rank(identity, signal.SIGKILL)
+
+
+def signal_rank(identity: ProcessIdentity, signum: int) -> None:
+    """Send ``signum`` to one rank through a pidfd verified against its start time."""
+    _pidfd.signal_verified(identity.pid, identity.start_time, signum)
 
 
 class FakeLLM:

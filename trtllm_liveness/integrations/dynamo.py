@@ -10,7 +10,11 @@ and, in the watcher thread, right after the kernel reports the death or the wedg
 3. ends the process with a non-zero status if that has not finished within ``shutdown_timeout_s``
    (and turns a clean exit of the main program into that status too: never 0 after an engine death).
 
-It also serves the per-rank status as JSON at ``/engine/<route>`` (default ``/engine/liveness``).
+It also serves the per-rank status as JSON at ``/engine/<route>`` (default ``/engine/liveness``):
+``healthy``, ``failure``, ``restartable``, ``ranks`` (each rank's state, ``stalled`` while the engine
+is stalled), and, when the bridge knows the executor (:func:`attach_to_dynamo` does), ``stall`` (the
+stall under way, or null) and ``diagnosis`` (the latest snapshot of every rank: activity, wait
+channels, Python stacks, the odd rank out; taken at a stall, a wedge and every fatal error).
 :func:`attach_to_dynamo` finds the monitor of a liveness-enabled executor (or of an ``LLM``
 holding one in ``_executor``) and attaches a bridge in one call.
 
@@ -41,7 +45,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._events import WorkerEvent
-from .._exit_guard import FatalExitGuard
+from .._exit_guard import DEFAULT_EXIT_CODE_UNRESTARTABLE, FatalExitGuard
 from .._monitor import WorkerProcessMonitor
 
 __all__ = [
@@ -74,7 +78,11 @@ class DynamoLivenessBridge:
         shutdown_delay_s: seconds between the 503 and the start of the runtime shutdown, so
             probes and operators can still read ``/health`` and the JSON route; 0 = at once.
         exit_code: non-zero status of the process after a fatal event.
+        exit_code_unrestartable: the status instead after a non-restartable one (a wedged or
+            unkillable rank: do not restart on this host); default 69.
         exit_fn: how to end the process (``os._exit``); replaceable for tests.
+        executor: the liveness executor (or an object holding it in ``_executor``), for the stall
+            and diagnosis fields of the JSON route; None leaves them out.
 
     Call :meth:`attach` once the runtime exists (before or after serving starts). Thread-safe.
     """
@@ -89,7 +97,10 @@ class DynamoLivenessBridge:
         shutdown_delay_s: float = 0.0,
         exit_code: int = 1,
         exit_fn: Callable[[int], object] = os._exit,
+        exit_code_unrestartable: int = DEFAULT_EXIT_CODE_UNRESTARTABLE,
+        executor: Any = None,
     ) -> None:
+        self._executor = _liveness_executor_of(executor)
         if shutdown_delay_s < 0 or shutdown_delay_s > shutdown_timeout_s:
             raise ValueError("shutdown_delay_s must be in [0, shutdown_timeout_s]")
         self._shutdown_delay_s = shutdown_delay_s
@@ -97,7 +108,8 @@ class DynamoLivenessBridge:
         self._monitor = monitor
         self._route = route
         self._guard = FatalExitGuard(
-            graceful=self._shutdown_runtime, timeout_s=shutdown_timeout_s, exit_code=exit_code, exit_fn=exit_fn
+            graceful=self._shutdown_runtime, timeout_s=shutdown_timeout_s, exit_code=exit_code, exit_fn=exit_fn,
+            exit_code_unrestartable=exit_code_unrestartable,
         )
         self._attached = False
         self._attach_lock = threading.Lock()
@@ -123,12 +135,19 @@ class DynamoLivenessBridge:
     def status(self) -> dict[str, Any]:
         """The JSON document served at ``/engine/<route>``."""
         failure = self._monitor.failure
-        return {
+        document: dict[str, Any] = {
             "healthy": failure is None,
             "failure": None if failure is None else failure.to_dict(),
             "restartable": True if failure is None else failure.restartable,
             "ranks": [status.to_dict() for status in self._monitor.statuses()],
         }
+        executor = self._executor
+        if executor is not None:
+            stall = executor.liveness_stall()
+            diagnosis = executor.liveness_diagnosis()
+            document["stall"] = None if stall is None else stall.to_dict()
+            document["diagnosis"] = None if diagnosis is None else diagnosis.to_dict(include_scan=False)
+        return document
 
     async def _serve_status(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.status()
@@ -147,6 +166,18 @@ class DynamoLivenessBridge:
             time.sleep(self._shutdown_delay_s)
         logger.warning("engine failed; shutting the Dynamo runtime down")
         self._runtime.shutdown()
+
+
+def _liveness_executor_of(engine: Any) -> Any:
+    """The liveness executor behind ``engine`` (itself, ``_executor`` or ``executor``), or None."""
+    candidate, hops = engine, 0
+    while candidate is not None and hops < 4:
+        if callable(getattr(candidate, "liveness_diagnosis", None)) and callable(
+                getattr(candidate, "liveness_stall", None)):
+            return candidate
+        candidate = getattr(candidate, "_executor", None) or getattr(candidate, "executor", None)
+        hops += 1
+    return None
 
 
 def liveness_monitor_of(engine: Any) -> WorkerProcessMonitor:
@@ -181,6 +212,7 @@ def attach_to_dynamo(
     shutdown_delay_s: float = 0.0,
     exit_code: int = 1,
     exit_fn: Callable[[int], object] = os._exit,
+    exit_code_unrestartable: int = DEFAULT_EXIT_CODE_UNRESTARTABLE,
 ) -> DynamoLivenessBridge:
     """Build a :class:`DynamoLivenessBridge` for ``engine`` (see :func:`liveness_monitor_of`),
     attach it and return it. The keyword arguments are the bridge's.
@@ -192,6 +224,7 @@ def attach_to_dynamo(
     bridge = DynamoLivenessBridge(
         runtime, liveness_monitor_of(engine), route=route, shutdown_timeout_s=shutdown_timeout_s,
         shutdown_delay_s=shutdown_delay_s, exit_code=exit_code, exit_fn=exit_fn,
+        exit_code_unrestartable=exit_code_unrestartable, executor=engine,
     )
     bridge.attach()
     return bridge

@@ -10,12 +10,14 @@ docs/metrics.md has the same table.
     layout of prometheus_client's ``Enum``), so ``trtllm_liveness_worker_state{state="alive"} == 0``
     finds a rank in trouble. ``rank``: the MPI rank (``"0"``, ``"1"``, ...); ``host``: the host
     name the rank reported; ``state``: ``alive``, ``exited``, ``zombie``, ``exited-expected``
-    (exited after a shutdown began: not a failure), ``wedged``, ``unkillable``,
+    (exited after a shutdown began: not a failure), ``wedged``, ``unkillable``, ``stalled`` (the
+    engine has a request pending and made no progress for ``stall_timeout_s``),
     ``unmonitored-remote``, ``unmonitored-other-namespace``.
 ``trtllm_liveness_unkillable_workers`` (gauge, no labels)
     Ranks in ``D`` with SIGKILL pending now. Non-zero means: recycle the host.
 ``trtllm_liveness_worker_failures_total{kind}`` (counter)
-    Fatal events by ``kind``: ``died``, ``wedged``, ``unkillable``. A wedged rank that then becomes
+    Fatal events by ``kind``: ``died``, ``wedged``, ``unkillable``, ``stalled`` (only with
+    ``stall_action=fatal``; a reported stall shows in the state gauge). A wedged rank that then becomes
     unkillable counts once as each. Keeps counting across :meth:`LivenessMetrics.attach` of a new
     monitor (an executor restart).
 ``trtllm_liveness_detection_latency_seconds{kind, origin}`` (histogram)
@@ -31,6 +33,8 @@ docs/metrics.md has the same table.
     ``d_state_start`` (``kind="wedged"``/``"unkillable"``): the first scan that saw the stuck thread
     in ``D`` (the event's ``fault_at``). For ``wedged`` this is about ``d_state_timeout_s`` plus
     one scan interval, by design: the figure shows it.
+    ``last_progress`` (``kind="stalled"``, ``stall_action=fatal`` only): the engine's last progress
+    before the stall (the event's ``fault_at``): about ``stall_timeout_s`` plus the timer's overshoot.
 
     Events handed over late (attaching to a monitor that had already failed) count as failures
     but observe no latency: the delay would be the attach's, not the monitor's.
@@ -94,6 +98,7 @@ LATENCY_ORIGINS: dict[EventKind, tuple[str, ...]] = {
     EventKind.DIED: ("noted", "exit_seen"),
     EventKind.WEDGED: ("noted", "d_state_start"),
     EventKind.UNKILLABLE: ("noted", "d_state_start"),
+    EventKind.STALLED: ("noted", "last_progress"),
 }
 
 FaultTime = Callable[[WorkerEvent], "float | None"]
@@ -394,6 +399,8 @@ class LivenessMetrics:
             return noted, "noted"
         if event.kind is EventKind.DIED:
             return event.detected_at, "exit_seen"
+        if event.kind is EventKind.STALLED:
+            return event.fault_at, "last_progress"  # the stall's last progress (its clock's start)
         # The monitor's first sample of the stuck thread in D (None only for events built without it).
         return event.fault_at, "d_state_start"
 

@@ -258,16 +258,23 @@ class GenerationExecutorProxy(GenerationExecutor):
 
     def _dispatch_loop(self) -> None:
         try:
-            while not self._dispatch_stop.is_set():
-                if not self.result_queue.poll(100):
-                    continue
-                response = self.result_queue.recv_pyobj()
-                if response is None:
-                    return
-                self.dispatch_response(response)
+            while self.dispatch_result_task():
+                pass
         except Exception as exc:  # the socket was closed under us at shutdown, or a bug
             if not self._dispatch_stop.is_set():
                 self._error_queue.put_nowait(exc)
+
+    def dispatch_result_task(self) -> bool:
+        """Upstream's name and contract: wait for one response, dispatch it, True; False to stop
+        (the ``None`` end marker, or ``shutdown()``)."""
+        while not self._dispatch_stop.is_set():
+            if self.result_queue.poll(100):
+                response = self.result_queue.recv_pyobj()
+                if response is None:
+                    return False
+                self.dispatch_response(response)
+                return True
+        return False
 
     def dispatch_response(self, response: TokenResponse | ErrorResponse) -> None:
         result = self._results.get(response.client_id)

@@ -352,7 +352,7 @@ def _submit(opts: ScenarioOptions, proxy: Any, prompt: int, stop: threading.Even
     takes ``max_tokens``."""
     if not _upstream_api(opts):
         return proxy.generate_async([prompt] * opts.tokens)
-    return _UpstreamRequest(proxy.generate_async([prompt] * 4, max_tokens=opts.tokens), stop)
+    return _UpstreamRequest(proxy.generate_async([prompt] * 4, max_tokens=opts.tokens, streaming=True), stop)
 
 
 def _expected_tokens(opts: ScenarioOptions, prompt: int) -> list[int]:
@@ -1054,12 +1054,24 @@ def _run_child(options: Mapping[str, Any], timeout: float, env: Mapping[str, str
                program: Sequence[str] | None = None) -> _ChildOutput:
     import subprocess
 
+    from .._quarantine import QUARANTINE_DIR_VAR
+
     command = list(program) if program else [sys.executable, "-m", "trtllm_liveness.reference._scenario"]
-    child = subprocess.Popen(
-        [*command, json.dumps(options)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-        env=None if env is None else {**os.environ, **env},
-    )
+    child_env = {**os.environ, **(env or {})}
+    # A wedge scenario quarantines "the host" (a marker, see _quarantine.py): the demo, the matrix
+    # and the benchmarks keep that marker in a directory of the child's own, never the machine's
+    # /run, unless the caller chose one.
+    quarantine = None
+    if QUARANTINE_DIR_VAR not in child_env:
+        quarantine = tempfile.mkdtemp(prefix="trtllm-liveness-quarantine-")
+        child_env[QUARANTINE_DIR_VAR] = quarantine
+    try:
+        child = subprocess.Popen([*command, json.dumps(options)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 start_new_session=True, env=child_env)
+    except BaseException:
+        if quarantine is not None:
+            shutil.rmtree(quarantine, ignore_errors=True)
+        raise
     watch = _ExitWatch(child.pid)
     timed_out = False
     try:
@@ -1077,6 +1089,8 @@ def _run_child(options: Mapping[str, Any], timeout: float, env: Mapping[str, str
             child.kill()
             child.wait(10)
         exited_at = watch.close()
+        if quarantine is not None:  # only the scenario process itself writes a marker, and it is gone
+            shutil.rmtree(quarantine, ignore_errors=True)
     # prte and the workers outlive a parent that exits: give them a moment, then kill them.
     deadline = time.monotonic() + 3
     while session_members(child.pid) and time.monotonic() < deadline:

@@ -11,7 +11,7 @@ import pytest
 from trtllm_liveness import WorkerProcessMonitor, capture_identity
 from trtllm_liveness.integrations.dynamo import DynamoLivenessBridge, attach_to_dynamo, liveness_monitor_of
 
-from ...conftest import ProcessTracker, wait_until
+from ...conftest import ProcessTracker, StuckChild, wait_until
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
 
@@ -86,3 +86,20 @@ def test_death_turns_unhealthy_serves_status_and_shuts_down_once(procs: ProcessT
             bridge.guard.disarm()
     assert runtime.shutdowns == 1
     assert ended == []
+
+
+def test_a_wedge_ends_the_worker_with_the_unrestartable_status(stuck_child: StuckChild) -> None:
+    runtime = RecordingRuntime()
+    ended: list[int] = []
+    with WorkerProcessMonitor(d_state_timeout_s=0.3, scan_interval_s=0.05) as monitor:
+        monitor.register([capture_identity(0, stuck_child.popen.pid)])
+        monitor.start()
+        llm = SimpleNamespace(_executor=SimpleNamespace(liveness_monitor=monitor))
+        # The watchdog fires at once after the wedge; exit_fn records the status instead of exiting.
+        bridge = attach_to_dynamo(llm, runtime, shutdown_timeout_s=0.0, exit_code=3, exit_fn=ended.append)
+        try:
+            assert wait_until(lambda: ended, 10)
+            assert bridge.guard.reason is not None and bridge.guard.reason.restartable is False
+        finally:
+            bridge.guard.disarm()
+    assert ended == [69]  # exit_code_unrestartable's default, not exit_code

@@ -15,11 +15,13 @@ whole afterwards; no process may survive that. The exit time is measured in the 
 from __future__ import annotations
 
 import json
+import signal
+from typing import Any
 
 import pytest
 
 from tests.helpers.children import HelperProcess, free_port, http_get, identities_of
-from tests.helpers.ref_engine import kill_rank
+from tests.helpers.ref_engine import kill_rank, signal_rank
 
 from ...conftest import WAIT_SCALE, needs, wait_until
 
@@ -102,4 +104,36 @@ def test_bridge_on_real_runtime_503_names_rank_and_exits_nonzero(mode: str, rank
     assert exit_status == 1, log
     assert f"rank {victim.rank} (pid {victim.pid})" in log
     assert "shutting the Dynamo runtime down" in log  # graceful first, not the watchdog
+    assert survivors == []
+
+
+def test_engine_route_shows_a_stall_with_its_diagnosis_and_its_end() -> None:
+    """A SIGSTOPped subordinate stops the reference leader (it waits for every rank's step ack):
+    with stall_action=report, /health stays 200 while /engine/liveness shows every rank stalled,
+    the stall, and the diagnosis naming the stopped rank; SIGCONT ends the stall."""
+    port = free_port()
+    options = {"mode": "main", "liveness": {"stall_timeout_s": 1.0}}
+    with HelperProcess("dynamo_engine_worker", options, _dynamo_env(port)) as worker:
+        ready = worker.read_record(READY_S, "ready")
+        assert wait_until(lambda: http_get(port, "/health")[0] == 200, 20)
+        victim = identities_of(ready)[1]
+        signal_rank(victim, signal.SIGSTOP)
+        try:
+            def document() -> dict[str, Any]:
+                status, body = http_get(port, "/engine/liveness")
+                assert status == 200, body
+                return dict(json.loads(body))
+
+            assert wait_until(lambda: document()["diagnosis"] is not None, 30), worker.stderr_tail()
+            seen = document()
+            assert seen["healthy"] is True and seen["stall"] is not None and seen["stall"]["pending"] >= 1
+            assert {item["state"] for item in seen["ranks"]} == {"stalled"}
+            activity = {rank["rank"]: rank["activity"] for rank in seen["diagnosis"]["ranks"]}
+            assert activity[victim.rank] == "stopped"
+            assert http_get(port, "/health")[0] == 200  # report mode: the engine keeps serving
+        finally:
+            signal_rank(victim, signal.SIGCONT)
+        assert wait_until(lambda: document()["stall"] is None, 30), worker.stderr_tail()
+        assert {item["state"] for item in document()["ranks"]} == {"alive"}
+        survivors = worker.close()
     assert survivors == []

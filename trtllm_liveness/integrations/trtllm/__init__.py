@@ -13,6 +13,10 @@ Where each part lives::
     _shim.py          what upstream main sees as its _worker_process_monitor
     _state.py         EngineLiveness: the per-engine state, one attribute on the proxy
     _mixin.py         LivenessProxyMixin: the overrides of upstream's GenerationExecutorProxy
+    _startup.py       an engine's start: its monitor, metrics on trtllm-serve's page, the "on" line
+    _request_socket.py  who owns upstream's request socket; keeping the extension from sending on it
+    _engine_stall.py  stall detection of an engine (progress in, stall out) and its diagnoses
+    _progress.py      executor iterations as progress: the ranks' counter and the proxy's listener
     _fatal.py         the fatal path (publish, fail, guard, then pre_shutdown in a helper)
     _classes.py       liveness_proxy_class, liveness_executor_class, patch_tensorrt_llm
     _doctor.py        what ``trtllm-liveness doctor`` reports
@@ -23,8 +27,10 @@ Data flow::
     _start_executor_workers -> mpi_session.submit(liveness_worker_entry, fn=worker_main, ...)
         rank: proxy-death watch (pidfd on the proxy) ; 1.2.x: gather identities -> side channel
         main: upstream's identities message -> shim.register -> monitor
-    READY -> arm the wedge timer
+    READY -> arm the wedge timer (and, with stall_timeout_s, the stall timer)
     monitor watcher: death / wedge -> fatal path (_fatal.py)
+    output (dispatch_result_task) / rank iterations (HangDetector.checkpoint) -> stall timer
+        -> stalled: statuses + WARNING with diagnosis (report) or the fatal path (fatal)
     pre_shutdown() / shim.close() / healthy shutdown() -> expected exits (not deaths)
     shutdown() -> upstream's in a daemon thread, then stop_processes (bounded)
 

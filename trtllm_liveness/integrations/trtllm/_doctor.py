@@ -45,6 +45,7 @@ from ._features import (
     find_symbol,
     has_attribute,
 )
+from ._progress import HANG_DETECTOR_MODULE
 
 __all__ = ["COVERED", "DEGRADED", "EXIT_STATUS", "INERT", "NOT_INSTALLED", "DoctorReport", "HookCheck", "diagnose",
            "format_report"]
@@ -63,6 +64,7 @@ EXECUTOR_MODULE = "tensorrt_llm.executor.executor"
 SESSION_MODULE = "tensorrt_llm.llmapi.mpi_session"
 ARGS_MODULE = "tensorrt_llm.llmapi.llm_args"
 UTILS_MODULE = "tensorrt_llm._utils"
+
 
 _NO_PROXY = "no proxy class to subclass or patch: no liveness on any route"
 
@@ -207,6 +209,12 @@ def _other_checks() -> list[HookCheck]:
                         callable(getattr(utils, "mpi_comm", None)), NEEDED,
                         "identities gathered over the session's communicator: ranks gather over COMM_WORLD, which "
                         "hangs before worker_main under a sub-communicator session")]
+    detector, error = _import(HANG_DETECTOR_MODULE)
+    checks.append(HookCheck("HangDetector.checkpoint",
+                            HANG_DETECTOR_MODULE if error is None else f"{HANG_DETECTOR_MODULE} ({error})",
+                            callable(getattr(getattr(detector, "HangDetector", None), "checkpoint", None)), NEEDED,
+                            "executor iterations as progress: with stall_timeout_s, only output counts, so a "
+                            "non-streaming generation longer than stall_timeout_s is reported stalled"))
     args, error = _import(ARGS_MODULE)
     fields = getattr(getattr(args, "BaseLlmArgs", None), "model_fields", None) or {}
     checks.append(HookCheck("llm_args.env_overrides", ARGS_MODULE if error is None else f"{ARGS_MODULE} ({error})",

@@ -38,9 +38,11 @@ import logging
 import sys
 import threading
 import time
+from collections.abc import Iterable
 from typing import Any
 
-from ..._events import WorkerFailedError
+from ..._config import LivenessConfig
+from ..._events import WorkerEvent, WorkerFailedError
 from ..._termination_log import write_termination_message
 from .._futures import fail_pending
 from ._features import find_symbol, warn_once
@@ -69,6 +71,41 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
                          name="trtllm-liveness-exit", daemon=True).start()
     threading.Thread(target=_pre_shutdown_helper, args=(proxy, state, error),
                      name="trtllm-liveness-fatal", daemon=True).start()
+
+
+def check_host(config: LivenessConfig) -> None:
+    """Start-up's quarantine check (:func:`~trtllm_liveness._host_quarantine.check_host_at_start`):
+    raises ``HostQuarantinedError`` on a host where an earlier engine's worker is still stuck."""
+    if not config.quarantine_dir and not config.quarantine_devices:
+        return
+    from ..._host_quarantine import check_host_at_start  # only with liveness on
+
+    check_host_at_start(config)
+
+
+def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> None:
+    """Any event of ``events`` that is not restartable (a wedge, an unkillable rank, also one the
+    bounded stop reports after a death) makes the exit status ``exit_code_unrestartable`` and
+    quarantines the host (marker, actions: :func:`~trtllm_liveness._host_quarantine.quarantine_host`,
+    in a daemon thread). Never blocks; never raises."""
+    unrestartable = [event for event in events if not event.restartable]
+    if not unrestartable:
+        return
+    if state.exit_guard is not None:
+        state.exit_guard.mark_unrestartable()
+    try:
+        from ..._host_quarantine import quarantine_host  # imported on the first such failure only
+
+        quarantine_host(state.config, unrestartable)
+    except Exception:
+        logger.exception("liveness: could not quarantine the host")
+
+
+def exit_status(state: EngineLiveness, code: int) -> int:
+    """The status for the exit guard's last resort, which stops the workers after the status was
+    chosen: ``exit_code_unrestartable`` once that stop (or anything) left a rank unkillable."""
+    guard = state.exit_guard
+    return guard.exit_code if guard is not None and guard.unrestartable else code
 
 
 def mark_shutdown_signalled(proxy: Any) -> None:

@@ -26,6 +26,7 @@ REQUIRED_HOOKS: Mapping[str, str] = {
     "pre_shutdown": "the clean-exit marking (a clean exit may be reported as a death)",
     "shutdown": "the bounded shutdown",
     "submit": "rejecting new requests after a fatal error",
+    "dispatch_result_task": "output as progress for stall detection (only executor iterations count)",
 }
 # Hooks the extension replaces when absent (debug log only): name -> what it does instead.
 REPLACED_HOOKS: Mapping[str, str] = {

@@ -9,7 +9,9 @@ Each override delegates to upstream when liveness is disabled. With liveness on:
   channel), watches mpi4py's pool thread during the spawn, and arms the wedge timer at READY;
 - ``mpi_futures`` / ``_worker_process_monitor``: upstream's attributes, backed by the state (the
   mirrors of the worker futures; the monitor shim on main);
-- ``check_health``, ``submit``, ``pre_shutdown``, ``shutdown``: see each.
+- ``check_health``, ``submit``, ``pre_shutdown``, ``shutdown``: see each;
+- ``dispatch_result_task`` (upstream's result thread): each dispatched response is progress for the
+  stall timer (``stall_timeout_s``, :mod:`._engine_stall`).
 
 The fatal path itself is :mod:`._fatal`.
 """
@@ -19,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import sys
 import threading
 import time
 import weakref
@@ -29,20 +30,39 @@ from typing import Any, ClassVar
 
 from ..._config import LivenessConfig
 from ..._errors import LivenessError
-from ..._events import RankStatus, WorkerEvent, WorkerFailedError
+from ..._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError
 from ..._exit_guard import FatalExitGuard, interrupt_self_once
 from ..._identity import ProcessIdentity
 from ..._monitor import WorkerProcessMonitor
 from ..._pidfd import verify_start_time
 from ..._shutdown import StopReport
-from .._futures import fail_pending, mirror_future
+from .._futures import mirror_future
 from .._pool_manager_watch import PoolManagerWatch
-from ._fatal import PRE_SHUTDOWN_WAIT_S, acquire_send_lock, dead_error, fail_request, run_fatal_path
+from ._engine_stall import AFTER_FATAL_DELAY_S, Diagnoser, EngineStall, pending_count, pending_counter
+from ._fatal import (
+    PRE_SHUTDOWN_WAIT_S,
+    acquire_send_lock,
+    check_host,
+    dead_error,
+    exit_status,
+    fail_request,
+    note_unrestartable,
+    run_fatal_path,
+)
 from ._features import detect_features, warn_missing_hooks, warn_once, warn_session_hooks
+from ._request_socket import owns_request_socket, quiet_after_fatal, zmq_debug
 from ._shim import MonitorShim
 from ._side_channel import IdentityChannel
+from ._startup import announce, arm_wedges, export_metrics, new_monitor, upstream_skips_registration
 from ._state import MISSING, STATE_ATTR, EngineLiveness
-from ._worker_entry import CHANNEL_KWARG, FN_KWARG, PROXY_KWARG, liveness_worker_entry, proxy_identity
+from ._worker_entry import (
+    CHANNEL_KWARG,
+    FN_KWARG,
+    PROGRESS_KWARG,
+    PROXY_KWARG,
+    liveness_worker_entry,
+    proxy_identity,
+)
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -62,19 +82,6 @@ def _subscriber(ref: weakref.ReferenceType[Any]) -> Callable[[WorkerEvent], None
 def _state(proxy: Any) -> EngineLiveness:
     state: EngineLiveness = proxy.__dict__[STATE_ATTR]
     return state
-
-
-def _new_monitor(config: LivenessConfig) -> WorkerProcessMonitor:
-    """The engine's monitor: deaths from the start; before READY, wedge verdicts only with the
-    start-up bound (none by default); :func:`_arm_wedges` switches to the READY bound."""
-    startup = config.startup_d_state_timeout_s or None
-    return WorkerProcessMonitor(d_state_timeout_s=startup if startup is not None else config.d_state_timeout_s or None,
-                                scan_interval_s=config.scan_interval_s, wedge_armed=startup is not None)
-
-
-def _arm_wedges(monitor: WorkerProcessMonitor, config: LivenessConfig) -> None:
-    # Time in D before READY does not count towards the READY bound (the monitor resets it).
-    monitor.arm_wedge_detection(d_state_timeout_s=config.d_state_timeout_s)
 
 
 class LivenessProxyMixin:
@@ -102,26 +109,33 @@ class LivenessProxyMixin:
         self.__dict__[STATE_ATTR] = state
         if config.enabled:
             self._liveness_start(state, args, kwargs)
-            _export_metrics(state, llm_args)
+            export_metrics(state, llm_args)
         super().__init__(worker_kwargs, *args, **kwargs)  # type: ignore[call-arg]
 
     def _liveness_start(self, state: EngineLiveness, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         config = state.config
+        check_host(config)  # quarantine: refuses to start on a host where a wedged worker still is
         state.features = features = detect_features(type(self)._liveness_base)
         warn_missing_hooks(type(self)._liveness_base)
         session = kwargs.get("mpi_session", args[1] if len(args) > 1 else None)
         state.owns_session = session is None
         if not features.fatal_error:
             self._fatal_error: BaseException | None = None  # Dynamo reads it on every version
-        monitor = _new_monitor(config)
+        monitor = new_monitor(config)
         monitor.subscribe(_subscriber(weakref.ref(self)))
         if config.exit_on_fatal:
             state.exit_guard = FatalExitGuard(graceful=_graceful(state), timeout_s=config.exit_timeout_s,
-                                              exit_code=config.exit_code, exit_fn=_exit_stopping(weakref.ref(self)))
+                                              exit_code=config.exit_code, exit_fn=_exit_stopping(weakref.ref(self)),
+                                              exit_code_unrestartable=config.exit_code_unrestartable)
         monitor.start()
         state.monitor = monitor
         state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits)
-        _announce(type(self)._liveness_base, config)
+        state.diagnoser = Diagnoser(lambda: monitor.verified_identities())
+        if config.stall_timeout_s > 0:
+            state.stall = EngineStall(timeout_s=config.stall_timeout_s, fatal=config.stall_action == "fatal",
+                                      monitor=monitor, pending=pending_counter(weakref.ref(self)),
+                                      diagnoser=state.diagnoser)
+        announce(type(self)._liveness_base, config)
 
     # -- public view ---------------------------------------------------------------------
 
@@ -172,6 +186,18 @@ class LivenessProxyMixin:
         """Per-rank status snapshot (empty when disabled)."""
         monitor = _state(self).monitor
         return monitor.statuses() if monitor is not None else []
+
+    def liveness_diagnosis(self) -> Any:
+        """The latest :class:`~trtllm_liveness._diagnosis.Diagnosis` of the local ranks (taken at a
+        stall, a wedge and every fatal error, in a daemon thread), or None. Non-blocking."""
+        diagnoser = _state(self).diagnoser
+        return diagnoser.latest if diagnoser is not None else None
+
+    def liveness_stall(self) -> Any:
+        """The :class:`~trtllm_liveness._stall.StallInfo` of the stall under way, or None."""
+        stall = _state(self).stall
+        detector = stall.detector if stall is not None else None
+        return detector.current if detector is not None else None
 
     def liveness_identities(self) -> list[ProcessIdentity]:
         """The registered worker identities (empty when disabled or not known yet)."""
@@ -243,7 +269,9 @@ class LivenessProxyMixin:
                 restore()
         state.ready = True
         if state.monitor is not None:
-            _arm_wedges(state.monitor, state.config)
+            arm_wedges(state.monitor, state.config)
+        if state.stall is not None:
+            state.stall.arm()
 
     def _liveness_wrap_session(self, state: EngineLiveness) -> Callable[[], None] | None:
         session = getattr(self, "mpi_session", None)
@@ -256,7 +284,7 @@ class LivenessProxyMixin:
         # main sends the ranks' identities itself, but registers them only for sessions it spawned:
         # for an mpirun-launched (MpiCommSession) or remote session it skips them, so the side
         # channel serves there too (as on 1.2.x, which sends none).
-        if not state.features.identities_signal or _upstream_skips_registration(session):
+        if not state.features.identities_signal or upstream_skips_registration(session):
             ref = weakref.ref(self)
 
             def on_identities(identities: list[ProcessIdentity]) -> None:
@@ -272,6 +300,7 @@ class LivenessProxyMixin:
         except Exception:
             logger.warning("liveness: could not read the proxy's own identity: no proxy-death watch", exc_info=True)
             me = None
+        progress = state.stall.open_channel() if state.stall is not None else None
 
         def wrapped_submit(task: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             kwargs[FN_KWARG] = task
@@ -279,6 +308,8 @@ class LivenessProxyMixin:
                 kwargs[CHANNEL_KWARG] = channel.spec
             if me is not None:
                 kwargs[PROXY_KWARG] = me
+            if progress is not None:
+                kwargs[PROGRESS_KWARG] = progress
             return submit(liveness_worker_entry, *args, **kwargs)
 
         session.submit = wrapped_submit
@@ -312,6 +343,11 @@ class LivenessProxyMixin:
         error = state.record(event)
         if error is not None:
             run_fatal_path(self, state, error)
+        note_unrestartable(state, [event])  # quarantine: a wedge's status, marker and actions
+        if state.diagnoser is not None and (error is not None or event.kind is EventKind.WEDGED):
+            # After the fatal path, never before it: the snapshot takes a fraction of a second.
+            state.diagnoser.request(f"{event.kind.value} of rank {event.identity.rank}",
+                                    delay_s=AFTER_FATAL_DELAY_S if error is not None else 0.0)
 
     def _liveness_expected_exits(self) -> None:
         """A clean stop begins (upstream's pre_shutdown / monitor close, a healthy shutdown()):
@@ -330,16 +366,29 @@ class LivenessProxyMixin:
 
     # -- overrides -----------------------------------------------------------------------
 
+    def dispatch_result_task(self) -> Any:
+        """Upstream's result dispatch (one response batch per call, in its result thread); each
+        dispatched batch is progress for the stall timer."""
+        more = super().dispatch_result_task()  # type: ignore[misc]
+        stall = _state(self).stall
+        if stall is not None and more:
+            stall.note_output()
+        return more
+
     def submit(self, request: Any) -> Any:
         """Upstream's submit; raises the engine-dead error at once after a fatal event, and fails
         a request that registered after the fatal sweep (1.2.x would leave it pending forever).
         Serialized with the fatal path's ``pre_shutdown()`` (``send_lock``): upstream's sockets
-        have no lock."""
+        have no lock. A request on an idle engine starts the stall clock."""
         state = _state(self)
         if not state.enabled:
             return super().submit(request)  # type: ignore[misc]
         if state.fatal is not None:
             raise dead_error(self, state.fatal)
+        if state.stall is not None:
+            # Before upstream registers the request: the timer must never see it pending with
+            # the idle engine's old clock.
+            state.stall.note_submitted(pending_count(self) == 0)
         acquire_send_lock(self, state)
         try:
             if state.fatal is not None:
@@ -379,8 +428,8 @@ class LivenessProxyMixin:
         try:
             with state.lock:
                 state.pre_shutdown_entries += 1
-            if state.fatal is not None and not _owns_request_socket(state):
-                _quiet_after_fatal(state, state.fatal)
+            if state.fatal is not None and not owns_request_socket(state):
+                quiet_after_fatal(state, state.fatal)
             super().pre_shutdown()  # type: ignore[misc]
         finally:
             state.pre_shutdown_lock.release()
@@ -428,7 +477,7 @@ class LivenessProxyMixin:
         else:
             # Workers exiting now are expected: stop the watcher so they are not reported dead.
             state.monitor.stop()
-            if _zmq_debug() and _owns_request_socket(state):
+            if zmq_debug() and owns_request_socket(state):
                 # Upstream's debug mode raises on a send from a thread that does not own its
                 # request socket: this one does, so upstream's pre_shutdown() (stop sentinel,
                 # cancellations) runs here; the shutdown() below then finds it done. The engine is
@@ -506,88 +555,21 @@ class LivenessProxyMixin:
         config = state.config
         report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
         state.shutdown_report = report
+        note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
         return report
 
     def _liveness_release(self) -> None:
         state = _state(self)
         if state.channel is not None:
             state.channel.close()
+        if state.stall is not None:
+            state.stall.close()
         if state.monitor is not None:
             with contextlib.suppress(Exception):
                 state.monitor.close()
         if state.metrics is not None:
             with contextlib.suppress(Exception):
                 state.metrics.close()
-
-
-def _export_metrics(state: EngineLiveness, llm_args: Any) -> None:
-    # trtllm-serve with return_perf_metrics serves /prometheus/metrics from prometheus_client's
-    # multiprocess files (a fresh registry holding only a MultiProcessCollector), so metrics
-    # reach that page only through those files: only when PROMETHEUS_MULTIPROC_DIR is set before
-    # prometheus_client's first import. Upstream sets the variable itself, but after the engine
-    # exists; importing prometheus_client here without it would fix prometheus_client in its
-    # single-process mode and drop upstream's own trtllm_* metrics from that page. So: only with
-    # the variable already set (by the user, for the server), else one WARNING and no import.
-    if not getattr(llm_args, "return_perf_metrics", False) or state.monitor is None:
-        return
-    if not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
-        warn_once("metrics", "PROMETHEUS_MULTIPROC_DIR", "liveness: return_perf_metrics is set but "
-                  "PROMETHEUS_MULTIPROC_DIR is not: the liveness metrics are not on trtllm-serve's "
-                  "/prometheus/metrics (set PROMETHEUS_MULTIPROC_DIR in the server's environment)")
-        return
-    try:
-        from ..prometheus import LivenessMetrics
-    except ImportError as exc:
-        warn_once("metrics", "prometheus_client", "liveness: no liveness metrics on /prometheus/metrics: %s", exc)
-        return
-    try:
-        state.metrics = LivenessMetrics(state.monitor)
-    except Exception:
-        logger.warning("liveness: could not export the liveness metrics", exc_info=True)
-
-
-def _announce(base: type, config: LivenessConfig) -> None:
-    # One line per engine saying that liveness is on (a user who switched it on by environment
-    # must be able to see that it took). Servers seldom configure Python logging (trtllm-serve's
-    # own logger is not it), and an INFO record without a handler is dropped: then stderr.
-    line = (f"worker liveness on for {base.__module__}.{base.__qualname__} "
-            f"(d_state_timeout_s={config.d_state_timeout_s:g}, exit_on_fatal={int(config.exit_on_fatal)})")
-    if logger.isEnabledFor(logging.INFO) and logger.hasHandlers():
-        logger.info("liveness: %s", line)
-        return
-    with contextlib.suppress(Exception):  # a closed stderr must not fail the engine's start
-        sys.stderr.write(f"trtllm-liveness: {line}\n")
-        sys.stderr.flush()
-
-
-# Session kinds whose ranks upstream main does not register (docs/upstream-contract.md, "Sessions").
-_UNREGISTERED_SESSION_KINDS = frozenset({"MpiCommSession", "RemoteMpiCommSessionClient"})
-
-
-def _upstream_skips_registration(session: Any) -> bool:
-    return any(cls.__name__ in _UNREGISTERED_SESSION_KINDS for cls in type(session).__mro__)
-
-
-def _zmq_debug() -> bool:
-    # Upstream's ipc reads it per queue at construction; the same word here (docs/upstream-contract.md).
-    return os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG", "0") != "0"
-
-
-def _owns_request_socket(state: EngineLiveness) -> bool:
-    # No submit yet: nobody owns the socket, and the thread that sends now becomes its owner.
-    owner = state.request_socket_owner
-    return owner is None or owner == threading.get_ident()
-
-
-def _quiet_after_fatal(state: EngineLiveness, error: WorkerFailedError) -> None:
-    # Upstream's pre_shutdown() sends its stop sentinel (put_noblock(None)) only while worker
-    # futures are pending (main: any; 1.2.x: all). After a fatal error it runs in the fatal path's
-    # helper thread (or the upstream-shutdown thread); once a caller's thread owns upstream's
-    # request socket, a send from another thread breaks ZMQ's rule (sockets are not thread-safe)
-    # and raises with TLLM_LLMAPI_ZMQ_DEBUG=1. Failing the futures (upstream's mirrors) first keeps
-    # upstream from sending at all; a leader still alive is then ended by the bounded stop of
-    # shutdown() / the exit guard instead of returning by itself.
-    fail_pending(state.mpi_futures if isinstance(state.mpi_futures, list) else [], error)
 
 
 def _graceful(state: EngineLiveness) -> Callable[[], None]:
@@ -611,6 +593,7 @@ def _exit_stopping(ref: weakref.ReferenceType[LivenessProxyMixin]) -> Callable[[
         if proxy is not None:
             with contextlib.suppress(Exception):
                 proxy._liveness_stop_workers()
+            code = exit_status(_state(proxy), code)  # quarantine: a rank the stop left unkillable
         os._exit(code)
 
     return exit_now

@@ -17,6 +17,7 @@ from ..._events import WorkerEvent, WorkerFailedError
 from ..._exit_guard import FatalExitGuard
 from ..._monitor import WorkerProcessMonitor
 from ..._shutdown import StopReport
+from ._engine_stall import Diagnoser, EngineStall
 from ._features import UpstreamFeatures
 from ._shim import MonitorShim
 from ._side_channel import IdentityChannel
@@ -48,6 +49,8 @@ class EngineLiveness:
         request_socket_owner: the thread (ident) that owns upstream's request socket as its
             ``TLLM_LLMAPI_ZMQ_DEBUG`` check defines it: the first that used it, i.e. the first
             ``submit()``'s (``abort_request()`` follows a submit; ``pre_shutdown()`` sends last).
+        stall: the engine's stall detection (``stall_timeout_s`` > 0), else None.
+        diagnoser: the bounded snapshots of the local ranks (at a stall, a wedge, a fatal error).
         metrics: the engine's ``LivenessMetrics`` when the extension exported them itself
             (trtllm-serve's multiprocess Prometheus page), else None.
         mpi_futures / upstream_monitor: storage behind upstream's ``mpi_futures`` and
@@ -79,6 +82,8 @@ class EngineLiveness:
     real_mpi_futures: list[Future[Any]] | None = None
     request_socket_owner: int | None = None
     metrics: Any = None
+    stall: EngineStall | None = None
+    diagnoser: Diagnoser | None = None
     mpi_futures: Any = MISSING
     upstream_monitor: Any = MISSING
 

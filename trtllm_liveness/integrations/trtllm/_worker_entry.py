@@ -21,7 +21,9 @@ hook), which
    is the sub-communicator of a sub-communicator session; ``COMM_WORLD`` only without it) and the
    leader sends them over the side channel (:mod:`._side_channel`). That happens before the model
    is built, so a death during initialization is caught;
-3. calls the real ``worker_main`` with exactly the arguments upstream gave.
+3. with stall detection on (``stall_timeout_s``), **counts executor iterations** and reports them
+   to the proxy (:mod:`._progress`), so a long non-streaming generation is progress;
+4. calls the real ``worker_main`` with exactly the arguments upstream gave.
 
 Nothing here raises into upstream: a failure is logged and the rank runs unmonitored.
 """
@@ -47,6 +49,7 @@ logger = logging.getLogger(__name__.rpartition(".")[0])
 FN_KWARG = "_trtllm_liveness_fn"
 CHANNEL_KWARG = "_trtllm_liveness_channel"
 PROXY_KWARG = "_trtllm_liveness_proxy"
+PROGRESS_KWARG = "_trtllm_liveness_progress"
 PROXY_DIED_EXIT_STATUS = 75
 """Exit status of a rank ended by the proxy-death watch (EX_TEMPFAIL: the job may be restarted)."""
 
@@ -68,6 +71,7 @@ def liveness_worker_entry(*args: Any, **kwargs: Any) -> Any:
     target = kwargs.pop(FN_KWARG)
     channel = kwargs.pop(CHANNEL_KWARG, None)
     proxy = kwargs.pop(PROXY_KWARG, None)
+    progress = kwargs.pop(PROGRESS_KWARG, None)
     if proxy is not None and os.environ.get(WATCH_ENV_VAR, "1") != "0":
         try:
             start_proxy_death_watch(proxy)
@@ -78,6 +82,14 @@ def liveness_worker_entry(*args: Any, **kwargs: Any) -> Any:
             announce_identities(channel)
         except Exception:
             logger.warning("liveness: could not announce worker identities", exc_info=True)
+    if isinstance(progress, Mapping):
+        try:
+            from ._progress import start_iteration_reporter
+
+            start_iteration_reporter(progress, session_comm().Get_rank())
+        except Exception:
+            logger.warning("liveness: could not report executor iterations; only output counts as progress",
+                           exc_info=True)
     return target(*args, **kwargs)
 
 

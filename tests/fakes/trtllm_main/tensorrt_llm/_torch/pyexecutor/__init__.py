@@ -1,0 +1,1 @@
+"""Fake ``tensorrt_llm._torch.pyexecutor`` (main): only ``hang_detector``."""

@@ -1,0 +1,222 @@
+"""Quarantine of a wedged host: what a non-restartable failure leaves, and what start-up checks.
+
+:func:`quarantine_host` runs on the fatal path (from the event's thread; it never blocks there):
+in one daemon thread it writes the host's marker (:mod:`._quarantine`), then runs the configured
+orchestrator actions (:mod:`._host_actions`), each bounded. An exit cleanup (run by the exit guard
+before ``os._exit``, and at a normal interpreter exit) waits for that thread at most
+``quarantine_action_timeout_s`` plus a second, so the marker is on disk before the process ends
+and nothing can hold the exit longer.
+
+:func:`check_host_at_start` runs when an engine starts (extension on): it clears a marker that no
+longer applies (another boot, processes gone), and raises :class:`HostQuarantinedError` while one
+does, or while a visible process holding an accelerator device sits in ``D`` (unless
+``quarantine_override``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from . import _procfs
+from ._config import LivenessConfig
+from ._device_holders import DeviceHolder, find_stuck_device_holders, parse_patterns
+from ._events import WorkerEvent
+from ._exit_guard import add_exit_cleanup
+from ._identity import is_local
+from ._quarantine import (
+    MarkerError,
+    MarkerStatus,
+    MarkerVerdict,
+    QuarantinedProcess,
+    clear_marker,
+    inspect_marker,
+    resolve_directory,
+    write_marker,
+)
+
+if TYPE_CHECKING:
+    from ._host_actions import ActionResult
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HostQuarantinedError", "QuarantineCheck", "check_host", "check_host_at_start", "quarantine_host"]
+
+RECYCLE_ADVICE = ("recycle the host (reboot it, or move the workload elsewhere) before starting an engine here; "
+                  "'trtllm-liveness quarantine status' shows the state, 'quarantine clear' removes a marker once "
+                  "the processes are gone, quarantine_override=1 starts anyway")
+
+
+@dataclass(frozen=True)
+class QuarantineCheck:
+    """What start-up (or ``quarantine status``) found: the marker's status and the device holders."""
+
+    marker: MarkerStatus | None
+    device_holders: tuple[DeviceHolder, ...]
+    cleared: bool = False
+
+    @property
+    def quarantined(self) -> bool:
+        """Whether an engine must not start here."""
+        return bool(self.device_holders) or (self.marker is not None and self.marker.quarantined)
+
+    def describe(self) -> str:
+        """The reasons in one line (empty when not quarantined)."""
+        parts = []
+        if self.marker is not None and self.marker.quarantined:
+            parts.append(self.marker.describe())
+        if self.device_holders:
+            parts.append("processes holding accelerator devices are stuck in D: "
+                         + "; ".join(holder.describe() for holder in self.device_holders))
+        return "; ".join(parts)
+
+
+class HostQuarantinedError(RuntimeError):
+    """This host is quarantined: a worker of an earlier engine is still stuck here (or cannot be
+    verified from this PID namespace), or a device holder is in ``D``. ``check`` holds the details."""
+
+    def __init__(self, check: QuarantineCheck) -> None:
+        super().__init__(f"trtllm-liveness: refusing to start: {check.describe()}; {RECYCLE_ADVICE}")
+        self.check = check
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.check,))
+
+
+def check_host(config: LivenessConfig, *, clear: bool) -> QuarantineCheck:
+    """Judge the marker of ``config.quarantine_dir`` and look for stuck device holders.
+
+    ``clear``: remove a marker that no longer applies (start-up does; ``quarantine status`` does
+    not). Blocks for a few procfs reads, plus 0.5 s only when a device holder in ``D`` was seen.
+    Never signals anything. An untrusted marker directory is logged and ignored.
+    """
+    status = None
+    cleared = False
+    if config.quarantine_dir:
+        directory = resolve_directory(config.quarantine_dir)
+        status = inspect_marker(directory)
+        if status.verdict is MarkerVerdict.UNTRUSTED:
+            logger.warning("liveness: %s; ignored", status.describe())
+        elif clear and status.clearable:
+            try:
+                cleared = clear_marker(directory, expected=status.marker)
+            except (MarkerError, OSError) as exc:
+                logger.warning("liveness: could not clear %s: %s", status.path, exc)
+            if cleared:
+                logger.warning("liveness: %s: cleared", status.describe())
+    holders = find_stuck_device_holders(parse_patterns(config.quarantine_devices))
+    return QuarantineCheck(status, holders, cleared)
+
+
+def check_host_at_start(config: LivenessConfig) -> None:
+    """Raise :class:`HostQuarantinedError` when this host is quarantined (see :func:`check_host`),
+    unless ``config.quarantine_override`` (then one ERROR line)."""
+    check = check_host(config, clear=True)
+    if not check.quarantined:
+        return
+    if config.quarantine_override:
+        logger.error("liveness: starting on a quarantined host (quarantine_override=1): %s", check.describe())
+        return
+    raise HostQuarantinedError(check)
+
+
+# ----------------------------------------------------------------------------- on failure
+
+_LOCK = threading.Lock()
+_recorded: set[tuple[int, int | None]] = set()
+_actions_started = False
+
+
+def quarantine_host(config: LivenessConfig, events: Iterable[WorkerEvent]) -> threading.Thread | None:
+    """Record the non-restartable ``events`` of local processes in the host's marker and, the first
+    time in this process, run the configured actions; all in one daemon thread (returned; None
+    when there is nothing to do). Never blocks, never raises. Events already recorded by this
+    process are skipped (the monitor, ``shutdown()`` and the exit path may report the same rank)."""
+    with _LOCK:
+        global _actions_started
+        fresh = [event for event in events if not event.restartable
+                 and (event.identity.pid, event.identity.start_time) not in _recorded]
+        if not fresh:
+            return None
+        _recorded.update((event.identity.pid, event.identity.start_time) for event in fresh)
+        run_actions = not _actions_started and _any_action(config)
+        _actions_started = _actions_started or run_actions
+    worker = threading.Thread(target=_quarantine, args=(config, fresh, run_actions),
+                              name="trtllm-liveness-quarantine", daemon=True)
+    try:
+        worker.start()
+    except RuntimeError as exc:  # interpreter shutting down: no thread; do the marker here (fast)
+        logger.warning("liveness: quarantine without a thread (%s)", exc)
+        _quarantine(config, fresh, False)
+        return None
+    bound = config.quarantine_action_timeout_s + 1.0
+
+    def wait_for_it() -> None:
+        worker.join(bound)
+
+    add_exit_cleanup(wait_for_it)
+    atexit.register(wait_for_it)
+    return worker
+
+
+def _any_action(config: LivenessConfig) -> bool:
+    return config.quarantine_slurm_drain or config.quarantine_k8s_cordon or config.quarantine_k8s_taint \
+        or bool(config.quarantine_hook)
+
+
+def _quarantine(config: LivenessConfig, events: list[WorkerEvent], run_actions: bool) -> list[ActionResult]:
+    reason = events[0].message
+    marker_path = ""
+    local = [event for event in events if is_local(event.identity) and event.identity.start_time is not None]
+    if config.quarantine_dir and local:
+        try:
+            marker_path = write_marker(resolve_directory(config.quarantine_dir),
+                                       [_recorded_process(event) for event in local], reason)
+            logger.critical("liveness: host quarantined: marker %s written (%s); %s", marker_path, reason,
+                            RECYCLE_ADVICE)
+        except (MarkerError, OSError) as exc:
+            logger.error("liveness: could not write the quarantine marker in %s: %s", config.quarantine_dir, exc)
+    elif config.quarantine_dir:
+        logger.warning("liveness: non-restartable failure of no local process (%s): no marker written", reason)
+    if not run_actions:
+        return []
+    # Imported here: subprocess and the actions are for a failure, not for every engine start.
+    from ._host_actions import k8s_mark_node, run_hook, slurm_drain
+
+    timeout = config.quarantine_action_timeout_s
+    results = []
+    if config.quarantine_slurm_drain:
+        results.append(slurm_drain(f"trtllm-liveness: {reason}", timeout_s=timeout))
+    if config.quarantine_k8s_cordon or config.quarantine_k8s_taint:
+        results.append(k8s_mark_node(reason, cordon=config.quarantine_k8s_cordon, taint=config.quarantine_k8s_taint,
+                                     timeout_s=timeout))
+    if config.quarantine_hook:
+        results.append(run_hook(config.quarantine_hook, marker_path=marker_path, reason=reason, timeout_s=timeout))
+    return results
+
+
+def _recorded_process(event: WorkerEvent) -> QuarantinedProcess:
+    identity = event.identity
+    pid = identity.pid
+    state = "?"
+    try:
+        states = _procfs.read_thread_states(pid)
+        state = "D" if any(value in _procfs.UNINTERRUPTIBLE_STATES for value in states.values()) \
+            else _procfs.read_stat(pid).state
+    except (OSError, ValueError):
+        pass
+    namespace = identity.pid_namespace or _procfs.pid_namespace_inode("self")
+    assert identity.start_time is not None
+    return QuarantinedProcess(pid=pid, start_time=identity.start_time, pid_namespace=namespace, rank=identity.rank,
+                              state=state, wchan=event.wchan, kind=event.kind.value, cause=event.cause[:4000])
+
+
+def _reset_for_tests() -> None:
+    global _actions_started
+    with _LOCK:
+        _recorded.clear()
+        _actions_started = False

@@ -1,0 +1,228 @@
+"""What one engine does about stalls and diagnoses: progress in, stall out, evidence kept.
+
+:class:`EngineStall` ties together, for one proxy:
+
+- the progress sources: output (the mixin's ``dispatch_result_task`` wrapper calls
+  :meth:`EngineStall.note_output`), executor iterations reported by the ranks
+  (:class:`._progress.ProgressChannel`), and submissions on an idle engine (the clock starts);
+- the :class:`~trtllm_liveness._stall.StallDetector` (armed at READY: nothing is pending before);
+- what a stall does (``stall_action``): ``report`` shows the ranks ``stalled`` in the monitor's
+  statuses (hence the metrics and Dynamo's ``/engine/liveness``) and logs one WARNING per stall
+  with the diagnosis; ``fatal`` delivers a ``stalled`` event through the monitor, which takes the
+  fatal path a death takes.
+
+:class:`Diagnoser` takes the bounded snapshot of the local ranks (``_diagnosis.diagnose``, with
+Python stacks where ``py-spy`` is installed) in a daemon thread at a stall, a wedge and every fatal
+error, keeps the latest for ``liveness_diagnosis()`` and logs it. One diagnosis runs at a time;
+a request while one runs is dropped (the running one is as fresh).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ..._events import EventKind, WorkerEvent
+from ..._identity import ProcessIdentity
+from ..._stall import ProgressSource, StallDetector, StallInfo
+
+if TYPE_CHECKING:
+    from ..._diagnosis import Diagnosis
+    from ..._monitor import WorkerProcessMonitor
+    from ._progress import IterationBeat, ProgressChannel
+
+logger = logging.getLogger(__name__.rpartition(".")[0])
+
+BEAT_INTERVAL_MAX_S = 1.0
+AFTER_FATAL_DELAY_S = 0.05
+"""A diagnosis after a fatal error starts this much later: the threads that observe the failure
+(health probes, the readers of the failed requests) get the interpreter first."""
+
+
+def pending_count(proxy: Any) -> int:
+    # Upstream's _results holds every request whose final response has not been dispatched
+    # (docs/upstream-contract.md); len() of a dict is atomic, so any thread may read it.
+    results = getattr(proxy, "_results", None)
+    return len(results) if isinstance(results, dict) else 0
+
+
+def pending_counter(ref: weakref.ReferenceType[Any]) -> Callable[[], int]:
+    def pending() -> int:
+        proxy = ref()
+        return 0 if proxy is None else pending_count(proxy)
+
+    return pending
+
+
+def beat_interval(stall_timeout_s: float) -> float:
+    """How often a rank reports iterations: a quarter of the timeout, at most once a second. Each
+    beat carries its rank's last iteration time, so this bounds only the beat traffic."""
+    return min(BEAT_INTERVAL_MAX_S, stall_timeout_s / 4)
+
+
+class Diagnoser:
+    """Bounded snapshots of the engine's local ranks, one at a time, in a daemon thread."""
+
+    def __init__(self, identities: Callable[[], list[ProcessIdentity]]) -> None:
+        self._identities = identities
+        self._lock = threading.Lock()
+        self._running = False
+        self.latest: Diagnosis | None = None
+        self.reason = ""
+        self.done = threading.Event()  # set after each finished diagnosis (tests wait on it)
+
+    def request(self, reason: str, on_done: Callable[[Diagnosis], None] | None = None,
+                delay_s: float = 0.0) -> bool:
+        """Start a diagnosis for ``reason`` (after ``delay_s``) unless one runs; True if started.
+        Never blocks."""
+        with self._lock:
+            if self._running:
+                return False
+            self._running = True
+        try:
+            threading.Thread(target=self._run, args=(reason, on_done, delay_s), name="trtllm-liveness-diagnosis",
+                             daemon=True).start()
+        except RuntimeError:
+            with self._lock:
+                self._running = False
+            logger.warning("liveness: could not start a diagnosis thread (%s)", reason)
+            return False
+        return True
+
+    def _run(self, reason: str, on_done: Callable[[Diagnosis], None] | None, delay_s: float) -> None:
+        try:
+            if delay_s > 0:
+                time.sleep(delay_s)
+            from ..._diagnosis import diagnose, find_py_spy
+
+            identities = [identity for identity in self._identities() if identity.pid > 1]
+            if not identities:
+                return
+            diagnosis = diagnose(identities, stacks=find_py_spy() is not None)
+            self.latest, self.reason = diagnosis, reason
+            if on_done is not None:
+                on_done(diagnosis)
+            else:
+                logger.warning("liveness: diagnosis (%s): %s", reason, diagnosis.summary())
+        except Exception:
+            logger.exception("liveness: diagnosis failed (%s)", reason)
+        finally:
+            with self._lock:
+                self._running = False
+            self.done.set()
+
+
+class EngineStall:
+    """Stall detection of one engine (see the module docstring). Thread-safe."""
+
+    def __init__(self, *, timeout_s: float, fatal: bool, monitor: WorkerProcessMonitor,
+                 pending: Callable[[], int], diagnoser: Diagnoser) -> None:
+        self.timeout_s = timeout_s
+        self.fatal = fatal
+        self._monitor = monitor
+        self._pending = pending
+        self._diagnoser = diagnoser
+        self._lock = threading.Lock()
+        self._iterations: dict[int, tuple[int, float]] = {}  # rank -> (count, monotonic time)
+        self.channel: ProgressChannel | None = None
+        self.detector: StallDetector | None = None
+        self._closed = False
+
+    # -- progress ------------------------------------------------------------------------
+
+    def open_channel(self) -> dict[str, Any] | None:
+        """Listen for the ranks' iteration beats; the spec to pass to them (None on failure)."""
+        from ._progress import ProgressChannel
+
+        try:
+            self.channel = ProgressChannel(self._on_beat, beat_interval(self.timeout_s))
+        except Exception:
+            logger.warning("liveness: no iteration reports (progress channel failed); only output counts as "
+                           "progress", exc_info=True)
+            return None
+        return self.channel.spec
+
+    def _on_beat(self, beat: IterationBeat) -> None:
+        with self._lock:
+            known = self._iterations.get(beat.rank)
+            if known is not None and known[0] >= beat.count:
+                return  # stale or replayed
+            self._iterations[beat.rank] = (beat.count, beat.at)
+        detector = self.detector
+        if detector is not None:
+            detector.note_progress(ProgressSource.ITERATION, beat.at)
+
+    def note_output(self) -> None:
+        detector = self.detector
+        if detector is not None:
+            detector.note_progress(ProgressSource.OUTPUT)
+
+    def note_submitted(self, was_idle: bool) -> None:
+        detector = self.detector
+        if detector is not None:
+            detector.note_submitted(was_idle=was_idle)
+
+    def iterations(self) -> dict[int, tuple[int, float]]:
+        """rank -> (iterations reported, monotonic time of the last one)."""
+        with self._lock:
+            return dict(self._iterations)
+
+    # -- the timer -----------------------------------------------------------------------
+
+    def arm(self) -> None:
+        """Start the stall timer (at READY). Idempotent."""
+        with self._lock:
+            if self._closed or self.detector is not None:
+                return
+            self.detector = StallDetector(self.timeout_s, self._pending, on_stall=self._on_stall,
+                                          on_resume=self._on_resume)
+        self.detector.start()
+
+    def _on_stall(self, info: StallInfo) -> None:
+        monitor = self._monitor
+        detail = f"engine stalled: {info.describe()}"
+        monitor.set_stalled(info.last_progress_at, detail, since_wall=info.detected_wall - info.quiet_s)
+        if self.fatal:
+            event = self._event(info)
+            if event is not None:
+                monitor.report_stall(event)  # the mixin's subscriber takes the fatal path
+        self._diagnoser.request(f"stall {info.number}", lambda diagnosis: logger.warning(
+            "liveness: %s; diagnosis: %s%s", detail, diagnosis.summary(),
+            "" if self.fatal else " (stall_action=report: the engine keeps serving; health stays green)"))
+
+    def _on_resume(self, info: StallInfo) -> None:
+        self._monitor.set_stalled(None)
+        if info.ended_at is not None:
+            logger.warning("liveness: stall %d ended: progress after %.2fs without", info.number,
+                           info.ended_at - info.last_progress_at)
+
+    def _event(self, info: StallInfo) -> WorkerEvent | None:
+        """The stall as one event, naming the rank whose iterations stopped first (else rank 0)."""
+        identities = self._monitor.identities
+        if not identities:
+            logger.error("liveness: engine stalled but no rank identity is known: not turned into a fatal error")
+            return None
+        iterations = self.iterations()
+        by_rank = {identity.rank: identity for identity in identities}
+        named = identities[0]
+        known = [(at, rank) for rank, (_count, at) in iterations.items() if rank in by_rank]
+        cause = info.describe()
+        if known:
+            at, rank = min(known)
+            named = by_rank[rank]
+            cause += f"; rank {rank}'s last executor iteration was {time.monotonic() - at:.2f}s ago"
+        return WorkerEvent(EventKind.STALLED, named, cause, fault_at=info.last_progress_at)
+
+    def close(self) -> None:
+        """Stop the timer and the channel. Idempotent."""
+        with self._lock:
+            self._closed = True
+            detector, self.detector = self.detector, None
+        if detector is not None:
+            detector.close()
+        if self.channel is not None:
+            self.channel.close()

@@ -1,0 +1,295 @@
+"""Executor iterations as progress: each rank counts its iterations and tells the proxy.
+
+Why: the proxy sees output only when a response arrives, and a non-streaming request returns its
+output only when it finishes, so output alone would call a long non-streaming generation a stall.
+Every rank of TensorRT-LLM's PyTorch executor calls ``HangDetector.checkpoint()`` at the top of
+each iteration of its executor loop (``tensorrt_llm._torch.pyexecutor.hang_detector``, main; see
+docs/upstream-contract.md); the rank entry wraps that method, so each call counts one iteration.
+Where the module does not exist (1.2.x as read, other backends) nothing is counted and only
+output is progress (``doctor`` and one WARNING say so).
+
+Rank side (:class:`IterationReporter`): ``tick()`` (in the executor loop) is a counter, a clock read
+and an ``Event.set()``; a daemon thread sends at most one beat per ``interval_s`` (the first at
+once after a quiet spell), JSON over a ZMQ PUSH socket, non-blocking: a full queue drops the beat
+(the next one carries the newer count). Each beat carries the time of the rank's last iteration
+(``time.monotonic()``, one clock for every process of a host), so the proxy's stall clock is
+exact whatever the beat's delay.
+
+Proxy side (:class:`ProgressChannel`): a PULL socket in a 0700 directory (only this user's
+processes can connect), a random token per engine checked in constant time, messages of at most
+512 bytes; anything else is rejected with a (rate-limited) log line and never raised. One thread,
+woken by the socket or by its own pipe at ``close()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+import json
+import logging
+import os
+import secrets
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+logger = logging.getLogger(__name__.rpartition(".")[0])
+
+HANG_DETECTOR_MODULE = "tensorrt_llm._torch.pyexecutor.hang_detector"
+MAX_MESSAGE_BYTES = 512
+_REJECT_LOG_EVERY = 100  # after the first few, one rejection line per this many
+
+
+@dataclass(frozen=True)
+class IterationBeat:
+    """One rank's report: ``count`` iterations so far, the last at ``at`` (monotonic, this host)."""
+
+    rank: int
+    count: int
+    at: float
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_beat(raw: bytes, token: str) -> IterationBeat:
+    """Parse and check one beat; raises ``ValueError`` saying what is wrong."""
+    if len(raw) > MAX_MESSAGE_BYTES:
+        raise ValueError(f"{len(raw)} bytes (at most {MAX_MESSAGE_BYTES})")
+    try:
+        message: Any = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise ValueError(f"not JSON: {exc}") from None
+    if not isinstance(message, dict):
+        raise ValueError("not a JSON object")
+    got = message.get("token")
+    if not isinstance(got, str) or not hmac.compare_digest(got.encode(), token.encode()):
+        raise ValueError("bad or missing token")
+    rank: Any = message.get("rank")
+    count: Any = message.get("count")
+    at: Any = message.get("at")
+    if not _is_int(rank) or not 0 <= rank < 1 << 20:
+        raise ValueError(f"bad rank {rank!r}")
+    if not _is_int(count) or count < 0:
+        raise ValueError(f"bad count {count!r}")
+    if not isinstance(at, (int, float)) or isinstance(at, bool) or not 0 <= at < 1e12:
+        raise ValueError(f"bad time {at!r}")
+    return IterationBeat(rank, count, float(at))
+
+
+class ProgressChannel:
+    """The proxy's end: calls ``on_beat(beat)`` in its thread for every valid beat.
+
+    ``spec`` (address, token, interval) travels to the ranks with the worker task. Thread-safe;
+    ``close()`` is idempotent and joins the thread for at most its timeout.
+    """
+
+    def __init__(self, on_beat: Callable[[IterationBeat], None], interval_s: float) -> None:
+        import zmq
+
+        self._dir = tempfile.mkdtemp(prefix="trtllm-liveness-")  # mode 0700
+        self.token = secrets.token_hex(16)
+        self.address = f"ipc://{os.path.join(self._dir, 'progress')}"
+        self.interval_s = interval_s
+        self.rejected = 0
+        self._on_beat = on_beat
+        self._context = zmq.Context()
+        self._sock = self._context.socket(zmq.PULL)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+        self._sock.bind(self.address)
+        self._wake_r, self._wake_w = os.pipe()
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="trtllm-liveness-progress", daemon=True)
+        self._thread.start()
+
+    @property
+    def spec(self) -> dict[str, Any]:
+        return {"address": self.address, "token": self.token, "interval_s": self.interval_s}
+
+    def _run(self) -> None:
+        import zmq
+
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        try:
+            while not self._closed.is_set():
+                ready = dict(poller.poll())
+                if self._closed.is_set():
+                    return
+                if self._sock in ready:
+                    self._drain()
+        except Exception:
+            logger.exception("liveness: the progress listener failed; only output counts as progress now")
+        finally:
+            self._release()
+
+    def _drain(self) -> None:
+        import zmq
+
+        while True:
+            try:
+                raw = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            try:
+                beat = parse_beat(raw, self.token)
+            except ValueError as exc:
+                self.rejected += 1
+                if self.rejected <= 5 or self.rejected % _REJECT_LOG_EVERY == 0:
+                    logger.warning("liveness: rejected a progress message (%d so far): %s", self.rejected, exc)
+                continue
+            try:
+                self._on_beat(beat)
+            except Exception:
+                logger.exception("liveness: progress callback raised")
+
+    def _release(self) -> None:
+        with contextlib.suppress(Exception):
+            self._sock.close(0)
+        with contextlib.suppress(Exception):
+            self._context.term()
+        for fd in (self._wake_r, self._wake_w):
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop listening and release the socket, the pipe and the directory."""
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with contextlib.suppress(OSError):
+            os.write(self._wake_w, b"x")
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+
+class IterationReporter:
+    """One rank's iteration counter and its sending thread (see the module docstring)."""
+
+    def __init__(self, spec: Mapping[str, Any], rank: int) -> None:
+        import zmq
+
+        address, token, interval = spec.get("address"), spec.get("token"), spec.get("interval_s")
+        if not isinstance(address, str) or not isinstance(token, str) or not isinstance(interval, (int, float)):
+            raise ValueError(f"bad progress channel spec {dict(spec)!r}")
+        self.rank = rank
+        self.count = 0
+        self.at = 0.0
+        self._token = token
+        self._interval = max(0.001, float(interval))
+        self._pending = threading.Event()
+        self._context = zmq.Context()
+        self._sock = self._context.socket(zmq.PUSH)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.SNDHWM, 8)
+        self._sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for a proxy that is not there
+        self._sock.connect(address)
+        self.thread = threading.Thread(target=self._run, name="trtllm-liveness-iterations", daemon=True)
+        self.thread.start()
+
+    def tick(self) -> None:
+        """One executor iteration (called in the executor loop: microseconds)."""
+        self.count += 1
+        self.at = time.monotonic()
+        self._pending.set()
+
+    def _run(self) -> None:
+        import zmq
+
+        while True:
+            self._pending.wait()
+            self._pending.clear()
+            payload = json.dumps({"token": self._token, "rank": self.rank, "count": self.count, "at": self.at})
+            try:
+                self._sock.send(payload.encode(), zmq.NOBLOCK)
+            except zmq.Again:
+                pass  # the proxy is slow or gone: the next beat carries the newer count
+            except Exception:
+                logger.debug("liveness: could not send an iteration beat", exc_info=True)
+            time.sleep(self._interval)  # coalesce: at most one beat per interval
+
+
+_REPORTER: IterationReporter | None = None
+_REPORTER_LOCK = threading.Lock()
+
+
+def start_iteration_reporter(spec: Mapping[str, Any], rank: int) -> IterationReporter | None:
+    """Count this rank's executor iterations and report them; once per process (a rank that serves
+    several tasks of a session reports once). Returns the reporter, or None if one already runs."""
+    global _REPORTER
+    with _REPORTER_LOCK:
+        if _REPORTER is not None:
+            return None
+        reporter = IterationReporter(spec, rank)
+        _REPORTER = reporter
+    _patch_when_imported(HANG_DETECTOR_MODULE, lambda module: _wrap_checkpoint(module, reporter))
+    return reporter
+
+
+def _wrap_checkpoint(module: Any, reporter: IterationReporter) -> None:
+    cls = getattr(module, "HangDetector", None)
+    original = getattr(cls, "checkpoint", None)
+    if cls is None or not callable(original) or getattr(original, "_trtllm_liveness", False):
+        if cls is None or not callable(original):
+            logger.warning("liveness: %s has no HangDetector.checkpoint: iterations are not counted", module.__name__)
+        return
+
+    def checkpoint(self: Any, *args: Any, **kwargs: Any) -> Any:
+        reporter.tick()
+        return original(self, *args, **kwargs)
+
+    checkpoint._trtllm_liveness = True  # type: ignore[attr-defined]
+    checkpoint.__wrapped__ = original  # type: ignore[attr-defined]
+    cls.checkpoint = checkpoint
+
+
+def _patch_when_imported(name: str, patch: Callable[[Any], None]) -> None:
+    """Run ``patch(module)`` now if ``name`` is imported, else right after its first import."""
+    module = sys.modules.get(name)
+    if module is not None:
+        patch(module)
+        return
+    sys.meta_path.insert(0, _AfterImport(name, patch))
+
+
+class _AfterImport:
+    """A one-module finder: lets the normal finders find ``name``, patches it once it executed."""
+
+    def __init__(self, name: str, patch: Callable[[Any], None]) -> None:
+        self._name = name
+        self._patch = patch
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
+        if fullname != self._name:
+            return None
+        with contextlib.suppress(ValueError):
+            sys.meta_path.remove(self)  # once: also keeps this from finding itself below
+        import importlib.util
+
+        spec = importlib.util.find_spec(fullname)
+        if spec is None or spec.loader is None:
+            return spec
+        loader, patch = spec.loader, self._patch
+
+        class _Loader:
+            def create_module(self, spec: Any) -> Any:
+                return loader.create_module(spec)
+
+            def exec_module(self, module: Any) -> None:
+                loader.exec_module(module)
+                try:
+                    patch(module)
+                except Exception:
+                    logger.warning("liveness: could not count executor iterations", exc_info=True)
+
+        spec.loader = _Loader()  # type: ignore[assignment]
+        return spec
