@@ -10,8 +10,13 @@ otherwise):
 2. only a process with a thread in ``D`` has its open files read (``readlink`` of
    ``/proc/<pid>/fd/*``: the file table, never the memory map, whose lock a task in ``D`` may hold)
    and matched against the device patterns;
-3. only if one is found, the suspects are sampled again after ``resample_s``: a driver call is in
-   ``D`` for microseconds, a wedge stays. So a healthy host pays one sampling pass and no wait.
+3. only if one is found, the suspects are sampled again after ``resample_s``: a thread counts
+   only if it is in ``D`` both times with the same wait channel and never ran in between (its
+   context-switch count unchanged). A driver call is in ``D`` for microseconds, a process that
+   streams weights from NFS sleeps in ``D`` again and again (each wake-up is a switch), a wedge
+   stays. So a healthy host pays one sampling pass and no wait. A single uninterrupted ``D``
+   sleep longer than ``resample_s`` on a healthy neighbour (one slow read) still counts: the
+   refusal names the process and its wait channel, and ``quarantine_override`` starts anyway.
 
 Nothing here sends a signal.
 """
@@ -31,7 +36,7 @@ logger = logging.getLogger(__name__)
 __all__ = ["DEFAULT_DEVICE_PATTERNS", "DeviceHolder", "find_stuck_device_holders", "parse_patterns"]
 
 DEFAULT_DEVICE_PATTERNS = "/dev/nvidia*"
-RESAMPLE_S = 0.5
+RESAMPLE_S = 1.0
 """Interval between the two samples of a suspect (a healthy driver call leaves ``D`` long before)."""
 
 _MAX_FDS = 65536
@@ -48,6 +53,7 @@ class DeviceHolder:
     d_tids: tuple[int, ...]
     wchan: str
     kill_pending: bool
+    switches: tuple[int, ...] = ()  # context switches of each of d_tids when sampled
 
     def describe(self) -> str:
         """One phrase for messages."""
@@ -81,8 +87,11 @@ def find_stuck_device_holders(patterns: tuple[str, ...], *, resample_s: float = 
     confirmed = []
     for before in first:
         for after in _sample(before.pid, patterns):
-            common = tuple(tid for tid in after.d_tids if tid in before.d_tids)
-            if after.start_time == before.start_time and common:
+            was = dict(zip(before.d_tids, before.switches, strict=True))
+            now = dict(zip(after.d_tids, after.switches, strict=True))
+            # The same thread, asleep in D all along: it never ran between the samples.
+            common = tuple(tid for tid in after.d_tids if tid in was and was[tid] == now[tid])
+            if after.start_time == before.start_time and after.wchan == before.wchan and common:
                 confirmed.append(DeviceHolder(after.pid, after.start_time, after.comm, after.devices, common,
                                               after.wchan, after.kill_pending))
     return tuple(confirmed)
@@ -100,10 +109,11 @@ def _sample(pid: int, patterns: tuple[str, ...]) -> list[DeviceHolder]:
             return []
         wchan = _procfs.read_wchan(pid, d_tids[0])
         pending = _procfs.sigkill_pending(pid) or _procfs.sigkill_pending(pid, d_tids[0])
+        switches = tuple(_procfs.read_context_switches(pid, tid) for tid in d_tids)
     except (OSError, ValueError) as exc:  # gone meanwhile, EACCES, a malformed stat
         logger.debug("device check skips pid %d: %s", pid, exc)
         return []
-    return [DeviceHolder(pid, info.start_time, info.comm, devices, d_tids, wchan, pending)]
+    return [DeviceHolder(pid, info.start_time, info.comm, devices, d_tids, wchan, pending, switches)]
 
 
 def _open_devices(pid: int, patterns: tuple[str, ...]) -> tuple[str, ...]:

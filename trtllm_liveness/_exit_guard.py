@@ -213,11 +213,12 @@ class FatalExitGuard:
         Returns at once: the graceful action and the watchdog run in daemon threads.
         """
         with self._lock:
+            if getattr(reason, "restartable", True) is False and not self._disarmed:
+                # Also for a later event (a wedge after a death): the status must say so.
+                self._unrestartable = True
             if self._triggered.is_set() or self._disarmed:
                 return False
             self._reason = reason
-            if getattr(reason, "restartable", True) is False:
-                self._unrestartable = True
             self._triggered.set()
         with _PROCESS_LOCK:
             _triggered_guards.append(self)
@@ -266,6 +267,9 @@ class FatalExitGuard:
         deciding = _deciding_guard() or self
         with _PROCESS_LOCK:
             cleanups = list(_exit_cleanups)
+            # A non-restartable failure seen by any guard of this process (the engine's, a Dynamo
+            # bridge's) makes the deciding guard's status its unrestartable one.
+            unrestartable = any(guard._unrestartable for guard in (*_triggered_guards, self) if not guard._disarmed)
         for cleanup in cleanups:
             try:
                 cleanup()
@@ -277,4 +281,4 @@ class FatalExitGuard:
             except Exception:  # a closed stream must not keep us from exiting
                 pass
         logging.shutdown()
-        self._exit_fn(deciding.exit_code)
+        self._exit_fn(deciding._unrestartable_code if unrestartable else deciding.exit_code)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from ._events import WorkerEvent
 from ._exit_guard import add_exit_cleanup
 from ._identity import is_local
 from ._quarantine import (
+    DEFAULT_QUARANTINE_DIR,
     MarkerError,
     MarkerStatus,
     MarkerVerdict,
@@ -36,6 +38,7 @@ from ._quarantine import (
     clear_marker,
     inspect_marker,
     resolve_directory,
+    user_marker_directories,
     write_marker,
 )
 
@@ -108,6 +111,15 @@ def check_host(config: LivenessConfig, *, clear: bool) -> QuarantineCheck:
                 logger.warning("liveness: could not clear %s: %s", status.path, exc)
             if cleared:
                 logger.warning("liveness: %s: cleared", status.describe())
+    if config.quarantine_dir and resolve_directory(config.quarantine_dir) == DEFAULT_QUARANTINE_DIR \
+            and os.geteuid() == 0 and not (status and status.quarantined):
+        # Root (the node's health check, a root server) also sees what servers of other users
+        # recorded in their fallback directories: a Slurm job runs as its user.
+        for directory, uid in user_marker_directories():
+            found = inspect_marker(directory, owner=uid)
+            if found.quarantined:
+                status = found
+                break
     holders = find_stuck_device_holders(parse_patterns(config.quarantine_devices))
     return QuarantineCheck(status, holders, cleared)
 
@@ -129,6 +141,7 @@ def check_host_at_start(config: LivenessConfig) -> None:
 _LOCK = threading.Lock()
 _recorded: set[tuple[int, int | None]] = set()
 _actions_started = False
+_workers: list[tuple[threading.Thread, float]] = []  # quarantine threads and their join bounds
 
 
 def quarantine_host(config: LivenessConfig, events: Iterable[WorkerEvent]) -> threading.Thread | None:
@@ -154,6 +167,8 @@ def quarantine_host(config: LivenessConfig, events: Iterable[WorkerEvent]) -> th
         _quarantine(config, fresh, False)
         return None
     bound = config.quarantine_action_timeout_s + 1.0
+    with _LOCK:
+        _workers.append((worker, bound))
 
     def wait_for_it() -> None:
         worker.join(bound)
@@ -161,6 +176,15 @@ def quarantine_host(config: LivenessConfig, events: Iterable[WorkerEvent]) -> th
     add_exit_cleanup(wait_for_it)
     atexit.register(wait_for_it)
     return worker
+
+
+def wait_for_quarantine() -> None:
+    """Join every quarantine thread of this process, each for at most its bound (the action
+    timeout + 1 s): for an exit path that ends the process right after recording a failure."""
+    with _LOCK:
+        workers = list(_workers)
+    for worker, bound in workers:
+        worker.join(bound)
 
 
 def _any_action(config: LivenessConfig) -> bool:

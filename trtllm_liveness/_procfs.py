@@ -188,6 +188,16 @@ def sigkill_pending(pid: int, tid: int | None = None) -> bool:
     return bool((thread_pending | shared_pending) & _SIGKILL_BIT)
 
 
+def read_context_switches(pid: int, tid: int) -> int:
+    """``voluntary_ctxt_switches + nonvoluntary_ctxt_switches`` of one thread: unchanged between
+    two reads means the thread never ran in between (a task that stays asleep in ``D``)."""
+    total = 0
+    for line in _read(f"{PROCFS_PATH}/{pid}/task/{tid}/status").splitlines():
+        if line.startswith((b"voluntary_ctxt_switches:", b"nonvoluntary_ctxt_switches:")):
+            total += int(line.split()[1])
+    return total
+
+
 def read_wchan(pid: int, tid: int | None = None) -> str:
     """The kernel function the task is waiting in, or ``""`` when running or unknown."""
     path = f"{PROCFS_PATH}/{pid}/wchan" if tid is None else f"{PROCFS_PATH}/{pid}/task/{tid}/wchan"

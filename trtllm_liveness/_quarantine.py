@@ -28,13 +28,14 @@ from __future__ import annotations
 import contextlib
 import enum
 import errno
+import fcntl
 import json
 import logging
 import os
 import socket
 import stat
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,10 +244,29 @@ def resolve_directory(configured: str) -> str:
     return f"/tmp/trtllm-liveness-{os.geteuid()}"
 
 
-def _open_directory(directory: str, *, create: bool) -> int:
-    """An ``O_DIRECTORY`` fd of ``directory``, checked: not a symlink, owned by root or this user,
-    not writable by group or others (unless sticky: /tmp-like). Raises :class:`MarkerError`, or
-    ``FileNotFoundError`` when it does not exist and ``create`` is False."""
+def user_marker_directories() -> list[tuple[str, int]]:
+    """Every user's fallback marker directory on this host with the uid that must own it
+    (``/run/user/<uid>/trtllm-liveness``, ``/tmp/trtllm-liveness-<uid>``): where a server that runs
+    as a non-root user (a Slurm job) records a wedge. Root's ``quarantine status`` (the node's
+    health check) reads them too. A few stats; never raises."""
+    found: list[tuple[str, int]] = []
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/run/user"):
+            if name.isdigit():
+                found.append((f"/run/user/{name}/trtllm-liveness", int(name)))
+    prefix = "trtllm-liveness-"
+    with contextlib.suppress(OSError):
+        for name in os.listdir("/tmp"):
+            if name.startswith(prefix) and name[len(prefix):].isdigit():
+                found.append((f"/tmp/{name}", int(name[len(prefix):])))
+    return [(directory, uid) for directory, uid in found if os.path.isdir(directory)]
+
+
+def _open_directory(directory: str, *, create: bool, owner: int | None = None) -> int:
+    """An ``O_DIRECTORY`` fd of ``directory``, checked: not a symlink, owned by root or this user
+    (or by ``owner``: another user's fallback directory, read by root), not writable by group or
+    others (unless sticky: /tmp-like). Raises :class:`MarkerError`, or ``FileNotFoundError`` when
+    it does not exist and ``create`` is False."""
     if create:
         with contextlib.suppress(FileExistsError):
             os.makedirs(directory, mode=0o755)
@@ -260,7 +280,7 @@ def _open_directory(directory: str, *, create: bool) -> int:
         raise MarkerError(f"cannot open {directory}: {exc.strerror or exc}") from None
     try:
         info = os.fstat(fd)
-        if info.st_uid not in (0, os.geteuid()):
+        if info.st_uid not in (0, os.geteuid(), owner):
             raise MarkerError(f"{directory} belongs to uid {info.st_uid}, neither root nor this user: not trusted")
         if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH) and not info.st_mode & stat.S_ISVTX:
             raise MarkerError(f"{directory} is writable by other users (mode {stat.S_IMODE(info.st_mode):o}): "
@@ -274,6 +294,38 @@ def _open_directory(directory: str, *, create: bool) -> int:
 # ----------------------------------------------------------------------------- write
 
 
+_LOCK_WAIT_S = 2.0
+
+
+@contextlib.contextmanager
+def _directory_lock(fd: int, directory: str) -> Iterator[None]:
+    """``flock`` on the directory: read-merge-rename and judge-then-unlink of concurrent writers
+    (two engines of one host, a start-up clearing while another writes) do not lose records. A
+    bounded wait: past it the operation goes on unlocked, with a WARNING (a holder is a few file
+    operations long; only a stuck one makes it wait)."""
+    deadline = time.monotonic() + _LOCK_WAIT_S
+    locked = False
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            locked = True
+            break
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                logger.warning("liveness: the quarantine directory %s stayed locked for %.0f s; going on unlocked",
+                               directory, _LOCK_WAIT_S)
+                break
+            time.sleep(0.01)
+        except OSError:  # a file system without flock
+            break
+    try:
+        yield
+    finally:
+        if locked:
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+
+
 def write_marker(directory: str, processes: Iterable[QuarantinedProcess], reason: str) -> str:
     """Record ``processes`` in ``directory``'s marker (created 0755 if missing), merged with a
     marker of this boot already there; returns the marker's path.
@@ -281,44 +333,50 @@ def write_marker(directory: str, processes: Iterable[QuarantinedProcess], reason
     Atomic: a temporary file in the directory, fsynced, then renamed over the marker (a reader
     sees the old marker or the new one, never half of one). Blocks for those few local file
     operations (the directory should be a tmpfs: ``/run``). Raises :class:`MarkerError` for an
-    untrusted directory, ``OSError`` for a failed write. Not safe against a concurrent writer in
-    another process (the later rename wins); one process writes at most once per failure.
+    untrusted directory, ``OSError`` for a failed write. Concurrent writers (other processes)
+    are serialized by a lock on the directory (:func:`_directory_lock`), so none loses another's
+    records.
     """
     fd = _open_directory(directory, create=True)
     try:
-        merged = {(process.pid, process.start_time, process.pid_namespace): process for process in processes}
-        reasons = [reason]
-        with contextlib.suppress(MarkerError, FileNotFoundError, OSError):
-            old = _read_marker_at(fd, directory)
-            if old.boot_id == _procfs.boot_id():
-                for process in old.processes:
-                    merged.setdefault((process.pid, process.start_time, process.pid_namespace), process)
-                if old.reason and old.reason != reason:
-                    reasons.insert(0, old.reason)
-        marker = QuarantineMarker(
-            boot_id=_procfs.boot_id(), hostname=socket.gethostname(), pid_namespace=_own_namespace(),
-            writer_pid=os.getpid(), wall_time=time.time(), reason=" | ".join(reasons)[:_MAX_TEXT],
-            processes=tuple(merged.values())[:MAX_PROCESSES])
-        data = json.dumps(marker.to_dict(), indent=1).encode()
-        name = f".{MARKER_NAME}.{os.getpid()}.{os.urandom(4).hex()}"
-        tmp = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
-        try:
-            os.fchmod(tmp, 0o644)  # readable by every user of the host, whatever the umask
-            view = memoryview(data)
-            while view:
-                view = view[os.write(tmp, view):]
-            os.fsync(tmp)
-        except BaseException:
-            os.close(tmp)
-            with contextlib.suppress(OSError):
-                os.unlink(name, dir_fd=fd)
-            raise
-        os.close(tmp)
-        os.rename(name, MARKER_NAME, src_dir_fd=fd, dst_dir_fd=fd)
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
+        with _directory_lock(fd, directory):
+            return _write_marker_locked(fd, directory, processes, reason)
     finally:
         os.close(fd)
+
+
+def _write_marker_locked(fd: int, directory: str, processes: Iterable[QuarantinedProcess], reason: str) -> str:
+    merged = {(process.pid, process.start_time, process.pid_namespace): process for process in processes}
+    reasons = [reason]
+    with contextlib.suppress(MarkerError, FileNotFoundError, OSError):
+        old = _read_marker_at(fd, directory)
+        if old.boot_id == _procfs.boot_id():
+            for process in old.processes:
+                merged.setdefault((process.pid, process.start_time, process.pid_namespace), process)
+            if old.reason and old.reason != reason:
+                reasons.insert(0, old.reason)
+    marker = QuarantineMarker(
+        boot_id=_procfs.boot_id(), hostname=socket.gethostname(), pid_namespace=_own_namespace(),
+        writer_pid=os.getpid(), wall_time=time.time(), reason=" | ".join(reasons)[:_MAX_TEXT],
+        processes=tuple(merged.values())[:MAX_PROCESSES])
+    data = json.dumps(marker.to_dict(), indent=1).encode()
+    name = f".{MARKER_NAME}.{os.getpid()}.{os.urandom(4).hex()}"
+    tmp = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644, dir_fd=fd)
+    try:
+        os.fchmod(tmp, 0o644)  # readable by every user of the host, whatever the umask
+        view = memoryview(data)
+        while view:
+            view = view[os.write(tmp, view):]
+        os.fsync(tmp)
+    except BaseException:
+        os.close(tmp)
+        with contextlib.suppress(OSError):
+            os.unlink(name, dir_fd=fd)
+        raise
+    os.close(tmp)
+    os.rename(name, MARKER_NAME, src_dir_fd=fd, dst_dir_fd=fd)
+    with contextlib.suppress(OSError):
+        os.fsync(fd)
     return os.path.join(directory, MARKER_NAME)
 
 
@@ -344,7 +402,7 @@ def read_marker(directory: str) -> QuarantineMarker | None:
         os.close(fd)
 
 
-def _read_marker_at(dir_fd: int, directory: str) -> QuarantineMarker:
+def _read_marker_at(dir_fd: int, directory: str, owner: int | None = None) -> QuarantineMarker:
     path = os.path.join(directory, MARKER_NAME)
     try:
         fd = os.open(MARKER_NAME, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=dir_fd)
@@ -358,7 +416,7 @@ def _read_marker_at(dir_fd: int, directory: str) -> QuarantineMarker:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             raise MarkerError(f"{path} is not a regular file")
-        if info.st_uid not in (0, os.geteuid()):
+        if info.st_uid not in (0, os.geteuid(), owner):
             raise MarkerError(f"{path} belongs to uid {info.st_uid}, neither root nor this user: not trusted")
         data = os.read(fd, MAX_MARKER_BYTES + 1)
     finally:
@@ -470,21 +528,22 @@ def check_process(process: QuarantinedProcess) -> RecordedProcessCheck:
         return RecordedProcessCheck(process, ProcessVerdict.UNVERIFIABLE, "", "")
 
 
-def inspect_marker(directory: str) -> MarkerStatus:
+def inspect_marker(directory: str, *, owner: int | None = None) -> MarkerStatus:
     """Read and judge ``directory``'s marker for a start-up now (see the module docstring).
+    ``owner``: also trust a directory and marker of that uid (another user's fallback directory).
 
     Never raises for a bad marker (the verdict says MALFORMED or UNTRUSTED, with the error) and
     never modifies anything; :func:`clear_marker` removes a marker that no longer applies.
     """
     path = os.path.join(directory, MARKER_NAME)
     try:
-        fd = _open_directory(directory, create=False)
+        fd = _open_directory(directory, create=False, owner=owner)
     except FileNotFoundError:
         return MarkerStatus(directory, path, MarkerVerdict.NONE, None, ())
     except MarkerError as exc:
         return MarkerStatus(directory, path, MarkerVerdict.UNTRUSTED, None, (), str(exc))
     try:
-        marker = _read_marker_at(fd, directory)
+        marker = _read_marker_at(fd, directory, owner)
     except FileNotFoundError:
         return MarkerStatus(directory, path, MarkerVerdict.NONE, None, ())
     except MarkerError as exc:
@@ -510,18 +569,17 @@ def clear_marker(directory: str, *, expected: QuarantineMarker | None = None) ->
     except FileNotFoundError:
         return False
     try:
-        if expected is not None:
-            try:
-                if _read_marker_at(fd, directory) != expected:
+        with _directory_lock(fd, directory):
+            if expected is not None:
+                try:
+                    if _read_marker_at(fd, directory) != expected:
+                        return False
+                except (FileNotFoundError, MarkerError):
                     return False
+            try:
+                os.unlink(MARKER_NAME, dir_fd=fd)
             except FileNotFoundError:
                 return False
-            except MarkerError:
-                return False
-        try:
-            os.unlink(MARKER_NAME, dir_fd=fd)
-        except FileNotFoundError:
-            return False
-        return True
+            return True
     finally:
         os.close(fd)

@@ -135,7 +135,7 @@ class StallDetector:
                 return self
             self._started = True
             self._last = time.monotonic()
-        self._thread.start()
+            self._thread.start()  # under the lock: close() never joins a thread not yet started
         return self
 
     def note_progress(self, source: str = ProgressSource.OUTPUT, at: float | None = None) -> None:
@@ -152,7 +152,8 @@ class StallDetector:
 
     def note_submitted(self, *, was_idle: bool) -> None:
         """A request was submitted; ``was_idle``: no request was pending just before it. Only
-        then does the clock restart (a new request is not progress of a stalled engine)."""
+        then does the clock restart (a new request is not progress of a stalled engine); a stall
+        under way then ends too (with nothing pending, it was over)."""
         if not was_idle:
             return
         now = time.monotonic()
@@ -179,12 +180,14 @@ class StallDetector:
             return self._last, self._last_source
 
     def close(self, timeout: float = 1.0) -> None:
-        """Stop the timer; no callback starts after this returns (one running may finish).
-        Idempotent; joins the thread for at most ``timeout`` seconds (never from a callback)."""
+        """Stop the timer: no callback starts after the timer thread saw this (one already
+        running may finish; the thread is joined for at most ``timeout`` seconds, never from a
+        callback). Idempotent."""
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        if self._started and self._thread is not threading.current_thread():
+            started = self._started
+        if started and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
     # ----------------------------------------------------------------- timer thread
@@ -196,6 +199,8 @@ class StallDetector:
                 if self._closed:
                     return
                 fire = self._step_locked()
+                if self._closed:  # close() came while the timer waited: no callback after it
+                    return
             if fire is not None:
                 try:
                     fire()

@@ -192,3 +192,34 @@ def test_sigint_reaches_a_sigwait_thread_when_the_main_thread_blocks_it() -> Non
         """
     )
     assert "sigwait got [<Signals.SIGINT: 2>]" in result.stdout, (result.stdout, result.stderr)
+
+
+def test_a_later_unrestartable_event_changes_the_status_of_a_triggered_guard() -> None:
+    # A death first (restartable), then a wedge of another rank through the same guard (a Dynamo
+    # bridge gets every event): the status must say "do not restart here".
+    result = run_script(
+        """
+        class Event:
+            def __init__(self, restartable):
+                self.restartable = restartable
+        bridge = FatalExitGuard(graceful=lambda: None, timeout_s=20, exit_code=1, exit_code_unrestartable=69)
+        assert bridge.trigger(Event(True)) is True
+        assert bridge.trigger(Event(False)) is False
+        """
+    )
+    assert result.returncode == 69, result.stderr
+
+
+def test_an_unrestartable_failure_of_any_guard_sets_the_deciding_guards_unrestartable_status() -> None:
+    # The bridge's guard decides (triggered first, died); the engine's guard then learns that the
+    # bounded stop left a rank unkillable. The process status is the deciding guard's 69-class code.
+    result = run_script(
+        """
+        bridge = FatalExitGuard(graceful=lambda: None, timeout_s=20, exit_code=1, exit_code_unrestartable=70)
+        engine = FatalExitGuard(graceful=lambda: None, timeout_s=20, exit_code=3, exit_code_unrestartable=69)
+        bridge.trigger("rank 1 died")
+        engine.trigger("rank 1 died")
+        engine.mark_unrestartable()
+        """
+    )
+    assert result.returncode == 70, result.stderr

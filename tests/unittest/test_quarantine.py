@@ -14,6 +14,7 @@ import os
 import stat
 import subprocess
 import sys
+import textwrap
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -364,3 +365,96 @@ def test_the_default_directory_follows_the_environment(monkeypatch: pytest.Monke
     assert resolve_directory("") == ""  # off stays off
     monkeypatch.setenv(QUARANTINE_DIR_VAR, "relative")  # not an absolute path: ignored
     assert resolve_directory(DEFAULT_QUARANTINE_DIR) != "relative"
+
+
+def test_concurrent_writers_lose_no_record(procs: ProcessTracker, tmp_path: Path) -> None:
+    """Eight processes record one stuck process each at the same moment (two engines of one host
+    hit by one driver wedge): the marker must name all eight. Without the directory lock the
+    read-merge-rename of one writer drops what another renamed meanwhile."""
+    go = tmp_path / "go"
+    code = textwrap.dedent(f"""
+        import os, sys, time
+        from trtllm_liveness._quarantine import QuarantinedProcess, write_marker
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.001)
+        for attempt in range(5):  # each writer several times: more chances to interleave
+            write_marker({str(tmp_path)!r}, [QuarantinedProcess(100000 + int(sys.argv[1]), 1, 1, None, "D",
+                         "w", "wedged", "test")], f"writer {{sys.argv[1]}}")
+    """)
+    writers = [subprocess.Popen([sys.executable, "-c", code, str(index)], start_new_session=True)
+               for index in range(8)]
+    for writer in writers:
+        procs.popens.append(writer)
+        procs.track(writer.pid)
+    go.touch()
+    for writer in writers:
+        assert writer.wait(60) == 0
+    marker = read_marker(str(tmp_path))
+    assert marker is not None
+    assert sorted(process.pid for process in marker.processes) == [100000 + index for index in range(8)]
+
+
+@pytest.mark.freezer
+def test_a_device_holder_that_wakes_between_the_samples_is_not_stuck(procs: ProcessTracker, freezer: Freezer,
+                                                                      tmp_path: Path) -> None:
+    """In D at both samples but awake in between (a healthy neighbour streaming weights from a slow
+    mount sleeps in D again and again): not a wedge. Made with the freezer: frozen, thawed and
+    frozen again while the check waits between its two samples."""
+    import threading
+
+    device = tmp_path / "nvidia-standin0"
+    device.write_bytes(b"")
+    child = subprocess.Popen([sys.executable, "-c", HOLD_CODE, str(device)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, start_new_session=True)
+    procs.popens.append(child)
+    procs.track(child.pid)
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    freezer.add(child.pid)
+    assert freezer.freeze()
+    patterns = parse_patterns(f"{tmp_path}/nvidia-standin*")
+    assert [holder.pid for holder in find_stuck_device_holders(patterns, resample_s=0.2)] == [child.pid]
+
+    refrozen = threading.Event()
+
+    def wake_and_sleep_again() -> None:
+        time.sleep(0.1)  # after the first sample
+        freezer.thaw()
+        time.sleep(0.1)  # it runs (its sleep syscall restarts: a context switch)
+        if freezer.freeze():
+            refrozen.set()
+
+    waker = threading.Thread(target=wake_and_sleep_again)
+    waker.start()
+    holders = find_stuck_device_holders(patterns, resample_s=1.0)
+    waker.join(10)
+    assert refrozen.is_set() and state_of(child.pid) == "D"  # in D at the second sample too
+    assert holders == ()
+    freezer.thaw()
+
+
+def test_root_reads_another_users_fallback_marker_only_as_that_user(procs: ProcessTracker) -> None:
+    """A server running as a user (a Slurm job) records its wedge in its own fallback directory;
+    root's health check finds it there, trusting the directory and the marker only when they
+    belong to that very uid."""
+    if os.geteuid() != 0:
+        pytest.skip("needs root (chown to another uid)")
+    from trtllm_liveness._quarantine import user_marker_directories
+
+    child = procs.sleeper()
+    uid = 4_000_000 + os.getpid() % 100_000  # a uid no account has
+    directory = Path(f"/tmp/trtllm-liveness-{uid}")
+    directory.mkdir(mode=0o755)
+    try:
+        document = _valid_document(child.pid)
+        document["processes"][0]["start_time"] = _procfs.read_start_time(child.pid)  # type: ignore[index]
+        (directory / MARKER_NAME).write_text(json.dumps(document))
+        os.chown(directory / MARKER_NAME, uid, uid)
+        os.chown(directory, uid, uid)
+        assert (str(directory), uid) in user_marker_directories()
+        assert inspect_marker(str(directory)).verdict is MarkerVerdict.UNTRUSTED  # neither root's nor ours
+        assert inspect_marker(str(directory), owner=uid).verdict is MarkerVerdict.QUARANTINED
+        assert inspect_marker(str(directory), owner=uid + 1).verdict is MarkerVerdict.UNTRUSTED
+    finally:
+        for entry in directory.iterdir():
+            entry.unlink()
+        directory.rmdir()

@@ -107,9 +107,13 @@ def test_iteration_time_counts_not_its_arrival() -> None:
     rec = Recorder()
     detector = StallDetector(30, lambda: pending[0], on_stall=rec.on_stall).start()
     try:
-        past = time.monotonic() - 5
-        detector.note_progress(ProgressSource.ITERATION, past)
-        assert detector.last_progress[0] >= past  # the start counts too: never older than start()
+        started, _source = detector.last_progress
+        at = started + 0.001  # an iteration a rank ran just after start, reported (much) later
+        assert wait_until(lambda: time.monotonic() > at + 0.05, 10)
+        detector.note_progress(ProgressSource.ITERATION, at)
+        assert detector.last_progress == (at, ProgressSource.ITERATION)  # its own time, not the arrival's
+        detector.note_progress(ProgressSource.ITERATION, at - 0.0005)  # older than the last: no change
+        assert detector.last_progress == (at, ProgressSource.ITERATION)
         future = time.monotonic() + 1000
         detector.note_progress(ProgressSource.ITERATION, future)
         assert detector.last_progress[0] <= time.monotonic()  # a time from the future counts as now
@@ -135,7 +139,7 @@ def test_close_stops_the_timer_and_no_callback_follows() -> None:
     rec = Recorder()
     detector = StallDetector(0.05, lambda: pending[0], on_stall=rec.on_stall).start()
     detector.close()
-    assert not detector._thread.is_alive()
+    assert wait_until(lambda: not detector._thread.is_alive(), 10)
     count = len(rec.stalls)
     assert not wait_until(lambda: len(rec.stalls) > count, 0.3)
     detector.close()  # idempotent
@@ -293,3 +297,43 @@ def test_engine_stall_ignores_replayed_beats() -> None:
         stall._on_beat(IterationBeat(0, 6, 150.0))
         assert stall.iterations() == {0: (6, 150.0)}
         stall.close()
+
+
+def test_a_rank_reporter_follows_a_new_engine() -> None:
+    """A rank process that serves a later engine (mpirun's ranks outlive an engine) must report to
+    that engine's proxy, not to the first one's deleted socket (it would then see no iterations
+    and call a long non-streaming generation a stall)."""
+    pytest.importorskip("zmq")
+    from trtllm_liveness.integrations.trtllm._progress import IterationReporter, ProgressChannel
+
+    first: list[Any] = []
+    second: list[Any] = []
+    one = ProgressChannel(first.append, 0.01)
+    two = ProgressChannel(second.append, 0.01)
+    try:
+        reporter = IterationReporter(one.spec, 3)
+        reporter.tick()
+        assert wait_until(lambda: first, 10)
+        one.close()
+        reporter.retarget(two.spec, 1)
+        reporter.tick()
+        assert wait_until(lambda: second, 10)
+        assert second[-1].rank == 1 and second[-1].count == 2 and reporter.rank == 1
+    finally:
+        one.close()
+        two.close()
+
+
+def test_progress_channel_falls_back_to_a_short_directory_for_a_long_tmpdir(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    pytest.importorskip("zmq")
+    from trtllm_liveness.integrations.trtllm._progress import ProgressChannel
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr("tempfile.tempdir", str(deep))
+    channel = ProgressChannel(lambda beat: None, 0.1)
+    try:
+        assert len(channel.address) - len("ipc://") <= 100 and str(deep) not in channel.address
+    finally:
+        channel.close()

@@ -190,9 +190,12 @@ class EngineStall:
             event = self._event(info)
             if event is not None:
                 monitor.report_stall(event)  # the mixin's subscriber takes the fatal path
+        # The line first, whatever the diagnosis does (it may be busy with another request, or
+        # find no local rank); the diagnosis follows in a line of its own.
+        logger.warning("liveness: %s%s", detail,
+                       "" if self.fatal else " (stall_action=report: the engine keeps serving; health stays green)")
         self._diagnoser.request(f"stall {info.number}", lambda diagnosis: logger.warning(
-            "liveness: %s; diagnosis: %s%s", detail, diagnosis.summary(),
-            "" if self.fatal else " (stall_action=report: the engine keeps serving; health stays green)"))
+            "liveness: diagnosis of stall %d: %s", info.number, diagnosis.summary()))
 
     def _on_resume(self, info: StallInfo) -> None:
         self._monitor.set_stalled(None)

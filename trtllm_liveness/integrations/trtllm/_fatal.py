@@ -101,6 +101,15 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
         logger.exception("liveness: could not quarantine the host")
 
 
+def wait_for_quarantine() -> None:
+    """Before an ``os._exit``: let a quarantine just started (marker, actions) finish, bounded.
+    Nothing to wait for (and nothing imported) if no failure was ever unrestartable."""
+    module = sys.modules.get("trtllm_liveness._host_quarantine")
+    wait = getattr(module, "wait_for_quarantine", None)
+    if callable(wait):
+        wait()
+
+
 def exit_status(state: EngineLiveness, code: int) -> int:
     """The status for the exit guard's last resort, which stops the workers after the status was
     chosen: ``exit_code_unrestartable`` once that stop (or anything) left a rank unkillable."""

@@ -48,6 +48,7 @@ from ._fatal import (
     fail_request,
     note_unrestartable,
     run_fatal_path,
+    wait_for_quarantine,
 )
 from ._features import detect_features, warn_missing_hooks, warn_once, warn_session_hooks
 from ._request_socket import owns_request_socket, quiet_after_fatal, zmq_debug
@@ -594,6 +595,7 @@ def _exit_stopping(ref: weakref.ReferenceType[LivenessProxyMixin]) -> Callable[[
             with contextlib.suppress(Exception):
                 proxy._liveness_stop_workers()
             code = exit_status(_state(proxy), code)  # quarantine: a rank the stop left unkillable
+        wait_for_quarantine()  # the marker of a rank this stop left unkillable must be written first
         os._exit(code)
 
     return exit_now

@@ -43,6 +43,7 @@ logger = logging.getLogger(__name__.rpartition(".")[0])
 HANG_DETECTOR_MODULE = "tensorrt_llm._torch.pyexecutor.hang_detector"
 MAX_MESSAGE_BYTES = 512
 _REJECT_LOG_EVERY = 100  # after the first few, one rejection line per this many
+_SEND_RETRIES = 10  # a beat not taken is tried again this many times, one interval apart
 
 
 @dataclass(frozen=True)
@@ -93,21 +94,35 @@ class ProgressChannel:
     def __init__(self, on_beat: Callable[[IterationBeat], None], interval_s: float) -> None:
         import zmq
 
-        self._dir = tempfile.mkdtemp(prefix="trtllm-liveness-")  # mode 0700
+        self._dir = _private_dir()
         self.token = secrets.token_hex(16)
         self.address = f"ipc://{os.path.join(self._dir, 'progress')}"
         self.interval_s = interval_s
         self.rejected = 0
         self._on_beat = on_beat
-        self._context = zmq.Context()
-        self._sock = self._context.socket(zmq.PULL)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-        self._sock.bind(self.address)
-        self._wake_r, self._wake_w = os.pipe()
         self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="trtllm-liveness-progress", daemon=True)
-        self._thread.start()
+        self._wake_lock = threading.Lock()  # the write end: close() writes it, then closes it
+        self._wake_w: int | None = None
+        self._context: Any = None
+        try:
+            self._context = zmq.Context()
+            self._sock = self._context.socket(zmq.PULL)
+            self._sock.setsockopt(zmq.LINGER, 0)
+            self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
+            self._sock.bind(self.address)
+            self._wake_r, self._wake_w = os.pipe()
+            self._thread = threading.Thread(target=self._run, name="trtllm-liveness-progress", daemon=True)
+            self._thread.start()
+        except BaseException:
+            with contextlib.suppress(Exception):
+                if self._context is not None:
+                    self._context.destroy(0)
+            for fd in (getattr(self, "_wake_r", None), self._wake_w):
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.close(fd)
+            shutil.rmtree(self._dir, ignore_errors=True)
+            raise
 
     @property
     def spec(self) -> dict[str, Any]:
@@ -152,24 +167,50 @@ class ProgressChannel:
                 logger.exception("liveness: progress callback raised")
 
     def _release(self) -> None:
+        # The thread owns the socket, the context, the pipe's read end and the directory; the
+        # write end is close()'s (a write after a close here could hit a reused fd number).
         with contextlib.suppress(Exception):
             self._sock.close(0)
         with contextlib.suppress(Exception):
             self._context.term()
-        for fd in (self._wake_r, self._wake_w):
+        with contextlib.suppress(OSError):
+            os.close(self._wake_r)
+        shutil.rmtree(self._dir, ignore_errors=True)
+        with self._wake_lock:
+            if not self._closed.is_set():  # ended on its own (an error): nobody will close it
+                self._close_wake_w()
+
+    def _close_wake_w(self) -> None:
+        fd, self._wake_w = self._wake_w, None
+        if fd is not None:
             with contextlib.suppress(OSError):
                 os.close(fd)
-        shutil.rmtree(self._dir, ignore_errors=True)
 
     def close(self, timeout: float = 1.0) -> None:
-        """Stop listening and release the socket, the pipe and the directory."""
-        if self._closed.is_set():
-            return
-        self._closed.set()
-        with contextlib.suppress(OSError):
-            os.write(self._wake_w, b"x")
+        """Stop listening and release the socket, the pipe and the directory. Idempotent."""
+        with self._wake_lock:
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            if self._wake_w is not None:
+                with contextlib.suppress(OSError):
+                    os.write(self._wake_w, b"x")
         if self._thread is not threading.current_thread():
             self._thread.join(timeout)
+        with self._wake_lock:
+            self._close_wake_w()
+
+
+_MAX_IPC_PATH = 100  # sockaddr_un's sun_path holds 108 bytes; a long TMPDIR (Slurm's) overflows it
+
+
+def _private_dir() -> str:
+    """A new 0700 directory for the socket, under TMPDIR unless the path would be too long."""
+    directory = tempfile.mkdtemp(prefix="trtllm-liveness-")
+    if len(os.path.join(directory, "progress")) <= _MAX_IPC_PATH:
+        return directory
+    os.rmdir(directory)
+    return tempfile.mkdtemp(prefix="trtllm-liveness-", dir="/tmp")
 
 
 class IterationReporter:
@@ -178,23 +219,31 @@ class IterationReporter:
     def __init__(self, spec: Mapping[str, Any], rank: int) -> None:
         import zmq
 
-        address, token, interval = spec.get("address"), spec.get("token"), spec.get("interval_s")
-        if not isinstance(address, str) or not isinstance(token, str) or not isinstance(interval, (int, float)):
-            raise ValueError(f"bad progress channel spec {dict(spec)!r}")
-        self.rank = rank
         self.count = 0
         self.at = 0.0
-        self._token = token
-        self._interval = max(0.001, float(interval))
+        self._lock = threading.Lock()
+        self._target = _parse_spec(spec, rank)  # (address, token, interval, rank): the current engine's
+        self._connected: str | None = None
         self._pending = threading.Event()
         self._context = zmq.Context()
         self._sock = self._context.socket(zmq.PUSH)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 8)
         self._sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for a proxy that is not there
-        self._sock.connect(address)
         self.thread = threading.Thread(target=self._run, name="trtllm-liveness-iterations", daemon=True)
         self.thread.start()
+
+    @property
+    def rank(self) -> int:
+        return self._target[3]
+
+    def retarget(self, spec: Mapping[str, Any], rank: int) -> None:
+        """Report to another engine's proxy from now on (a rank process that serves a new engine,
+        as ranks launched by mpirun do); the sending thread reconnects before its next beat."""
+        target = _parse_spec(spec, rank)
+        with self._lock:
+            self._target = target
+        self._pending.set()
 
     def tick(self) -> None:
         """One executor iteration (called in the executor loop: microseconds)."""
@@ -205,30 +254,55 @@ class IterationReporter:
     def _run(self) -> None:
         import zmq
 
+        retries = 0
         while True:
-            self._pending.wait()
+            # A beat that could not be sent (no connection yet, the proxy slow or gone) is tried
+            # again after an interval, a few times: else one quiet iteration would go unreported.
+            fresh = self._pending.wait(None if retries == 0 else 0)
             self._pending.clear()
-            payload = json.dumps({"token": self._token, "rank": self.rank, "count": self.count, "at": self.at})
+            if not fresh:
+                retries -= 1
+            with self._lock:
+                address, token, interval, rank = self._target
+            if address != self._connected:  # only this thread touches the socket
+                if self._connected is not None:
+                    with contextlib.suppress(Exception):
+                        self._sock.disconnect(self._connected)
+                self._sock.connect(address)
+                self._connected = address
+            payload = json.dumps({"token": token, "rank": rank, "count": self.count, "at": self.at})
             try:
                 self._sock.send(payload.encode(), zmq.NOBLOCK)
+                retries = 0
             except zmq.Again:
-                pass  # the proxy is slow or gone: the next beat carries the newer count
+                if fresh:
+                    retries = _SEND_RETRIES
             except Exception:
                 logger.debug("liveness: could not send an iteration beat", exc_info=True)
-            time.sleep(self._interval)  # coalesce: at most one beat per interval
+            time.sleep(interval)  # coalesce: at most one beat per interval
 
 
 _REPORTER: IterationReporter | None = None
 _REPORTER_LOCK = threading.Lock()
 
 
-def start_iteration_reporter(spec: Mapping[str, Any], rank: int) -> IterationReporter | None:
-    """Count this rank's executor iterations and report them; once per process (a rank that serves
-    several tasks of a session reports once). Returns the reporter, or None if one already runs."""
+def _parse_spec(spec: Mapping[str, Any], rank: int) -> tuple[str, str, float, int]:
+    address, token, interval = spec.get("address"), spec.get("token"), spec.get("interval_s")
+    if not isinstance(address, str) or not isinstance(token, str) or not isinstance(interval, (int, float)) \
+            or isinstance(interval, bool):
+        raise ValueError(f"bad progress channel spec {dict(spec)!r}")
+    return address, token, max(0.001, float(interval)), rank
+
+
+def start_iteration_reporter(spec: Mapping[str, Any], rank: int) -> IterationReporter:
+    """Count this rank's executor iterations and report them to the proxy ``spec`` names. One
+    reporter per process: a rank process that serves a later engine (ranks launched by mpirun)
+    reports to that engine's proxy from then on. Returns the reporter."""
     global _REPORTER
     with _REPORTER_LOCK:
         if _REPORTER is not None:
-            return None
+            _REPORTER.retarget(spec, rank)
+            return _REPORTER
         reporter = IterationReporter(spec, rank)
         _REPORTER = reporter
     _patch_when_imported(HANG_DETECTOR_MODULE, lambda module: _wrap_checkpoint(module, reporter))
