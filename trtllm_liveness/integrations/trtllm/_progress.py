@@ -255,6 +255,12 @@ class IterationReporter:
         import zmq
 
         retries = 0
+        with self._lock:
+            first = self._target[0]
+        # Connect now, long before the first iteration: a beat sent while the connection is still
+        # being made is not taken (IMMEDIATE) and would come an interval late.
+        self._sock.connect(first)
+        self._connected = first
         while True:
             # A beat that could not be sent (no connection yet, the proxy slow or gone) is tried
             # again after an interval, a few times: else one quiet iteration would go unreported.

@@ -1,0 +1,260 @@
+#!/usr/bin/env python3
+"""Benchmark: what Open MPI 5 / PRRTE do by themselves when a rank or a host of a multi-host job
+is lost (the BASELINE of issue 12, extension off), on 3 namespace test hosts.
+
+Usage: scripts/bench_multihost.py [--json] [--kills N] [--crashes N] [--window S] [--quick]
+
+Each trial runs ``mpirun --host hostA:2,hostB:1,hostC:1 -n 4 --map-by slot`` of
+``tests/helpers/multihost_rank.py`` from the head of fresh test hosts (``tests/helpers/testhosts.py``:
+network, PID, UTS and mount namespaces, removed after each trial). Measured:
+
+  remote kill     SIGKILL of rank 2 (hostB) -> mpirun exits (pidfd on mpirun), p50 of --kills
+  host crash      SIGKILL of hostC's PID 1 -> mpirun exits, and mpirun's status; with the launch
+                  agent's ssh-like session to hostC (it ends with the host: two notices race) and
+                  without it (PRRTE's daemon connection alone), --crashes each
+  partition       hostB's link down: is mpirun still running, every rank alive, after --window s?
+  ULFM detector   ``--with-ft ulfm --mca mpi_ft_detector true`` at its defaults: hostB's link down
+                  -> MPI_ERR_PROC_FAILED on the survivors (ranks 0, 1, 3; each rank stamps the
+                  error with CLOCK_MONOTONIC, the machine's one clock), or null with the reason
+
+Figures only: no agent is involved (that is issue 12's later work).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import NamedTuple
+
+import _stats
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))  # tests.helpers: the test hosts
+
+from tests.helpers.testhosts import MpiJob, TestHosts, rank_lines, unavailable  # noqa: E402
+
+START_S = 30.0
+END_S = 20.0
+ULFM_ARGS = ["--with-ft", "ulfm", "--mca", "mpi_ft_detector", "true"]
+SURVIVORS = (0, 1, 3)  # hostB (rank 2) is partitioned
+
+
+class Exit(NamedTuple):
+    ms: float | None  # fault -> mpirun exited; None: still running at the deadline
+    status: int | None
+    report: str  # which PRRTE message ended the job
+
+
+class UlfmResult(NamedTuple):
+    first_ms: float | None
+    last_ms: float | None
+    notified: list[int]  # survivors that got MPI_ERR_PROC_FAILED for rank 2 within the wait
+    reason: str | None  # why there is no figure
+
+
+def started(job: MpiJob) -> dict[int, dict[str, str]]:
+    if not job.wait_for(lambda lines: sum(line.startswith("READY ") for line in lines) == 4, START_S):
+        raise RuntimeError(f"the job did not start (status {job.popen.poll()}):\n{job.output()}")
+    return rank_lines(line for _, line in job.lines)
+
+
+def report_of(output: str) -> str:
+    if "lost communication with a remote daemon" in output:
+        return "lost daemon"
+    if "failed to report back" in output:
+        return "launcher session ended"
+    if "noticed that process rank" in output:
+        return "rank died"
+    return "?"
+
+
+def time_exit(job: MpiJob, fault: object, timeout: float) -> Exit:
+    """Run ``fault()`` and time until mpirun exits (its pidfd readable), at most ``timeout`` s."""
+    fd = os.pidfd_open(job.popen.pid)
+    try:
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        t0 = time.monotonic()
+        fault()  # type: ignore[operator]
+        ready = poller.poll(int(timeout * 1000))
+        t1 = time.monotonic()
+    finally:
+        os.close(fd)
+    if not ready:
+        return Exit(None, None, "")
+    status = job.popen.wait(10)
+    job.wait_for(lambda lines: False, 0.3)  # let the reader take mpirun's last lines
+    return Exit((t1 - t0) * 1000, status, report_of(job.output()))
+
+
+def remote_kill() -> Exit:
+    with TestHosts() as hosts:
+        job = hosts.rank_job()
+        ranks = started(job)
+        pid = hosts.root_pid("hostB", int(ranks[2]["pid"]))
+        if pid is None:
+            raise RuntimeError("rank 2 not found in hostB")
+        fd = os.pidfd_open(pid)  # opened (and the pid verified) before the clock starts
+        try:
+            return time_exit(job, lambda: signal.pidfd_send_signal(fd, signal.SIGKILL), END_S)
+        finally:
+            os.close(fd)
+
+
+def host_crash(launcher_notices: bool) -> Exit:
+    with TestHosts() as hosts:
+        job = hosts.rank_job()
+        started(job)
+        return time_exit(job, lambda: hosts.crash("hostC", launcher_notices=launcher_notices), END_S)
+
+
+def partition_hangs(window: float) -> tuple[bool, str]:
+    """(still hanging after ``window`` s: mpirun running and every rank alive, what ended it)."""
+    with TestHosts() as hosts:
+        job = hosts.rank_job()
+        ranks = started(job)
+        pids = {rank: hosts.root_pid(info["host"], int(info["pid"])) for rank, info in ranks.items()}
+        result = time_exit(job, lambda: hosts.partition("hostB"), window)
+        alive = all(pid is not None and os.path.exists(f"/proc/{pid}") and state(pid) not in ("Z", "X")
+                    for pid in pids.values())
+        return result.ms is None and alive, result.report or ("a rank died" if not alive else "")
+
+
+def state(pid: int) -> str:
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return "X"
+    return data[data.rfind(b")") + 2 :].split()[0].decode()
+
+
+def ulfm_support() -> str | None:
+    """None where this Open MPI has ULFM, else why not."""
+    ompi_info = os.path.join(sys.prefix, "bin", "ompi_info")
+    try:
+        out = subprocess.run([ompi_info], capture_output=True, text=True, timeout=30, check=False).stdout
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"ompi_info failed: {exc}"
+    if not re.search(r"FT MPI support:\s*yes", out):
+        return "this Open MPI has no ULFM (ompi_info: FT MPI support is not 'yes')"
+    return None
+
+
+_FAILED = re.compile(r"FAILED rank=(\d+) peer=(\d+) class=\d+ name=(\S+) t=([\d.]+)")
+
+
+def ulfm_detector(wait: float) -> UlfmResult:
+    reason = ulfm_support()
+    if reason is not None:
+        return UlfmResult(None, None, [], reason)
+    with TestHosts() as hosts:
+        job = hosts.rank_job(ft=True, mpirun_args=ULFM_ARGS)
+        started(job)
+        t0 = time.monotonic()
+        hosts.partition("hostB")
+
+        def survivors_done(lines: list[str]) -> bool:
+            got = {int(m.group(1)) for m in map(_FAILED.search, lines) if m and m.group(2) == "2"}
+            return got >= set(SURVIVORS)
+
+        job.wait_for(survivors_done, wait)
+        seen: dict[int, float] = {}
+        for line in job.output().splitlines():
+            match = _FAILED.search(line)
+            if match and match.group(2) == "2" and match.group(3) == "MPI_ERR_PROC_FAILED":
+                seen.setdefault(int(match.group(1)), (float(match.group(4)) - t0) * 1000)
+        notified = sorted(rank for rank in seen if rank in SURVIVORS)
+        if not notified:
+            return UlfmResult(None, None, [], f"no survivor got MPI_ERR_PROC_FAILED within {wait:.0f} s")
+        times = [seen[rank] for rank in notified]
+        return UlfmResult(min(times), max(times), notified, None)
+
+
+def fmt(value: float | None, unit: str = "ms") -> str:
+    return "-" if value is None else f"{value:.1f} {unit}"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", action="store_true", help="print one JSON object after the table")
+    parser.add_argument("--kills", type=int, default=5, help="remote kills (>= 5 for the p50)")
+    parser.add_argument("--crashes", type=int, default=5, help="host crashes of each kind")
+    parser.add_argument("--window", type=float, default=None, help="partition observation window, s (default 30)")
+    parser.add_argument("--quick", action="store_true", help="window 10 s")
+    args = parser.parse_args()
+    window = args.window if args.window is not None else (10.0 if args.quick else 30.0)
+    reason = unavailable()
+    if reason is not None:
+        print(f"cannot make test hosts here: {reason}", file=sys.stderr)
+        return 2
+    began = time.monotonic()
+    kills = [remote_kill() for _ in range(args.kills)]
+    crashes = [host_crash(True) for _ in range(args.crashes)]
+    crashes_daemon = [host_crash(False) for _ in range(args.crashes)]
+    hanging, ended_by = partition_hangs(window)
+    ulfm = ulfm_detector(max(window, 20.0))  # its default detection takes ~10 s
+
+    def p50(results: list[Exit]) -> float | None:
+        return _stats.percentile([r.ms for r in results if r.ms is not None], 0.5)
+
+    def commonest(results: list[Exit]) -> int | None:
+        counts = collections.Counter(r.status for r in results if r.status is not None)
+        return counts.most_common(1)[0][0] if counts else None
+
+    r: dict[str, object] = {
+        "baseline_remote_kill_ms": p50(kills),
+        "baseline_remote_kill_exit_statuses": [k.status for k in kills],
+        "baseline_host_crash_ms": p50(crashes),
+        "baseline_host_crash_exit_status": commonest(crashes),
+        "baseline_host_crash_exit_statuses": [c.status for c in crashes],
+        "baseline_host_crash_reports": [c.report for c in crashes],
+        "baseline_host_crash_daemon_only_ms": p50(crashes_daemon),
+        "baseline_host_crash_daemon_only_exit_status": commonest(crashes_daemon),
+        "baseline_host_crash_daemon_only_exit_statuses": [c.status for c in crashes_daemon],
+        "baseline_partition_hanging_after_s": hanging,
+        "partition_window_s": window,
+        "ulfm_detector_partition_ms": ulfm.first_ms,
+        "ulfm_detector_partition_last_ms": ulfm.last_ms,
+        "ulfm_detector_survivors_notified": ulfm.notified,
+        "ulfm_detector_null_reason": ulfm.reason,
+        "kills": sum(k.ms is not None for k in kills),
+        "crashes": sum(c.ms is not None for c in crashes + crashes_daemon),
+        "wall_s": time.monotonic() - began,
+    }
+    rows = [
+        ("rank SIGKILL on hostB -> mpirun exits", "p50", fmt(p50(kills)),
+         f"statuses {r['baseline_remote_kill_exit_statuses']}"),
+        ("hostC crash, ssh-like session -> exits", "p50", fmt(p50(crashes)),
+         f"statuses {r['baseline_host_crash_exit_statuses']}"),
+        ("hostC crash, daemon link only -> exits", "p50", fmt(p50(crashes_daemon)),
+         f"statuses {r['baseline_host_crash_daemon_only_exit_statuses']}"),
+        (f"hostB partition: hanging after {window:.0f} s", "", str(hanging), ended_by or "nothing reacted"),
+        ("ULFM detector (defaults), partition", "first/last", f"{fmt(ulfm.first_ms)} / {fmt(ulfm.last_ms)}",
+         f"survivors notified {ulfm.notified} of {list(SURVIVORS)}" if ulfm.reason is None else ulfm.reason),
+    ]
+    print(f"{'measure':42} {'':10} {'value':22} note")
+    for name, kind, value, note in rows:
+        print(f"{name:42} {kind:10} {value:22} {note}")
+    targets = [
+        (f"every remote kill ended the job ({r['kills']} of {args.kills})", r["kills"] == args.kills >= 5),
+        (f"every host crash ended the job ({r['crashes']} of {2 * args.crashes})", r["crashes"] == 2 * args.crashes),
+    ]
+    for name, ok in targets:
+        print(f"{'PASS' if ok else 'FAIL'}  {name}")
+    print(f"wall time {r['wall_s']:.1f} s")
+    if args.json:
+        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))
+    return 0 if all(ok for _, ok in targets) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,45 @@
+"""The ``test_hosts`` fixture: three test hosts (network, PID, UTS and mount namespaces) and a head
+on a private bridge, for real multi-host MPI runs on one machine (``tests/helpers/testhosts.py``).
+
+Skips with the reason (or fails, where ``TRTLLM_LIVENESS_REQUIRE`` names the facility) where
+network or PID namespaces, or the tools, are missing. At teardown, also on failure, everything is
+removed by namespace; a leftover namespace, process, veth or work directory fails the test.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from tests.conftest import ProcessTracker, require_facility, require_or_skip
+from tests.helpers.testhosts import TestHosts, unavailable
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "multihost: runs real MPI jobs across namespace test hosts")
+
+
+def tracked_by(procs: ProcessTracker) -> Callable[[subprocess.Popen[bytes]], None]:
+    """An ``on_start`` for :class:`TestHosts` that hands each process it starts to ``procs``."""
+    def track(popen: subprocess.Popen[bytes]) -> None:
+        procs.popens.append(popen)
+        procs.track(popen.pid)
+
+    return track
+
+
+@pytest.fixture
+def test_hosts(procs: ProcessTracker) -> Iterator[TestHosts]:
+    """hostA, hostB, hostC and the head, up; removed at teardown (a leftover fails the test)."""
+    require_facility("netns")
+    require_facility("unshare")
+    require_or_skip("netns", unavailable())
+    hosts = TestHosts(on_start=tracked_by(procs))
+    try:
+        hosts.start()
+        yield hosts
+    finally:
+        left = hosts.close()
+    assert not left, f"test hosts left behind: {left}"
