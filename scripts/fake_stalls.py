@@ -116,11 +116,13 @@ def main(argv: list[str]) -> int:
     if kind == "near-miss":
         end = time.monotonic() + opts.observe_s
         while time.monotonic() < end and proxy.liveness_fatal_error is None:
-            batch = [llm.generate_async([rank] * 4, max_tokens=20) for rank in range(opts.requests)]
+            batch = [proxy.generate_async([rank] * 4, max_tokens=20, streaming=True) for rank in range(opts.requests)]
             batches += 1
             _until(lambda batch=batch: _failed(batch), 30)
     else:
-        results = [llm.generate_async([rank] * 4, max_tokens=10**6) for rank in range(opts.requests)]
+        # Streaming (through the executor: the fake LLM API has no streaming flag), so that output
+        # is progress on 1.2.x too, which reports no iterations: the stall is the fault's.
+        results = [proxy.generate_async([rank] * 4, max_tokens=10**6, streaming=True) for rank in range(opts.requests)]
         if kind == "stop":
             time.sleep(0.3)  # streaming
             t0 = time.monotonic()
