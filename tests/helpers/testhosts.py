@@ -80,17 +80,45 @@ while True:
     signal.sigwait({signal.SIGCHLD})
 """
 
-# $1 hostname, $2 hosts file, $3 "tmpfs" for private /tmp and /dev/shm, $4 python.
+# $1 hostname, $2 hosts file, $3 "tmpfs" for private /tmp and /dev/shm, $4 python, then the
+# directories under /tmp or /dev/shm the host must still see (the checkout, the venv: a CI clone may
+# live in /tmp). Each is opened before the private tmpfs hides it and bound back through that
+# descriptor after (ENVIRONMENT's recipe: mount --no-canonicalize --bind /proc/self/fd/N).
 INIT_SCRIPT = """#!/bin/sh
 set -e
 hostname "$1"
 mount --bind "$2" /etc/hosts
-if [ "$3" = tmpfs ]; then
+mode=$3
+python=$4
+shift 4
+if [ "$mode" = tmpfs ]; then
+    n=3
+    for keep in "$@"; do eval "exec $n<\\"\\$keep\\""; n=$((n + 1)); done
     mount -t tmpfs -o mode=1777 tmpfs /tmp
     mount -t tmpfs -o mode=1777 tmpfs /dev/shm
+    n=3
+    for keep in "$@"; do
+        mkdir -p "$keep"
+        mount --no-canonicalize --bind "/proc/self/fd/$n" "$keep"
+        eval "exec $n<&-"
+        n=$((n + 1))
+    done
 fi
-exec "$4" -I -c "$REAPER"
+exec "$python" -I -c "$REAPER"
 """
+
+
+def kept_directories() -> list[str]:
+    """The directories under ``/tmp`` or ``/dev/shm`` a host must still see after its private
+    tmpfs mounts: the checkout and the interpreter (venv and base), outermost only, at most 6."""
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    candidates = {os.path.realpath(path) for path in (repo, sys.prefix, sys.base_prefix,
+                                                      os.path.dirname(os.path.realpath(sys.executable)))}
+    hidden = sorted(path for path in candidates if path.startswith(("/tmp/", "/dev/shm/")))
+    outermost = [path for path in hidden if not any(path.startswith(other + "/") for other in hidden)]
+    if len(outermost) > 6:
+        raise TestHostsError(f"too many directories to keep visible in the hosts: {outermost}")
+    return outermost
 
 # PRRTE's ssh launcher calls ``agent [ssh options] HOST CMD...``. The agent enters HOST (by the
 # root-ns pid of its PID 1), makes the caller's TMPDIR and PRRTE session base in the host's private
@@ -442,7 +470,7 @@ class TestHosts:
         else:
             ns_args = ["unshare", "--pid", "--uts", "--mount", "--fork", "--mount-proc", "--propagation", "private"]
         argv = ["nsenter", f"--net=/run/netns/{netns}", *ns_args,
-                init, name, hosts_file, "none" if name == HEAD else "tmpfs", sys.executable]
+                init, name, hosts_file, "none" if name == HEAD else "tmpfs", sys.executable, *kept_directories()]
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  env={**os.environ, "REAPER": REAPER}, start_new_session=True)
         self._popens.append(popen)
