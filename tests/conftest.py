@@ -153,6 +153,18 @@ def _slurm() -> str | None:
     return None
 
 
+def _testhosts() -> str | None:
+    # Hosts made of namespaces (tests/helpers/testhosts.py): root, the tools, and a veth pair and a
+    # bridge made for real in a throwaway network namespace (gone when its one process exits).
+    from tests.helpers.testhosts import unavailable
+
+    reason = unavailable()
+    if reason is not None:
+        return reason
+    return _run_ok(["unshare", "--net", "sh", "-c", "ip link add v0 type veth peer name v1 && "
+                    "ip link add b0 type bridge"], "a veth pair and a bridge in a network namespace")
+
+
 def _py_spy() -> str | None:
     path = shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
     if path is None:
@@ -172,6 +184,7 @@ FACILITIES: dict[str, Callable[[], str | None]] = {
     "prometheus": _module_facility("prometheus_client", reason="the optional prometheus_client is not installed"),
     "unshare": lambda: _run_ok(["unshare", "--pid", "--fork", "--mount-proc", "true"], "unshare --pid"),
     "netns": lambda: _run_ok(["unshare", "--net", "true"], "unshare --net"),
+    "testhosts": _testhosts,  # several "hosts" on one machine for multi-host MPI runs
     "pidfd-group": _pidfd_group,  # Linux 6.9+
     "console-script": _console_script,
     "ns-last-pid": _ns_last_pid,  # placing the next pid (CAP_SYS_ADMIN)

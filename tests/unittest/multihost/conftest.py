@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from tests.conftest import ProcessTracker, require_facility, require_or_skip
-from tests.helpers.testhosts import TestHosts, unavailable
+from tests.conftest import ProcessTracker, require_facility
+from tests.helpers.testhosts import TestHosts
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -33,9 +33,7 @@ def tracked_by(procs: ProcessTracker) -> Callable[[subprocess.Popen[bytes]], Non
 @pytest.fixture
 def test_hosts(procs: ProcessTracker) -> Iterator[TestHosts]:
     """hostA, hostB, hostC and the head, up; removed at teardown (a leftover fails the test)."""
-    require_facility("netns")
-    require_facility("unshare")
-    require_or_skip("netns", unavailable())
+    require_facility("testhosts")
     hosts = TestHosts(on_start=tracked_by(procs))
     try:
         hosts.start()

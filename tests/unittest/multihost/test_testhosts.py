@@ -27,7 +27,7 @@ import sys
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, require_or_skip, wait_until
+from tests.conftest import WAIT_SCALE, ProcessTracker, needs, require_facility, wait_until
 from tests.helpers.testhosts import (
     NS_PREFIX,
     MpiJob,
@@ -36,13 +36,12 @@ from tests.helpers.testhosts import (
     netns_names,
     rank_lines,
     remove_orphaned_namespaces,
-    unavailable,
 )
 
 from .conftest import tracked_by
 
 pytestmark = [pytest.mark.timeout(45), pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi,
-              needs("netns", "unshare", "mpi")]
+              needs("testhosts", "mpi")]
 
 START_S = 30.0  # a 4-rank job across 3 hosts starts in ~0.5 s; 2 shared cores under load
 END_S = 20.0  # PRRTE ends a job within ~0.6 s of a rank's death or a host's crash
@@ -169,7 +168,7 @@ def _links() -> set[str]:
 
 
 def test_cleanup_leaves_nothing_also_on_failure(procs: ProcessTracker) -> None:
-    require_or_skip("netns", unavailable())
+    require_facility("testhosts")
     links_before = _links()
     hosts = TestHosts(on_start=tracked_by(procs))
     with pytest.raises(RuntimeError, match="test failed on purpose"), hosts:
@@ -190,7 +189,7 @@ def test_cleanup_leaves_nothing_also_on_failure(procs: ProcessTracker) -> None:
 
 
 def test_orphaned_namespaces_of_a_dead_owner_are_removed(procs: ProcessTracker) -> None:
-    require_or_skip("netns", unavailable())
+    require_facility("testhosts")
     with open("/proc/sys/kernel/pid_max") as handle:
         dead_owner = int(handle.read()) + 1  # no process can have this pid
     name = f"{NS_PREFIX}{dead_owner}-1-hostX"
