@@ -31,6 +31,10 @@ __all__ = ["ProgressSource", "StallDetector", "StallInfo"]
 
 logger = logging.getLogger(__name__)
 
+_RECHECK_S = 60.0
+"""Bound on each wait of the timer where only a wakeup can change its decision (idle, stalled):
+each bound passed is one re-evaluation, which decides the same."""
+
 
 class ProgressSource:
     """Names of what counted as progress (``StallInfo.last_progress_source``)."""
@@ -216,7 +220,7 @@ class StallDetector:
                 self._current = None
                 on_resume = self._on_resume
                 return None if on_resume is None else (lambda: on_resume(ended))
-            self._cond.wait()  # stalled: until progress (or close) wakes us
+            self._cond.wait(_RECHECK_S)  # stalled: until progress (or close) wakes us
             return None
         now = time.monotonic()
         deadline = self._last + self.timeout_s
@@ -230,7 +234,7 @@ class StallDetector:
             pending = 0
         if pending <= 0:
             # Idle: never a stall. Wait until a submission (note_submitted) wakes us.
-            self._cond.wait()
+            self._cond.wait(_RECHECK_S)
             return None
         self._count += 1
         info = StallInfo(number=self._count, timeout_s=self.timeout_s, last_progress_at=self._last,

@@ -760,7 +760,9 @@ def _wait_step_acks(comm: Any) -> None:
 
 
 def _block_forever() -> None:
-    threading.Event().wait()
+    never = threading.Event()  # the injected stall: user space, until the harness ends the rank
+    while not never.wait(3600):
+        pass
 
 
 def _spin_forever() -> None:

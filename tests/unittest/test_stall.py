@@ -220,7 +220,7 @@ def test_monitor_delivers_one_stall_event_however_many_threads_report_it(procs: 
         results: list[bool] = []
 
         def report(event: WorkerEvent) -> None:
-            barrier.wait()
+            barrier.wait(10)
             results.append(monitor.report_stall(event))
 
         threads = [threading.Thread(target=report, args=(event,)) for event in events]

@@ -44,6 +44,7 @@ HANG_DETECTOR_MODULE = "tensorrt_llm._torch.pyexecutor.hang_detector"
 MAX_MESSAGE_BYTES = 512
 _REJECT_LOG_EVERY = 100  # after the first few, one rejection line per this many
 _SEND_RETRIES = 10  # a beat not taken is tried again this many times, one interval apart
+_RECHECK_MS = 60_000  # bound on the waits that only a beat or close() ends
 
 
 @dataclass(frozen=True)
@@ -136,7 +137,7 @@ class ProgressChannel:
         poller.register(self._wake_r, zmq.POLLIN)
         try:
             while not self._closed.is_set():
-                ready = dict(poller.poll())
+                ready = dict(poller.poll(_RECHECK_MS))  # woken by the socket or close()'s pipe
                 if self._closed.is_set():
                     return
                 if self._sock in ready:
@@ -264,9 +265,11 @@ class IterationReporter:
         while True:
             # A beat that could not be sent (no connection yet, the proxy slow or gone) is tried
             # again after an interval, a few times: else one quiet iteration would go unreported.
-            fresh = self._pending.wait(None if retries == 0 else 0)
+            fresh = self._pending.wait(_RECHECK_MS / 1000 if retries == 0 else 0)
             self._pending.clear()
             if not fresh:
+                if retries == 0:
+                    continue  # no iteration for a while, nothing to retry: wait again
                 retries -= 1
             with self._lock:
                 address, token, interval, rank = self._target
