@@ -1,6 +1,6 @@
 """Test hosts: several "hosts" on one machine, made of namespaces, for multi-host MPI runs.
 
-Recipe and measurements: /work/shared/ENVIRONMENT.md, "Test hosts". Layout::
+Layout::
 
     hub netns (bridge br0) --veth-- head  (own net/UTS/mount ns, root PID ns: mpirun runs here)
                            --veth-- hostA (own net/UTS/mount/PID ns; PID 1 = a tiny reaper)
@@ -30,7 +30,8 @@ Recipe and measurements: /work/shared/ENVIRONMENT.md, "Test hosts". Layout::
   namespaces of owners that no longer run (a killed test session) are removed the same way.
 
 Every blocking call has a timeout. Not thread-safe: one thread drives a :class:`TestHosts`.
-Standard library only (used by ``scripts/bench_multihost.py`` as well as by the tests).
+No pytest (``scripts/bench_multihost.py`` uses it too); procfs and pidfds through the package's
+core (``_procfs``, ``_pidfd``).
 """
 
 from __future__ import annotations
@@ -49,6 +50,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from trtllm_liveness import _pidfd, _procfs
+from trtllm_liveness._errors import LivenessError
 from trtllm_liveness.reference._env import PRTE_TMPDIR_VAR, configure_mpi_env
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -83,7 +86,8 @@ while True:
 # $1 hostname, $2 hosts file, $3 "tmpfs" for private /tmp and /dev/shm, $4 python, then the
 # directories under /tmp or /dev/shm the host must still see (the checkout, the venv: a CI clone may
 # live in /tmp). Each is opened before the private tmpfs hides it and bound back through that
-# descriptor after (ENVIRONMENT's recipe: mount --no-canonicalize --bind /proc/self/fd/N).
+# descriptor after (mount --no-canonicalize --bind /proc/self/fd/N: mount(8) would otherwise
+# resolve the path, which the tmpfs now hides).
 INIT_SCRIPT = """#!/bin/sh
 set -e
 hostname "$1"
@@ -188,27 +192,21 @@ def netns_pids(name: str) -> list[int]:
     return [int(word) for word in out.stdout.split() if word.isdigit()]
 
 
-def _start_time(pid: int) -> int | None:
+def start_time_of(pid: int) -> int | None:
+    """``pid``'s start time, or None when it is gone or unreadable."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
+        return _procfs.read_start_time(pid)
+    except (OSError, ValueError):
         return None
-    return int(data[data.rfind(b")") + 2 :].split()[19])
-
-
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return False
-    return data[data.rfind(b")") + 2 :].split()[0] not in (b"Z", b"X")
 
 
 def _gone(pid: int, start: int | None) -> bool:
     """Whether the process that started at ``start`` has exited (a zombie counts as gone)."""
-    return not _alive(pid) or _start_time(pid) != start
+    try:
+        info = _procfs.read_stat(pid)
+    except (OSError, ValueError):
+        return True
+    return info.start_time != start or info.state in "ZX"
 
 
 def _wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:
@@ -223,7 +221,7 @@ def _wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0
 
 def _pidns_inode(pid: int) -> int | None:
     try:
-        return os.stat(f"/proc/{pid}/ns/pid").st_ino
+        return _procfs.pid_namespace_inode(pid)
     except OSError:
         return None
 
@@ -241,17 +239,12 @@ def _nspid(pid: int) -> list[int]:
 
 
 def _sigkill_verified(pid: int, start: int | None) -> None:
-    """SIGKILL ``pid`` through a pidfd, if it is still the process that started at ``start``."""
-    try:
-        fd = os.pidfd_open(pid)
-    except OSError:
+    """SIGKILL ``pid`` if it is still the process that started at ``start`` (None: unreadable,
+    so gone or not ours to judge: nothing is sent)."""
+    if start is None:
         return
-    try:
-        if start is None or _start_time(pid) == start:
-            with contextlib.suppress(OSError):
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-    finally:
-        os.close(fd)
+    with contextlib.suppress(LivenessError, OSError):
+        _pidfd.signal_verified(pid, start, signal.SIGKILL)
 
 
 def kill_netns_processes(name: str, timeout: float = 10.0) -> list[int]:
@@ -260,7 +253,7 @@ def kill_netns_processes(name: str, timeout: float = 10.0) -> list[int]:
     def empty() -> bool:
         pids = netns_pids(name)
         for pid in pids:
-            _sigkill_verified(pid, _start_time(pid))
+            _sigkill_verified(pid, start_time_of(pid))
         return not pids
 
     if _wait_for(empty, timeout, 0.02):
@@ -510,7 +503,7 @@ class TestHosts:
                 raise TestHostsError(f"test host {name}: unshare has children {children}, expected its PID 1")
             pid1 = children[0]
         host = TestHost(name=name, netns=self.prefix + name, address=self.address_of(name), hub_veth=veth,
-                        holder=popen, pid1=pid1, pid1_start=_start_time(pid1), pidns_inode=_pidns_inode(pid1),
+                        holder=popen, pid1=pid1, pid1_start=start_time_of(pid1), pidns_inode=_pidns_inode(pid1),
                         own_pid_namespace=name != HEAD)
         if host.own_pid_namespace and _nspid(pid1)[-1:] != [1]:
             raise TestHostsError(f"test host {name}: pid {pid1} is not PID 1 of a namespace ({_nspid(pid1)})")
@@ -568,8 +561,7 @@ class TestHosts:
         left = [f"netns {name}" for name in netns_names() if name.startswith(self.prefix)]
         left += [f"pid {popen.pid} (holder) alive" for popen in self._popens if popen.poll() is None]
         left += [f"host {host.name} PID 1 ({host.pid1}) alive" for host in self.hosts.values()
-                 if host.pid1_start is not None and _start_time(host.pid1) == host.pid1_start
-                 and _alive(host.pid1)]
+                 if host.pid1_start is not None and not _gone(host.pid1, host.pid1_start)]
         out = _ip("-o", "link", "show", "type", "veth", check=False)
         left += [f"root-ns veth {line.split(':')[1].strip()}" for line in out.stdout.splitlines()
                  if self.prefix in line]

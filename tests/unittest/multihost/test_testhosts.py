@@ -27,12 +27,11 @@ import sys
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, require_facility, wait_until
+from tests.conftest import WAIT_SCALE, ProcessTracker, needs, require_facility, start_time_or_none, state_of, wait_until
 from tests.helpers.testhosts import (
     NS_PREFIX,
     MpiJob,
     TestHosts,
-    _start_time,
     netns_names,
     rank_lines,
     remove_orphaned_namespaces,
@@ -64,21 +63,12 @@ def rank_processes(hosts: TestHosts, ranks: dict[int, dict[str, str]]) -> dict[i
     for rank, info in ranks.items():
         pid = hosts.root_pid(info["host"], int(info["pid"]))
         assert pid is not None, f"rank {rank} (pid {info['pid']} in {info['host']}) not found"
-        out[rank] = (pid, _start_time(pid))
+        out[rank] = (pid, start_time_or_none(pid))
     return out
 
 
 def alive(pid: int, start: int | None) -> bool:
-    return start is not None and _start_time(pid) == start and _state(pid) not in ("Z", "X", None)
-
-
-def _state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return None
-    return data[data.rfind(b")") + 2 :].split()[0].decode()
+    return start is not None and start_time_or_none(pid) == start and state_of(pid) not in ("Z", "X", None)
 
 
 def test_ranks_placed_on_three_hosts(test_hosts: TestHosts) -> None:
@@ -110,7 +100,7 @@ def test_sigkilled_rank_ends_the_job(test_hosts: TestHosts) -> None:
     output = job.output()
     assert status != 0, output  # observed: 137
     assert "process rank 2" in output and "on node hostB" in output and "signal 9" in output, output
-    assert _state(victim) in (None, "Z", "X")
+    assert state_of(victim) in (None, "Z", "X")
     # The job is over on every host: PRRTE killed the survivors on hostA and hostC.
     assert wait_until(lambda: not any(alive(pid, start) for pid, start in survivors.values()), END_S), survivors
 
