@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import logging
 import os
 import random
@@ -31,6 +30,8 @@ import subprocess
 import sys
 import threading
 import time
+
+import _bench
 
 from trtllm_liveness import WorkerEvent, WorkerProcessMonitor, _procfs, capture_identity
 
@@ -269,12 +270,7 @@ def main() -> int:
         ("idle_cpu <= 1 ms/s", r["idle_cpu_ms_per_s"] <= 1),
         (f"kills >= 200 ({len(detect)}, floor {len(floor)})", min(len(detect), len(floor)) >= 200),
     ]
-    for name, ok in targets:
-        print(f"{'PASS' if ok else 'FAIL'}  {name}")
-    print(f"wall time {r['wall_s']:.1f} s")
-    if args.json:
-        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))
-    return 0 if all(ok for _, ok in targets) else 1
+    return _bench.finish(targets, r, as_json=args.json, wall_s=r["wall_s"])
 
 
 if __name__ == "__main__":

@@ -64,7 +64,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-import _stats
+import _bench
 
 from trtllm_liveness.reference._env import remove_orphaned_prte_tmpdirs
 from trtllm_liveness.reference._records import Detection, ScenarioResult
@@ -77,7 +77,7 @@ EXECUTOR = "reference"  # --executor
 
 
 def percentile(values: list[float], q: float) -> float:
-    value = _stats.percentile(values, q)
+    value = _bench.percentile(values, q)
     return float("nan") if value is None else value
 
 
@@ -323,11 +323,7 @@ def main() -> int:
         ("diagnosis_stacks_ms_8_ranks <= 3000", result["diagnosis_stacks_ms_8_ranks"] is not None
          and result["diagnosis_stacks_ms_8_ranks"] <= 3000),
     ]
-    for label, ok in checks:
-        print(f"{'PASS' if ok else 'FAIL'}  {label}")
-    if args.json:
-        print(json.dumps(result))
-    return 0 if all(ok for _, ok in checks) else 1
+    return _bench.finish(checks, result, as_json=args.json)
 
 
 if __name__ == "__main__":

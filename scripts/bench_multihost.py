@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import json
 import os
 import re
 import select
@@ -35,7 +34,7 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-import _stats
+import _bench
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.helpers: the test hosts
@@ -204,7 +203,7 @@ def main() -> int:
     ulfm = ulfm_detector(max(window, 20.0))  # its default detection takes ~10 s
 
     def p50(results: list[Exit]) -> float | None:
-        return _stats.percentile([r.ms for r in results if r.ms is not None], 0.5)
+        return _bench.percentile([r.ms for r in results if r.ms is not None], 0.5)
 
     def commonest(results: list[Exit]) -> int | None:
         counts = collections.Counter(r.status for r in results if r.status is not None)
@@ -248,12 +247,7 @@ def main() -> int:
         (f"every remote kill ended the job ({r['kills']} of {args.kills})", r["kills"] == args.kills >= 5),
         (f"every host crash ended the job ({r['crashes']} of {2 * args.crashes})", r["crashes"] == 2 * args.crashes),
     ]
-    for name, ok in targets:
-        print(f"{'PASS' if ok else 'FAIL'}  {name}")
-    print(f"wall time {r['wall_s']:.1f} s")
-    if args.json:
-        print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))
-    return 0 if all(ok for _, ok in targets) else 1
+    return _bench.finish(targets, r, as_json=args.json, wall_s=r["wall_s"])
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _stats import percentile
+from _bench import finish, percentile
 
 REPO = Path(__file__).resolve().parents[1]
 MAIN_FAKE = REPO / "tests" / "fakes" / "trtllm_main"
@@ -159,7 +159,7 @@ def _run_child(mode: str, arg: float, timeout_s: float, deadline_s: float) -> di
         out, _ = proc.communicate(timeout=deadline_s)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+        proc.wait(10)
         return {"error": f"{mode} child did not finish within {deadline_s:.0f} s"}
     finally:
         if proc.poll() is None:
@@ -188,7 +188,7 @@ def measure(cycles: int = 20, control_s: float = 60.0, timeout_s: float = 1.0,
     finally:
         for proc in busy:
             proc.kill()
-            proc.wait()
+            proc.wait(10)
         remove_orphaned_prte_tmpdirs()
     over = cyc.get("overshoot_ms", [])
     base = cyc.get("baseline_ms", [])
@@ -246,12 +246,7 @@ def main() -> int:
     args = parser.parse_args()
     result = measure(args.cycles, args.control_s, args.timeout_s)
     print_table(result)
-    verdicts = checks(result)
-    for label, ok in verdicts:
-        print(f"{'PASS' if ok else 'FAIL'}  {label}")
-    if args.json:
-        print(json.dumps(result))
-    return 0 if all(ok for _, ok in verdicts) else 1
+    return finish(checks(result), result, as_json=args.json)
 
 
 if __name__ == "__main__":

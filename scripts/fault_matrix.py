@@ -60,7 +60,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import _stats
+import _bench
 
 from trtllm_liveness.reference._env import remove_orphaned_prte_tmpdirs
 from trtllm_liveness.reference._faults import freezer_available, memory_cgroup_available, remove_leftover_groups
@@ -90,7 +90,7 @@ OMPI_USER_DIR = re.compile(r"ompi\.[^/]+\.\d+$")
 
 
 def percentile(values: list[float], q: float) -> float | None:
-    value = _stats.percentile(values, q)
+    value = _bench.percentile(values, q)
     return None if value is None else round(value, 3)
 
 
