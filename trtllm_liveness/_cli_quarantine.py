@@ -1,6 +1,6 @@
 """``trtllm-liveness quarantine status|clear``: the operator's view of the host's quarantine.
 
-``status`` is also a node health check (read-only, bounded: a few procfs reads, plus 0.5 s only
+``status`` is also a node health check (read-only, bounded: a few procfs reads, plus 1 s only
 when a device holder is seen in ``D``). Its exit status follows node-problem-detector's custom
 plugin contract, and with ``--slurm-drain`` it is a Slurm ``HealthCheckProgram`` that drains a
 quarantined node (Slurm reads no exit status of that program: it must drain the node itself):

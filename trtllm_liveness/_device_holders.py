@@ -27,6 +27,7 @@ import fnmatch
 import logging
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import _procfs
@@ -68,11 +69,13 @@ def parse_patterns(spec: str) -> tuple[str, ...]:
     return tuple(part.strip() for part in spec.split(":") if part.strip().startswith("/"))
 
 
-def find_stuck_device_holders(patterns: tuple[str, ...], *, resample_s: float = RESAMPLE_S) -> tuple[DeviceHolder, ...]:
+def find_stuck_device_holders(patterns: tuple[str, ...], *, resample_s: float = RESAMPLE_S,
+                              between: Callable[[], None] | None = None) -> tuple[DeviceHolder, ...]:
     """The visible processes (not this one) that hold a file matching ``patterns`` and have a
     thread in ``D`` in two samples ``resample_s`` apart (the same thread, the same process by
     start time). Blocks for one pass over ``/proc``, plus ``resample_s`` only when a suspect was
-    found. Unreadable processes are skipped (logged at debug level). Never raises ``OSError``."""
+    found. Unreadable processes are skipped (logged at debug level). Never raises ``OSError``.
+    ``between`` (tests) is called after a first sample that found suspects, before the second."""
     if not patterns:
         return ()
     try:
@@ -83,6 +86,8 @@ def find_stuck_device_holders(patterns: tuple[str, ...], *, resample_s: float = 
     first = [holder for pid in pids if pid != os.getpid() for holder in _sample(pid, patterns)]
     if not first:
         return ()
+    if between is not None:
+        between()
     time.sleep(resample_s)
     confirmed = []
     for before in first:

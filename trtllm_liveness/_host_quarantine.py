@@ -3,9 +3,11 @@
 :func:`quarantine_host` runs on the fatal path (from the event's thread; it never blocks there):
 in one daemon thread it writes the host's marker (:mod:`._quarantine`), then runs the configured
 orchestrator actions (:mod:`._host_actions`), each bounded. An exit cleanup (run by the exit guard
-before ``os._exit``, and at a normal interpreter exit) waits for that thread at most
-``quarantine_action_timeout_s`` plus a second, so the marker is on disk before the process ends
-and nothing can hold the exit longer.
+before ``os._exit``, and at a normal interpreter exit) waits for that thread until one absolute
+deadline set when it started: ``quarantine_action_timeout_s`` per request the actions make (a
+drain, a Kubernetes read and patch, a hook: they run one after another) plus a second. Every wait
+uses only the time left, so the marker is on disk before the process ends and nothing holds the
+exit past that deadline.
 
 :func:`check_host_at_start` runs when an engine starts (extension on): it clears a marker that no
 longer applies (another boot, processes gone), and raises :class:`HostQuarantinedError` while one
@@ -16,9 +18,11 @@ does, or while a visible process holding an accelerator device sits in ``D`` (un
 from __future__ import annotations
 
 import atexit
+import dataclasses
 import logging
 import os
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -94,7 +98,7 @@ def check_host(config: LivenessConfig, *, clear: bool) -> QuarantineCheck:
     """Judge the marker of ``config.quarantine_dir`` and look for stuck device holders.
 
     ``clear``: remove a marker that no longer applies (start-up does; ``quarantine status`` does
-    not). Blocks for a few procfs reads, plus 0.5 s only when a device holder in ``D`` was seen.
+    not). Blocks for a few procfs reads, plus 1 s only when a device holder in ``D`` was seen.
     Never signals anything. An untrusted marker directory is logged and ignored.
     """
     status = None
@@ -116,12 +120,37 @@ def check_host(config: LivenessConfig, *, clear: bool) -> QuarantineCheck:
         # Root (the node's health check, a root server) also sees what servers of other users
         # recorded in their fallback directories: a Slurm job runs as its user.
         for directory, uid in user_marker_directories():
-            found = inspect_marker(directory, owner=uid)
-            if found.quarantined:
+            found = _user_marker(directory, uid)
+            if found is not None:
                 status = found
                 break
     holders = find_stuck_device_holders(parse_patterns(config.quarantine_devices))
     return QuarantineCheck(status, holders, cleared)
+
+
+def _user_marker(directory: str, uid: int) -> MarkerStatus | None:
+    """Another user's marker, if it quarantines this host, else None. Any user can write their own
+    directory, so only what they could not fake counts: a well-formed marker naming a process of
+    that very uid, still there (verified by start time) and blocking. A malformed one is ignored
+    with a WARNING (in one's own directory it blocks: a server we trust wrote it)."""
+    found = inspect_marker(directory, owner=uid)
+    if found.verdict is MarkerVerdict.MALFORMED:
+        logger.warning("liveness: %s (uid %d's directory); ignored", found.describe(), uid)
+        return None
+    if not found.quarantined:
+        return None
+    owned = tuple(check for check in found.blocking if _owner_of(check.process.pid) == uid)
+    if not owned:
+        logger.warning("liveness: %s names no process of uid %d; ignored", found.path, uid)
+        return None
+    return dataclasses.replace(found, checks=owned)
+
+
+def _owner_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
 
 
 def check_host_at_start(config: LivenessConfig) -> None:
@@ -141,7 +170,7 @@ def check_host_at_start(config: LivenessConfig) -> None:
 _LOCK = threading.Lock()
 _recorded: set[tuple[int, int | None]] = set()
 _actions_started = False
-_workers: list[tuple[threading.Thread, float]] = []  # quarantine threads and their join bounds
+_workers: list[tuple[threading.Thread, float]] = []  # quarantine threads and their monotonic deadlines
 
 
 def quarantine_host(config: LivenessConfig, events: Iterable[WorkerEvent]) -> threading.Thread | None:
@@ -166,12 +195,12 @@ def quarantine_host(config: LivenessConfig, events: Iterable[WorkerEvent]) -> th
         logger.warning("liveness: quarantine without a thread (%s)", exc)
         _quarantine(config, fresh, False)
         return None
-    bound = config.quarantine_action_timeout_s + 1.0
+    deadline = time.monotonic() + _requests(config) * config.quarantine_action_timeout_s + 1.0
     with _LOCK:
-        _workers.append((worker, bound))
+        _workers.append((worker, deadline))
 
     def wait_for_it() -> None:
-        worker.join(bound)
+        worker.join(max(0.0, deadline - time.monotonic()))
 
     add_exit_cleanup(wait_for_it)
     atexit.register(wait_for_it)
@@ -179,12 +208,18 @@ def quarantine_host(config: LivenessConfig, events: Iterable[WorkerEvent]) -> th
 
 
 def wait_for_quarantine() -> None:
-    """Join every quarantine thread of this process, each for at most its bound (the action
-    timeout + 1 s): for an exit path that ends the process right after recording a failure."""
+    """Join every quarantine thread of this process until its deadline (see the module
+    docstring): for an exit path that ends the process right after recording a failure."""
     with _LOCK:
         workers = list(_workers)
-    for worker, bound in workers:
-        worker.join(bound)
+    for worker, deadline in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+
+
+def _requests(config: LivenessConfig) -> int:
+    """How many bounded requests the configured actions make, one after another."""
+    k8s = 2 if config.quarantine_k8s_cordon or config.quarantine_k8s_taint else 0  # read, then patch
+    return int(config.quarantine_slurm_drain) + k8s + int(bool(config.quarantine_hook))
 
 
 def _any_action(config: LivenessConfig) -> bool:
@@ -204,6 +239,8 @@ def _quarantine(config: LivenessConfig, events: list[WorkerEvent], run_actions: 
                             RECYCLE_ADVICE)
         except (MarkerError, OSError) as exc:
             logger.error("liveness: could not write the quarantine marker in %s: %s", config.quarantine_dir, exc)
+            with _LOCK:  # not recorded after all: a later event for these processes tries again
+                _recorded.difference_update((event.identity.pid, event.identity.start_time) for event in events)
     elif config.quarantine_dir:
         logger.warning("liveness: non-restartable failure of no local process (%s): no marker written", reason)
     if not run_actions:

@@ -399,9 +399,7 @@ def test_a_device_holder_that_wakes_between_the_samples_is_not_stuck(procs: Proc
                                                                       tmp_path: Path) -> None:
     """In D at both samples but awake in between (a healthy neighbour streaming weights from a slow
     mount sleeps in D again and again): not a wedge. Made with the freezer: frozen, thawed and
-    frozen again while the check waits between its two samples."""
-    import threading
-
+    frozen again between the check's two samples."""
     device = tmp_path / "nvidia-standin0"
     device.write_bytes(b"")
     child = subprocess.Popen([sys.executable, "-c", HOLD_CODE, str(device)], stdin=subprocess.PIPE,
@@ -414,20 +412,17 @@ def test_a_device_holder_that_wakes_between_the_samples_is_not_stuck(procs: Proc
     patterns = parse_patterns(f"{tmp_path}/nvidia-standin*")
     assert [holder.pid for holder in find_stuck_device_holders(patterns, resample_s=0.2)] == [child.pid]
 
-    refrozen = threading.Event()
+    woken = []
 
-    def wake_and_sleep_again() -> None:
-        time.sleep(0.1)  # after the first sample
+    def wake_and_sleep_again() -> None:  # between the samples: the first one found it in D
         freezer.thaw()
-        time.sleep(0.1)  # it runs (its sleep syscall restarts: a context switch)
-        if freezer.freeze():
-            refrozen.set()
+        assert wait_until(lambda: state_of(child.pid) != "D", 10)  # it runs: a context switch
+        assert freezer.freeze()
+        woken.append(True)
 
-    waker = threading.Thread(target=wake_and_sleep_again)
-    waker.start()
-    holders = find_stuck_device_holders(patterns, resample_s=1.0)
-    waker.join(10)
-    assert refrozen.is_set() and state_of(child.pid) == "D"  # in D at the second sample too
+    holders = find_stuck_device_holders(patterns, resample_s=0.2, between=wake_and_sleep_again)
+    assert woken == [True]  # the first sample found the process in D, so the second decided
+    assert state_of(child.pid) == "D"  # in D at the second sample too
     assert holders == ()
     freezer.thaw()
 
@@ -438,6 +433,7 @@ def test_root_reads_another_users_fallback_marker_only_as_that_user(procs: Proce
     belong to that very uid."""
     if os.geteuid() != 0:
         pytest.skip("needs root (chown to another uid)")
+    from trtllm_liveness._host_quarantine import _user_marker
     from trtllm_liveness._quarantine import user_marker_directories
 
     child = procs.sleeper()
@@ -454,6 +450,21 @@ def test_root_reads_another_users_fallback_marker_only_as_that_user(procs: Proce
         assert inspect_marker(str(directory)).verdict is MarkerVerdict.UNTRUSTED  # neither root's nor ours
         assert inspect_marker(str(directory), owner=uid).verdict is MarkerVerdict.QUARANTINED
         assert inspect_marker(str(directory), owner=uid + 1).verdict is MarkerVerdict.UNTRUSTED
+        # Any user writes their own directory: a marker there counts only for that user's own
+        # processes (the sleeper is root's), and a malformed one is ignored, not a quarantine.
+        assert _user_marker(str(directory), uid) is None
+        theirs = subprocess.Popen(["sleep", "3600"], user=uid,
+                                  start_new_session=True)
+        procs.popens.append(theirs)
+        procs.track(theirs.pid)
+        document["processes"][0].update(pid=theirs.pid,  # type: ignore[index]
+                                         start_time=_procfs.read_start_time(theirs.pid))
+        (directory / MARKER_NAME).write_text(json.dumps(document))
+        found = _user_marker(str(directory), uid)
+        assert found is not None and [check.process.pid for check in found.blocking] == [theirs.pid]
+        (directory / MARKER_NAME).write_text("{not json")
+        assert inspect_marker(str(directory), owner=uid).verdict is MarkerVerdict.MALFORMED
+        assert _user_marker(str(directory), uid) is None
     finally:
         for entry in directory.iterdir():
             entry.unlink()
