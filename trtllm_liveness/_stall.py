@@ -125,6 +125,7 @@ class StallDetector:
         self._last = time.monotonic()
         self._last_source = ProgressSource.STARTED
         self._current: StallInfo | None = None
+        self._idle = False  # the timer found nothing pending and waits for work
         self._count = 0
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -158,14 +159,16 @@ class StallDetector:
         """A request was submitted; ``was_idle``: no request was pending just before it. Only
         then does the clock restart (a new request is not progress of a stalled engine); a stall
         under way then ends too (with nothing pending, it was over)."""
-        if not was_idle:
-            return
         now = time.monotonic()
         with self._cond:
-            if now > self._last:
+            if was_idle and now > self._last:
                 self._last = now
                 self._last_source = ProgressSource.SUBMITTED
-            self._cond.notify()  # the timer may be waiting for work to appear
+            if was_idle or self._idle:
+                # The timer may be waiting for work: also when this submitter still saw a request
+                # pending that finished before the timer looked (the clock then runs from that
+                # request's last output, which is recent).
+                self._cond.notify()
 
     @property
     def current(self) -> StallInfo | None:
@@ -234,7 +237,9 @@ class StallDetector:
             pending = 0
         if pending <= 0:
             # Idle: never a stall. Wait until a submission (note_submitted) wakes us.
+            self._idle = True
             self._cond.wait(_RECHECK_S)
+            self._idle = False
             return None
         self._count += 1
         info = StallInfo(number=self._count, timeout_s=self.timeout_s, last_progress_at=self._last,

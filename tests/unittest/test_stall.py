@@ -87,6 +87,24 @@ def test_idle_engine_is_never_stalled_and_a_submission_starts_the_clock() -> Non
     assert not rec.errors
 
 
+def test_a_submission_that_still_saw_a_pending_request_wakes_an_idle_timer() -> None:
+    """The submitter saw request A pending (was_idle False), A finished, the timer found nothing
+    pending and went idle, then B was registered: the timer must be woken, or B's stall would be
+    seen only when its idle wait runs out (60 s)."""
+    pending = [0]
+    rec = Recorder()
+    detector = StallDetector(0.05, lambda: pending[0], on_stall=rec.on_stall).start()
+    try:
+        settled = time.monotonic() + 0.3  # past its first deadline: it found nothing pending, went idle
+        assert wait_until(lambda: time.monotonic() > settled, 10)
+        pending[0] = 1
+        detector.note_submitted(was_idle=False)
+        assert wait_until(lambda: rec.stalls, 10)
+        assert rec.stalls[0].pending == 1
+    finally:
+        detector.close()
+
+
 def test_busy_submission_does_not_restart_the_clock() -> None:
     pending = [1]
     rec = Recorder()
@@ -134,17 +152,27 @@ def test_pending_that_raises_is_taken_as_idle(caplog: pytest.LogCaptureFixture) 
         detector.close()
 
 
-def test_close_stops_the_timer_and_no_callback_follows() -> None:
-    pending = [1]
-    rec = Recorder()
-    detector = StallDetector(0.05, lambda: pending[0], on_stall=rec.on_stall).start()
-    detector.close()
-    assert wait_until(lambda: not detector._thread.is_alive(), 10)
-    count = len(rec.stalls)
-    assert not wait_until(lambda: len(rec.stalls) > count, 0.3)
-    detector.close()  # idempotent
-    detector.start()  # after close: nothing starts
-    assert not detector._thread.is_alive()
+def test_close_raced_against_due_stalls_leaves_no_callback_running() -> None:
+    """close() returns only once the timer thread is gone (its join has room): no callback may be
+    running or start after that, however close() and a due stall interleave."""
+    import random
+
+    for attempt in range(30):
+        ends: list[float] = []
+
+        def on_stall(info: StallInfo, ends: list[float] = ends) -> None:
+            time.sleep(0.002)  # a callback that takes a moment
+            ends.append(time.monotonic())
+
+        detector = StallDetector(0.001 + random.random() * 0.004, lambda: 1, on_stall=on_stall).start()
+        time.sleep(random.random() * 0.01)
+        detector.close(timeout=10)
+        returned = time.monotonic()
+        assert not detector._thread.is_alive(), attempt
+        assert all(end <= returned for end in ends), attempt
+        detector.close()  # idempotent
+        detector.start()  # after close: nothing starts
+        assert not detector._thread.is_alive()
 
 
 def test_adversary_progress_and_submissions_race_the_timer() -> None:
