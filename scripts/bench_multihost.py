@@ -99,10 +99,7 @@ def remote_kill() -> Exit:
     with TestHosts() as hosts:
         job = hosts.rank_job()
         ranks = started(job)
-        pid = hosts.root_pid("hostB", int(ranks[2]["pid"]))
-        if pid is None:
-            raise RuntimeError("rank 2 not found in hostB")
-        fd = os.pidfd_open(pid)  # opened (and the pid verified) before the clock starts
+        fd, _pid = hosts.pidfd_of("hostB", int(ranks[2]["pid"]))  # opened and verified before the clock
         try:
             return time_exit(job, lambda: signal.pidfd_send_signal(fd, signal.SIGKILL), END_S)
         finally:

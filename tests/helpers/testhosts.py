@@ -247,13 +247,29 @@ def _sigkill_verified(pid: int, start: int | None) -> None:
         _pidfd.signal_verified(pid, start, signal.SIGKILL)
 
 
+def _sigkill_in_netns(pid: int, name: str) -> None:
+    """SIGKILL ``pid`` through a pidfd opened first and then verified to pin a process of network
+    namespace ``name`` (a pid listed a moment ago may have been reused by another process since)."""
+    try:
+        fd = os.pidfd_open(pid)
+    except OSError:
+        return  # gone
+    try:
+        if os.stat(f"/proc/{pid}/ns/net").st_ino == os.stat(f"/run/netns/{name}").st_ino:
+            signal.pidfd_send_signal(fd, signal.SIGKILL)
+    except OSError:
+        pass  # gone meanwhile, or the namespace is: nothing to kill
+    finally:
+        os.close(fd)
+
+
 def kill_netns_processes(name: str, timeout: float = 10.0) -> list[int]:
     """SIGKILL every process in network namespace ``name`` until none is left; return the pids
     still there at ``timeout`` (in ``D``, say: a pending SIGKILL)."""
     def empty() -> bool:
         pids = netns_pids(name)
         for pid in pids:
-            _sigkill_verified(pid, start_time_of(pid))
+            _sigkill_in_netns(pid, name)
         return not pids
 
     if _wait_for(empty, timeout, 0.02):
@@ -646,17 +662,25 @@ class TestHosts:
         """Send ``sig`` to host ``name``'s process ``pid_in_host`` through a pidfd, verified (after
         opening it) to be in that host's PID namespace. Returns its root-ns pid; raises
         ``ProcessLookupError`` if there is no such process."""
-        pid = self.root_pid(name, pid_in_host)
-        if pid is None:
-            raise ProcessLookupError(f"no pid {pid_in_host} in test host {name}")
-        fd = os.pidfd_open(pid)
+        fd, pid = self.pidfd_of(name, pid_in_host)
         try:
-            if _pidns_inode(pid) != self.hosts[name].pidns_inode or _nspid(pid)[-1:] != [pid_in_host]:
-                raise ProcessLookupError(f"pid {pid_in_host} of test host {name} went away")
             signal.pidfd_send_signal(fd, sig)
         finally:
             os.close(fd)
         return pid
+
+    def pidfd_of(self, name: str, pid_in_host: int) -> tuple[int, int]:
+        """(a pidfd, the root-ns pid) of host ``name``'s process ``pid_in_host``: opened, then
+        verified to pin that process of that host's PID namespace. The caller closes the fd.
+        Raises ``ProcessLookupError`` if there is no such process."""
+        pid = self.root_pid(name, pid_in_host)
+        if pid is None:
+            raise ProcessLookupError(f"no pid {pid_in_host} in test host {name}")
+        fd = os.pidfd_open(pid)
+        if _pidns_inode(pid) != self.hosts[name].pidns_inode or _nspid(pid)[-1:] != [pid_in_host]:
+            os.close(fd)
+            raise ProcessLookupError(f"pid {pid_in_host} of test host {name} went away")
+        return fd, pid
 
     def crash(self, name: str, *, launcher_notices: bool = True) -> None:
         """SIGKILL host ``name``'s PID 1 (the kernel kills every process of the host) and wait,
