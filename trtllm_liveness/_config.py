@@ -111,6 +111,19 @@ class LivenessConfig:
             its argument and the reason in ``TRTLLM_LIVENESS_QUARANTINE_REASON``. Empty: none.
         quarantine_action_timeout_s: bound on each of those actions (it is killed after it) and on
             how long the exit waits for them.
+        hosts: the multi-host agents (:mod:`trtllm_liveness.multihost`): ``auto`` (the default: on
+            for sessions whose ranks ``mpirun``/``srun`` launched, ``MpiCommSession``, where ranks
+            may be on other hosts), ``on`` (every session) or ``off``.
+        hosts_bind: the address the proxy's agent hub binds (TCP): an interface's address or a
+            host name reachable from every rank; ``*`` for every interface. Empty (the default):
+            this host's name (what ``hostname`` resolves to). Bind only where the ranks can reach.
+        hosts_port: the hub's TCP port; 0 (the default) picks a free one (the ranks learn it with
+            their task). Fix it where a firewall must open it.
+        hosts_advertise: the host name or address the ranks connect to, when it differs from
+            ``hosts_bind`` (e.g. ``hosts_bind=*``); empty: ``hosts_bind``, or this host's name.
+        heartbeat_timeout_s: a remote host whose agent is silent this long (ZMTP heartbeats every
+            quarter of it) is lost: fatal, naming the host and its ranks; on its side the agent
+            then stops the host's ranks. Detection takes between this and 1.25 times this.
     """
 
     enabled: bool = False
@@ -137,6 +150,11 @@ class LivenessConfig:
     quarantine_k8s_taint: bool = False
     quarantine_hook: str = ""
     quarantine_action_timeout_s: float = 10.0
+    hosts: str = "auto"
+    hosts_bind: str = ""
+    hosts_port: int = 0
+    hosts_advertise: str = ""
+    heartbeat_timeout_s: float = 1.0
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
@@ -311,9 +329,22 @@ def _coerce(key: str, raw: Any, kind: type, source: str) -> Any:
 
 
 STALL_ACTIONS = ("report", "fatal")
+HOSTS_MODES = ("auto", "on", "off")
 
 
 def _check_value(key: str, value: Any, source: str) -> None:
+    if key == "hosts":
+        if value not in HOSTS_MODES:
+            raise ValueError(f"{source}: hosts must be one of {', '.join(HOSTS_MODES)}, got {value!r}")
+        return
+    if key in ("hosts_bind", "hosts_advertise"):
+        if not isinstance(value, str) or len(value) > 253 or any(c in value for c in "/ \t\0,=@[]"):
+            raise ValueError(f"{source}: {key} must be a host name or address (or empty), got {value!r}")
+        return
+    if key == "hosts_port" and not 0 <= value <= 65535:
+        raise ValueError(f"{source}: hosts_port must be in [0, 65535], got {value!r}")
+    if key == "heartbeat_timeout_s" and not 0.05 <= value <= 3600:
+        raise ValueError(f"{source}: heartbeat_timeout_s must be in [0.05, 3600], got {value!r}")
     if key == "stall_action":
         if value not in STALL_ACTIONS:
             raise ValueError(f"{source}: stall_action must be one of {', '.join(STALL_ACTIONS)}, got {value!r}")

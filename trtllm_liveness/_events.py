@@ -26,6 +26,7 @@ class WorkerState(str, enum.Enum):
     WEDGED = "wedged"
     UNKILLABLE = "unkillable"
     STALLED = "stalled"  # alive, not in D, but the engine makes no progress (see _stall.py)
+    LOST = "lost"  # on another host whose agent fell silent or dropped its connection (_agent_hub.py)
     UNMONITORED_REMOTE = "unmonitored-remote"
     UNMONITORED_OTHER_NAMESPACE = "unmonitored-other-namespace"
 
@@ -41,7 +42,7 @@ class WorkerState(str, enum.Enum):
 
 
 _FATAL_STATES = frozenset(
-    {WorkerState.EXITED, WorkerState.ZOMBIE, WorkerState.WEDGED, WorkerState.UNKILLABLE}
+    {WorkerState.EXITED, WorkerState.ZOMBIE, WorkerState.WEDGED, WorkerState.UNKILLABLE, WorkerState.LOST}
 )
 
 
@@ -52,14 +53,17 @@ class EventKind(str, enum.Enum):
     WEDGED = "wedged"
     UNKILLABLE = "unkillable"
     STALLED = "stalled"  # only with stall_action=fatal: the engine made no progress for the timeout
+    LOST = "lost"  # a remote host's agent went silent (partition, lost host) or its connection closed
 
     @property
     def restartable(self) -> bool:
         """Whether a new worker group may be started on the same host after this event.
 
         A stalled engine's processes are alive and killable (not in ``D``), so a bounded stop ends
-        them and the host is reusable; one that turns out unkillable is reported on its own."""
-        return self in (EventKind.DIED, EventKind.STALLED)
+        them and the host is reusable; one that turns out unkillable is reported on its own. A lost
+        host is another host: nothing is known to be stuck on this one, and the job may be
+        restarted (elsewhere, or there once the operator has looked at it)."""
+        return self in (EventKind.DIED, EventKind.STALLED, EventKind.LOST)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,8 @@ class WorkerEvent:
     ``detected_at`` is ``time.monotonic()`` at detection; ``wall_time`` is ``time.time()``.
     ``fault_at`` (monotonic) is when the fault began as far as the monitor saw it: for a wedged or
     unkillable rank the first sample that found the thread in ``D``; ``None`` for a death (the
-    kernel keeps no exit time; a pidfd becomes readable at the exit, so detection is the fault).
+    kernel keeps no exit time; a pidfd becomes readable at the exit, so detection is the fault); for a
+    lost host the last moment its agent was known to be connected and answering.
     """
 
     kind: EventKind
@@ -102,6 +107,8 @@ class WorkerEvent:
             text = f"{who} is wedged in uninterruptible sleep (D): {self.cause}"
         elif self.kind is EventKind.STALLED:
             text = f"engine stalled (named: {who}): {self.cause}"
+        elif self.kind is EventKind.LOST:
+            text = f"{who} is lost: {self.cause}"
         else:
             text = f"{who} is unkillable (SIGKILL pending in D state): {self.cause}"
         if not self.restartable:

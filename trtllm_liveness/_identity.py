@@ -158,8 +158,8 @@ def parse_identities(
 
     ``per_element=True`` rejects bad elements one by one instead (each logged at WARNING with
     its reason; a later duplicate of a rank is dropped) and keeps the rest; only a payload that
-    is not a list at all, or too long, still raises. Elements whose pid is in ``exclude_pids``
-    are dropped quietly (e.g. the proxy's own pid: under ``MpiCommSession`` rank 0 runs inside
+    is not a list at all, or too long, still raises. Local elements (this host and PID namespace)
+    whose pid is in ``exclude_pids`` are dropped quietly (e.g. the proxy's own pid: under ``MpiCommSession`` rank 0 runs inside
     the proxy, which must not watch itself). Never raises anything else, never blocks (no I/O),
     thread-safe: it only reads ``payload``.
     """
@@ -180,8 +180,8 @@ def parse_identities(
             raw_pid = item_pid(item)
             excluded_pid = isinstance(raw_pid, int) and raw_pid in excluded
             identity = _parse_one(item, index, 0 if excluded_pid else own)
-            if identity.pid in excluded:
-                continue
+            if identity.pid in excluded and is_local(identity):
+                continue  # the same number on another host (or PID namespace) is another process
             if identity.rank in seen:
                 raise InvalidIdentityError(
                     f"identity #{index}: duplicate rank {identity.rank} (also #{seen[identity.rank]})"

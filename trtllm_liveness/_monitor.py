@@ -39,9 +39,9 @@ from ._delivery import EventLog, Subscriber
 from ._errors import AccessDenied, ProcessGone, ProcessZombie
 from ._events import EventKind, RankStatus, WorkerEvent, WorkerState
 from ._fallback import ProcfsFallback
-from ._identity import ProcessIdentity, coerce_identity, local_hostname, local_pid_namespace
+from ._identity import ProcessIdentity, coerce_identity, is_local, local_hostname, local_pid_namespace
 from ._oom import OomProbe
-from ._records import SCANNED_STATES, WatchedRank, cause_of, classify_exit
+from ._records import NOT_SIGNALLED_METHODS, SCANNED_STATES, WatchedRank, cause_of, classify_exit
 from ._watcher import PidfdWatcher
 from ._wedge import DStateSample, ThreadSampler, WedgeTracker
 
@@ -328,7 +328,7 @@ class WorkerProcessMonitor:
             return []
         with self._lock:
             return [r.identity for _, r in sorted(self._records.items())
-                    if r.method != "none" and r.start_time_verified]
+                    if r.method not in NOT_SIGNALLED_METHODS and r.start_time_verified]
 
     @property
     def watcher_alive(self) -> bool:
@@ -355,15 +355,55 @@ class WorkerProcessMonitor:
         for record in self._fallback.poll():
             self._claim_locked(record, events)
 
+    # ----------------------------------------------------------------- remote ranks (agents)
+
+    def apply_remote(self, identity: ProcessIdentity, state: WorkerState, detail: str, *, via: str,
+                     tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> bool:
+        """Record what a remote host's agent (or the hub, for a lost host) says of one remote rank.
+
+        The rank's record (made here if ``register`` never saw it) takes ``state`` and ``detail``
+        and shows ``via`` as its method; a fatal state becomes an event through the same
+        exactly-once path as a local observation (a death after :meth:`mark_expected_exits` is
+        expected, no event). Nothing here signals anything, and a remote rank is never a signal
+        target (:meth:`verified_identities`). Returns False, changing nothing, when the identity
+        is local (this host's ranks are observed here, not hearsay), when it contradicts the one
+        registered for that rank (another pid or start time), or after :meth:`close`.
+        Thread-safe; delivers in this thread like :meth:`check`.
+        """
+        if self._is_foreign_process():
+            return False
+        if is_local(identity):
+            logger.warning("liveness: ignored a remote report about local %s", identity.describe())
+            return False
+        events: list[WorkerEvent] = []
+        with self._lock:
+            if self._closed:
+                return False
+            record = self._records.get(identity.rank)
+            if record is None:
+                record = WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, "none")
+                self._records[identity.rank] = record
+            elif not _same_process(record.identity, identity) or record.method not in NOT_SIGNALLED_METHODS:
+                logger.warning("liveness: ignored a remote report about %s: rank %d is registered as %s",
+                               identity.describe(), identity.rank, record.identity.describe())
+                return False
+            if record.state.is_dead or (record.state.is_fatal and not state.is_fatal):
+                return True  # a death or a fatal verdict stands; what comes later is a late message
+            record.method = via
+            record.set_state(state, detail)
+            self._claim_locked(record, events, tid=tid, wchan=wchan, fault_at=fault_at)
+        self._publish(events)
+        return True
+
     def _claim_locked(self, record: WatchedRank, events: list[WorkerEvent],
-                      *, tid: int | None = None, wchan: str = "") -> None:
+                      *, tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> None:
         """Turn the record's state into an event once; record it as failure and in the log."""
         if self._expecting_exits and record.state.is_dead and EventKind.DIED not in record.reported:
             record.reported.add(EventKind.DIED)
             record.set_state(WorkerState.EXITED_EXPECTED, f"{record.detail} (expected: shutdown under way)")
             record.close_sampler()
             return
-        event = record.claim_event(tid=tid, wchan=wchan)
+        event = record.claim_event(tid=tid, wchan=wchan, fault_at=fault_at)
         if event is None:
             return
         if self._failure is None:
@@ -421,7 +461,8 @@ class WorkerProcessMonitor:
                     record.wedge = None
                     continue
                 record.wedge = WedgeTracker(timeout)  # D time before arming does not count
-                if record.sampler is None and record.observed_start_time is not None and record.method != "none" \
+                if record.sampler is None and record.observed_start_time is not None \
+                        and record.method not in NOT_SIGNALLED_METHODS \
                         and record.state in SCANNED_STATES:
                     record.sampler = ThreadSampler(record.identity.pid, record.observed_start_time)
             self._next_scan = time.monotonic()
@@ -596,6 +637,14 @@ class WorkerProcessMonitor:
             self._warned_foreign = True
             logger.warning("WorkerProcessMonitor used in a forked child (pid %d); it is inert here", os.getpid())
         return True
+
+
+def _same_process(registered: ProcessIdentity, reported: ProcessIdentity) -> bool:
+    """Whether an agent's identity is the registered one (a start time unknown on one side is not
+    held against it: upstream may send None)."""
+    if registered[:2] != reported[:2] or registered.hostname != reported.hostname:
+        return False
+    return None in (registered.start_time, reported.start_time) or registered.start_time == reported.start_time
 
 
 def _release(watcher: PidfdWatcher, owner_pid: int) -> None:

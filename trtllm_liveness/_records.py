@@ -25,8 +25,10 @@ EVENT_OF_STATE = {
     WorkerState.ZOMBIE: EventKind.DIED,
     WorkerState.WEDGED: EventKind.WEDGED,
     WorkerState.UNKILLABLE: EventKind.UNKILLABLE,
+    WorkerState.LOST: EventKind.LOST,
 }
 SCANNED_STATES = (WorkerState.ALIVE, WorkerState.WEDGED)
+NOT_SIGNALLED_METHODS = ("none", "agent")  # not watched here (remote, other namespace) or by an agent
 
 
 @dataclass(eq=False)
@@ -65,15 +67,18 @@ class WatchedRank:
     def snapshot(self) -> RankStatus:
         return RankStatus(self.identity, self.state, self.since, self.since_wall, self.method, self.detail)
 
-    def claim_event(self, *, tid: int | None = None, wchan: str = "") -> WorkerEvent | None:
-        """The event for the current state if its kind was not reported yet (then it is)."""
+    def claim_event(self, *, tid: int | None = None, wchan: str = "",
+                    fault_at: float | None = None) -> WorkerEvent | None:
+        """The event for the current state if its kind was not reported yet (then it is).
+        ``fault_at`` is given for remote ranks (their agent measured it); else the wedge's."""
         kind = EVENT_OF_STATE.get(self.state)
         if kind is None or kind in self.reported:
             return None
         self.reported.add(kind)
         if kind is EventKind.DIED and self.sampler is not None:
             self.sampler.close()
-        fault_at = self.wedge.d_since if kind is not EventKind.DIED and self.wedge is not None else None
+        if fault_at is None and kind is not EventKind.DIED and self.wedge is not None:
+            fault_at = self.wedge.d_since
         return WorkerEvent(kind, self.identity, self.detail, tid=tid, wchan=wchan, fault_at=fault_at)
 
     def close_sampler(self) -> None:

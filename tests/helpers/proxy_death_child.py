@@ -8,7 +8,9 @@ liveness_executor_class())`` or upstream's own executor), ``workers`` (pool: the
 size), ``outsider`` (comm: the last rank of ``COMM_WORLD`` stays out of the session, which then
 runs on a sub-communicator of the others, as with ``MpiCommSession(comm=sub_comm)``),
 ``clean_end`` (comm: one short request, then ``llm.shutdown()`` and the session's, and every rank
-ends normally; prints ``{"done": true, ...}`` instead of waiting to be killed).
+ends normally; prints ``{"done": true, ...}`` instead of waiting to be killed), ``watch_fatal``
+(comm, multi-host tests: the ready line also has ``hosts``, the monitor's per-rank view; then the
+proxy waits for the engine's fatal error and prints it, see :func:`report_fatal`).
 
 - ``pool``: this process is the proxy. ``LLM`` spawns its ranks through a real
   ``MPIPoolExecutor`` (``MpiPoolSession``); they are grandchildren (this process -> prte -> ranks).
@@ -120,11 +122,54 @@ def children_named(name: str) -> list[list[int]]:
     return found
 
 
-def serve_until_killed(llm: Any, ranks: list[list[int]], **extra: Any) -> int:
-    llm.generate_async([1, 2, 3], max_tokens=10**9)  # keeps every rank in the engine's step loop
-    emit({"ready": True, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks, **extra})
+def serve_until_killed(llm: Any, ranks: list[list[int]], *, watch_fatal: bool = False, comm: Any = None,
+                       **extra: Any) -> int:
+    pending = llm.generate_async([1, 2, 3], max_tokens=10**9)  # keeps every rank in the engine's step loop
+    deadline = time.monotonic() + 20
+    while watch_fatal and time.monotonic() < deadline and any(
+            state[3] == "none" for state in hosts_of(llm).values()) or len(hosts_of(llm)) < comm.Get_size() - 1:
+        time.sleep(0.01)  # every remote host's agent said hello (they do within milliseconds of the start)
+    emit({"ready": True, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks, **extra,
+          **({"hosts": hosts_of(llm)} if watch_fatal else {})})
+    if watch_fatal:
+        return report_fatal(llm, pending)
     time.sleep(LINGER_S)
     return 1  # never killed: the parent's deadline has long passed
+
+
+def hosts_of(llm: Any) -> dict[str, Any]:
+    """Rank -> [state, hostname, pid, method] as the engine's monitor sees them now."""
+    return {str(s.identity.rank): [s.state.value, s.identity.hostname, s.identity.pid, s.method]
+            for s in llm._executor.liveness_statuses()}
+
+
+def report_fatal(llm: Any, pending: Any) -> int:
+    """Multi-host tests: wait (bounded) for the engine's fatal error and print it with the time it
+    was recorded, whether the pending request failed, the per-rank view; then a bounded shutdown
+    and what it reported of every host. Prints ``{"fatal": null}`` if none came."""
+    executor = llm._executor
+    deadline = time.monotonic() + LINGER_S
+    while executor.liveness_fatal_error is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    error = executor.liveness_fatal_error
+    if error is None:
+        emit({"fatal": None})
+        return 1
+    event = error.event
+    try:
+        pending.result(timeout=10)
+        failed = False
+    except Exception:
+        failed = True
+    emit({"fatal": str(error), "detected_at": event.detected_at, "kind": event.kind.value,
+          "rank": event.identity.rank, "host": event.identity.hostname, "pid": event.identity.pid,
+          "pending_failed": failed, "health": executor.check_health(), "statuses": hosts_of(llm)})
+    t0 = time.monotonic()
+    llm.shutdown()
+    state = executor.liveness_state
+    emit({"shutdown_s": time.monotonic() - t0, "host_stops": [stop.to_dict() for stop in state.host_stops]})
+    time.sleep(LINGER_S)
+    return 1
 
 
 def run_pool(options: dict[str, Any]) -> int:
@@ -169,7 +214,7 @@ def run_comm(options: dict[str, Any]) -> int:
 
     session = MpiCommSession(comm, n_workers=comm.Get_size())
     llm = build_llm(options, comm.Get_size(), session)
-    ranks = [entry for entry in everyone if entry[1] != os.getpid()]
+    ranks = [entry for entry in everyone if entry[0] != world.Get_rank()]  # not by pid: hosts reuse numbers
     if options.get("clean_end"):
         # A job that ends well: one request, shutdown, the session's pool closed (the servers
         # return), and every rank leaves through a normal interpreter exit.
@@ -182,7 +227,7 @@ def run_comm(options: dict[str, Any]) -> int:
         emit({"done": True, "tokens": tokens, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks,
               "watched": watched})
         return 0
-    return serve_until_killed(llm, ranks)
+    return serve_until_killed(llm, ranks, watch_fatal=bool(options.get("watch_fatal")), comm=comm)
 
 
 def main(options: dict[str, Any]) -> int:

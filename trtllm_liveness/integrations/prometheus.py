@@ -99,6 +99,7 @@ LATENCY_ORIGINS: dict[EventKind, tuple[str, ...]] = {
     EventKind.WEDGED: ("noted", "d_state_start"),
     EventKind.UNKILLABLE: ("noted", "d_state_start"),
     EventKind.STALLED: ("noted", "last_progress"),
+    EventKind.LOST: ("noted", "last_heard"),
 }
 
 FaultTime = Callable[[WorkerEvent], "float | None"]
@@ -401,6 +402,8 @@ class LivenessMetrics:
             return event.detected_at, "exit_seen"
         if event.kind is EventKind.STALLED:
             return event.fault_at, "last_progress"  # the stall's last progress (its clock's start)
+        if event.kind is EventKind.LOST:
+            return event.fault_at, "last_heard"  # the host's agent was last known to answer then
         # The monitor's first sample of the stuck thread in D (None only for events built without it).
         return event.fault_at, "d_state_start"
 

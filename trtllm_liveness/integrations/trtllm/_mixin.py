@@ -32,7 +32,7 @@ from ..._config import LivenessConfig
 from ..._errors import LivenessError
 from ..._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError
 from ..._exit_guard import FatalExitGuard, interrupt_self_once
-from ..._identity import ProcessIdentity
+from ..._identity import ProcessIdentity, is_local
 from ..._monitor import WorkerProcessMonitor
 from ..._pidfd import verify_start_time
 from ..._shutdown import StopReport
@@ -51,6 +51,7 @@ from ._fatal import (
     wait_for_quarantine,
 )
 from ._features import detect_features, warn_missing_hooks, warn_once, warn_session_hooks
+from ._hosts import start_hub, stop_remote_hosts, wants_hub
 from ._request_socket import owns_request_socket, quiet_after_fatal, zmq_debug
 from ._shim import MonitorShim
 from ._side_channel import IdentityChannel
@@ -59,6 +60,7 @@ from ._state import MISSING, STATE_ATTR, EngineLiveness
 from ._worker_entry import (
     CHANNEL_KWARG,
     FN_KWARG,
+    HUB_KWARG,
     PROGRESS_KWARG,
     PROXY_KWARG,
     liveness_worker_entry,
@@ -271,6 +273,8 @@ class LivenessProxyMixin:
         state.ready = True
         if state.monitor is not None:
             arm_wedges(state.monitor, state.config)
+        if state.hub is not None:
+            state.hub.arm(state.config.d_state_timeout_s or None)
         if state.stall is not None:
             state.stall.arm()
 
@@ -302,6 +306,9 @@ class LivenessProxyMixin:
             logger.warning("liveness: could not read the proxy's own identity: no proxy-death watch", exc_info=True)
             me = None
         progress = state.stall.open_channel() if state.stall is not None else None
+        if state.hub is None and state.monitor is not None and wants_hub(state.config, session):
+            state.hub = start_hub(state.config, state.monitor)
+        hub = state.hub.worker_spec() if state.hub is not None else None
 
         def wrapped_submit(task: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
             kwargs[FN_KWARG] = task
@@ -311,6 +318,8 @@ class LivenessProxyMixin:
                 kwargs[PROXY_KWARG] = me
             if progress is not None:
                 kwargs[PROGRESS_KWARG] = progress
+            if hub is not None:
+                kwargs[HUB_KWARG] = hub
             return submit(liveness_worker_entry, *args, **kwargs)
 
         session.submit = wrapped_submit
@@ -344,7 +353,8 @@ class LivenessProxyMixin:
         error = state.record(event)
         if error is not None:
             run_fatal_path(self, state, error)
-        note_unrestartable(state, [event])  # quarantine: a wedge's status, marker and actions
+        if is_local(event.identity):  # a remote rank's wedge says nothing about this host
+            note_unrestartable(state, [event])  # quarantine: a wedge's status, marker and actions
         if state.diagnoser is not None and (error is not None or event.kind is EventKind.WEDGED):
             # After the fatal path, never before it: the snapshot takes a fraction of a second.
             state.diagnoser.request(f"{event.kind.value} of rank {event.identity.rank}",
@@ -364,6 +374,8 @@ class LivenessProxyMixin:
             return
         if state.begin_expected_exits():
             logger.debug("liveness: clean stop: worker exits from now on are expected")
+            if state.hub is not None:
+                state.hub.expect_exits()
 
     # -- overrides -----------------------------------------------------------------------
 
@@ -551,16 +563,24 @@ class LivenessProxyMixin:
         identities = state.monitor.identities if state.monitor is not None else []
         # Never signal an identity whose start time was not verified (a recycled pid).
         identities = [identity for identity in identities if identity.start_time is not None]
-        if not identities:
+        if not identities and state.hub is None:
             return None
         config = state.config
+        remote = stop_remote_hosts(state.hub, config) if state.hub is not None else None
+        identities = [identity for identity in identities if is_local(identity)]
         report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
+        if remote is not None:
+            remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
+            state.host_stops = list(remote[1])
         state.shutdown_report = report
         note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
         return report
 
     def _liveness_release(self) -> None:
         state = _state(self)
+        if state.hub is not None:
+            with contextlib.suppress(Exception):
+                state.hub.close()
         if state.channel is not None:
             state.channel.close()
         if state.stall is not None:

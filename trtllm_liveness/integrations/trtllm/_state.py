@@ -84,6 +84,8 @@ class EngineLiveness:
     metrics: Any = None
     stall: EngineStall | None = None
     diagnoser: Diagnoser | None = None
+    hub: Any = None  # the multi-host agent hub (trtllm_liveness.multihost.AgentHub), where one runs
+    host_stops: list[Any] = field(default_factory=list)  # its HostStop reports after a fatal shutdown
     mpi_futures: Any = MISSING
     upstream_monitor: Any = MISSING
 

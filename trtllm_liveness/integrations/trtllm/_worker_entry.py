@@ -21,9 +21,12 @@ hook), which
    is the sub-communicator of a sub-communicator session; ``COMM_WORLD`` only without it) and the
    leader sends them over the side channel (:mod:`._side_channel`). That happens before the model
    is built, so a death during initialization is caught;
-3. with stall detection on (``stall_timeout_s``), **counts executor iterations** and reports them
+3. where the proxy runs an agent hub (``hosts``, :mod:`trtllm_liveness.multihost`), **joins the
+   hosts' agents**: one ``allgather`` over the session's communicator, then the lowest rank of each
+   host other than the proxy's runs that host's agent (:mod:`trtllm_liveness.multihost._placement`);
+4. with stall detection on (``stall_timeout_s``), **counts executor iterations** and reports them
    to the proxy (:mod:`._progress`), so a long non-streaming generation is progress;
-4. calls the real ``worker_main`` with exactly the arguments upstream gave.
+5. calls the real ``worker_main`` with exactly the arguments upstream gave.
 
 Nothing here raises into upstream: a failure is logged and the rank runs unmonitored.
 """
@@ -50,6 +53,7 @@ FN_KWARG = "_trtllm_liveness_fn"
 CHANNEL_KWARG = "_trtllm_liveness_channel"
 PROXY_KWARG = "_trtllm_liveness_proxy"
 PROGRESS_KWARG = "_trtllm_liveness_progress"
+HUB_KWARG = "_trtllm_liveness_hub"
 PROXY_DIED_EXIT_STATUS = 75
 """Exit status of a rank ended by the proxy-death watch (EX_TEMPFAIL: the job may be restarted)."""
 
@@ -72,6 +76,7 @@ def liveness_worker_entry(*args: Any, **kwargs: Any) -> Any:
     channel = kwargs.pop(CHANNEL_KWARG, None)
     proxy = kwargs.pop(PROXY_KWARG, None)
     progress = kwargs.pop(PROGRESS_KWARG, None)
+    hub = kwargs.pop(HUB_KWARG, None)
     if proxy is not None and os.environ.get(WATCH_ENV_VAR, "1") != "0":
         try:
             start_proxy_death_watch(proxy)
@@ -82,6 +87,13 @@ def liveness_worker_entry(*args: Any, **kwargs: Any) -> Any:
             announce_identities(channel)
         except Exception:
             logger.warning("liveness: could not announce worker identities", exc_info=True)
+    if isinstance(hub, Mapping):
+        try:
+            from ...multihost._placement import start_for_rank
+
+            start_for_rank(hub, session_comm(), proxy)
+        except Exception:
+            logger.warning("liveness: could not start this host's agent; its ranks are not watched", exc_info=True)
     if isinstance(progress, Mapping):
         try:
             from ._progress import start_iteration_reporter

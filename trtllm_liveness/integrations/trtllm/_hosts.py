@@ -1,0 +1,70 @@
+"""The engine's side of multi-host liveness: when to run an agent hub, and its part in shutdown.
+
+A session whose ranks ``mpirun``/``srun`` launched (``MpiCommSession``, ``RemoteMpiCommSessionClient``)
+may span hosts; upstream's monitor skips every rank of another host. With ``hosts=auto`` (the
+default) such an engine runs an :class:`~trtllm_liveness.multihost.AgentHub`; its spec travels to
+every rank with the task (:data:`~._worker_entry.HUB_KWARG`), as upstream's HMAC key does, and the
+lowest rank of each other host runs that host's agent. With ``hosts=on`` every session gets one
+(a spawned pool placed on other hosts), with ``off`` none. pyzmq is imported only then.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from ..._config import LivenessConfig
+from ..._monitor import WorkerProcessMonitor
+from ._startup import upstream_skips_registration
+
+logger = logging.getLogger(__name__.rpartition(".")[0])
+
+
+def wants_hub(config: LivenessConfig, session: Any) -> bool:
+    if config.hosts == "off":
+        return False
+    return config.hosts == "on" or upstream_skips_registration(session)
+
+
+def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> Any:
+    """A started hub, or None (logged) when it cannot bind: the engine then runs without it."""
+    from ...multihost import AgentHub
+
+    try:
+        return AgentHub(monitor, bind=config.hosts_bind or _own_name(), port=config.hosts_port,
+                        advertise=config.hosts_advertise or None, heartbeat_timeout_s=config.heartbeat_timeout_s,
+                        d_state_timeout_s=config.d_state_timeout_s or None, grace_s=config.shutdown_term_s,
+                        kill_s=config.shutdown_kill_s).start()
+    except Exception:
+        logger.error("liveness: could not start the agent hub (hosts_bind=%r, hosts_port=%d): ranks on other hosts "
+                     "are not watched", config.hosts_bind, config.hosts_port, exc_info=True)
+        return None
+
+
+def stop_remote_hosts(hub: Any, config: LivenessConfig) -> tuple[threading.Thread, list[Any]]:
+    """Ask every remote agent to stop its host's ranks, in a thread (the local stop runs meanwhile);
+    the list fills with the :class:`~trtllm_liveness.multihost.HostStop` reports when it ends."""
+    reports: list[Any] = []
+    bound = config.shutdown_term_s + config.shutdown_kill_s + 1.0
+
+    def run() -> None:
+        try:
+            reports.extend(hub.stop_hosts(bound))
+        except Exception:
+            logger.warning("liveness: stopping the remote hosts' ranks failed", exc_info=True)
+        for report in reports:
+            log = logger.error if report.outcome != "stopped" or report.unkillable else logger.info
+            log("liveness: host %s (agent rank %d): %s%s%s", report.host, report.agent_rank, report.outcome,
+                f"; unkillable: {[item[2] for item in report.unkillable]}" if report.unkillable else "",
+                f"; {report.detail}" if report.detail else "")
+
+    thread = threading.Thread(target=run, name="trtllm-liveness-remote-stop", daemon=True)
+    thread.start()
+    return thread, reports
+
+
+def _own_name() -> str:
+    from ..._identity import local_hostname
+
+    return local_hostname()

@@ -1,0 +1,33 @@
+"""Multi-host liveness: a per-host agent in the ranks and one hub in the proxy.
+
+- :class:`AgentHub` (proxy side, :mod:`._hub`): binds where the ranks can reach, merges every
+  remote host's ranks into the engine's monitor and its fatal path, reports lost hosts, stops
+  remote ranks through their own host's agent;
+- :class:`HostAgent` (rank side, :mod:`._agent`): one per remote host, in its lowest rank
+  (:mod:`._placement`), watching that host's ranks with the core monitor;
+- :mod:`._wire`: the authenticated messages between them; :mod:`._tcp`: why a connection ended.
+
+Needs ``pyzmq`` (the ``mpi`` extra). Imported only when a session may have remote ranks.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._agent import AgentSettings, HostAgent
+    from ._hub import AgentHub, HostStop, HostView
+
+__all__ = ["AgentHub", "AgentSettings", "HostAgent", "HostStop", "HostView"]
+
+_WHERE = {"AgentHub": "._hub", "HostStop": "._hub", "HostView": "._hub", "AgentSettings": "._agent",
+          "HostAgent": "._agent"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module, __name__), name)

@@ -1,0 +1,307 @@
+"""The per-host agent: one thread in one rank of each remote host, watching that host's ranks.
+
+Why a thread in a rank and not a daemon of its own: the ranks are all a launcher (``mpirun``,
+``srun``) starts on a host, so the agent needs no installation, no port and no privileges beyond
+the rank's; and its connection then doubles as the liveness of the rank that hosts it. One agent
+per host (the host's lowest rank, :mod:`._placement`), not one per rank: one connection and one
+set of pidfds per host, 18 connections for an 18-host rack instead of 72.
+
+The thread owns everything it uses: a ZMQ DEALER connected to the proxy's hub (ZMTP heartbeats
+on, so a silent proxy or a partition closes the connection within ``heartbeat_timeout_s``), that
+socket's monitor, a wakeup pipe, and a :class:`~trtllm_liveness.WorkerProcessMonitor` over the
+host's other ranks (pidfds, per-thread ``D`` state, OOM cause). It sends:
+
+- ``hello`` once connected: the host, the agent's rank and the identities of the host's ranks;
+- ``event`` for each fatal event of the monitor (death, wedge, unkillable) as it happens;
+- ``state`` for each other change of a rank's state (e.g. an expected exit);
+- ``report`` after a ``stop`` request: the bounded stop of the host's other ranks (verified by its
+  own pidfds: the proxy never signals a remote pid), then the agent ends its own rank.
+
+and takes ``welcome``, ``arm`` (wedge verdicts from now on), ``expect`` (exits are expected: a clean
+stop) and ``stop``. When the connection to the hub drops before ``expect`` (the proxy died, or the
+host is cut off and the proxy has declared it lost), the agent stops the host's other ranks and
+ends its own (``on_proxy_lost``): no rank keeps serving a proxy that is gone or has given it up.
+
+Every wait is bounded; nothing here raises into the rank: a failure is logged and the agent ends.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .._events import WorkerEvent, WorkerState
+from .._identity import ProcessIdentity
+from .._monitor import WorkerProcessMonitor
+from . import _wire
+
+logger = logging.getLogger(__name__)
+
+PROXY_LOST_EXIT_STATUS = 75
+"""Exit status of a rank ended because its proxy is gone (EX_TEMPFAIL, as the proxy-death watch)."""
+
+_TICK_S = 0.5  # the loop wakes at least this often to send state changes; not a detection bound
+_SEND_TIMEOUT_MS = 1000  # a send to a hub whose host is gone must not hold the agent
+
+
+@dataclass(frozen=True)
+class AgentSettings:
+    """What the proxy hands every rank (``worker_spec`` of the hub) plus the rank's own part."""
+
+    endpoint: str
+    secret: bytes
+    heartbeat_timeout_s: float
+    d_state_timeout_s: float | None
+    grace_s: float = 2.0
+    kill_s: float = 3.0
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return self.heartbeat_timeout_s / 4
+
+
+def end_rank(reason: str) -> None:
+    """The default ``on_proxy_lost``: one CRITICAL line, then ``os._exit(75)`` (bounded flush)."""
+    logger.critical("liveness: %s; ending this rank (pid %d) with status %d", reason, os.getpid(),
+                    PROXY_LOST_EXIT_STATUS)
+    for handler in logging.getLogger().handlers:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    os._exit(PROXY_LOST_EXIT_STATUS)
+
+
+class HostAgent:
+    """One host's agent; see the module docstring. ``start()`` once, ``close()`` any time.
+
+    ``identities`` are the host's ranks other than the agent's own (``own``): the agent cannot
+    watch the process it runs in, and its hub watches it through the connection.
+    ``on_proxy_lost(reason)`` runs in the agent's thread once the host's other ranks are stopped
+    (default :func:`end_rank`); ``on_stop()`` after a ``stop`` request's report is sent (default:
+    the same, with the reason "stopped by the proxy").
+    """
+
+    def __init__(self, settings: AgentSettings, own: ProcessIdentity, identities: Sequence[ProcessIdentity], *,
+                 on_proxy_lost: Callable[[str], None] = end_rank,
+                 on_stop: Callable[[str], None] | None = None) -> None:
+        self.settings = settings
+        self.own = own
+        self.identities = tuple(identities)
+        self.sid = secrets.token_hex(16)
+        self._on_proxy_lost = on_proxy_lost
+        self._on_stop = on_stop if on_stop is not None else on_proxy_lost
+        self._seq = 0
+        self._peer_seq = 0
+        self._pending: collections.deque[WorkerEvent] = collections.deque()
+        self._lock = threading.Lock()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closing = False
+        self._welcomed = threading.Event()
+        self._released = False
+        self.rejected = 0
+        self._thread = threading.Thread(target=self._run, name="trtllm-liveness-host-agent", daemon=True)
+
+    # ----------------------------------------------------------------- public
+
+    def start(self) -> HostAgent:
+        self._thread.start()
+        return self
+
+    @property
+    def welcomed(self) -> threading.Event:
+        """Set once the hub accepted this agent's hello."""
+        return self._welcomed
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop the agent (its ranks are left as they are) and join it for at most ``timeout``."""
+        with self._lock:
+            self._closing = True
+        self._wake()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    # ----------------------------------------------------------------- the thread
+
+    def _wake(self) -> None:
+        with self._lock:
+            if self._wake_w >= 0:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.write(self._wake_w, b"x")
+
+    def _on_event(self, event: WorkerEvent) -> None:  # the monitor's thread
+        self._pending.append(event)
+        self._wake()
+
+    def _run(self) -> None:
+        import zmq
+
+        ctx = zmq.Context(io_threads=1)
+        sock = ctx.socket(zmq.DEALER)
+        monitor_sock = None
+        monitor = WorkerProcessMonitor(d_state_timeout_s=self.settings.d_state_timeout_s, wedge_armed=False)
+        ending: tuple[Callable[[str], None], str] | None = None
+        try:
+            interval_ms = max(1, int(self.settings.heartbeat_interval_s * 1000))
+            timeout_ms = max(2, int(self.settings.heartbeat_timeout_s * 1000))
+            sock.setsockopt(zmq.ROUTING_ID, self.sid.encode())
+            sock.setsockopt(zmq.LINGER, 500)  # bounds how long a last report may take to leave
+            sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
+            sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, interval_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, timeout_ms)
+            sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            monitor_sock = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            monitor.register(self.identities)
+            monitor.subscribe(self._on_event)
+            monitor.start()
+            sock.connect(self.settings.endpoint)
+            ending = self._loop(zmq, sock, monitor_sock, monitor)
+        except Exception:
+            logger.exception("liveness: the host agent failed; this host's ranks are no longer watched")
+        finally:
+            monitor.close()
+            if monitor_sock is not None:
+                with contextlib.suppress(Exception):
+                    sock.disable_monitor()
+                monitor_sock.close(0)
+            sock.close()  # with its LINGER: a last report still leaves
+            ctx.term()
+            with self._lock:
+                os.close(self._wake_r)
+                os.close(self._wake_w)
+                self._wake_r = self._wake_w = -1
+        if ending is not None:
+            ending[0](ending[1])
+
+    def _loop(self, zmq: Any, sock: Any, monitor_sock: Any,
+              monitor: WorkerProcessMonitor) -> tuple[Callable[[str], None], str] | None:
+        """Serve until closed (None) or until the rank must end: (what ends it, the reason)."""
+        from zmq.utils.monitor import parse_monitor_message
+
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(monitor_sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        sent: dict[int, tuple[str, str]] = {}
+        connected_once = False
+        while True:
+            with self._lock:
+                if self._closing:
+                    return None
+            ready = dict(poller.poll(int(_TICK_S * 1000)))
+            if self._wake_r in ready:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(self._wake_r, 4096)
+            if monitor_sock in ready:
+                while True:
+                    try:
+                        event = parse_monitor_message(monitor_sock.recv_multipart(zmq.NOBLOCK))
+                    except zmq.Again:
+                        break
+                    if event["event"] == zmq.EVENT_CONNECTED:
+                        connected_once = True
+                        self._send(sock, "hello", **self._hello(int(event["value"])))
+                    elif event["event"] == zmq.EVENT_DISCONNECTED and connected_once:
+                        if self._released:
+                            logger.info("liveness: the proxy's hub closed after a clean stop; agent ends")
+                            return None
+                        reason = (f"the connection to the proxy's hub at {self.settings.endpoint} dropped "
+                                  "(proxy gone, or this host cut off)")
+                        self._proxy_lost(monitor, reason)
+                        return self._on_proxy_lost, reason
+            if sock in ready and self._receive(zmq, sock, monitor):
+                return self._on_stop, "stopped by the proxy"
+            while self._pending:
+                fatal = self._pending.popleft()
+                self._send(sock, "event", what=fatal.kind.value, rank=fatal.identity.rank, pid=fatal.identity.pid,
+                           cause=fatal.cause[:2000], tid=fatal.tid, wchan=fatal.wchan[:200],
+                           age=max(0.0, time.monotonic() - (fatal.fault_at or fatal.detected_at)))
+            if self._welcomed.is_set():
+                for status in monitor.statuses():
+                    now = (status.state.value, status.detail)
+                    if sent.get(status.identity.rank) != now and status.state is not WorkerState.ALIVE:
+                        sent[status.identity.rank] = now
+                        self._send(sock, "state", rank=status.identity.rank, state=status.state.value,
+                                   detail=status.detail[:2000])
+
+    def _hello(self, fd: int) -> dict[str, Any]:
+        port = 0
+        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as conn:
+            port = int(conn.getsockname()[1])  # lets the hub tell a closed connection from a silent one
+        return {"host": self.own.hostname, "rank": self.own.rank, "port": port,
+                "ranks": [list(identity) for identity in (self.own, *self.identities)]}
+
+    def _send(self, sock: Any, kind: str, /, **fields: Any) -> None:
+        import zmq
+
+        self._seq += 1
+        try:
+            sock.send(_wire.encode(self.settings.secret, _wire.TO_HUB, kind, self.sid, self._seq, **fields))
+        except zmq.Again:
+            logger.warning("liveness: the hub did not take the agent's %s message within %d ms", kind,
+                           _SEND_TIMEOUT_MS)
+
+    def _receive(self, zmq: Any, sock: Any, monitor: WorkerProcessMonitor) -> bool:
+        """Handle what the hub sent; True when the agent is done (its rank is being ended)."""
+        while True:
+            try:
+                frame = sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return False
+            try:
+                message = _wire.decode(self.settings.secret, _wire.TO_AGENT, frame)
+                if message.sid != self.sid or message.seq <= self._peer_seq:
+                    raise _wire.WireError("not for this session, or replayed")
+            except _wire.WireError as exc:
+                self.rejected += 1
+                if self.rejected <= 5 or self.rejected % 1000 == 0:
+                    logger.warning("liveness: the host agent rejected a message (%d so far): %s", self.rejected, exc)
+                continue
+            self._peer_seq = message.seq
+            if message.kind == "welcome":
+                self._welcomed.set()
+            elif message.kind == "arm":
+                timeout = message.body.get("d")
+                monitor.arm_wedge_detection(float(timeout) if isinstance(timeout, (int, float)) else None)
+            elif message.kind == "expect":
+                self._released = True
+                monitor.mark_expected_exits()
+            elif message.kind == "stop":
+                self._stop_requested(sock, monitor, message)
+                return True
+            elif message.kind == "reject":
+                logger.error("liveness: the proxy's hub refused this host agent: %s", message.body.get("why"))
+                self._released = True  # never act on a proxy that does not count this host
+                return False
+
+    def _stop_ranks(self, monitor: WorkerProcessMonitor, grace_s: float, kill_s: float) -> Any:
+        from .._shutdown import stop_processes
+
+        monitor.mark_expected_exits()
+        targets = [identity for identity in self.identities if identity.start_time is not None]
+        return stop_processes(targets, grace_s=grace_s, kill_s=kill_s)
+
+    def _stop_requested(self, sock: Any, monitor: WorkerProcessMonitor, message: _wire.Message) -> None:
+        grace = message.body.get("grace")
+        kill = message.body.get("kill")
+        grace_s = float(grace) if isinstance(grace, (int, float)) and 0 <= grace <= 300 else self.settings.grace_s
+        kill_s = float(kill) if isinstance(kill, (int, float)) and 0 <= kill <= 300 else self.settings.kill_s
+        report = self._stop_ranks(monitor, grace_s, kill_s)
+        self._send(sock, "report", req=message.body.get("req"), stop=report.to_dict())
+
+    def _proxy_lost(self, monitor: WorkerProcessMonitor, reason: str) -> None:
+        report = self._stop_ranks(monitor, self.settings.grace_s, self.settings.kill_s)
+        left = [worker.pid for worker in report.unkillable]
+        logger.critical("liveness: %s; this host's other ranks were stopped (%s)", reason,
+                        f"unkillable: {left}" if left else "all gone")

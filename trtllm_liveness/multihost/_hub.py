@@ -1,0 +1,567 @@
+"""The proxy's agent hub: remote hosts' agents feed one per-rank view and one fatal path.
+
+One thread owns a ZMQ ROUTER bound where the ranks can reach it (TCP, ZMTP heartbeats on), the
+socket's monitor, a :class:`~._tcp.ConnectionTable`, a wakeup pipe and every agent session. It
+merges what the agents report into the engine's own :class:`~trtllm_liveness.WorkerProcessMonitor`
+(:meth:`~trtllm_liveness.WorkerProcessMonitor.apply_remote`), so remote ranks have real states in
+``statuses()`` and their fatal events take the path a local death takes (subscribers, health,
+pending requests failed, Dynamo, metrics, exit guard), exactly once per rank and kind.
+
+What ends a remote host's session, and what the proxy then reports:
+
+- an ``event`` from its agent: that rank died, wedged or is unkillable (the agent's own monitor);
+- its connection **closed** (FIN/RST, milliseconds): the agent's rank exited (or its host went
+  down with it); that rank is reported dead, the host's other ranks lost;
+- its connection **silent** for ``heartbeat_timeout_s`` (ZMTP heartbeats, answered by the agent's
+  ZMQ I/O thread, so a busy rank still answers): the host is lost or cut off, or the agent's rank
+  is stuck (frozen in ``D`` with all its threads); every rank of the host is reported lost, naming
+  the host and its ranks. On its side the agent sees the same silence and ends its host's ranks.
+
+Nothing from the network is trusted: each message is authenticated (:mod:`._wire`), size-capped,
+checked for replay and for fields of the right type and range; a bad one costs a rate-limited
+WARNING, never an exception. The proxy never signals a remote pid: :meth:`AgentHub.stop_hosts`
+asks each agent to stop its own host's ranks with its own verified pidfds and waits, bounded, for
+the reports.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import os
+import secrets
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from .._events import WorkerState
+from .._identity import ProcessIdentity, is_local, parse_identities
+from .._monitor import WorkerProcessMonitor
+from . import _wire
+from ._tcp import ConnectionTable, Ending, Key
+
+logger = logging.getLogger(__name__)
+
+MAX_RANKS_PER_HOST = 4096
+_REJECT_LOG_EVERY = 1000
+_EVENT_STATES = {"died": WorkerState.EXITED, "wedged": WorkerState.WEDGED, "unkillable": WorkerState.UNKILLABLE}
+_REPORTED_STATES = {state.value: state for state in (
+    WorkerState.ALIVE, WorkerState.EXITED, WorkerState.ZOMBIE, WorkerState.EXITED_EXPECTED, WorkerState.WEDGED,
+    WorkerState.UNKILLABLE)}
+
+
+@dataclass(frozen=True)
+class HostStop:
+    """What became of one remote host at :meth:`AgentHub.stop_hosts`.
+
+    ``outcome``: ``stopped`` (its agent stopped the host's other ranks and reported; it then ended
+    its own rank), ``lost`` (already lost or silent: nothing could be asked), ``no-answer`` (no
+    report within the bound). ``unkillable`` lists ``(rank, pid, description)`` of ranks that
+    survived SIGKILL on that host; ``stopped`` the ``(rank, pid, outcome)`` of the others.
+    """
+
+    host: str
+    agent_rank: int
+    ranks: tuple[int, ...]
+    outcome: str
+    stopped: tuple[tuple[int, int, str], ...] = ()
+    unkillable: tuple[tuple[int, int, str], ...] = ()
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"host": self.host, "agent_rank": self.agent_rank, "ranks": list(self.ranks), "outcome": self.outcome,
+                "stopped": [list(item) for item in self.stopped],
+                "unkillable": [list(item) for item in self.unkillable], "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class HostView:
+    """One remote host as the hub sees it: its agent's rank, its ranks, its connection's state
+    (``connected``, ``closed``, ``lost``, ``stopped``) and since when (monotonic)."""
+
+    host: str
+    agent_rank: int
+    ranks: tuple[ProcessIdentity, ...]
+    connection: str
+    since: float
+
+
+@dataclass
+class _Session:
+    sid: str
+    host: str
+    agent: ProcessIdentity
+    ranks: tuple[ProcessIdentity, ...]
+    key: Key | None
+    seq_in: int  # the last sequence number taken from the agent
+    seq_out: int = 0
+    connection: str = "connected"
+    since: float = field(default_factory=time.monotonic)
+    stop: HostStop | None = None
+
+
+class AgentHub:
+    """The proxy side; see the module docstring. ``start()`` once, ``close()`` once (idempotent).
+
+    Args:
+        monitor: the engine's monitor; remote ranks' states and events go there.
+        bind: the address to bind (an interface's address or a hostname; ``*`` for every
+            interface). Bind only where the ranks can reach: the channel is authenticated, not
+            encrypted (it carries pids and states, never requests or weights).
+        port: the TCP port; 0 picks a free one.
+        advertise: the host name or address the ranks connect to (default: ``bind``, or this
+            host's name when ``bind`` is ``*``).
+        heartbeat_timeout_s: silence after which a host is lost (ZMTP heartbeats every quarter of it).
+        d_state_timeout_s: the agents' wedge bound (None: off), armed by :meth:`arm`.
+    """
+
+    def __init__(self, monitor: WorkerProcessMonitor, *, bind: str, port: int = 0, advertise: str | None = None,
+                 heartbeat_timeout_s: float = 1.0, d_state_timeout_s: float | None = None,
+                 grace_s: float = 2.0, kill_s: float = 3.0) -> None:
+        if not 0.01 <= heartbeat_timeout_s <= 3600:
+            raise ValueError(f"heartbeat_timeout_s must be in [0.01, 3600], got {heartbeat_timeout_s}")
+        if not 0 <= port <= 65535:
+            raise ValueError(f"port must be in [0, 65535], got {port}")
+        self.monitor = monitor
+        self.bind = bind
+        self.port = port
+        self.advertise = advertise
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.d_state_timeout_s = d_state_timeout_s
+        self.grace_s = grace_s
+        self.kill_s = kill_s
+        self.secret = secrets.token_bytes(_wire.SECRET_BYTES)
+        self.endpoint = ""
+        self.rejected = 0
+        self._cond = threading.Condition()
+        self._commands: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
+        self._sessions: dict[str, _Session] = {}
+        self._by_key: dict[Key, str] = {}
+        self._closed_keys: dict[Key, Ending] = {}
+        self._seen_sids: set[str] = set()
+        self._armed: float | None = None
+        self._armed_set = False
+        self._expecting = False
+        self._stop_req: int | None = None
+        self._req_ids = itertools.count(1)
+        self._conns = ConnectionTable()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._closing = False
+        self._thread: threading.Thread | None = None
+        self._ctx: Any = None
+        self._sock: Any = None
+        self._monitor_sock: Any = None
+
+    # ----------------------------------------------------------------- public
+
+    def start(self) -> AgentHub:
+        """Bind (in this thread, so a bad address raises here) and start the hub's thread."""
+        import zmq
+
+        ctx = zmq.Context(io_threads=1)
+        sock = ctx.socket(zmq.ROUTER)
+        try:
+            interval_ms = max(1, int(self.heartbeat_timeout_s * 250))
+            timeout_ms = max(2, int(self.heartbeat_timeout_s * 1000))
+            sock.setsockopt(zmq.LINGER, 500)
+            sock.setsockopt(zmq.SNDTIMEO, 0)
+            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+            sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
+            sock.setsockopt(zmq.HEARTBEAT_IVL, interval_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
+            sock.setsockopt(zmq.HEARTBEAT_TTL, timeout_ms)
+            self._monitor_sock = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
+            host = "*" if self.bind in ("*", "0.0.0.0") else self.bind
+            if self.port:
+                sock.bind(f"tcp://{host}:{self.port}")
+            else:
+                self.port = sock.bind_to_random_port(f"tcp://{host}")
+        except Exception:
+            if self._monitor_sock is not None:
+                self._monitor_sock.close(0)
+            sock.close(0)
+            ctx.term()
+            raise
+        self._ctx, self._sock = ctx, sock
+        advertise = self.advertise or (self.bind if self.bind not in ("*", "0.0.0.0") else _hostname())
+        self.endpoint = f"tcp://{advertise}:{self.port}"
+        self._thread = threading.Thread(target=self._run, name="trtllm-liveness-agent-hub", daemon=True)
+        self._thread.start()
+        logger.info("liveness: agent hub listening on %s (heartbeat timeout %.2f s)", self.endpoint,
+                    self.heartbeat_timeout_s)
+        return self
+
+    def worker_spec(self) -> dict[str, Any]:
+        """What travels to every rank with its task (plain JSON types)."""
+        return {"endpoint": self.endpoint, "secret": self.secret.hex(), "heartbeat_timeout_s": self.heartbeat_timeout_s,
+                "d_state_timeout_s": self.d_state_timeout_s, "grace_s": self.grace_s, "kill_s": self.kill_s}
+
+    def arm(self, d_state_timeout_s: float | None = None) -> None:
+        """Tell every agent (and every later one) to make wedge verdicts from now on."""
+        self._command("arm", {"d": d_state_timeout_s if d_state_timeout_s is not None else self.d_state_timeout_s})
+
+    def expect_exits(self) -> None:
+        """A clean stop began: agents treat exits as expected and no longer end their ranks when
+        the hub goes away."""
+        self._command("expect", {})
+
+    def hosts(self) -> list[HostView]:
+        """A snapshot of every remote host that said hello."""
+        with self._cond:
+            return [HostView(s.host, s.agent.rank, s.ranks, s.connection, s.since)
+                    for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
+
+    def stop_hosts(self, timeout_s: float, *, grace_s: float | None = None,
+                   kill_s: float | None = None) -> list[HostStop]:
+        """Ask every connected agent to stop its host's ranks (bounded, with its own pidfds) and
+        wait at most ``timeout_s`` for the reports. Returns one :class:`HostStop` per host; a lost
+        host is reported lost, one that did not answer in time ``no-answer``. Never raises for
+        what the hosts do; at most one stop runs (a second call waits for the same reports)."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        self._command("stop", {"grace": self.grace_s if grace_s is None else grace_s,
+                               "kill": self.kill_s if kill_s is None else kill_s})
+        with self._cond:
+            while True:
+                pending = [s for s in self._sessions.values() if s.stop is None]
+                left = deadline - time.monotonic()
+                if not pending or left <= 0 or self._closing:
+                    break
+                self._cond.wait(left)
+            return [s.stop or HostStop(s.host, s.agent.rank, tuple(r.rank for r in s.ranks), "no-answer",
+                                       detail=f"no report within {timeout_s:.1f} s")
+                    for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop the thread and close the socket (its LINGER lets a last ``expect`` leave)."""
+        with self._cond:
+            if self._closing:
+                return
+            self._closing = True
+            self._cond.notify_all()
+        self._wake()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+        if self._thread is None:
+            self._release()
+
+    # ----------------------------------------------------------------- the thread
+
+    def _command(self, kind: str, fields: dict[str, Any]) -> None:
+        with self._cond:
+            self._commands.append((kind, fields))
+        self._wake()
+
+    def _wake(self) -> None:
+        with self._cond:
+            if self._wake_w >= 0:
+                with contextlib.suppress(BlockingIOError, OSError):
+                    os.write(self._wake_w, b"x")
+
+    def _release(self) -> None:
+        self._conns.close()
+        if self._monitor_sock is not None:
+            with contextlib.suppress(Exception):
+                self._sock.disable_monitor()
+            self._monitor_sock.close(0)
+        if self._sock is not None:
+            self._sock.close()
+        if self._ctx is not None:
+            self._ctx.term()
+        with self._cond:
+            for fd in (self._wake_r, self._wake_w):
+                if fd >= 0:
+                    os.close(fd)
+            self._wake_r = self._wake_w = -1
+            self._cond.notify_all()
+
+    def _run(self) -> None:
+        import zmq
+        from zmq.utils.monitor import parse_monitor_message
+
+        poller = zmq.Poller()
+        poller.register(self._sock, zmq.POLLIN)
+        poller.register(self._monitor_sock, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        try:
+            while True:
+                with self._cond:
+                    if self._closing:
+                        self._flush_commands_locked()
+                        return
+                ready = dict(poller.poll())
+                if self._wake_r in ready:
+                    with contextlib.suppress(BlockingIOError):
+                        os.read(self._wake_r, 4096)
+                if self._monitor_sock in ready:
+                    while True:
+                        try:
+                            event = parse_monitor_message(self._monitor_sock.recv_multipart(zmq.NOBLOCK))
+                        except zmq.Again:
+                            break
+                        if event["event"] == zmq.EVENT_ACCEPTED:
+                            self._conns.accepted(int(event["value"]))
+                        elif event["event"] == zmq.EVENT_DISCONNECTED:
+                            self._disconnected(*self._conns.disconnected(int(event["value"])))
+                if self._sock in ready:
+                    self._drain(zmq)
+                with self._cond:
+                    self._flush_commands_locked()
+        except Exception:
+            logger.exception("liveness: the agent hub failed; remote hosts are no longer watched")
+        finally:
+            self._release()
+
+    def _flush_commands_locked(self) -> None:
+        while self._commands:
+            kind, fields = self._commands.popleft()
+            if kind == "arm":
+                self._armed, self._armed_set = fields["d"], True
+            elif kind == "expect":
+                self._expecting = True
+            elif kind == "stop":
+                if self._stop_req is not None:
+                    continue
+                self._stop_req = next(self._req_ids)
+                fields = {**fields, "req": self._stop_req}
+                for session in self._sessions.values():
+                    if session.connection != "connected" and session.stop is None:
+                        session.stop = HostStop(session.host, session.agent.rank, tuple(r.rank for r in session.ranks),
+                                                "lost", detail=f"connection {session.connection}")
+                self._cond.notify_all()
+            for session in self._sessions.values():
+                if session.connection == "connected":
+                    self._send(session, kind, **fields)
+
+    def _send(self, session: _Session, kind: str, /, **fields: Any) -> None:
+        import zmq
+
+        session.seq_out += 1
+        frame = _wire.encode(self.secret, _wire.TO_AGENT, kind, session.sid, session.seq_out, **fields)
+        try:
+            self._sock.send_multipart([session.sid.encode(), frame], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:  # gone (ROUTER_MANDATORY) or its queue is full: never block
+            logger.warning("liveness: could not send %s to the agent on host %s: %s", kind, session.host, exc)
+
+    def _reject(self, why: str, peer: str = "?") -> None:
+        self.rejected += 1
+        if self.rejected <= 5 or self.rejected % _REJECT_LOG_EVERY == 0:
+            logger.warning("liveness: agent hub rejected a message from %s (%d so far): %s", peer, self.rejected, why)
+
+    def _drain(self, zmq: Any) -> None:
+        while True:
+            try:
+                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            peer = "?"
+            with contextlib.suppress(Exception):
+                peer = str(frames[-1].get("Peer-Address"))
+            if len(frames) != 2:
+                self._reject(f"{len(frames) - 1} frames instead of 1", peer)
+                continue
+            routing_id, frame = frames[0].bytes, frames[1].bytes
+            try:
+                message = _wire.decode(self.secret, _wire.TO_HUB, frame)
+                if routing_id != message.sid.encode():
+                    raise _wire.WireError("session id differs from the connection's identity")
+                with self._cond:
+                    self._handle_locked(message, peer)
+            except _wire.WireError as exc:
+                self._reject(str(exc), peer)
+
+    def _handle_locked(self, message: _wire.Message, peer: str) -> None:
+        session = self._sessions.get(message.sid)
+        if message.kind == "hello":
+            if message.sid in self._seen_sids:
+                raise _wire.WireError("hello of a session already seen (replayed)")
+            self._seen_sids.add(message.sid)
+            self._hello_locked(message, peer)
+            return
+        if session is None:
+            raise _wire.WireError(f"{message.kind} before hello")
+        if message.seq <= session.seq_in:
+            raise _wire.WireError(f"replayed or reordered message (n={message.seq})")
+        session.seq_in = message.seq
+        if message.kind == "event":
+            self._event_locked(session, message)
+        elif message.kind == "state":
+            self._state_locked(session, message)
+        elif message.kind == "report":
+            self._report_locked(session, message)
+        else:
+            raise _wire.WireError(f"unknown kind {message.kind!r}")
+
+    def _hello_locked(self, message: _wire.Message, peer: str) -> None:
+        host = _wire.field(message, "host", str, max_len=253)
+        agent_rank = _wire.field(message, "rank", int, low=0, high=1 << 24)
+        port = _wire.field(message, "port", int, low=0, high=65535)
+        raw = _wire.field(message, "ranks", list)
+        if len(raw) > MAX_RANKS_PER_HOST:
+            raise _wire.WireError(f"hello: {len(raw)} ranks, more than {MAX_RANKS_PER_HOST}")
+        try:
+            ranks = tuple(parse_identities(raw, max_count=MAX_RANKS_PER_HOST, own_pid=0))
+        except ValueError as exc:
+            raise _wire.WireError(f"hello: {exc}") from None
+        agent = next((identity for identity in ranks if identity.rank == agent_rank), None)
+        why = ""
+        if agent is None:
+            why = f"the agent's rank {agent_rank} is not among its host's ranks"
+        elif any(identity.hostname != host for identity in ranks):
+            why = f"a rank of another host than {host!r}"
+        elif any(is_local(identity) for identity in ranks):
+            why = "ranks of the proxy's own host (watched here, not by an agent)"
+        else:
+            taken = {r.rank for s in self._sessions.values() if s.connection == "connected" for r in s.ranks}
+            if taken & {identity.rank for identity in ranks}:
+                why = f"ranks {sorted(taken & {r.rank for r in ranks})} are already another agent's"
+        if why or agent is None:
+            self._reject(f"hello from host {host!r} refused: {why}", peer)
+            self._refuse(message.sid, why)
+            return
+        key = (peer, port) if peer != "?" and port else None
+        session = _Session(message.sid, host, agent, ranks, key, seq_in=message.seq)
+        self._sessions[message.sid] = session
+        for identity in ranks:
+            detail = f"watched by the agent on host {host} (rank {agent.rank})"
+            if not self.monitor.apply_remote(identity, WorkerState.ALIVE, detail, via="agent"):
+                logger.warning("liveness: %s does not match the rank registered here; its agent's reports "
+                               "about it are ignored", identity.describe())
+        logger.info("liveness: host %s's agent (rank %d) watches ranks %s", host, agent.rank,
+                    [identity.rank for identity in ranks])
+        self._send(session, "welcome")
+        if self._armed_set:
+            self._send(session, "arm", d=self._armed)
+        if self._expecting:
+            self._send(session, "expect")
+        if self._stop_req is not None:
+            self._send(session, "stop", req=self._stop_req, grace=self.grace_s, kill=self.kill_s)
+        if key is not None:
+            self._by_key[key] = message.sid
+            ending = self._closed_keys.pop(key, None)
+            if ending is not None:  # its connection ended before its hello was read
+                self._lost_locked(session, ending)
+
+    def _refuse(self, sid: str, why: str) -> None:
+        import zmq
+
+        frame = _wire.encode(self.secret, _wire.TO_AGENT, "reject", sid, 1, why=why[:500])
+        with contextlib.suppress(zmq.ZMQError):
+            self._sock.send_multipart([sid.encode(), frame], zmq.NOBLOCK)
+
+    def _rank_of(self, session: _Session, message: _wire.Message) -> ProcessIdentity:
+        rank = _wire.field(message, "rank", int, low=0, high=1 << 24)
+        for identity in session.ranks:
+            if identity.rank == rank:
+                return identity
+        raise _wire.WireError(f"{message.kind}: rank {rank} is not one of host {session.host}'s")
+
+    def _event_locked(self, session: _Session, message: _wire.Message) -> None:
+        identity = self._rank_of(session, message)
+        kind = _wire.field(message, "what", str, max_len=16)
+        state = _EVENT_STATES.get(kind)
+        if state is None:
+            raise _wire.WireError(f"event: unknown kind {kind!r}")
+        cause = _wire.field(message, "cause", str, max_len=4000)
+        age = _wire.field(message, "age", float, low=0, high=1e7)
+        tid = message.body.get("tid")
+        wchan = message.body.get("wchan")
+        self._apply(identity, state, f"{cause} (reported by the agent on host {session.host})",
+                    tid=tid if isinstance(tid, int) and not isinstance(tid, bool) and 0 < tid < 1 << 22 else None,
+                    wchan=wchan[:200] if isinstance(wchan, str) else "", fault_at=time.monotonic() - age)
+
+    def _state_locked(self, session: _Session, message: _wire.Message) -> None:
+        identity = self._rank_of(session, message)
+        state = _REPORTED_STATES.get(_wire.field(message, "state", str, max_len=32))
+        if state is None:
+            raise _wire.WireError(f"state: unknown state {message.body.get('state')!r}")
+        detail = _wire.field(message, "detail", str, max_len=4000)
+        self._apply(identity, state, f"{detail} (reported by the agent on host {session.host})")
+
+    def _report_locked(self, session: _Session, message: _wire.Message) -> None:
+        stop = _wire.field(message, "stop", dict)
+        workers, unkillable = stop.get("workers"), stop.get("unkillable")
+        if not isinstance(workers, list) or not isinstance(unkillable, list) or len(workers) + len(unkillable) > 2 * \
+                MAX_RANKS_PER_HOST:
+            raise _wire.WireError("report: workers and unkillable must be lists")
+        session.stop = HostStop(session.host, session.agent.rank, tuple(r.rank for r in session.ranks), "stopped",
+                                stopped=tuple(_triple(item, "outcome") for item in workers),
+                                unkillable=tuple(_triple(item, "message") for item in unkillable))
+        self._cond.notify_all()
+
+    def _apply(self, identity: ProcessIdentity, state: WorkerState, detail: str, **extra: Any) -> None:
+        # The monitor delivers to subscribers in this thread: release the hub's lock meanwhile, so
+        # a subscriber that asks the hub anything (hosts(), stop_hosts()) cannot deadlock.
+        self._cond.release()
+        try:
+            self.monitor.apply_remote(identity, state, detail, via="agent", **extra)
+        finally:
+            self._cond.acquire()
+
+    def _disconnected(self, key: Key | None, ending: Ending) -> None:
+        with self._cond:
+            sid = self._by_key.pop(key, None) if key is not None else None
+            session = self._sessions.get(sid) if sid is not None else None
+            if session is None:
+                if key is not None:
+                    self._closed_keys[key] = ending
+                    while len(self._closed_keys) > 4 * MAX_RANKS_PER_HOST:
+                        self._closed_keys.pop(next(iter(self._closed_keys)))
+                return
+            self._lost_locked(session, ending)
+
+    def _lost_locked(self, session: _Session, ending: Ending) -> None:
+        if session.connection != "connected":
+            return
+        session.since = time.monotonic()
+        ranks = ", ".join(f"{r.rank} (pid {r.pid})" for r in session.ranks)
+        agent = session.agent
+        if session.stop is not None and session.stop.outcome == "stopped":
+            session.connection = "stopped"
+            self._apply(agent, WorkerState.EXITED, f"ended after its host's stop (agent on host {session.host})")
+            self._cond.notify_all()
+            return
+        if ending is Ending.SILENT:
+            session.connection = "lost"
+            cause = (f"no heartbeat from host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) for "
+                     f"{self.heartbeat_timeout_s:.2f} s: the host is lost or cut off, or the agent's rank is stuck; "
+                     f"unreachable ranks: {ranks}")
+            last_heard = time.monotonic() - self.heartbeat_timeout_s
+            for identity in (agent, *[r for r in session.ranks if r.rank != agent.rank]):
+                self._apply(identity, WorkerState.LOST, cause, fault_at=last_heard)
+        else:
+            session.connection = "closed"
+            how = "closed (FIN/RST)" if ending is Ending.CLOSED else "ended"
+            self._apply(agent, WorkerState.EXITED,
+                        f"its connection to the proxy {how}: the process exited or its host went down "
+                        f"(it hosted host {session.host}'s agent)")
+            others = [r for r in session.ranks if r.rank != agent.rank]
+            for identity in others:
+                self._apply(identity, WorkerState.LOST,
+                            f"host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) is gone: this rank "
+                            f"is no longer watched (ranks of the host: {ranks})")
+        if session.stop is None and self._stop_req is not None:
+            session.stop = HostStop(session.host, agent.rank, tuple(r.rank for r in session.ranks), "lost",
+                                    detail=f"connection {session.connection} before its report")
+        self._cond.notify_all()
+
+
+def _triple(item: Any, text_field: str) -> tuple[int, int, str]:
+    if not isinstance(item, dict):
+        raise _wire.WireError("report: an entry is not an object")
+    rank, pid, text = item.get("rank"), item.get("pid"), item.get(text_field)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not isinstance(pid, (int, type(None))) \
+            or not isinstance(text, str):
+        raise _wire.WireError(f"report: bad entry {str(item)[:200]}")
+    return rank, pid if isinstance(pid, int) else 0, text[:2000]
+
+
+def _hostname() -> str:
+    from .._identity import local_hostname
+
+    return local_hostname()

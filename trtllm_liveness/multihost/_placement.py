@@ -1,0 +1,87 @@
+"""Which rank of each host runs its agent, decided by every rank alike from one ``allgather``.
+
+Each rank contributes its identity and its kernel's boot id; ranks with the same (hostname, boot
+id, PID namespace) share a host. The proxy's host needs no agent (the proxy's own monitor watches
+its ranks through pidfds). On every other host the lowest rank runs the agent, over the host's
+other ranks: the choice needs no further message and every rank makes the same one.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from .._identity import ProcessIdentity, capture_identity, coerce_identity
+from ._agent import AgentSettings, HostAgent
+from ._wire import parse_secret
+
+logger = logging.getLogger(__name__)
+
+HostKey = tuple[str, str, "int | None"]
+
+
+def plan(everyone: Sequence[tuple[ProcessIdentity, str]], rank: int,
+         proxy_host: HostKey | None) -> tuple[ProcessIdentity, list[ProcessIdentity]] | None:
+    """(this rank's identity, the host's other ranks) when ``rank`` runs its host's agent, else None."""
+    mine = next(((identity, boot) for identity, boot in everyone if identity.rank == rank), None)
+    if mine is None:
+        return None
+    me, boot = mine
+    key: HostKey = (me.hostname, boot, me.pid_namespace)
+    if proxy_host is not None and _same_host(key, proxy_host):
+        return None
+    host = [identity for identity, other in everyone if _same_host((identity.hostname, other, identity.pid_namespace),
+                                                                     key)]
+    if min(identity.rank for identity in host) != rank:
+        return None
+    return me, sorted((identity for identity in host if identity.rank != rank), key=lambda identity: identity.rank)
+
+
+def _same_host(a: HostKey, b: HostKey) -> bool:
+    # A boot id unknown on one side ("") is not held against it; hostname and namespace still decide.
+    return a[0] == b[0] and a[2] == b[2] and (not a[1] or not b[1] or a[1] == b[1])
+
+
+def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
+    """The proxy's ``worker_spec`` as agent settings. Raises ``ValueError`` for a malformed one."""
+    endpoint, timeout = spec.get("endpoint"), spec.get("heartbeat_timeout_s")
+    if not isinstance(endpoint, str) or not endpoint.startswith("tcp://") or len(endpoint) > 300:
+        raise ValueError(f"bad hub endpoint {endpoint!r}")
+    if not isinstance(timeout, (int, float)) or not 0.01 <= timeout <= 3600:
+        raise ValueError(f"bad heartbeat timeout {timeout!r}")
+    d = spec.get("d_state_timeout_s")
+    grace, kill = spec.get("grace_s", 2.0), spec.get("kill_s", 3.0)
+    return AgentSettings(endpoint, parse_secret(spec.get("secret")), float(timeout),
+                         float(d) if isinstance(d, (int, float)) and d > 0 else None,
+                         grace_s=float(grace) if isinstance(grace, (int, float)) else 2.0,
+                         kill_s=float(kill) if isinstance(kill, (int, float)) else 3.0)
+
+
+def start_for_rank(spec: Mapping[str, Any], comm: Any, proxy: Sequence[Any] | None) -> HostAgent | None:
+    """Every rank of the session calls this (one ``allgather`` on ``comm``); the lowest rank of
+    each host other than the proxy's starts that host's agent and gets it back."""
+    from .._procfs import boot_id
+
+    settings = settings_of(spec)  # the same spec on every rank: all raise, or none
+    rank = comm.Get_rank()
+    try:
+        mine: list[Any] | None = [list(capture_identity(rank)), boot_id()]
+    except Exception:
+        logger.warning("liveness: rank %d could not capture its identity; its host may go unwatched", rank,
+                       exc_info=True)
+        mine = None
+    gathered = comm.allgather(mine)  # every rank takes part, also one whose capture failed
+    everyone = [(coerce_identity(entry[0], index), str(entry[1])) for index, entry in enumerate(gathered)
+                if entry is not None]
+    proxy_host: HostKey | None = None
+    if proxy is not None and len(proxy) >= 4:
+        proxy_host = (str(proxy[2]), str(proxy[4]) if len(proxy) > 4 else "",
+                      proxy[3] if isinstance(proxy[3], int) else None)
+    chosen = plan(everyone, rank, proxy_host)
+    if chosen is None:
+        return None
+    me, others = chosen
+    logger.info("liveness: rank %d runs host %s's agent over ranks %s, reporting to %s", rank, me.hostname,
+                [identity.rank for identity in others], settings.endpoint)
+    return HostAgent(settings, me, others).start()

@@ -1,0 +1,117 @@
+"""The wire between a proxy's agent hub and the per-host agents: authenticated, bounded messages.
+
+The channel crosses hosts, so every message is authenticated with the engine's secret (32 random
+bytes the proxy hands to its ranks with their task, as upstream hands its HMAC key to its
+workers). One ZMQ frame per message::
+
+    b"TLH1" | HMAC-SHA256(secret, b"TLH1" + direction + body) (32 bytes) | body (UTF-8 JSON object)
+
+``direction`` is ``b"A"`` for agent -> hub and ``b"H"`` for hub -> agent, so a message cannot be
+reflected back to its sender. The body always holds ``k`` (the kind), ``sid`` (the agent's session
+id: 32 hex digits, also its ZMQ routing id) and ``n`` (a sequence number, strictly increasing per
+session and direction). A receiver keeps the last ``n`` per session and drops anything not newer:
+a replay within a session fails there, and a session id the hub has ever seen is never accepted
+in a new ``hello`` (a replay of an old session). Standard library only.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+MAGIC = b"TLH1"
+TO_HUB = b"A"
+TO_AGENT = b"H"
+MAC_BYTES = 32
+SECRET_BYTES = 32
+MAX_MESSAGE_BYTES = 64 << 10  # a hello of 72 ranks is ~10 KiB; anything near this is not ours
+_SID_RE = re.compile(r"[0-9a-f]{32}")
+_KIND_RE = re.compile(r"[a-z]{1,16}")
+_MAX_SEQ = 1 << 62
+
+
+class WireError(ValueError):
+    """A message that is not one of ours: the text says why (for a rate-limited log line)."""
+
+
+@dataclass(frozen=True)
+class Message:
+    """One authenticated, parsed message: its kind, session, sequence number and whole body."""
+
+    kind: str
+    sid: str
+    seq: int
+    body: dict[str, Any]
+
+
+def encode(secret: bytes, direction: bytes, kind: str, sid: str, seq: int, /, **fields: Any) -> bytes:
+    """One frame: magic, MAC, JSON body of ``fields`` plus ``k``, ``sid`` and ``n``."""
+    body = json.dumps({**fields, "k": kind, "sid": sid, "n": seq}, separators=(",", ":")).encode()
+    if len(body) + len(MAGIC) + MAC_BYTES > MAX_MESSAGE_BYTES:
+        raise ValueError(f"message {kind!r} of {len(body)} bytes exceeds {MAX_MESSAGE_BYTES}")
+    return MAGIC + _mac(secret, direction, body) + body
+
+
+def decode(secret: bytes, direction: bytes, frame: bytes) -> Message:
+    """Check and parse one frame received in ``direction``. Raises :class:`WireError`.
+
+    The MAC is checked (in constant time) before the body is parsed: no unauthenticated byte
+    reaches the JSON parser."""
+    if len(frame) > MAX_MESSAGE_BYTES:
+        raise WireError(f"oversized message ({len(frame)} bytes, limit {MAX_MESSAGE_BYTES})")
+    head = len(MAGIC) + MAC_BYTES
+    if len(frame) <= head or not frame.startswith(MAGIC):
+        raise WireError(f"not a hub message ({len(frame)} bytes without the {MAGIC!r} header)")
+    mac, body = frame[len(MAGIC):head], frame[head:]
+    if not hmac.compare_digest(mac, _mac(secret, direction, body)):
+        raise WireError("authentication failed (wrong or missing secret, or a tampered message)")
+    try:
+        parsed = json.loads(body)
+    except (UnicodeDecodeError, ValueError) as exc:  # authenticated garbage: a bug, not an attack
+        raise WireError(f"authenticated body is no JSON: {exc}") from None
+    if not isinstance(parsed, dict):
+        raise WireError(f"body is a {type(parsed).__name__}, not an object")
+    kind, sid, seq = parsed.get("k"), parsed.get("sid"), parsed.get("n")
+    if not isinstance(kind, str) or not _KIND_RE.fullmatch(kind):
+        raise WireError(f"bad kind {kind!r}")
+    if not isinstance(sid, str) or not _SID_RE.fullmatch(sid):
+        raise WireError("bad session id")
+    if not isinstance(seq, int) or isinstance(seq, bool) or not 0 < seq < _MAX_SEQ:
+        raise WireError(f"bad sequence number {seq!r}")
+    return Message(kind, sid, seq, parsed)
+
+
+def _mac(secret: bytes, direction: bytes, body: bytes) -> bytes:
+    return hmac.new(secret, MAGIC + direction + body, hashlib.sha256).digest()
+
+
+def parse_secret(value: object) -> bytes:
+    """The secret from its hex form (as it travels to the ranks). Raises ``ValueError``."""
+    if not isinstance(value, str) or len(value) != 2 * SECRET_BYTES:
+        raise ValueError("the agent secret must be 64 hex digits")
+    return bytes.fromhex(value)
+
+
+def field(message: Message, name: str, kind: type, *, low: float | None = None, high: float | None = None,
+          max_len: int = 4096) -> Any:
+    """``message.body[name]`` checked against ``kind`` (and bounds). Raises :class:`WireError`."""
+    value = message.body.get(name)
+    if kind is int:
+        if not isinstance(value, int) or isinstance(value, bool) or (low is not None and value < low) \
+                or (high is not None and value > high):
+            raise WireError(f"{message.kind}: field {name!r} must be an int in [{low}, {high}], got {value!r}")
+    elif kind is float:
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value \
+                or (low is not None and value < low) or (high is not None and value > high):
+            raise WireError(f"{message.kind}: field {name!r} must be a number in [{low}, {high}], got {value!r}")
+        value = float(value)
+    elif kind is str:
+        if not isinstance(value, str) or len(value) > max_len:
+            raise WireError(f"{message.kind}: field {name!r} must be a string of at most {max_len}")
+    elif not isinstance(value, kind):
+        raise WireError(f"{message.kind}: field {name!r} must be a {kind.__name__}")
+    return value
