@@ -17,7 +17,18 @@ network, PID, UTS and mount namespaces, removed after each trial). Measured:
                   -> MPI_ERR_PROC_FAILED on the survivors (ranks 0, 1, 3; each rank stamps the
                   error with CLOCK_MONOTONIC, the machine's one clock), or null with the reason
 
-Figures only: no agent is involved (that is issue 12's later work).
+and, in the same run, the EXTENSION (the engine with its agents, scripts/_multihost_agents.py: the
+upstream-shaped engine under mpirun across fresh test hosts, a request in flight):
+
+  remote kill     SIGKILL of rank 2 (hostB) -> the engine's fatal error, pending request failed;
+                  p50/p99 of --agent-kills (>= 20)
+  host crash / partition / silent loss of hostB -> fatal, p50 of --agent-faults each (default
+                  heartbeat: 1 s)
+  remote wedge    a non-agent rank on hostB frozen in D (cgroup v1 freezer), D timeout 2 s -> fatal
+  heartbeat CPU   proxy + 8 ranks on 4 hosts, idle, 10 s: agents on minus hosts=off (same run)
+  128 hosts       a process with only the hub, 128 simulated agents (hello, ZMTP heartbeats), 10 s,
+                  minus the same hub with none
+  false alarms    --control s with both cores busy, every rank alive: fatal errors (0 expected)
 """
 
 from __future__ import annotations
@@ -35,6 +46,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 import _bench
+import _multihost_agents as agents
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.helpers: the test hosts
@@ -186,6 +198,11 @@ def main() -> int:
     parser.add_argument("--crashes", type=int, default=5, help="host crashes of each kind")
     parser.add_argument("--window", type=float, default=None, help="partition observation window, s (default 30)")
     parser.add_argument("--quick", action="store_true", help="window 10 s")
+    parser.add_argument("--agent-kills", type=int, default=20, help="remote kills with the extension (>= 20)")
+    parser.add_argument("--agent-faults", type=int, default=5, help="crashes, partitions, silent losses each")
+    parser.add_argument("--control", type=float, default=60.0, help="loaded no-fault control, s")
+    parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
+                        help="also the extension-off baseline and ULFM (default on)")
     args = parser.parse_args()
     window = args.window if args.window is not None else (10.0 if args.quick else 30.0)
     reason = unavailable()
@@ -193,6 +210,9 @@ def main() -> int:
         print(f"cannot make test hosts here: {reason}", file=sys.stderr)
         return 2
     began = time.monotonic()
+    ext = extension(args)
+    if not args.baseline:
+        return finish_extension(args, ext, began)
     kills = [remote_kill() for _ in range(args.kills)]
     crashes = [host_crash(True) for _ in range(args.crashes)]
     crashes_daemon = [host_crash(False) for _ in range(args.crashes)]
@@ -226,6 +246,7 @@ def main() -> int:
         "crashes": sum(c.ms is not None for c in crashes + crashes_daemon),
         "wall_s": time.monotonic() - began,
     }
+    r.update(ext)
     rows = [
         ("rank SIGKILL on hostB -> mpirun exits", "p50", fmt(p50(kills)),
          f"statuses {r['baseline_remote_kill_exit_statuses']}"),
@@ -240,11 +261,87 @@ def main() -> int:
     print(f"{'measure':42} {'':10} {'value':22} note")
     for name, kind, value, note in rows:
         print(f"{name:42} {kind:10} {value:22} {note}")
+    extension_rows(ext)
     targets = [
+        *extension_targets(args, ext),
         (f"every remote kill ended the job ({r['kills']} of {args.kills})", r["kills"] == args.kills >= 5),
         (f"every host crash ended the job ({r['crashes']} of {2 * args.crashes})", r["crashes"] == 2 * args.crashes),
     ]
     return _bench.finish(targets, r, as_json=args.json, wall_s=r["wall_s"])
+
+
+def extension(args: argparse.Namespace) -> dict[str, object]:
+    kills = [agents.remote_kill() for _ in range(args.agent_kills)]
+    faults = {kind: [agents.host_fault(kind) for _ in range(args.agent_faults)]
+              for kind in ("crash", "partition", "silent")}
+    wedge = agents.remote_wedge()
+    cpu_on, cpu_off = agents.idle_cpu(True), agents.idle_cpu(False)
+    sim_128, sim_0 = agents.proxy_cpu_simulated(128), agents.proxy_cpu_simulated(0)
+    alarms, alarm = agents.false_alarms_loaded(args.control)
+
+    def ms(results: list[agents.Fatal], q: float) -> float | None:
+        return _bench.percentile([f.ms for f in results if f.ms is not None], q)
+
+    def named(results: list[agents.Fatal], kinds: tuple[str, ...]) -> int:
+        return sum(f.ms is not None and f.host == "hostB" and f.kind in kinds and f.pending_failed for f in results)
+
+    return {
+        "remote_kill_p50_ms": ms(kills, 0.5), "remote_kill_p99_ms": ms(kills, 0.99),
+        "remote_kills_detected": named(kills, ("died",)), "remote_kills": len(kills),
+        "host_crash_ms": ms(faults["crash"], 0.5), "host_crashes_detected": named(faults["crash"], ("died", "lost")),
+        "partition_ms": ms(faults["partition"], 0.5), "partitions_detected": named(faults["partition"], ("lost",)),
+        "silent_loss_ms": ms(faults["silent"], 0.5), "silent_losses_detected": named(faults["silent"], ("lost",)),
+        "agent_faults": args.agent_faults,
+        "remote_wedge_ms": wedge.ms, "remote_wedge_kind": wedge.kind, "remote_wedge_rank": wedge.rank,
+        "remote_wedge_d_state_timeout_s": 2.0,
+        "heartbeat_cpu_ms_per_s": cpu_on - cpu_off, "idle_cpu_ms_per_s_agents_on": cpu_on,
+        "idle_cpu_ms_per_s_hosts_off": cpu_off,
+        "proxy_cpu_ms_per_s_128_hosts": sim_128 - sim_0, "proxy_cpu_ms_per_s_128_hosts_raw": sim_128,
+        "proxy_cpu_ms_per_s_no_hosts": sim_0,
+        "false_alarms_loaded_60s": alarms, "false_alarm_control_s": args.control, "false_alarm": alarm,
+        "example_messages": {"remote_kill": kills[0].message if kills else "",
+                             "partition": faults["partition"][0].message if faults["partition"] else "",
+                             "remote_wedge": wedge.message},
+    }
+
+
+def extension_rows(ext: dict[str, object]) -> None:
+    print(f"{'extension on':42} {'':10} {'value':22}")
+    for key in ("remote_kill_p50_ms", "remote_kill_p99_ms", "host_crash_ms", "partition_ms", "silent_loss_ms",
+                "remote_wedge_ms", "heartbeat_cpu_ms_per_s", "proxy_cpu_ms_per_s_128_hosts",
+                "false_alarms_loaded_60s"):
+        value = ext[key]
+        print(f"{key:42} {'':10} {fmt(value, '') if isinstance(value, float) or value is None else value!s:22}")
+
+
+def extension_targets(args: argparse.Namespace, ext: dict[str, object]) -> list[tuple[str, bool]]:
+    def le(key: str, bound: float) -> bool:
+        value = ext[key]
+        return isinstance(value, (int, float)) and value <= bound
+
+    n = args.agent_faults
+    return [
+        (f"remote kills detected, named, request failed: {ext['remote_kills_detected']} of {args.agent_kills} "
+         "(>= 20)", ext["remote_kills_detected"] == args.agent_kills >= 20),
+        (f"remote kill p99 {fmt(ext['remote_kill_p99_ms'])} <= 20 ms", le("remote_kill_p99_ms", 20)),
+        (f"host crashes detected {ext['host_crashes_detected']} of {n}", ext["host_crashes_detected"] == n),
+        (f"partitions detected {ext['partitions_detected']} of {n}, p50 {fmt(ext['partition_ms'])} <= 2000 ms",
+         ext["partitions_detected"] == n and le("partition_ms", 2000)),
+        (f"silent losses detected {ext['silent_losses_detected']} of {n}, p50 {fmt(ext['silent_loss_ms'])} <= 2000 ms",
+         ext["silent_losses_detected"] == n and le("silent_loss_ms", 2000)),
+        (f"remote wedge {fmt(ext['remote_wedge_ms'])} <= D timeout + one scan (3000 ms), kind "
+         f"{ext['remote_wedge_kind']}", ext["remote_wedge_kind"] == "wedged" and le("remote_wedge_ms", 3000)),
+        (f"proxy CPU, 128 hosts {fmt(ext['proxy_cpu_ms_per_s_128_hosts'], 'ms/s')} <= 5",
+         le("proxy_cpu_ms_per_s_128_hosts", 5)),
+        (f"false alarms, loaded {ext['false_alarm_control_s']:.0f} s: {ext['false_alarms_loaded_60s']}",
+         ext["false_alarms_loaded_60s"] == 0),
+    ]
+
+
+def finish_extension(args: argparse.Namespace, ext: dict[str, object], began: float) -> int:
+    extension_rows(ext)
+    result = {**ext, "wall_s": time.monotonic() - began}
+    return _bench.finish(extension_targets(args, ext), result, as_json=args.json, wall_s=result["wall_s"])
 
 
 if __name__ == "__main__":

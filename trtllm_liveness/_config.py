@@ -121,9 +121,10 @@ class LivenessConfig:
             their task). Fix it where a firewall must open it.
         hosts_advertise: the host name or address the ranks connect to, when it differs from
             ``hosts_bind`` (e.g. ``hosts_bind=*``); empty: ``hosts_bind``, or this host's name.
-        heartbeat_timeout_s: a remote host whose agent is silent this long (ZMTP heartbeats every
-            quarter of it) is lost: fatal, naming the host and its ranks; on its side the agent
-            then stops the host's ranks. Detection takes between this and 1.25 times this.
+        heartbeat_timeout_s: a remote host whose agent is silent this long is lost: fatal, naming
+            the host and its ranks; on its side the agent then stops the host's ranks. The agents
+            PING (ZMTP) every third of it, so a silent host is lost 2/3 to 3/3 of it after it went
+            silent (1.0-1.5 s by default). Raise it where networks pause longer than that.
     """
 
     enabled: bool = False
@@ -154,7 +155,7 @@ class LivenessConfig:
     hosts_bind: str = ""
     hosts_port: int = 0
     hosts_advertise: str = ""
-    heartbeat_timeout_s: float = 1.0
+    heartbeat_timeout_s: float = 1.5
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):

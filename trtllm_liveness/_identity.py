@@ -159,8 +159,9 @@ def parse_identities(
     ``per_element=True`` rejects bad elements one by one instead (each logged at WARNING with
     its reason; a later duplicate of a rank is dropped) and keeps the rest; only a payload that
     is not a list at all, or too long, still raises. Local elements (this host and PID namespace)
-    whose pid is in ``exclude_pids`` are dropped quietly (e.g. the proxy's own pid: under ``MpiCommSession`` rank 0 runs inside
-    the proxy, which must not watch itself). Never raises anything else, never blocks (no I/O),
+    whose pid is in ``exclude_pids`` are dropped quietly (e.g. the proxy's own pid: under
+    ``MpiCommSession`` rank 0 runs inside the proxy, which must not watch itself; a rank of
+    another host may have the same number). Never raises anything else, never blocks (no I/O),
     thread-safe: it only reads ``payload``.
     """
     if isinstance(payload, (str, bytes, bytearray)) or not isinstance(payload, (list, tuple)):

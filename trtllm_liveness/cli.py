@@ -8,6 +8,7 @@ Subcommands:
     doctor  what the installed TensorRT-LLM allows the extension to cover (hooks found or missing)
     autoload  install, remove or show the .pth that loads the import hook in every interpreter
     quarantine  show (a node health check) or clear the host's quarantine after a wedged worker
+    launch      run mpirun/srun; exit non-zero whenever the engine recorded a fatal error
 
 Results go to stdout (one JSON object with ``--json``); progress and errors go to stderr, errors
 as one line starting with ``trtllm-liveness:``.
@@ -33,6 +34,7 @@ from typing import NoReturn
 
 from . import _procfs, _scan
 from ._cli_args import int_arg, package_version, parent_arg, pid_arg, seconds_arg
+from ._cli_launch import add_launch_parser
 from ._cli_output import Progress, out, print_report, printable
 from ._cli_quarantine import add_quarantine_parser
 from ._errors import AccessDenied, LivenessError, ProcessGone
@@ -362,7 +364,7 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log the library's warnings (-v) or debug messages (-vv) to stderr")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{scan,watch,demo,demo-processes,doctor,autoload,quarantine}")
+                                metavar="{scan,watch,demo,demo-processes,doctor,autoload,quarantine,launch}")
 
     scan = sub.add_parser("scan", help="diagnose processes now: D state, SIGKILL pending, zombies, what to do",
                           description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
@@ -430,6 +432,7 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     autoload.set_defaults(func=_cmd_autoload)
 
     add_quarantine_parser(sub, _Parser)
+    add_launch_parser(sub, _Parser)
     return parser
 
 

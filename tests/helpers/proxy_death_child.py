@@ -9,8 +9,9 @@ size), ``outsider`` (comm: the last rank of ``COMM_WORLD`` stays out of the sess
 runs on a sub-communicator of the others, as with ``MpiCommSession(comm=sub_comm)``),
 ``clean_end`` (comm: one short request, then ``llm.shutdown()`` and the session's, and every rank
 ends normally; prints ``{"done": true, ...}`` instead of waiting to be killed), ``watch_fatal``
-(comm, multi-host tests: the ready line also has ``hosts``, the monitor's per-rank view; then the
-proxy waits for the engine's fatal error and prints it, see :func:`report_fatal`).
+(comm; multi-host tests, tests/helpers/multihost_engine.py: the ready line also has ``hosts``,
+the monitor's per-rank view; then the proxy waits for the engine's fatal error and prints it, see
+:func:`report_fatal`), ``no_request`` (no request is started: idle figures).
 
 - ``pool``: this process is the proxy. ``LLM`` spawns its ranks through a real
   ``MPIPoolExecutor`` (``MpiPoolSession``); they are grandchildren (this process -> prte -> ranks).
@@ -123,11 +124,11 @@ def children_named(name: str) -> list[list[int]]:
 
 
 def serve_until_killed(llm: Any, ranks: list[list[int]], *, watch_fatal: bool = False, comm: Any = None,
-                       **extra: Any) -> int:
-    pending = llm.generate_async([1, 2, 3], max_tokens=10**9)  # keeps every rank in the engine's step loop
+                       no_request: bool = False, **extra: Any) -> int:
+    pending = None if no_request else llm.generate_async([1, 2, 3], max_tokens=10**9)  # ranks in the step loop
     deadline = time.monotonic() + 20
-    while watch_fatal and time.monotonic() < deadline and any(
-            state[3] == "none" for state in hosts_of(llm).values()) or len(hosts_of(llm)) < comm.Get_size() - 1:
+    while (watch_fatal and time.monotonic() < deadline and any(
+            state[3] == "none" for state in hosts_of(llm).values())) or len(hosts_of(llm)) < comm.Get_size() - 1:
         time.sleep(0.01)  # every remote host's agent said hello (they do within milliseconds of the start)
     emit({"ready": True, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks, **extra,
           **({"hosts": hosts_of(llm)} if watch_fatal else {})})
@@ -157,7 +158,8 @@ def report_fatal(llm: Any, pending: Any) -> int:
         return 1
     event = error.event
     try:
-        pending.result(timeout=10)
+        if pending is not None:
+            pending.result(timeout=10)
         failed = False
     except Exception:
         failed = True
@@ -227,7 +229,8 @@ def run_comm(options: dict[str, Any]) -> int:
         emit({"done": True, "tokens": tokens, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks,
               "watched": watched})
         return 0
-    return serve_until_killed(llm, ranks, watch_fatal=bool(options.get("watch_fatal")), comm=comm)
+    return serve_until_killed(llm, ranks, watch_fatal=bool(options.get("watch_fatal")), comm=comm,
+                              no_request=bool(options.get("no_request")))
 
 
 def main(options: dict[str, Any]) -> int:

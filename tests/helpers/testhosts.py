@@ -413,6 +413,7 @@ class TestHosts:
         self.head: TestHost | None = None
         self.hosts: dict[str, TestHost] = {}
         self.workdir = ""
+        self.shared = ""
         self.agent = ""
         self._down_dir = ""
         self.jobs: list[MpiJob] = []
@@ -441,6 +442,9 @@ class TestHosts:
         :class:`TestHostsError` (call :meth:`close` then; the context manager does)."""
         remove_orphaned_namespaces()
         self.workdir = tempfile.mkdtemp(prefix="trtllm-testhosts-")
+        self.shared = os.path.join(self.workdir, "shared")  # seen by the head and every host (a shared disk)
+        os.mkdir(self.shared)
+        os.chmod(self.shared, 0o1777)
         hosts_file = os.path.join(self.workdir, "hosts")
         with open(hosts_file, "w") as handle:
             handle.write("127.0.0.1 localhost\n")
@@ -479,7 +483,8 @@ class TestHosts:
         else:
             ns_args = ["unshare", "--pid", "--uts", "--mount", "--fork", "--mount-proc", "--propagation", "private"]
         argv = ["nsenter", f"--net=/run/netns/{netns}", *ns_args,
-                init, name, hosts_file, "none" if name == HEAD else "tmpfs", sys.executable, *kept_directories()]
+                init, name, hosts_file, "none" if name == HEAD else "tmpfs", sys.executable, *kept_directories(),
+                self.shared]
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  env={**os.environ, "REAPER": REAPER}, start_new_session=True)
         self._popens.append(popen)

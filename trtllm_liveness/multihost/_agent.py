@@ -61,12 +61,14 @@ class AgentSettings:
     secret: bytes
     heartbeat_timeout_s: float
     d_state_timeout_s: float | None
+    scan_interval_s: float = 1.0
     grace_s: float = 2.0
     kill_s: float = 3.0
 
     @property
     def heartbeat_interval_s(self) -> float:
-        return self.heartbeat_timeout_s / 4
+        """How often the agent PINGs (ZMTP): a third of the timeout, which is the PINGs' TTL."""
+        return self.heartbeat_timeout_s / 3
 
 
 def end_rank(reason: str) -> None:
@@ -148,11 +150,12 @@ class HostAgent:
         ctx = zmq.Context(io_threads=1)
         sock = ctx.socket(zmq.DEALER)
         monitor_sock = None
-        monitor = WorkerProcessMonitor(d_state_timeout_s=self.settings.d_state_timeout_s, wedge_armed=False)
+        monitor = WorkerProcessMonitor(d_state_timeout_s=self.settings.d_state_timeout_s,
+                                       scan_interval_s=self.settings.scan_interval_s, wedge_armed=False)
         ending: tuple[Callable[[str], None], str] | None = None
         try:
             interval_ms = max(1, int(self.settings.heartbeat_interval_s * 1000))
-            timeout_ms = max(2, int(self.settings.heartbeat_timeout_s * 1000))
+            timeout_ms = max(100, int(self.settings.heartbeat_timeout_s * 1000))  # the TTL counts in 0.1 s
             sock.setsockopt(zmq.ROUTING_ID, self.sid.encode())
             sock.setsockopt(zmq.LINGER, 500)  # bounds how long a last report may take to leave
             sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)

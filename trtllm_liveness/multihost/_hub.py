@@ -12,8 +12,8 @@ What ends a remote host's session, and what the proxy then reports:
 - an ``event`` from its agent: that rank died, wedged or is unkillable (the agent's own monitor);
 - its connection **closed** (FIN/RST, milliseconds): the agent's rank exited (or its host went
   down with it); that rank is reported dead, the host's other ranks lost;
-- its connection **silent** for ``heartbeat_timeout_s`` (ZMTP heartbeats, answered by the agent's
-  ZMQ I/O thread, so a busy rank still answers): the host is lost or cut off, or the agent's rank
+- its connection **silent** for ``heartbeat_timeout_s`` (ZMTP heartbeats, sent and answered by
+  ZMQ's I/O threads, so a busy rank still answers): the host is lost or cut off, or the agent's rank
   is stuck (frozen in ``D`` with all its threads); every rank of the host is reported lost, naming
   the host and its ranks. On its side the agent sees the same silence and ends its host's ranks.
 
@@ -115,13 +115,16 @@ class AgentHub:
         port: the TCP port; 0 picks a free one.
         advertise: the host name or address the ranks connect to (default: ``bind``, or this
             host's name when ``bind`` is ``*``).
-        heartbeat_timeout_s: silence after which a host is lost (ZMTP heartbeats every quarter of it).
-        d_state_timeout_s: the agents' wedge bound (None: off), armed by :meth:`arm`.
+        heartbeat_timeout_s: silence after which a host is lost (the agents' ZMTP PINGs come every
+            third of it, with it as their TTL: a silent host is lost 2/3 to 3/3 of it after its
+            last PING).
+        d_state_timeout_s: the agents' wedge bound (None: off), armed by :meth:`arm`;
+            ``scan_interval_s`` how often they sample thread states.
     """
 
     def __init__(self, monitor: WorkerProcessMonitor, *, bind: str, port: int = 0, advertise: str | None = None,
                  heartbeat_timeout_s: float = 1.0, d_state_timeout_s: float | None = None,
-                 grace_s: float = 2.0, kill_s: float = 3.0) -> None:
+                 scan_interval_s: float = 1.0, grace_s: float = 2.0, kill_s: float = 3.0) -> None:
         if not 0.01 <= heartbeat_timeout_s <= 3600:
             raise ValueError(f"heartbeat_timeout_s must be in [0.01, 3600], got {heartbeat_timeout_s}")
         if not 0 <= port <= 65535:
@@ -132,11 +135,14 @@ class AgentHub:
         self.advertise = advertise
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.d_state_timeout_s = d_state_timeout_s
+        self.scan_interval_s = scan_interval_s
         self.grace_s = grace_s
         self.kill_s = kill_s
         self.secret = secrets.token_bytes(_wire.SECRET_BYTES)
         self.endpoint = ""
         self.rejected = 0
+        self.send_failures = 0
+        self.closed_without_hello = 0  # connections that ended before a valid hello (MAXMSGSIZE: oversized)
         self._cond = threading.Condition()
         self._commands: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
         self._sessions: dict[str, _Session] = {}
@@ -167,15 +173,18 @@ class AgentHub:
         ctx = zmq.Context(io_threads=1)
         sock = ctx.socket(zmq.ROUTER)
         try:
-            interval_ms = max(1, int(self.heartbeat_timeout_s * 250))
-            timeout_ms = max(2, int(self.heartbeat_timeout_s * 1000))
             sock.setsockopt(zmq.LINGER, 500)
             sock.setsockopt(zmq.SNDTIMEO, 0)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
-            sock.setsockopt(zmq.HEARTBEAT_IVL, interval_ms)
+            # Each agent PINGs every third of the timeout with the timeout as TTL: the hub's ZMQ
+            # I/O thread closes a connection silent that long after a PING. The hub's own PINGs
+            # are rare (every 3 timeouts): they only cover a connection cut before its agent's
+            # first PING (no TTL armed yet; then found within 4 timeouts). Pinging both ways at a
+            # quarter of the timeout cost 12 ms of CPU per second with 128 hosts.
+            timeout_ms = max(100, int(self.heartbeat_timeout_s * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_IVL, 3 * timeout_ms)
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
-            sock.setsockopt(zmq.HEARTBEAT_TTL, timeout_ms)
             self._monitor_sock = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             host = "*" if self.bind in ("*", "0.0.0.0") else self.bind
             if self.port:
@@ -200,7 +209,8 @@ class AgentHub:
     def worker_spec(self) -> dict[str, Any]:
         """What travels to every rank with its task (plain JSON types)."""
         return {"endpoint": self.endpoint, "secret": self.secret.hex(), "heartbeat_timeout_s": self.heartbeat_timeout_s,
-                "d_state_timeout_s": self.d_state_timeout_s, "grace_s": self.grace_s, "kill_s": self.kill_s}
+                "d_state_timeout_s": self.d_state_timeout_s, "scan_interval_s": self.scan_interval_s,
+                "grace_s": self.grace_s, "kill_s": self.kill_s}
 
     def arm(self, d_state_timeout_s: float | None = None) -> None:
         """Tell every agent (and every later one) to make wedge verdicts from now on."""
@@ -321,8 +331,12 @@ class AgentHub:
         while self._commands:
             kind, fields = self._commands.popleft()
             if kind == "arm":
+                if self._armed_set and self._armed == fields["d"]:
+                    continue  # idempotent: nothing new to tell the agents
                 self._armed, self._armed_set = fields["d"], True
             elif kind == "expect":
+                if self._expecting:
+                    continue
                 self._expecting = True
             elif kind == "stop":
                 if self._stop_req is not None:
@@ -346,7 +360,10 @@ class AgentHub:
         try:
             self._sock.send_multipart([session.sid.encode(), frame], zmq.NOBLOCK)
         except zmq.ZMQError as exc:  # gone (ROUTER_MANDATORY) or its queue is full: never block
-            logger.warning("liveness: could not send %s to the agent on host %s: %s", kind, session.host, exc)
+            self.send_failures += 1
+            if self.send_failures <= 5 or self.send_failures % _REJECT_LOG_EVERY == 0:
+                logger.warning("liveness: could not send %s to the agent on host %s (%d failed sends so far): %s",
+                               kind, session.host, self.send_failures, exc)
 
     def _reject(self, why: str, peer: str = "?") -> None:
         self.rejected += 1
@@ -508,6 +525,12 @@ class AgentHub:
             sid = self._by_key.pop(key, None) if key is not None else None
             session = self._sessions.get(sid) if sid is not None else None
             if session is None:
+                self.closed_without_hello += 1
+                if self.closed_without_hello <= 5 or self.closed_without_hello % _REJECT_LOG_EVERY == 0:
+                    logger.warning("liveness: agent hub: a connection from %s ended without a valid hello (%d so "
+                                   "far; an oversized message ends it, limit %d bytes)",
+                                   f"{key[0]}:{key[1]}" if key else "?", self.closed_without_hello,
+                                   _wire.MAX_MESSAGE_BYTES)
                 if key is not None:
                     self._closed_keys[key] = ending
                     while len(self._closed_keys) > 4 * MAX_RANKS_PER_HOST:

@@ -51,9 +51,10 @@ def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
     if not isinstance(timeout, (int, float)) or not 0.01 <= timeout <= 3600:
         raise ValueError(f"bad heartbeat timeout {timeout!r}")
     d = spec.get("d_state_timeout_s")
-    grace, kill = spec.get("grace_s", 2.0), spec.get("kill_s", 3.0)
+    grace, kill, scan = spec.get("grace_s", 2.0), spec.get("kill_s", 3.0), spec.get("scan_interval_s", 1.0)
     return AgentSettings(endpoint, parse_secret(spec.get("secret")), float(timeout),
                          float(d) if isinstance(d, (int, float)) and d > 0 else None,
+                         scan_interval_s=float(scan) if isinstance(scan, (int, float)) and 0.01 <= scan <= 60 else 1.0,
                          grace_s=float(grace) if isinstance(grace, (int, float)) else 2.0,
                          kill_s=float(kill) if isinstance(kill, (int, float)) else 3.0)
 

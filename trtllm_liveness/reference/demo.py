@@ -80,9 +80,15 @@ _MAX_REQUESTS = 256
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add the demo's options to ``parser`` (and explain its short bounds in the help)."""
-    parser.add_argument("--fault", choices=["kill", "stop", "wedge", "fuse"], default="kill",
+    parser.add_argument("--fault", choices=["kill", "stop", "wedge", "fuse", "remote-kill", "host-crash",
+                                            "partition", "remote-wedge"], default=None,
                         help="fault to inject: SIGKILL, SIGSTOP, the whole rank frozen in D (cgroup v1 "
-                             "freezer), or one of its threads stuck in D in a FUSE lookup")
+                             "freezer), or one of its threads stuck in D in a FUSE lookup (default kill); with "
+                             "--hosts: a rank on hostB SIGKILLed, hostB crashed or cut off, or a rank of hostB "
+                             "frozen in D (default remote-kill)")
+    parser.add_argument("--hosts", type=int, default=0, metavar="N",
+                        help="run the engine under mpirun across N test hosts made of namespaces (2 to 6; root; "
+                             "from a checkout): the multi-host agents")
     parser.add_argument("--workers", type=int, default=2, help=f"MPI worker ranks (2 to {_MAX_WORKERS})")
     parser.add_argument("--rank", type=int, default=None, help="rank to hit (default: the last)")
     parser.add_argument("--mode", choices=["main", "1.2"], default="main",
@@ -463,6 +469,15 @@ def run(args: argparse.Namespace) -> int:
     """Run the demo; returns the exit status (see the module docstring). Blocks up to ``--timeout``
     (twice, plus ``--compare-bound``, with ``--compare``) and ~20 s of clean-up per run.
     ``KeyboardInterrupt`` propagates after the clean-up (the caller reports it)."""
+    if getattr(args, "hosts", 0):
+        from ._hosts_demo import run as run_hosts
+
+        args.fault = args.fault or "remote-kill"
+        return run_hosts(args)
+    args.fault = args.fault or "kill"
+    if args.fault in ("remote-kill", "host-crash", "partition", "remote-wedge"):
+        sys.stderr.write(f"trtllm-liveness: demo: --fault {args.fault} needs --hosts N\n")
+        return 2
     problem = _problem(args)
     if problem is None:
         problem = _fault_unavailable(args.fault)

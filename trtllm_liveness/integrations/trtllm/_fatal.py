@@ -1,5 +1,7 @@
 """The fatal path: what happens, in this order, on the first fatal event of an engine.
 
+0. where ``trtllm-liveness launch`` asked for it (``TRTLLM_LIVENESS_OUTCOME``), the error is recorded
+   for the launcher's wrapper (:mod:`trtllm_liveness._outcome`), before anything else;
 1. (exit guard on) upstream's shutdown flags are set first: ``doing_shutdown`` (trtllm-serve's
    ``/health`` on main raises SIGINT only while it is False) and ``_shutdown_signal_sent``
    (TensorRT-LLM PR #19029's latch name, for a frontend that reads it from the executor), so
@@ -43,6 +45,7 @@ from typing import Any
 
 from ..._config import LivenessConfig
 from ..._events import WorkerEvent, WorkerFailedError
+from ..._outcome import record_outcome
 from ..._termination_log import write_termination_message
 from .._futures import fail_pending
 from ._features import find_symbol, warn_once
@@ -60,6 +63,9 @@ PRE_SHUTDOWN_WAIT_S = 0.5
 def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) -> None:
     """Steps 1-5 of the module docstring. Never blocks; never raises."""
     logger.error("liveness: fatal: %s", error)
+    # First: a launcher that reports success after a host crash kills this process within ms.
+    record_outcome(str(error), error.restartable,
+                   state.config.exit_code if error.restartable else state.config.exit_code_unrestartable)
     if state.exit_guard is not None:
         mark_shutdown_signalled(proxy)
     publish_fatal(proxy, error)

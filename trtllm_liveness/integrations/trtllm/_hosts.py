@@ -34,7 +34,8 @@ def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> Any:
     try:
         return AgentHub(monitor, bind=config.hosts_bind or _own_name(), port=config.hosts_port,
                         advertise=config.hosts_advertise or None, heartbeat_timeout_s=config.heartbeat_timeout_s,
-                        d_state_timeout_s=config.d_state_timeout_s or None, grace_s=config.shutdown_term_s,
+                        d_state_timeout_s=config.d_state_timeout_s or None,
+                        scan_interval_s=config.scan_interval_s, grace_s=config.shutdown_term_s,
                         kill_s=config.shutdown_kill_s).start()
     except Exception:
         logger.error("liveness: could not start the agent hub (hosts_bind=%r, hosts_port=%d): ranks on other hosts "

@@ -1,0 +1,129 @@
+"""The extension's side of scripts/bench_multihost.py: the engine with its agents, on test hosts.
+
+The fault trials are tests/helpers/multihost_engine.py's (fresh namespace test hosts per trial);
+here: the CPU figures (idle engine with and without agents; a hub with 128 simulated agents) and
+the loaded no-fault control.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.helpers.multihost_engine import (  # noqa: E402
+    Fatal,
+    host_fault,
+    remote_kill,
+    remote_wedge,
+    start_engine,
+    wait_fatal,
+)
+from tests.helpers.testhosts import TestHosts  # noqa: E402
+
+__all__ = ["Fatal", "false_alarms_loaded", "host_fault", "idle_cpu", "proxy_cpu_simulated", "remote_kill",
+           "remote_wedge"]
+
+
+def idle_cpu(hub: bool, window: float = 10.0) -> float:
+    """CPU ms per s of the proxy and every rank over ``window`` s of an idle engine (no request),
+    8 ranks on 4 hosts; ``hub`` False: the same with ``hosts=off`` (the baseline)."""
+    layout = (("hostA", 2), ("hostB", 2), ("hostC", 2), ("hostD", 2))
+    with TestHosts(("hostA", "hostB", "hostC", "hostD")) as hosts:
+        job, ready = start_engine(hosts, layout=layout, liveness="hosts=on" if hub else "hosts=off", request=False)
+        pids = [hosts.root_pid("hostA", int(ready["proxy"][0]))]
+        names = {name: name for name, _count in layout}
+        for _rank, (_state, host, pid, _method) in ready["hosts"].items():
+            pids.append(hosts.root_pid(names[host], int(pid)))
+        live = [pid for pid in pids if pid is not None]
+        time.sleep(2.0)  # start-up work done
+        before, t0 = sum(map(cpu_ticks, live)), time.monotonic()
+        time.sleep(window)
+        after, t1 = sum(map(cpu_ticks, live)), time.monotonic()
+        job.kill()
+    return (after - before) * 1000 / os.sysconf("SC_CLK_TCK") / (t1 - t0)
+
+
+def cpu_ticks(pid: int) -> int:
+    try:
+        data = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return 0
+    fields = data[data.rfind(b")") + 2:].split()
+    return int(fields[11]) + int(fields[12])
+
+
+SIM_HUB = r"""
+import sys, time, json
+from trtllm_liveness import WorkerProcessMonitor
+from trtllm_liveness.multihost import AgentHub
+hub = AgentHub(WorkerProcessMonitor(), bind="127.0.0.1", heartbeat_timeout_s=1.5).start()
+print(json.dumps(hub.worker_spec()), flush=True)
+time.sleep(600)
+"""
+
+SIM_AGENTS = r"""
+import json, sys, time, zmq, secrets
+from trtllm_liveness.multihost import _wire
+spec = json.loads(sys.argv[1]); n = int(sys.argv[2]); secret = bytes.fromhex(spec["secret"])
+ctx = zmq.Context(io_threads=2); socks = []
+for i in range(n):
+    sid = secrets.token_hex(16); s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.ROUTING_ID, sid.encode()); s.setsockopt(zmq.LINGER, 0)
+    s.setsockopt(zmq.HEARTBEAT_IVL, 500); s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 1500)
+    s.setsockopt(zmq.HEARTBEAT_TTL, 1500)  # as HostAgent does with the default timeout
+    s.connect(spec["endpoint"])
+    host = f"simhost{i}"
+    s.send(_wire.encode(secret, _wire.TO_HUB, "hello", sid, 1, host=host, rank=1000 + 2 * i, port=0,
+                        ranks=[[1000 + 2 * i, 100 + i, 1, host, 1], [1001 + 2 * i, 200 + i, 1, host, 1]]))
+    socks.append(s)
+print("up", flush=True)
+time.sleep(600)
+"""
+
+
+def proxy_cpu_simulated(agents: int, window: float = 10.0) -> float:
+    """CPU ms per s of a process running only an AgentHub with ``agents`` simulated agents
+    connected (hello, then ZMTP PINGs every 500 ms: the default timeout's), over ``window`` s."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    hub = subprocess.Popen([sys.executable, "-c", SIM_HUB], stdout=subprocess.PIPE, env=env, start_new_session=True)
+    sim = None
+    try:
+        assert hub.stdout is not None
+        spec = hub.stdout.readline().decode()
+        if agents:
+            sim = subprocess.Popen([sys.executable, "-c", SIM_AGENTS, spec, str(agents)], stdout=subprocess.PIPE,
+                                   env=env, start_new_session=True)
+            assert sim.stdout is not None and sim.stdout.readline() == b"up\n"
+        time.sleep(3.0)
+        before, t0 = cpu_ticks(hub.pid), time.monotonic()
+        time.sleep(window)
+        after, t1 = cpu_ticks(hub.pid), time.monotonic()
+        return (after - before) * 1000 / os.sysconf("SC_CLK_TCK") / (t1 - t0)
+    finally:
+        for proc in (sim, hub):
+            if proc is not None:
+                proc.kill()
+                proc.wait(10)
+
+
+def false_alarms_loaded(window: float) -> tuple[int, str]:
+    """Both cores busy (two spinning processes) for ``window`` s, the default heartbeat, every rank
+    alive: the number of fatal errors (0 expected) and the first one's message."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+                for _ in range(os.cpu_count() or 2)]
+    try:
+        with TestHosts() as hosts:
+            job, _ready = start_engine(hosts)
+            fatal = wait_fatal(job, time.monotonic(), window)
+            job.kill()
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait(10)
+    return (0, "") if fatal.ms is None else (1, fatal.message)

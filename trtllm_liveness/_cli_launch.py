@@ -1,0 +1,92 @@
+"""``trtllm-liveness launch -- mpirun ...``: run a launcher, and never exit 0 after an engine death.
+
+Why: ``mpirun`` exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and
+reports success), so Kubernetes, Slurm or a supervisor would call a dead engine's job successful and
+never restart it. The wrapper sets :data:`~trtllm_liveness._outcome.OUTCOME_ENV` for the launcher
+(``mpirun`` and ``srun`` pass the environment to the ranks of the launching host; the proxy, rank
+0, must run there: the file is local), forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to it, waits
+for it, and exits with:
+
+- the launcher's status when it is not 0 (128 + N when a signal N ended it);
+- else the recorded fatal error's status (``exit_code``, or ``exit_code_unrestartable`` for a
+  wedged or unkillable worker), with one line on stderr saying so;
+- else 0.
+
+The launcher runs in the wrapper's process group, so a terminal's Ctrl-C reaches both as before.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from ._outcome import OUTCOME_ENV, read_outcome
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+
+def add_launch_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+    launch = sub.add_parser("launch", help="run mpirun/srun; exit non-zero whenever the engine recorded a fatal "
+                                           "error (mpirun exits 0 after a host crash)",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_argument("--outcome-dir", default=None, metavar="DIR",
+                        help="where the engine's outcome file is made (default: $TMPDIR); the proxy (rank 0) must see "
+                             "it: a local directory where rank 0 runs on the launching host, else a shared one")
+    launch.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
+                        help="the launcher and its arguments")
+    launch.set_defaults(func=run_launch)
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        print("trtllm-liveness launch: no command given", file=sys.stderr)
+        return 2
+    # 0700: only this user writes there
+    directory = tempfile.mkdtemp(prefix="trtllm-liveness-launch-", dir=args.outcome_dir)
+    path = os.path.join(directory, "outcome.json")
+    try:
+        status = _run(argv, {**os.environ, OUTCOME_ENV: path})
+        try:
+            outcome = read_outcome(path)
+        except (OSError, ValueError) as exc:
+            print(f"trtllm-liveness launch: ignoring the outcome file: {exc}", file=sys.stderr)
+            outcome = None
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if status == 0 and outcome is not None:
+        print(f"trtllm-liveness launch: {argv[0]} exited 0, but the engine failed: {outcome.message}; "
+              f"exiting {outcome.exit_code}", file=sys.stderr)
+        return outcome.exit_code
+    return status
+
+
+def _run(argv: list[str], env: dict[str, str]) -> int:
+    child = subprocess.Popen(argv, env=env)
+    previous = {}
+
+    def forward(signum: int, _frame: object) -> None:
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for signum in FORWARDED:
+        previous[signum] = signal.signal(signum, forward)
+    try:
+        while True:
+            try:
+                code = child.wait()  # the job itself: as long as the launcher runs
+                break
+            except KeyboardInterrupt:  # SIGINT raised here despite the handler (re-entrancy): go on
+                continue
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code
