@@ -17,12 +17,12 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.helpers.multihost_engine import (  # noqa: E402
+    Engine,
     Fatal,
     host_fault,
     remote_kill,
     remote_wedge,
-    start_engine,
-    wait_fatal,
+    timed_fatal,
 )
 from tests.helpers.testhosts import TestHosts  # noqa: E402
 
@@ -35,17 +35,16 @@ def idle_cpu(hub: bool, window: float = 10.0) -> float:
     8 ranks on 4 hosts; ``hub`` False: the same with ``hosts=off`` (the baseline)."""
     layout = (("hostA", 2), ("hostB", 2), ("hostC", 2), ("hostD", 2))
     with TestHosts(("hostA", "hostB", "hostC", "hostD")) as hosts:
-        job, ready = start_engine(hosts, layout=layout, liveness="hosts=on" if hub else "hosts=off", request=False)
-        pids = [hosts.root_pid("hostA", int(ready["proxy"][0]))]
-        names = {name: name for name, _count in layout}
-        for _rank, (_state, host, pid, _method) in ready["hosts"].items():
-            pids.append(hosts.root_pid(names[host], int(pid)))
+        engine = Engine(hosts, layout, liveness="hosts=on" if hub else "hosts=off", request=False)
+        pids = [hosts.root_pid("hostA", int(engine.ready["proxy"][0]))]
+        for _rank, (_state, host, pid, _method) in engine.ready["hosts"].items():
+            pids.append(hosts.root_pid(host, int(pid)))
         live = [pid for pid in pids if pid is not None]
         time.sleep(2.0)  # start-up work done
         before, t0 = sum(map(cpu_ticks, live)), time.monotonic()
         time.sleep(window)
         after, t1 = sum(map(cpu_ticks, live)), time.monotonic()
-        job.kill()
+        engine.job.kill()
     return (after - before) * 1000 / os.sysconf("SC_CLK_TCK") / (t1 - t0)
 
 
@@ -119,9 +118,9 @@ def false_alarms_loaded(window: float) -> tuple[int, str]:
                 for _ in range(os.cpu_count() or 2)]
     try:
         with TestHosts() as hosts:
-            job, _ready = start_engine(hosts)
-            fatal = wait_fatal(job, time.monotonic(), window)
-            job.kill()
+            engine = Engine(hosts)
+            fatal = timed_fatal(engine, time.monotonic(), window, shutdown=False)
+            engine.job.kill()
     finally:
         for spinner in spinners:
             spinner.kill()

@@ -364,36 +364,50 @@ class WorkerProcessMonitor:
         The rank's record (made here if ``register`` never saw it) takes ``state`` and ``detail``
         and shows ``via`` as its method; a fatal state becomes an event through the same
         exactly-once path as a local observation (a death after :meth:`mark_expected_exits` is
-        expected, no event). Nothing here signals anything, and a remote rank is never a signal
-        target (:meth:`verified_identities`). Returns False, changing nothing, when the identity
-        is local (this host's ranks are observed here, not hearsay), when it contradicts the one
-        registered for that rank (another pid or start time), or after :meth:`close`.
-        Thread-safe; delivers in this thread like :meth:`check`.
+        expected, no event). A death, or any fatal verdict, stands: a later non-fatal report is a
+        late message. Nothing here signals anything, and a remote rank is never a signal target
+        (:meth:`verified_identities`). Returns False, changing nothing, when the identity is local
+        (this host's ranks are observed here, not hearsay), when it contradicts the one registered
+        for that rank (another pid or start time), or after :meth:`close`. Thread-safe; delivers
+        in this thread like :meth:`check`.
         """
+        return self.apply_remote_many([(identity, state, detail)], via=via, tid=tid, wchan=wchan,
+                                      fault_at=fault_at) == 1
+
+    def apply_remote_many(self, updates: Sequence[tuple[ProcessIdentity, WorkerState, str]], *, via: str,
+                          tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> int:
+        """:meth:`apply_remote` for several ranks at once (a lost host's): every state is set
+        before any event is delivered, so a subscriber sees the whole host's view. Returns how
+        many updates were taken."""
         if self._is_foreign_process():
-            return False
-        if is_local(identity):
-            logger.warning("liveness: ignored a remote report about local %s", identity.describe())
-            return False
+            return 0
+        taken: list[tuple[WatchedRank, WorkerState, str]] = []
         events: list[WorkerEvent] = []
         with self._lock:
             if self._closed:
-                return False
-            record = self._records.get(identity.rank)
-            if record is None:
-                record = WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, "none")
-                self._records[identity.rank] = record
-            elif not _same_process(record.identity, identity) or record.method not in NOT_SIGNALLED_METHODS:
-                logger.warning("liveness: ignored a remote report about %s: rank %d is registered as %s",
-                               identity.describe(), identity.rank, record.identity.describe())
-                return False
-            if record.state.is_dead or (record.state.is_fatal and not state.is_fatal):
-                return True  # a death or a fatal verdict stands; what comes later is a late message
-            record.method = via
-            record.set_state(state, detail)
-            self._claim_locked(record, events, tid=tid, wchan=wchan, fault_at=fault_at)
+                return 0
+            for identity, state, detail in updates:
+                if is_local(identity):
+                    logger.warning("liveness: ignored a remote report about local %s", identity.describe())
+                    continue
+                record = self._records.get(identity.rank)
+                if record is None:
+                    record = WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, "none")
+                    self._records[identity.rank] = record
+                elif not _same_process(record.identity, identity) or record.method not in NOT_SIGNALLED_METHODS:
+                    logger.warning("liveness: ignored a remote report about %s: rank %d is registered as %s",
+                                   identity.describe(), identity.rank, record.identity.describe())
+                    continue
+                taken.append((record, state, detail))
+            for record, state, detail in taken:
+                if record.state.is_dead or (record.state.is_fatal and not state.is_fatal):
+                    continue  # a death or a fatal verdict stands; what comes later is a late message
+                record.method = via
+                record.set_state(state, detail)
+            for record, _state, _detail in taken:
+                self._claim_locked(record, events, tid=tid, wchan=wchan, fault_at=fault_at)
         self._publish(events)
-        return True
+        return len(taken)
 
     def _claim_locked(self, record: WatchedRank, events: list[WorkerEvent],
                       *, tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> None:

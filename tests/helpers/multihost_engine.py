@@ -1,111 +1,290 @@
-"""The upstream-shaped engine across test hosts, with its agents: start it, fault it, read its fatal error.
+"""The upstream-shaped engine across test hosts, with its agents: start it, fault it, read its output.
 
-Shared by scripts/bench_multihost.py (through scripts/_multihost_agents.py), the multi-host demo
-(``trtllm-liveness demo --hosts 3``, from a checkout) and tests. The engine is
-``tests/helpers/proxy_death_child.py`` in comm mode (the fake TensorRT-LLM main tree,
-``MpiCommSession`` under ``mpirun``, liveness on, the agent hub on by default) with one long request
-in flight; rank 0 (the proxy, on hostA) prints the engine's fatal error with the monotonic time it
-was recorded (CLOCK_MONOTONIC is the machine's one clock), whether the pending request failed,
-then a bounded shutdown's reports. A fault's clock starts right before the fault's own system call.
+Shared by tests/unittest/multihost/test_agents.py, scripts/bench_multihost.py (through
+scripts/_multihost_agents.py) and the multi-host demo (``trtllm-liveness demo --hosts N``, from a
+checkout). The engine is ``tests/helpers/proxy_death_child.py`` in comm mode (the fake TensorRT-LLM
+main tree, ``MpiCommSession`` under a real ``mpirun``, liveness on, the agent hub on by default)
+with one long request in flight: rank 0, the proxy and its agent hub, on hostA; the lowest rank of
+every other host runs that host's agent. Rank 0 prints a ready line with the monitor's per-rank
+view, then the engine's fatal error (kind, rank, host, pid, the monotonic time it was recorded:
+CLOCK_MONOTONIC is the machine's one clock; whether the pending request failed; health), then
+what its bounded ``llm.shutdown()`` reported of every host.
+
+The launch, and why:
+
+* ``--runtime-options recoverable,error-nonzero-status=false``: PRRTE does not end the job when a
+  rank dies (recoverable) nor when one exits with a non-zero status (an agent's rank ends with 75
+  after a stop), so the proxy lives to shut down and print its last line;
+* ULFM on (``fault_tolerant=True``, ``OMPI_MCA_mpi_ft_enable=1``): without it the survivors' TCP
+  BTL calls a dead peer's closed socket fatal and Open MPI aborts the job ("An error occurred in
+  Socket closed ... MPI_ERRORS_ARE_FATAL"), killing the proxy right after its fatal line;
+* ``--output file=...``: the ranks' output is written to files by each host's own PRRTE daemon
+  (read through ``/proc/<hostA's PID 1>/root``), not forwarded to mpirun: when a host crashes
+  PRRTE ends the whole job ("lost communication with a remote daemon ... will terminate the job";
+  no runtime option changes that) and drops what the proxy wrote meanwhile.
+
+Every wait is bounded. Raises :class:`EngineError` (with the job's output) when the engine does not
+start or a line does not come.
 """
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import signal
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
 from tests.helpers.testhosts import MpiJob, TestHosts
-from trtllm_liveness.reference._faults import FreezerGroup
 
 REPO = Path(__file__).resolve().parents[2]
-START_S = 90.0
-LAYOUT = (("hostA", 2), ("hostB", 1), ("hostC", 1))
-RECOVERABLE = ["--runtime-options", "recoverable"]
+
+
+class EngineError(RuntimeError):
+    """The engine did not start, or a line it should print did not come (output in the message)."""
+
+
+def _wait_until(predicate: Any, timeout: float, interval: float = 0.02) -> bool:
+    deadline = time.monotonic() + timeout
+    while True:
+        if predicate():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(interval)
+
+
+START_S = 60.0  # the engine across 3 hosts starts in ~2 s; 2 shared cores under load
+FATAL_S = 20.0  # a death is reported in milliseconds, a silence after heartbeat_timeout_s (1 s)
+SHUTDOWN_S = 20.0  # shutdown_term_s + shutdown_kill_s + a few seconds at most
+GONE_S = 20.0  # a host's ranks end within about heartbeat_timeout_s + the stop's bounds
+QUIET_S = 2.0  # bounded observation window: no fatal error after bad messages
+LIVENESS = "heartbeat_timeout_s=1,shutdown_term_s=1,shutdown_kill_s=1"
+OUT = "/tmp/agents-out"  # inside each host's private /tmp: PRRTE writes <OUT>.<job>.<rank>.out|err
+MPIRUN_ARGS = ["--runtime-options", "recoverable,error-nonzero-status=false", "--output", f"file={OUT}"]
+LAYOUT = (("hostA", 2), ("hostB", 1), ("hostC", 1))  # ranks 0, 1 | 2 | 3
+TWO_ON_B = (("hostA", 2), ("hostB", 2))  # ranks 0, 1 | 2 (agent), 3
+AGENT_EXIT_STATUS = 75
+
+
+class Engine:
+    """One engine job across the test hosts; rank 0's (the proxy's) output read from its file."""
+
+    def __init__(self, hosts: TestHosts, layout: Sequence[tuple[str, int]] = LAYOUT, liveness: str = LIVENESS, *,
+                 request: bool = True, wrapper: Sequence[str] = ()) -> None:
+        self.hosts = hosts
+        options = {"session": "comm", "tree": "trtllm_main", "liveness": True, "watch_fatal": True,
+                   "no_request": not request}
+        self.job: MpiJob = hosts.mpirun(
+            layout, [sys.executable, "-u", "-m", "tests.helpers.proxy_death_child", json.dumps(options)],
+            mpirun_args=MPIRUN_ARGS, fault_tolerant=True, wrapper=wrapper,
+            env={"TRTLLM_WORKER_LIVENESS": liveness, "PYTHONPATH": str(REPO)})
+        ready = self.wait_record("ready", START_S)
+        if ready is None:
+            self.job.kill()
+            raise EngineError(f"the engine did not start:\n{self.diagnostics()}")
+        self.ready: dict[str, Any] = ready
+
+    def _file(self, host: str, suffix: str) -> str:
+        found = glob.glob(f"/proc/{self.hosts.host(host).pid1}/root{OUT}.*.{suffix}")
+        return found[0] if found else ""
+
+    def _read(self, host: str, suffix: str) -> str:
+        path = self._file(host, suffix)
+        try:
+            with open(path, errors="replace") as handle:
+                return handle.read()
+        except OSError:
+            return ""
+
+    def stdout(self) -> str:
+        return self._read("hostA", "0.out")
+
+    def stderr(self) -> str:
+        return self._read("hostA", "0.err")
+
+    def records(self) -> list[dict[str, Any]]:
+        out = []
+        for line in self.stdout().splitlines():
+            if line.startswith("{") and line.endswith("}"):
+                try:
+                    out.append(json.loads(line))
+                except ValueError:
+                    continue
+        return out
+
+    def record(self, key: str) -> dict[str, Any] | None:
+        return next((record for record in self.records() if key in record), None)
+
+    def wait_record(self, key: str, timeout: float) -> dict[str, Any] | None:
+        found: list[dict[str, Any]] = []
+
+        def seen() -> bool:
+            record = self.record(key)
+            if record is not None:
+                found.append(record)
+            return record is not None
+
+        _wait_until(seen, timeout)
+        return found[0] if found else None
+
+    def pid_of(self, rank: int) -> int:
+        return int(self.ready["hosts"][str(rank)][2])
+
+    def host_of(self, rank: int) -> str:
+        return str(self.ready["hosts"][str(rank)][1])
+
+    def rank_log(self, host: str, rank: int) -> str:
+        tmp = os.environ.get("TMPDIR", "/tmp")
+        try:
+            with open(f"/proc/{self.hosts.host(host).pid1}/root{tmp}/rank-{rank}.log", errors="replace") as handle:
+                return handle.read()
+        except OSError:
+            return ""
+
+    def diagnostics(self) -> str:
+        return (f"mpirun status {self.job.popen.poll()}\n--- mpirun:\n{self.job.output()[-3000:]}\n"
+                f"--- rank 0 stdout:\n{self.stdout()[-3000:]}\n--- rank 0 stderr:\n{self.stderr()[-6000:]}")
+
+    def wait_fatal(self, timeout: float = FATAL_S) -> dict[str, Any]:
+        fatal = self.wait_record("fatal", timeout)
+        if fatal is None or fatal["fatal"] is None:
+            raise EngineError(f"no fatal error within {timeout:.0f} s:\n{self.diagnostics()}")
+        return fatal
+
+    def assert_fatal(self, fatal: dict[str, Any], kinds: Sequence[str], rank: int) -> None:
+        """The fatal line names ``rank`` as the ready line placed it; the request failed, health false."""
+        context = f"{fatal}\n{self.diagnostics()}"
+        assert fatal["kind"] in kinds, context
+        assert fatal["rank"] == rank, context
+        assert fatal["host"] == self.host_of(rank), context
+        assert fatal["pid"] == self.pid_of(rank), context
+        assert fatal["pending_failed"] is True, context
+        assert fatal["health"] is False, context
+
+    def assert_shutdown(self) -> dict[str, Any]:
+        done = self.wait_record("shutdown_s", SHUTDOWN_S)
+        assert done is not None, f"llm.shutdown() did not return:\n{self.diagnostics()}"
+        assert isinstance(done["shutdown_s"], float), done
+        return done
+
+    def ranks_on(self, *hosts: str) -> list[tuple[str, int]]:
+        return [(host, int(pid)) for _rank, (_state, host, pid, _method) in self.ready["hosts"].items()
+                if host in hosts]
+
+    def wait_gone(self, ranks: Sequence[tuple[str, int]], timeout: float = GONE_S) -> list[tuple[str, int]]:
+        """Wait (bounded) until no process of ``ranks`` (host, pid in host) is left; return those left.
+        A zombie counts as gone."""
+        def left() -> list[tuple[str, int]]:
+            out = []
+            for host, pid in ranks:
+                root = self.hosts.root_pid(host, pid)
+                if root is not None and _state(root) not in ("Z", "X", None):
+                    out.append((host, pid))
+            return out
+
+        _wait_until(lambda: not left(), timeout, 0.05)
+        return left()
+
+
+def _state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat") as handle:
+            return handle.read().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+
+
+# --------------------------------------------------------------------------- timed trials (bench, demo)
 
 
 class Fatal(NamedTuple):
-    ms: float | None  # fault -> the engine's fatal error recorded; None: none within the wait
+    """One trial: fault -> the engine's fatal error recorded (``ms``; None: none within the wait)."""
+
+    ms: float | None
     kind: str
     host: str
     rank: int | None
     pending_failed: bool
     message: str
+    host_stops: list[dict[str, Any]]
 
 
-def start_engine(hosts: TestHosts, *, layout: tuple[tuple[str, int], ...] = LAYOUT, liveness: str = "1",
-                 request: bool = True) -> tuple[MpiJob, dict[str, Any]]:
-    options = {"session": "comm", "tree": "trtllm_main", "liveness": True, "watch_fatal": True,
-               "no_request": not request}
-    job = hosts.mpirun(layout, [sys.executable, "-u", "-m", "tests.helpers.proxy_death_child", json.dumps(options)],
-                       mpirun_args=RECOVERABLE,
-                       env={"TRTLLM_WORKER_LIVENESS": liveness, "PYTHONPATH": str(REPO)})
-    if not job.wait_for(lambda lines: any(line.startswith('{"ready"') for line in lines), START_S):
-        raise RuntimeError(f"the engine did not start:\n{job.output()[-4000:]}")
-    return job, record(job, '{"ready"')
+def timed_fatal(engine: Engine, t0: float, wait: float = FATAL_S, *, shutdown: bool = True) -> Fatal:
+    """The fatal error after a fault injected at ``t0`` (monotonic), and the shutdown's reports."""
+    fatal = engine.wait_record("fatal", wait)
+    if fatal is None or fatal["fatal"] is None:
+        return Fatal(None, "", "", None, False, "", [])
+    done = engine.wait_record("shutdown_s", SHUTDOWN_S) if shutdown else None
+    return Fatal((fatal["detected_at"] - t0) * 1000, fatal["kind"], fatal["host"], fatal["rank"],
+                 fatal["pending_failed"], fatal["fatal"], done["host_stops"] if done else [])
 
 
-def record(job: MpiJob, prefix: str) -> dict[str, Any]:
-    """The first JSON line of the job's output that starts with ``prefix``."""
-    found: dict[str, Any] = json.loads(next(line for line in job.output().splitlines() if line.startswith(prefix)))
-    return found
-
-
-def wait_fatal(job: MpiJob, t0: float, wait: float) -> Fatal:
-    if not job.wait_for(lambda lines: any(line.startswith('{"fatal"') for line in lines), wait):
-        return Fatal(None, "", "", None, False, "")
-    got = record(job, '{"fatal"')
-    if got["fatal"] is None:
-        return Fatal(None, "", "", None, False, "")
-    return Fatal((got["detected_at"] - t0) * 1000, got["kind"], got["host"], got["rank"], got["pending_failed"],
-                 got["fatal"])
-
-
-def pid_on(ready: dict[str, Any], rank: int) -> int:
-    return int(ready["hosts"][str(rank)][2])
-
-
-def remote_kill() -> Fatal:
-    """SIGKILL of rank 2 (hostB, its agent's own rank) -> fatal, pending request failed."""
-    with TestHosts() as hosts:
-        job, ready = start_engine(hosts)
-        fd, _pid = hosts.pidfd_of("hostB", pid_on(ready, 2))  # opened and verified before the clock
+def remote_kill(layout: Sequence[tuple[str, int]] = LAYOUT, victim: int = 2) -> Fatal:
+    """SIGKILL of rank ``victim`` on hostB (rank 2 runs hostB's agent) on fresh test hosts."""
+    with TestHosts(tuple(name for name, _count in layout)) as hosts:
+        engine = Engine(hosts, layout)
+        fd, _pid = hosts.pidfd_of("hostB", engine.pid_of(victim))  # opened and verified before the clock
         try:
             t0 = time.monotonic()
             signal.pidfd_send_signal(fd, signal.SIGKILL)
         finally:
             os.close(fd)
-        return wait_fatal(job, t0, 20)
+        return timed_fatal(engine, t0)
 
 
-def host_fault(kind: str) -> Fatal:
-    """crash | partition | silent of hostB, on fresh hosts (the fault cannot be undone)."""
-    with TestHosts() as hosts:
-        job, _ready = start_engine(hosts)
-        t0 = time.monotonic()
-        {"crash": lambda: hosts.crash("hostB"), "partition": lambda: hosts.partition("hostB"),
-         "silent": lambda: hosts.silent_loss("hostB")}[kind]()
-        return wait_fatal(job, t0, 20)
+def layout_of(names: Sequence[str]) -> tuple[tuple[str, int], ...]:
+    """hostA and hostB with 2 ranks each (hostB: its agent's and one more), the others with 1."""
+    return tuple((name, 2 if name in ("hostA", "hostB") else 1) for name in names)
 
 
-def remote_wedge(d_state_timeout_s: float = 2.0) -> Fatal:
-    """hostB has ranks 2 (its agent) and 3; rank 3 frozen in D (cgroup v1 freezer) -> wedged.
-    Measured from the freeze; the target is the D timeout plus one scan (1 s)."""
-    layout = (("hostA", 2), ("hostB", 2))
-    with TestHosts() as hosts:
-        job, ready = start_engine(hosts, layout=layout, liveness=f"d_state_timeout_s={d_state_timeout_s}")
-        victim = hosts.root_pid("hostB", pid_on(ready, 3))
+def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC")) -> Fatal:
+    """``crash``, ``partition`` or ``silent`` (cut, then crash) of hostB, on fresh test hosts.
+
+    For a crash, mpirun is stopped across it (SIGSTOP, then SIGCONT): PRRTE ends the whole job
+    within milliseconds of losing a daemon, racing the proxy's own lines; what is measured is the
+    engine's reaction, not PRRTE's (``trtllm-liveness launch`` deals with PRRTE's status 0)."""
+    with TestHosts(tuple(names)) as hosts:
+        engine = Engine(hosts, LAYOUT if tuple(names) == ("hostA", "hostB", "hostC") else layout_of(names))
+        mpirun = engine.job.popen.pid
+        if kind == "crash":
+            os.kill(mpirun, signal.SIGSTOP)
+        try:
+            t0 = time.monotonic()
+            if kind == "crash":
+                hosts.crash("hostB")
+            elif kind == "partition":
+                hosts.partition("hostB")
+            else:
+                hosts.silent_loss("hostB")
+            return timed_fatal(engine, t0)
+        finally:
+            if kind == "crash":
+                os.kill(mpirun, signal.SIGCONT)
+
+
+def remote_wedge(d_state_timeout_s: float = 2.0, scan_interval_s: float = 1.0,
+                 names: Sequence[str] = ("hostA", "hostB")) -> Fatal:
+    """hostB runs ranks 2 (its agent) and 3; rank 3 frozen in D (cgroup v1 freezer) -> wedged.
+    Measured from the freeze; the bound is the D timeout plus one scan."""
+    from trtllm_liveness.reference._faults import FreezerGroup
+
+    with TestHosts(tuple(names)) as hosts:
+        engine = Engine(hosts, layout_of(names), liveness=f"{LIVENESS},d_state_timeout_s={d_state_timeout_s},"
+                                                 f"scan_interval_s={scan_interval_s}")
+        victim = hosts.root_pid("hostB", engine.pid_of(3))
         group = FreezerGroup()
         try:
-            assert victim is not None
+            if victim is None:
+                raise EngineError("rank 3 is gone before the freeze")
             t0 = time.monotonic()
             group.freeze([victim])
-            return wait_fatal(job, t0, d_state_timeout_s + 20)
+            return timed_fatal(engine, t0, FATAL_S + d_state_timeout_s)
         finally:
-            group.thaw()
-            job.kill()
-            group.remove()
+            group.remove()  # thawed first: a frozen process would keep its host's PID 1 from ending

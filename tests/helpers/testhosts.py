@@ -623,15 +623,16 @@ class TestHosts:
 
     def mpirun(self, placement: Sequence[tuple[str, int]], program: Sequence[str], *,
                mpirun_args: Sequence[str] = (), fault_tolerant: bool = False,
-               env: Mapping[str, str] | None = None) -> MpiJob:
-        """Start ``mpirun --host a:n,b:m -n total --map-by slot [mpirun_args] program`` in the head, in a new
-        session, stdout and stderr merged into :attr:`MpiJob.lines`. Returns at once."""
+               env: Mapping[str, str] | None = None, wrapper: Sequence[str] = ()) -> MpiJob:
+        """Start ``[wrapper] mpirun --host a:n,b:m -n total --map-by slot [mpirun_args] program`` in the
+        head, in a new session, stdout and stderr merged into :attr:`MpiJob.lines`. Returns at once.
+        ``wrapper`` (e.g. ``trtllm-liveness launch --``) runs mpirun as its child."""
         hostlist = ",".join(f"{name}:{count}" for name, count in placement)
         total = sum(count for _, count in placement)
         mpirun = os.path.join(sys.prefix, "bin", "mpirun")
         # By slot: each host gets exactly its count, in order (the project's default policy,
         # ":oversubscribe", maps by package and would put every rank on the first host).
-        argv = [mpirun, "--host", hostlist, "-n", str(total), "--map-by", "slot", *mpirun_args, *program]
+        argv = [*wrapper, mpirun, "--host", hostlist, "-n", str(total), "--map-by", "slot", *mpirun_args, *program]
         assert self.head is not None, "start() first"
         popen = subprocess.Popen(self.head.nsenter_argv(argv, wd=REPO_ROOT), stdin=subprocess.DEVNULL,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -174,6 +174,37 @@ def test_stop_hosts_stops_through_the_agent_and_reports(procs: ProcessTracker, e
     assert all(state_of(pid) in (None, "Z") for _rank, pid in agent.ranks)
 
 
+class SlowAfterStop(AgentHub):
+    """A hub whose thread is busy for a moment right after it sent a stop, so that an agent's
+    report and the close of its connection arrive together, in one poll round."""
+
+    def _flush_commands_locked(self) -> None:
+        stopping = any(kind == "stop" for kind, _fields in self._commands)
+        super()._flush_commands_locked()
+        if stopping:
+            time.sleep(0.5)
+
+
+def test_a_report_that_arrives_with_the_close_of_its_connection_counts(procs: ProcessTracker) -> None:
+    """The agent sends its report, then ends its rank: the report and the connection's close reach
+    the hub together when it is busy. Before the fix the close was handled first: the host was
+    reported lost and the agent's rank "exited unexpectedly"."""
+    engine = Engine()
+    engine.hub.close()
+    engine.hub = SlowAfterStop(engine.monitor, bind="127.0.0.1", heartbeat_timeout_s=1.0, grace_s=0.5,
+                               kill_s=1.0).start()
+    try:
+        agent = start_agent(procs, engine, ranks=1)
+        stops = engine.hub.stop_hosts(BOUND_S)
+        assert agent.popen.wait(BOUND_S) == 75
+        assert [(s.host, s.outcome) for s in stops] == [("fakehostB", "stopped")]
+        assert wait_until(lambda: engine.hub.hosts()[0].connection != "connected", BOUND_S)
+        assert engine.hub.hosts()[0].connection == "stopped"
+        assert engine.events == []
+    finally:
+        engine.close()
+
+
 def test_stop_hosts_reports_a_lost_host_as_lost_and_returns(procs: ProcessTracker, engine: Engine) -> None:
     agent = start_agent(procs, engine, ranks=1)
     os.kill(agent.pid, signal.SIGSTOP)

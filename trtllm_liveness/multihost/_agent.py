@@ -27,6 +27,7 @@ Every wait is bounded; nothing here raises into the rank: a failure is logged an
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import logging
@@ -110,6 +111,9 @@ class HostAgent:
         self._closing = False
         self._welcomed = threading.Event()
         self._released = False
+        self._ending: str | None = None  # why the rank must end (the proxy is gone), once decided
+        self._ending_set = threading.Event()
+        self._stopped = threading.Event()  # the host's other ranks were stopped
         self.rejected = 0
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-host-agent", daemon=True)
 
@@ -117,7 +121,23 @@ class HostAgent:
 
     def start(self) -> HostAgent:
         self._thread.start()
+        atexit.register(self._at_exit)
         return self
+
+    def _at_exit(self) -> None:
+        """The rank's interpreter is exiting (its main thread raised: e.g. ULFM's
+        ``MPI_ERR_PROC_FAILED`` when the proxy died). mpi4py's ``MPI_Finalize`` comes next and may
+        hang with a failed peer (Open MPI #11404), holding the interpreter: the agent's own ending
+        would then never run. So here, before it (atexit runs handlers in reverse order of
+        registration, and mpi4py registered first), wait a bounded while for the agent's verdict
+        and end the rank with status 75 if the proxy is gone. A released agent (clean stop) or a
+        closed one lets the exit go on at once."""
+        if self._released or self._closing or not self._welcomed.is_set():
+            return
+        if not self._ending_set.wait(self.settings.heartbeat_timeout_s + 0.5):
+            return
+        self._stopped.wait(self.settings.grace_s + self.settings.kill_s + 1.0)
+        self._on_proxy_lost(self._ending or "the proxy is gone")
 
     @property
     def welcomed(self) -> threading.Event:
@@ -222,7 +242,8 @@ class HostAgent:
                         reason = (f"the connection to the proxy's hub at {self.settings.endpoint} dropped "
                                   "(proxy gone, or this host cut off)")
                         self._proxy_lost(monitor, reason)
-                        return self._on_proxy_lost, reason
+                        self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
+                        return None
             if sock in ready and self._receive(zmq, sock, monitor):
                 return self._on_stop, "stopped by the proxy"
             while self._pending:
@@ -304,7 +325,12 @@ class HostAgent:
         self._send(sock, "report", req=message.body.get("req"), stop=report.to_dict())
 
     def _proxy_lost(self, monitor: WorkerProcessMonitor, reason: str) -> None:
-        report = self._stop_ranks(monitor, self.settings.grace_s, self.settings.kill_s)
+        self._ending = reason
+        self._ending_set.set()
+        try:
+            report = self._stop_ranks(monitor, self.settings.grace_s, self.settings.kill_s)
+        finally:
+            self._stopped.set()
         left = [worker.pid for worker in report.unkillable]
         logger.critical("liveness: %s; this host's other ranks were stopped (%s)", reason,
                         f"unkillable: {left}" if left else "all gone")

@@ -308,6 +308,8 @@ class AgentHub:
                 if self._wake_r in ready:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
+                if self._sock in ready:
+                    self._drain(zmq)
                 if self._monitor_sock in ready:
                     while True:
                         try:
@@ -317,9 +319,10 @@ class AgentHub:
                         if event["event"] == zmq.EVENT_ACCEPTED:
                             self._conns.accepted(int(event["value"]))
                         elif event["event"] == zmq.EVENT_DISCONNECTED:
+                            # What the peer sent before it closed (a stop's report, its last event)
+                            # is already queued: read it first, or its session would end as lost.
+                            self._drain(zmq)
                             self._disconnected(*self._conns.disconnected(int(event["value"])))
-                if self._sock in ready:
-                    self._drain(zmq)
                 with self._cond:
                     self._flush_commands_locked()
         except Exception:
@@ -520,6 +523,14 @@ class AgentHub:
         finally:
             self._cond.acquire()
 
+    def _apply_many(self, updates: list[tuple[ProcessIdentity, WorkerState, str]],
+                    fault_at: float | None = None) -> None:
+        self._cond.release()  # as _apply: subscribers run in this thread
+        try:
+            self.monitor.apply_remote_many(updates, via="agent", fault_at=fault_at)
+        finally:
+            self._cond.acquire()
+
     def _disconnected(self, key: Key | None, ending: Ending) -> None:
         with self._cond:
             sid = self._by_key.pop(key, None) if key is not None else None
@@ -546,28 +557,27 @@ class AgentHub:
         agent = session.agent
         if session.stop is not None and session.stop.outcome == "stopped":
             session.connection = "stopped"
-            self._apply(agent, WorkerState.EXITED, f"ended after its host's stop (agent on host {session.host})")
+            self._apply(agent, WorkerState.EXITED_EXPECTED,
+                        f"ended after its host's stop, as asked (agent on host {session.host})")
             self._cond.notify_all()
             return
+        others = [r for r in session.ranks if r.rank != agent.rank]
         if ending is Ending.SILENT:
             session.connection = "lost"
             cause = (f"no heartbeat from host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) for "
                      f"{self.heartbeat_timeout_s:.2f} s: the host is lost or cut off, or the agent's rank is stuck; "
                      f"unreachable ranks: {ranks}")
-            last_heard = time.monotonic() - self.heartbeat_timeout_s
-            for identity in (agent, *[r for r in session.ranks if r.rank != agent.rank]):
-                self._apply(identity, WorkerState.LOST, cause, fault_at=last_heard)
+            self._apply_many([(identity, WorkerState.LOST, cause) for identity in (agent, *others)],
+                             fault_at=time.monotonic() - self.heartbeat_timeout_s)
         else:
             session.connection = "closed"
             how = "closed (FIN/RST)" if ending is Ending.CLOSED else "ended"
-            self._apply(agent, WorkerState.EXITED,
-                        f"its connection to the proxy {how}: the process exited or its host went down "
-                        f"(it hosted host {session.host}'s agent)")
-            others = [r for r in session.ranks if r.rank != agent.rank]
-            for identity in others:
-                self._apply(identity, WorkerState.LOST,
-                            f"host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) is gone: this rank "
-                            f"is no longer watched (ranks of the host: {ranks})")
+            gone = (f"host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) is gone: this rank is no "
+                    f"longer watched (ranks of the host: {ranks})")
+            self._apply_many([(agent, WorkerState.EXITED,
+                               f"its connection to the proxy {how}: the process exited or its host went down "
+                               f"(it hosted host {session.host}'s agent)"),
+                              *[(identity, WorkerState.LOST, gone) for identity in others]])
         if session.stop is None and self._stop_req is not None:
             session.stop = HostStop(session.host, agent.rank, tuple(r.rank for r in session.ranks), "lost",
                                     detail=f"connection {session.connection} before its report")

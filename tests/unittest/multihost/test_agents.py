@@ -1,0 +1,339 @@
+"""Issue 12: the engine's per-host agents, on real mpirun jobs across namespace test hosts.
+
+Each test runs the upstream-shaped engine (``tests/helpers/proxy_death_child.py``, comm session:
+the fake TensorRT-LLM main tree, ``MpiCommSession`` under ``mpirun``, liveness on, one long
+request in flight) across the ``test_hosts`` fixture: rank 0, the proxy and its agent hub, on
+hostA; the lowest rank of hostB and of hostC runs that host's agent. Rank 0 prints a ready line
+with the monitor's per-rank view, then the engine's fatal error (kind, rank, host, pid, whether
+the pending request failed, health), then what its bounded ``llm.shutdown()`` reported.
+
+The launch, and why: tests/helpers/multihost_engine.py (shared with the bench and the demo).
+
+Every wait is bounded; no timing is asserted (``scripts/bench_multihost.py`` measures).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.conftest import WAIT_SCALE, Freezer, ProcessTracker, needs, wait_until
+from tests.helpers.multihost_engine import (
+    AGENT_EXIT_STATUS,
+    FATAL_S,
+    LIVENESS,
+    QUIET_S,
+    TWO_ON_B,
+    Engine,
+)
+from tests.helpers.testhosts import TestHosts
+
+pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi")]
+
+def _before(engine: Engine) -> None:
+    """Every rank watched and alive at the start, by the method expected of its host."""
+    hosts = engine.ready["hosts"]
+    for rank, (state, host, _pid, method) in hosts.items():
+        assert state == "alive", hosts
+        assert method == ("pidfd" if host == "hostA" else "agent"), (rank, hosts)
+
+
+# --------------------------------------------------------------------------- a rank dies
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_of_the_agents_own_rank(test_hosts: TestHosts) -> None:
+    """SIGKILL of rank 2 (hostB's agent runs in it): its connection closes, the hub reports it dead."""
+    engine = Engine(test_hosts)
+    _before(engine)
+    test_hosts.kill("hostB", engine.pid_of(2), signal.SIGKILL)
+    fatal = engine.wait_fatal()
+    engine.assert_fatal(fatal, ["died"], 2)
+    assert "hostB" in fatal["fatal"] and "agent" in fatal["fatal"], fatal
+    assert fatal["statuses"]["2"][0] == "exited", fatal
+    engine.assert_shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_of_a_rank_the_agent_watches(test_hosts: TestHosts) -> None:
+    """hostB runs ranks 2 (the agent) and 3; SIGKILL of rank 3: the agent's pidfd sees it and
+    reports it; the hub names rank 3 and the agent that reported it."""
+    engine = Engine(test_hosts, TWO_ON_B)
+    _before(engine)
+    assert engine.host_of(2) == engine.host_of(3) == "hostB"
+    test_hosts.kill("hostB", engine.pid_of(3), signal.SIGKILL)
+    fatal = engine.wait_fatal()
+    engine.assert_fatal(fatal, ["died"], 3)
+    assert "reported by the agent on host hostB" in fatal["fatal"], fatal
+    assert fatal["statuses"]["2"][0] == "alive", fatal  # the agent's own rank is fine
+    done = engine.assert_shutdown()
+    stops = {stop["host"]: stop for stop in done["host_stops"]}
+    assert stops["hostB"]["ranks"] == [2, 3], done
+
+
+# --------------------------------------------------------------------------- a host goes away
+
+
+@pytest.mark.timeout(120)
+def test_host_crash(test_hosts: TestHosts) -> None:
+    """hostB's PID 1 SIGKILLed: every process of the host dies and its connections are closed.
+
+    PRRTE ends the whole job when it loses a daemon ("We cannot recover from this failure"),
+    within milliseconds, racing the proxy's fatal line (measured: the proxy wrote it 2 ms before
+    PRRTE's SIGCONT/SIGTERM, and the line was lost with the job). mpirun (PRRTE's head, in the
+    head host) is stopped across the crash, so that what is observed is the engine's reaction,
+    not PRRTE's; it is let go at the end (and ends the job then)."""
+    engine = Engine(test_hosts)
+    _before(engine)
+    mpirun = engine.job.popen.pid
+    os.kill(mpirun, signal.SIGSTOP)
+    try:
+        test_hosts.crash("hostB")
+        fatal = engine.wait_fatal()
+        engine.assert_fatal(fatal, ["died", "lost"], 2)
+        assert "hostB" in fatal["fatal"], fatal
+        done = engine.assert_shutdown()
+        stops = {stop["host"]: stop for stop in done["host_stops"]}
+        assert stops["hostB"]["outcome"] == "lost", done
+    finally:
+        os.kill(mpirun, signal.SIGCONT)
+
+
+@pytest.mark.timeout(120)
+def test_partition_is_a_lost_host_and_its_ranks_end(test_hosts: TestHosts) -> None:
+    """hostB's link down: nothing is closed, the hub hears nothing for heartbeat_timeout_s and
+    reports the host lost, naming it and its ranks; on hostB the agent hears nothing either and
+    ends the host's ranks (its own with status 75)."""
+    engine = Engine(test_hosts)
+    _before(engine)
+    on_b = engine.ranks_on("hostB")
+    test_hosts.partition("hostB")
+    fatal = engine.wait_fatal()
+    engine.assert_fatal(fatal, ["lost"], 2)
+    assert "host hostB" in fatal["fatal"] and "unreachable ranks: 2 (pid" in fatal["fatal"], fatal
+    assert fatal["statuses"]["3"][0] == "alive", fatal  # hostC is not concerned
+    done = engine.assert_shutdown()
+    stops = {stop["host"]: stop for stop in done["host_stops"]}
+    assert stops["hostB"]["outcome"] == "lost", done
+    # The ranks on hostB are gone, ended by their own agent (seen from the root PID namespace).
+    left = engine.wait_gone(on_b)
+    assert left == [], f"ranks of the partitioned hostB still run: {left}\n{engine.rank_log('hostB', 2)[-3000:]}"
+    log = engine.rank_log("hostB", 2)
+    assert f"with status {AGENT_EXIT_STATUS}" in log and "dropped" in log, log[-3000:]
+    test_hosts.heal("hostB")
+
+
+@pytest.mark.timeout(120)
+def test_silent_host_loss(test_hosts: TestHosts) -> None:
+    """hostB cut off, then crashed: no FIN ever comes; the hub reports the host lost."""
+    engine = Engine(test_hosts)
+    _before(engine)
+    test_hosts.silent_loss("hostB")
+    fatal = engine.wait_fatal()
+    engine.assert_fatal(fatal, ["lost"], 2)
+    assert "host hostB" in fatal["fatal"], fatal
+    done = engine.assert_shutdown()
+    stops = {stop["host"]: stop for stop in done["host_stops"]}
+    assert stops["hostB"]["outcome"] == "lost", done
+
+
+# --------------------------------------------------------------------------- the proxy dies
+
+
+@pytest.mark.timeout(120)
+def test_remote_ranks_end_when_the_proxy_is_killed(test_hosts: TestHosts) -> None:
+    """SIGKILL of rank 0 (the proxy, and its hub): each remote agent's connection closes; it ends
+    its host's ranks; every rank on hostB and hostC is gone within a bound."""
+    engine = Engine(test_hosts)
+    _before(engine)
+    remote = engine.ranks_on("hostB", "hostC")
+    assert len(remote) == 2, engine.ready
+    test_hosts.kill("hostA", int(engine.ready["proxy"][0]), signal.SIGKILL)
+    left = engine.wait_gone(remote)
+    assert left == [], f"remote ranks outlived their proxy: {left}\n{engine.diagnostics()}"
+    for host, rank in (("hostB", 2), ("hostC", 3)):
+        log = engine.rank_log(host, rank)
+        assert f"with status {AGENT_EXIT_STATUS}" in log, log[-3000:]
+
+
+# --------------------------------------------------------------------------- the hub's port
+
+
+BAD_MESSAGES = r"""
+import os, sys, time, zmq
+endpoint = sys.argv[1]
+ctx = zmq.Context()
+
+def dealer():
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 2000)
+    sock.connect(endpoint)
+    return sock
+
+def sent(frames):
+    sock = dealer()
+    sock.send_multipart(frames)
+    time.sleep(0.3)
+    sock.close()
+
+body = b'{"k":"hello","sid":"' + b"0" * 32 + b'","n":1,"host":"hostB","rank":2,"port":0,"ranks":[]}'
+just_connected = dealer(); time.sleep(0.3); just_connected.close()  # nothing sent
+sent([b"TLH1" + os.urandom(32) + body])  # a wrong MAC
+sent([os.urandom(200)])  # garbage
+sent([b"TLH1"])  # a header and nothing else
+sent([b"TLH1" + os.urandom(32) + body, b"second", b"third"])  # several frames
+sent([b"x" * (1 << 20)])  # 1 MiB: over the socket's size cap, the connection is dropped
+ctx.term()
+print("sent")
+"""
+
+
+@pytest.mark.timeout(120)
+def test_bad_messages_on_the_hub_port_are_rejected(test_hosts: TestHosts) -> None:
+    """Connections from the head that send nothing, a wrong MAC, garbage, a 1 MiB frame or
+    several frames: each is rejected (rate-limited WARNINGs), the engine stays healthy, and the
+    hub still reports a real death afterwards."""
+    engine = Engine(test_hosts)
+    _before(engine)
+    match = re.search(r"agent hub listening on (tcp://hostA:\d+)", engine.stderr())
+    assert match is not None, engine.diagnostics()
+    out = test_hosts.run("head", [sys.executable, "-c", BAD_MESSAGES, match.group(1)], timeout=30 * WAIT_SCALE)
+    assert out.returncode == 0 and "sent" in out.stdout, (out.stdout, out.stderr)
+
+    def rejections() -> list[str]:
+        return [line for line in engine.stderr().splitlines() if "agent hub rejected a message" in line]
+
+    assert wait_until(lambda: len(rejections()) >= 4, 10), engine.diagnostics()
+    text = "\n".join(rejections())
+    assert "authentication failed" in text and "frames instead of 1" in text and "not a hub message" in text, text
+    # Bounded observation window: the engine is still up and nothing was reported.
+    deadline = time.monotonic() + QUIET_S
+    while time.monotonic() < deadline:
+        assert engine.record("fatal") is None, engine.diagnostics()
+        assert engine.job.popen.poll() is None, engine.diagnostics()
+        time.sleep(0.1)
+    assert "Traceback" not in engine.stderr() and "the agent hub failed" not in engine.stderr(), engine.diagnostics()
+    # The hub survived: a real death is still reported.
+    test_hosts.kill("hostB", engine.pid_of(2), signal.SIGKILL)
+    fatal = engine.wait_fatal()
+    engine.assert_fatal(fatal, ["died"], 2)
+    engine.assert_shutdown()
+
+
+# --------------------------------------------------------------------------- a remote rank in D
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.freezer
+def test_remote_rank_frozen_in_d_is_wedged(test_hosts: TestHosts, freezer: Freezer) -> None:
+    """hostB runs ranks 2 (the agent) and 3; rank 3 frozen in D (cgroup v1 freezer, all of its
+    threads) for longer than d_state_timeout_s: the agent reports it wedged."""
+    engine = Engine(test_hosts, TWO_ON_B, liveness=f"{LIVENESS},d_state_timeout_s=2")
+    _before(engine)
+    victim = test_hosts.root_pid("hostB", engine.pid_of(3))
+    assert victim is not None
+    try:
+        assert freezer.freeze([victim]), "the freezer group did not reach FROZEN"
+        fatal = engine.wait_fatal(FATAL_S + 2)
+        engine.assert_fatal(fatal, ["wedged"], 3)
+        assert "reported by the agent on host hostB" in fatal["fatal"], fatal
+        done = engine.assert_shutdown()  # the agent's stop finds rank 3 unkillable while frozen: bounded
+        stops = {stop["host"]: stop for stop in done["host_stops"]}
+        assert stops["hostB"]["outcome"] == "stopped", done
+        assert [item[0] for item in stops["hostB"]["unkillable"]] == [3], done
+        assert "did not exit" in stops["hostB"]["unkillable"][0][2], done
+    finally:
+        freezer.thaw()
+        freezer.remove()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.freezer
+def test_the_agents_own_rank_frozen_in_d_is_its_host_lost(test_hosts: TestHosts, freezer: Freezer) -> None:
+    """hostB runs ranks 2 (the agent) and 3; rank 2 frozen in D with all its threads: its agent
+    (a thread of it) and its ZMQ I/O thread stop, the heartbeats stop, and the hub reports hostB
+    lost, naming both of its ranks (the agent is unresponsive: nothing can tell more)."""
+    engine = Engine(test_hosts, TWO_ON_B)
+    _before(engine)
+    victim = test_hosts.root_pid("hostB", engine.pid_of(2))
+    assert victim is not None
+    try:
+        assert freezer.freeze([victim]), "the freezer group did not reach FROZEN"
+        fatal = engine.wait_fatal()
+        engine.assert_fatal(fatal, ["lost"], 2)
+        text = fatal["fatal"]
+        assert "no heartbeat from host hostB's agent (rank 2" in text, fatal
+        assert f"2 (pid {engine.pid_of(2)})" in text and f"3 (pid {engine.pid_of(3)})" in text, fatal
+        assert fatal["statuses"]["3"][0] == "lost", fatal
+        done = engine.assert_shutdown()
+        stops = {stop["host"]: stop for stop in done["host_stops"]}
+        assert stops["hostB"]["outcome"] == "lost", done
+    finally:
+        freezer.thaw()
+        freezer.remove()
+
+
+# --------------------------------------------------------------------------- the proxy's own host
+
+
+@pytest.mark.timeout(120)
+def test_the_proxy_hosts_own_ranks_are_still_watched_by_pidfd(test_hosts: TestHosts) -> None:
+    """Rank 1 shares hostA with the proxy: no agent there; the proxy's own monitor reports it."""
+    engine = Engine(test_hosts)
+    _before(engine)
+    test_hosts.kill("hostA", engine.pid_of(1), signal.SIGKILL)
+    fatal = engine.wait_fatal()
+    engine.assert_fatal(fatal, ["died"], 1)
+    assert "reported by the agent" not in fatal["fatal"], fatal
+    engine.assert_shutdown()
+
+
+# --------------------------------------------------------------------------- mpirun's status 0
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("wrapped", [False, True], ids=["mpirun-alone", "under-launch"])
+def test_launch_turns_mpiruns_zero_after_a_host_crash_into_the_engines_status(test_hosts: TestHosts,
+                                                                              wrapped: bool) -> None:
+    """A host crash that PRRTE learns of from its daemon link: mpirun alone exits **0** although
+    the engine failed (the baseline this wrapper exists for); under ``trtllm-liveness launch`` (its
+    outcome file in a directory the proxy's host sees) the job's status is the engine's
+    ``exit_code`` (1)."""
+    wrapper = [sys.executable, "-m", "trtllm_liveness.cli", "launch", "--outcome-dir", test_hosts.shared, "--"]
+    engine = Engine(test_hosts, wrapper=wrapper if wrapped else ())
+    _before(engine)
+    test_hosts.crash("hostB", launcher_notices=False)
+    status = engine.job.wait_exit(60 * WAIT_SCALE)
+    assert status == (1 if wrapped else 0), f"status {status}\n{engine.diagnostics()}"
+    if wrapped:
+        assert "exited 0, but the engine failed" in engine.job.output(), engine.diagnostics()
+        assert "hostB" in engine.job.output(), engine.diagnostics()
+
+
+# --------------------------------------------------------------------------- no false alarm
+
+
+CONTROL_S = 60.0
+
+
+@pytest.mark.timeout(240)
+def test_no_false_alarm_in_60s_with_both_cores_busy(test_hosts: TestHosts, procs: ProcessTracker) -> None:
+    """Every rank alive, a request streaming, both cores spinning, the default heartbeat timeout
+    (1.5 s): no fatal error for 60 s, every rank still alive and watched."""
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
+                for _ in range(os.cpu_count() or 2)]
+    for spinner in spinners:
+        procs.popens.append(spinner)
+        procs.track(spinner.pid)
+    engine = Engine(test_hosts, liveness="shutdown_term_s=1,shutdown_kill_s=1")
+    _before(engine)
+    assert engine.wait_record("fatal", CONTROL_S) is None, engine.diagnostics()
+    assert engine.job.popen.poll() is None, engine.diagnostics()
+    for spinner in spinners:
+        spinner.kill()
