@@ -36,9 +36,11 @@ after being counted, so one does not hide the next. Open MPI's own per-user sess
 listed apart and not counted.
 
 Usage: ``scripts/fault_matrix.py [--json] [--runs N] [--control-s S] [--quick] [--soak MINUTES]
-[--executor fake|reference]``
+[--executor fake|reference] [--no-hosts]``
 (``--quick``: 2 runs, 10 s controls). Needs the mpi extra; the OOM and wedge rows need root and
 cgroup v1 (memory, freezer), the FUSE row root and /dev/fuse; they are reported as skipped otherwise.
+The multi-host rows (scripts/_matrix_hosts.py: a remote kill, a host crash, a partition, a remote
+wedge, on namespace test hosts) need root, ``ip`` and ``nsenter``; ``--no-hosts`` leaves them out.
 """
 
 from __future__ import annotations
@@ -451,6 +453,10 @@ def run_matrix(args: argparse.Namespace, prefix: str) -> int:
                 rows.append({"fault": row.name, "skipped": reason})
                 continue
             rows.append(run_row(row, 1 if row.fault == "none" and not row.ends_process else runs).to_dict())
+        if args.hosts:
+            from _matrix_hosts import run_host_rows
+
+            rows += run_host_rows(runs, args.only, skips.get("wedge"))
     finally:  # also on Ctrl-C: run_scenario has killed its session; remove the cgroups and mounts
         left_groups = remove_leftover_groups(prefix)
         left_groups += remove_leftover_mounts()  # a FUSE stall of a scenario child that was killed
@@ -668,6 +674,8 @@ def main() -> int:
                         help="what the fault rows run on: the upstream-shaped fakes of tensorrt_llm (default) or "
                              "the reference executor (the ending rows run on both either way)")
     parser.add_argument("--seed", type=int, default=None, help="the soak's random seed (default: drawn, printed)")
+    parser.add_argument("--hosts", action=argparse.BooleanOptionalAction, default=True,
+                        help="also the multi-host rows: mpirun across namespace test hosts (default on; root)")
     args = parser.parse_args()
     prefix = f"trtllm-liveness-matrix-{uuid.uuid4().hex[:8]}"
     return run_soak(args, prefix) if args.soak is not None else run_matrix(args, prefix)

@@ -4,15 +4,16 @@ Why: ``mpirun`` exits 0 when a host of its job crashed (PRRTE ends the job on th
 reports success), so Kubernetes, Slurm or a supervisor would call a dead engine's job successful and
 never restart it. The wrapper sets :data:`~trtllm_liveness._outcome.OUTCOME_ENV` for the launcher
 (``mpirun`` and ``srun`` pass the environment to the ranks of the launching host; the proxy, rank
-0, must run there: the file is local), forwards SIGINT, SIGTERM, SIGHUP and SIGQUIT to it, waits
-for it, and exits with:
+0, must run there: the file is local), forwards SIGTERM and SIGHUP to it, and SIGINT and SIGQUIT
+unless they came from the terminal, waits for it, and exits with:
 
 - the launcher's status when it is not 0 (128 + N when a signal N ended it);
 - else the recorded fatal error's status (``exit_code``, or ``exit_code_unrestartable`` for a
   wedged or unkillable worker), with one line on stderr saying so;
 - else 0.
 
-The launcher runs in the wrapper's process group, so a terminal's Ctrl-C reaches both as before.
+The launcher runs in the wrapper's process group, so a terminal's Ctrl-C reaches it directly, once,
+as without the wrapper (a second copy would make mpirun abort at once).
 """
 
 from __future__ import annotations
@@ -69,11 +70,25 @@ def run_launch(args: argparse.Namespace) -> int:
     return status
 
 
+def _foreground_of_terminal() -> bool:
+    """Whether this process's group is its terminal's foreground group (keyboard signals go to both)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
 def _run(argv: list[str], env: dict[str, str]) -> int:
     child = subprocess.Popen(argv, env=env)
     previous = {}
 
+    from_terminal = _foreground_of_terminal()
+
     def forward(signum: int, _frame: object) -> None:
+        # A terminal's Ctrl-C / Ctrl-\ reaches the whole foreground group, the launcher too: a second
+        # copy would be mpirun's "abort now" (and srun's two SIGINTs within a second).
+        if from_terminal and signum in (signal.SIGINT, signal.SIGQUIT):
+            return
         if child.poll() is None:
             child.send_signal(signum)
 

@@ -7,7 +7,9 @@ process (rank ``first_rank``; the children take the next ones), prints one JSON 
 ``{"ready": true, "pid": ..., "ranks": [[rank, pid, start], ...]}`` once its hello is welcomed
 (or ``{"ready": false}`` after 20 s), then serves until its rank is ended:
 ``on_proxy_lost``/``on_stop`` print ``{"ended": reason}`` and exit with 75.
-Options: ``endpoint``, ``secret`` (hex), ``heartbeat_timeout_s``, ``d_state_timeout_s``.
+Options: ``endpoint``, ``secret`` (hex), ``heartbeat_timeout_s``, ``d_state_timeout_s``,
+``slow_poll`` (each of the agent's polls returns 0.3 s late, as in a rank whose other threads hold
+the interpreter: what the hub sent and the close of its connection then arrive in one round).
 """
 
 from __future__ import annotations
@@ -31,6 +33,16 @@ def main(options: dict[str, object]) -> int:
     from trtllm_liveness._procfs import read_start_time
     from trtllm_liveness.multihost import AgentSettings, HostAgent
 
+    if options.get("slow_poll"):
+        import zmq
+
+        poll = zmq.Poller.poll
+
+        def slow(self: zmq.Poller, timeout: int | None = None) -> list[tuple[object, int]]:
+            time.sleep(0.3)
+            return poll(self, timeout)
+
+        zmq.Poller.poll = slow  # type: ignore[method-assign]
     first = int(options.get("first_rank", 1))  # type: ignore[call-overload]
     children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
                 for _ in range(int(options.get("ranks", 1)))]  # type: ignore[call-overload]

@@ -214,6 +214,8 @@ class Fatal(NamedTuple):
     pending_failed: bool
     message: str
     host_stops: list[dict[str, Any]]
+    shutdown_s: float | None = None  # the bounded shutdown after it returned in this long (None: no line)
+    leftovers: tuple[str, ...] = ()  # what the test hosts' removal found left (processes, namespaces)
 
 
 def timed_fatal(engine: Engine, t0: float, wait: float = FATAL_S, *, shutdown: bool = True) -> Fatal:
@@ -223,12 +225,18 @@ def timed_fatal(engine: Engine, t0: float, wait: float = FATAL_S, *, shutdown: b
         return Fatal(None, "", "", None, False, "", [])
     done = engine.wait_record("shutdown_s", SHUTDOWN_S) if shutdown else None
     return Fatal((fatal["detected_at"] - t0) * 1000, fatal["kind"], fatal["host"], fatal["rank"],
-                 fatal["pending_failed"], fatal["fatal"], done["host_stops"] if done else [])
+                 fatal["pending_failed"], fatal["fatal"], done["host_stops"] if done else [],
+                 done["shutdown_s"] if done else None)
+
+
+
 
 
 def remote_kill(layout: Sequence[tuple[str, int]] = LAYOUT, victim: int = 2) -> Fatal:
     """SIGKILL of rank ``victim`` on hostB (rank 2 runs hostB's agent) on fresh test hosts."""
-    with TestHosts(tuple(name for name, _count in layout)) as hosts:
+    hosts = TestHosts(tuple(name for name, _count in layout))
+    try:
+        hosts.start()
         engine = Engine(hosts, layout)
         fd, _pid = hosts.pidfd_of("hostB", engine.pid_of(victim))  # opened and verified before the clock
         try:
@@ -236,7 +244,10 @@ def remote_kill(layout: Sequence[tuple[str, int]] = LAYOUT, victim: int = 2) -> 
             signal.pidfd_send_signal(fd, signal.SIGKILL)
         finally:
             os.close(fd)
-        return timed_fatal(engine, t0)
+        fatal = timed_fatal(engine, t0)
+    finally:
+        left = hosts.close()
+    return fatal._replace(leftovers=tuple(left))
 
 
 def layout_of(names: Sequence[str]) -> tuple[tuple[str, int], ...]:
@@ -250,7 +261,9 @@ def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC")) ->
     For a crash, mpirun is stopped across it (SIGSTOP, then SIGCONT): PRRTE ends the whole job
     within milliseconds of losing a daemon, racing the proxy's own lines; what is measured is the
     engine's reaction, not PRRTE's (``trtllm-liveness launch`` deals with PRRTE's status 0)."""
-    with TestHosts(tuple(names)) as hosts:
+    hosts = TestHosts(tuple(names))
+    try:
+        hosts.start()
         engine = Engine(hosts, LAYOUT if tuple(names) == ("hostA", "hostB", "hostC") else layout_of(names))
         mpirun = engine.job.popen.pid
         if kind == "crash":
@@ -263,10 +276,13 @@ def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC")) ->
                 hosts.partition("hostB")
             else:
                 hosts.silent_loss("hostB")
-            return timed_fatal(engine, t0)
+            fatal = timed_fatal(engine, t0)
         finally:
             if kind == "crash":
                 os.kill(mpirun, signal.SIGCONT)
+    finally:
+        left = hosts.close()
+    return fatal._replace(leftovers=tuple(left))
 
 
 def remote_wedge(d_state_timeout_s: float = 2.0, scan_interval_s: float = 1.0,
@@ -275,7 +291,9 @@ def remote_wedge(d_state_timeout_s: float = 2.0, scan_interval_s: float = 1.0,
     Measured from the freeze; the bound is the D timeout plus one scan."""
     from trtllm_liveness.reference._faults import FreezerGroup
 
-    with TestHosts(tuple(names)) as hosts:
+    hosts = TestHosts(tuple(names))
+    try:
+        hosts.start()
         engine = Engine(hosts, layout_of(names), liveness=f"{LIVENESS},d_state_timeout_s={d_state_timeout_s},"
                                                  f"scan_interval_s={scan_interval_s}")
         victim = hosts.root_pid("hostB", engine.pid_of(3))
@@ -285,6 +303,9 @@ def remote_wedge(d_state_timeout_s: float = 2.0, scan_interval_s: float = 1.0,
                 raise EngineError("rank 3 is gone before the freeze")
             t0 = time.monotonic()
             group.freeze([victim])
-            return timed_fatal(engine, t0, FATAL_S + d_state_timeout_s)
+            fatal = timed_fatal(engine, t0, FATAL_S + d_state_timeout_s)
         finally:
             group.remove()  # thawed first: a frozen process would keep its host's PID 1 from ending
+    finally:
+        left = hosts.close()
+    return fatal._replace(leftovers=tuple(left))

@@ -127,8 +127,9 @@ def serve_until_killed(llm: Any, ranks: list[list[int]], *, watch_fatal: bool = 
                        no_request: bool = False, **extra: Any) -> int:
     pending = None if no_request else llm.generate_async([1, 2, 3], max_tokens=10**9)  # ranks in the step loop
     deadline = time.monotonic() + 20
-    while (watch_fatal and time.monotonic() < deadline and any(
-            state[3] == "none" for state in hosts_of(llm).values())) or len(hosts_of(llm)) < comm.Get_size() - 1:
+    while watch_fatal and time.monotonic() < deadline and (
+            any(state[3] == "none" for state in hosts_of(llm).values())
+            or len(hosts_of(llm)) < comm.Get_size() - 1):
         time.sleep(0.01)  # every remote host's agent said hello (they do within milliseconds of the start)
     emit({"ready": True, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks, **extra,
           **({"hosts": hosts_of(llm)} if watch_fatal else {})})

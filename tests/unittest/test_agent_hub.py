@@ -78,10 +78,10 @@ class Agent:
 
 
 def start_agent(procs: ProcessTracker, engine: Engine, *, host: str = "fakehostB", ranks: int = 1,
-                first_rank: int = 2) -> Agent:
+                first_rank: int = 2, slow_poll: bool = False) -> Agent:
     spec = engine.hub.worker_spec()
     options = {"host": host, "endpoint": spec["endpoint"], "secret": spec["secret"], "ranks": ranks,
-               "first_rank": first_rank, "heartbeat_timeout_s": spec["heartbeat_timeout_s"]}
+               "first_rank": first_rank, "heartbeat_timeout_s": spec["heartbeat_timeout_s"], "slow_poll": slow_poll}
     popen = subprocess.Popen(["unshare", "--uts", sys.executable, "-m", "tests.helpers.host_agent_child",
                               json.dumps(options)], stdout=subprocess.PIPE, start_new_session=True, cwd=REPO)
     procs.popens.append(popen)
@@ -155,14 +155,33 @@ def test_when_the_hub_goes_away_the_agent_stops_its_ranks_and_ends_its_own(procs
     assert all(wait_until(lambda p=pid: state_of(p) in (None, "Z"), BOUND_S) for _rank, pid in agent.ranks)
 
 
-def test_after_a_clean_stop_the_hubs_going_away_leaves_the_ranks_alone(procs: ProcessTracker,
-                                                                      engine: Engine) -> None:
-    agent = start_agent(procs, engine, ranks=1)
+@pytest.mark.parametrize("slow_poll", [False, True], ids=["idle-agent", "busy-agent"])
+def test_after_a_clean_stop_the_hubs_going_away_leaves_the_ranks_alone(procs: ProcessTracker, engine: Engine,
+                                                                      slow_poll: bool) -> None:
+    """``expect`` then the hub's close: the agent must read the ``expect`` before it acts on the
+    close. A busy agent (slow polls) finds both in one round; before the fix it saw the close first,
+    killed its host's ranks and ended its own with 75."""
+    agent = start_agent(procs, engine, ranks=1, slow_poll=slow_poll)
     engine.hub.expect_exits()
     engine.hub.close()
-    assert agent.popen.poll() is None or agent.popen.wait(BOUND_S) != 75
-    time.sleep(0.5)
+    time.sleep(1.0)  # bounded: time for an agent that got it wrong to act (it would within ~0.3 s)
+    assert agent.popen.poll() is None or agent.popen.returncode != 75
     assert state_of(agent.ranks[0][1]) not in (None, "Z")
+
+
+def test_an_unmatched_connection_is_found_by_probing_when_it_ends(engine: Engine) -> None:
+    """A hello whose port matches no accepted connection (address or port translation on the way):
+    a WARNING, and when a connection the hub cannot match ends, it probes the unmatched sessions;
+    the one whose connection is gone is reported (here its agent's rank, as dead)."""
+    sid = "12" * 16
+    sock = _raw_dealer(engine.hub.endpoint, sid.encode())
+    sock.send(_wire.encode(engine.hub.secret, _wire.TO_HUB, "hello", sid, 1, host="fakehostY", rank=30, port=1,
+                           ranks=[[30, 4343, 1, "fakehostY", 1]]))
+    assert wait_until(lambda: any(s.identity.rank == 30 for s in engine.monitor.statuses()), BOUND_S)
+    sock.close(0)
+    assert wait_until(lambda: engine.events, BOUND_S)
+    assert engine.kinds() == [(30, "died")]
+    assert engine.hub.hosts()[0].connection == "closed"
 
 
 def test_stop_hosts_stops_through_the_agent_and_reports(procs: ProcessTracker, engine: Engine) -> None:
@@ -269,7 +288,8 @@ def test_bad_messages_are_rejected_and_logged_and_the_hub_keeps_working(
     good.send(_wire.encode(secret, _wire.TO_HUB, "event", sid, 3, what="died", rank=8, pid=9, cause="", age=0))
     good.send(_wire.encode(secret, _wire.TO_HUB, "event", sid, 4, what="exploded", rank=7, pid=9, cause="", age=0))
     good.send(_wire.encode(secret, _wire.TO_HUB, "event", sid, 5, what="died", rank=7, pid=9, cause=7, age=0))
-    assert wait_until(lambda: engine.hub.rejected >= before + 5, BOUND_S)
+    good.send(_wire.encode(secret, _wire.TO_HUB, "state", sid, 6, rank=7, state="wedged", detail="no"))  # events only
+    assert wait_until(lambda: engine.hub.rejected >= before + 6, BOUND_S)
     assert engine.events == [] and engine.monitor.failure is None
     # A hello claiming this host's ranks is refused (they are watched here).
     local = _raw_dealer(endpoint, ("cd" * 16).encode())
@@ -282,10 +302,12 @@ def test_bad_messages_are_rejected_and_logged_and_the_hub_keeps_working(
     for sock in (quiet, raw, huge, good, local):
         sock.close(0)
     # The hub still works: a real agent's rank death is reported.
+    # The hand-made session's connection closed with its socket: found by probing (it said port 0).
+    assert wait_until(lambda: (7, "died") in engine.kinds(), BOUND_S)
     agent = start_agent(procs, engine, ranks=1, first_rank=20)
     os.kill(agent.ranks[0][1], signal.SIGKILL)
-    assert wait_until(lambda: any(e.kind is EventKind.DIED for e in engine.events), BOUND_S)
-    assert engine.events[0].identity.rank == 21
+    assert wait_until(lambda: (21, "died") in engine.kinds(), BOUND_S)
+    assert engine.kinds() == [(7, "died"), (21, "died")]
 
 
 # --------------------------------------------------------------------------- concurrency

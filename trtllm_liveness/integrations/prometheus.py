@@ -11,13 +11,15 @@ docs/metrics.md has the same table.
     finds a rank in trouble. ``rank``: the MPI rank (``"0"``, ``"1"``, ...); ``host``: the host
     name the rank reported; ``state``: ``alive``, ``exited``, ``zombie``, ``exited-expected``
     (exited after a shutdown began: not a failure), ``wedged``, ``unkillable``, ``stalled`` (the
-    engine has a request pending and made no progress for ``stall_timeout_s``),
-    ``unmonitored-remote``, ``unmonitored-other-namespace``.
+    engine has a request pending and made no progress for ``stall_timeout_s``), ``lost`` (on a
+    remote host whose agent fell silent or dropped its connection), ``unmonitored-remote``,
+    ``unmonitored-other-namespace``.
 ``trtllm_liveness_unkillable_workers`` (gauge, no labels)
     Ranks in ``D`` with SIGKILL pending now. Non-zero means: recycle the host.
 ``trtllm_liveness_worker_failures_total{kind}`` (counter)
     Fatal events by ``kind``: ``died``, ``wedged``, ``unkillable``, ``stalled`` (only with
-    ``stall_action=fatal``; a reported stall shows in the state gauge). A wedged rank that then becomes
+    ``stall_action=fatal``; a reported stall shows in the state gauge), ``lost`` (a remote host's
+    ranks, once per rank). A wedged rank that then becomes
     unkillable counts once as each. Keeps counting across :meth:`LivenessMetrics.attach` of a new
     monitor (an executor restart).
 ``trtllm_liveness_detection_latency_seconds{kind, origin}`` (histogram)
@@ -35,6 +37,8 @@ docs/metrics.md has the same table.
     one scan interval, by design: the figure shows it.
     ``last_progress`` (``kind="stalled"``, ``stall_action=fatal`` only): the engine's last progress
     before the stall (the event's ``fault_at``): about ``stall_timeout_s`` plus the timer's overshoot.
+    ``last_heard`` (``kind="lost"``): when the lost host's agent was last heard (the event's
+    ``fault_at``): about ``heartbeat_timeout_s``, by design.
 
     Events handed over late (attaching to a monitor that had already failed) count as failures
     but observe no latency: the delay would be the attach's, not the monitor's.

@@ -126,12 +126,11 @@ class HostAgent:
 
     def _at_exit(self) -> None:
         """The rank's interpreter is exiting (its main thread raised: e.g. ULFM's
-        ``MPI_ERR_PROC_FAILED`` when the proxy died). mpi4py's ``MPI_Finalize`` comes next and may
-        hang with a failed peer (Open MPI #11404), holding the interpreter: the agent's own ending
-        would then never run. So here, before it (atexit runs handlers in reverse order of
-        registration, and mpi4py registered first), wait a bounded while for the agent's verdict
-        and end the rank with status 75 if the proxy is gone. A released agent (clean stop) or a
-        closed one lets the exit go on at once."""
+        ``MPI_ERR_PROC_FAILED`` when the proxy died). mpi4py finalizes MPI after Python's atexit
+        handlers, and ``MPI_Finalize`` may hang with a failed peer (Open MPI #11404), holding the
+        process: the agent's own ending would then never come. So here, first, wait a bounded while
+        for the agent's verdict and end the rank with status 75 if the proxy is gone. A released
+        agent (clean stop) or a closed one lets the exit go on at once."""
         if self._released or self._closing or not self._welcomed.is_set():
             return
         if not self._ending_set.wait(self.settings.heartbeat_timeout_s + 0.5):
@@ -218,6 +217,8 @@ class HostAgent:
         poller.register(self._wake_r, zmq.POLLIN)
         sent: dict[int, tuple[str, str]] = {}
         connected_once = False
+        started = time.monotonic()
+        warned = False
         while True:
             with self._lock:
                 if self._closing:
@@ -226,6 +227,12 @@ class HostAgent:
             if self._wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
+            if sock in ready:
+                action = self._receive(zmq, sock, monitor)
+                if action == "stop":
+                    return self._on_stop, "stopped by the proxy"
+                if action == "refused":
+                    return None
             if monitor_sock in ready:
                 while True:
                     try:
@@ -236,7 +243,13 @@ class HostAgent:
                         connected_once = True
                         self._send(sock, "hello", **self._hello(int(event["value"])))
                     elif event["event"] == zmq.EVENT_DISCONNECTED and connected_once:
-                        if self._released:
+                        # What the hub sent before it closed (an "expect" of a clean stop, a
+                        # stop) is already queued: read it first, or a clean stop would look
+                        # like the proxy's death.
+                        action = self._receive(zmq, sock, monitor)
+                        if action == "stop":
+                            return self._on_stop, "stopped by the proxy"
+                        if self._released or action == "refused":
                             logger.info("liveness: the proxy's hub closed after a clean stop; agent ends")
                             return None
                         reason = (f"the connection to the proxy's hub at {self.settings.endpoint} dropped "
@@ -244,25 +257,40 @@ class HostAgent:
                         self._proxy_lost(monitor, reason)
                         self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
                         return None
-            if sock in ready and self._receive(zmq, sock, monitor):
-                return self._on_stop, "stopped by the proxy"
+            if not self._welcomed.is_set():
+                # Events wait for the welcome: the hub takes nothing before it has the hello.
+                if not warned and time.monotonic() - started > max(30.0, 10 * self.settings.heartbeat_timeout_s):
+                    warned = True
+                    logger.warning("liveness: this host's agent has not reached the proxy's hub at %s yet "
+                                   "(check hosts_bind/hosts_advertise/hosts_port and firewalls); its ranks are not "
+                                   "watched until it does", self.settings.endpoint)
+                continue
             while self._pending:
                 fatal = self._pending.popleft()
                 self._send(sock, "event", what=fatal.kind.value, rank=fatal.identity.rank, pid=fatal.identity.pid,
                            cause=fatal.cause[:2000], tid=fatal.tid, wchan=fatal.wchan[:200],
                            age=max(0.0, time.monotonic() - (fatal.fault_at or fatal.detected_at)))
-            if self._welcomed.is_set():
-                for status in monitor.statuses():
-                    now = (status.state.value, status.detail)
-                    if sent.get(status.identity.rank) != now and status.state is not WorkerState.ALIVE:
-                        sent[status.identity.rank] = now
-                        self._send(sock, "state", rank=status.identity.rank, state=status.state.value,
-                                   detail=status.detail[:2000])
+            for status in monitor.statuses():
+                # Fatal states travel as events only (with their thread and wait channel).
+                if status.state.is_fatal or status.state is WorkerState.ALIVE:
+                    continue
+                now = (status.state.value, status.detail)
+                if sent.get(status.identity.rank) != now:
+                    sent[status.identity.rank] = now
+                    self._send(sock, "state", rank=status.identity.rank, state=status.state.value,
+                               detail=status.detail[:2000])
 
     def _hello(self, fd: int) -> dict[str, Any]:
         port = 0
-        with contextlib.suppress(OSError), socket.socket(fileno=os.dup(fd)) as conn:
-            port = int(conn.getsockname()[1])  # lets the hub tell a closed connection from a silent one
+        with contextlib.suppress(OSError):
+            dup = os.dup(fd)
+            try:
+                conn = socket.socket(fileno=dup)
+            except OSError:  # the number was reused by something that is no socket
+                os.close(dup)
+                raise
+            with conn:
+                port = int(conn.getsockname()[1])  # lets the hub match its connection to this hello
         return {"host": self.own.hostname, "rank": self.own.rank, "port": port,
                 "ranks": [list(identity) for identity in (self.own, *self.identities)]}
 
@@ -276,13 +304,14 @@ class HostAgent:
             logger.warning("liveness: the hub did not take the agent's %s message within %d ms", kind,
                            _SEND_TIMEOUT_MS)
 
-    def _receive(self, zmq: Any, sock: Any, monitor: WorkerProcessMonitor) -> bool:
-        """Handle what the hub sent; True when the agent is done (its rank is being ended)."""
+    def _receive(self, zmq: Any, sock: Any, monitor: WorkerProcessMonitor) -> str | None:
+        """Handle what the hub sent: ``"stop"`` (the host's ranks were stopped: end this rank),
+        ``"refused"`` (the hub does not count this host: the agent ends), else None."""
         while True:
             try:
                 frame = sock.recv(zmq.NOBLOCK)
             except zmq.Again:
-                return False
+                return None
             try:
                 message = _wire.decode(self.settings.secret, _wire.TO_AGENT, frame)
                 if message.sid != self.sid or message.seq <= self._peer_seq:
@@ -303,11 +332,11 @@ class HostAgent:
                 monitor.mark_expected_exits()
             elif message.kind == "stop":
                 self._stop_requested(sock, monitor, message)
-                return True
+                return "stop"
             elif message.kind == "reject":
                 logger.error("liveness: the proxy's hub refused this host agent: %s", message.body.get("why"))
                 self._released = True  # never act on a proxy that does not count this host
-                return False
+                return "refused"
 
     def _stop_ranks(self, monitor: WorkerProcessMonitor, grace_s: float, kill_s: float) -> Any:
         from .._shutdown import stop_processes

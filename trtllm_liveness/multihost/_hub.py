@@ -48,9 +48,10 @@ logger = logging.getLogger(__name__)
 MAX_RANKS_PER_HOST = 4096
 _REJECT_LOG_EVERY = 1000
 _EVENT_STATES = {"died": WorkerState.EXITED, "wedged": WorkerState.WEDGED, "unkillable": WorkerState.UNKILLABLE}
-_REPORTED_STATES = {state.value: state for state in (
-    WorkerState.ALIVE, WorkerState.EXITED, WorkerState.ZOMBIE, WorkerState.EXITED_EXPECTED, WorkerState.WEDGED,
-    WorkerState.UNKILLABLE)}
+# A "state" message carries only non-fatal states: fatal ones come as events (with their thread and
+# wait channel, exactly once), and a state message must not claim an event without them.
+_REPORTED_STATES = {state.value: state for state in (WorkerState.ALIVE, WorkerState.EXITED_EXPECTED)}
+_POLL_MS = 1000  # the thread's wait is bounded; the wake pipe ends it at once for close() and commands
 
 
 @dataclass(frozen=True)
@@ -153,6 +154,7 @@ class AgentHub:
         self._armed_set = False
         self._expecting = False
         self._stop_req: int | None = None
+        self._stop_fields: dict[str, Any] = {}
         self._req_ids = itertools.count(1)
         self._conns = ConnectionTable()
         self._wake_r, self._wake_w = os.pipe()
@@ -177,6 +179,7 @@ class AgentHub:
             sock.setsockopt(zmq.SNDTIMEO, 0)
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
+            sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a peer that never completes ZMTP holds its fds 5 s, not 30
             # Each agent PINGs every third of the timeout with the timeout as TTL: the hub's ZMQ
             # I/O thread closes a connection silent that long after a PING. The hub's own PINGs
             # are rare (every 3 timeouts): they only cover a connection cut before its agent's
@@ -304,7 +307,7 @@ class AgentHub:
                     if self._closing:
                         self._flush_commands_locked()
                         return
-                ready = dict(poller.poll())
+                ready = dict(poller.poll(_POLL_MS))
                 if self._wake_r in ready:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
@@ -325,8 +328,16 @@ class AgentHub:
                             self._disconnected(*self._conns.disconnected(int(event["value"])))
                 with self._cond:
                     self._flush_commands_locked()
-        except Exception:
+        except Exception as exc:
             logger.exception("liveness: the agent hub failed; remote hosts are no longer watched")
+            # Its socket closes with it, and every agent then ends its host's ranks: say so, fatally.
+            with self._cond:
+                for session in list(self._sessions.values()):
+                    if session.connection == "connected":
+                        session.connection = "lost"
+                        cause = f"the proxy's agent hub failed ({exc!r}); host {session.host}'s agent ends its ranks"
+                        self._apply_many([(identity, WorkerState.LOST, cause) for identity in session.ranks])
+                self._cond.notify_all()
         finally:
             self._release()
 
@@ -346,6 +357,7 @@ class AgentHub:
                     continue
                 self._stop_req = next(self._req_ids)
                 fields = {**fields, "req": self._stop_req}
+                self._stop_fields = fields
                 for session in self._sessions.values():
                     if session.connection != "connected" and session.stop is None:
                         session.stop = HostStop(session.host, session.agent.rank, tuple(r.rank for r in session.ranks),
@@ -447,11 +459,8 @@ class AgentHub:
         key = (peer, port) if peer != "?" and port else None
         session = _Session(message.sid, host, agent, ranks, key, seq_in=message.seq)
         self._sessions[message.sid] = session
-        for identity in ranks:
-            detail = f"watched by the agent on host {host} (rank {agent.rank})"
-            if not self.monitor.apply_remote(identity, WorkerState.ALIVE, detail, via="agent"):
-                logger.warning("liveness: %s does not match the rank registered here; its agent's reports "
-                               "about it are ignored", identity.describe())
+        detail = f"watched by the agent on host {host} (rank {agent.rank})"
+        self._apply_many([(identity, WorkerState.ALIVE, detail) for identity in ranks])
         logger.info("liveness: host %s's agent (rank %d) watches ranks %s", host, agent.rank,
                     [identity.rank for identity in ranks])
         self._send(session, "welcome")
@@ -460,12 +469,17 @@ class AgentHub:
         if self._expecting:
             self._send(session, "expect")
         if self._stop_req is not None:
-            self._send(session, "stop", req=self._stop_req, grace=self.grace_s, kill=self.kill_s)
-        if key is not None:
+            self._send(session, "stop", **self._stop_fields)
+        if key is not None and (key in self._conns or key in self._closed_keys):
             self._by_key[key] = message.sid
             ending = self._closed_keys.pop(key, None)
             if ending is not None:  # its connection ended before its hello was read
                 self._lost_locked(session, ending)
+        else:
+            session.key = None  # found by a probe when an unmatched connection ends (_probe_unbound_locked)
+            logger.warning("liveness: host %s's agent connection (%s, port %s) matches none the hub accepted "
+                           "(address or port translation between them?); its end is found by probing", host,
+                           peer, port)
 
     def _refuse(self, sid: str, why: str) -> None:
         import zmq
@@ -535,6 +549,8 @@ class AgentHub:
         with self._cond:
             sid = self._by_key.pop(key, None) if key is not None else None
             session = self._sessions.get(sid) if sid is not None else None
+            if session is None and self._probe_unbound_locked(ending):
+                return
             if session is None:
                 self.closed_without_hello += 1
                 if self.closed_without_hello <= 5 or self.closed_without_hello % _REJECT_LOG_EVERY == 0:
@@ -549,19 +565,51 @@ class AgentHub:
                 return
             self._lost_locked(session, ending)
 
+    def _probe_unbound_locked(self, ending: Ending) -> bool:
+        """A connection the hub cannot match to a session ended: a session whose key is unknown
+        may be its. A message to a routing id whose connection is gone fails at once (the ROUTER is
+        ``ROUTER_MANDATORY``): each unbound session gets a probe, and those unreachable are lost."""
+        import zmq
+
+        found = False
+        for session in list(self._sessions.values()):
+            if session.key is not None or session.connection != "connected":
+                continue
+            session.seq_out += 1
+            frame = _wire.encode(self.secret, _wire.TO_AGENT, "probe", session.sid, session.seq_out)
+            try:
+                self._sock.send_multipart([session.sid.encode(), frame], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:
+                if exc.errno == zmq.EHOSTUNREACH:
+                    found = True
+                    self._lost_locked(session, ending)
+        return found
+
     def _lost_locked(self, session: _Session, ending: Ending) -> None:
         if session.connection != "connected":
             return
         session.since = time.monotonic()
         ranks = ", ".join(f"{r.rank} (pid {r.pid})" for r in session.ranks)
         agent = session.agent
+        others = [r for r in session.ranks if r.rank != agent.rank]
         if session.stop is not None and session.stop.outcome == "stopped":
             session.connection = "stopped"
-            self._apply(agent, WorkerState.EXITED_EXPECTED,
-                        f"ended after its host's stop, as asked (agent on host {session.host})")
+            stuck = {rank: text for rank, _pid, text in session.stop.unkillable}
+            self._apply_many([(agent, WorkerState.EXITED_EXPECTED,
+                               f"ended after its host's stop, as asked (agent on host {session.host})")]
+                             + [(r, WorkerState.UNKILLABLE, f"{stuck[r.rank]} (reported by the agent on host "
+                                 f"{session.host})") if r.rank in stuck else
+                                (r, WorkerState.EXITED_EXPECTED, f"stopped by its host's agent (host {session.host})")
+                                for r in others])
             self._cond.notify_all()
             return
-        others = [r for r in session.ranks if r.rank != agent.rank]
+        if self._expecting and ending is not Ending.SILENT:
+            # A clean stop: the agent's rank exited (its connection closed) as the others do.
+            session.connection = "closed"
+            self._apply_many([(r, WorkerState.EXITED_EXPECTED, f"ended with the clean stop (host {session.host}; "
+                               "its agent's connection closed)") for r in session.ranks])
+            self._cond.notify_all()
+            return
         if ending is Ending.SILENT:
             session.connection = "lost"
             cause = (f"no heartbeat from host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) for "

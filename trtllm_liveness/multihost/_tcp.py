@@ -24,6 +24,7 @@ _TCP_ESTABLISHED = 1
 _TCP_CLOSED_BY_PEER = frozenset({7, 8, 9})  # CLOSE (after RST), CLOSE_WAIT (FIN received), LAST_ACK
 
 Key = tuple[str, int]  # the peer's (address, port)
+MAX_CONNECTIONS = 8192  # duplicates kept at most (each holds one descriptor)
 
 
 class Ending(str, enum.Enum):
@@ -43,9 +44,16 @@ class ConnectionTable:
     def accepted(self, fd: int) -> Key | None:
         """Note connection ``fd`` (ZMQ's); returns its peer key, or None if it is gone already."""
         self._drop(fd)
+        if len(self._by_fd) >= MAX_CONNECTIONS:
+            return None  # not classified (its end reads "unknown"): never more descriptors than this
         try:
-            dup = socket.socket(fileno=os.dup(fd))
+            raw = os.dup(fd)
         except OSError:
+            return None
+        try:
+            dup = socket.socket(fileno=raw)
+        except OSError:  # the number now names something that is no socket
+            os.close(raw)
             return None
         try:
             peer = dup.getpeername()
@@ -80,6 +88,9 @@ class ConnectionTable:
         if entry is not None:
             with contextlib.suppress(OSError):
                 entry[1].close()
+
+    def __contains__(self, key: object) -> bool:
+        return any(entry[0] == key for entry in self._by_fd.values())
 
     def close(self) -> None:
         for fd in list(self._by_fd):

@@ -24,23 +24,47 @@ logger = logging.getLogger(__name__.rpartition(".")[0])
 def wants_hub(config: LivenessConfig, session: Any) -> bool:
     if config.hosts == "off":
         return False
-    return config.hosts == "on" or upstream_skips_registration(session)
+    return config.hosts == "on" or (upstream_skips_registration(session) and not single_host_launch())
 
 
 def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> Any:
     """A started hub, or None (logged) when it cannot bind: the engine then runs without it."""
     from ...multihost import AgentHub
 
+    bind, advertise = config.hosts_bind, config.hosts_advertise
+    if not bind:
+        bind, advertise = default_bind(advertise)
+    hub = AgentHub(monitor, bind=bind, port=config.hosts_port, advertise=advertise or None,
+                   heartbeat_timeout_s=config.heartbeat_timeout_s, d_state_timeout_s=config.d_state_timeout_s or None,
+                   scan_interval_s=config.scan_interval_s, grace_s=config.shutdown_term_s,
+                   kill_s=config.shutdown_kill_s)
     try:
-        return AgentHub(monitor, bind=config.hosts_bind or _own_name(), port=config.hosts_port,
-                        advertise=config.hosts_advertise or None, heartbeat_timeout_s=config.heartbeat_timeout_s,
-                        d_state_timeout_s=config.d_state_timeout_s or None,
-                        scan_interval_s=config.scan_interval_s, grace_s=config.shutdown_term_s,
-                        kill_s=config.shutdown_kill_s).start()
+        return hub.start()
     except Exception:
+        hub.close()
         logger.error("liveness: could not start the agent hub (hosts_bind=%r, hosts_port=%d): ranks on other hosts "
-                     "are not watched", config.hosts_bind, config.hosts_port, exc_info=True)
+                     "are not watched", bind, config.hosts_port, exc_info=True)
         return None
+
+
+def default_bind(advertise: str) -> tuple[str, str]:
+    """(bind, advertise) without ``hosts_bind``: the address this host's name resolves to, where the
+    ranks will look for it. Where it resolves to loopback (Debian's ``127.0.1.1 <hostname>``, a
+    container's ``/etc/hosts``), no remote rank could connect there: then every interface, with a
+    WARNING, and the name advertised."""
+    import ipaddress
+    import socket
+
+    name = _own_name()
+    try:
+        address = socket.gethostbyname(name)
+    except OSError:
+        address = ""
+    if address and not ipaddress.ip_address(address).is_loopback:
+        return address, advertise or name
+    logger.warning("liveness: this host's name %r resolves to %s: the agent hub binds every interface ('*'); set "
+                   "hosts_bind to the cluster network's address to bind only there", name, address or "nothing")
+    return "*", advertise or name
 
 
 def stop_remote_hosts(hub: Any, config: LivenessConfig) -> tuple[threading.Thread, list[Any]]:
@@ -63,6 +87,18 @@ def stop_remote_hosts(hub: Any, config: LivenessConfig) -> tuple[threading.Threa
     thread = threading.Thread(target=run, name="trtllm-liveness-remote-stop", daemon=True)
     thread.start()
     return thread, reports
+
+
+def single_host_launch(environ: Any = None) -> bool:
+    """Whether the launcher says every rank runs on this host (mpirun's or Slurm's environment in
+    the proxy's process): then no agent is needed, and ``hosts=auto`` starts no hub."""
+    import os
+
+    env = os.environ if environ is None else environ
+    local, world = env.get("OMPI_COMM_WORLD_LOCAL_SIZE"), env.get("OMPI_COMM_WORLD_SIZE")
+    if local is not None and local == world:
+        return True
+    return env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES")) == "1"
 
 
 def _own_name() -> str:
