@@ -10,6 +10,8 @@ unless they came from the terminal, waits for it, and exits with:
 - the launcher's status when it is not 0 (128 + N when a signal N ended it);
 - else the recorded fatal error's status (``exit_code``, or ``exit_code_unrestartable`` for a
   wedged or unkillable worker), with one line on stderr saying so;
+- else ``exit_code`` when an engine started and never ended cleanly (its process was killed with
+  the job before it could record why: PRRTE's teardown races the fatal path), with one line;
 - else 0.
 
 The launcher runs in the wrapper's process group, so a terminal's Ctrl-C reaches it directly, once,
@@ -27,7 +29,7 @@ import sys
 import tempfile
 from typing import Any
 
-from ._outcome import OUTCOME_ENV, read_outcome
+from ._outcome import OUTCOME_ENV, read_outcomes
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 
@@ -37,8 +39,8 @@ def add_launch_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> 
                                            "error (mpirun exits 0 after a host crash)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     launch.add_argument("--outcome-dir", default=None, metavar="DIR",
-                        help="where the engine's outcome file is made (default: $TMPDIR); the proxy (rank 0) must see "
-                             "it: a local directory where rank 0 runs on the launching host, else a shared one")
+                        help="where the engines' outcome files are made (default: $TMPDIR); the proxy (rank 0) must "
+                             "see it: a local directory where rank 0 runs on the launching host, else a shared one")
     launch.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
                         help="the launcher and its arguments")
     launch.set_defaults(func=run_launch)
@@ -53,21 +55,29 @@ def run_launch(args: argparse.Namespace) -> int:
         return 2
     # 0700: only this user writes there
     directory = tempfile.mkdtemp(prefix="trtllm-liveness-launch-", dir=args.outcome_dir)
-    path = os.path.join(directory, "outcome.json")
     try:
-        status = _run(argv, {**os.environ, OUTCOME_ENV: path})
+        status = _run(argv, {**os.environ, OUTCOME_ENV: directory})
         try:
-            outcome = read_outcome(path)
+            outcomes = read_outcomes(directory)
         except (OSError, ValueError) as exc:
-            print(f"trtllm-liveness launch: ignoring the outcome file: {exc}", file=sys.stderr)
-            outcome = None
+            print(f"trtllm-liveness launch: ignoring the outcome files: {exc}", file=sys.stderr)
+            outcomes = []
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    if status == 0 and outcome is not None:
-        print(f"trtllm-liveness launch: {argv[0]} exited 0, but the engine failed: {outcome.message}; "
-              f"exiting {outcome.exit_code}", file=sys.stderr)
-        return outcome.exit_code
-    return status
+    if status != 0:
+        return status
+    failed = [outcome for outcome in outcomes if outcome.state == "failed"]
+    if failed:
+        print(f"trtllm-liveness launch: {argv[0]} exited 0, but the engine failed: {failed[0].message}; "
+              f"exiting {failed[0].exit_code}", file=sys.stderr)
+        return failed[0].exit_code
+    unclean = [outcome for outcome in outcomes if outcome.state == "running"]
+    if unclean:
+        print(f"trtllm-liveness launch: {argv[0]} exited 0, but the engine (pid {unclean[0].pid}) never ended "
+              f"cleanly (killed with its job before it could say why: a lost host?); exiting {unclean[0].exit_code}",
+              file=sys.stderr)
+        return unclean[0].exit_code
+    return 0
 
 
 def _foreground_of_terminal() -> bool:

@@ -303,8 +303,8 @@ def test_launch_turns_mpiruns_zero_after_a_host_crash_into_the_engines_status(te
                                                                               wrapped: bool) -> None:
     """A host crash that PRRTE learns of from its daemon link: mpirun alone exits **0** although
     the engine failed (the baseline this wrapper exists for); under ``trtllm-liveness launch`` (its
-    outcome file in a directory the proxy's host sees) the job's status is the engine's
-    ``exit_code`` (1)."""
+    outcome files in a directory the proxy's host sees) the job's status is the engine's
+    ``exit_code`` (1), whether the proxy recorded its fatal error before PRRTE killed it or not."""
     wrapper = [sys.executable, "-m", "trtllm_liveness.cli", "launch", "--outcome-dir", test_hosts.shared, "--"]
     engine = Engine(test_hosts, wrapper=wrapper if wrapped else ())
     _before(engine)
@@ -312,8 +312,11 @@ def test_launch_turns_mpiruns_zero_after_a_host_crash_into_the_engines_status(te
     status = engine.job.wait_exit(60 * WAIT_SCALE)
     assert status == (1 if wrapped else 0), f"status {status}\n{engine.diagnostics()}"
     if wrapped:
-        assert "exited 0, but the engine failed" in engine.job.output(), engine.diagnostics()
-        assert "hostB" in engine.job.output(), engine.diagnostics()
+        # Which line depends on a race the wrapper does not need to win: whether the proxy recorded
+        # its fatal error (naming hostB) before PRRTE's teardown killed it, or was killed first.
+        output = engine.job.output()
+        assert ("exited 0, but the engine failed" in output and "hostB" in output) or \
+            ("exited 0, but the engine (pid" in output and "never ended cleanly" in output), engine.diagnostics()
 
 
 # --------------------------------------------------------------------------- no false alarm

@@ -34,6 +34,7 @@ from ..._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError
 from ..._exit_guard import FatalExitGuard, interrupt_self_once
 from ..._identity import ProcessIdentity, is_local
 from ..._monitor import WorkerProcessMonitor
+from ..._outcome import mark_clean, mark_running
 from ..._pidfd import verify_start_time
 from ..._shutdown import StopReport
 from .._futures import mirror_future
@@ -132,6 +133,7 @@ class LivenessProxyMixin:
                                               exit_code_unrestartable=config.exit_code_unrestartable)
         monitor.start()
         state.monitor = monitor
+        mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success
         state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits)
         state.diagnoser = Diagnoser(lambda: monitor.verified_identities())
         if config.stall_timeout_s > 0:
@@ -516,6 +518,8 @@ class LivenessProxyMixin:
             logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
             self._liveness_abandon_session(state)
         self._liveness_release()
+        if state.fatal is None and not (report is not None and report.unkillable):
+            mark_clean()
         if report is not None and report.unkillable:
             events = report.events()
             with state.lock:
