@@ -122,9 +122,10 @@ class LivenessConfig:
         hosts_advertise: the host name or address the ranks connect to, when it differs from
             ``hosts_bind`` (e.g. ``hosts_bind=*``); empty: ``hosts_bind``, or this host's name.
         heartbeat_timeout_s: a remote host whose agent is silent this long is lost: fatal, naming
-            the host and its ranks; on its side the agent then stops the host's ranks. The agents
-            PING (ZMTP) every third of it, so a silent host is lost 2/3 to 3/3 of it after it went
-            silent (1.0-1.5 s by default). Raise it where networks pause longer than that.
+            the host and its ranks; on its side the agent then stops the host's ranks. The hub PINGs
+            (ZMTP) every half of it, so a silent host is lost 1 to 1.5 times it after it went silent
+            (1.2-1.8 s by default); an agent finds a silent hub within twice it. Raise it where
+            networks pause longer than that.
     """
 
     enabled: bool = False
@@ -155,7 +156,7 @@ class LivenessConfig:
     hosts_bind: str = ""
     hosts_port: int = 0
     hosts_advertise: str = ""
-    heartbeat_timeout_s: float = 1.5
+    heartbeat_timeout_s: float = 1.2
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
