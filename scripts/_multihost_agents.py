@@ -1,13 +1,16 @@
 """The extension's side of scripts/bench_multihost.py: the engine with its agents, on test hosts.
 
 The fault trials are tests/helpers/multihost_engine.py's (fresh namespace test hosts per trial);
-here: the CPU figures (idle engine with and without agents; a hub with 128 simulated agents) and
-the loaded no-fault control.
+here: the CPU figures (a hub with three real agents; a hub with 128 simulated agents) and the
+loaded no-fault control.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -17,6 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from tests.helpers.multihost_engine import (  # noqa: E402
+    DEFAULTS,
     Engine,
     Fatal,
     host_fault,
@@ -26,26 +30,47 @@ from tests.helpers.multihost_engine import (  # noqa: E402
 )
 from tests.helpers.testhosts import TestHosts  # noqa: E402
 
-__all__ = ["Fatal", "false_alarms_loaded", "host_fault", "idle_cpu", "proxy_cpu_simulated", "remote_kill",
+__all__ = ["Fatal", "false_alarms_loaded", "heartbeat_cpu", "host_fault", "proxy_cpu_simulated", "remote_kill",
            "remote_wedge"]
 
 
-def idle_cpu(hub: bool, window: float = 10.0) -> float:
-    """CPU ms per s of the proxy and every rank over ``window`` s of an idle engine (no request),
-    8 ranks on 4 hosts; ``hub`` False: the same with ``hosts=off`` (the baseline)."""
-    layout = (("hostA", 2), ("hostB", 2), ("hostC", 2), ("hostD", 2))
-    with TestHosts(("hostA", "hostB", "hostC", "hostD")) as hosts:
-        engine = Engine(hosts, layout, liveness="hosts=on" if hub else "hosts=off", request=False)
-        pids = [hosts.root_pid("hostA", int(engine.ready["proxy"][0]))]
-        for _rank, (_state, host, pid, _method) in engine.ready["hosts"].items():
-            pids.append(hosts.root_pid(host, int(pid)))
-        live = [pid for pid in pids if pid is not None]
-        time.sleep(2.0)  # start-up work done
-        before, t0 = sum(map(cpu_ticks, live)), time.monotonic()
+def heartbeat_cpu(window: float = 20.0) -> float:
+    """CPU ms per s of a hub and three real agents, idle, over ``window`` s: the proxy's side and
+    three remote hosts of 2 ranks each (the agent's own and one it watches; with the proxy's host
+    of 2 ranks, 8 ranks on 4 hosts). Each agent is tests/helpers/host_agent_child.py in a UTS
+    namespace of its own; the ranks it watches are sleepers (their CPU is not counted). The
+    engine's own ranks are left out on purpose: on these test hosts they share 2 cores and spin
+    in MPI, so their CPU would drown the figure."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    hub = subprocess.Popen([sys.executable, "-c", SIM_HUB], stdout=subprocess.PIPE, env=env, start_new_session=True)
+    agents: list[subprocess.Popen[bytes]] = []
+    sleepers: list[int] = []
+    try:
+        assert hub.stdout is not None
+        spec = json.loads(hub.stdout.readline())
+        for index in range(3):
+            options = {"host": f"host{'BCD'[index]}", "endpoint": spec["endpoint"], "secret": spec["secret"],
+                       "ranks": 1, "first_rank": 2 + 2 * index, "heartbeat_timeout_s": spec["heartbeat_timeout_s"]}
+            agent = subprocess.Popen(["unshare", "--uts", sys.executable, "-m", "tests.helpers.host_agent_child",
+                                      json.dumps(options)], stdout=subprocess.PIPE, env=env, cwd=REPO,
+                                     start_new_session=True)
+            agents.append(agent)
+            assert agent.stdout is not None
+            record = json.loads(agent.stdout.readline())
+            sleepers += [pid for _rank, pid, _start in record["ranks"]]
+        time.sleep(3.0)
+        pids = [hub.pid, *(agent.pid for agent in agents)]
+        before, t0 = sum(map(cpu_ticks, pids)), time.monotonic()
         time.sleep(window)
-        after, t1 = sum(map(cpu_ticks, live)), time.monotonic()
-        engine.job.kill()
-    return (after - before) * 1000 / os.sysconf("SC_CLK_TCK") / (t1 - t0)
+        after, t1 = sum(map(cpu_ticks, pids)), time.monotonic()
+        return (after - before) * 1000 / os.sysconf("SC_CLK_TCK") / (t1 - t0)
+    finally:
+        for pid in sleepers:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        for proc in (*agents, hub):
+            proc.kill()
+            proc.wait(10)
 
 
 def cpu_ticks(pid: int) -> int:
@@ -119,7 +144,7 @@ def false_alarms_loaded(window: float) -> tuple[int, str]:
                 for _ in range(os.cpu_count() or 2)]
     try:
         with TestHosts() as hosts:
-            engine = Engine(hosts)
+            engine = Engine(hosts, liveness=DEFAULTS)  # the default heartbeat
             fatal = timed_fatal(engine, time.monotonic(), window, shutdown=False)
             engine.job.kill()
     finally:

@@ -18,6 +18,10 @@ The launch, and why:
 * ULFM on (``fault_tolerant=True``, ``OMPI_MCA_mpi_ft_enable=1``): without it the survivors' TCP
   BTL calls a dead peer's closed socket fatal and Open MPI aborts the job ("An error occurred in
   Socket closed ... MPI_ERRORS_ARE_FATAL"), killing the proxy right after its fatal line;
+* ``OMPI_MCA_mpi_yield_when_idle=1``: the test hosts share this machine's 2 cores, and Open MPI's
+  blocking calls spin: 4 or 5 ranks spinning would starve the proxy's threads for tens of
+  milliseconds at a time. Open MPI yields by itself where it knows a host is oversubscribed; here
+  each host looks like a whole machine to it (a real cluster gives each rank its own cores);
 * ``--output file=...``: the ranks' output is written to files by each host's own PRRTE daemon
   (read through ``/proc/<hostA's PID 1>/root``), not forwarded to mpirun: when a host crashes
   PRRTE ends the whole job ("lost communication with a remote daemon ... will terminate the job";
@@ -63,7 +67,8 @@ FATAL_S = 20.0  # a death is reported in milliseconds, a silence after heartbeat
 SHUTDOWN_S = 20.0  # shutdown_term_s + shutdown_kill_s + a few seconds at most
 GONE_S = 20.0  # a host's ranks end within about heartbeat_timeout_s + the stop's bounds
 QUIET_S = 2.0  # bounded observation window: no fatal error after bad messages
-LIVENESS = "heartbeat_timeout_s=1,shutdown_term_s=1,shutdown_kill_s=1"
+LIVENESS = "heartbeat_timeout_s=1,shutdown_term_s=1,shutdown_kill_s=1"  # the tests'
+DEFAULTS = "shutdown_term_s=1,shutdown_kill_s=1"  # the timed trials': the default heartbeat
 OUT = "/tmp/agents-out"  # inside each host's private /tmp: PRRTE writes <OUT>.<job>.<rank>.out|err
 MPIRUN_ARGS = ["--runtime-options", "recoverable,error-nonzero-status=false", "--output", f"file={OUT}"]
 LAYOUT = (("hostA", 2), ("hostB", 1), ("hostC", 1))  # ranks 0, 1 | 2 | 3
@@ -82,7 +87,7 @@ class Engine:
         self.job: MpiJob = hosts.mpirun(
             layout, [sys.executable, "-u", "-m", "tests.helpers.proxy_death_child", json.dumps(options)],
             mpirun_args=MPIRUN_ARGS, fault_tolerant=True, wrapper=wrapper,
-            env={"TRTLLM_WORKER_LIVENESS": liveness, "PYTHONPATH": str(REPO)})
+            env={"TRTLLM_WORKER_LIVENESS": liveness, "PYTHONPATH": str(REPO), "OMPI_MCA_mpi_yield_when_idle": "1"})
         ready = self.wait_record("ready", START_S)
         if ready is None:
             self.job.kill()
@@ -237,7 +242,7 @@ def remote_kill(layout: Sequence[tuple[str, int]] = LAYOUT, victim: int = 2) -> 
     hosts = TestHosts(tuple(name for name, _count in layout))
     try:
         hosts.start()
-        engine = Engine(hosts, layout)
+        engine = Engine(hosts, layout, DEFAULTS)
         fd, _pid = hosts.pidfd_of("hostB", engine.pid_of(victim))  # opened and verified before the clock
         try:
             t0 = time.monotonic()
@@ -264,7 +269,8 @@ def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC")) ->
     hosts = TestHosts(tuple(names))
     try:
         hosts.start()
-        engine = Engine(hosts, LAYOUT if tuple(names) == ("hostA", "hostB", "hostC") else layout_of(names))
+        layout = LAYOUT if tuple(names) == ("hostA", "hostB", "hostC") else layout_of(names)
+        engine = Engine(hosts, layout, DEFAULTS)
         mpirun = engine.job.popen.pid
         if kind == "crash":
             os.kill(mpirun, signal.SIGSTOP)
@@ -294,7 +300,7 @@ def remote_wedge(d_state_timeout_s: float = 2.0, scan_interval_s: float = 1.0,
     hosts = TestHosts(tuple(names))
     try:
         hosts.start()
-        engine = Engine(hosts, layout_of(names), liveness=f"{LIVENESS},d_state_timeout_s={d_state_timeout_s},"
+        engine = Engine(hosts, layout_of(names), liveness=f"{DEFAULTS},d_state_timeout_s={d_state_timeout_s},"
                                                  f"scan_interval_s={scan_interval_s}")
         victim = hosts.root_pid("hostB", engine.pid_of(3))
         group = FreezerGroup()
