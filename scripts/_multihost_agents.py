@@ -99,7 +99,7 @@ ctx = zmq.Context(io_threads=2); socks = []
 for i in range(n):
     sid = secrets.token_hex(16); s = ctx.socket(zmq.DEALER)
     s.setsockopt(zmq.ROUTING_ID, sid.encode()); s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.HEARTBEAT_IVL, 1200); s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 1200)
+    s.setsockopt(zmq.HEARTBEAT_IVL, 2400); s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 1200)
     s.setsockopt(zmq.HEARTBEAT_TTL, 1200)  # as HostAgent does with the default timeout
     s.connect(spec["endpoint"])
     host = f"simhost{i}"
@@ -113,8 +113,8 @@ time.sleep(600)
 
 def proxy_cpu_simulated(agents: int, window: float = 10.0) -> float:
     """CPU ms per s of a process running only an AgentHub with ``agents`` simulated agents
-    connected (hello, then ZMTP PINGs every 1.2 s, as a real agent with the default 1.2 s timeout;
-    the hub PINGs each every 600 ms), over ``window`` s."""
+    connected (hello, then ZMTP PINGs every 2.4 s, as a real agent with the default 1.2 s timeout;
+    the hub PINGs each every 720 ms), over ``window`` s."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     hub = subprocess.Popen([sys.executable, "-c", SIM_HUB], stdout=subprocess.PIPE, env=env, start_new_session=True)
     sim = None

@@ -123,8 +123,8 @@ class LivenessConfig:
             ``hosts_bind`` (e.g. ``hosts_bind=*``); empty: ``hosts_bind``, or this host's name.
         heartbeat_timeout_s: a remote host whose agent is silent this long is lost: fatal, naming
             the host and its ranks; on its side the agent then stops the host's ranks. The hub PINGs
-            (ZMTP) every half of it, so a silent host is lost 1 to 1.5 times it after it went silent
-            (1.2-1.8 s by default); an agent finds a silent hub within twice it. Raise it where
+            (ZMTP) every 0.6 of it, so a silent host is lost 1 to 1.6 times it after it went silent
+            (1.2-1.9 s by default); an agent finds a silent hub within 3 times it. Raise it where
             networks pause longer than that.
     """
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import select
 import signal
 import sys
 import time
@@ -43,23 +44,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tests.helpers.testhosts import MpiJob, TestHosts
+from tests.helpers.testhosts import MpiJob, TestHosts, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 class EngineError(RuntimeError):
     """The engine did not start, or a line it should print did not come (output in the message)."""
-
-
-def _wait_until(predicate: Any, timeout: float, interval: float = 0.02) -> bool:
-    deadline = time.monotonic() + timeout
-    while True:
-        if predicate():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(interval)
 
 
 START_S = 60.0  # the engine across 3 hosts starts in ~2 s; 2 shared cores under load
@@ -134,7 +125,7 @@ class Engine:
                 found.append(record)
             return record is not None
 
-        _wait_until(seen, timeout)
+        wait_for(seen, timeout, 0.02)
         return found[0] if found else None
 
     def pid_of(self, rank: int) -> int:
@@ -192,7 +183,7 @@ class Engine:
                     out.append((host, pid))
             return out
 
-        _wait_until(lambda: not left(), timeout, 0.05)
+        wait_for(lambda: not left(), timeout, 0.05)
         return left()
 
 
@@ -220,6 +211,7 @@ class Fatal(NamedTuple):
     message: str
     host_stops: list[dict[str, Any]]
     shutdown_s: float | None = None  # the bounded shutdown after it returned in this long (None: no line)
+    exit_ms: float | None = None  # remote kill: fault -> the victim's exit seen from here (the kernel's floor)
     leftovers: tuple[str, ...] = ()  # what the test hosts' removal found left (processes, namespaces)
 
 
@@ -245,11 +237,15 @@ def remote_kill(layout: Sequence[tuple[str, int]] = LAYOUT, victim: int = 2) -> 
         engine = Engine(hosts, layout, DEFAULTS)
         fd, _pid = hosts.pidfd_of("hostB", engine.pid_of(victim))  # opened and verified before the clock
         try:
+            poller = select.poll()
+            poller.register(fd, select.POLLIN)
             t0 = time.monotonic()
             signal.pidfd_send_signal(fd, signal.SIGKILL)
+            exited = time.monotonic() if poller.poll(int(FATAL_S * 1000)) else None
         finally:
             os.close(fd)
         fatal = timed_fatal(engine, t0)
+        fatal = fatal._replace(exit_ms=None if exited is None else (exited - t0) * 1000)
     finally:
         left = hosts.close()
     return fatal._replace(leftovers=tuple(left))

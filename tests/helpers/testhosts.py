@@ -209,7 +209,8 @@ def _gone(pid: int, start: int | None) -> bool:
     return info.start_time != start or info.state in "ZX"
 
 
-def _wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:
+def wait_for(predicate: Callable[[], bool], timeout: float, interval: float = 0.01) -> bool:
+    """Poll ``predicate`` until it holds (True) or ``timeout`` s passed (False)."""
     deadline = time.monotonic() + timeout
     while True:
         if predicate():
@@ -272,7 +273,7 @@ def kill_netns_processes(name: str, timeout: float = 10.0) -> list[int]:
             _sigkill_in_netns(pid, name)
         return not pids
 
-    if _wait_for(empty, timeout, 0.02):
+    if wait_for(empty, timeout, 0.02):
         return []
     return netns_pids(name)
 
@@ -552,7 +553,7 @@ class TestHosts:
             _sigkill_verified(host.pid1, host.pid1_start)
         problems = []
         for host in self.hosts.values():  # an exiting PID 1 first waits for its namespace to die
-            if not _wait_for(functools.partial(_gone, host.pid1, host.pid1_start), self.timeout):
+            if not wait_for(functools.partial(_gone, host.pid1, host.pid1_start), self.timeout):
                 problems.append(f"PID 1 of test host {host.name} ({host.pid1}) survives SIGKILL")
         for name in reversed(self._netns_made):
             stuck = kill_netns_processes(name, self.timeout)
@@ -698,7 +699,7 @@ class TestHosts:
         if not launcher_notices:
             self._hold_sessions(name)
         _sigkill_verified(host.pid1, host.pid1_start)
-        if not _wait_for(functools.partial(_gone, host.pid1, host.pid1_start), self.timeout):
+        if not wait_for(functools.partial(_gone, host.pid1, host.pid1_start), self.timeout):
             raise TestHostsError(f"PID 1 of test host {name} survives SIGKILL")
 
     def partition(self, name: str) -> None:

@@ -68,10 +68,10 @@ class AgentSettings:
 
     @property
     def heartbeat_interval_s(self) -> float:
-        """How often the agent PINGs (ZMTP): once per timeout. The hub PINGs every half of it and
-        bounds the proxy's detection; the agent's own bound on a silent hub is 2 timeouts (its
+        """How often the agent PINGs (ZMTP): every 2 timeouts. The hub PINGs every 0.6 timeout and
+        bounds the proxy's detection; the agent's own bound on a silent hub is 3 timeouts (its
         PING, then the timeout), which keeps the hub's heartbeat work small at 128 hosts."""
-        return self.heartbeat_timeout_s
+        return 2 * self.heartbeat_timeout_s
 
 
 def end_rank(reason: str) -> None:

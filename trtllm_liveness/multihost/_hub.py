@@ -116,8 +116,8 @@ class AgentHub:
         port: the TCP port; 0 picks a free one.
         advertise: the host name or address the ranks connect to (default: ``bind``, or this
             host's name when ``bind`` is ``*``).
-        heartbeat_timeout_s: silence after which a host is lost (the hub PINGs every half of it: a
-            silent host is lost 1 to 1.5 times it after it went silent).
+        heartbeat_timeout_s: silence after which a host is lost (the hub PINGs every 0.6 of it: a
+            silent host is lost 1 to 1.6 times it after it went silent).
         d_state_timeout_s: the agents' wedge bound (None: off), armed by :meth:`arm`;
             ``scan_interval_s`` how often they sample thread states.
     """
@@ -179,14 +179,14 @@ class AgentHub:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a peer that never completes ZMTP holds its fds 5 s, not 30
-            # The hub PINGs every half timeout and closes a connection that answers nothing for the
-            # timeout: a silent host is lost 1 to 1.5 timeouts after it went silent. (The agents'
+            # The hub PINGs every 0.6 timeout and closes a connection that answers nothing for the
+            # timeout: a silent host is lost 1 to 1.6 timeouts after it went silent. (The agents'
             # PINGs carry the timeout as TTL too, but that alone did not close a partitioned
             # connection: in 5 of 5 partitions on the test hosts only the hub's own PINGs did.) The
-            # agents PING once per timeout, so the hub answers few PONGs: its ZMQ I/O thread's whole
+            # agents PING every 2 timeouts, so the hub answers few PONGs: its ZMQ I/O thread's whole
             # heartbeat work, measured at 128 hosts by scripts/bench_multihost.py.
             timeout_ms = max(100, int(self.heartbeat_timeout_s * 1000))
-            sock.setsockopt(zmq.HEARTBEAT_IVL, max(50, timeout_ms // 2))
+            sock.setsockopt(zmq.HEARTBEAT_IVL, max(60, timeout_ms * 3 // 5))
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
             self._monitor_sock = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             host = "*" if self.bind in ("*", "0.0.0.0") else self.bind
