@@ -285,6 +285,9 @@ def extension(args: argparse.Namespace) -> dict[str, object]:
     def named(results: list[agents.Fatal], kinds: tuple[str, ...]) -> int:
         return sum(f.ms is not None and f.host == "hostB" and f.kind in kinds and f.pending_failed for f in results)
 
+    def trials(results: list[agents.Fatal]) -> list[list[object]]:
+        return [[None if f.ms is None else round(f.ms, 1), f.kind, f.host, f.rank] for f in results]
+
     return {
         "remote_kill_p50_ms": ms(kills, 0.5), "remote_kill_p99_ms": ms(kills, 0.99),
         "remote_kill_all_ms": sorted(round(f.ms, 1) for f in kills if f.ms is not None),
@@ -294,6 +297,8 @@ def extension(args: argparse.Namespace) -> dict[str, object]:
         "remote_kill_exit_p99_ms": _bench.percentile([f.exit_ms for f in kills if f.exit_ms is not None], 0.99),
         "remote_kills_detected": named(kills, ("died",)), "remote_kills": len(kills),
         "host_crash_ms": ms(faults["crash"], 0.5), "host_crashes_detected": named(faults["crash"], ("died", "lost")),
+        "host_crash_trials": trials(faults["crash"]), "partition_trials": trials(faults["partition"]),
+        "silent_loss_trials": trials(faults["silent"]),
         "partition_ms": ms(faults["partition"], 0.5), "partitions_detected": named(faults["partition"], ("lost",)),
         "silent_loss_ms": ms(faults["silent"], 0.5), "silent_losses_detected": named(faults["silent"], ("lost",)),
         "agent_faults": args.agent_faults,

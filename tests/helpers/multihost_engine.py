@@ -212,6 +212,7 @@ class Fatal(NamedTuple):
     host_stops: list[dict[str, Any]]
     shutdown_s: float | None = None  # the bounded shutdown after it returned in this long (None: no line)
     exit_ms: float | None = None  # remote kill: fault -> the victim's exit seen from here (the kernel's floor)
+    statuses: dict[str, Any] | None = None  # the monitor's per-rank view when the fatal error was printed
     leftovers: tuple[str, ...] = ()  # what the test hosts' removal found left (processes, namespaces)
 
 
@@ -223,7 +224,7 @@ def timed_fatal(engine: Engine, t0: float, wait: float = FATAL_S, *, shutdown: b
     done = engine.wait_record("shutdown_s", SHUTDOWN_S) if shutdown else None
     return Fatal((fatal["detected_at"] - t0) * 1000, fatal["kind"], fatal["host"], fatal["rank"],
                  fatal["pending_failed"], fatal["fatal"], done["host_stops"] if done else [],
-                 done["shutdown_s"] if done else None)
+                 done["shutdown_s"] if done else None, statuses=fatal.get("statuses"))
 
 
 
