@@ -5,6 +5,7 @@
   remote ranks through their own host's agent;
 - :class:`HostAgent` (rank side, :mod:`._agent`): one per remote host, in its lowest rank
   (:mod:`._placement`), watching that host's ranks with the core monitor;
+- :mod:`._hub_records`: the hub's result types, sessions and checks of each agent message;
 - :mod:`._wire`: the authenticated messages between them; :mod:`._tcp`: why a connection ended.
 
 Needs ``pyzmq`` (the ``mpi`` extra). Imported only when a session may have remote ranks.
@@ -16,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ._agent import AgentSettings, HostAgent
-    from ._hub import AgentHub, HostStop, HostView
+    from ._hub import AgentHub
+    from ._hub_records import HostStop, HostView
 
 __all__ = ["AgentHub", "AgentSettings", "HostAgent", "HostStop", "HostView"]
 
-_WHERE = {"AgentHub": "._hub", "HostStop": "._hub", "HostView": "._hub", "AgentSettings": "._agent",
+_WHERE = {"AgentHub": "._hub", "HostStop": "._hub_records", "HostView": "._hub_records", "AgentSettings": "._agent",
           "HostAgent": "._agent"}
 
 

@@ -34,75 +34,29 @@ import os
 import secrets
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from .._events import WorkerState
-from .._identity import ProcessIdentity, is_local, parse_identities
+from .._identity import ProcessIdentity
 from .._monitor import WorkerProcessMonitor
 from . import _wire
+from ._hub_records import (
+    MAX_RANKS_PER_HOST,
+    HostStop,
+    HostView,
+    Session,
+    parse_event,
+    parse_hello,
+    parse_report,
+    parse_state,
+    refusal,
+)
 from ._tcp import ConnectionTable, Ending, Key
 
 logger = logging.getLogger(__name__)
 
-MAX_RANKS_PER_HOST = 4096
 _REJECT_LOG_EVERY = 1000
-_EVENT_STATES = {"died": WorkerState.EXITED, "wedged": WorkerState.WEDGED, "unkillable": WorkerState.UNKILLABLE}
-# A "state" message carries only non-fatal states: fatal ones come as events (with their thread and
-# wait channel, exactly once), and a state message must not claim an event without them.
-_REPORTED_STATES = {state.value: state for state in (WorkerState.ALIVE, WorkerState.EXITED_EXPECTED)}
 _POLL_MS = 1000  # the thread's wait is bounded; the wake pipe ends it at once for close() and commands
-
-
-@dataclass(frozen=True)
-class HostStop:
-    """What became of one remote host at :meth:`AgentHub.stop_hosts`.
-
-    ``outcome``: ``stopped`` (its agent stopped the host's other ranks and reported; it then ended
-    its own rank), ``lost`` (already lost or silent: nothing could be asked), ``no-answer`` (no
-    report within the bound). ``unkillable`` lists ``(rank, pid, description)`` of ranks that
-    survived SIGKILL on that host; ``stopped`` the ``(rank, pid, outcome)`` of the others.
-    """
-
-    host: str
-    agent_rank: int
-    ranks: tuple[int, ...]
-    outcome: str
-    stopped: tuple[tuple[int, int, str], ...] = ()
-    unkillable: tuple[tuple[int, int, str], ...] = ()
-    detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"host": self.host, "agent_rank": self.agent_rank, "ranks": list(self.ranks), "outcome": self.outcome,
-                "stopped": [list(item) for item in self.stopped],
-                "unkillable": [list(item) for item in self.unkillable], "detail": self.detail}
-
-
-@dataclass(frozen=True)
-class HostView:
-    """One remote host as the hub sees it: its agent's rank, its ranks, its connection's state
-    (``connected``, ``closed``, ``lost``, ``stopped``) and since when (monotonic)."""
-
-    host: str
-    agent_rank: int
-    ranks: tuple[ProcessIdentity, ...]
-    connection: str
-    since: float
-
-
-@dataclass
-class _Session:
-    sid: str
-    host: str
-    agent: ProcessIdentity
-    ranks: tuple[ProcessIdentity, ...]
-    key: Key | None
-    seq_in: int  # the last sequence number taken from the agent
-    seq_out: int = 0
-    connection: str = "connected"
-    since: float = field(default_factory=time.monotonic)
-    stop: HostStop | None = None
 
 
 class AgentHub:
@@ -145,7 +99,7 @@ class AgentHub:
         self.closed_without_hello = 0  # connections that ended before a valid hello (MAXMSGSIZE: oversized)
         self._cond = threading.Condition()
         self._commands: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, Session] = {}
         self._by_key: dict[Key, str] = {}
         self._closed_keys: dict[Key, Ending] = {}
         self._seen_sids: set[str] = set()
@@ -367,7 +321,7 @@ class AgentHub:
                 if session.connection == "connected":
                     self._send(session, kind, **fields)
 
-    def _send(self, session: _Session, kind: str, /, **fields: Any) -> None:
+    def _send(self, session: Session, kind: str, /, **fields: Any) -> None:
         import zmq
 
         session.seq_out += 1
@@ -430,34 +384,15 @@ class AgentHub:
             raise _wire.WireError(f"unknown kind {message.kind!r}")
 
     def _hello_locked(self, message: _wire.Message, peer: str) -> None:
-        host = _wire.field(message, "host", str, max_len=253)
-        agent_rank = _wire.field(message, "rank", int, low=0, high=1 << 24)
-        port = _wire.field(message, "port", int, low=0, high=65535)
-        raw = _wire.field(message, "ranks", list)
-        if len(raw) > MAX_RANKS_PER_HOST:
-            raise _wire.WireError(f"hello: {len(raw)} ranks, more than {MAX_RANKS_PER_HOST}")
-        try:
-            ranks = tuple(parse_identities(raw, max_count=MAX_RANKS_PER_HOST, own_pid=0))
-        except ValueError as exc:
-            raise _wire.WireError(f"hello: {exc}") from None
-        agent = next((identity for identity in ranks if identity.rank == agent_rank), None)
-        why = ""
-        if agent is None:
-            why = f"the agent's rank {agent_rank} is not among its host's ranks"
-        elif any(identity.hostname != host for identity in ranks):
-            why = f"a rank of another host than {host!r}"
-        elif any(is_local(identity) for identity in ranks):
-            why = "ranks of the proxy's own host (watched here, not by an agent)"
-        else:
-            taken = {r.rank for s in self._sessions.values() if s.connection == "connected" for r in s.ranks}
-            if taken & {identity.rank for identity in ranks}:
-                why = f"ranks {sorted(taken & {r.rank for r in ranks})} are already another agent's"
+        hello = parse_hello(message)
+        host, agent, ranks, port = hello.host, hello.agent, hello.ranks, hello.port
+        why = refusal(hello, self._sessions.values())
         if why or agent is None:
             self._reject(f"hello from host {host!r} refused: {why}", peer)
             self._refuse(message.sid, why)
             return
         key = (peer, port) if peer != "?" and port else None
-        session = _Session(message.sid, host, agent, ranks, key, seq_in=message.seq)
+        session = Session(message.sid, host, agent, ranks, key, seq_in=message.seq)
         self._sessions[message.sid] = session
         detail = f"watched by the agent on host {host} (rank {agent.rank})"
         self._apply_many([(identity, WorkerState.ALIVE, detail) for identity in ranks])
@@ -488,44 +423,17 @@ class AgentHub:
         with contextlib.suppress(zmq.ZMQError):
             self._sock.send_multipart([sid.encode(), frame], zmq.NOBLOCK)
 
-    def _rank_of(self, session: _Session, message: _wire.Message) -> ProcessIdentity:
-        rank = _wire.field(message, "rank", int, low=0, high=1 << 24)
-        for identity in session.ranks:
-            if identity.rank == rank:
-                return identity
-        raise _wire.WireError(f"{message.kind}: rank {rank} is not one of host {session.host}'s")
+    def _event_locked(self, session: Session, message: _wire.Message) -> None:
+        update = parse_event(session, message)
+        self._apply(update.identity, update.state, update.detail, tid=update.tid, wchan=update.wchan,
+                    fault_at=update.fault_at)
 
-    def _event_locked(self, session: _Session, message: _wire.Message) -> None:
-        identity = self._rank_of(session, message)
-        kind = _wire.field(message, "what", str, max_len=16)
-        state = _EVENT_STATES.get(kind)
-        if state is None:
-            raise _wire.WireError(f"event: unknown kind {kind!r}")
-        cause = _wire.field(message, "cause", str, max_len=4000)
-        age = _wire.field(message, "age", float, low=0, high=1e7)
-        tid = message.body.get("tid")
-        wchan = message.body.get("wchan")
-        self._apply(identity, state, f"{cause} (reported by the agent on host {session.host})",
-                    tid=tid if isinstance(tid, int) and not isinstance(tid, bool) and 0 < tid < 1 << 22 else None,
-                    wchan=wchan[:200] if isinstance(wchan, str) else "", fault_at=time.monotonic() - age)
+    def _state_locked(self, session: Session, message: _wire.Message) -> None:
+        update = parse_state(session, message)
+        self._apply(update.identity, update.state, update.detail)
 
-    def _state_locked(self, session: _Session, message: _wire.Message) -> None:
-        identity = self._rank_of(session, message)
-        state = _REPORTED_STATES.get(_wire.field(message, "state", str, max_len=32))
-        if state is None:
-            raise _wire.WireError(f"state: unknown state {message.body.get('state')!r}")
-        detail = _wire.field(message, "detail", str, max_len=4000)
-        self._apply(identity, state, f"{detail} (reported by the agent on host {session.host})")
-
-    def _report_locked(self, session: _Session, message: _wire.Message) -> None:
-        stop = _wire.field(message, "stop", dict)
-        workers, unkillable = stop.get("workers"), stop.get("unkillable")
-        if not isinstance(workers, list) or not isinstance(unkillable, list) or len(workers) + len(unkillable) > 2 * \
-                MAX_RANKS_PER_HOST:
-            raise _wire.WireError("report: workers and unkillable must be lists")
-        session.stop = HostStop(session.host, session.agent.rank, tuple(r.rank for r in session.ranks), "stopped",
-                                stopped=tuple(_triple(item, "outcome") for item in workers),
-                                unkillable=tuple(_triple(item, "message") for item in unkillable))
+    def _report_locked(self, session: Session, message: _wire.Message) -> None:
+        session.stop = parse_report(session, message)
         self._cond.notify_all()
 
     def _apply(self, identity: ProcessIdentity, state: WorkerState, detail: str, **extra: Any) -> None:
@@ -585,7 +493,7 @@ class AgentHub:
                     self._lost_locked(session, ending)
         return found
 
-    def _lost_locked(self, session: _Session, ending: Ending) -> None:
+    def _lost_locked(self, session: Session, ending: Ending) -> None:
         if session.connection != "connected":
             return
         session.since = time.monotonic()
@@ -630,16 +538,6 @@ class AgentHub:
             session.stop = HostStop(session.host, agent.rank, tuple(r.rank for r in session.ranks), "lost",
                                     detail=f"connection {session.connection} before its report")
         self._cond.notify_all()
-
-
-def _triple(item: Any, text_field: str) -> tuple[int, int, str]:
-    if not isinstance(item, dict):
-        raise _wire.WireError("report: an entry is not an object")
-    rank, pid, text = item.get("rank"), item.get("pid"), item.get(text_field)
-    if not isinstance(rank, int) or isinstance(rank, bool) or not isinstance(pid, (int, type(None))) \
-            or not isinstance(text, str):
-        raise _wire.WireError(f"report: bad entry {str(item)[:200]}")
-    return rank, pid if isinstance(pid, int) else 0, text[:2000]
 
 
 def _hostname() -> str:

@@ -1,0 +1,182 @@
+"""What the agent hub keeps and what it accepts: its result types, each agent's session, and the
+checks of every message an agent sends (:mod:`._hub` owns the thread, the socket and the view).
+
+Every parser takes an authenticated :class:`~._wire.Message` and returns a typed record or raises
+:class:`~._wire.WireError` naming what is wrong: the hub logs it (rate-limited) and goes on.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from .._events import WorkerState
+from .._identity import ProcessIdentity, is_local, parse_identities
+from . import _wire
+from ._tcp import Key
+
+MAX_RANKS_PER_HOST = 4096
+_EVENT_STATES = {"died": WorkerState.EXITED, "wedged": WorkerState.WEDGED, "unkillable": WorkerState.UNKILLABLE}
+# A "state" message carries only non-fatal states: fatal ones come as events (with their thread and
+# wait channel, exactly once), and a state message must not claim an event without them.
+_REPORTED_STATES = {state.value: state for state in (WorkerState.ALIVE, WorkerState.EXITED_EXPECTED)}
+
+
+@dataclass(frozen=True)
+class HostStop:
+    """What became of one remote host at :meth:`~._hub.AgentHub.stop_hosts`.
+
+    ``outcome``: ``stopped`` (its agent stopped the host's other ranks and reported; it then ended
+    its own rank), ``lost`` (already lost or silent: nothing could be asked), ``no-answer`` (no
+    report within the bound). ``unkillable`` lists ``(rank, pid, description)`` of ranks that
+    survived SIGKILL on that host; ``stopped`` the ``(rank, pid, outcome)`` of the others.
+    """
+
+    host: str
+    agent_rank: int
+    ranks: tuple[int, ...]
+    outcome: str
+    stopped: tuple[tuple[int, int, str], ...] = ()
+    unkillable: tuple[tuple[int, int, str], ...] = ()
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"host": self.host, "agent_rank": self.agent_rank, "ranks": list(self.ranks), "outcome": self.outcome,
+                "stopped": [list(item) for item in self.stopped],
+                "unkillable": [list(item) for item in self.unkillable], "detail": self.detail}
+
+
+@dataclass(frozen=True)
+class HostView:
+    """One remote host as the hub sees it: its agent's rank, its ranks, its connection's state
+    (``connected``, ``closed``, ``lost``, ``stopped``) and since when (monotonic)."""
+
+    host: str
+    agent_rank: int
+    ranks: tuple[ProcessIdentity, ...]
+    connection: str
+    since: float
+
+
+@dataclass
+class Session:
+    """One agent's session, from its hello on; guarded by the hub's lock."""
+
+    sid: str
+    host: str
+    agent: ProcessIdentity
+    ranks: tuple[ProcessIdentity, ...]
+    key: Key | None
+    seq_in: int  # the last sequence number taken from the agent
+    seq_out: int = 0
+    connection: str = "connected"
+    since: float = field(default_factory=time.monotonic)
+    stop: HostStop | None = None
+
+
+class Hello(NamedTuple):
+    """A hello's content: the agent's host, its own identity, its host's ranks (its own among
+    them) and the local port of its connection (0: unknown)."""
+
+    host: str
+    agent: ProcessIdentity | None
+    agent_rank: int
+    ranks: tuple[ProcessIdentity, ...]
+    port: int
+
+
+class RemoteUpdate(NamedTuple):
+    """What an event or a state message says of one rank of the agent's host."""
+
+    identity: ProcessIdentity
+    state: WorkerState
+    detail: str
+    tid: int | None = None
+    wchan: str = ""
+    fault_at: float | None = None
+
+
+def parse_hello(message: _wire.Message) -> Hello:
+    host = _wire.field(message, "host", str, max_len=253)
+    agent_rank = _wire.field(message, "rank", int, low=0, high=1 << 24)
+    port = _wire.field(message, "port", int, low=0, high=65535)
+    raw = _wire.field(message, "ranks", list)
+    if len(raw) > MAX_RANKS_PER_HOST:
+        raise _wire.WireError(f"hello: {len(raw)} ranks, more than {MAX_RANKS_PER_HOST}")
+    try:
+        ranks = tuple(parse_identities(raw, max_count=MAX_RANKS_PER_HOST, own_pid=0))
+    except ValueError as exc:
+        raise _wire.WireError(f"hello: {exc}") from None
+    agent = next((identity for identity in ranks if identity.rank == agent_rank), None)
+    return Hello(host, agent, agent_rank, ranks, port)
+
+
+def refusal(hello: Hello, sessions: Iterable[Session]) -> str:
+    """Why the hub must refuse ``hello`` (empty: it may take it)."""
+    if hello.agent is None:
+        return f"the agent's rank {hello.agent_rank} is not among its host's ranks"
+    if any(identity.hostname != hello.host for identity in hello.ranks):
+        return f"a rank of another host than {hello.host!r}"
+    if any(is_local(identity) for identity in hello.ranks):
+        return "ranks of the proxy's own host (watched here, not by an agent)"
+    taken = {r.rank for s in sessions if s.connection == "connected" for r in s.ranks}
+    claimed = taken & {identity.rank for identity in hello.ranks}
+    return f"ranks {sorted(claimed)} are already another agent's" if claimed else ""
+
+
+def rank_of(session: Session, message: _wire.Message) -> ProcessIdentity:
+    rank = _wire.field(message, "rank", int, low=0, high=1 << 24)
+    for identity in session.ranks:
+        if identity.rank == rank:
+            return identity
+    raise _wire.WireError(f"{message.kind}: rank {rank} is not one of host {session.host}'s")
+
+
+def parse_event(session: Session, message: _wire.Message) -> RemoteUpdate:
+    identity = rank_of(session, message)
+    kind = _wire.field(message, "what", str, max_len=16)
+    state = _EVENT_STATES.get(kind)
+    if state is None:
+        raise _wire.WireError(f"event: unknown kind {kind!r}")
+    cause = _wire.field(message, "cause", str, max_len=4000)
+    age = _wire.field(message, "age", float, low=0, high=1e7)
+    tid = message.body.get("tid")
+    wchan = message.body.get("wchan")
+    return RemoteUpdate(identity, state, f"{cause} (reported by the agent on host {session.host})",
+                        tid if isinstance(tid, int) and not isinstance(tid, bool) and 0 < tid < 1 << 22 else None,
+                        wchan[:200] if isinstance(wchan, str) else "", time.monotonic() - age)
+
+
+def parse_state(session: Session, message: _wire.Message) -> RemoteUpdate:
+    identity = rank_of(session, message)
+    state = _REPORTED_STATES.get(_wire.field(message, "state", str, max_len=32))
+    if state is None:
+        raise _wire.WireError(f"state: unknown state {message.body.get('state')!r}")
+    detail = _wire.field(message, "detail", str, max_len=4000)
+    return RemoteUpdate(identity, state, f"{detail} (reported by the agent on host {session.host})")
+
+
+def parse_report(session: Session, message: _wire.Message) -> HostStop:
+    stop = _wire.field(message, "stop", dict)
+    workers, unkillable = stop.get("workers"), stop.get("unkillable")
+    if not isinstance(workers, list) or not isinstance(unkillable, list) \
+            or len(workers) + len(unkillable) > 2 * MAX_RANKS_PER_HOST:
+        raise _wire.WireError("report: workers and unkillable must be lists")
+    return HostStop(session.host, session.agent.rank, tuple(r.rank for r in session.ranks), "stopped",
+                    stopped=tuple(_triple(item, "outcome") for item in workers),
+                    unkillable=tuple(_triple(item, "message") for item in unkillable))
+
+
+def _triple(item: Any, text_field: str) -> tuple[int, int, str]:
+    if not isinstance(item, dict):
+        raise _wire.WireError("report: an entry is not an object")
+    rank, pid, text = item.get("rank"), item.get("pid"), item.get(text_field)
+    if not isinstance(rank, int) or isinstance(rank, bool) or not isinstance(pid, (int, type(None))) \
+            or not isinstance(text, str):
+        raise _wire.WireError(f"report: bad entry {str(item)[:200]}")
+    return rank, pid if isinstance(pid, int) else 0, text[:2000]
+
+
