@@ -22,8 +22,8 @@ The launch, and why:
   blocking calls spin: 4 or 5 ranks spinning would starve the proxy's threads for tens of
   milliseconds at a time. Open MPI yields by itself where it knows a host is oversubscribed; here
   each host looks like a whole machine to it (a real cluster gives each rank its own cores);
-* ``--output file=...``: the ranks' output is written to files by each host's own PRRTE daemon
-  (read through ``/proc/<hostA's PID 1>/root``), not forwarded to mpirun: when a host crashes
+* ``--output file=<the test hosts' shared directory>/...``: the ranks' output is written to files by
+  each host's own PRRTE daemon, not forwarded to mpirun: when a host crashes
   PRRTE ends the whole job ("lost communication with a remote daemon ... will terminate the job";
   no runtime option changes that) and drops what the proxy wrote meanwhile.
 
@@ -60,8 +60,7 @@ GONE_S = 20.0  # a host's ranks end within about heartbeat_timeout_s + the stop'
 QUIET_S = 2.0  # bounded observation window: no fatal error after bad messages
 LIVENESS = "heartbeat_timeout_s=1,shutdown_term_s=1,shutdown_kill_s=1"  # the tests'
 DEFAULTS = "shutdown_term_s=1,shutdown_kill_s=1"  # the timed trials': the default heartbeat
-OUT = "/tmp/agents-out"  # inside each host's private /tmp: PRRTE writes <OUT>.<job>.<rank>.out|err
-MPIRUN_ARGS = ["--runtime-options", "recoverable,error-nonzero-status=false", "--output", f"file={OUT}"]
+RUNTIME_OPTIONS = ["--runtime-options", "recoverable,error-nonzero-status=false"]
 LAYOUT = (("hostA", 2), ("hostB", 1), ("hostC", 1))  # ranks 0, 1 | 2 | 3
 TWO_ON_B = (("hostA", 2), ("hostB", 2))  # ranks 0, 1 | 2 (agent), 3
 AGENT_EXIT_STATUS = 75
@@ -73,11 +72,15 @@ class Engine:
     def __init__(self, hosts: TestHosts, layout: Sequence[tuple[str, int]] = LAYOUT, liveness: str = LIVENESS, *,
                  request: bool = True, wrapper: Sequence[str] = ()) -> None:
         self.hosts = hosts
+        # PRRTE writes <out>.<job>.<rank>.out|err, making (and chmod-ing to 0750!) the directory of
+        # <out> where it runs, mpirun's head included: never a directory shared with anybody else,
+        # such as /tmp. The test hosts' shared directory is seen by the head and every host.
+        self.out = os.path.join(hosts.shared, f"out-{len(hosts.jobs)}", "rank")
         options = {"session": "comm", "tree": "trtllm_main", "liveness": True, "watch_fatal": True,
                    "no_request": not request}
         self.job: MpiJob = hosts.mpirun(
             layout, [sys.executable, "-u", "-m", "tests.helpers.proxy_death_child", json.dumps(options)],
-            mpirun_args=MPIRUN_ARGS, fault_tolerant=True, wrapper=wrapper,
+            mpirun_args=[*RUNTIME_OPTIONS, "--output", f"file={self.out}"], fault_tolerant=True, wrapper=wrapper,
             env={"TRTLLM_WORKER_LIVENESS": liveness, "PYTHONPATH": str(REPO), "OMPI_MCA_mpi_yield_when_idle": "1"})
         ready = self.wait_record("ready", START_S)
         if ready is None:
@@ -86,7 +89,8 @@ class Engine:
         self.ready: dict[str, Any] = ready
 
     def _file(self, host: str, suffix: str) -> str:
-        found = glob.glob(f"/proc/{self.hosts.host(host).pid1}/root{OUT}.*.{suffix}")
+        del host  # every host's daemon writes into the shared directory
+        found = glob.glob(f"{self.out}.*.{suffix}")
         return found[0] if found else ""
 
     def _read(self, host: str, suffix: str) -> str:

@@ -8,6 +8,7 @@ removed by namespace; a leftover namespace, process, veth or work directory fail
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Callable, Iterator
 
@@ -34,6 +35,7 @@ def tracked_by(procs: ProcessTracker) -> Callable[[subprocess.Popen[bytes]], Non
 def test_hosts(procs: ProcessTracker) -> Iterator[TestHosts]:
     """hostA, hostB, hostC and the head, up; removed at teardown (a leftover fails the test)."""
     require_facility("testhosts")
+    tmp_mode = os.stat("/tmp").st_mode  # PRRTE chmods the directory of an --output file: never /tmp's
     hosts = TestHosts(on_start=tracked_by(procs))
     try:
         hosts.start()
@@ -41,3 +43,4 @@ def test_hosts(procs: ProcessTracker) -> Iterator[TestHosts]:
     finally:
         left = hosts.close()
     assert not left, f"test hosts left behind: {left}"
+    assert os.stat("/tmp").st_mode == tmp_mode, f"/tmp's mode changed to {oct(os.stat('/tmp').st_mode)}"
