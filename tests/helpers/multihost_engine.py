@@ -261,7 +261,8 @@ def layout_of(names: Sequence[str]) -> tuple[tuple[str, int], ...]:
     return tuple((name, 2 if name in ("hostA", "hostB") else 1) for name in names)
 
 
-def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC")) -> Fatal:
+def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC"),
+               layout: Sequence[tuple[str, int]] | None = None) -> Fatal:
     """``crash``, ``partition`` or ``silent`` (cut, then crash) of hostB, on fresh test hosts.
 
     For a crash, mpirun is stopped across it (SIGSTOP, then SIGCONT): PRRTE ends the whole job
@@ -270,7 +271,8 @@ def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC")) ->
     hosts = TestHosts(tuple(names))
     try:
         hosts.start()
-        layout = LAYOUT if tuple(names) == ("hostA", "hostB", "hostC") else layout_of(names)
+        if layout is None:
+            layout = LAYOUT if tuple(names) == ("hostA", "hostB", "hostC") else layout_of(names)
         engine = Engine(hosts, layout, DEFAULTS)
         mpirun = engine.job.popen.pid
         if kind == "crash":

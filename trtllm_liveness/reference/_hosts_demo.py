@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     elif args.fault == "remote-wedge":
         fatal = engine.remote_wedge(names=names)
     else:
-        fatal = engine.host_fault("crash" if args.fault == "host-crash" else "partition", names)
+        fatal = engine.host_fault("crash" if args.fault == "host-crash" else "partition", names, layout)
     where = ", ".join(f"{name}: {count} rank{'s' if count > 1 else ''}" for name, count in layout)
     result = {"fault": args.fault, "hosts": dict(layout), "detected_ms": fatal.ms, "kind": fatal.kind,
               "rank": fatal.rank, "host": fatal.host, "message": fatal.message,
