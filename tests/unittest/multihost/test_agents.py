@@ -14,6 +14,7 @@ Every wait is bounded; no timing is asserted (``scripts/bench_multihost.py`` mea
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -23,7 +24,7 @@ import time
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, Freezer, ProcessTracker, needs, wait_until
+from tests.conftest import WAIT_SCALE, Freezer, ProcessTracker, needs, require_facility, wait_until
 from tests.helpers.multihost_engine import (
     AGENT_EXIT_STATUS,
     FATAL_S,
@@ -340,3 +341,24 @@ def test_no_false_alarm_in_60s_with_both_cores_busy(test_hosts: TestHosts, procs
     assert engine.job.popen.poll() is None, engine.diagnostics()
     for spinner in spinners:
         spinner.kill()
+
+
+# --------------------------------------------------------------------------- the demo
+
+
+@pytest.mark.timeout(180)
+def test_the_multihost_demo_reports_a_remote_kill(procs: ProcessTracker) -> None:
+    """``trtllm-liveness demo --hosts 3 --fault remote-kill --json`` (the README's command): the
+    killed rank of hostB named, the request failed, every host's shutdown reported."""
+    require_facility("testhosts")
+    demo = subprocess.Popen([sys.executable, "-m", "trtllm_liveness.cli", "demo", "--hosts", "3", "--fault",
+                             "remote-kill", "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    procs.popens.append(demo)
+    procs.track(demo.pid)
+    out, _ = demo.communicate(timeout=150 * WAIT_SCALE)
+    assert demo.returncode == 0, out
+    result = json.loads(out.decode().strip().splitlines()[-1])
+    assert (result["kind"], result["rank"], result["host"]) == ("died", 3, "hostB"), result
+    assert result["pending_request_failed"] is True and "reported by the agent on host hostB" in result["message"]
+    assert sorted(stop["host"] for stop in result["host_stops"]) == ["hostB", "hostC"], result
