@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -29,6 +30,7 @@ from tests.helpers.multihost_engine import (  # noqa: E402
     timed_fatal,
 )
 from tests.helpers.testhosts import TestHosts  # noqa: E402
+from trtllm_liveness import _procfs  # noqa: E402
 
 __all__ = ["Fatal", "false_alarms_loaded", "heartbeat_cpu", "host_fault", "proxy_cpu_simulated", "remote_kill",
            "remote_wedge"]
@@ -47,7 +49,7 @@ def heartbeat_cpu(window: float = 20.0) -> float:
     sleepers: list[int] = []
     try:
         assert hub.stdout is not None
-        spec = json.loads(hub.stdout.readline())
+        spec = json.loads(first_line(hub))
         for index in range(3):
             options = {"host": f"host{'BCD'[index]}", "endpoint": spec["endpoint"], "secret": spec["secret"],
                        "ranks": 1, "first_rank": 2 + 2 * index, "heartbeat_timeout_s": spec["heartbeat_timeout_s"]}
@@ -56,7 +58,7 @@ def heartbeat_cpu(window: float = 20.0) -> float:
                                      start_new_session=True)
             agents.append(agent)
             assert agent.stdout is not None
-            record = json.loads(agent.stdout.readline())
+            record = json.loads(first_line(agent))
             sleepers += [pid for _rank, pid, _start in record["ranks"]]
         time.sleep(3.0)
         pids = [hub.pid, *(agent.pid for agent in agents)]
@@ -74,12 +76,18 @@ def heartbeat_cpu(window: float = 20.0) -> float:
 
 
 def cpu_ticks(pid: int) -> int:
+    """The process's utime + stime (all its threads), in clock ticks; 0 once it is gone."""
     try:
-        data = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
+        return _procfs.read_stat(pid).cpu_ticks
+    except (OSError, ValueError):
         return 0
-    fields = data[data.rfind(b")") + 2:].split()
-    return int(fields[11]) + int(fields[12])
+
+
+def first_line(popen: subprocess.Popen[bytes], timeout: float = 30.0) -> bytes:
+    """The child's first line of output, waited for at most ``timeout`` s (b"" if none came)."""
+    assert popen.stdout is not None
+    ready, _, _ = select.select([popen.stdout], [], [], timeout)
+    return popen.stdout.readline() if ready else b""
 
 
 SIM_HUB = r"""
@@ -120,11 +128,11 @@ def proxy_cpu_simulated(agents: int, window: float = 10.0) -> float:
     sim = None
     try:
         assert hub.stdout is not None
-        spec = hub.stdout.readline().decode()
+        spec = first_line(hub).decode()
         if agents:
             sim = subprocess.Popen([sys.executable, "-c", SIM_AGENTS, spec, str(agents)], stdout=subprocess.PIPE,
                                    env=env, start_new_session=True)
-            assert sim.stdout is not None and sim.stdout.readline() == b"up\n"
+            assert first_line(sim) == b"up\n"
         time.sleep(3.0)
         before, t0 = cpu_ticks(hub.pid), time.monotonic()
         time.sleep(window)

@@ -32,6 +32,7 @@ from typing import Any
 from ._outcome import OUTCOME_ENV, read_outcomes
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_WAIT_S = 1.0  # each wait for the launcher is bounded; the loop lasts as long as the job
 
 
 def add_launch_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
@@ -105,10 +106,12 @@ def _run(argv: list[str], env: dict[str, str]) -> int:
     for signum in FORWARDED:
         previous[signum] = signal.signal(signum, forward)
     try:
-        while True:
+        while True:  # the job itself: as long as the launcher runs, in bounded waits
             try:
-                code = child.wait()  # the job itself: as long as the launcher runs
+                code = child.wait(_WAIT_S)
                 break
+            except subprocess.TimeoutExpired:
+                continue
             except KeyboardInterrupt:  # SIGINT raised here despite the handler (re-entrancy): go on
                 continue
     finally:

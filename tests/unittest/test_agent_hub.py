@@ -361,14 +361,14 @@ def test_concurrent_stops_ask_once_and_all_get_every_hosts_report(procs: Process
     barrier = threading.Barrier(7)
 
     def stop() -> None:
-        barrier.wait()
+        barrier.wait(BOUND_S)
         results.append([(s.host, s.outcome) for s in engine.hub.stop_hosts(BOUND_S)])
 
     threads = [threading.Thread(target=stop, daemon=True) for _ in range(6)]
     for thread in threads:
         thread.start()
     os.kill(three.pid, signal.SIGSTOP)  # neither answers nor closes: must not hold the stop past its bound
-    barrier.wait()
+    barrier.wait(BOUND_S)
     for thread in threads:
         thread.join(BOUND_S * 2)
     os.kill(three.pid, signal.SIGKILL)

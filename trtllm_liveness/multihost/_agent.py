@@ -33,7 +33,6 @@ import contextlib
 import logging
 import os
 import secrets
-import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -44,6 +43,7 @@ from .._events import WorkerEvent, WorkerState
 from .._identity import ProcessIdentity
 from .._monitor import WorkerProcessMonitor
 from . import _wire
+from ._tcp import duplicate
 
 logger = logging.getLogger(__name__)
 
@@ -284,14 +284,9 @@ class HostAgent:
 
     def _hello(self, fd: int) -> dict[str, Any]:
         port = 0
-        with contextlib.suppress(OSError):
-            dup = os.dup(fd)
-            try:
-                conn = socket.socket(fileno=dup)
-            except OSError:  # the number was reused by something that is no socket
-                os.close(dup)
-                raise
-            with conn:
+        conn = duplicate(fd)
+        if conn is not None:
+            with conn, contextlib.suppress(OSError):
                 port = int(conn.getsockname()[1])  # lets the hub match its connection to this hello
         return {"host": self.own.hostname, "rank": self.own.rank, "port": port,
                 "ranks": [list(identity) for identity in (self.own, *self.identities)]}

@@ -35,6 +35,20 @@ class Ending(str, enum.Enum):
     UNKNOWN = "unknown"
 
 
+def duplicate(fd: int) -> socket.socket | None:
+    """A socket object on a duplicate of ZMQ's descriptor ``fd`` (the caller closes it), or None
+    when the number is gone or now names something that is no socket."""
+    try:
+        raw = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        return socket.socket(fileno=raw)
+    except OSError:
+        os.close(raw)
+        return None
+
+
 class ConnectionTable:
     """fd -> (peer key, duplicate socket) for the hub's accepted TCP connections."""
 
@@ -46,14 +60,8 @@ class ConnectionTable:
         self._drop(fd)
         if len(self._by_fd) >= MAX_CONNECTIONS:
             return None  # not classified (its end reads "unknown"): never more descriptors than this
-        try:
-            raw = os.dup(fd)
-        except OSError:
-            return None
-        try:
-            dup = socket.socket(fileno=raw)
-        except OSError:  # the number now names something that is no socket
-            os.close(raw)
+        dup = duplicate(fd)
+        if dup is None:
             return None
         try:
             peer = dup.getpeername()
