@@ -184,6 +184,38 @@ def test_an_unmatched_connection_is_found_by_probing_when_it_ends(engine: Engine
     assert engine.hub.hosts()[0].connection == "closed"
 
 
+class StillRoutedOnce(AgentHub):
+    """A hub whose first probe after an unmatched close finds the routing id still in place (the
+    ROUTER drops it a moment after the monitor's event: measured, some probes succeed)."""
+
+    first = True
+
+    def _probe_unbound_locked(self, ending: Any) -> bool:
+        if self.first:
+            self.first = False
+            return False
+        return super()._probe_unbound_locked(ending)
+
+
+def test_an_unmatched_connection_is_probed_again_until_found(procs: ProcessTracker) -> None:
+    """Before the fix one probe was all: when it still reached the routing id, the session stayed
+    "connected" forever and its rank's death was never reported."""
+    engine = Engine()
+    engine.hub.close()
+    engine.hub = StillRoutedOnce(engine.monitor, bind="127.0.0.1", heartbeat_timeout_s=1.0).start()
+    try:
+        sid = "34" * 16
+        sock = _raw_dealer(engine.hub.endpoint, sid.encode())
+        sock.send(_wire.encode(engine.hub.secret, _wire.TO_HUB, "hello", sid, 1, host="fakehostX", rank=40, port=1,
+                               ranks=[[40, 4545, 1, "fakehostX", 1]]))
+        assert wait_until(lambda: any(s.identity.rank == 40 for s in engine.monitor.statuses()), BOUND_S)
+        sock.close(0)
+        assert wait_until(lambda: engine.events, BOUND_S)
+        assert engine.kinds() == [(40, "died")]
+    finally:
+        engine.close()
+
+
 def test_stop_hosts_stops_through_the_agent_and_reports(procs: ProcessTracker, engine: Engine) -> None:
     agent = start_agent(procs, engine, ranks=2)
     stops = engine.hub.stop_hosts(BOUND_S)

@@ -57,6 +57,10 @@ logger = logging.getLogger(__name__)
 
 _REJECT_LOG_EVERY = 1000
 _POLL_MS = 1000  # the thread's wait is bounded; the wake pipe ends it at once for close() and commands
+_PROBE_POLL_MS = 50  # while an unmatched connection's end is still being looked for
+_PROBE_S = 2.0  # how long it is looked for (the ROUTER may drop the routing id a little after the event)
+_DRAIN_PER_ROUND = 256
+_DRAIN_BEFORE_CLOSE = 4096
 
 
 class AgentHub:
@@ -110,6 +114,8 @@ class AgentHub:
         self._stop_fields: dict[str, Any] = {}
         self._req_ids = itertools.count(1)
         self._conns = ConnectionTable()
+        self._probe_deadline: float | None = None  # an unmatched connection ended: probe until then
+        self._probe_ending = Ending.UNKNOWN
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -261,12 +267,12 @@ class AgentHub:
                     if self._closing:
                         self._flush_commands_locked()
                         return
-                ready = dict(poller.poll(_POLL_MS))
+                ready = dict(poller.poll(_PROBE_POLL_MS if self._probe_deadline is not None else _POLL_MS))
                 if self._wake_r in ready:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
-                if self._sock in ready:
-                    self._drain(zmq)
+                # The monitor first: a connection's EVENT_ACCEPTED is queued before its handshake, so
+                # it is then seen before the hello it carries, and the hello finds its connection.
                 if self._monitor_sock in ready:
                     while True:
                         try:
@@ -278,10 +284,13 @@ class AgentHub:
                         elif event["event"] == zmq.EVENT_DISCONNECTED:
                             # What the peer sent before it closed (a stop's report, its last event)
                             # is already queued: read it first, or its session would end as lost.
-                            self._drain(zmq)
+                            self._drain(zmq, _DRAIN_BEFORE_CLOSE)
                             self._disconnected(*self._conns.disconnected(int(event["value"])))
+                if self._sock in ready:
+                    self._drain(zmq, _DRAIN_PER_ROUND)
                 with self._cond:
                     self._flush_commands_locked()
+                    self._probe_again_locked()
         except Exception as exc:
             logger.exception("liveness: the agent hub failed; remote hosts are no longer watched")
             # Its socket closes with it, and every agent then ends its host's ranks: say so, fatally.
@@ -339,8 +348,10 @@ class AgentHub:
         if self.rejected <= 5 or self.rejected % _REJECT_LOG_EVERY == 0:
             logger.warning("liveness: agent hub rejected a message from %s (%d so far): %s", peer, self.rejected, why)
 
-    def _drain(self, zmq: Any) -> None:
-        while True:
+    def _drain(self, zmq: Any, limit: int) -> None:
+        """Read at most ``limit`` messages (a flooding peer must not starve the monitor socket and
+        the commands; the poller reports the rest next round)."""
+        for _ in range(limit):
             try:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
@@ -457,8 +468,15 @@ class AgentHub:
         with self._cond:
             sid = self._by_key.pop(key, None) if key is not None else None
             session = self._sessions.get(sid) if sid is not None else None
-            if session is None and self._probe_unbound_locked(ending):
-                return
+            if session is None and any(s.key is None and s.connection == "connected"
+                                       for s in self._sessions.values()):
+                # Maybe an unmatched session's: probe now, and again each round for a while (the
+                # ROUTER may still route to it for a moment after the event).
+                self._probe_deadline = time.monotonic() + _PROBE_S
+                self._probe_ending = ending
+                if self._probe_unbound_locked(ending):
+                    self._probe_deadline = None
+                    return
             if session is None:
                 self.closed_without_hello += 1
                 if self.closed_without_hello <= 5 or self.closed_without_hello % _REJECT_LOG_EVERY == 0:
@@ -472,6 +490,12 @@ class AgentHub:
                         self._closed_keys.pop(next(iter(self._closed_keys)))
                 return
             self._lost_locked(session, ending)
+
+    def _probe_again_locked(self) -> None:
+        if self._probe_deadline is None:
+            return
+        if self._probe_unbound_locked(self._probe_ending) or time.monotonic() >= self._probe_deadline:
+            self._probe_deadline = None
 
     def _probe_unbound_locked(self, ending: Ending) -> bool:
         """A connection the hub cannot match to a session ended: a session whose key is unknown
