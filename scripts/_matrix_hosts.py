@@ -1,6 +1,6 @@
 """The fault matrix's multi-host rows: the engine under mpirun across fresh namespace test hosts.
 
-Each run is one trial of tests/helpers/multihost_engine.py (a request in flight; fresh hosts per
+Each run is one trial of tests/support/multihost_engine.py (a request in flight; fresh hosts per
 run): a rank of hostB SIGKILLed (its agent's own rank), hostB crashed, hostB partitioned, a
 non-agent rank of hostB frozen in D (``d_state_timeout_s`` 2 s). Detected means the engine's fatal
 error named hostB with the expected kind and the pending request failed; bounded, that the
@@ -19,8 +19,8 @@ import _bench
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.helpers import multihost_engine as engine
-from tests.helpers.testhosts import unavailable
+from tests.support import multihost_engine as engine
+from tests.support.testhosts import unavailable
 
 ROWS: tuple[tuple[str, Callable[[], engine.Fatal], tuple[str, ...]], ...] = (
     ("hosts: SIGKILL of hostB's rank (agent's own)", engine.remote_kill, ("died",)),

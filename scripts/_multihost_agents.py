@@ -1,6 +1,6 @@
 """The extension's side of scripts/bench_multihost.py: the engine with its agents, on test hosts.
 
-The fault trials are tests/helpers/multihost_engine.py's (fresh namespace test hosts per trial);
+The fault trials are tests/support/multihost_engine.py's (fresh namespace test hosts per trial);
 here: the CPU figures (a hub with three real agents; a hub with 128 simulated agents) and the
 loaded no-fault control.
 """
@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from tests.helpers.multihost_engine import (  # noqa: E402
+from tests.support.multihost_engine import (  # noqa: E402
     DEFAULTS,
     Engine,
     Fatal,
@@ -29,8 +29,8 @@ from tests.helpers.multihost_engine import (  # noqa: E402
     remote_wedge,
     timed_fatal,
 )
-from tests.helpers.testhosts import TestHosts  # noqa: E402
-from trtllm_liveness import _procfs  # noqa: E402
+from tests.support.testhosts import TestHosts  # noqa: E402
+from trtllm_liveness.process import _procfs  # noqa: E402
 
 __all__ = ["Fatal", "false_alarms_loaded", "heartbeat_cpu", "host_fault", "proxy_cpu_simulated", "remote_kill",
            "remote_wedge"]
@@ -39,7 +39,7 @@ __all__ = ["Fatal", "false_alarms_loaded", "heartbeat_cpu", "host_fault", "proxy
 def heartbeat_cpu(window: float = 20.0) -> float:
     """CPU ms per s of a hub and three real agents, idle, over ``window`` s: the proxy's side and
     three remote hosts of 2 ranks each (the agent's own and one it watches; with the proxy's host
-    of 2 ranks, 8 ranks on 4 hosts). Each agent is tests/helpers/host_agent_child.py in a UTS
+    of 2 ranks, 8 ranks on 4 hosts). Each agent is tests/programs/host_agent_child.py in a UTS
     namespace of its own; the ranks it watches are sleepers (their CPU is not counted). The
     engine's own ranks are left out on purpose: on these test hosts they share 2 cores and spin
     in MPI, so their CPU would drown the figure."""
@@ -53,7 +53,7 @@ def heartbeat_cpu(window: float = 20.0) -> float:
         for index in range(3):
             options = {"host": f"host{'BCD'[index]}", "endpoint": spec["endpoint"], "secret": spec["secret"],
                        "ranks": 1, "first_rank": 2 + 2 * index, "heartbeat_timeout_s": spec["heartbeat_timeout_s"]}
-            agent = subprocess.Popen(["unshare", "--uts", sys.executable, "-m", "tests.helpers.host_agent_child",
+            agent = subprocess.Popen(["unshare", "--uts", sys.executable, "-m", "tests.programs.host_agent_child",
                                       json.dumps(options)], stdout=subprocess.PIPE, env=env, cwd=REPO,
                                      start_new_session=True)
             agents.append(agent)

@@ -33,7 +33,8 @@ import time
 
 import _bench
 
-from trtllm_liveness import WorkerEvent, WorkerProcessMonitor, _procfs, capture_identity
+from trtllm_liveness import WorkerEvent, WorkerProcessMonitor, capture_identity
+from trtllm_liveness.process import _procfs
 
 # Forks sleepers on request ("N\n" -> one line of N pids); SIGCHLD ignored so the kernel reaps
 # them; each sleeper dies with the spawner (PR_SET_PDEATHSIG), so nothing outlives the benchmark.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Benchmark the diagnosis snapshot (``trtllm_liveness._diagnosis.diagnose``) on 8 real ranks.
+"""Benchmark the diagnosis snapshot (``trtllm_liveness.diagnose._diagnosis.diagnose``) on 8 real ranks.
 
 Starts ``--ranks`` (8) Python processes, each with ``--threads`` (4) threads sleeping in a
 distinctively named function (a rank waiting in a collective), then times, interleaved over
@@ -29,7 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trtllm_liveness import _diagnosis, _procfs
+from trtllm_liveness.diagnose import _diagnosis
+from trtllm_liveness.process import _procfs
 
 TARGETS = {"diagnosis_ms_8_ranks": 300.0, "diagnosis_stacks_ms_8_ranks": 3000.0}
 

@@ -24,7 +24,7 @@ engine otherwise hangs):
   (default 30 s)? Expected false: the field failure.
 
 Dynamo (needs ``ai-dynamo-runtime``, and the ``ai-dynamo`` wheel for the stock monitor), each worker
-a child process in its own session (helpers in ``tests/helpers/``):
+a child process in its own session (helpers in ``tests/support/``):
 
 - ``dynamo_503_p50_ms`` / ``dynamo_503_p99_ms``: SIGKILL of a rank -> the real system status
   server's ``/health`` answers 503, through ``attach_to_dynamo`` (>= 10 kills in one worker: all
@@ -66,12 +66,12 @@ from typing import Any
 
 import _bench
 
-from trtllm_liveness.reference._env import remove_orphaned_prte_tmpdirs
-from trtllm_liveness.reference._records import Detection, ScenarioResult
-from trtllm_liveness.reference._scenario import run_scenario
+from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
+from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_records import Detection, ScenarioResult
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # tests.helpers: the Dynamo workers
+sys.path.insert(0, str(REPO))  # tests.support: the Dynamo workers
 FAKES = {"main": REPO / "tests" / "fakes" / "trtllm_main", "1.2": REPO / "tests" / "fakes" / "trtllm_v12"}
 EXECUTOR = "reference"  # --executor
 
@@ -113,8 +113,8 @@ def have(module: str) -> bool:
 
 def dynamo_503(kills: int) -> dict[str, Any]:
     """SIGKILL -> /health 503 through our bridge, ``kills`` times in one worker; then the exit."""
-    from tests.helpers.children import HelperProcess, free_port, http_get, identities_of
-    from tests.helpers.ref_engine import kill_rank
+    from tests.support.children import HelperProcess, free_port, http_get, identities_of
+    from tests.support.ref_engine import kill_rank
 
     port = free_port()
     env = {"DYN_SYSTEM_PORT": str(port), "DYN_SYSTEM_HOST": "127.0.0.1", "DYN_TCP_RPC_HOST": "127.0.0.1",
@@ -158,8 +158,8 @@ def dynamo_503(kills: int) -> dict[str, Any]:
 
 def stock_exit(mode: str, liveness: bool, max_life_s: float = 30.0) -> tuple[float | None, int | None]:
     """Stock TrtllmEngineMonitor: SIGKILL a rank -> worker process exit (ms, status)."""
-    from tests.helpers.children import HelperProcess, identities_of
-    from tests.helpers.ref_engine import kill_rank
+    from tests.support.children import HelperProcess, identities_of
+    from tests.support.ref_engine import kill_rank
 
     with HelperProcess("dynamo_stock_worker", {"mode": mode, "liveness": liveness, "max_life_s": max_life_s}) as worker:
         ready = worker.read_record(60, "ready")

@@ -35,9 +35,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.helpers.autoload_site
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support.autoload_site
 
-from tests.helpers.autoload_site import REPORT, AutoloadSite, StartupReport, throwaway_site
+from tests.support.autoload_site import REPORT, AutoloadSite, StartupReport, throwaway_site
 
 RUN_TIMEOUT_S = 60.0
 MIN_REPS = 20

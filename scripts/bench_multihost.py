@@ -5,7 +5,7 @@ is lost (the BASELINE of issue 12, extension off), on 3 namespace test hosts.
 Usage: scripts/bench_multihost.py [--json] [--kills N] [--crashes N] [--window S] [--quick]
 
 Each trial runs ``mpirun --host hostA:2,hostB:1,hostC:1 -n 4 --map-by slot`` of
-``tests/helpers/multihost_rank.py`` from the head of fresh test hosts (``tests/helpers/testhosts.py``:
+``tests/programs/multihost_rank.py`` from the head of fresh test hosts (``tests/support/testhosts.py``:
 network, PID, UTS and mount namespaces, removed after each trial). Measured:
 
   remote kill     SIGKILL of rank 2 (hostB) -> mpirun exits (pidfd on mpirun), p50 of --kills
@@ -49,9 +49,9 @@ import _bench
 import _multihost_agents as agents
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # tests.helpers: the test hosts
+sys.path.insert(0, str(REPO))  # tests.support: the test hosts
 
-from tests.helpers.testhosts import MpiJob, TestHosts, rank_lines, unavailable  # noqa: E402
+from tests.support.testhosts import MpiJob, TestHosts, rank_lines, unavailable  # noqa: E402
 
 START_S = 30.0
 END_S = 20.0

@@ -50,7 +50,7 @@ POLL_BASELINE_S = 0.1
 
 def _build(engine: dict[str, Any]) -> Any:
     sys.path.insert(0, str(MAIN_FAKE))
-    from trtllm_liveness.reference._env import configure_mpi_env
+    from trtllm_liveness.demo._mpi_env import configure_mpi_env
 
     configure_mpi_env()
     import importlib
@@ -64,7 +64,7 @@ def _build(engine: dict[str, Any]) -> Any:
 
 
 def _signal(identity: Any, signum: int) -> None:
-    from trtllm_liveness import _pidfd
+    from trtllm_liveness.process import _pidfd
 
     _pidfd.signal_verified(identity.pid, identity.start_time, signum)  # never a recycled pid
 
@@ -178,7 +178,7 @@ def _busy_cores(count: int) -> list[subprocess.Popen[bytes]]:
 def measure(cycles: int = 20, control_s: float = 60.0, timeout_s: float = 1.0,
             control_timeout_s: float = 2.0) -> dict[str, Any]:
     """Both parts; the figures as one dict (see the module docstring)."""
-    from trtllm_liveness.reference._env import remove_orphaned_prte_tmpdirs
+    from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
 
     started = time.monotonic()
     cyc = _run_child("cycles", cycles, timeout_s, cycles * (timeout_s + 12) + 120)

@@ -6,7 +6,7 @@ hangs) through each fault ``--runs`` times. ``--executor fake`` (default): the u
 of ``tensorrt_llm`` (``tests/fakes/trtllm_main``, and ``trtllm_v12`` for the rows marked 1.2), built
 through upstream's ``GenerationExecutor.create(FakeEngine(...), model_world_size=N)`` of the fake
 with ``liveness_executor_class``; ``--executor reference``: the package's reference executor
-(``trtllm_liveness.reference``). It reports per fault: runs, detected,
+(``trtllm_liveness.demo``). It reports per fault: runs, detected,
 missed, false alarms, detection p50/p99 ms (from the fault to the package's first report),
 shutdown bounded, leftover processes and the cause the package reported. Each fault runs in one
 scenario child (one Python and MPI start, one fresh executor per run) in its own session with an
@@ -64,11 +64,11 @@ from typing import Any, NamedTuple
 
 import _bench
 
-from trtllm_liveness.reference._env import remove_orphaned_prte_tmpdirs
-from trtllm_liveness.reference._faults import freezer_available, memory_cgroup_available, remove_leftover_groups
-from trtllm_liveness.reference._fuse_stall import fuse_available, fuse_mounts, remove_leftover_mounts
-from trtllm_liveness.reference._records import ScenarioOptions, ScenarioResult, ScenarioRun
-from trtllm_liveness.reference._scenario import run_scenario
+from trtllm_liveness.demo._cgroup_faults import freezer_available, memory_cgroup_available, remove_leftover_groups
+from trtllm_liveness.demo._fuse_stall import fuse_available, fuse_mounts, remove_leftover_mounts
+from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
+from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_records import ScenarioOptions, ScenarioResult, ScenarioRun
 
 REPO = Path(__file__).resolve().parents[1]
 # The upstream-shaped fake of tensorrt_llm main (tests/fakes/README.md).

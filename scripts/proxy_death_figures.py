@@ -2,7 +2,7 @@
 """Proxy death (issue 10 point 12): how long an engine's ranks outlive a SIGKILLed proxy.
 
 Runs the child of tests/unittest/integrations/test_proxy_death.py
-(``tests/helpers/proxy_death_child.py``, the upstream-shaped fake ``tensorrt_llm`` of
+(``tests/programs/proxy_death_child.py``, the upstream-shaped fake ``tensorrt_llm`` of
 tests/fakes/trtllm_main, Open MPI without ULFM) ``--runs`` times per case and prints one JSON
 object: per case the time from the SIGKILL to the last rank's pidfd becoming readable (each rank's
 pidfd opened and verified by start time before the kill), p50 and max in ms, or the number of runs
@@ -34,8 +34,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.helpers.children import HelperProcess
-from trtllm_liveness import _pidfd
+from tests.support.children import HelperProcess
+from trtllm_liveness.process import _pidfd
 
 OPEN_MPI_DEFAULT = {"OMPI_MCA_mpi_ft_enable": "0"}
 
@@ -80,7 +80,7 @@ def one_run(case: str, observe: float) -> float | None:
                                             "module": "proxy_death_child", "options": options}, OPEN_MPI_DEFAULT)
     else:
         options = {"session": "pool", "tree": "trtllm_main", "liveness": liveness, "workers": 2}
-        argv = [sys.executable, "-m", "tests.helpers.proxy_death_child", json.dumps(options)]
+        argv = [sys.executable, "-m", "tests.programs.proxy_death_child", json.dumps(options)]
         job = HelperProcess("subreaper", {"argv": argv, "linger_s": 120}, OPEN_MPI_DEFAULT)
     fds: dict[int, int] = {}
     victims: dict[int, int] = {}

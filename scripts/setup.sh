@@ -41,6 +41,10 @@ if [ ${#apt_packages[@]} -gt 0 ]; then
 fi
 pip_install --upgrade pip
 pip_install -e ".[mpi,test,dev,metrics,dynamo,diagnose,k8s]"
+# The checkout's root on the virtualenv's path: scripts/ import the test support (tests.support) as a
+# package, as pytest does, whatever directory they are run from.
+site=$(.venv/bin/python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+printf '%s\n' "$PWD" >"$site/trtllm_liveness_checkout.pth"
 # Dynamo's TensorRT-LLM engine monitor (the real TrtllmEngineMonitor) for the stock-Dynamo tests:
 # the wheel is pure Python and its module imports without its large dependency set.
 pip_install --no-deps "ai-dynamo==1.6.1"

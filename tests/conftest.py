@@ -35,22 +35,22 @@ from typing import NoReturn
 
 import pytest
 
-from trtllm_liveness import _pidfd, _procfs
-from trtllm_liveness._quarantine import QUARANTINE_DIR_VAR
-from trtllm_liveness.reference._env import PRTE_TMPDIR_PREFIX, remove_orphaned_prte_tmpdirs
-from trtllm_liveness.reference._faults import (
+from trtllm_liveness.demo._cgroup_faults import (
     FreezerGroup,
     MemoryGroup,
     freezer_available,
     memory_cgroup_available,
 )
-from trtllm_liveness.reference._fuse_stall import (
+from trtllm_liveness.demo._fuse_stall import (
     MOUNT_PREFIX,
     FuseStall,
     fuse_available,
     fuse_mounts,
     remove_leftover_mounts,
 )
+from trtllm_liveness.demo._mpi_env import PRTE_TMPDIR_PREFIX, remove_orphaned_prte_tmpdirs
+from trtllm_liveness.process import _pidfd, _procfs
+from trtllm_liveness.quarantine._marker import QUARANTINE_DIR_VAR
 
 # Scale bounded waits in tests on slow or loaded machines (CI); never used for timed assertions.
 WAIT_SCALE = float(os.environ.get("TRTLLM_LIVENESS_TEST_WAIT_SCALE", "1"))
@@ -142,7 +142,7 @@ def _pidfd_group() -> str | None:
 
 
 def _slurm() -> str | None:
-    # A one-node cluster started by the test itself (tests/helpers/slurm_cluster.py): Debian's
+    # A one-node cluster started by the test itself (tests/support/slurm_cluster.py): Debian's
     # slurm-wlm and munge, root (slurmd and munged run as root here).
     missing = [name for name in ("munged", "slurmctld", "slurmd", "scontrol") if shutil.which(name) is None
                and not os.path.exists(f"/usr/sbin/{name}")]
@@ -154,9 +154,9 @@ def _slurm() -> str | None:
 
 
 def _testhosts() -> str | None:
-    # Hosts made of namespaces (tests/helpers/testhosts.py): root, the tools, and a veth pair and a
+    # Hosts made of namespaces (tests/support/testhosts.py): root, the tools, and a veth pair and a
     # bridge made for real in a throwaway network namespace (gone when its one process exits).
-    from tests.helpers.testhosts import unavailable
+    from tests.support.testhosts import unavailable
 
     reason = unavailable()
     if reason is not None:

@@ -30,8 +30,6 @@ The core is standard-library only and Linux-specific (pidfds, procfs). Public AP
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._config import LivenessConfig as LivenessConfig
-    from ._diagnosis import Diagnosis as Diagnosis
-    from ._diagnosis import diagnose as diagnose
     from ._errors import AccessDenied as AccessDenied
     from ._errors import InvalidIdentityError as InvalidIdentityError
     from ._errors import LivenessError as LivenessError
@@ -43,25 +41,27 @@ if TYPE_CHECKING:
     from ._events import WorkerEvent as WorkerEvent
     from ._events import WorkerFailedError as WorkerFailedError
     from ._events import WorkerState as WorkerState
-    from ._exit_guard import FatalExitGuard as FatalExitGuard
-    from ._host_quarantine import HostQuarantinedError as HostQuarantinedError
-    from ._host_quarantine import QuarantineCheck as QuarantineCheck
-    from ._host_quarantine import check_host as check_host
-    from ._host_quarantine import quarantine_host as quarantine_host
-    from ._identity import ProcessIdentity as ProcessIdentity
-    from ._identity import capture_identity as capture_identity
-    from ._identity import parse_identities as parse_identities
-    from ._monitor import WorkerProcessMonitor as WorkerProcessMonitor
-    from ._quarantine import QuarantinedProcess as QuarantinedProcess
-    from ._quarantine import QuarantineMarker as QuarantineMarker
-    from ._quarantine import read_marker as read_marker
-    from ._shutdown import StopOutcome as StopOutcome
-    from ._shutdown import StoppedWorker as StoppedWorker
-    from ._shutdown import StopReport as StopReport
-    from ._shutdown import UnkillableWorker as UnkillableWorker
-    from ._shutdown import stop_processes as stop_processes
-    from ._stall import StallDetector as StallDetector
-    from ._stall import StallInfo as StallInfo
+    from .diagnose._diagnosis import Diagnosis as Diagnosis
+    from .diagnose._diagnosis import diagnose as diagnose
+    from .exit._exit_guard import FatalExitGuard as FatalExitGuard
+    from .monitor._monitor import WorkerProcessMonitor as WorkerProcessMonitor
+    from .monitor._stall_timer import StallDetector as StallDetector
+    from .monitor._stall_timer import StallInfo as StallInfo
+    from .process._identity import ProcessIdentity as ProcessIdentity
+    from .process._identity import capture_identity as capture_identity
+    from .process._identity import parse_identities as parse_identities
+    from .quarantine._host_policy import HostQuarantinedError as HostQuarantinedError
+    from .quarantine._host_policy import QuarantineCheck as QuarantineCheck
+    from .quarantine._host_policy import check_host as check_host
+    from .quarantine._host_policy import quarantine_host as quarantine_host
+    from .quarantine._marker import QuarantinedProcess as QuarantinedProcess
+    from .quarantine._marker import QuarantineMarker as QuarantineMarker
+    from .quarantine._marker import read_marker as read_marker
+    from .stop._bounded_stop import StopOutcome as StopOutcome
+    from .stop._bounded_stop import StoppedWorker as StoppedWorker
+    from .stop._bounded_stop import StopReport as StopReport
+    from .stop._bounded_stop import UnkillableWorker as UnkillableWorker
+    from .stop._bounded_stop import stop_processes as stop_processes
 
 __version__ = "0.1.0"
 
@@ -105,10 +105,10 @@ __all__ = [
 # Public name -> the submodule that defines it.
 _SOURCES = {
     "LivenessConfig": "_config",
-    "Diagnosis": "_diagnosis",
-    "diagnose": "_diagnosis",
-    "StallDetector": "_stall",
-    "StallInfo": "_stall",
+    "Diagnosis": "diagnose._diagnosis",
+    "diagnose": "diagnose._diagnosis",
+    "StallDetector": "monitor._stall_timer",
+    "StallInfo": "monitor._stall_timer",
     "AccessDenied": "_errors",
     "InvalidIdentityError": "_errors",
     "LivenessError": "_errors",
@@ -120,23 +120,23 @@ _SOURCES = {
     "WorkerEvent": "_events",
     "WorkerFailedError": "_events",
     "WorkerState": "_events",
-    "FatalExitGuard": "_exit_guard",
-    "HostQuarantinedError": "_host_quarantine",
-    "QuarantineCheck": "_host_quarantine",
-    "check_host": "_host_quarantine",
-    "quarantine_host": "_host_quarantine",
-    "QuarantinedProcess": "_quarantine",
-    "QuarantineMarker": "_quarantine",
-    "read_marker": "_quarantine",
-    "ProcessIdentity": "_identity",
-    "capture_identity": "_identity",
-    "parse_identities": "_identity",
-    "WorkerProcessMonitor": "_monitor",
-    "StopOutcome": "_shutdown",
-    "StoppedWorker": "_shutdown",
-    "StopReport": "_shutdown",
-    "UnkillableWorker": "_shutdown",
-    "stop_processes": "_shutdown",
+    "FatalExitGuard": "exit._exit_guard",
+    "HostQuarantinedError": "quarantine._host_policy",
+    "QuarantineCheck": "quarantine._host_policy",
+    "check_host": "quarantine._host_policy",
+    "quarantine_host": "quarantine._host_policy",
+    "QuarantinedProcess": "quarantine._marker",
+    "QuarantineMarker": "quarantine._marker",
+    "read_marker": "quarantine._marker",
+    "ProcessIdentity": "process._identity",
+    "capture_identity": "process._identity",
+    "parse_identities": "process._identity",
+    "WorkerProcessMonitor": "monitor._monitor",
+    "StopOutcome": "stop._bounded_stop",
+    "StoppedWorker": "stop._bounded_stop",
+    "StopReport": "stop._bounded_stop",
+    "UnkillableWorker": "stop._bounded_stop",
+    "stop_processes": "stop._bounded_stop",
 }
 
 if not TYPE_CHECKING:  # mypy sees the imports above instead, so a misspelt name stays an error

@@ -66,7 +66,7 @@ class LivenessConfig:
         stall_timeout_s: the engine is *stalled* when at least one request is pending and it made
             no progress (no output of any request, no executor iteration reported by a rank) for
             this long; 0 (the default) turns stall detection off. An idle engine is never stalled.
-            See :mod:`trtllm_liveness._stall`.
+            See :mod:`trtllm_liveness.monitor._stall_timer`.
         stall_action: ``report`` (a WARNING with the diagnosis once per stall, state ``stalled`` in
             the statuses and metrics; health stays True) or ``fatal`` (the fatal path a death takes).
         shutdown_grace_s: how long ``shutdown()`` lets a healthy engine stop by itself before
@@ -76,7 +76,7 @@ class LivenessConfig:
         exit_on_fatal: after a fatal error, start the serving process's graceful shutdown once
             (SIGINT to itself, what ``trtllm-serve``'s ``/health`` intends and never does after a
             killed rank) and make the process exit with ``exit_code`` (for servers whose health
-            endpoint never restarts them); see :class:`~trtllm_liveness._exit_guard.FatalExitGuard`.
+            endpoint never restarts them); see :class:`~trtllm_liveness.exit._exit_guard.FatalExitGuard`.
         exit_code: exit status used by ``exit_on_fatal``; 1-255 (never 0 after an engine death).
         exit_delay_s: seconds between the fatal error and the graceful shutdown, so health
             endpoints and logs can report it first.
@@ -95,7 +95,7 @@ class LivenessConfig:
         quarantine_dir: where a non-restartable failure leaves the host's quarantine marker
             (``quarantine.json``), which every start-up on the host reads: it refuses to start
             while a recorded process still exists or cannot be verified from its PID namespace
-            (see :mod:`trtllm_liveness._quarantine`). Default ``/run/trtllm-liveness``, or
+            (see :mod:`trtllm_liveness.quarantine._marker`). Default ``/run/trtllm-liveness``, or
             ``$TRTLLM_LIVENESS_QUARANTINE_DIR`` where set (non-root: ``$XDG_RUNTIME_DIR/trtllm-liveness``,
             else ``/tmp/trtllm-liveness-<uid>``); in a container, a ``hostPath`` mount of the host's
             directory. Empty: no marker, no check.

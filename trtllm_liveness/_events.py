@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ._identity import ProcessIdentity
+from .process._identity import ProcessIdentity
 
 
 class WorkerState(str, enum.Enum):

@@ -94,7 +94,7 @@ class FakeEngine:
     ``die_after_s`` (seconds after READY), ``hang_rank`` (that rank stops in a ``SIGSTOP`` of itself
     after READY).
 
-    Harness knobs (not upstream; for ``trtllm_liveness.reference._scenario``, which injects faults
+    Harness knobs (not upstream; for ``trtllm_liveness.demo._scenario``, which injects faults
     from outside by verified pid): ``announce_dir`` makes every rank write its identity there before
     the build (``rank<N>.json``, the layout ``reference._worker.read_announced_identities`` reads), so
     a harness knows whom to signal even on 1.2.x, whose protocol carries no identities; ``fault`` is
@@ -711,7 +711,7 @@ class FakeEngineWorker:
 def _arm_harness_fault(fault: dict[str, Any]) -> None:
     """``FakeEngine.fault``: the reference worker's hook, so a fault is the same on both engines
     (an OOM victim moves itself into its memory cgroup here, before any identity is taken)."""
-    from trtllm_liveness.reference._worker import _arm_fault
+    from trtllm_liveness.demo._executor_worker import _arm_fault
 
     _arm_fault(fault)
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.children import REPO_ROOT
-
-from ..conftest import WAIT_SCALE, ProcessTracker
+from tests.conftest import WAIT_SCALE, ProcessTracker
+from tests.support.children import REPO_ROOT
 
 pytestmark = [pytest.mark.timeout(180)]
 

@@ -45,8 +45,8 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from .._events import WorkerEvent
-from .._exit_guard import DEFAULT_EXIT_CODE_UNRESTARTABLE, FatalExitGuard
-from .._monitor import WorkerProcessMonitor
+from ..exit._exit_guard import DEFAULT_EXIT_CODE_UNRESTARTABLE, FatalExitGuard
+from ..monitor._monitor import WorkerProcessMonitor
 
 __all__ = [
     "DynamoLivenessBridge", "RuntimeLike", "attach_to_dynamo", "expose_metrics_on_dynamo", "liveness_monitor_of",

@@ -83,8 +83,8 @@ except ImportError as _exc:  # pragma: no cover - exercised in a subprocess by t
     ) from _exc
 
 from .._events import EventKind, RankStatus, WorkerEvent, WorkerState
-from .._identity import ProcessIdentity
-from .._monitor import WorkerProcessMonitor
+from ..monitor._monitor import WorkerProcessMonitor
+from ..process._identity import ProcessIdentity
 
 logger = logging.getLogger(__name__)
 

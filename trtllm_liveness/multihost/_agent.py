@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._events import WorkerEvent, WorkerState
-from .._identity import ProcessIdentity
-from .._monitor import WorkerProcessMonitor
+from ..monitor._monitor import WorkerProcessMonitor
+from ..process._identity import ProcessIdentity
 from . import _wire
 from ._tcp import duplicate
 
@@ -336,7 +336,7 @@ class HostAgent:
                 return "refused"
 
     def _stop_ranks(self, monitor: WorkerProcessMonitor, grace_s: float, kill_s: float) -> Any:
-        from .._shutdown import stop_processes
+        from ..stop._bounded_stop import stop_processes
 
         monitor.mark_expected_exits()
         targets = [identity for identity in self.identities if identity.start_time is not None]

@@ -37,8 +37,8 @@ import time
 from typing import Any
 
 from .._events import WorkerState
-from .._identity import ProcessIdentity
-from .._monitor import WorkerProcessMonitor
+from ..monitor._monitor import WorkerProcessMonitor
+from ..process._identity import ProcessIdentity
 from . import _wire
 from ._hub_records import (
     MAX_RANKS_PER_HOST,
@@ -565,6 +565,6 @@ class AgentHub:
 
 
 def _hostname() -> str:
-    from .._identity import local_hostname
+    from ..process._identity import local_hostname
 
     return local_hostname()

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from .._events import WorkerState
-from .._identity import ProcessIdentity, is_local, parse_identities
+from ..process._identity import ProcessIdentity, is_local, parse_identities
 from . import _wire
 from ._tcp import Key
 

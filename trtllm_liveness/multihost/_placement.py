@@ -12,7 +12,7 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .._identity import ProcessIdentity, capture_identity, coerce_identity
+from ..process._identity import ProcessIdentity, capture_identity, coerce_identity
 from ._agent import AgentSettings, HostAgent
 from ._wire import parse_secret
 
@@ -62,7 +62,7 @@ def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
 def start_for_rank(spec: Mapping[str, Any], comm: Any, proxy: Sequence[Any] | None) -> HostAgent | None:
     """Every rank of the session calls this (one ``allgather`` on ``comm``); the lowest rank of
     each host other than the proxy's starts that host's agent and gets it back."""
-    from .._procfs import boot_id
+    from ..process._procfs import boot_id
 
     settings = settings_of(spec)  # the same spec on every rank: all raise, or none
     rank = comm.Get_rank()

@@ -11,9 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import WAIT_SCALE, needs
 from trtllm_liveness.integrations import trtllm_autoload as autoload
-
-from ...conftest import WAIT_SCALE, needs
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(120)]
 
@@ -152,7 +151,7 @@ def test_pth_line_installs_the_hook_where_the_package_is(tmp_path: Path) -> None
 def test_one_line_says_liveness_is_on_for_each_engine() -> None:
     # Servers seldom configure Python logging: the line must reach stderr anyway.
     code = textwrap.dedent("""
-        from trtllm_liveness.reference._env import configure_mpi_env
+        from trtllm_liveness.demo._mpi_env import configure_mpi_env
         configure_mpi_env()  # Open MPI's wheel as root on loopback (the test machine)
         from tensorrt_llm.executor.executor import GenerationExecutor
         from _trtllm_fake_common import FakeEngine

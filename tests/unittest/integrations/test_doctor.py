@@ -23,13 +23,14 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.children import HelperProcess
+from tests.conftest import WAIT_SCALE, ProcessTracker, needs, require_facility
+from tests.support.children import HelperProcess
+from tests.unittest.integrations.test_trtllm_classes import (
+    UpstreamProxy,  # its constructor runs _start_executor_workers
+)
 from trtllm_liveness import LivenessConfig
 from trtllm_liveness.integrations import trtllm as integ
 from trtllm_liveness.integrations.trtllm import _classes, _doctor, _features
-
-from ...conftest import WAIT_SCALE, ProcessTracker, needs, require_facility
-from .test_trtllm_classes import UpstreamProxy  # its constructor runs _start_executor_workers
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -217,7 +218,7 @@ MINIMAL_EXECUTOR = """\
             raise NotImplementedError  # no _create_ipc_executor anywhere
     """
 MINIMAL_PROXY = """\
-    from .executor import GenerationExecutor
+    from tests.unittest.integrations.executor import GenerationExecutor
 
     class GenerationExecutorProxy(GenerationExecutor):
         def __init__(self, worker_kwargs, model_world_size=1, mpi_session=None, **kwargs):

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.children import free_port
-
-from ...conftest import ProcessTracker, require_facility, wait_until
+from tests.conftest import ProcessTracker, require_facility, wait_until
+from tests.support.children import free_port
 
 require_facility("dynamo", allow_module_level=True)
 

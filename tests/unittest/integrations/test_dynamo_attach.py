@@ -8,10 +8,9 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import ProcessTracker, StuckChild, wait_until
 from trtllm_liveness import WorkerProcessMonitor, capture_identity
 from trtllm_liveness.integrations.dynamo import DynamoLivenessBridge, attach_to_dynamo, liveness_monitor_of
-
-from ...conftest import ProcessTracker, StuckChild, wait_until
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
 

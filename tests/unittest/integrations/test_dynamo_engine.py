@@ -1,7 +1,7 @@
 """Dynamo over the reference MPI executor, with real SIGKILLs of a rank.
 
 1. Stock Dynamo: the REAL ``TrtllmEngineMonitor`` from the installed ai-dynamo wheel, driven
-   through an engine wrapper shaped like Dynamo's (``tests/helpers/ref_engine.py``), ends the
+   through an engine wrapper shaped like Dynamo's (``tests/support/ref_engine.py``), ends the
    worker with status 1 when the extension is on (1.2.x and main), because the extension records
    the death in ``_fatal_error``, which Dynamo's watchdog reads. Without the extension, on 1.2.x,
    nothing ever notices (the baseline).
@@ -20,10 +20,9 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.children import HelperProcess, free_port, http_get, identities_of
-from tests.helpers.ref_engine import kill_rank, signal_rank
-
-from ...conftest import WAIT_SCALE, needs, wait_until
+from tests.conftest import WAIT_SCALE, needs, wait_until
+from tests.support.children import HelperProcess, free_port, http_get, identities_of
+from tests.support.ref_engine import kill_rank, signal_rank
 
 pytestmark = [
     pytest.mark.timeout(180),

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from ...conftest import ProcessTracker, needs
+from tests.conftest import ProcessTracker, needs
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes"
 TREES = {"v12": FAKES / "trtllm_v12", "main": FAKES / "trtllm_main"}
@@ -194,7 +194,7 @@ def test_llm_args_are_strict(procs: ProcessTracker, tree: str) -> None:
 # ----------------------------------------------------------------------------- (d) interpreter-exit order
 
 _EXIT_WITHOUT_SHUTDOWN = """
-from trtllm_liveness.reference import configure_mpi_env
+from trtllm_liveness.demo import configure_mpi_env
 configure_mpi_env()
 import threading
 from tensorrt_llm.executor import GenerationExecutor, GenerationExecutorProxy

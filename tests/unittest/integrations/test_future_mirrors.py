@@ -14,13 +14,12 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.children import HelperProcess
+from tests.conftest import WAIT_SCALE, needs
+from tests.support.children import HelperProcess
 from trtllm_liveness import LivenessConfig
+from trtllm_liveness.demo._cgroup_faults import remove_leftover_groups
 from trtllm_liveness.integrations._futures import fail_pending, mirror_future
 from trtllm_liveness.integrations.trtllm import liveness_proxy_class
-from trtllm_liveness.reference._faults import remove_leftover_groups
-
-from ...conftest import WAIT_SCALE, needs
 
 
 def test_mirror_follows_the_real_future() -> None:

@@ -2,8 +2,8 @@
 
 - trtllm-serve's ``/prometheus/metrics``: a fresh registry with only a ``MultiProcessCollector``,
   served through ``make_asgi_app`` (as upstream's ``OpenAIServer.mount_metrics``), in a child
-  process in prometheus multiprocess mode (tests/helpers/metrics_serve_child.py);
-- Dynamo's system ``/metrics`` of the real ai-dynamo-runtime (tests/helpers/dynamo_metrics_worker.py).
+  process in prometheus multiprocess mode (tests/programs/metrics_serve_child.py);
+- Dynamo's system ``/metrics`` of the real ai-dynamo-runtime (tests/programs/dynamo_metrics_worker.py).
 """
 
 from __future__ import annotations
@@ -19,10 +19,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.children import free_port
-from trtllm_liveness._identity import local_hostname
-
-from ...conftest import ProcessTracker, require_facility, wait_until
+from tests.conftest import ProcessTracker, require_facility, wait_until
+from tests.support.children import free_port
+from trtllm_liveness.process._identity import local_hostname
 
 require_facility("prometheus", allow_module_level=True)
 
@@ -31,8 +30,8 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 
 ROOT = Path(__file__).resolve().parents[3]
-SERVE_CHILD = "tests.helpers.metrics_serve_child"
-DYNAMO_CHILD = "tests.helpers.dynamo_metrics_worker"
+SERVE_CHILD = "tests.programs.metrics_serve_child"
+DYNAMO_CHILD = "tests.programs.dynamo_metrics_worker"
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
@@ -61,7 +60,7 @@ def scrape(url: str) -> Samples:
 
 
 def start_child(procs: ProcessTracker, argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
-    """``python -m argv[0] argv[1:]`` from the repository root (so ``tests.helpers`` imports)."""
+    """``python -m argv[0] argv[1:]`` from the repository root (so ``tests.support`` imports)."""
     child = subprocess.Popen([sys.executable, "-m", *argv], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                              stderr=subprocess.PIPE, env=env, cwd=ROOT, start_new_session=True)
     procs.popens.append(child)
@@ -207,7 +206,7 @@ def test_expose_metrics_on_dynamo_refuses_what_it_cannot_use() -> None:
         expose_metrics_on_dynamo(Endpoint(), NoMetrics())
 
 
-ENGINE_CHILD = "tests.helpers.metrics_engine_child"
+ENGINE_CHILD = "tests.programs.metrics_engine_child"
 FAKE_MAIN = ROOT / "tests" / "fakes" / "trtllm_main"
 
 

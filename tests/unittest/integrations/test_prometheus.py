@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.conftest import ProcessTracker, StuckChild, require_facility, state_of, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
-
-from ...conftest import ProcessTracker, StuckChild, require_facility, state_of, wait_until
 
 require_facility("prometheus", allow_module_level=True)
 prometheus_client = pytest.importorskip("prometheus_client", reason="the optional prometheus_client is not installed")

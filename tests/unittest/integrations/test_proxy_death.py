@@ -4,7 +4,7 @@ The ranks' proxy-death watch (``integrations/trtllm/_worker_entry.py``) holds a 
 proxy, verified by start time. Tested with real processes on both session kinds of the
 upstream-shaped fakes (tests/fakes/trtllm_main, tests/fakes/trtllm_v12), driven through
 upstream's LLM API (``LLM(..., executor_cls=liveness_executor_class())``) by
-``tests/helpers/proxy_death_child.py``; each kind also has a baseline with liveness off, so the
+``tests/programs/proxy_death_child.py``; each kind also has a baseline with liveness off, so the
 tests with liveness on can fail: under ``mpirun`` the ranks a real user is left with; with spawned
 ranks, which Open MPI often (not always) ends by itself, the exit statuses that tell its end from
 the watch's. Open MPI runs with its own default, no ULFM (``OMPI_MCA_mpi_ft_enable=0``; the
@@ -38,15 +38,14 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.children import HelperProcess
-from trtllm_liveness import _pidfd
+from tests.conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, needs, wait_until
+from tests.support.children import HelperProcess
 from trtllm_liveness._errors import AccessDenied
-from trtllm_liveness._identity import local_hostname, local_pid_namespace
-from trtllm_liveness._procfs import boot_id
 from trtllm_liveness.integrations.trtllm import _worker_entry
 from trtllm_liveness.integrations.trtllm._worker_entry import PROXY_DIED_EXIT_STATUS, start_proxy_death_watch
-
-from ...conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, needs, wait_until
+from trtllm_liveness.process import _pidfd
+from trtllm_liveness.process._identity import local_hostname, local_pid_namespace
+from trtllm_liveness.process._procfs import boot_id
 
 EXIT_BOUND_S = 5.0  # every rank must be gone this long (scaled) after the proxy's SIGKILL
 START_S = 60.0  # the engine's start-up on 2 shared cores
@@ -242,7 +241,7 @@ def test_a_clean_mpirun_job_end_keeps_every_status_zero(procs: ProcessTracker, t
 # it loses its PMIx server (~2.2 s, status 14 or 195), but not always: in about one run of five the
 # leader rank (waiting on its request queue) was still there 10 s later (scripts/proxy_death_figures.py).
 # So the tests tell the watch's end (milliseconds, status 75) from Open MPI's by the exit status.
-# The statuses are read by tests/helpers/subreaper.py, which the child runs under, so that the
+# The statuses are read by tests/programs/subreaper.py, which the child runs under, so that the
 # orphaned ranks are reparented to it: the test process is not their parent. (After a SIGKILL of
 # the proxy alone, prte reaps the ranks: no status can be read there.)
 OPEN_MPI_ABORT = 14  # a rank whose MPI aborts on a lost peer (MPI_ERRORS_ARE_FATAL)
@@ -250,7 +249,7 @@ OPEN_MPI_ABORT = 14  # a rank whose MPI aborts on a lost peer (MPI_ERRORS_ARE_FA
 
 def _pool_job(tree: str, liveness: bool, env: dict[str, str] | None = None) -> HelperProcess:
     options = {"session": "pool", "tree": tree, "liveness": liveness, "workers": 2}
-    argv = [sys.executable, "-m", "tests.helpers.proxy_death_child", json.dumps(options)]
+    argv = [sys.executable, "-m", "tests.programs.proxy_death_child", json.dumps(options)]
     return HelperProcess("subreaper", {"argv": argv, "linger_s": 110}, {**OPEN_MPI_DEFAULT, **(env or {})})
 
 
@@ -335,7 +334,7 @@ def fresh_watches(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def _identity_of(pid: int) -> list[Any]:
-    from trtllm_liveness._procfs import read_start_time
+    from trtllm_liveness.process._procfs import read_start_time
 
     return [pid, read_start_time(pid), local_hostname(), local_pid_namespace(), boot_id()]
 

@@ -13,9 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.children import HelperProcess, identities_of
-
-from ...conftest import WAIT_SCALE, Freezer, needs, state_of, wait_until
+from tests.conftest import WAIT_SCALE, Freezer, needs, state_of, wait_until
+from tests.support.children import HelperProcess, identities_of
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.mpi, pytest.mark.real_process, needs("mpi", "freezer")]
 

@@ -1,6 +1,6 @@
 """trtllm-serve's dead-engine hang (TensorRT-LLM #18663) and the extension's exit guard.
 
-The helper ``tests/helpers/serve_worker.py`` serves the reference executor behind a stdlib HTTP
+The helper ``tests/programs/serve_worker.py`` serves the reference executor behind a stdlib HTTP
 server whose ``/health`` follows trtllm-serve exactly (503 when unhealthy; SIGINT only if
 ``_fatal_error and not doing_shutdown``). With ``exit_on_fatal`` the extension starts the graceful
 shutdown once and the process exits with the configured status; without it the server answers
@@ -13,10 +13,9 @@ import time
 
 import pytest
 
-from tests.helpers.children import HelperProcess, http_get, identities_of
-from tests.helpers.ref_engine import kill_rank
-
-from ...conftest import WAIT_SCALE, needs, wait_until
+from tests.conftest import WAIT_SCALE, needs, wait_until
+from tests.support.children import HelperProcess, http_get, identities_of
+from tests.support.ref_engine import kill_rank
 
 pytestmark = [
     pytest.mark.timeout(150),

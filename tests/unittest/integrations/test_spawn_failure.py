@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.children import HelperProcess
-from trtllm_liveness.reference._env import PRTE_TMPDIR_VAR
-
-from ...conftest import MPI_MARKS, WAIT_SCALE
+from tests.conftest import MPI_MARKS, WAIT_SCALE
+from tests.support.children import HelperProcess
+from trtllm_liveness.demo._mpi_env import PRTE_TMPDIR_VAR
 
 pytestmark = [
     pytest.mark.timeout(120),

@@ -20,16 +20,15 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import WAIT_SCALE, ProcessTracker, needs, wait_until
 from trtllm_liveness import ProcessIdentity, WorkerProcessMonitor, capture_identity
+from trtllm_liveness.demo import GenerationExecutorProxy, MainGenerationExecutorProxy
+from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_records import ScenarioResult
 from trtllm_liveness.integrations import trtllm as integ
 from trtllm_liveness.integrations.trtllm._mixin import _subscriber
 from trtllm_liveness.integrations.trtllm._shim import MonitorShim
 from trtllm_liveness.integrations.trtllm._side_channel import IdentityChannel
-from trtllm_liveness.reference import GenerationExecutorProxy, MainGenerationExecutorProxy
-from trtllm_liveness.reference._records import ScenarioResult
-from trtllm_liveness.reference._scenario import run_scenario
-
-from ...conftest import WAIT_SCALE, ProcessTracker, needs, wait_until
 
 FAKES = os.path.join(os.path.dirname(__file__), "..", "..", "fakes")
 

@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import wait_until
 from trtllm_liveness import LivenessConfig
 from trtllm_liveness.integrations import trtllm as integ
 from trtllm_liveness.integrations.trtllm import _features
-
-from ...conftest import wait_until
 
 pytestmark = [pytest.mark.timeout(60)]
 

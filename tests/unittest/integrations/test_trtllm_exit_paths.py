@@ -1,6 +1,6 @@
 """The fatal path and the interpreter exit, on the upstream-shaped fake ``tensorrt_llm`` (main).
 
-``tests/helpers/fatal_path_child.py`` builds the engine with upstream's own ``create()`` on real MPI
+``tests/programs/fatal_path_child.py`` builds the engine with upstream's own ``create()`` on real MPI
 ranks: a PAIR request queue whose ``put`` blocks forever without a peer (``pre_shutdown()`` ->
 ``abort_request()`` per pending request), ``_mark_engine_dead`` keeping ``_results``,
 ``pre_shutdown()`` closing the monitor, and ``threading._register_atexit(pre_shutdown)`` +
@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.children import HelperProcess
-
-from ...conftest import MPI_MARKS, WAIT_SCALE
+from tests.conftest import MPI_MARKS, WAIT_SCALE
+from tests.support.children import HelperProcess
 
 pytestmark = [pytest.mark.timeout(90), *MPI_MARKS]
 

@@ -1,6 +1,6 @@
 """Start-up, submit, session and exit of the liveness proxy on the upstream-shaped fakes, in child processes.
 
-Each test runs ``tests/helpers/lifecycle_child.py`` in a child of its own session (tracked by the
+Each test runs ``tests/programs/lifecycle_child.py`` in a child of its own session (tracked by the
 ``procs`` fixture, its whole session killed at the end) and asserts on the JSON lines it prints:
 the engine is built with upstream's own ``create()`` on real MPI ranks, so upstream's blocking
 PAIR sends, ZMQ contexts and mpi4py's exit joins live and die with the child, never in pytest's
@@ -18,9 +18,8 @@ from typing import Any
 
 import pytest
 
-from tests.helpers.children import HelperProcess
-
-from ...conftest import MPI_MARKS, WAIT_SCALE, Freezer, ProcessTracker, state_of, wait_until
+from tests.conftest import MPI_MARKS, WAIT_SCALE, Freezer, ProcessTracker, state_of, wait_until
+from tests.support.children import HelperProcess
 
 pytestmark = [pytest.mark.timeout(120), *MPI_MARKS]
 

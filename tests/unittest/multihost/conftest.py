@@ -1,5 +1,5 @@
 """The ``test_hosts`` fixture: three test hosts (network, PID, UTS and mount namespaces) and a head
-on a private bridge, for real multi-host MPI runs on one machine (``tests/helpers/testhosts.py``).
+on a private bridge, for real multi-host MPI runs on one machine (``tests/support/testhosts.py``).
 
 Skips with the reason (or fails, where ``TRTLLM_LIVENESS_REQUIRE`` names the facility) where
 network or PID namespaces, or the tools, are missing. At teardown, also on failure, everything is
@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from tests.conftest import ProcessTracker, require_facility
-from tests.helpers.testhosts import TestHosts
+from tests.support.testhosts import TestHosts
 
 
 def pytest_configure(config: pytest.Config) -> None:

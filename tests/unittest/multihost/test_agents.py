@@ -1,13 +1,13 @@
 """Issue 12: the engine's per-host agents, on real mpirun jobs across namespace test hosts.
 
-Each test runs the upstream-shaped engine (``tests/helpers/proxy_death_child.py``, comm session:
+Each test runs the upstream-shaped engine (``tests/programs/proxy_death_child.py``, comm session:
 the fake TensorRT-LLM main tree, ``MpiCommSession`` under ``mpirun``, liveness on, one long
 request in flight) across the ``test_hosts`` fixture: rank 0, the proxy and its agent hub, on
 hostA; the lowest rank of hostB and of hostC runs that host's agent. Rank 0 prints a ready line
 with the monitor's per-rank view, then the engine's fatal error (kind, rank, host, pid, whether
 the pending request failed, health), then what its bounded ``llm.shutdown()`` reported.
 
-The launch, and why: tests/helpers/multihost_engine.py (shared with the bench and the demo).
+The launch, and why: tests/support/multihost_engine.py (shared with the bench and the demo).
 
 Every wait is bounded; no timing is asserted (``scripts/bench_multihost.py`` measures).
 """
@@ -25,7 +25,7 @@ import time
 import pytest
 
 from tests.conftest import WAIT_SCALE, Freezer, ProcessTracker, needs, require_facility, wait_until
-from tests.helpers.multihost_engine import (
+from tests.support.multihost_engine import (
     AGENT_EXIT_STATUS,
     FATAL_S,
     LIVENESS,
@@ -33,7 +33,7 @@ from tests.helpers.multihost_engine import (
     TWO_ON_B,
     Engine,
 )
-from tests.helpers.testhosts import TestHosts
+from tests.support.testhosts import TestHosts
 
 pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi")]
 

@@ -2,7 +2,7 @@
 baselines (no fault tolerance, no extension) that the multi-host agent work builds on.
 
 Each test starts ``mpirun --host hostA:2,hostB:1,hostC:1 -n 4 --map-by slot`` in the head of the
-``test_hosts`` fixture, running ``tests/helpers/multihost_rank.py`` (ranks 0, 1 on hostA, 2 on
+``test_hosts`` fixture, running ``tests/programs/multihost_rank.py`` (ranks 0, 1 on hostA, 2 on
 hostB, 3 on hostC), and asserts what Open MPI 5 / PRRTE do by themselves:
 
 * placement: three hostnames, three PID namespaces, the ranks where the host list put them;
@@ -28,7 +28,7 @@ import sys
 import pytest
 
 from tests.conftest import WAIT_SCALE, ProcessTracker, needs, require_facility, start_time_or_none, state_of, wait_until
-from tests.helpers.testhosts import (
+from tests.support.testhosts import (
     NS_PREFIX,
     MpiJob,
     TestHosts,
@@ -36,8 +36,7 @@ from tests.helpers.testhosts import (
     rank_lines,
     remove_orphaned_namespaces,
 )
-
-from .conftest import tracked_by
+from tests.unittest.multihost.conftest import tracked_by
 
 pytestmark = [pytest.mark.timeout(45), pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi,
               needs("testhosts", "mpi")]

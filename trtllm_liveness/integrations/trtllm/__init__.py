@@ -36,7 +36,7 @@ Data flow::
 
 **Exit on fatal** (``exit_on_fatal``, off by default, for servers such as ``trtllm-serve`` whose
 ``/health`` never restarts them after a killed rank, TensorRT-LLM #18663): ``exit_delay_s`` after
-the fatal error a :class:`~trtllm_liveness._exit_guard.FatalExitGuard` sends ONE SIGINT to the
+the fatal error a :class:`~trtllm_liveness.exit._exit_guard.FatalExitGuard` sends ONE SIGINT to the
 process (its graceful shutdown; ``/health`` is kept from sending another, see ``_fatal.py``),
 turns a clean exit into ``exit_code``, and, if the process still runs ``exit_timeout_s`` later,
 stops the workers (bounded) and ``os._exit(exit_code)``.

@@ -5,7 +5,7 @@
 - the progress sources: output (the mixin's ``dispatch_result_task`` wrapper calls
   :meth:`EngineStall.note_output`), executor iterations reported by the ranks
   (:class:`._progress.ProgressChannel`), and submissions on an idle engine (the clock starts);
-- the :class:`~trtllm_liveness._stall.StallDetector` (armed at READY: nothing is pending before);
+- the :class:`~trtllm_liveness.monitor._stall_timer.StallDetector` (armed at READY: nothing is pending before);
 - what a stall does (``stall_action``): ``report`` shows the ranks ``stalled`` in the monitor's
   statuses (hence the metrics and Dynamo's ``/engine/liveness``) and logs one WARNING per stall
   with the diagnosis; ``fatal`` delivers a ``stalled`` event through the monitor, which takes the
@@ -27,12 +27,12 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..._events import EventKind, WorkerEvent
-from ..._identity import ProcessIdentity
-from ..._stall import ProgressSource, StallDetector, StallInfo
+from ...monitor._stall_timer import ProgressSource, StallDetector, StallInfo
+from ...process._identity import ProcessIdentity
 
 if TYPE_CHECKING:
-    from ..._diagnosis import Diagnosis
-    from ..._monitor import WorkerProcessMonitor
+    from ...diagnose._diagnosis import Diagnosis
+    from ...monitor._monitor import WorkerProcessMonitor
     from ._progress import IterationBeat, ProgressChannel
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
@@ -97,7 +97,7 @@ class Diagnoser:
         try:
             if delay_s > 0:
                 time.sleep(delay_s)
-            from ..._diagnosis import diagnose, find_py_spy
+            from ...diagnose._diagnosis import diagnose, find_py_spy
 
             identities = [identity for identity in self._identities() if identity.pid > 1]
             if not identities:

@@ -1,12 +1,12 @@
 """The fatal path: what happens, in this order, on the first fatal event of an engine.
 
 0. where ``trtllm-liveness launch`` asked for it (``TRTLLM_LIVENESS_OUTCOME``), the error is recorded
-   for the launcher's wrapper (:mod:`trtllm_liveness._outcome`), before anything else;
+   for the launcher's wrapper (:mod:`trtllm_liveness.exit._outcome`), before anything else;
 1. (exit guard on) upstream's shutdown flags are set first: ``doing_shutdown`` (trtllm-serve's
    ``/health`` on main raises SIGINT only while it is False) and ``_shutdown_signal_sent``
    (TensorRT-LLM PR #19029's latch name, for a frontend that reads it from the executor), so
    that ``/health`` sends no SIGINT of its own and the guard's is the only one;
-   :func:`~trtllm_liveness._exit_guard.interrupt_self_once` makes the guard's process-wide
+   :func:`~trtllm_liveness.exit._exit_guard.interrupt_self_once` makes the guard's process-wide
    single. Where the latch lives on the frontend object (PR #19029 as read), ``/health`` may
    send its one SIGINT first; the guard then skips its own once the executor's ``shutdown()``
    began (what that SIGINT leads to), see ``_mixin._graceful``;
@@ -45,8 +45,8 @@ from typing import Any
 
 from ..._config import LivenessConfig
 from ..._events import WorkerEvent, WorkerFailedError
-from ..._outcome import record_outcome
-from ..._termination_log import write_termination_message
+from ...exit._outcome import record_outcome
+from ...exit._termination_log import write_termination_message
 from .._futures import fail_pending
 from ._features import find_symbol, warn_once
 from ._state import EngineLiveness
@@ -80,11 +80,11 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
 
 
 def check_host(config: LivenessConfig) -> None:
-    """Start-up's quarantine check (:func:`~trtllm_liveness._host_quarantine.check_host_at_start`):
+    """Start-up's quarantine check (:func:`~trtllm_liveness.quarantine._host_policy.check_host_at_start`):
     raises ``HostQuarantinedError`` on a host where an earlier engine's worker is still stuck."""
     if not config.quarantine_dir and not config.quarantine_devices:
         return
-    from ..._host_quarantine import check_host_at_start  # only with liveness on
+    from ...quarantine._host_policy import check_host_at_start  # only with liveness on
 
     check_host_at_start(config)
 
@@ -92,7 +92,7 @@ def check_host(config: LivenessConfig) -> None:
 def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> None:
     """Any event of ``events`` that is not restartable (a wedge, an unkillable rank, also one the
     bounded stop reports after a death) makes the exit status ``exit_code_unrestartable`` and
-    quarantines the host (marker, actions: :func:`~trtllm_liveness._host_quarantine.quarantine_host`,
+    quarantines the host (marker, actions: :func:`~trtllm_liveness.quarantine._host_policy.quarantine_host`,
     in a daemon thread). Never blocks; never raises."""
     unrestartable = [event for event in events if not event.restartable]
     if not unrestartable:
@@ -100,7 +100,7 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
     if state.exit_guard is not None:
         state.exit_guard.mark_unrestartable()
     try:
-        from ..._host_quarantine import quarantine_host  # imported on the first such failure only
+        from ...quarantine._host_policy import quarantine_host  # imported on the first such failure only
 
         quarantine_host(state.config, unrestartable)
     except Exception:
@@ -110,7 +110,7 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
 def wait_for_quarantine() -> None:
     """Before an ``os._exit``: let a quarantine just started (marker, actions) finish, bounded.
     Nothing to wait for (and nothing imported) if no failure was ever unrestartable."""
-    module = sys.modules.get("trtllm_liveness._host_quarantine")
+    module = sys.modules.get("trtllm_liveness.quarantine._host_policy")
     wait = getattr(module, "wait_for_quarantine", None)
     if callable(wait):
         wait()

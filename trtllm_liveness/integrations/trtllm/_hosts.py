@@ -15,7 +15,7 @@ import threading
 from typing import Any
 
 from ..._config import LivenessConfig
-from ..._monitor import WorkerProcessMonitor
+from ...monitor._monitor import WorkerProcessMonitor
 from ._startup import upstream_skips_registration
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
@@ -102,6 +102,6 @@ def single_host_launch(environ: Any = None) -> bool:
 
 
 def _own_name() -> str:
-    from ..._identity import local_hostname
+    from ...process._identity import local_hostname
 
     return local_hostname()

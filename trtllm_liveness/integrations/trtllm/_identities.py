@@ -12,7 +12,7 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-from ..._identity import ProcessIdentity, parse_identities
+from ...process._identity import ProcessIdentity, parse_identities
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 

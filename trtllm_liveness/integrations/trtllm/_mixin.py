@@ -31,12 +31,12 @@ from typing import Any, ClassVar
 from ..._config import LivenessConfig
 from ..._errors import LivenessError
 from ..._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError
-from ..._exit_guard import FatalExitGuard, interrupt_self_once
-from ..._identity import ProcessIdentity, is_local
-from ..._monitor import WorkerProcessMonitor
-from ..._outcome import mark_clean, mark_running
-from ..._pidfd import verify_start_time
-from ..._shutdown import StopReport
+from ...exit._exit_guard import FatalExitGuard, interrupt_self_once
+from ...exit._outcome import mark_clean, mark_running
+from ...monitor._monitor import WorkerProcessMonitor
+from ...process._identity import ProcessIdentity, is_local
+from ...process._pidfd import verify_start_time
+from ...stop._bounded_stop import StopReport
 from .._futures import mirror_future
 from .._pool_manager_watch import PoolManagerWatch
 from ._engine_stall import AFTER_FATAL_DELAY_S, Diagnoser, EngineStall, pending_count, pending_counter
@@ -179,7 +179,7 @@ class LivenessProxyMixin:
 
     @property
     def liveness_shutdown_report(self) -> StopReport | None:
-        """The :class:`~trtllm_liveness._shutdown.StopReport` of ``shutdown()``, once it ran."""
+        """The :class:`~trtllm_liveness.stop._bounded_stop.StopReport` of ``shutdown()``, once it ran."""
         return _state(self).shutdown_report
 
     @property
@@ -193,13 +193,13 @@ class LivenessProxyMixin:
         return monitor.statuses() if monitor is not None else []
 
     def liveness_diagnosis(self) -> Any:
-        """The latest :class:`~trtllm_liveness._diagnosis.Diagnosis` of the local ranks (taken at a
+        """The latest :class:`~trtllm_liveness.diagnose._diagnosis.Diagnosis` of the local ranks (taken at a
         stall, a wedge and every fatal error, in a daemon thread), or None. Non-blocking."""
         diagnoser = _state(self).diagnoser
         return diagnoser.latest if diagnoser is not None else None
 
     def liveness_stall(self) -> Any:
-        """The :class:`~trtllm_liveness._stall.StallInfo` of the stall under way, or None."""
+        """The :class:`~trtllm_liveness.monitor._stall_timer.StallInfo` of the stall under way, or None."""
         stall = _state(self).stall
         detector = stall.detector if stall is not None else None
         return detector.current if detector is not None else None
@@ -561,7 +561,7 @@ class LivenessProxyMixin:
             logger.warning("liveness: upstream shutdown raised", exc_info=True)
 
     def _liveness_stop_workers(self) -> StopReport | None:
-        from ..._shutdown import stop_processes
+        from ...stop._bounded_stop import stop_processes
 
         state = _state(self)
         identities = state.monitor.identities if state.monitor is not None else []

@@ -14,8 +14,8 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ..._identity import ProcessIdentity
-from ..._monitor import WorkerProcessMonitor
+from ...monitor._monitor import WorkerProcessMonitor
+from ...process._identity import ProcessIdentity
 from ._identities import validate_identities
 
 logger = logging.getLogger(__name__.rpartition(".")[0])

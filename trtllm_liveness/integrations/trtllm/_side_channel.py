@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..._identity import ProcessIdentity
+from ...process._identity import ProcessIdentity
 from ._identities import validate_identities
 
 logger = logging.getLogger(__name__.rpartition(".")[0])

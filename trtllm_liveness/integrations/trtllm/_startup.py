@@ -12,7 +12,7 @@ import sys
 from typing import Any
 
 from ..._config import LivenessConfig
-from ..._monitor import WorkerProcessMonitor
+from ...monitor._monitor import WorkerProcessMonitor
 from ._features import warn_once
 from ._state import EngineLiveness
 

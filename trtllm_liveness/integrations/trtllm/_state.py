@@ -14,9 +14,9 @@ from typing import Any
 
 from ..._config import LivenessConfig
 from ..._events import WorkerEvent, WorkerFailedError
-from ..._exit_guard import FatalExitGuard
-from ..._monitor import WorkerProcessMonitor
-from ..._shutdown import StopReport
+from ...exit._exit_guard import FatalExitGuard
+from ...monitor._monitor import WorkerProcessMonitor
+from ...stop._bounded_stop import StopReport
 from ._engine_stall import Diagnoser, EngineStall
 from ._features import UpstreamFeatures
 from ._shim import MonitorShim

@@ -45,7 +45,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from ..._identity import capture_identity, local_hostname, local_pid_namespace
+from ...process._identity import capture_identity, local_hostname, local_pid_namespace
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -111,7 +111,7 @@ def proxy_identity() -> list[Any]:
     ``boot_id`` (the kernel's, ``""`` if unreadable) tells two hosts apart even where hostnames
     and the initial PID namespace's inode coincide; a 4-element form without it is still accepted.
     """
-    from ..._procfs import boot_id
+    from ...process._procfs import boot_id
 
     identity = capture_identity(0)
     return [identity.pid, identity.start_time, identity.hostname, identity.pid_namespace, boot_id()]
@@ -223,9 +223,9 @@ def start_proxy_death_watch(proxy: Sequence[Any], *,
     then ``on_gone`` runs at once (by default the rank ends: its proxy is gone). Raises
     ``ValueError`` for a malformed ``proxy``. Never blocks (two procfs reads and a ``pidfd_open``).
     """
-    from ... import _pidfd
     from ..._errors import ProcessGone
-    from ..._procfs import boot_id
+    from ...process import _pidfd
+    from ...process._procfs import boot_id
 
     if _is_pid_1_here(proxy):
         # A server that is PID 1 of this (container's) PID namespace: when it exits, the kernel
@@ -280,8 +280,8 @@ def start_proxy_death_watch(proxy: Sequence[Any], *,
 
 def _proxy_gone_now(pid: int, start_time: int | None) -> bool:
     """The procfs check: True if ``pid`` is gone, a zombie, or another process now."""
-    from ... import _pidfd
     from ..._errors import ProcessGone
+    from ...process import _pidfd
 
     try:
         _pidfd.verify_start_time(pid, start_time)

@@ -1,0 +1,73 @@
+"""A remote host's agent for the hub tests: ``unshare --uts python -m tests.programs.host_agent_child JSON``.
+
+Runs in a UTS namespace of its own with the hostname ``host`` (so its ranks are another host's to
+the hub in the test process, while pids stay comparable). Starts ``ranks`` sleeper children (its
+host's other ranks, in sessions of their own), builds a :class:`HostAgent` whose own rank is this
+process (rank ``first_rank``; the children take the next ones), prints one JSON line
+``{"ready": true, "pid": ..., "ranks": [[rank, pid, start], ...]}`` once its hello is welcomed
+(or ``{"ready": false}`` after 20 s), then serves until its rank is ended:
+``on_proxy_lost``/``on_stop`` print ``{"ended": reason}`` and exit with 75.
+Options: ``endpoint``, ``secret`` (hex), ``heartbeat_timeout_s``, ``d_state_timeout_s``,
+``slow_poll`` (each of the agent's polls returns 0.3 s late, as in a rank whose other threads hold
+the interpreter: what the hub sent and the close of its connection then arrive in one round).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+
+
+def emit(record: dict[str, object]) -> None:
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def main(options: dict[str, object]) -> int:
+    socket.sethostname(str(options["host"]))
+    from trtllm_liveness.multihost import AgentSettings, HostAgent
+    from trtllm_liveness.process._identity import capture_identity
+    from trtllm_liveness.process._procfs import read_start_time
+
+    if options.get("slow_poll"):
+        import zmq
+
+        poll = zmq.Poller.poll
+
+        def slow(self: zmq.Poller, timeout: int | None = None) -> list[tuple[object, int]]:
+            time.sleep(0.3)
+            return poll(self, timeout)
+
+        zmq.Poller.poll = slow  # type: ignore[method-assign]
+    first = int(options.get("first_rank", 1))  # type: ignore[call-overload]
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+                for _ in range(int(options.get("ranks", 1)))]  # type: ignore[call-overload]
+    identities = [capture_identity(first + 1 + index, child.pid) for index, child in enumerate(children)]
+    d = options.get("d_state_timeout_s")
+    settings = AgentSettings(str(options["endpoint"]), bytes.fromhex(str(options["secret"])),
+                             float(options.get("heartbeat_timeout_s", 1.0)),  # type: ignore[arg-type]
+                             float(d) if d is not None else None,  # type: ignore[arg-type]
+                             grace_s=0.5, kill_s=1.0)
+
+    def ended(reason: str) -> None:
+        emit({"ended": reason})
+        os._exit(75)
+
+    agent = HostAgent(settings, capture_identity(first), identities, on_proxy_lost=ended).start()
+    ready = agent.welcomed.wait(20)
+    emit({"ready": ready, "pid": os.getpid(), "start": read_start_time(os.getpid()),
+          "ranks": [[i.rank, i.pid, i.start_time] for i in identities]})
+    time.sleep(300)
+    return 1
+
+
+if __name__ == "__main__":
+    import logging
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    sys.exit(main(json.loads(sys.argv[1])))

@@ -1,0 +1,251 @@
+"""Child program for the proxy-death tests: an upstream-shaped engine whose proxy the test SIGKILLs.
+
+Usage: ``python -m tests.programs.proxy_death_child '<json options>'`` (``session: "pool"``), or
+``mpirun -n N python -m tests.programs.proxy_death_child '<json options>'`` (``session: "comm"``).
+Options: ``tree`` (``"trtllm_main"`` or ``"trtllm_v12"``: which fake ``tensorrt_llm`` under
+tests/fakes is put first on ``sys.path``), ``liveness`` (bool: ``LLM(executor_cls=
+liveness_executor_class())`` or upstream's own executor), ``workers`` (pool: the tensor parallel
+size), ``outsider`` (comm: the last rank of ``COMM_WORLD`` stays out of the session, which then
+runs on a sub-communicator of the others, as with ``MpiCommSession(comm=sub_comm)``),
+``clean_end`` (comm: one short request, then ``llm.shutdown()`` and the session's, and every rank
+ends normally; prints ``{"done": true, ...}`` instead of waiting to be killed), ``watch_fatal``
+(comm; multi-host tests, tests/support/multihost_engine.py: the ready line also has ``hosts``,
+the monitor's per-rank view; then the proxy waits for the engine's fatal error and prints it, see
+:func:`report_fatal`), ``no_request`` (no request is started: idle figures).
+
+- ``pool``: this process is the proxy. ``LLM`` spawns its ranks through a real
+  ``MPIPoolExecutor`` (``MpiPoolSession``); they are grandchildren (this process -> prte -> ranks).
+- ``comm``: the ``mpirun`` shape. Rank 0 of the session is the proxy (``LLM(...,
+  _mpi_session=MpiCommSession(comm, n))``; its own rank's task runs in its thread pool); the other
+  session ranks serve tasks (``serve_comm_workers``), as upstream's worker-node entry does. Every
+  rank but 0 writes its stderr to ``$TMPDIR/rank-<world rank>.log``.
+
+Once the engine is up, the proxy starts one long request (so the ranks are in the engine's step
+loop, as a server's would be) and prints one JSON line ``{"ready": true, "proxy": [pid,
+start_time], "ranks": [[rank, pid, start_time], ...]}`` (every rank but those inside the proxy
+process), then waits (bounded) to be killed. Every wait is bounded; the parent bounds the whole
+process with its own timeout and kills its session.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+LINGER_S = 300.0  # how long the proxy waits to be killed before it gives up (the test kills it long before)
+
+
+def emit(record: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(record) + "\n")
+    sys.stdout.flush()
+
+
+def start_time_of(pid: int) -> int:
+    from trtllm_liveness.process import _procfs
+
+    return _procfs.read_start_time(pid)
+
+
+def descendants(pid: int) -> list[int]:
+    """Every descendant of ``pid`` (from /proc/<pid>/task/*/children, recursively)."""
+    found: list[int] = []
+    pending = [pid]
+    while pending:
+        parent = pending.pop()
+        try:
+            tasks = os.listdir(f"/proc/{parent}/task")
+        except OSError:
+            continue
+        for task in tasks:
+            try:
+                with open(f"/proc/{parent}/task/{task}/children") as handle:
+                    children = [int(child) for child in handle.read().split()]
+            except OSError:
+                continue
+            found.extend(children)
+            pending.extend(children)
+    return found
+
+
+def spawned_ranks(timeout: float = 30.0) -> list[int]:
+    """The pids of this process's ``MPIPoolExecutor`` workers (``-m mpi4py.futures.server``)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        ranks = []
+        for pid in descendants(os.getpid()):
+            try:
+                with open(f"/proc/{pid}/cmdline", "rb") as handle:
+                    argv = handle.read().split(b"\0")
+            except OSError:
+                continue
+            if b"mpi4py.futures.server" in argv:
+                ranks.append(pid)
+        if ranks or time.monotonic() >= deadline:
+            return sorted(ranks)
+        time.sleep(0.05)
+
+
+def build_llm(options: dict[str, Any], world: int, session: Any = None) -> Any:
+    import importlib
+
+    from tensorrt_llm import LLM  # type: ignore[import-not-found]  # the fake tree put on sys.path
+
+    fake = importlib.import_module("_trtllm_fake_common")
+    kwargs: dict[str, Any] = {"tensor_parallel_size": world}
+    if session is not None:
+        kwargs["_mpi_session"] = session
+    if options.get("liveness"):
+        from trtllm_liveness.integrations.trtllm import liveness_executor_class
+
+        kwargs["executor_cls"] = liveness_executor_class()
+    return LLM(fake.FakeEngine(token_delay_s=0.05), **kwargs)
+
+
+def children_named(name: str) -> list[list[int]]:
+    """``[pid, start_time]`` of this process's direct children whose comm is ``name``."""
+    found = []
+    for task in os.listdir("/proc/self/task"):
+        with open(f"/proc/self/task/{task}/children") as handle:
+            children = [int(child) for child in handle.read().split()]
+        for pid in children:
+            try:
+                with open(f"/proc/{pid}/comm") as handle:
+                    if handle.read().strip() == name:
+                        found.append([pid, start_time_of(pid)])
+            except OSError:
+                continue
+    return found
+
+
+def serve_until_killed(llm: Any, ranks: list[list[int]], *, watch_fatal: bool = False, comm: Any = None,
+                       no_request: bool = False, **extra: Any) -> int:
+    pending = None if no_request else llm.generate_async([1, 2, 3], max_tokens=10**9)  # ranks in the step loop
+    deadline = time.monotonic() + 20
+    while watch_fatal and time.monotonic() < deadline and (
+            any(state[3] == "none" for state in hosts_of(llm).values())
+            or len(hosts_of(llm)) < comm.Get_size() - 1):
+        time.sleep(0.01)  # every remote host's agent said hello (they do within milliseconds of the start)
+    emit({"ready": True, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks, **extra,
+          **({"hosts": hosts_of(llm)} if watch_fatal else {})})
+    if watch_fatal:
+        return report_fatal(llm, pending)
+    time.sleep(LINGER_S)
+    return 1  # never killed: the parent's deadline has long passed
+
+
+def hosts_of(llm: Any) -> dict[str, Any]:
+    """Rank -> [state, hostname, pid, method] as the engine's monitor sees them now."""
+    return {str(s.identity.rank): [s.state.value, s.identity.hostname, s.identity.pid, s.method]
+            for s in llm._executor.liveness_statuses()}
+
+
+def report_fatal(llm: Any, pending: Any) -> int:
+    """Multi-host tests: wait (bounded) for the engine's fatal error and print it with the time it
+    was recorded, whether the pending request failed, the per-rank view; then a bounded shutdown
+    and what it reported of every host. Prints ``{"fatal": null}`` if none came."""
+    executor = llm._executor
+    deadline = time.monotonic() + LINGER_S
+    while executor.liveness_fatal_error is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    error = executor.liveness_fatal_error
+    if error is None:
+        emit({"fatal": None})
+        return 1
+    event = error.event
+    try:
+        if pending is not None:
+            pending.result(timeout=10)
+        failed = False
+    except Exception:
+        failed = True
+    emit({"fatal": str(error), "detected_at": event.detected_at, "kind": event.kind.value,
+          "rank": event.identity.rank, "host": event.identity.hostname, "pid": event.identity.pid,
+          "pending_failed": failed, "health": executor.check_health(), "statuses": hosts_of(llm)})
+    t0 = time.monotonic()
+    llm.shutdown()
+    state = executor.liveness_state
+    emit({"shutdown_s": time.monotonic() - t0, "host_stops": [stop.to_dict() for stop in state.host_stops]})
+    time.sleep(LINGER_S)
+    return 1
+
+
+def run_pool(options: dict[str, Any]) -> int:
+    workers = int(options.get("workers", 2))
+    llm = build_llm(options, workers)
+    pids = spawned_ranks()
+    return serve_until_killed(llm, [[-1, pid, start_time_of(pid)] for pid in pids], prte=children_named("prte"))
+
+
+def run_comm(options: dict[str, Any]) -> int:
+    from mpi4py import MPI
+
+    world = MPI.COMM_WORLD
+    if world.Get_rank() != 0:
+        # Straight to a file (TMPDIR/rank-<n>.log), not through mpirun's forwarding, which may
+        # drop what a process wrote just before it ended.
+        log = os.open(os.path.join(os.environ.get("TMPDIR", "/tmp"), f"rank-{world.Get_rank()}.log"),
+                      os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(log, 2)
+        os.close(log)
+    me = [world.Get_rank(), os.getpid(), start_time_of(os.getpid())]
+    everyone = world.allgather(me)  # a COMM_WORLD collective every rank of this program reaches
+    comm = world
+    if options.get("clean_end"):
+        comm = world.Split(0, world.Get_rank())  # every rank; a session that owns its pool (not COMM_WORLD's)
+    elif options.get("outsider"):
+        # The last rank stays out: the session runs on a sub-communicator of the others.
+        outsider = world.Get_rank() == world.Get_size() - 1
+        comm = world.Split(1 if outsider else 0, world.Get_rank())
+        if outsider:
+            time.sleep(LINGER_S)  # never reaches any collective of the session
+            return 1
+    # The executor package first: the fake's llmapi.mpi_session imported on its own is a circular import.
+    import tensorrt_llm.executor  # type: ignore[import-not-found]  # noqa: F401
+
+    if comm.Get_rank() != 0:
+        from tensorrt_llm.llmapi.mpi_session import serve_comm_workers  # type: ignore[import-not-found]
+
+        serve_comm_workers(comm)
+        return 0
+    from tensorrt_llm.llmapi.mpi_session import MpiCommSession
+
+    session = MpiCommSession(comm, n_workers=comm.Get_size())
+    llm = build_llm(options, comm.Get_size(), session)
+    ranks = [entry for entry in everyone if entry[0] != world.Get_rank()]  # not by pid: hosts reuse numbers
+    if options.get("clean_end"):
+        # A job that ends well: one request, shutdown, the session's pool closed (the servers
+        # return), and every rank leaves through a normal interpreter exit.
+        tokens = len(llm.generate_async([1, 2, 3], max_tokens=4).result(timeout=60).token_ids)
+        state = getattr(llm._executor, "liveness_state", None)
+        monitor = None if state is None else state.monitor
+        watched = [] if monitor is None else sorted(status.identity.rank for status in monitor.statuses())
+        llm.shutdown()
+        session.shutdown()
+        emit({"done": True, "tokens": tokens, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks,
+              "watched": watched})
+        return 0
+    return serve_until_killed(llm, ranks, watch_fatal=bool(options.get("watch_fatal")), comm=comm,
+                              no_request=bool(options.get("no_request")))
+
+
+def main(options: dict[str, Any]) -> int:
+    tree = str(options.get("tree", "trtllm_main"))
+    sys.path.insert(0, str(REPO_ROOT / "tests" / "fakes" / tree))
+    from trtllm_liveness.demo._mpi_env import configure_mpi_env
+
+    configure_mpi_env()
+    if options.get("session") == "comm":
+        return run_comm(options)
+    return run_pool(options)
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="%(asctime)s %(process)d %(levelname)s %(name)s: %(message)s")
+    sys.exit(main(json.loads(sys.argv[1]) if len(sys.argv) > 1 else {}))

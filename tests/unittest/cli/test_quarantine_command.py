@@ -1,0 +1,82 @@
+"""``trtllm-liveness quarantine status|clear``, the installed console script, on a real stuck process.
+
+``status`` is a node health check: 0 OK, 1 quarantined, 2 unknown (node-problem-detector's
+plugin contract; also what Slurm's HealthCheckProgram runs, see test_quarantine_actions.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ProcessTracker, StuckChild, needs
+from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
+from trtllm_liveness._events import EventKind, WorkerEvent
+from trtllm_liveness.cli import EXIT_STATUS_HELP
+from trtllm_liveness.process._identity import capture_identity
+from trtllm_liveness.quarantine._host_policy import quarantine_host
+from trtllm_liveness.quarantine._marker import MARKER_NAME
+
+pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60), needs("console-script")]
+
+CLI = Path(sys.executable).parent / "trtllm-liveness"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(CLI), "quarantine", *args], capture_output=True, text=True, timeout=30,
+                          start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+
+
+def quarantine(directory: Path, pid: int) -> None:
+    worker = quarantine_host(config_for(directory), [WorkerEvent(EventKind.WEDGED, capture_identity(1, pid), "x")])
+    assert worker is not None
+    worker.join(10)
+
+
+def test_status_and_clear_follow_the_stuck_process(stuck_child: StuckChild, tmp_path: Path) -> None:
+    directory = tmp_path / "q"
+    assert cli("status", "--dir", str(directory), "--devices", "").returncode == 0
+    quarantine(directory, stuck_child.popen.pid)
+
+    status = cli("status", "--dir", str(directory), "--devices", "")
+    assert status.returncode == 1, status.stdout + status.stderr
+    first_line = status.stdout.splitlines()[0]
+    assert first_line.startswith("QUARANTINED: host quarantined by") and str(stuck_child.popen.pid) in first_line
+    document = json.loads(cli("status", "--dir", str(directory), "--devices", "", "--json").stdout)
+    assert document["quarantined"] is True and document["verdict"] == "quarantined"
+    assert [(item["pid"], item["verdict"]) for item in document["processes"]] == [(stuck_child.popen.pid, "wedged")]
+
+    refused = cli("clear", "--dir", str(directory))
+    assert refused.returncode == 1 and "refused" in refused.stdout and (directory / MARKER_NAME).exists()
+
+    stuck_child.release()
+    stuck_child.popen.kill()
+    stuck_child.popen.wait(10)
+    status = cli("status", "--dir", str(directory), "--devices", "")
+    assert status.returncode == 0 and "every recorded process is gone" in status.stdout
+    assert (directory / MARKER_NAME).exists()  # status is read-only
+    cleared = cli("clear", "--dir", str(directory))
+    assert cleared.returncode == 0 and "removed" in cleared.stdout and not (directory / MARKER_NAME).exists()
+    assert cli("clear", "--dir", str(directory)).returncode == 0  # nothing to clear
+
+
+def test_clear_force_removes_a_marker_that_still_applies(procs: ProcessTracker, tmp_path: Path) -> None:
+    child = procs.sleeper()
+    quarantine(tmp_path, child.pid)
+    assert cli("status", "--dir", str(tmp_path), "--devices", "").returncode == 1
+    forced = cli("clear", "--dir", str(tmp_path), "--force")
+    assert forced.returncode == 0 and not (tmp_path / MARKER_NAME).exists()
+
+
+def test_a_malformed_marker_is_quarantined_and_bad_arguments_are_unknown(tmp_path: Path) -> None:
+    (tmp_path / MARKER_NAME).write_text("{")
+    malformed = cli("status", "--dir", str(tmp_path), "--devices", "")
+    assert malformed.returncode == 1 and "malformed" in malformed.stdout
+    unknown = cli("status", "--dir", "relative/dir")
+    assert unknown.returncode == 2 and unknown.stdout.startswith("UNKNOWN:")
+    assert cli("frobnicate").returncode == 2
+    assert "quarantine status: 0 OK, 1 quarantined, 2 unknown" in EXIT_STATUS_HELP

@@ -1,0 +1,298 @@
+"""``trtllm-liveness demo``: arguments, the timeline's wording and order, ``--compare``, and that
+nothing the demo starts outlives it (files in its ``TMPDIR``, processes) on any way out.
+
+The MPI tests run the installed console script as a child with a ``TMPDIR`` of their own and
+look, after it exits, at that directory and at every process carrying that ``TMPDIR`` in its
+environment (the scenario child, ``prte`` and the ranks all inherit it). Nothing asserts on timing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, needs, wait_until
+from trtllm_liveness.demo import _demo_run as demo
+from trtllm_liveness.demo._scenario_records import (
+    Detection,
+    ScenarioOptions,
+    ScenarioResult,
+    ScenarioRun,
+    ShutdownOutcome,
+    Victim,
+)
+
+pytestmark = [pytest.mark.timeout(240)]
+
+CLI = Path(sys.executable).parent / "trtllm-liveness"
+RUN_TIMEOUT = 120 * WAIT_SCALE
+
+
+def _cli_missing() -> bool:
+    return not CLI.exists()
+
+
+# ------------------------------------------------------------------ arguments and help (no MPI)
+
+
+@pytest.mark.skipif(_cli_missing(), reason="console script not installed next to sys.executable")
+@pytest.mark.parametrize(("args", "message"), [
+    (["--requests", "0"], "--requests must be between 1 and"),
+    (["--requests", "0", "--json"], "--requests must be between 1 and"),
+    (["--requests", "-3"], "--requests must be between 1 and"),
+    (["--timeout", "0"], "--timeout must be a positive number"),
+    (["--timeout", "nan"], "--timeout must be a positive number"),
+    (["--stall-timeout", "-1"], "--stall-timeout must be a positive number"),
+    (["--compare", "--compare-bound", "0"], "--compare-bound must be a positive number"),
+    (["--workers", "1000"], "--workers must be >= 2 and <="),
+])
+def test_bad_arguments_get_a_clear_error_and_status_2(args: list[str], message: str, tmp_path: Path) -> None:
+    done = subprocess.run([str(CLI), "demo", *args], capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          check=False, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert done.returncode == 2, done
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr + done.stdout
+    assert done.stdout == ""  # no JSON record, and no run: nothing was started
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.skipif(_cli_missing(), reason="console script not installed next to sys.executable")
+def test_help_explains_the_short_bounds_and_compare() -> None:
+    done = subprocess.run([str(CLI), "demo", "--help"], capture_output=True, text=True, timeout=RUN_TIMEOUT,
+                          check=False)
+    assert done.returncode == 0
+    text = " ".join(done.stdout.split())  # argparse wraps the epilog
+    assert "d_state_timeout_s=1 (default 30)" in text
+    assert "shutdown_grace_s=1 (default 10)" in text
+    assert "--compare-bound" in text
+
+
+# ------------------------------------------------------------------ wording of the output (records)
+
+
+def _result(fault: str = "kill", *, detection: Detection | None = None, liveness: bool = True,
+            pending: int = 0, unkillable: tuple[int, ...] = (), frozen: tuple[int, ...] = (),
+            by_harness: bool = False) -> ScenarioResult:
+    return ScenarioResult(
+        iteration=0, options=ScenarioOptions(fault=fault, liveness=liveness, observe_s=10.0), phase="serving",
+        pids=(100, 101), victims=(Victim(1, 101),), in_flight=4, pending_not_done=pending, detection=detection,
+        shutdown=ShutdownOutcome(shutdown_ms=None if by_harness else 95.0, by_harness=by_harness,
+                                 unkillable=unkillable),
+        survivors_while_frozen=frozen)
+
+
+def _detection(detected: float | None, health: float | None, failed: float | None) -> Detection:
+    return Detection(detected_ms=detected, health_false_ms=health, requests_failed_ms=failed, e2e_ms=None,
+                     stall_detected_ms=None, floor_ms=None, pending_errors=(), new_request_error=None, window_s=10.0)
+
+
+def test_timeline_is_in_time_order_and_explains_both_stamps() -> None:
+    # The run the issue saw: the health probe that found the death was called before the
+    # monitor's event was stamped (inside that very call).
+    out = _result(detection=_detection(detected=13.6, health=12.5, failed=12.8))
+    run = ScenarioRun(results=(out,), survivors=(), done=True)
+    args = demo_args()
+    lines = demo._single_lines(args, 1, out, run, ok=True)
+    labels = [line.strip() for line in lines]
+    order = [next(i for i, line in enumerate(labels) if line.startswith(label))
+             for label in ("check_health() False", "every request failed", "detected by the monitor")]
+    assert order == sorted(order)
+    assert any("may itself have found the fault first" in line for line in lines)
+
+
+def test_wedge_output_says_the_demo_released_the_unkillable_rank() -> None:
+    out = _result("wedge", detection=_detection(1100.0, 1101.0, 1102.0), unkillable=(101,), frozen=(101,))
+    run = ScenarioRun(results=(out,), survivors=(), done=True)
+    text = "\n".join(demo._single_lines(demo_args(fault="wedge"), 1, out, run, ok=True))
+    assert "unkillable after SIGKILL: pids [101] (host must be recycled)" in text
+    released = text.index("the demo then thawed its freezer cgroup so pids [101] could die")
+    assert released < text.index("processes left: none")
+
+
+def test_output_names_the_short_bounds() -> None:
+    out = _result(detection=_detection(3.0, 4.0, 5.0))
+    text = "\n".join(demo._single_lines(demo_args(), 1, out, ScenarioRun((out,), (), True), ok=True))
+    assert "demo bounds: d_state_timeout_s=1" in text and "see --help" in text
+
+
+def test_off_verdicts_are_what_was_measured() -> None:
+    hanging = ScenarioRun((_result(liveness=False, pending=3, detection=_detection(None, None, None),
+                                   by_harness=True),), (), True)
+    verdict = demo.off_verdict(hanging, 20.0, 10.0)
+    assert (verdict.kind, verdict.pending, verdict.after_s) == ("hanging", 3, 10.0)
+    assert verdict.text.startswith("still hanging after 10 s, 3 requests pending")
+
+    served = ScenarioRun((_result(liveness=False, pending=0, detection=_detection(None, None, None),
+                                  by_harness=True),), (), True)
+    assert demo.off_verdict(served, 20.0, 10.0).kind == "served"
+
+    noticed = ScenarioRun((_result(liveness=False, detection=_detection(None, 3.7, 4.2), by_harness=True),), (), True)
+    assert demo.off_verdict(noticed, 20.0, 10.0).kind == "noticed"
+
+    aborted = ScenarioRun((), (), False, returncode=14, exited_at=11.0, progress=({"fault_at": 10.5},))
+    verdict = demo.off_verdict(aborted, 20.0, 10.0)
+    assert verdict.kind == "aborted" and "500 ms after the fault (exit status 14)" in verdict.text
+    seen = ScenarioRun((), (), False, returncode=14, exited_at=12.0,
+                       progress=({"fault_at": 10.5}, {"observed": {"pending_not_done": 0, "health_false_ms": 3.2}}))
+    assert "before that: check_health() False at 3 ms, 0 requests pending" in demo.off_verdict(seen, 20.0, 10.0).text
+
+    # Aborted only when the demo killed the workers at the bound: that is a hang, cut.
+    cut = ScenarioRun((), (), False, returncode=14, exited_at=21.0,
+                      progress=({"fault_at": 10.5}, {"observed": {"pending_not_done": 4}}))
+    verdict = demo.off_verdict(cut, 20.0, 10.0)
+    assert (verdict.kind, verdict.pending) == ("hanging", 4)
+    assert verdict.text.startswith("still hanging after 10 s, 4 requests pending")
+
+    timed_out = ScenarioRun((), (), False, returncode=-9, timed_out=True)
+    assert demo.off_verdict(timed_out, 20.0, 10.0).kind == "timed_out"
+
+
+def demo_args(**changes: object) -> Any:
+    import argparse
+
+    parser = argparse.ArgumentParser()
+    demo.add_arguments(parser)
+    args = parser.parse_args([])
+    for key, value in changes.items():
+        setattr(args, key, value)
+    return args
+
+
+# ------------------------------------------------------------------ real runs: nothing left behind
+
+
+def _processes_with_tmpdir(tmpdir: Path) -> list[int]:
+    """Live processes whose ``TMPDIR`` is ``tmpdir`` or below it: the demo itself and everything it
+    started, at any depth (they get the demo's private directory inside it)."""
+    prefix = f"TMPDIR={tmpdir}".encode()
+    found = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        with contextlib.suppress(OSError):
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                entries = handle.read().split(b"\0")
+            if any(entry == prefix or entry.startswith(prefix + b"/") for entry in entries):
+                found.append(int(name))
+    return found
+
+
+def _cmdline(pid: int) -> bytes:
+    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as handle:
+        return handle.read()
+    return b""
+
+
+@pytest.fixture
+def short_tmpdir() -> Iterator[Path]:
+    """A TMPDIR of the test's own with a short path: the reference proxy's ZMQ ipc sockets live
+    below it, and a unix socket address holds 108 bytes (pytest's tmp_path is too deep)."""
+    path = Path(tempfile.mkdtemp(prefix="tdemo-", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        _kill_leftovers(path)  # only after a failure: processes carrying this test's own TMPDIR
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _kill_leftovers(tmpdir: Path) -> None:
+    """SIGKILL (through a pidfd, re-checked after opening it) every process that carries
+    ``tmpdir`` as its TMPDIR: they were all started by this test's demo."""
+    def kill_all() -> bool:
+        for pid in _processes_with_tmpdir(tmpdir):
+            with contextlib.suppress(OSError):
+                fd = os.pidfd_open(pid)
+                try:
+                    if pid in _processes_with_tmpdir(tmpdir):  # not recycled since the listing
+                        signal.pidfd_send_signal(fd, signal.SIGKILL)
+                finally:
+                    os.close(fd)
+        return not _processes_with_tmpdir(tmpdir)
+
+    wait_until(kill_all, 10, 0.05)
+
+
+def _start_demo(procs: ProcessTracker, tmpdir: Path, *args: str) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([str(CLI), "demo", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True, env={**os.environ, "TMPDIR": str(tmpdir)})
+    procs.popens.append(proc)
+    procs.track(proc.pid)
+    return proc
+
+
+def _assert_nothing_left(proc: subprocess.Popen[bytes], tmpdir: Path) -> tuple[int, str, str]:
+    out, err = proc.communicate(timeout=RUN_TIMEOUT)
+    # The demo waits for its session's processes before it returns: nothing may be left even now,
+    # but a dying process may take a moment to leave /proc.
+    wait_until(lambda: not _processes_with_tmpdir(tmpdir), 10)
+    left = _processes_with_tmpdir(tmpdir)
+    assert left == [], f"processes of the demo survive: {[(p, _cmdline(p)) for p in left]}"
+    assert sorted(p.name for p in tmpdir.iterdir()) == [], "the demo left files in its TMPDIR"
+    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def _ranks_up(tmpdir: Path) -> bool:
+    return any(b"mpi4py.futures.server" in _cmdline(pid) for pid in _processes_with_tmpdir(tmpdir))
+
+
+def _real_mpi(test: Any) -> Any:
+    for mark in MPI_MARKS:
+        test = mark(test)
+    return test
+
+
+@_real_mpi
+@pytest.mark.skipif(_cli_missing(), reason="console script not installed next to sys.executable")
+@pytest.mark.parametrize("path", ["success", pytest.param("wedge", marks=needs("freezer")), "timeout",
+                                  "timeout-0.5", "sigint", "sigterm"])
+def test_nothing_is_left_on_any_exit_path(path: str, procs: ProcessTracker, short_tmpdir: Path) -> None:
+    tmpdir = short_tmpdir
+    args = {"success": ["--fault", "kill"], "wedge": ["--fault", "wedge"],
+            # A stop run lasts at least its 1 s stall wait and 2 s of shutdown: both bounds hit.
+            "timeout": ["--fault", "stop", "--timeout", "2"], "timeout-0.5": ["--fault", "stop", "--timeout", "0.5"],
+            "sigint": ["--fault", "stop"], "sigterm": ["--fault", "stop"]}[path]
+    proc = _start_demo(procs, tmpdir, *args)
+    if path in ("sigint", "sigterm"):
+        assert wait_until(lambda: _ranks_up(tmpdir) or proc.poll() is not None, 60), "the ranks never started"
+        assert proc.poll() is None, "the demo ended before it could be interrupted"
+        proc.send_signal(signal.SIGINT if path == "sigint" else signal.SIGTERM)
+    status, out, err = _assert_nothing_left(proc, tmpdir)
+    assert "Traceback" not in err
+    expected = {"success": 0, "wedge": 0, "timeout": 1, "timeout-0.5": 1, "sigint": 130, "sigterm": 143}[path]
+    assert status == expected, (out, err)
+    if path.startswith("timeout"):
+        assert f"did not finish within --timeout ({args[-1]} s)" in err
+    if path == "sigint":
+        assert "interrupted" in err
+    if path == "wedge":
+        assert "(host must be recycled)" in out and "the demo then thawed its freezer cgroup" in out
+
+
+@_real_mpi
+@pytest.mark.skipif(_cli_missing(), reason="console script not installed next to sys.executable")
+def test_compare_shows_the_hang_without_the_extension(procs: ProcessTracker, short_tmpdir: Path) -> None:
+    # 1.2 mode has no worker monitor of its own; a healthy request of the scenario takes ~4 s
+    # (400 tokens, 10 ms each), so a bound of 6 s leaves them time to finish had the engine lived.
+    tmpdir = short_tmpdir
+    proc = _start_demo(procs, tmpdir, "--compare", "--mode", "1.2", "--compare-bound", "6", "--json")
+    status, out, err = _assert_nothing_left(proc, tmpdir)
+    assert status == 0, (out, err)
+    record = json.loads(out)
+    off, on = record["off"], record["on"]
+    assert off["verdict"]["kind"] == "hanging", off
+    assert off["verdict"]["pending"] == off["result"]["in_flight"] > 0
+    assert off["result"]["detection"]["health_false_ms"] is None  # health stayed True
+    assert off["verdict"]["text"].startswith(f"still hanging after 6 s, {off['verdict']['pending']} requests pending")
+    assert on["ok"] is True
+    assert on["result"]["pending_not_done"] == 0 and on["result"]["detection"]["health_false_ms"] is not None

@@ -1,0 +1,95 @@
+"""The typed scenario records: JSON round trip, validation, and what the parent side derives."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from trtllm_liveness.demo._scenario import liveness_env
+from trtllm_liveness.demo._scenario_records import (
+    Detection,
+    EndingOutcome,
+    EventRecord,
+    ScenarioOptions,
+    ScenarioResult,
+    ScenarioRun,
+    ShutdownOutcome,
+    StoppedRecord,
+    StopReportRecord,
+    Victim,
+)
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def _result() -> ScenarioResult:
+    report = StopReportRecord(restartable=True, all_stopped=True, grace_s=0.5, kill_s=1.0, term_signal="SIGTERM",
+                              elapsed_s=0.01, started_wall=1.0,
+                              workers=(StoppedRecord(0, 41, "h", "exited-after-term", signals_sent=("SIGTERM",)),
+                                       StoppedRecord(1, 42, "h", "already-gone")))
+    return ScenarioResult(
+        iteration=0, options=ScenarioOptions(fault_ranks=(1,)), phase="serving", pids=(41, 42),
+        victims=(Victim(1, 42),), in_flight=4, fault_at=12.5,
+        events=(EventRecord("died", 1, 42, "h", "process exited", True),),
+        fatal_error="MPI worker rank 1 (pid 42) on host h exited unexpectedly", fatal_error_type="WorkerFailedError",
+        pending_not_done=0,
+        detection=Detection(2.5, 2.9, 2.8, 2.9, None, 2.4, ("EngineDeadError",), "EngineDeadError", 10.0),
+        shutdown=ShutdownOutcome(90.0, pre_shutdown_calls=1, pre_shutdown_runs=1, report=report, restartable=True),
+        ending=EndingOutcome("shutdown"), thread_exceptions=("x: MPI_ERR_PROC_FAILED",), pidfds_open=0, fds_open=19)
+
+
+def test_a_result_survives_the_json_process_boundary_unchanged() -> None:
+    result = _result()
+    line = json.dumps(result.to_dict())
+    assert ScenarioResult.from_dict(json.loads(line)) == result
+
+
+def test_derived_views_name_the_victim_and_its_stop_outcome() -> None:
+    result = _result()
+    assert result.victim == Victim(1, 42)
+    assert result.names_a_victim(result.fatal_error)
+    assert not Victim(1, 4).named_in(result.fatal_error)  # pid 4 is not pid 42
+    assert result.shutdown is not None and result.shutdown.report is not None
+    assert result.shutdown.report.outcome_of(42) == "already-gone"
+    assert result.shutdown.report.outcome_of(7) is None
+
+
+def test_options_reject_unknown_keys_and_bad_values_by_name() -> None:
+    with pytest.raises(ValueError, match=r"unknown scenario option.*fualt"):
+        ScenarioOptions.from_dict({"fualt": "kill"})
+    with pytest.raises(ValueError, match="fault='boom'"):
+        ScenarioOptions(fault="boom")
+    with pytest.raises(ValueError, match="iterations must be 1"):
+        ScenarioOptions(ending="serve_until_sigint", iterations=2)
+    with pytest.raises(ValueError, match="takes fault 'none'"):
+        ScenarioOptions(ending="interpreter_exit", fault="kill")
+    assert ScenarioOptions.from_dict({"fault_ranks": [1, 2]}).fault_ranks == (1, 2)
+
+
+def test_liveness_env_carries_the_knobs_and_the_exit_guard_only_when_asked() -> None:
+    plain = liveness_env(ScenarioOptions(d_state_timeout_s=0.5))
+    assert "d_state_timeout_s=0.5" in plain and "exit_on_fatal" not in plain
+    guarded = liveness_env(ScenarioOptions(exit_on_fatal=True, exit_code=3, exit_timeout_s=5.0))
+    assert "exit_on_fatal=1" in guarded and "exit_code=3" in guarded and "exit_timeout_s=5.0" in guarded
+
+
+def test_a_run_parses_records_and_times_the_exit_from_the_fault() -> None:
+    lines = [{"pids": [41, 42], "iteration": 0}, {"fault_at": 12.5, "iteration": 0}, _result().to_dict(),
+             {"done": True}]
+    results, other = ScenarioRun.parse(lines)
+    run = ScenarioRun(results=results, survivors=(), done=True, returncode=3, exited_at=14.0,
+                      progress=tuple(line for line in other if "done" not in line))
+    assert run.results == (_result(),)
+    assert run.fault_at == 12.5 and run.exit_ms == 1500.0
+    assert run.problems() == []
+    hung = ScenarioRun(results=(), survivors=(9,), done=False, stderr="boom", timed_out=True)
+    assert hung.exit_ms is None and hung.problems() == ["boom", "processes left behind: [9]"]
+
+
+def test_upstream_api_takes_one_iteration_per_process() -> None:
+    """A second iteration on the fakes would share the process with the first one's upstream
+    shutdown, which aborts it (libzmq) when it closes its queues under its dispatch thread."""
+    with pytest.raises(ValueError, match="one iteration per process"):
+        ScenarioOptions(via="executor_cls", iterations=2)
+    assert ScenarioOptions(via="autoload").iterations == 1 and ScenarioOptions(iterations=3).via == "class"

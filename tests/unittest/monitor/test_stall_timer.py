@@ -1,0 +1,366 @@
+"""StallDetector (the stall timer), the monitor's stall view and event, and the progress channel.
+
+Adversary tests: progress, submissions and close() raced from several threads against the timer's
+own decisions; the exactly-once promises (one ``on_stall`` per stall, one ``on_resume`` after it,
+one delivered ``stalled`` event per monitor) counted. No timing is asserted: clocks are compared as
+values (a stall's last progress is never older than the submission that started its clock).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+
+from tests.conftest import ProcessTracker, wait_until
+from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
+from trtllm_liveness.monitor._monitor import WorkerProcessMonitor
+from trtllm_liveness.monitor._stall_timer import ProgressSource, StallDetector, StallInfo
+from trtllm_liveness.process._identity import capture_identity
+
+pytestmark = pytest.mark.timeout(60)
+
+
+class Recorder:
+    """Counts callbacks; fails if two run at once or they do not alternate stall/resume."""
+
+    def __init__(self) -> None:
+        self.stalls: list[StallInfo] = []
+        self.resumes: list[StallInfo] = []
+        self.errors: list[str] = []
+        self._busy = threading.Lock()
+        self.order: list[str] = []
+
+    def on_stall(self, info: StallInfo) -> None:
+        self._enter("stall")
+        self.stalls.append(info)
+        self._busy.release()
+
+    def on_resume(self, info: StallInfo) -> None:
+        self._enter("resume")
+        self.resumes.append(info)
+        self._busy.release()
+
+    def _enter(self, what: str) -> None:
+        if not self._busy.acquire(blocking=False):
+            self.errors.append(f"{what} ran while another callback ran")
+            self._busy.acquire()
+        if self.order and self.order[-1] == what:
+            self.errors.append(f"two {what} callbacks in a row")
+        self.order.append(what)
+
+
+def test_timeout_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        StallDetector(0, lambda: 1, on_stall=lambda info: None)
+
+
+def test_idle_engine_is_never_stalled_and_a_submission_starts_the_clock() -> None:
+    pending = [0]
+    rec = Recorder()
+    detector = StallDetector(0.05, lambda: pending[0], on_stall=rec.on_stall, on_resume=rec.on_resume).start()
+    try:
+        # Idle for many timeouts: the timer must wait for work, not declare anything.
+        assert not wait_until(lambda: rec.stalls, 0.5)
+        submitted = time.monotonic()
+        detector.note_submitted(was_idle=True)  # before the request is pending, as the mixin does
+        pending[0] = 1
+        assert wait_until(lambda: rec.stalls, 10)
+        info = rec.stalls[0]
+        assert info.last_progress_at >= submitted  # the idle time did not count
+        assert info.last_progress_source == ProgressSource.SUBMITTED
+        assert info.pending == 1 and info.number == 1 and info.quiet_s >= 0.05
+        assert detector.current is info
+        # A submission on a busy (stalled) engine is not progress.
+        detector.note_submitted(was_idle=False)
+        assert detector.current is info and not rec.resumes
+        detector.note_progress(ProgressSource.OUTPUT)
+        assert wait_until(lambda: rec.resumes, 10)
+        assert rec.resumes[0].ended_at is not None and detector.current is None
+    finally:
+        detector.close()
+    assert not rec.errors
+
+
+def test_a_submission_that_still_saw_a_pending_request_wakes_an_idle_timer() -> None:
+    """The submitter saw request A pending (was_idle False), A finished, the timer found nothing
+    pending and went idle, then B was registered: the timer must be woken, or B's stall would be
+    seen only when its idle wait runs out (60 s)."""
+    pending = [0]
+    rec = Recorder()
+    detector = StallDetector(0.05, lambda: pending[0], on_stall=rec.on_stall).start()
+    try:
+        settled = time.monotonic() + 0.3  # past its first deadline: it found nothing pending, went idle
+        assert wait_until(lambda: time.monotonic() > settled, 10)
+        pending[0] = 1
+        detector.note_submitted(was_idle=False)
+        assert wait_until(lambda: rec.stalls, 10)
+        assert rec.stalls[0].pending == 1
+    finally:
+        detector.close()
+
+
+def test_busy_submission_does_not_restart_the_clock() -> None:
+    pending = [1]
+    rec = Recorder()
+    detector = StallDetector(0.05, lambda: pending[0], on_stall=rec.on_stall).start()
+    try:
+        detector.note_progress(ProgressSource.OUTPUT)
+        last, source = detector.last_progress
+        for _ in range(20):
+            detector.note_submitted(was_idle=False)
+        assert wait_until(lambda: rec.stalls, 10)
+        assert rec.stalls[0].last_progress_at == last and rec.stalls[0].last_progress_source == source
+    finally:
+        detector.close()
+
+
+def test_iteration_time_counts_not_its_arrival() -> None:
+    pending = [1]
+    rec = Recorder()
+    detector = StallDetector(30, lambda: pending[0], on_stall=rec.on_stall).start()
+    try:
+        started, _source = detector.last_progress
+        at = started + 0.001  # an iteration a rank ran just after start, reported (much) later
+        assert wait_until(lambda: time.monotonic() > at + 0.05, 10)
+        detector.note_progress(ProgressSource.ITERATION, at)
+        assert detector.last_progress == (at, ProgressSource.ITERATION)  # its own time, not the arrival's
+        detector.note_progress(ProgressSource.ITERATION, at - 0.0005)  # older than the last: no change
+        assert detector.last_progress == (at, ProgressSource.ITERATION)
+        future = time.monotonic() + 1000
+        detector.note_progress(ProgressSource.ITERATION, future)
+        assert detector.last_progress[0] <= time.monotonic()  # a time from the future counts as now
+    finally:
+        detector.close()
+
+
+def test_pending_that_raises_is_taken_as_idle(caplog: pytest.LogCaptureFixture) -> None:
+    def broken() -> int:
+        raise RuntimeError("boom")
+
+    rec = Recorder()
+    detector = StallDetector(0.02, broken, on_stall=rec.on_stall).start()
+    try:
+        assert wait_until(lambda: "pending() raised" in caplog.text, 10)
+        assert not rec.stalls
+    finally:
+        detector.close()
+
+
+def test_close_raced_against_due_stalls_leaves_no_callback_running() -> None:
+    """close() returns only once the timer thread is gone (its join has room): no callback may be
+    running or start after that, however close() and a due stall interleave."""
+    import random
+
+    for attempt in range(30):
+        ends: list[float] = []
+
+        def on_stall(info: StallInfo, ends: list[float] = ends) -> None:
+            time.sleep(0.002)  # a callback that takes a moment
+            ends.append(time.monotonic())
+
+        detector = StallDetector(0.001 + random.random() * 0.004, lambda: 1, on_stall=on_stall).start()
+        time.sleep(random.random() * 0.01)
+        detector.close(timeout=10)
+        returned = time.monotonic()
+        assert not detector._thread.is_alive(), attempt
+        assert all(end <= returned for end in ends), attempt
+        detector.close()  # idempotent
+        detector.start()  # after close: nothing starts
+        assert not detector._thread.is_alive()
+
+
+def test_adversary_progress_and_submissions_race_the_timer() -> None:
+    """Eight threads make progress in bursts with gaps longer than the timeout, submit on idle and
+    busy engines and flip the pending count, while the timer declares and ends stalls. Every stall
+    is reported once, every end once, in alternation, never two callbacks at once, numbered 1..n."""
+    pending = [1]
+    rec = Recorder()
+    detector = StallDetector(0.02, lambda: pending[0], on_stall=rec.on_stall, on_resume=rec.on_resume).start()
+    stop = threading.Event()
+    rng_seed = random.randrange(1 << 30)
+
+    def worker(index: int) -> None:
+        rng = random.Random(rng_seed + index)
+        while not stop.is_set():
+            action = rng.random()
+            if action < 0.5:
+                detector.note_progress(rng.choice([ProgressSource.OUTPUT, ProgressSource.ITERATION]),
+                                       time.monotonic() - rng.random() * 0.01)
+            elif action < 0.7:
+                detector.note_submitted(was_idle=rng.random() < 0.5)
+            elif action < 0.8:
+                pending[0] = rng.choice([0, 1, 2])
+            else:
+                time.sleep(rng.random() * 0.05)  # gaps: stalls happen
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert wait_until(lambda: len(rec.resumes) >= 5, 30), f"seed {rng_seed}: {len(rec.stalls)} stalls"
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(10)
+        detector.close()
+    assert not rec.errors, (rng_seed, rec.errors)
+    assert [info.number for info in rec.stalls] == list(range(1, len(rec.stalls) + 1))
+    assert len(rec.stalls) - len(rec.resumes) in (0, 1)
+    for stall, resume in zip(rec.stalls, rec.resumes, strict=False):
+        assert resume.number == stall.number and resume.ended_at is not None
+        assert resume.ended_at > stall.last_progress_at
+        assert stall.quiet_s >= stall.timeout_s  # never declared before the timeout passed
+    assert detector.stalls == len(rec.stalls)
+
+
+# ----------------------------------------------------------------------------- the monitor's view
+
+
+def test_monitor_shows_stalled_ranks_and_clears(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    with WorkerProcessMonitor() as monitor:
+        monitor.register([capture_identity(0, child.pid)])
+        since = time.monotonic() - 2
+        monitor.set_stalled(since, "engine stalled: test")
+        (status,) = monitor.statuses()
+        assert status.state is WorkerState.STALLED and status.detail == "engine stalled: test"
+        assert status.since == since
+        monitor.set_stalled(None)
+        assert monitor.statuses()[0].state is WorkerState.ALIVE
+        assert monitor.failure is None  # a reported stall is no failure
+
+
+def test_monitor_delivers_one_stall_event_however_many_threads_report_it(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    delivered: list[WorkerEvent] = []
+    with WorkerProcessMonitor() as monitor:
+        identity = capture_identity(0, child.pid)
+        monitor.register([identity])
+        monitor.subscribe(delivered.append)
+        events = [WorkerEvent(EventKind.STALLED, identity, f"stall seen by thread {i}") for i in range(16)]
+        barrier = threading.Barrier(len(events))
+        results: list[bool] = []
+
+        def report(event: WorkerEvent) -> None:
+            barrier.wait(10)
+            results.append(monitor.report_stall(event))
+
+        threads = [threading.Thread(target=report, args=(event,)) for event in events]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(10)
+        assert results.count(True) == 1 and len(results) == 16
+        assert len(delivered) == 1 and monitor.failure is delivered[0]
+        assert delivered[0].restartable and "engine stalled" in delivered[0].message
+        with pytest.raises(ValueError):
+            monitor.report_stall(WorkerEvent(EventKind.DIED, identity, "not a stall"))
+
+
+# ----------------------------------------------------------------------------- the progress channel
+
+
+def _push(address: str) -> Any:
+    import zmq
+
+    context = zmq.Context.instance()
+    sock = context.socket(zmq.PUSH)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(address)
+    return sock
+
+
+def test_progress_channel_takes_beats_and_rejects_bad_messages(caplog: pytest.LogCaptureFixture) -> None:
+    pytest.importorskip("zmq")
+    from trtllm_liveness.integrations.trtllm._progress import MAX_MESSAGE_BYTES, ProgressChannel
+
+    beats: list[Any] = []
+    channel = ProgressChannel(beats.append, 0.25)
+    sock = _push(channel.address)
+    try:
+        token = channel.token
+        good = {"token": token, "rank": 1, "count": 7, "at": time.monotonic()}
+        bad: list[bytes] = [
+            b"", b"garbage", b"[1, 2]", b"{", json.dumps({**good, "token": "x" * 32}).encode(),
+            json.dumps({k: v for k, v in good.items() if k != "token"}).encode(),
+            json.dumps({**good, "rank": -1}).encode(), json.dumps({**good, "rank": True}).encode(),
+            json.dumps({**good, "count": "7"}).encode(), json.dumps({**good, "at": None}).encode(),
+            json.dumps({**good, "at": 1e300}).encode(),
+        ]
+        for raw in bad:
+            sock.send(raw)
+        # Oversized: ZMQ's MAXMSGSIZE drops the message and that sender's connection, nobody else's.
+        huge = _push(channel.address)
+        huge.send(b"[" * 100000)
+        huge.send(json.dumps({**good, "pad": "x" * MAX_MESSAGE_BYTES}).encode())
+        sock.send(json.dumps(good).encode())
+        assert wait_until(lambda: beats, 10)
+        huge.close(0)
+        assert beats[0].rank == 1 and beats[0].count == 7
+        assert wait_until(lambda: channel.rejected >= 10, 10), channel.rejected
+        assert "rejected a progress message" in caplog.text
+    finally:
+        sock.close(0)
+        channel.close()
+    assert not channel._thread.is_alive()
+
+
+def test_engine_stall_ignores_replayed_beats() -> None:
+    from trtllm_liveness.integrations.trtllm._engine_stall import Diagnoser, EngineStall
+    from trtllm_liveness.integrations.trtllm._progress import IterationBeat
+
+    with WorkerProcessMonitor() as monitor:
+        stall = EngineStall(timeout_s=30, fatal=False, monitor=monitor, pending=lambda: 0,
+                            diagnoser=Diagnoser(lambda: []))
+        stall._on_beat(IterationBeat(0, 5, 100.0))
+        stall._on_beat(IterationBeat(0, 5, 200.0))  # replayed count: ignored
+        stall._on_beat(IterationBeat(0, 4, 300.0))  # older count: ignored
+        assert stall.iterations() == {0: (5, 100.0)}
+        stall._on_beat(IterationBeat(0, 6, 150.0))
+        assert stall.iterations() == {0: (6, 150.0)}
+        stall.close()
+
+
+def test_a_rank_reporter_follows_a_new_engine() -> None:
+    """A rank process that serves a later engine (mpirun's ranks outlive an engine) must report to
+    that engine's proxy, not to the first one's deleted socket (it would then see no iterations
+    and call a long non-streaming generation a stall)."""
+    pytest.importorskip("zmq")
+    from trtllm_liveness.integrations.trtllm._progress import IterationReporter, ProgressChannel
+
+    first: list[Any] = []
+    second: list[Any] = []
+    one = ProgressChannel(first.append, 0.01)
+    two = ProgressChannel(second.append, 0.01)
+    try:
+        reporter = IterationReporter(one.spec, 3)
+        reporter.tick()
+        assert wait_until(lambda: first, 10)
+        one.close()
+        reporter.retarget(two.spec, 1)
+        reporter.tick()
+        assert wait_until(lambda: second, 10)
+        assert second[-1].rank == 1 and second[-1].count == 2 and reporter.rank == 1
+    finally:
+        one.close()
+        two.close()
+
+
+def test_progress_channel_falls_back_to_a_short_directory_for_a_long_tmpdir(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    pytest.importorskip("zmq")
+    from trtllm_liveness.integrations.trtllm._progress import ProgressChannel
+
+    deep = tmp_path / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    monkeypatch.setattr("tempfile.tempdir", str(deep))
+    channel = ProgressChannel(lambda beat: None, 0.1)
+    try:
+        assert len(channel.address) - len("ipc://") <= 100 and str(deep) not in channel.address
+    finally:
+        channel.close()

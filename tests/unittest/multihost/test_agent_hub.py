@@ -1,0 +1,454 @@
+"""The agent hub and the host agent on one machine: real agent processes in UTS namespaces of their
+own (another hostname, so their ranks are another host's to the hub), real ranks, real signals,
+real TCP on loopback. The same code across real test hosts is in tests/unittest/multihost/.
+
+Each agent child (tests/programs/host_agent_child.py) runs a HostAgent in its own process (its
+rank) over sleeper children (its host's other ranks), and prints its ranks once welcomed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.conftest import WAIT_SCALE, ProcessTracker, needs, start_time_or_none, state_of, wait_until
+from trtllm_liveness import WorkerProcessMonitor
+from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
+from trtllm_liveness.multihost import _wire
+from trtllm_liveness.multihost._hub import AgentHub
+from trtllm_liveness.multihost._placement import plan
+from trtllm_liveness.process._identity import ProcessIdentity, capture_identity, parse_identities
+
+pytestmark = [needs("mpi", "testhosts"), pytest.mark.real_process, pytest.mark.timeout(60)]
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+BOUND_S = 10.0 * WAIT_SCALE
+
+
+class Engine:
+    """A monitor with a hub, and every event it delivers."""
+
+    def __init__(self, heartbeat_timeout_s: float = 1.0) -> None:
+        self.monitor = WorkerProcessMonitor()
+        self.monitor.start()
+        self.events: list[WorkerEvent] = []
+        self.monitor.subscribe(self.events.append)
+        self.hub = AgentHub(self.monitor, bind="127.0.0.1", heartbeat_timeout_s=heartbeat_timeout_s,
+                            d_state_timeout_s=None, grace_s=0.5, kill_s=1.0).start()
+
+    def close(self) -> None:
+        self.hub.close()
+        self.monitor.close()
+
+    def kinds(self) -> list[tuple[int, str]]:
+        return [(event.identity.rank, event.kind.value) for event in self.events]
+
+
+@pytest.fixture
+def engine() -> Iterator[Engine]:
+    made = Engine()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+class Agent:
+    def __init__(self, popen: subprocess.Popen[bytes], record: dict[str, Any]) -> None:
+        self.popen = popen
+        self.pid = int(record["pid"])
+        self.ranks = [(int(rank), int(pid)) for rank, pid, _start in record["ranks"]]
+
+    def line(self, timeout: float) -> dict[str, Any] | None:
+        assert self.popen.stdout is not None
+        got: list[bytes] = []
+        reader = threading.Thread(target=lambda: got.append(self.popen.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(timeout)
+        return json.loads(got[0]) if got and got[0] else None
+
+
+def start_agent(procs: ProcessTracker, engine: Engine, *, host: str = "fakehostB", ranks: int = 1,
+                first_rank: int = 2, slow_poll: bool = False) -> Agent:
+    spec = engine.hub.worker_spec()
+    options = {"host": host, "endpoint": spec["endpoint"], "secret": spec["secret"], "ranks": ranks,
+               "first_rank": first_rank, "heartbeat_timeout_s": spec["heartbeat_timeout_s"], "slow_poll": slow_poll}
+    popen = subprocess.Popen(["unshare", "--uts", sys.executable, "-m", "tests.programs.host_agent_child",
+                              json.dumps(options)], stdout=subprocess.PIPE, start_new_session=True, cwd=REPO)
+    procs.popens.append(popen)
+    procs.track(popen.pid)
+    agent = Agent(popen, {"pid": popen.pid, "ranks": []})
+    record = agent.line(BOUND_S * 2)
+    assert record is not None and record["ready"], record
+    agent = Agent(popen, record)
+    for _rank, pid in agent.ranks:
+        procs.track(pid)
+    return agent
+
+
+def test_a_remote_rank_death_is_one_fatal_event_naming_host_rank_and_pid(procs: ProcessTracker,
+                                                                         engine: Engine) -> None:
+    agent = start_agent(procs, engine, ranks=2)
+    statuses = {s.identity.rank: s for s in engine.monitor.statuses()}
+    assert sorted(statuses) == [2, 3, 4]
+    assert all(s.method == "agent" and s.state is WorkerState.ALIVE and s.identity.hostname == "fakehostB"
+               for s in statuses.values())
+    assert engine.monitor.verified_identities() == []  # never a signal target here
+    victim_rank, victim = agent.ranks[0]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_until(lambda: engine.events, BOUND_S)
+    event = engine.events[0]
+    assert (event.kind, event.identity.rank, event.identity.pid, event.identity.hostname) == \
+        (EventKind.DIED, victim_rank, victim, "fakehostB")
+    assert "reported by the agent on host fakehostB" in event.message and "SIGKILL" in event.message
+    assert engine.monitor.failure == event
+    # The agent's later state message about the same death adds no event.
+    assert wait_until(lambda: "exited" in next(s.detail for s in engine.monitor.statuses()
+                                               if s.identity.rank == victim_rank) or True, 1)
+    time.sleep(0.3)
+    assert engine.kinds() == [(victim_rank, "died")]
+
+
+def test_the_agents_own_death_closes_its_connection_and_its_host_ranks_are_lost(procs: ProcessTracker,
+                                                                                engine: Engine) -> None:
+    agent = start_agent(procs, engine, ranks=1)
+    os.kill(agent.pid, signal.SIGKILL)
+    assert wait_until(lambda: len(engine.events) >= 2, BOUND_S)
+    first = engine.events[0]
+    assert (first.kind, first.identity.rank, first.identity.pid) == (EventKind.DIED, 2, agent.pid)
+    assert "closed (FIN/RST)" in first.cause
+    assert engine.kinds()[1] == (3, "lost")
+    assert engine.hub.hosts()[0].connection == "closed"
+
+
+def test_a_silent_agent_is_a_lost_host_naming_every_rank(procs: ProcessTracker, engine: Engine) -> None:
+    """SIGSTOP of the agent's process: its ZMQ I/O thread stops answering heartbeats, as a host cut
+    off or a rank frozen in D would. Every rank of the host is lost; nothing is called dead."""
+    agent = start_agent(procs, engine, ranks=2)
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: len(engine.events) >= 3, BOUND_S)
+    finally:
+        os.kill(agent.pid, signal.SIGKILL)
+    assert engine.kinds() == [(2, "lost"), (3, "lost"), (4, "lost")]
+    cause = engine.events[0].cause
+    assert "no heartbeat from host fakehostB's agent (rank 2" in cause
+    assert all(f"{rank} (pid {pid})" in cause for rank, pid in agent.ranks)
+    assert engine.events[0].fault_at is not None and engine.events[0].fault_at < engine.events[0].detected_at
+    assert engine.hub.hosts()[0].connection == "lost"
+
+
+def test_when_the_hub_goes_away_the_agent_stops_its_ranks_and_ends_its_own(procs: ProcessTracker,
+                                                                          engine: Engine) -> None:
+    agent = start_agent(procs, engine, ranks=2)
+    engine.hub.close()  # the proxy is gone (no "expect" was sent)
+    assert agent.popen.wait(BOUND_S) == 75
+    assert all(wait_until(lambda p=pid: state_of(p) in (None, "Z"), BOUND_S) for _rank, pid in agent.ranks)
+
+
+@pytest.mark.parametrize("slow_poll", [False, True], ids=["idle-agent", "busy-agent"])
+def test_after_a_clean_stop_the_hubs_going_away_leaves_the_ranks_alone(procs: ProcessTracker, engine: Engine,
+                                                                      slow_poll: bool) -> None:
+    """``expect`` then the hub's close: the agent must read the ``expect`` before it acts on the
+    close. A busy agent (slow polls) finds both in one round; before the fix it saw the close first,
+    killed its host's ranks and ended its own with 75."""
+    agent = start_agent(procs, engine, ranks=1, slow_poll=slow_poll)
+    engine.hub.expect_exits()
+    engine.hub.close()
+    time.sleep(1.0)  # bounded: time for an agent that got it wrong to act (it would within ~0.3 s)
+    assert agent.popen.poll() is None or agent.popen.returncode != 75
+    assert state_of(agent.ranks[0][1]) not in (None, "Z")
+
+
+def test_an_unmatched_connection_is_found_by_probing_when_it_ends(engine: Engine) -> None:
+    """A hello whose port matches no accepted connection (address or port translation on the way):
+    a WARNING, and when a connection the hub cannot match ends, it probes the unmatched sessions;
+    the one whose connection is gone is reported (here its agent's rank, as dead)."""
+    sid = "12" * 16
+    sock = _raw_dealer(engine.hub.endpoint, sid.encode())
+    sock.send(_wire.encode(engine.hub.secret, _wire.TO_HUB, "hello", sid, 1, host="fakehostY", rank=30, port=1,
+                           ranks=[[30, 4343, 1, "fakehostY", 1]]))
+    assert wait_until(lambda: any(s.identity.rank == 30 for s in engine.monitor.statuses()), BOUND_S)
+    sock.close(0)
+    assert wait_until(lambda: engine.events, BOUND_S)
+    assert engine.kinds() == [(30, "died")]
+    assert engine.hub.hosts()[0].connection == "closed"
+
+
+class StillRoutedOnce(AgentHub):
+    """A hub whose first probe after an unmatched close finds the routing id still in place (the
+    ROUTER drops it a moment after the monitor's event: measured, some probes succeed)."""
+
+    first = True
+
+    def _probe_unbound_locked(self, ending: Any) -> bool:
+        if self.first:
+            self.first = False
+            return False
+        return super()._probe_unbound_locked(ending)
+
+
+def test_an_unmatched_connection_is_probed_again_until_found(procs: ProcessTracker) -> None:
+    """Before the fix one probe was all: when it still reached the routing id, the session stayed
+    "connected" forever and its rank's death was never reported."""
+    engine = Engine()
+    engine.hub.close()
+    engine.hub = StillRoutedOnce(engine.monitor, bind="127.0.0.1", heartbeat_timeout_s=1.0).start()
+    try:
+        sid = "34" * 16
+        sock = _raw_dealer(engine.hub.endpoint, sid.encode())
+        sock.send(_wire.encode(engine.hub.secret, _wire.TO_HUB, "hello", sid, 1, host="fakehostX", rank=40, port=1,
+                               ranks=[[40, 4545, 1, "fakehostX", 1]]))
+        assert wait_until(lambda: any(s.identity.rank == 40 for s in engine.monitor.statuses()), BOUND_S)
+        sock.close(0)
+        assert wait_until(lambda: engine.events, BOUND_S)
+        assert engine.kinds() == [(40, "died")]
+    finally:
+        engine.close()
+
+
+def test_stop_hosts_stops_through_the_agent_and_reports(procs: ProcessTracker, engine: Engine) -> None:
+    agent = start_agent(procs, engine, ranks=2)
+    stops = engine.hub.stop_hosts(BOUND_S)
+    assert [(s.host, s.agent_rank, s.outcome) for s in stops] == [("fakehostB", 2, "stopped")]
+    assert sorted(rank for rank, _pid, _outcome in stops[0].stopped) == [3, 4]
+    assert agent.popen.wait(BOUND_S) == 75
+    assert all(state_of(pid) in (None, "Z") for _rank, pid in agent.ranks)
+
+
+class SlowAfterStop(AgentHub):
+    """A hub whose thread is busy for a moment right after it sent a stop, so that an agent's
+    report and the close of its connection arrive together, in one poll round."""
+
+    def _flush_commands_locked(self) -> None:
+        stopping = any(kind == "stop" for kind, _fields in self._commands)
+        super()._flush_commands_locked()
+        if stopping:
+            time.sleep(0.5)
+
+
+def test_a_report_that_arrives_with_the_close_of_its_connection_counts(procs: ProcessTracker) -> None:
+    """The agent sends its report, then ends its rank: the report and the connection's close reach
+    the hub together when it is busy. Before the fix the close was handled first: the host was
+    reported lost and the agent's rank "exited unexpectedly"."""
+    engine = Engine()
+    engine.hub.close()
+    engine.hub = SlowAfterStop(engine.monitor, bind="127.0.0.1", heartbeat_timeout_s=1.0, grace_s=0.5,
+                               kill_s=1.0).start()
+    try:
+        agent = start_agent(procs, engine, ranks=1)
+        stops = engine.hub.stop_hosts(BOUND_S)
+        assert agent.popen.wait(BOUND_S) == 75
+        assert [(s.host, s.outcome) for s in stops] == [("fakehostB", "stopped")]
+        assert wait_until(lambda: engine.hub.hosts()[0].connection != "connected", BOUND_S)
+        assert engine.hub.hosts()[0].connection == "stopped"
+        assert engine.events == []
+    finally:
+        engine.close()
+
+
+def test_stop_hosts_reports_a_lost_host_as_lost_and_returns(procs: ProcessTracker, engine: Engine) -> None:
+    agent = start_agent(procs, engine, ranks=1)
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: engine.hub.hosts()[0].connection == "lost", BOUND_S)
+        stops = engine.hub.stop_hosts(2.0)
+    finally:
+        os.kill(agent.pid, signal.SIGKILL)
+    assert [s.outcome for s in stops] == ["lost"]
+
+
+# --------------------------------------------------------------------------- the network is untrusted
+
+def _raw_dealer(endpoint: str, identity: bytes | None = None) -> Any:
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    if identity is not None:
+        sock.setsockopt(zmq.ROUTING_ID, identity)
+    sock.connect(endpoint)
+    return sock
+
+
+def test_bad_messages_are_rejected_and_logged_and_the_hub_keeps_working(
+        procs: ProcessTracker, engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
+    endpoint = engine.hub.endpoint
+    secret = engine.hub.secret
+    sid = "ab" * 16
+    other = b"\x01" * 32
+    quiet = _raw_dealer(endpoint)  # connects, sends nothing
+    raw = _raw_dealer(endpoint, sid.encode())
+    me = capture_identity(7)
+    remote = [7, 4242, 1, "fakehostZ", 1]
+    hello = _wire.encode(secret, _wire.TO_HUB, "hello", sid, 1, host="fakehostZ", rank=7, port=0, ranks=[remote])
+    bad = [
+        b"",  # empty
+        b"garbage" * 10,
+        _wire.encode(other, _wire.TO_HUB, "hello", sid, 1, host="x", rank=0, port=0, ranks=[]),  # wrong secret
+        _wire.encode(secret, _wire.TO_AGENT, "hello", sid, 1, host="x", rank=0, port=0, ranks=[]),  # reflected
+        hello[:50] + bytes([hello[50] ^ 1]) + hello[51:],  # tampered
+        _wire.encode(secret, _wire.TO_HUB, "event", sid, 1, what="died", rank=7, pid=1, cause="", age=0),  # no hello
+    ]
+    for frame in bad:
+        raw.send(frame)
+    raw.send_multipart([b"a", b"b"])  # two frames
+    assert wait_until(lambda: engine.hub.rejected >= len(bad) + 1, BOUND_S)
+    huge = _raw_dealer(endpoint)
+    huge.send(b"x" * (2 << 20))  # oversized: libzmq drops the connection (MAXMSGSIZE), nothing is read
+    assert wait_until(lambda: engine.hub.closed_without_hello >= 1, BOUND_S)
+    # A valid session, then a replayed message of it, a replayed hello, a wrong-host rank.
+    sid = "ef" * 16  # a new connection (the ROUTER refuses a second one with a routing id in use)
+    hello = _wire.encode(secret, _wire.TO_HUB, "hello", sid, 1, host="fakehostZ", rank=7, port=0, ranks=[remote])
+    good = _raw_dealer(endpoint, sid.encode())
+    good.send(hello)
+    assert wait_until(lambda: any(s.identity.rank == 7 for s in engine.monitor.statuses()), BOUND_S)
+    state = _wire.encode(secret, _wire.TO_HUB, "state", sid, 2, rank=7, state="alive", detail="x")
+    before = engine.hub.rejected
+    good.send(state)
+    good.send(state)  # replayed
+    good.send(hello)  # hello of a session already seen
+    good.send(_wire.encode(secret, _wire.TO_HUB, "event", sid, 3, what="died", rank=8, pid=9, cause="", age=0))
+    good.send(_wire.encode(secret, _wire.TO_HUB, "event", sid, 4, what="exploded", rank=7, pid=9, cause="", age=0))
+    good.send(_wire.encode(secret, _wire.TO_HUB, "event", sid, 5, what="died", rank=7, pid=9, cause=7, age=0))
+    good.send(_wire.encode(secret, _wire.TO_HUB, "state", sid, 6, rank=7, state="wedged", detail="no"))  # events only
+    assert wait_until(lambda: engine.hub.rejected >= before + 6, BOUND_S)
+    assert engine.events == [] and engine.monitor.failure is None
+    # A hello claiming this host's ranks is refused (they are watched here).
+    local = _raw_dealer(endpoint, ("cd" * 16).encode())
+    local.send(_wire.encode(secret, _wire.TO_HUB, "hello", "cd" * 16, 1, host=me.hostname, rank=me.rank, port=0,
+                            ranks=[list(me)]))
+    assert local.poll(int(BOUND_S * 1000))
+    refusal = _wire.decode(secret, _wire.TO_AGENT, local.recv())
+    assert refusal.kind == "reject" and "ranks of the proxy's own host" in refusal.body["why"]
+    assert "rejected a message" in caplog.text and "authentication failed" in caplog.text
+    for sock in (quiet, raw, huge, good, local):
+        sock.close(0)
+    # The hub still works: a real agent's rank death is reported.
+    # The hand-made session's connection closed with its socket: found by probing (it said port 0).
+    assert wait_until(lambda: (7, "died") in engine.kinds(), BOUND_S)
+    agent = start_agent(procs, engine, ranks=1, first_rank=20)
+    os.kill(agent.ranks[0][1], signal.SIGKILL)
+    assert wait_until(lambda: (21, "died") in engine.kinds(), BOUND_S)
+    assert engine.kinds() == [(7, "died"), (21, "died")]
+
+
+# --------------------------------------------------------------------------- concurrency
+
+def test_racing_callers_against_deaths_and_a_silent_host_deliver_each_event_once(procs: ProcessTracker,
+                                                                                 engine: Engine) -> None:
+    """7 threads call the hub's public methods (hosts, arm; expect_exits and stop_hosts are left
+    out: they would make the deaths expected, see the next test) while two ranks of one agent die
+    and the other agent falls silent. Every (rank, kind) is delivered once; the hub never raises."""
+    one = start_agent(procs, engine, host="fakehostB", ranks=2, first_rank=2)
+    two = start_agent(procs, engine, host="fakehostC", ranks=1, first_rank=10)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def hammer() -> None:
+        try:
+            while not stop.is_set():
+                engine.hub.hosts()
+                engine.hub.arm(None)
+                engine.monitor.statuses()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=hammer, daemon=True) for _ in range(7)]
+    for thread in threads:
+        thread.start()
+    for _rank, pid in one.ranks:
+        os.kill(pid, signal.SIGKILL)
+    os.kill(two.pid, signal.SIGSTOP)
+    try:
+        assert wait_until(lambda: {(r, k) for r, k in engine.kinds()} >= {(3, "died"), (4, "died"), (10, "lost"),
+                                                                           (11, "lost")}, BOUND_S)
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(5)
+        os.kill(two.pid, signal.SIGKILL)
+    kinds = engine.kinds()
+    assert len(kinds) == len(set(kinds)), kinds
+    assert errors == []
+
+
+def test_concurrent_stops_ask_once_and_all_get_every_hosts_report(procs: ProcessTracker, engine: Engine) -> None:
+    """6 threads call stop_hosts at once while a third host's agent is killed: each gets one report
+    per host (stopped, stopped, and the killed one closed before its report: lost), the agents are
+    asked once (each ends its rank once, status 75), and the killed agent's rank is one event."""
+    one = start_agent(procs, engine, host="fakehostB", ranks=1, first_rank=2)
+    two = start_agent(procs, engine, host="fakehostC", ranks=1, first_rank=10)
+    three = start_agent(procs, engine, host="fakehostD", ranks=1, first_rank=20)
+    results: list[list[tuple[str, str]]] = []
+    barrier = threading.Barrier(7)
+
+    def stop() -> None:
+        barrier.wait(BOUND_S)
+        results.append([(s.host, s.outcome) for s in engine.hub.stop_hosts(BOUND_S)])
+
+    threads = [threading.Thread(target=stop, daemon=True) for _ in range(6)]
+    for thread in threads:
+        thread.start()
+    os.kill(three.pid, signal.SIGSTOP)  # neither answers nor closes: must not hold the stop past its bound
+    barrier.wait(BOUND_S)
+    for thread in threads:
+        thread.join(BOUND_S * 2)
+    os.kill(three.pid, signal.SIGKILL)
+    assert len(results) == 6
+    for result in results:
+        assert sorted(result)[:2] == [("fakehostB", "stopped"), ("fakehostC", "stopped")], result
+        assert sorted(result)[2][0] == "fakehostD" and sorted(result)[2][1] in ("no-answer", "lost"), result
+    assert one.popen.wait(BOUND_S) == 75 and two.popen.wait(BOUND_S) == 75
+    kinds = engine.kinds()
+    assert len(kinds) == len(set(kinds)), kinds
+
+
+# --------------------------------------------------------------------------- placement, identities
+
+def test_the_lowest_rank_of_each_other_host_runs_its_agent() -> None:
+    def ident(rank: int, host: str, ns: int = 5) -> ProcessIdentity:
+        return ProcessIdentity(rank, 100 + rank, 1, host, ns)
+
+    everyone = [(ident(0, "a"), "boot-a"), (ident(1, "a"), "boot-a"), (ident(2, "b"), "boot-b"),
+                (ident(3, "b"), "boot-b"), (ident(4, "c"), "boot-c"), (ident(5, "b", ns=6), "boot-b")]
+    proxy = ("a", "boot-a", 5)
+    chosen = {rank: plan(everyone, rank, proxy) for rank in range(6)}
+    assert chosen[0] is None and chosen[1] is None  # the proxy's host: watched by the proxy
+    assert chosen[2] is not None and [i.rank for i in chosen[2][1]] == [3]
+    assert chosen[3] is None
+    assert chosen[4] is not None and chosen[4][1] == []
+    assert chosen[5] is not None and chosen[5][1] == []  # another PID namespace: another host to pidfds
+
+
+def test_a_remote_identity_with_the_proxys_pid_is_kept() -> None:
+    """Every host numbers its own pids: a remote rank may have the proxy's pid (seen across test
+    hosts: each host's first rank is pid 27). Only the local one is the proxy itself."""
+    me = capture_identity(0)
+    remote = [1, me.pid, 1, "fakehostB", 1]
+    kept = parse_identities([list(me), remote], exclude_pids=[me.pid], own_pid=0)
+    assert [identity.rank for identity in kept] == [1]
+
+
+def test_a_remote_report_never_overrides_a_local_rank() -> None:
+    with WorkerProcessMonitor() as monitor:
+        me = capture_identity(3, os.getppid())
+        assert not monitor.apply_remote(me, WorkerState.EXITED, "hearsay", via="agent")
+        assert monitor.failure is None
+        start = start_time_or_none(os.getpid())
+        remote = ProcessIdentity(4, os.getpid(), start, "fakehostB", 1)
+        assert monitor.apply_remote(remote, WorkerState.ALIVE, "ok", via="agent")
+        assert not monitor.apply_remote(remote._replace(pid=remote.pid + 1), WorkerState.EXITED, "x", via="agent")
+        assert monitor.apply_remote(remote, WorkerState.EXITED, "gone", via="agent")
+        assert not monitor.apply_remote(remote, WorkerState.ALIVE, "late", via="agent") or \
+            monitor.statuses()[0].state is WorkerState.EXITED
+        assert [event.kind for event in monitor.events] == [EventKind.DIED]

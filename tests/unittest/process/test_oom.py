@@ -1,0 +1,83 @@
+"""A real kernel OOM kill in a memory-limited cgroup is reported as such, not as a plain SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from tests.conftest import MemoryCgroup, ProcessTracker, require_or_skip
+from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
+from trtllm_liveness.process._oom import OomProbe
+
+pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
+
+HOG = (
+    "import sys\n"
+    "sys.stdout.write('ready\\n'); sys.stdout.flush()\n"
+    "sys.stdin.readline()\n"
+    "hoard = []\n"
+    "while True:\n"
+    "    hoard.append(bytearray(8 << 20))\n"
+)
+
+
+def start_hog(procs: ProcessTracker) -> subprocess.Popen[bytes]:
+    hog = subprocess.Popen(
+        [sys.executable, "-c", HOG], stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True
+    )
+    procs.popens.append(hog)
+    procs.track(hog.pid)
+    assert hog.stdout is not None and hog.stdout.readline() == b"ready\n"
+    return hog
+
+
+def test_oom_kill_is_reported_as_oom(procs: ProcessTracker, memory_cgroup: MemoryCgroup) -> None:
+    hog = start_hog(procs)
+    memory_cgroup.add(hog.pid)
+    got = threading.Event()
+    events: list[WorkerEvent] = []
+    with WorkerProcessMonitor() as monitor:
+        monitor.subscribe(lambda event: (events.append(event), got.set()))
+        monitor.register([capture_identity(0, hog.pid)])
+        monitor.start()
+        assert hog.stdin is not None
+        hog.stdin.write(b"go\n")
+        hog.stdin.flush()
+        assert got.wait(30)
+    assert events[0].kind is EventKind.DIED
+    assert "OOM killer" in events[0].cause
+    assert memory_cgroup.path in events[0].cause
+    hog.wait(10)
+    assert hog.returncode == -signal.SIGKILL
+
+
+def test_plain_sigkill_in_a_memory_cgroup_is_not_called_oom(
+    procs: ProcessTracker, memory_cgroup: MemoryCgroup
+) -> None:
+    child = procs.sleeper()
+    memory_cgroup.add(child.pid)
+    got = threading.Event()
+    events: list[WorkerEvent] = []
+    with WorkerProcessMonitor() as monitor:
+        monitor.subscribe(lambda event: (events.append(event), got.set()))
+        monitor.register([capture_identity(0, child.pid)])
+        monitor.start()
+        os.kill(child.pid, signal.SIGKILL)
+        assert got.wait(30)
+    assert "OOM" not in events[0].cause
+    assert "SIGKILL" in events[0].cause
+
+
+def test_probe_of_a_missing_process_never_raises_and_falls_back_to_the_machine_count() -> None:
+    probe = OomProbe.capture(2**22 - 1)  # no such process: no cgroup to read, and no error
+    assert probe.counter_file is None
+    if probe.machine_kills is None:
+        require_or_skip("oom-counter", "/proc/vmstat has no oom_kill counter on this kernel")
+    probe.machine_kills -= 1  # as if one OOM kill happened on the machine since registration
+    verdict = probe.verdict()
+    assert verdict is not None and verdict.startswith("likely killed by the kernel OOM killer")

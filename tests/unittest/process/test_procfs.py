@@ -1,0 +1,190 @@
+"""procfs parsing: hostile comm values (real and fake trees), thread states, pending SIGKILL."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ProcessTracker
+from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
+from trtllm_liveness.monitor._wedge import ThreadSampler, sample_d_state
+from trtllm_liveness.process import _procfs
+
+pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
+
+HOSTILE_COMM = "a) b (c) d"
+
+# Renames itself through /proc/self/comm (what prctl(PR_SET_NAME) does), then says ready.
+RENAMER = f"""
+import sys, time
+with open("/proc/self/comm", "w") as handle:
+    handle.write({HOSTILE_COMM!r})
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+time.sleep(3600)
+"""
+
+
+def _stat_line(pid: int, comm: str, state: str, start_time: int, threads: int = 1) -> bytes:
+    # Fields 3..52 of proc(5); only state (3), num_threads (20) and starttime (22) matter here.
+    after = [state, "1", str(pid), str(pid)] + ["0"] * 15 + [str(start_time)] + ["0"] * 30
+    after[17] = str(threads)
+    return f"{pid} ({comm}) {' '.join(after)}\n".encode()
+
+
+def test_parse_stat_survives_hostile_comm() -> None:
+    info = _procfs.parse_stat(_stat_line(77, HOSTILE_COMM, "S", 987654, threads=3))
+    assert info.pid == 77 and info.comm == HOSTILE_COMM and info.state == "S"
+    assert info.start_time == 987654
+    assert _procfs.parse_state_and_threads(_stat_line(77, "x) R 1 2 (y", "D", 5, threads=4)) == ("D", 4)
+    assert _procfs.thread_state_of(_stat_line(77, ") ) )", "Z", 5)) == "Z"
+
+
+@pytest.mark.parametrize("data", [b"", b"garbage", b"12 (comm", b"12 (comm) S 1 2"])
+def test_parse_stat_rejects_malformed_content(data: bytes) -> None:
+    with pytest.raises(ValueError):
+        _procfs.parse_stat(data)
+    assert _procfs.thread_state_of(data) in ("", "S")
+
+
+def test_real_process_with_hostile_comm_is_parsed_and_monitored(procs: ProcessTracker) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", RENAMER], stdout=subprocess.PIPE, start_new_session=True)
+    procs.popens.append(proc)
+    procs.track(proc.pid)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    info = _procfs.read_stat(proc.pid)
+    assert info.comm == HOSTILE_COMM
+    assert info.state in ("S", "R")
+    assert info.ppid == os.getpid()
+    identity = capture_identity(5, proc.pid)
+    assert identity.start_time == info.start_time
+    got = threading.Event()
+    events: list[WorkerEvent] = []
+    with WorkerProcessMonitor(d_state_timeout_s=30, scan_interval_s=0.05) as monitor:
+        monitor.subscribe(lambda e: (events.append(e), got.set()))
+        monitor.register([identity])
+        monitor.start()
+        assert monitor.find_dead_worker() is None
+        os.kill(proc.pid, signal.SIGKILL)
+        assert got.wait(10)
+    assert events[0].kind is EventKind.DIED and events[0].identity == identity
+
+
+def test_thread_states_and_pending_signals_of_a_real_process(procs: ProcessTracker) -> None:
+    code = (
+        "import threading, time\n"
+        "for _ in range(3): threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code + "print('ready', flush=True); time.sleep(3600)"],
+                            stdout=subprocess.PIPE, start_new_session=True)
+    procs.popens.append(proc)
+    procs.track(proc.pid)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    states = _procfs.read_thread_states(proc.pid)
+    assert proc.pid in states and len(states) == 4
+    assert set(states.values()) <= {"S", "R"}
+    assert _procfs.parse_state_and_threads(_procfs.read_task_stat(proc.pid, proc.pid))[1] == 4
+    assert sample_d_state(proc.pid) is None
+    sampler = ThreadSampler(proc.pid, capture_identity(0, proc.pid).start_time)
+    assert sampler.sample() is None
+    assert sampler.sample() is None  # second call reads through the kept fd and cached thread list
+    sampler.close()
+    with pytest.raises(ProcessLookupError):
+        sampler.sample()
+    assert _procfs.sigkill_pending(proc.pid) is False
+    assert _procfs.read_wchan(proc.pid) != "0"
+    assert _procfs.pid_namespace_inode(proc.pid) == _procfs.pid_namespace_inode("self")
+
+
+def test_sampler_of_reused_pid_reports_gone(procs: ProcessTracker) -> None:
+    child = procs.sleeper()
+    start = capture_identity(0, child.pid).start_time
+    with pytest.raises(ProcessLookupError):
+        ThreadSampler(child.pid, start + 1).sample()  # wrong start time: not the registered process
+
+
+def test_signal_masks_and_wait_status() -> None:
+    data = b"Name:\tx\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\nSigBlk:\t0\n"
+    assert _procfs.parse_signal_masks(data) == (0, 0x100)
+    assert _procfs.describe_wait_status(signal.SIGKILL) == "killed by SIGKILL"
+    assert _procfs.describe_wait_status(3 << 8) == "exit code 3"
+
+
+@pytest.fixture
+def fake_proc(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setattr(_procfs, "PROCFS_PATH", str(tmp_path))
+    return tmp_path
+
+
+def _make_task(root: Path, pid: int, tid: int, comm: str, state: str, threads: int, pending: int = 0) -> None:
+    task = root / str(pid) / "task" / str(tid)
+    task.mkdir(parents=True, exist_ok=True)
+    (task / "stat").write_bytes(_stat_line(tid, comm, state, 4000, threads))
+    (task / "status").write_text(f"SigPnd:\t{pending:016x}\nShdPnd:\t0000000000000000\n")
+    (task / "wchan").write_text("__refrigerator" if state == "D" else "0")
+
+
+def test_fake_tree_d_thread_that_is_not_the_main_thread(fake_proc: Path) -> None:
+    pid = 4242
+    _make_task(fake_proc, pid, pid, HOSTILE_COMM, "S", 2)
+    _make_task(fake_proc, pid, 4243, "nccl) (D", "D", 2, pending=0x100)
+    (fake_proc / str(pid) / "stat").write_bytes(_stat_line(pid, HOSTILE_COMM, "S", 4000, 2))
+    (fake_proc / str(pid) / "status").write_text("SigPnd:\t0\nShdPnd:\t0\n")
+    sample = sample_d_state(pid)
+    assert sample is not None
+    assert sample.d_tids == (4243,) and sample.kill_pending and sample.wchan == "__refrigerator"
+    sampler = ThreadSampler(pid, 4000)
+    first = sampler.sample()
+    assert first is not None and first.d_tids == (4243,)
+    # A thread appears (count changes) and the old helper vanishes: the cache must follow.
+    import shutil
+
+    shutil.rmtree(fake_proc / str(pid) / "task" / "4243")
+    _make_task(fake_proc, pid, 4250, "late", "D", 3)
+    _make_task(fake_proc, pid, 4251, "late2", "S", 3)
+    (fake_proc / str(pid) / "stat").write_bytes(_stat_line(pid, HOSTILE_COMM, "S", 4000, 3))
+    second = sampler.sample()
+    assert second is not None and second.d_tids == (4250,) and not second.kill_pending
+    # Same count, different thread (one vanished, one appeared): a failed read forces a relisting.
+    shutil.rmtree(fake_proc / str(pid) / "task" / "4250")
+    _make_task(fake_proc, pid, 4260, "swap", "D", 3)
+    third = sampler.sample()
+    assert third is not None and third.d_tids == (4260,)
+    sampler.close()
+
+
+def test_fake_tree_malformed_stat_raises_value_error_not_crash(fake_proc: Path) -> None:
+    (fake_proc / "99" / "task" / "99").mkdir(parents=True)
+    (fake_proc / "99" / "stat").write_bytes(b"99 (oops")
+    (fake_proc / "99" / "task" / "99" / "stat").write_bytes(b"99 (oops")
+    with pytest.raises(ValueError):
+        _procfs.read_stat(99)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    for _ in range(5):
+        with pytest.raises(ValueError):
+            ThreadSampler(99, 1).sample()
+    assert len(os.listdir("/proc/self/fd")) == fds_before  # the stat fd is closed on a bad parse
+    assert _procfs.read_thread_states(99) == {}
+
+
+def test_fake_tree_sampler_without_a_kept_fd_still_checks_start_time(
+    fake_proc: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pid = 4300
+    _make_task(fake_proc, pid, pid, "w", "D", 1)
+    (fake_proc / str(pid) / "stat").write_bytes(_stat_line(pid, "w", "D", 4000, 1))
+    (fake_proc / str(pid) / "status").write_text("SigPnd:\t0\nShdPnd:\t0\n")
+
+    def out_of_fds(pid: int) -> int:
+        raise OSError(24, "Too many open files")  # EMFILE: the sampler reads without keeping an fd
+
+    monkeypatch.setattr(_procfs, "open_stat", out_of_fds)
+    sample = ThreadSampler(pid, 4000).sample()
+    assert sample is not None and sample.d_tids == (pid,)
+    with pytest.raises(ProcessLookupError):
+        ThreadSampler(pid, 3999).sample()  # another process now has this pid: never sampled as ours

@@ -1,0 +1,120 @@
+"""``trtllm-liveness launch -- mpirun ...``: run a launcher, and never exit 0 after an engine death.
+
+Why: ``mpirun`` exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and
+reports success), so Kubernetes, Slurm or a supervisor would call a dead engine's job successful and
+never restart it. The wrapper sets :data:`~trtllm_liveness.exit._outcome.OUTCOME_ENV` for the launcher
+(``mpirun`` and ``srun`` pass the environment to the ranks of the launching host; the proxy, rank
+0, must run there: the file is local), forwards SIGTERM and SIGHUP to it, and SIGINT and SIGQUIT
+unless they came from the terminal, waits for it, and exits with:
+
+- the launcher's status when it is not 0 (128 + N when a signal N ended it);
+- else the recorded fatal error's status (``exit_code``, or ``exit_code_unrestartable`` for a
+  wedged or unkillable worker), with one line on stderr saying so;
+- else ``exit_code`` when an engine started and never ended cleanly (its process was killed with
+  the job before it could record why: PRRTE's teardown races the fatal path), with one line;
+- else 0.
+
+The launcher runs in the wrapper's process group, so a terminal's Ctrl-C reaches it directly, once,
+as without the wrapper (a second copy would make mpirun abort at once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+from typing import Any
+
+from ..exit._outcome import OUTCOME_ENV, read_outcomes
+
+FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_WAIT_S = 1.0  # each wait for the launcher is bounded; the loop lasts as long as the job
+
+
+def add_launch_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+    launch = sub.add_parser("launch", help="run mpirun/srun; exit non-zero whenever the engine recorded a fatal "
+                                           "error (mpirun exits 0 after a host crash)",
+                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch.add_argument("--outcome-dir", default=None, metavar="DIR",
+                        help="where the engines' outcome files are made (default: $TMPDIR); the proxy (rank 0) must "
+                             "see it: a local directory where rank 0 runs on the launching host, else a shared one")
+    launch.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
+                        help="the launcher and its arguments")
+    launch.set_defaults(func=run_launch)
+
+
+def run_launch(args: argparse.Namespace) -> int:
+    argv = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        print("trtllm-liveness launch: no command given", file=sys.stderr)
+        return 2
+    # 0700: only this user writes there
+    directory = tempfile.mkdtemp(prefix="trtllm-liveness-launch-", dir=args.outcome_dir)
+    try:
+        status = _run(argv, {**os.environ, OUTCOME_ENV: directory})
+        try:
+            outcomes = read_outcomes(directory)
+        except (OSError, ValueError) as exc:
+            print(f"trtllm-liveness launch: ignoring the outcome files: {exc}", file=sys.stderr)
+            outcomes = []
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    if status != 0:
+        return status
+    failed = [outcome for outcome in outcomes if outcome.state == "failed"]
+    if failed:
+        print(f"trtllm-liveness launch: {argv[0]} exited 0, but the engine failed: {failed[0].message}; "
+              f"exiting {failed[0].exit_code}", file=sys.stderr)
+        return failed[0].exit_code
+    unclean = [outcome for outcome in outcomes if outcome.state == "running"]
+    if unclean:
+        print(f"trtllm-liveness launch: {argv[0]} exited 0, but the engine (pid {unclean[0].pid}) never ended "
+              f"cleanly (killed with its job before it could say why: a lost host?); exiting {unclean[0].exit_code}",
+              file=sys.stderr)
+        return unclean[0].exit_code
+    return 0
+
+
+def _foreground_of_terminal() -> bool:
+    """Whether this process's group is its terminal's foreground group (keyboard signals go to both)."""
+    try:
+        return os.tcgetpgrp(sys.stdin.fileno()) == os.getpgrp()
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _run(argv: list[str], env: dict[str, str]) -> int:
+    child = subprocess.Popen(argv, env=env)
+    previous = {}
+
+    from_terminal = _foreground_of_terminal()
+
+    def forward(signum: int, _frame: object) -> None:
+        # A terminal's Ctrl-C / Ctrl-\ reaches the whole foreground group, the launcher too: a second
+        # copy would be mpirun's "abort now" (and srun's two SIGINTs within a second).
+        if from_terminal and signum in (signal.SIGINT, signal.SIGQUIT):
+            return
+        if child.poll() is None:
+            child.send_signal(signum)
+
+    for signum in FORWARDED:
+        previous[signum] = signal.signal(signum, forward)
+    try:
+        while True:  # the job itself: as long as the launcher runs, in bounded waits
+            try:
+                code = child.wait(_WAIT_S)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+            except KeyboardInterrupt:  # SIGINT raised here despite the handler (re-entrancy): go on
+                continue
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    return 128 - code if code < 0 else code

@@ -1,0 +1,176 @@
+"""``trtllm-liveness quarantine status|clear``: the operator's view of the host's quarantine.
+
+``status`` is also a node health check (read-only, bounded: a few procfs reads, plus 1 s only
+when a device holder is seen in ``D``). Its exit status follows node-problem-detector's custom
+plugin contract, and with ``--slurm-drain`` it is a Slurm ``HealthCheckProgram`` that drains a
+quarantined node (Slurm reads no exit status of that program: it must drain the node itself):
+
+    0  OK: no marker that applies, no device holder stuck in D
+    1  quarantined: an engine start here would refuse (first stdout line says why)
+    2  unknown: bad arguments, or the check itself failed
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+from typing import Any
+
+from .._config import LivenessConfig
+from ..quarantine._host_policy import QuarantineCheck, check_host
+from ..quarantine._marker import (
+    DEFAULT_QUARANTINE_DIR,
+    MarkerError,
+    MarkerVerdict,
+    clear_marker,
+    inspect_marker,
+    resolve_directory,
+)
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["QUARANTINE_STATUS_HELP", "add_quarantine_parser", "run_quarantine"]
+
+STATUS_OK = 0
+STATUS_QUARANTINED = 1
+STATUS_UNKNOWN = 2
+
+QUARANTINE_STATUS_HELP = """\
+exit status of 'quarantine status' (node-problem-detector's plugin contract):
+  0    OK: no quarantine marker that applies, no accelerator device holder stuck in D
+  1    quarantined: an engine start on this host would refuse (the first line says why)
+  2    unknown: bad arguments, or the check itself failed
+exit status of 'quarantine clear': 0 removed or nothing to remove, 1 refused (still quarantined;
+--force removes it anyway) or failed
+"""
+
+_DESCRIPTION = """\
+A worker wedged in D (GPU driver, NCCL, RDMA) leaves a marker on its host; every engine start on
+the host refuses while a recorded process still exists (or cannot be verified from its PID
+namespace), or while a process holding an accelerator device is stuck in D.
+
+  status  show it; usable as Slurm's HealthCheckProgram (--slurm-drain drains the node) and as a
+          node-problem-detector custom plugin (docs/slurm.md, docs/kubernetes.md). Never
+          changes the marker.
+  clear   remove the marker once its processes are gone (--force: also while they are not)
+"""
+
+
+def _defaults() -> LivenessConfig:
+    # The server's own settings where this environment has them (say the same
+    # TRTLLM_WORKER_LIVENESS), else the defaults: status must look where the server writes.
+    try:
+        return LivenessConfig.from_env()
+    except ValueError as exc:
+        logger.warning("ignoring TRTLLM_WORKER_LIVENESS for the defaults: %s", exc)
+        return LivenessConfig()
+
+
+def add_quarantine_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+    """Add the ``quarantine`` subcommand to ``sub`` (argparse subparsers)."""
+    quarantine = sub.add_parser("quarantine", help="show or clear this host's quarantine after a wedged worker",
+                                description=_DESCRIPTION, epilog=QUARANTINE_STATUS_HELP,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    quarantine.add_argument("action", choices=["status", "clear"])
+    quarantine.add_argument("--dir", metavar="DIR", default=None,
+                            help=f"marker directory (default: quarantine_dir, {DEFAULT_QUARANTINE_DIR})")
+    quarantine.add_argument("--devices", metavar="GLOBS", default=None,
+                            help="':'-separated device patterns to check for holders stuck in D (default: "
+                            "quarantine_devices, /dev/nvidia*; '' for none)")
+    quarantine.add_argument("--slurm-drain", action="store_true",
+                            help="status: when quarantined, drain this Slurm node (scontrol update ... State=DRAIN)")
+    quarantine.add_argument("--node", metavar="NAME", default=None,
+                            help="Slurm node for --slurm-drain (default $SLURMD_NODENAME, else the short hostname)")
+    quarantine.add_argument("--force", action="store_true", help="clear: remove the marker even while it applies")
+    quarantine.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    quarantine.set_defaults(func=run_quarantine)
+
+
+def run_quarantine(args: argparse.Namespace) -> int:
+    """Run ``quarantine status`` or ``quarantine clear``; returns the exit status."""
+    from ._output import out
+
+    base = _defaults()
+    try:
+        config = LivenessConfig(
+            enabled=True,
+            quarantine_dir=base.quarantine_dir if args.dir is None else args.dir,
+            quarantine_devices=base.quarantine_devices if args.devices is None else args.devices,
+        )
+    except ValueError as exc:  # a relative --dir or --devices
+        out(f"UNKNOWN: {exc}")
+        return STATUS_UNKNOWN
+    if args.action == "clear":
+        return _clear(config, force=args.force, as_json=args.json)
+    try:
+        check = check_host(config, clear=False)
+    except Exception as exc:  # the health check's own failure is "unknown", never "quarantined"
+        out(f"UNKNOWN: the quarantine check failed: {exc}")
+        return STATUS_UNKNOWN
+    if args.json:
+        out(json.dumps(_check_dict(check)))
+    else:
+        for line in _check_lines(check):
+            out(line)
+    if check.quarantined and args.slurm_drain:
+        from ..quarantine._orchestrator_actions import slurm_drain
+
+        result = slurm_drain(f"trtllm-liveness quarantine: {check.describe()}", node=args.node,
+                             timeout_s=base.quarantine_action_timeout_s)
+        if not args.json:
+            out(f"slurm drain: {'done' if result.ok else 'FAILED'}: {result.detail}")
+    return STATUS_QUARANTINED if check.quarantined else STATUS_OK
+
+
+def _check_lines(check: QuarantineCheck) -> list[str]:
+    if check.quarantined:
+        return [f"QUARANTINED: {check.describe()}"]
+    status = check.marker
+    if status is None:
+        return ["OK: no quarantine marker directory configured; no accelerator device holder stuck in D"]
+    if status.verdict is MarkerVerdict.UNTRUSTED:
+        return [f"OK: {status.describe()} (ignored, as start-up does)"]
+    return [f"OK: {status.describe()}; no accelerator device holder stuck in D"]
+
+
+def _check_dict(check: QuarantineCheck) -> dict[str, Any]:
+    status = check.marker
+    return {
+        "quarantined": check.quarantined,
+        "message": check.describe() or _check_lines(check)[0],
+        "verdict": None if status is None else status.verdict.value,
+        "path": None if status is None else status.path,
+        "error": None if status is None else status.error or None,
+        "marker": None if status is None or status.marker is None else status.marker.to_dict(),
+        "processes": [] if status is None else [
+            {"pid": item.process.pid, "verdict": item.verdict.value, "state": item.state, "wchan": item.wchan}
+            for item in status.checks],
+        "device_holders": [vars(holder) for holder in check.device_holders],
+    }
+
+
+def _clear(config: LivenessConfig, *, force: bool, as_json: bool) -> int:
+    from ._output import out
+
+    directory = resolve_directory(config.quarantine_dir)
+    if not directory:
+        out("nothing to clear: quarantine_dir is empty (off)")
+        return 0
+    status = inspect_marker(directory)
+    if status.verdict is MarkerVerdict.NONE:
+        removed, message = False, f"nothing to clear: no marker in {directory}"
+    elif status.quarantined and not force:
+        message = f"refused: {status.describe()}; use --force to remove it anyway"
+        out(json.dumps({"removed": False, "message": message}) if as_json else message)
+        return 1
+    else:
+        try:
+            removed = clear_marker(directory, expected=None if force else status.marker)
+        except (MarkerError, OSError) as exc:
+            message = f"could not clear {status.path}: {exc}"
+            out(json.dumps({"removed": False, "message": message}) if as_json else message)
+            return 1
+        message = f"removed {status.path} ({status.describe()})" if removed else f"{status.path} changed; kept"
+    out(json.dumps({"removed": removed, "message": message}) if as_json else message)
+    return 0 if removed or status.verdict is MarkerVerdict.NONE else 1

@@ -1,0 +1,727 @@
+"""Where is every rank stuck? A bounded snapshot of local processes for an operator (issue 13).
+
+:func:`diagnose` builds on :func:`._scan.scan` (per thread: state, wait channel, time in ``D``,
+SIGKILL pending, the process verdict; command lines read through :class:`._mm_read.MmReader`) and
+adds what a scan does not measure:
+
+- **CPU time over a short window** per thread (``utime + stime`` of ``task/<tid>/stat``, read just
+  before and just after the scan's samples), which classifies each thread as spinning, running,
+  sleeping, in ``D``, stopped or exited (:class:`Activity`). A rank that spins in a collective
+  whose peer is gone looks alive to every other check.
+- **Python stacks** of each rank, when ``py-spy`` is installed (extra ``diagnose``), taken with
+  ``py-spy dump --nonblocking`` (the target is never paused) under one deadline for all ranks.
+- **The odd rank out** (:class:`OddRankOut`): the one rank whose activity, innermost Python
+  function or main-thread wait channel differs from what every other rank shares.
+
+Never hangs on a wedged rank: ``py-spy`` reads the target's memory (``/proc/<pid>/maps``,
+``process_vm_readv``), which can block on the target's mmap lock like a ``cmdline`` read, and a
+process stuck that way cannot be killed either. So no stack is taken of a rank with a thread in
+``D`` (the skip is reported), each ``py-spy`` runs in its own session with its output in an
+unnamed file (no pipe to fill), and after the deadline it is SIGKILLed and waited for briefly; if
+it is still there it is left and reported as ``py-spy did not exit``.
+
+Standard library only; never signals a process other than the ``py-spy`` children it started.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import functools
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import IO, Any
+
+from ..process import _procfs
+from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
+from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader, skip_for_d
+from . import _scan
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WINDOW_S = 0.2
+"""CPU-time window: ticks are 10 ms at ``CLK_TCK`` 100, so 0.2 s resolves 5% of a core."""
+DEFAULT_STACKS_TIMEOUT_S = 2.0
+SPIN_FRACTION = 0.5
+"""A thread on CPU for at least this share of the window is spinning."""
+RUNNING_FRACTION = 0.05
+KILL_WAIT_S = 0.2
+"""How long a SIGKILLed ``py-spy`` is waited for before it is left behind."""
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_STOPPED = frozenset("Tt")
+_EXITED = frozenset("ZX")
+
+
+class Activity(str, enum.Enum):
+    """What one thread (or, worst of its threads, one rank) did over the window."""
+
+    SPINNING = "spinning"  # on CPU (or runnable) through the window
+    RUNNING = "running"  # some CPU, not continuously
+    SLEEPING = "sleeping"
+    IN_D = "in-d"
+    STOPPED = "stopped"
+    EXITED = "exited"
+    UNKNOWN = "unknown"
+
+
+# Rank-level activity is its most telling thread's: a rank with one thread in D is "in D".
+_RANK_ORDER = (Activity.IN_D, Activity.STOPPED, Activity.SPINNING, Activity.RUNNING, Activity.SLEEPING,
+               Activity.EXITED, Activity.UNKNOWN)
+
+
+class StackStatus(str, enum.Enum):
+    """Whether a rank's Python stacks were taken, and if not why."""
+
+    TAKEN = "taken"
+    SKIPPED_TASK_IN_D = "skipped-task-in-d"
+    SKIPPED_NOT_RUNNING = "skipped-not-running"  # zombie, gone, unreadable
+    NO_PY_SPY = "no-py-spy"
+    TIMED_OUT = "timed-out"
+    DID_NOT_EXIT = "did-not-exit"  # timed out, SIGKILLed, and still there (itself stuck in D)
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class StackFrame:
+    """One Python frame as ``py-spy`` shows it."""
+
+    function: str
+    file: str
+    line: int
+
+    def describe(self) -> str:
+        """``function (file:line)`` with the file's base name."""
+        return f"{self.function} ({os.path.basename(self.file)}:{self.line})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"function": self.function, "file": self.file, "line": self.line}
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """The Python stack of one thread, innermost frame first. ``tid`` is the OS thread id."""
+
+    tid: int | None
+    name: str
+    active: bool
+    owns_gil: bool
+    frames: tuple[StackFrame, ...]
+
+    @property
+    def stuck_in(self) -> StackFrame | None:
+        """The innermost frame outside the standard library (``Event.wait`` says less than its
+        caller); the innermost frame when every frame is the standard library's."""
+        for frame in self.frames:
+            if not _is_stdlib(frame.file):
+                return frame
+        return self.frames[0] if self.frames else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        stuck = self.stuck_in
+        return {"tid": self.tid, "name": self.name, "active": self.active, "owns_gil": self.owns_gil,
+                "stuck_in": None if stuck is None else stuck.function,
+                "frames": [frame.to_dict() for frame in self.frames]}
+
+
+@dataclass(frozen=True)
+class RankStacks:
+    """The outcome of taking one rank's stacks; ``threads`` is empty unless ``status`` is TAKEN."""
+
+    status: StackStatus
+    detail: str = ""
+    threads: tuple[ThreadStack, ...] = ()
+    took_ms: float = 0.0
+
+    def main_thread(self, pid: int) -> ThreadStack | None:
+        """The stack of the thread whose id is ``pid`` (the main thread), else the first one."""
+        for thread in self.threads:
+            if thread.tid == pid:
+                return thread
+        return self.threads[0] if self.threads else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"status": self.status.value, "detail": self.detail, "took_ms": round(self.took_ms, 1),
+                "threads": [thread.to_dict() for thread in self.threads]}
+
+
+@dataclass(frozen=True)
+class ThreadDiagnosis:
+    """One thread: the scan's view (state, wchan, D time, SIGKILL) plus its CPU use over the window.
+
+    ``cpu_fraction`` is the share of one core used over the window (None when the thread was not
+    there at both CPU samples).
+    """
+
+    tid: int
+    name: str
+    state: str
+    activity: Activity
+    cpu_fraction: float | None
+    wchan: str
+    d_seconds: float
+    kill_pending: bool
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"tid": self.tid, "name": self.name, "state": self.state, "activity": self.activity.value,
+                "cpu_fraction": None if self.cpu_fraction is None else round(self.cpu_fraction, 3),
+                "wchan": self.wchan, "d_seconds": round(self.d_seconds, 3), "sigkill_pending": self.kill_pending}
+
+
+@dataclass(frozen=True)
+class RankDiagnosis:
+    """One rank: its scan verdict, its threads, its activity and (maybe) its Python stacks.
+
+    ``stacks`` is None when stacks were not asked for. ``report`` is the scan's report (None for a
+    rank that was not scanned: remote, or its PID reused before the snapshot).
+    """
+
+    rank: int
+    pid: int
+    verdict: _scan.Verdict | None  # None: not scanned here (another host or PID namespace)
+    detail: str
+    activity: Activity
+    threads: tuple[ThreadDiagnosis, ...]
+    stacks: RankStacks | None
+    report: _scan.ProcessReport | None = None
+
+    @property
+    def main_thread(self) -> ThreadDiagnosis | None:
+        """The thread whose id is the pid."""
+        return next((thread for thread in self.threads if thread.tid == self.pid), None)
+
+    @property
+    def stuck_in(self) -> StackFrame | None:
+        """Where the main thread's Python code is (see :attr:`ThreadStack.stuck_in`), if known."""
+        if self.stacks is None:
+            return None
+        main = self.stacks.main_thread(self.pid)
+        return None if main is None else main.stuck_in
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        stuck = self.stuck_in
+        verdict = None if self.verdict is None else self.verdict.value
+        return {"rank": self.rank, "pid": self.pid, "verdict": verdict, "detail": self.detail,
+                "activity": self.activity.value, "stuck_in": None if stuck is None else stuck.describe(),
+                "threads": [thread.to_dict() for thread in self.threads],
+                "stacks": None if self.stacks is None else self.stacks.to_dict()}
+
+
+@dataclass(frozen=True)
+class OddRankOut:
+    """One rank that differs, in ``aspect``, from what all the other ranks share."""
+
+    rank: int
+    pid: int
+    aspect: str  # "activity", "python" (innermost Python function), "wchan" (main thread's)
+    value: str
+    others_value: str
+    others: tuple[int, ...]
+
+    @property
+    def reason(self) -> str:
+        """One line for people."""
+        ranks = ", ".join(map(str, self.others))
+        if self.aspect == "activity":
+            return f"rank {self.rank} is {self.value} while ranks {ranks} are {self.others_value}"
+        if self.aspect == "python":
+            return f"rank {self.rank} is in {self.value} while ranks {ranks} are in {self.others_value}"
+        return f"rank {self.rank} waits in {self.value or 'no wait channel'} while ranks {ranks} wait in " \
+               f"{self.others_value or 'no wait channel'}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"rank": self.rank, "pid": self.pid, "aspect": self.aspect, "value": self.value,
+                "others_value": self.others_value, "others": list(self.others), "reason": self.reason}
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """A snapshot of every rank; ``odd_ranks`` holds one entry per aspect that singles a rank out."""
+
+    taken_at: float  # wall clock (time.time())
+    window_s: float  # the CPU window actually measured
+    elapsed_ms: float
+    ranks: tuple[RankDiagnosis, ...]
+    odd_ranks: tuple[OddRankOut, ...]
+    scan: _scan.ScanResult
+    py_spy: str  # the py-spy used, "" when none (or stacks not asked for)
+
+    @property
+    def odd_rank_out(self) -> OddRankOut | None:
+        """The most telling finding (activity before Python function before wait channel)."""
+        return self.odd_ranks[0] if self.odd_ranks else None
+
+    def rank(self, pid: int) -> RankDiagnosis | None:
+        """The diagnosis of the rank with this pid."""
+        return next((rank for rank in self.ranks if rank.pid == pid), None)
+
+    def summary(self) -> str:
+        """One line per finding, for a log record."""
+        parts = [f"rank {r.rank} (pid {r.pid}) {r.activity.value}"
+                 + (f" in {r.stuck_in.describe()}" if r.stuck_in is not None else "") for r in self.ranks]
+        odd = self.odd_rank_out
+        return "; ".join(parts) + (f"; odd rank out: {odd.reason}" if odd is not None else "")
+
+    def to_dict(self, *, include_scan: bool = True) -> dict[str, Any]:
+        """JSON-ready form (``include_scan=False`` when the caller prints the scan itself)."""
+        data: dict[str, Any] = {
+            "taken_at": self.taken_at, "window_s": round(self.window_s, 3), "elapsed_ms": round(self.elapsed_ms, 1),
+            "py_spy": self.py_spy, "ranks": [rank.to_dict() for rank in self.ranks],
+            "odd_ranks": [odd.to_dict() for odd in self.odd_ranks],
+            "odd_rank_out": None if self.odd_rank_out is None else self.odd_rank_out.reason,
+        }
+        if include_scan:
+            data["scan"] = self.scan.to_dict()
+        return data
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@functools.cache
+@functools.lru_cache(maxsize=1)
+def _stdlib_dirs() -> tuple[str, ...]:
+    # This interpreter's own paths (local files, read once), as given and resolved.
+    paths = sysconfig.get_paths()
+    found: set[str] = set()
+    for key in ("stdlib", "platstdlib"):
+        if key in paths:
+            found.update({paths[key] + os.sep, os.path.realpath(paths[key]) + os.sep})
+    return tuple(sorted(found))
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_module_files() -> frozenset[str]:
+    # Base names of this interpreter's stdlib modules, from the name list (no filesystem access).
+    return frozenset(f"{name}.py" for name in getattr(sys, "stdlib_module_names", ()))
+
+
+def _is_stdlib(filename: str) -> bool:
+    # By the string alone: the names come from the target (its mount namespace, perhaps a stalled
+    # NFS or FUSE path), and a stat or realpath of one could block this scan in D.
+    if filename.startswith("<frozen"):
+        return True
+    if "site-packages" in filename or "dist-packages" in filename:
+        return False
+    if "/" not in filename:  # py-spy's text dump shows base names
+        return filename in _stdlib_module_files()
+    return filename.startswith(_stdlib_dirs()) or bool(re.search(r"/lib/python3\.\d+/[^/]+\.py$", filename))
+
+
+def find_py_spy() -> str | None:
+    """The ``py-spy`` executable: on ``PATH``, else next to this interpreter (a venv's ``bin``)."""
+    return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+
+
+def _cpu_ticks(pid: int, tid: int) -> tuple[str, int] | None:
+    """``(state, utime + stime)`` of one thread; None when gone or unreadable."""
+    try:
+        info = _procfs.parse_stat(_procfs.read_task_stat(pid, tid))
+    except (OSError, ValueError):
+        return None
+    return info.state, info.cpu_ticks
+
+
+def _cpu_sample(pids: Sequence[int]) -> dict[tuple[int, int], tuple[str, int]]:
+    sample: dict[tuple[int, int], tuple[str, int]] = {}
+    for pid in pids:
+        try:
+            tids = _procfs.list_tids(pid)
+        except OSError:
+            continue
+        for tid in tids:
+            ticks = _cpu_ticks(pid, tid)
+            if ticks is not None:
+                sample[(pid, tid)] = ticks
+    return sample
+
+
+_BY_STATE = {"R": Activity.RUNNING, "S": Activity.SLEEPING, "I": Activity.SLEEPING}
+
+
+def _classify(state: str, before: tuple[str, int] | None, after: tuple[str, int] | None,
+              window_s: float) -> tuple[Activity, float | None]:
+    if state in _procfs.UNINTERRUPTIBLE_STATES:
+        return Activity.IN_D, _fraction(before, after, window_s)
+    if state in _STOPPED:
+        return Activity.STOPPED, _fraction(before, after, window_s)
+    if state in _EXITED:
+        return Activity.EXITED, None
+    fraction = _fraction(before, after, window_s)
+    if fraction is None:  # no window, or a thread new since the first CPU sample: its state alone
+        return _BY_STATE.get(state, Activity.UNKNOWN), None
+    # Runnable at both ends of the window counts as spinning even with little CPU: on a loaded
+    # host a spinning thread waits for a core in R, while a thread that blocks shows S or D.
+    runnable = before is not None and after is not None and before[0] == "R" and after[0] == "R"
+    if fraction >= SPIN_FRACTION or runnable:
+        return Activity.SPINNING, fraction
+    if fraction >= RUNNING_FRACTION:
+        return Activity.RUNNING, fraction
+    return Activity.SLEEPING, fraction
+
+
+def _fraction(before: tuple[str, int] | None, after: tuple[str, int] | None, window_s: float) -> float | None:
+    if before is None or after is None or window_s <= 0:
+        return None
+    return max(0, after[1] - before[1]) / _CLK_TCK / window_s
+
+
+def _rank_activity(threads: Sequence[ThreadDiagnosis]) -> Activity:
+    seen = {thread.activity for thread in threads}
+    return next((activity for activity in _RANK_ORDER if activity in seen), Activity.UNKNOWN)
+
+
+# ----------------------------------------------------------------------------- py-spy
+
+
+def _parse_json_dump(data: bytes) -> tuple[ThreadStack, ...]:
+    threads = []
+    for item in json.loads(data):
+        frames = tuple(StackFrame(str(frame.get("name", "?")), str(frame.get("filename", "")),
+                                  int(frame.get("line") or 0)) for frame in item.get("frames", ()))
+        tid = item.get("os_thread_id")
+        threads.append(ThreadStack(tid if isinstance(tid, int) else None, str(item.get("thread_name") or ""),
+                                   bool(item.get("active")), bool(item.get("owns_gil")), frames))
+    return tuple(threads)
+
+
+_TEXT_THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \(([^)]*)\)(?:: "(.*)")?')
+_TEXT_FRAME = re.compile(r"^\s+(.+) \((.+):(\d+)\)\s*$")
+
+
+def _parse_text_dump(text: str) -> tuple[ThreadStack, ...]:
+    """The plain ``py-spy dump`` format (py-spy without ``--json``): ``Thread TID (idle): "name"``
+    followed by indented ``function (file:line)`` lines, innermost first."""
+    threads: list[ThreadStack] = []
+    current: tuple[int | None, str, str] | None = None
+    frames: list[StackFrame] = []
+
+    def flush() -> None:
+        if current is not None:
+            tid, flags, name = current
+            threads.append(ThreadStack(tid, name, "active" in flags, "gil" in flags, tuple(frames)))
+
+    for line in text.splitlines():
+        head = _TEXT_THREAD.match(line)
+        if head is not None:
+            flush()
+            ident = head.group(1)
+            current = (None if ident.startswith("0x") else int(ident), head.group(2), head.group(3) or "")
+            frames = []
+            continue
+        frame = _TEXT_FRAME.match(line)
+        if frame is not None and current is not None:
+            frames.append(StackFrame(frame.group(1), frame.group(2), int(frame.group(3))))
+    flush()
+    return tuple(threads)
+
+
+@functools.cache
+def _supports_json(py_spy: str) -> bool:
+    """Whether this ``py-spy`` has ``dump --json`` (older ones print text). At most 5 s, plus the
+    kill wait; an executable that does not answer is taken as text-only (its dumps time out then)."""
+    with tempfile.TemporaryFile() as out:
+        try:
+            proc = subprocess.Popen([py_spy, "dump", "--help"], stdin=subprocess.DEVNULL, stdout=out,
+                                    stderr=subprocess.DEVNULL, start_new_session=True)
+        except OSError:
+            return False
+        try:
+            proc.wait(timeout=5.0)
+        except subprocess.TimeoutExpired:
+            proc.kill()  # our unreaped child: the pid is still its own
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=KILL_WAIT_S)
+            return False
+        out.seek(0)
+        return b"--json" in out.read()
+
+
+@dataclass
+class _Dump:
+    """One running ``py-spy dump``; its output goes to an unnamed file, never a pipe that can fill."""
+
+    pid: int
+    proc: subprocess.Popen[bytes]
+    out: IO[bytes]
+    err: IO[bytes]
+    started: float
+    json_format: bool
+
+
+def _start_dump(py_spy: str, pid: int, json_format: bool) -> _Dump | RankStacks:
+    argv = [py_spy, "dump", "--nonblocking", "--pid", str(pid)] + (["--json"] if json_format else [])
+    out = tempfile.TemporaryFile()
+    err = tempfile.TemporaryFile()
+    try:
+        # Its own session: a terminal's SIGINT to the operator's scan never reaches it, and it is
+        # no part of the caller's process group.
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
+    except OSError as exc:
+        out.close()
+        err.close()
+        return RankStacks(StackStatus.FAILED, f"py-spy could not start: {exc}")
+    return _Dump(pid, proc, out, err, time.monotonic(), json_format)
+
+
+def _finish_dump(dump: _Dump, deadline: float, timeout_s: float) -> RankStacks:
+    try:
+        try:
+            dump.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return _kill_dump(dump, timeout_s)
+        took_ms = (time.monotonic() - dump.started) * 1000
+        dump.out.seek(0)
+        dump.err.seek(0)
+        data, errors = dump.out.read(), dump.err.read().decode("utf-8", "replace").strip()
+        if dump.proc.returncode != 0:
+            # py-spy prints "Error: ..." then (RUST_BACKTRACE builds) a backtrace: keep the error.
+            lines = [line.strip() for line in errors.splitlines() if line.strip()]
+            detail = next((line for line in lines if line.startswith("Error")), lines[0] if lines else
+                          f"exit status {dump.proc.returncode}")
+            return RankStacks(StackStatus.FAILED, f"py-spy failed: {detail}"[:300], took_ms=took_ms)
+        try:
+            threads = _parse_json_dump(data) if dump.json_format else _parse_text_dump(data.decode("utf-8", "replace"))
+        except (ValueError, TypeError, AttributeError) as exc:
+            return RankStacks(StackStatus.FAILED, f"py-spy output not understood: {exc}"[:300], took_ms=took_ms)
+        return RankStacks(StackStatus.TAKEN, "", threads, took_ms)
+    finally:
+        dump.out.close()
+        dump.err.close()
+
+
+def _kill_dump(dump: _Dump, timeout_s: float) -> RankStacks:
+    took_ms = (time.monotonic() - dump.started) * 1000
+    # Our own unreaped child: its pid cannot have been reused, so a plain signal is safe.
+    dump.proc.send_signal(signal.SIGKILL)
+    try:
+        dump.proc.wait(timeout=KILL_WAIT_S)
+    except subprocess.TimeoutExpired:
+        # Stuck in D on the target's mmap lock: it cannot be killed or reaped now. Left behind
+        # (the subprocess module reaps it later if it ever exits); never waited for again.
+        logger.warning("py-spy (pid %d) on pid %d did not exit %.1f s after SIGKILL; left behind",
+                       dump.proc.pid, dump.pid, KILL_WAIT_S)
+        return RankStacks(StackStatus.DID_NOT_EXIT,
+                          f"py-spy did not exit: timed out after {timeout_s:g} s and still there after SIGKILL "
+                          f"(pid {dump.proc.pid}, probably stuck on the target's mmap lock)", took_ms=took_ms)
+    return RankStacks(StackStatus.TIMED_OUT, f"py-spy timed out after {timeout_s:g} s (killed)", took_ms=took_ms)
+
+
+def take_stacks(pids: Sequence[int], *, timeout_s: float = DEFAULT_STACKS_TIMEOUT_S,
+                py_spy: str | None = None) -> dict[int, RankStacks]:
+    """Python stacks of ``pids``, one ``py-spy dump --nonblocking`` each, all in parallel.
+
+    The caller has already excluded processes with a thread in ``D`` (see the module docstring).
+    Blocks at most ``timeout_s`` plus :data:`KILL_WAIT_S` (one deadline for all), plus a one-time
+    ``py-spy dump --help`` (bounded by 5 s) per ``py-spy`` executable. Never raises for a process
+    that cannot be read: that is its :class:`RankStacks`. Thread-safe.
+    """
+    executable = py_spy if py_spy is not None else find_py_spy()
+    if executable is None:
+        return {pid: RankStacks(StackStatus.NO_PY_SPY, "py-spy is not installed (pip install "
+                                "'trtllm-liveness[diagnose]')") for pid in pids}
+    json_format = _supports_json(executable)
+    deadline = time.monotonic() + timeout_s
+    started: dict[int, _Dump | RankStacks] = {}
+    results: dict[int, RankStacks] = {}
+    try:
+        for pid in pids:
+            started[pid] = _start_dump(executable, pid, json_format)
+        for pid, dump in started.items():
+            results[pid] = dump if isinstance(dump, RankStacks) else _finish_dump(dump, deadline, timeout_s)
+    finally:
+        # Interrupted (Ctrl-C in the operator's scan): end the dumps still running, our own
+        # unreaped children (each in its own session, so the terminal's SIGINT missed them).
+        for pid, dump in started.items():
+            if pid not in results and isinstance(dump, _Dump) and dump.proc.poll() is None:
+                with contextlib.suppress(OSError):
+                    dump.proc.send_signal(signal.SIGKILL)
+    return results
+
+
+# ----------------------------------------------------------------------------- odd rank out
+
+
+def _odd_one(values: dict[int, str]) -> tuple[int, str, str] | None:
+    """``(key, its value, the value all others share)`` when exactly one of >= 3 keys differs."""
+    if len(values) < 3:
+        return None
+    counts: dict[str, list[int]] = {}
+    for key, value in values.items():
+        counts.setdefault(value, []).append(key)
+    if len(counts) != 2:
+        return None
+    (first, first_keys), (second, second_keys) = counts.items()
+    if len(first_keys) == 1:
+        return first_keys[0], first, second
+    if len(second_keys) == 1:
+        return second_keys[0], second, first
+    return None
+
+
+def find_odd_ranks(ranks: Sequence[RankDiagnosis]) -> tuple[OddRankOut, ...]:
+    """The ranks that stand out from all the others, one per aspect: activity (e.g. one spinning
+    while the others sleep), the main thread's innermost Python function, its wait channel.
+
+    Only ranks alive and known in that aspect count; at least 3 must be (with 2, neither is "the
+    odd one"). Pure function of its input.
+    """
+    alive = [rank for rank in ranks if rank.verdict is not None and not rank.verdict.is_dead
+             and rank.verdict is not _scan.Verdict.ACCESS_DENIED]
+    by_pid = {rank.pid: rank for rank in alive}
+    aspects: list[tuple[str, dict[int, str]]] = [
+        ("activity", {rank.pid: rank.activity.value for rank in alive if rank.activity is not Activity.UNKNOWN}),
+        ("python", {rank.pid: rank.stuck_in.function for rank in alive if rank.stuck_in is not None}),
+        ("wchan", {rank.pid: main.wchan for rank in alive if (main := rank.main_thread) is not None
+                   and main.activity in (Activity.SLEEPING, Activity.IN_D)}),
+    ]
+    found = []
+    for aspect, values in aspects:
+        odd = _odd_one(values)
+        if odd is None:
+            continue
+        pid, value, others_value = odd
+        others = tuple(sorted(by_pid[other].rank for other in values if other != pid))
+        found.append(OddRankOut(by_pid[pid].rank, pid, aspect, value, others_value, others))
+    return tuple(found)
+
+
+# ----------------------------------------------------------------------------- snapshot
+
+
+def _targets(targets: Sequence[ProcessIdentity | int]) -> tuple[list[tuple[int, int]], list[RankDiagnosis]]:
+    """Split into local ``(rank, pid)`` to scan and ranks reported without a scan (remote, reused)."""
+    local: list[tuple[int, int]] = []
+    unscanned: list[RankDiagnosis] = []
+    for index, target in enumerate(targets):
+        if isinstance(target, int):
+            local.append((index, target))
+            continue
+        if target.hostname != local_hostname() or (
+                target.pid_namespace is not None and target.pid_namespace != local_pid_namespace()):
+            unscanned.append(RankDiagnosis(target.rank, target.pid, None,
+                                           f"not local (host {target.hostname}): not diagnosed here",
+                                           Activity.UNKNOWN, (), None))
+            continue
+        if target.start_time is not None:
+            try:
+                start = _procfs.read_start_time(target.pid)
+            except (OSError, ValueError):
+                start = None
+            if start != target.start_time:
+                unscanned.append(RankDiagnosis(target.rank, target.pid, _scan.Verdict.GONE,
+                                               "gone (or its pid reused)", Activity.EXITED, (), None))
+                continue
+        local.append((target.rank, target.pid))
+    return local, unscanned
+
+
+def diagnose(
+    targets: Sequence[ProcessIdentity | int],
+    *,
+    stacks: bool = True,
+    window_s: float = DEFAULT_WINDOW_S,
+    cpu_window_s: float = DEFAULT_WINDOW_S,
+    scan_samples: int = 3,
+    stacks_timeout_s: float = DEFAULT_STACKS_TIMEOUT_S,
+    py_spy: str | None = None,
+    read_timeout_s: float = DEFAULT_TIMEOUT_S,
+    reader: MmReader | None = None,
+    clock: Callable[[], float] = time.monotonic,
+) -> Diagnosis:
+    """Snapshot ``targets`` (identities, or bare pids numbered as ranks 0..n-1) and name the odd one.
+
+    Runs :func:`._scan.scan` over ``window_s`` (``scan_samples`` samples; it ends after one when
+    no thread is in ``D``), measures each thread's CPU over at least ``cpu_window_s`` (0: threads
+    are classified by their state alone), then, with
+    ``stacks``, takes the Python stacks of every rank with no thread in ``D`` (see
+    :func:`take_stacks`). An identity whose start time no longer matches is reported gone and not
+    scanned; one of another host or PID namespace is reported and not scanned.
+
+    Blocks about ``cpu_window_s`` (``window_s`` when a thread is in ``D``: the scan confirms it), plus the
+    scan's bounded command-line reads, plus at most ``stacks_timeout_s + KILL_WAIT_S`` for stacks.
+    Never raises for a process that is gone or unreadable. Raises ``ValueError`` for a negative
+    window or ``scan_samples < 1``. Thread-safe (no shared state besides ``reader``).
+    """
+    if window_s < 0 or cpu_window_s < 0:
+        raise ValueError("window_s and cpu_window_s must not be negative")
+    started = clock()
+    taken_at = time.time()
+    local, unscanned = _targets(targets)
+    pids = [pid for _rank, pid in local]
+    before = _cpu_sample(pids)
+    t0 = clock()
+    result = _scan.scan(pids, window_s=window_s, samples=scan_samples, read_timeout_s=read_timeout_s,
+                        reader=reader, clock=clock)
+    remaining = t0 + cpu_window_s - clock()
+    if pids and remaining > 0:
+        time.sleep(remaining)
+    after = _cpu_sample(pids)
+    measured = clock() - t0
+    ranks: list[RankDiagnosis] = []
+    for (rank, pid), report in zip(local, result.processes, strict=True):
+        threads = []
+        for thread in report.threads:
+            key = (pid, thread.tid)
+            activity, fraction = _classify(thread.state, before.get(key), after.get(key),
+                                           measured if cpu_window_s > 0 else 0.0)
+            threads.append(ThreadDiagnosis(thread.tid, thread.name, thread.state, activity, fraction,
+                                           thread.wchan, thread.d_seconds, thread.kill_pending))
+        activity = Activity.EXITED if report.verdict.is_dead else _rank_activity(threads)
+        ranks.append(RankDiagnosis(rank, pid, report.verdict, report.detail, activity, tuple(threads), None, report))
+    executable = ""
+    if stacks:
+        executable = (py_spy if py_spy is not None else find_py_spy()) or ""
+        ranks = _with_stacks(ranks, stacks_timeout_s, executable or None)
+        unscanned = [_replace_stacks(rank, RankStacks(StackStatus.SKIPPED_NOT_RUNNING, rank.detail))
+                     for rank in unscanned]
+    all_ranks = tuple(sorted(ranks + unscanned, key=lambda rank: rank.rank))
+    diagnosis = Diagnosis(taken_at, measured, (clock() - started) * 1000, all_ranks, find_odd_ranks(all_ranks),
+                          result, executable)
+    logger.debug("diagnosis of %d rank(s) in %.0f ms: %s", len(all_ranks), diagnosis.elapsed_ms, diagnosis.summary())
+    return diagnosis
+
+
+def _replace_stacks(rank: RankDiagnosis, stacks: RankStacks) -> RankDiagnosis:
+    return RankDiagnosis(rank.rank, rank.pid, rank.verdict, rank.detail, rank.activity, rank.threads, stacks,
+                         rank.report)
+
+
+def _with_stacks(ranks: list[RankDiagnosis], timeout_s: float, py_spy: str | None) -> list[RankDiagnosis]:
+    skipped: dict[int, RankStacks] = {}
+    wanted = []
+    for rank in ranks:
+        d_tids = [thread.tid for thread in rank.threads if thread.activity is Activity.IN_D]
+        if not d_tids:
+            # The freshest look: a thread may have entered D since the scan's last sample.
+            try:
+                states = _procfs.read_thread_states(rank.pid)
+            except OSError:
+                states = {}
+            d_tids = sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES)
+        if d_tids:  # py-spy reads its memory: the same mm lock as a cmdline read
+            skipped[rank.pid] = RankStacks(StackStatus.SKIPPED_TASK_IN_D, skip_for_d(rank.pid, "stacks", d_tids).detail)
+        elif rank.verdict is None or rank.verdict.is_dead or rank.verdict is _scan.Verdict.ACCESS_DENIED:
+            why = "not scanned" if rank.verdict is None else rank.verdict.value
+            skipped[rank.pid] = RankStacks(StackStatus.SKIPPED_NOT_RUNNING, f"stacks skipped: {why}")
+        else:
+            wanted.append(rank.pid)
+    taken = take_stacks(wanted, timeout_s=timeout_s, py_spy=py_spy) if wanted else {}
+    return [_replace_stacks(rank, skipped.get(rank.pid) or taken[rank.pid]) for rank in ranks]

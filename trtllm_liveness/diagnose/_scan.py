@@ -1,0 +1,564 @@
+"""Point-in-time diagnosis of processes for an operator: the engine behind ``trtllm-liveness scan``.
+
+A scan samples each process several times over a short window (default 1 s, 5 samples) and
+reports, per process and per thread: the state letter, how long a thread was seen in ``D``
+(uninterruptible sleep) without interruption, whether SIGKILL is pending, the kernel wait channel,
+and whether the process is a zombie. From those it gives a verdict and the action to take:
+
+- ``unkillable``: a thread in ``D`` with SIGKILL pending on two consecutive samples (the same rule
+  as the monitor's :class:`~trtllm_liveness.monitor._wedge.WedgeTracker`). Nothing in user space can end
+  it; it still holds its GPU/NIC, so the host must be drained and recycled.
+- ``d-state``: a thread in ``D`` on every sample of the window: probably wedged in a driver, NCCL
+  or RDMA. A single sample in ``D`` is normal (disk I/O) and is not flagged.
+- ``stopped``: ``T``/``t`` (SIGSTOP or a tracer): alive, stuck, but killable.
+- ``zombie``: exited, not yet reaped by its parent. ``gone``: vanished or PID reused during the scan.
+
+Reading never hangs the scan: the one file it reads that takes the target's mmap lock, the command
+line, is read through :class:`._mm_read.MmReader` (a helper thread with a deadline) and not at all
+for a process with a thread in ``D``; each such skip is recorded in the report with its reason.
+
+Parsing stays in :mod:`._procfs`; the ``D`` rules come from :mod:`._wedge`. Standard library only;
+this module never sends a signal.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import os
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..monitor._wedge import WedgeTracker, sample_d_state
+from ..process import _procfs
+from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader, SkippedRead, skip_for_d
+
+RECYCLE_ADVICE = (
+    "recycle the host: drain it, then reboot it; a task in D with SIGKILL pending keeps its GPU/NIC "
+    "until the kernel lets go, and no signal will end it; do not start new workers on this host"
+)
+
+_STOPPED_STATES = frozenset("Tt")
+_ZOMBIE_STATES = frozenset("ZX")
+
+
+class Verdict(str, enum.Enum):
+    """What a scan concludes about one process, from best to worst within its kind."""
+
+    OK = "ok"
+    STOPPED = "stopped"
+    D_STATE = "d-state"
+    UNKILLABLE = "unkillable"
+    ZOMBIE = "zombie"
+    GONE = "gone"
+    ACCESS_DENIED = "access-denied"
+
+    @property
+    def is_stuck(self) -> bool:
+        """Alive but not making progress (stopped, in ``D``, unkillable)."""
+        return self in (Verdict.STOPPED, Verdict.D_STATE, Verdict.UNKILLABLE)
+
+    @property
+    def is_dead(self) -> bool:
+        """Exited (zombie) or no longer there."""
+        return self in (Verdict.ZOMBIE, Verdict.GONE)
+
+
+@dataclass(frozen=True)
+class ThreadReport:
+    """One thread at the last sample of a scan.
+
+    ``d_seconds`` is how long the thread had been seen in ``D`` without interruption up to the
+    last sample (a lower bound: it may have been in ``D`` before the first one); 0 when it was not
+    in ``D`` at the last sample. ``d_samples`` counts the samples that saw it in ``D``.
+    """
+
+    tid: int
+    name: str
+    state: str
+    d_seconds: float
+    d_samples: int
+    kill_pending: bool
+    wchan: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "tid": self.tid,
+            "name": self.name,
+            "state": self.state,
+            "d_seconds": round(self.d_seconds, 3),
+            "d_samples": self.d_samples,
+            "sigkill_pending": self.kill_pending,
+            "wchan": self.wchan,
+        }
+
+
+@dataclass(frozen=True)
+class ProcessReport:
+    """The result of scanning one process: what was seen, the verdict, and what to do."""
+
+    pid: int
+    comm: str
+    cmdline: tuple[str, ...]
+    ppid: int
+    state: str
+    verdict: Verdict
+    detail: str
+    advice: str
+    kill_pending: bool
+    d_seconds: float
+    samples: int
+    exit_status: str = ""
+    threads: tuple[ThreadReport, ...] = ()
+    # Reads that take the target's mm lock and were not made or timed out (cmdline is then empty).
+    skipped: tuple[SkippedRead, ...] = ()
+
+    @property
+    def unkillable(self) -> bool:
+        """SIGKILL pending in ``D`` across samples: only recycling the host ends it."""
+        return self.verdict is Verdict.UNKILLABLE
+
+    @property
+    def flagged(self) -> bool:
+        """Anything other than a healthy running or sleeping process."""
+        return self.verdict is not Verdict.OK
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "pid": self.pid,
+            "comm": self.comm,
+            "cmdline": list(self.cmdline),
+            "ppid": self.ppid,
+            "state": self.state,
+            "verdict": self.verdict.value,
+            "unkillable": self.unkillable,
+            "zombie": self.verdict is Verdict.ZOMBIE,
+            "detail": self.detail,
+            "advice": self.advice,
+            "sigkill_pending": self.kill_pending,
+            "d_seconds": round(self.d_seconds, 3),
+            "samples": self.samples,
+            "exit_status": self.exit_status,
+            "threads": [thread.to_dict() for thread in self.threads],
+            "skipped": [skip.to_dict() for skip in self.skipped],
+        }
+
+
+@dataclass(frozen=True)
+class ScanResult:
+    """Every process of one scan, in the order given."""
+
+    window_s: float
+    samples: int
+    processes: tuple[ProcessReport, ...]
+
+    @property
+    def unkillable(self) -> list[ProcessReport]:
+        """The processes only a host recycle will end."""
+        return [report for report in self.processes if report.unkillable]
+
+    @property
+    def skipped(self) -> list[SkippedRead]:
+        """Every read skipped in the reports, in process order."""
+        return [skip for report in self.processes for skip in report.skipped]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        unkillable = self.unkillable
+        return {
+            "window_s": self.window_s,
+            "samples": self.samples,
+            "processes": [report.to_dict() for report in self.processes],
+            "flagged": sum(1 for report in self.processes if report.flagged),
+            "unkillable": len(unkillable),
+            "skipped_reads": len(self.skipped),
+            "advice": RECYCLE_ADVICE if unkillable else "",
+        }
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The processes a filter matched, and the reads it could not make while matching.
+
+    A process in ``skipped`` could not be matched by its command line (its comm was still
+    compared); scan it by pid, or select it with ``parent``/``cgroup``, which need no such read.
+    """
+
+    pids: tuple[int, ...]
+    skipped: tuple[SkippedRead, ...] = ()
+
+
+@dataclass
+class _ThreadTrack:
+    d_since: float | None = None
+    d_samples: int = 0
+
+
+@dataclass
+class _ProcessSampler:
+    """Accumulates the samples of one process. Not thread-safe; one scan owns it."""
+
+    pid: int
+    start_time: int | None = None
+    info: _procfs.StatInfo | None = None
+    gone: str = ""
+    denied: bool = False
+    samples: int = 0
+    d_every_sample: bool = True
+    last_now: float = 0.0
+    wedge: WedgeTracker = field(default_factory=lambda: WedgeTracker(math.inf))
+    threads: dict[int, _ThreadTrack] = field(default_factory=dict)
+    last_states: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.gone) or self.denied
+
+    @property
+    def saw_d(self) -> bool:
+        """A thread was in D at the last sample."""
+        return any(state in _procfs.UNINTERRUPTIBLE_STATES for state in self.last_states.values())
+
+    def sample(self, now: float) -> None:
+        if self.finished:
+            return
+        try:
+            info = _procfs.read_stat(self.pid)
+            if self.start_time is None:
+                self.start_time = info.start_time
+            elif info.start_time != self.start_time:
+                self.gone = "exited during the scan (PID already reused)"
+                return
+            states = _procfs.read_thread_states(self.pid)
+            d_sample = sample_d_state(self.pid) if info.state not in _ZOMBIE_STATES else None
+        except (FileNotFoundError, ProcessLookupError):
+            self.gone = "no such process" if self.samples == 0 else "exited during the scan"
+            return
+        except PermissionError:
+            self.denied = True
+            return
+        self.info = info
+        self.samples += 1
+        self.last_now = now
+        self.last_states = states
+        # The tracker's UNKILLABLE rule (D with SIGKILL pending on two consecutive samples) is the
+        # one the monitor uses; its WEDGED timeout is infinite here because the scan judges "D on
+        # every sample" itself.
+        self.wedge.observe(d_sample, now)
+        if d_sample is None:
+            self.d_every_sample = False
+        for tid, state in states.items():
+            track = self.threads.setdefault(tid, _ThreadTrack())
+            if state in _procfs.UNINTERRUPTIBLE_STATES:
+                track.d_samples += 1
+                if track.d_since is None:
+                    track.d_since = now
+            else:
+                track.d_since = None
+        for tid in list(self.threads):
+            if tid not in states:
+                del self.threads[tid]
+
+    def report(self, window_s: float, reader: MmReader) -> ProcessReport:
+        if self.denied or (self.info is None and not self.gone):
+            return ProcessReport(
+                self.pid, "", (), 0, "", Verdict.ACCESS_DENIED,
+                "permission denied reading its /proc entry", "run the scan as root or as the process owner",
+                False, 0.0, self.samples,
+            )
+        info = self.info
+        if info is None:
+            return ProcessReport(self.pid, "", (), 0, "", Verdict.GONE, self.gone, "", False, 0.0, 0)
+        threads = tuple(self._thread_reports())
+        # The freshest thread states (just read): a thread in D may hold the mm lock the command
+        # line read needs, so it is not read at all; otherwise it is read with a deadline.
+        in_d = [thread.tid for thread in threads if thread.state in _procfs.UNINTERRUPTIBLE_STATES]
+        cmdline, skip = _cmdline(self.pid, reader, in_d)
+        skipped = () if skip is None else (skip,)
+        if self.gone:
+            return ProcessReport(
+                self.pid, info.comm, cmdline, info.ppid, "", Verdict.GONE, self.gone, "", False, 0.0,
+                self.samples, threads=threads, skipped=skipped,
+            )
+        kill_pending = _thread_kill_pending(self.pid, None) or any(
+            thread.kill_pending for thread in threads
+        )
+        d_seconds = self.wedge.d_seconds(self.last_now)
+        d_threads = [thread for thread in threads if thread.state in _procfs.UNINTERRUPTIBLE_STATES]
+        first_d = d_threads[0] if d_threads else None
+        where = "" if first_d is None else f"thread {first_d.tid} ({first_d.name}) wchan {first_d.wchan or '?'}"
+        base = (info.pid, info.comm, cmdline, info.ppid, info.state)
+        if info.state in _ZOMBIE_STATES:
+            status = "" if info.exit_code is None else _procfs.describe_wait_status(info.exit_code)
+            detail = "exited, not yet reaped" + (f" ({status})" if status else "")
+            advice = (
+                f"its parent (pid {info.ppid}) has not reaped it; if the parent is the engine, the engine "
+                "has not noticed the death: restart the engine"
+            )
+            return ProcessReport(*base, Verdict.ZOMBIE, detail, advice, kill_pending, 0.0, self.samples,
+                                 exit_status=status, threads=threads, skipped=skipped)
+        if self.wedge.kill_pending_scans >= 2 and first_d is not None:
+            detail = f"in D with SIGKILL pending for at least {d_seconds:.1f}s: {where}"
+            return ProcessReport(*base, Verdict.UNKILLABLE, detail, RECYCLE_ADVICE, kill_pending, d_seconds,
+                                 self.samples, threads=threads, skipped=skipped)
+        if self.d_every_sample and first_d is not None and (self.samples >= 2 or window_s <= 0):
+            pending = "; SIGKILL pending" if kill_pending else ""
+            detail = f"in uninterruptible sleep (D) on every sample, at least {d_seconds:.1f}s: {where}{pending}"
+            advice = (
+                "probably wedged in a driver, NCCL or RDMA; scan again with a longer --window; if it stays "
+                "in D, SIGKILL it and scan again: if SIGKILL stays pending, " + RECYCLE_ADVICE
+            )
+            return ProcessReport(*base, Verdict.D_STATE, detail, advice, kill_pending, d_seconds,
+                                 self.samples, threads=threads, skipped=skipped)
+        if info.state in _STOPPED_STATES:
+            how = "by a tracer" if info.state == "t" else "by a signal (SIGSTOP/SIGTSTP)"
+            return ProcessReport(*base, Verdict.STOPPED, f"stopped {how}", "SIGCONT resumes it; SIGKILL ends it",
+                                 kill_pending, 0.0, self.samples, threads=threads, skipped=skipped)
+        seen_d = max((track.d_samples for track in self.threads.values()), default=0)
+        detail = f"briefly in D ({seen_d} of {self.samples} samples)" if seen_d else ""
+        return ProcessReport(*base, Verdict.OK, detail, "", kill_pending, d_seconds, self.samples, threads=threads,
+                             skipped=skipped)
+
+    def _thread_reports(self) -> Iterable[ThreadReport]:
+        for tid in sorted(self.last_states):
+            track = self.threads.get(tid, _ThreadTrack())
+            try:
+                stat = _procfs.read_stat(self.pid, tid)
+            except OSError:
+                continue  # the thread exited since the last sample
+            in_d = stat.state in _procfs.UNINTERRUPTIBLE_STATES
+            d_seconds = self.last_now - track.d_since if in_d and track.d_since is not None else 0.0
+            yield ThreadReport(
+                tid=tid,
+                name=stat.comm,
+                state=stat.state,
+                d_seconds=d_seconds,
+                d_samples=track.d_samples,
+                kill_pending=_thread_kill_pending(self.pid, tid),
+                wchan=_thread_wchan(self.pid, tid),
+            )
+
+
+def _thread_kill_pending(pid: int, tid: int | None) -> bool:
+    try:
+        return _procfs.sigkill_pending(pid, tid)
+    except OSError:
+        return False
+
+
+def _thread_wchan(pid: int, tid: int) -> str:
+    try:
+        return _procfs.read_wchan(pid, tid)
+    except OSError:
+        return ""
+
+
+def _cmdline(pid: int, reader: MmReader, d_tids: list[int] | None) -> tuple[tuple[str, ...], SkippedRead | None]:
+    """The command line of ``pid`` read through ``reader``; skipped when ``d_tids`` is not empty.
+
+    ``d_tids=None`` reads even a process in D (with the reader's deadline). Empty when unreadable
+    or gone (kernel threads and zombies have none).
+    """
+    if d_tids:
+        return (), skip_for_d(pid, "cmdline", d_tids)
+    try:
+        data = reader.read(pid, "cmdline")
+    except OSError:
+        return (), None
+    if isinstance(data, SkippedRead):
+        return (), data
+    return tuple(part.decode("utf-8", "replace") for part in data.split(b"\0") if part), None
+
+
+def scan(
+    pids: Sequence[int],
+    *,
+    window_s: float = 1.0,
+    samples: int = 5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+    read_timeout_s: float = DEFAULT_TIMEOUT_S,
+    reader: MmReader | None = None,
+) -> ScanResult:
+    """Sample ``pids`` ``samples`` times, evenly over ``window_s`` seconds, and judge each one.
+
+    Blocks for about ``window_s`` seconds (one deadline; the reads themselves take microseconds
+    per thread), plus at most ``read_timeout_s`` per process whose command line read hangs on its
+    mm lock, up to the reader's bound on stuck helpers (then such reads are skipped at once). The
+    command line of a process with a thread in ``D`` is not read; every skip is in the report's
+    ``skipped``. ``reader`` (default: a fresh :class:`MmReader` with ``read_timeout_s``) lets a
+    caller share one bound on stuck helpers with :func:`select`. ``window_s <= 0`` or
+    ``samples == 1`` takes one sample, which cannot confirm a wedge or an unkillable process.
+    When the first sample sees no thread in D in any process, the scan ends there (nothing is
+    left to confirm; a healthy scan then takes milliseconds): ``ScanResult.samples`` is 1 and
+    ``window_s`` 0.
+    Never raises for a process that is gone or unreadable: that is its verdict. Raises
+    ``ValueError`` for ``samples < 1`` or ``read_timeout_s <= 0``. Thread-safe (no shared state).
+    """
+    if samples < 1:
+        raise ValueError("samples must be at least 1")
+    own_reader = reader is None
+    mm_reader = MmReader(read_timeout_s) if reader is None else reader
+    if window_s <= 0:
+        samples = 1
+    samplers = [_ProcessSampler(pid) for pid in pids]
+    start = clock()
+    interval = window_s / (samples - 1) if samples > 1 else 0.0
+    taken = 0
+    for index in range(samples):
+        now = clock()
+        for sampler in samplers:
+            sampler.sample(now)
+        taken += 1
+        # The window only confirms what a sample saw in D (D on every sample; D with SIGKILL
+        # pending twice): when the first sample sees no thread in D, no later one can make a
+        # d-state verdict, and every other verdict is read from one sample. Ending here keeps a
+        # healthy scan well under a probe's timeout (Kubernetes: 1 s).
+        if index == 0 and not any(sampler.saw_d for sampler in samplers):
+            break
+        if index + 1 < samples:
+            remaining = start + interval * (index + 1) - clock()
+            if remaining > 0:
+                sleep(remaining)
+    try:
+        reports = tuple(sampler.report(window_s, mm_reader) for sampler in samplers)
+    finally:
+        if own_reader:
+            mm_reader.close()
+    return ScanResult(window_s if taken > 1 else 0.0, taken, reports)
+
+
+# ----------------------------------------------------------------------------- selection
+
+
+def _ancestors_of_self() -> set[int]:
+    # The scanning command's own shell and launcher carry the filter string in their command
+    # lines; never report them.
+    found = {os.getpid()}
+    pid = os.getpid()
+    while pid > 1:
+        try:
+            pid = _procfs.read_stat(pid).ppid
+        except (OSError, ValueError):
+            break
+        found.add(pid)
+    return found
+
+
+def _cgroup_paths(pid: int) -> list[str]:
+    # /proc/<pid>/cgroup: "hierarchy-id:controllers:path" per line (v1), "0::path" (v2).
+    # Not in _procfs because nothing but the operator's selection needs it.
+    try:
+        with open(f"{_procfs.PROCFS_PATH}/{pid}/cgroup", "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return []
+    paths = []
+    for line in data.decode("utf-8", "replace").splitlines():
+        parts = line.split(":", 2)
+        if len(parts) == 3:
+            paths.append(parts[2])
+    return paths
+
+
+def _pids_of_cgroup_dir(directory: str) -> set[int]:
+    found: set[int] = set()
+    for root, _dirs, files in os.walk(directory):
+        if "cgroup.procs" not in files:
+            continue
+        try:
+            with open(os.path.join(root, "cgroup.procs")) as handle:
+                found.update(int(line) for line in handle if line.strip().isdigit())
+        except OSError:
+            continue
+    return found
+
+
+def _in_cgroup(paths: list[str], wanted: str) -> bool:
+    wanted = wanted.rstrip("/") or "/"
+    return any(
+        path == wanted or path.startswith(wanted + "/") or wanted == "/"
+        for path in paths
+    )
+
+
+def select_processes(
+    *, name: str | None = None, parent: int | None = None, cgroup: str | None = None
+) -> list[int]:
+    """:func:`select`'s pids, as a list (the reads it skipped are dropped)."""
+    return list(select(name=name, parent=parent, cgroup=cgroup).pids)
+
+
+def select(
+    *, name: str | None = None, parent: int | None = None, cgroup: str | None = None,
+    read_timeout_s: float = DEFAULT_TIMEOUT_S, reader: MmReader | None = None,
+) -> Selection:
+    """PIDs matching every given filter, sorted; the calling process and its ancestors excluded.
+
+    ``name``: substring of the process name (``comm``) or of its command line joined by spaces
+    (e.g. ``mpi4py.futures.server``). ``parent``: descendants of that pid, at any depth (MPI
+    spawned workers are grandchildren of the launcher). ``cgroup``: an existing cgroup directory
+    (e.g. ``/sys/fs/cgroup/freezer/job``: its ``cgroup.procs`` and those of its sub-groups), or a
+    cgroup path as written in ``/proc/<pid>/cgroup`` (``/system.slice/job.service``: that group
+    and below). Raises ``ValueError`` when no filter is given. Reads one ``stat`` per process on
+    the host (a few ms for hundreds); thread-safe.
+
+    ``name`` reads the command line of each candidate whose comm does not match, through
+    ``reader`` (default: a fresh :class:`MmReader` with ``read_timeout_s``): at most
+    ``read_timeout_s`` for each that hangs on its mm lock, up to the reader's bound on stuck
+    helpers. Unlike the scan's report, a process in ``D`` is read too (with that deadline):
+    skipping it would hide the wedged worker the filter is meant to find. Reads that timed out or
+    were skipped are in :attr:`Selection.skipped`, and those processes are not matched.
+    """
+    if name is None and parent is None and cgroup is None:
+        raise ValueError("give at least one filter: name, parent or cgroup")
+    excluded = _ancestors_of_self()
+    infos: dict[int, _procfs.StatInfo] = {}
+    for pid in _procfs.list_pids():
+        try:
+            infos[pid] = _procfs.read_stat(pid)
+        except (OSError, ValueError):
+            continue
+    candidates = set(infos) - excluded
+    if parent is not None:
+        children: dict[int, list[int]] = {}
+        for pid, info in infos.items():
+            children.setdefault(info.ppid, []).append(pid)
+        descendants: set[int] = set()
+        stack = [parent]
+        while stack:
+            for child in children.get(stack.pop(), []):
+                if child not in descendants:
+                    descendants.add(child)
+                    stack.append(child)
+        candidates &= descendants
+    if cgroup is not None:
+        # Only a real cgroup directory (it has cgroup.procs) is walked: "/" is a cgroup path too,
+        # and walking the root filesystem would take minutes.
+        if os.path.isfile(os.path.join(cgroup, "cgroup.procs")):
+            candidates &= _pids_of_cgroup_dir(cgroup)
+        else:
+            candidates = {pid for pid in candidates if _in_cgroup(_cgroup_paths(pid), cgroup)}
+    skipped: list[SkippedRead] = []
+    if name is not None:
+        matched = set()
+        mm_reader = MmReader(read_timeout_s) if reader is None else reader
+        try:
+            for pid in sorted(candidates):
+                if name in infos[pid].comm:
+                    matched.add(pid)
+                    continue
+                cmdline, skip = _cmdline(pid, mm_reader, None)
+                if skip is not None:
+                    skipped.append(skip)
+                elif name in " ".join(cmdline):
+                    matched.add(pid)
+        finally:
+            if reader is None:
+                mm_reader.close()
+        candidates = matched
+    return Selection(tuple(sorted(candidates)), tuple(skipped))

@@ -1,0 +1,149 @@
+"""The engine's outcome, for a launcher whose own exit status cannot be trusted.
+
+``mpirun`` (PRRTE) ends a job whose host crashed with exit status 0 (measured on the test hosts:
+it notices the lost daemon and ends every rank, the proxy included, within milliseconds), so an
+orchestrator sees success after an engine death. ``trtllm-liveness launch``
+(:mod:`trtllm_liveness.cli._launch_command`) runs the launcher with :data:`OUTCOME_ENV` naming a private
+directory; every engine process writes its own ``outcome.<pid>.json`` there:
+
+- ``running`` when its engine starts (with the status a failure calls for);
+- ``failed`` at its first fatal error (from a daemon thread, first thing on the fatal path; sticky:
+  nothing overwrites it);
+- ``clean`` when its engine shut down healthy, or its interpreter exits normally with no failure.
+
+A process that PRRTE killed before it could record its failure is still ``running``: the race
+between PRRTE's kill and the fatal path (both take milliseconds) cannot turn a failure into
+success. The wrapper turns a zero status into the recorded failure's status, or into
+``exit_code`` for an engine that never ended cleanly. Writes are atomic (temporary file, rename).
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import atexit
+import glob
+import json
+import logging
+import os
+import threading
+from dataclasses import dataclass
+
+logger = logging.getLogger(__name__)
+
+OUTCOME_ENV = "TRTLLM_LIVENESS_OUTCOME"
+"""The directory of the outcome files, set by ``trtllm-liveness launch`` for the launcher it runs."""
+_LIMIT = 8192
+_STATES = ("running", "failed", "clean")
+_lock = threading.Lock()
+_failed = False  # this process recorded a failure: sticky
+_exit_hook = False
+_running = 0  # engines of this process started and not yet shut down healthy
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """One engine process's record: ``running``, ``failed`` or ``clean``; for a failure its message
+    and whether it is restartable; the status a failure (or an unclean end) calls for."""
+
+    state: str
+    message: str
+    restartable: bool
+    exit_code: int
+    pid: int
+
+
+def _directory(environ: dict[str, str] | None) -> str:
+    return (os.environ if environ is None else environ).get(OUTCOME_ENV, "")
+
+
+def _write(directory: str, record: dict[str, object]) -> None:
+    path = os.path.join(directory, f"outcome.{os.getpid()}.json")
+    temporary = f"{path}.{threading.get_ident()}.tmp"
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
+        try:
+            os.write(fd, json.dumps({**record, "pid": os.getpid()}).encode()[:_LIMIT])
+        finally:
+            os.close(fd)
+        os.rename(temporary, path)
+    except OSError as exc:
+        logger.warning("liveness: could not record the engine's outcome in %s: %s", directory, exc)
+
+
+def mark_running(exit_code: int, environ: dict[str, str] | None = None) -> None:
+    """An engine of this process starts (synchronous: one small file). Also arranges that a normal
+    interpreter exit without a failure records ``clean``."""
+    global _exit_hook, _running
+    directory = _directory(environ)
+    if not directory:
+        return
+    with _lock:
+        _running += 1
+        if _failed:
+            return
+        _write(directory, {"state": "running", "exit_code": exit_code, "restartable": True, "message": ""})
+        if not _exit_hook:
+            _exit_hook = True
+            atexit.register(_at_exit, environ)
+
+
+def _at_exit(environ: dict[str, str] | None) -> None:
+    global _running
+    with _lock:
+        _running = 0  # a normal interpreter exit: whatever was not shut down ended with it
+    mark_clean(environ, ended=0)
+
+
+def mark_clean(environ: dict[str, str] | None = None, *, ended: int = 1) -> None:
+    """``ended`` engines of this process shut down healthy; once none runs, the record says
+    ``clean`` (a no-op after a failure)."""
+    global _running
+    directory = _directory(environ)
+    if not directory:
+        return
+    with _lock:
+        _running = max(0, _running - ended)
+        if not _failed and _running == 0:
+            _write(directory, {"state": "clean", "exit_code": 1, "restartable": True, "message": ""})
+
+
+def record_outcome(message: str, restartable: bool, exit_code: int,
+                   environ: dict[str, str] | None = None) -> threading.Thread | None:
+    """Record this process's first failure in a daemon thread (never blocks the fatal path);
+    returns the thread, or None when no wrapper asked or a failure was recorded already."""
+    global _failed
+    directory = _directory(environ)
+    if not directory:
+        return None
+    with _lock:
+        if _failed:
+            return None
+        _failed = True
+
+    def write() -> None:
+        with _lock:
+            _write(directory, {"state": "failed", "message": message[:4000], "restartable": restartable,
+                               "exit_code": exit_code})
+
+    thread = threading.Thread(target=write, name="trtllm-liveness-outcome", daemon=True)
+    thread.start()
+    return thread
+
+
+def read_outcomes(directory: str) -> list[Outcome]:
+    """Every process's record in ``directory`` (a malformed one is a ``ValueError``)."""
+    outcomes = []
+    for path in sorted(glob.glob(os.path.join(directory, "outcome.*.json"))):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+        try:
+            raw = os.read(fd, _LIMIT + 1)
+        finally:
+            os.close(fd)
+        data = json.loads(raw) if len(raw) <= _LIMIT else None
+        if not isinstance(data, dict) or data.get("state") not in _STATES or not isinstance(data.get("message"), str) \
+                or not isinstance(data.get("restartable"), bool) or not isinstance(data.get("exit_code"), int) \
+                or isinstance(data.get("exit_code"), bool) or not 1 <= data["exit_code"] <= 255 \
+                or not isinstance(data.get("pid"), int):
+            raise ValueError(f"outcome file {path} is malformed")
+        outcomes.append(Outcome(data["state"], data["message"], data["restartable"], data["exit_code"], data["pid"]))
+    return outcomes

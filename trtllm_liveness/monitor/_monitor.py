@@ -1,0 +1,692 @@
+"""WorkerProcessMonitor: event-driven death and wedge detection for a set of worker processes.
+
+Data flow::
+
+    register(identities) --> WatchedRank per rank (_records) --+-- pidfd --> PidfdWatcher (_watcher)
+                                                               |             watch set: pidfds + wakeup
+                                                               |             check set: pidfds only
+                                                               +-- no pidfd --> ProcfsFallback (_fallback)
+
+    watcher thread: epoll_wait(watch set, timeout = next wedge scan / procfs tick) --+
+    check() / find_dead_worker(): epoll_wait(check set, 0), procfs poll -------------+--> classify,
+                                                                                        claim event
+    wedge scan (watcher only, outside the lock): ThreadSampler per rank (_wedge)  ---------+
+                                                                                           v
+                                          EventLog (_delivery): every subscriber, each event once
+
+A pidfd becomes readable when its process exits, whether or not it is our child, so the watcher
+sleeps in one ``epoll_wait`` and costs nothing while workers live. Its timeout is the next due
+tick: the wedge scan (only when wedge detection is on and armed) or the procfs poll (only when
+some worker could not get a pidfd); otherwise it blocks until a pidfd or its wakeup fires. Only
+the watcher ever clears its wakeup; synchronous checks poll a second epoll set that holds the
+pidfds alone, so a health check can never swallow a wakeup sent by ``register()`` or ``stop()``.
+The monitor never sends a signal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterable, Sequence
+
+from .._errors import AccessDenied, ProcessGone, ProcessZombie
+from .._events import EventKind, RankStatus, WorkerEvent, WorkerState
+from ..process import _pidfd
+from ..process._identity import ProcessIdentity, coerce_identity, is_local, local_hostname, local_pid_namespace
+from ..process._oom import OomProbe
+from ._delivery import EventLog, Subscriber
+from ._procfs_fallback import ProcfsFallback
+from ._watched_rank import NOT_SIGNALLED_METHODS, SCANNED_STATES, WatchedRank, cause_of, classify_exit
+from ._watcher import PidfdWatcher
+from ._wedge import DStateSample, ThreadSampler, WedgeTracker
+
+__all__ = ["Subscriber", "WorkerProcessMonitor"]
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerProcessMonitor:
+    """Watch worker processes given as identities; report deaths and wedges as events.
+
+    Drop-in for upstream TensorRT-LLM's monitor: ``register(identities)``,
+    ``find_dead_worker()`` (non-blocking, sticky) and ``close()``. In addition it can run a
+    background watcher (:meth:`start`) that calls subscribers within a millisecond or two of the
+    kernel reporting an exit, keeps a per-rank status view (:meth:`statuses`), and, when
+    ``d_state_timeout_s`` is set, reports a worker any of whose threads stays in ``D`` longer
+    than that as wedged, and one in ``D`` with SIGKILL pending as unkillable.
+
+    Lifecycle: ``register`` any time before :meth:`close`; :meth:`start` and :meth:`stop` the
+    watcher any number of times; :meth:`close` once. Every method is thread-safe and every
+    transition idempotent. Subscribers get every fatal event exactly once per rank and kind, in
+    order, never two calls at once and never under a lock, from the watcher thread or from the
+    thread whose call found the event; a late subscriber gets the events so far at once. A
+    monitor inherited by a forked child is inert there.
+
+    Args:
+        d_state_timeout_s: seconds a thread may stay in ``D`` before its worker is wedged;
+            ``None`` or <= 0 disables wedge detection (and its cost).
+        scan_interval_s: how often the watcher samples thread states for wedges.
+        procfs_interval_s: how often the watcher re-reads procfs for workers without a pidfd.
+        wedge_armed: False defers wedge verdicts until :meth:`arm_wedge_detection` (an engine
+            arms it once its model is loaded: a slow start-up must not be called a wedge).
+    """
+
+    def __init__(
+        self,
+        *,
+        d_state_timeout_s: float | None = None,
+        scan_interval_s: float = 1.0,
+        procfs_interval_s: float = 0.5,
+        wedge_armed: bool = True,
+    ) -> None:
+        if not scan_interval_s > 0 or not procfs_interval_s > 0:
+            raise ValueError("scan_interval_s and procfs_interval_s must be positive")
+        self._d_state_timeout_s = (
+            d_state_timeout_s if d_state_timeout_s is not None and d_state_timeout_s > 0 else None
+        )
+        self._scan_interval_s = scan_interval_s
+        self._wedge_armed = wedge_armed
+        self._lock = threading.Lock()
+        self._owner_pid = os.getpid()
+        self._warned_foreign = False
+        self._watcher = PidfdWatcher(pidfd_capable=_pidfd.pidfd_supported())
+        self._records: dict[int, WatchedRank] = {}
+        self._by_fd: dict[int, WatchedRank] = {}
+        self._fallback = ProcfsFallback(procfs_interval_s)
+        self._log = EventLog()
+        self._failure: WorkerEvent | None = None
+        self._stall: tuple[float, float, str] | None = None  # (since monotonic, since wall, detail)
+        self._stall_reported = False
+        self._first_dead: ProcessIdentity | None = None
+        self._expecting_exits = False
+        self._closed = False
+        self._next_scan = 0.0
+        self._next_procfs = 0.0
+        # Not a bound method: a finalizer holding self would keep it alive forever.
+        self._finalizer = weakref.finalize(self, _release, self._watcher, self._owner_pid)
+
+    # ----------------------------------------------------------------- registration
+
+    def register(self, identities: Iterable[ProcessIdentity | Sequence[object]]) -> None:
+        """Start watching ``identities`` (``ProcessIdentity`` or 5-field tuples).
+
+        Identities of another host or PID namespace are kept as unmonitored, not dead. A
+        process already gone, a zombie, or a PID whose start time differs (reused) is recorded
+        dead at once and reported to subscribers. An identity without a start time (``None``:
+        upstream sends that when its /proc read failed) is watched through its pidfd, which pins
+        the process found at registration; its status says the start time is unverified.
+        Registering the same identity again is a no-op; a new identity for an already registered
+        rank replaces the old one. Falls back to procfs polling for a worker whose ``pidfd_open``
+        fails (ENOSYS, EPERM, EMFILE). Blocks only for procfs reads and ``pidfd_open`` (tens of
+        microseconds per worker). Raises :class:`~trtllm_liveness.InvalidIdentityError` (a
+        ``ValueError``, before anything is registered) for a malformed entry, ``RuntimeError``
+        after :meth:`close`.
+        """
+        if self._is_foreign_process():
+            return
+        parsed = [coerce_identity(raw, index) for index, raw in enumerate(identities)]
+        events: list[WorkerEvent] = []
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("WorkerProcessMonitor is closed")
+            # Workers of one job share a memory cgroup: read each OOM counter once per call.
+            oom_counters: dict[str, int | None] = {}
+            for identity in parsed:
+                existing = self._records.get(identity.rank)
+                if existing is not None:
+                    if existing.identity == identity:
+                        continue
+                    logger.warning(
+                        "rank %d re-registered with a new identity %s (was %s)",
+                        identity.rank, identity, existing.identity,
+                    )
+                    self._forget_locked(existing)
+                record = self._new_record(identity, oom_counters)
+                self._records[identity.rank] = record
+                self._claim_locked(record, events)
+        self._watcher.wake()  # the watcher's timeout may change (a first wedge scan, a procfs tick)
+        self._publish(events)
+
+    def _new_record(self, identity: ProcessIdentity, oom_counters: dict[str, int | None]) -> WatchedRank:
+        if identity.hostname != local_hostname():
+            return WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, "none",
+                               detail=f"on host {identity.hostname}, not {local_hostname()}")
+        if identity.pid_namespace is not None and identity.pid_namespace != local_pid_namespace():
+            return WatchedRank(identity, WorkerState.UNMONITORED_OTHER_NAMESPACE, "none",
+                               detail=f"PID namespace {identity.pid_namespace}, not {local_pid_namespace()}")
+        notes = []
+        if identity.pid_namespace is None:
+            notes.append("PID namespace unknown (assumed this one)")
+        fallback_reason = "pidfd unsupported"
+        if self._watcher.pidfd_capable:
+            try:
+                fd = _pidfd.open_verified_pidfd(identity.pid, identity.start_time)
+            except (ProcessGone, AccessDenied) as exc:
+                return _dead_at_registration(identity, exc, "pidfd")
+            except (OSError, ValueError) as exc:
+                code = getattr(exc, "errno", None)
+                fallback_reason = f"pidfd_open failed: {errno.errorcode.get(code or 0, str(exc))}"
+                logger.warning("rank %d (pid %d): %s; polling procfs every %.2fs instead",
+                               identity.rank, identity.pid, fallback_reason, self._fallback.interval_s)
+            else:
+                observed = _observed_start_time(identity)
+                if identity.start_time is None:
+                    seen = "unreadable" if observed is None else str(observed)
+                    notes.append(f"start time unverified (observed {seen}; never signalled)")
+                record = self._alive_record(identity, "pidfd", observed, oom_counters, "; ".join(notes))
+                record.pidfd = fd
+                self._by_fd[fd] = record
+                self._watcher.add(fd)
+                return record
+        try:
+            info = _pidfd.verify_start_time(identity.pid, identity.start_time)
+        except (ProcessGone, AccessDenied) as exc:
+            return _dead_at_registration(identity, exc, "procfs")
+        except (OSError, ValueError) as exc:
+            # Cannot read procfs now either (EMFILE): not evidence of death. Poll until it works.
+            fallback_reason += f"; not yet verified ({exc})"
+            observed = identity.start_time
+        else:
+            observed = info.start_time
+        if identity.start_time is None:
+            notes.append("start time unverified (never signalled)")
+        record = self._alive_record(identity, "procfs", observed, oom_counters,
+                                    "; ".join([fallback_reason, *notes]))
+        self._fallback.add(record)
+        return record
+
+    def _alive_record(self, identity: ProcessIdentity, method: str, observed: int | None,
+                      oom_counters: dict[str, int | None], detail: str) -> WatchedRank:
+        wedge = WedgeTracker(self._d_state_timeout_s) if self._d_state_timeout_s else None
+        sampler = ThreadSampler(identity.pid, observed) if wedge is not None and observed is not None else None
+        return WatchedRank(identity, WorkerState.ALIVE, method, detail=detail, observed_start_time=observed,
+                           wedge=wedge, sampler=sampler, oom=OomProbe.capture(identity.pid, oom_counters))
+
+    def _forget_locked(self, record: WatchedRank) -> None:
+        self._close_pidfd_locked(record)
+        record.close_sampler()
+        self._fallback.discard(record)
+
+    def _close_pidfd_locked(self, record: WatchedRank) -> None:
+        fd, record.pidfd = record.pidfd, None
+        if fd is not None:
+            self._by_fd.pop(fd, None)
+            self._watcher.discard(fd)
+
+    # ----------------------------------------------------------------- checking
+
+    def find_dead_worker(self) -> ProcessIdentity | None:
+        """Return the first worker known to have died (exited, zombie or PID reused), if any.
+
+        Non-blocking (one ``epoll_wait`` with zero timeout, plus a procfs read per worker in
+        fallback mode; never waits for a wedge scan) and sticky: once a death is seen, that
+        identity is returned forever. A wedged worker is not dead: see :attr:`failure`. Exits
+        after :meth:`mark_expected_exits` are not deaths.
+        """
+        if self._first_dead is not None:
+            return self._first_dead
+        self.check()
+        return self._first_dead
+
+    def check(self) -> WorkerEvent | None:
+        """Synchronous check of every local worker; returns the first fatal event, if any.
+
+        Works with or without the watcher thread, so it is also the fail-safe when the watcher
+        died. Does not sample thread states (that is the watcher's periodic job) and never touches
+        the watcher's wakeup. A new event is delivered to subscribers before this returns, in
+        this thread, unless another thread is delivering to a subscriber at that moment (that
+        thread then delivers it too). Non-blocking as :meth:`find_dead_worker`.
+        """
+        if self._closed or self._is_foreign_process():
+            return self._failure
+        events: list[WorkerEvent] = []
+        with self._lock:
+            if self._closed:
+                return self._failure
+            self._handle_ready_locked(self._watcher.ready_now(), events)
+            if self._fallback:
+                self._handle_fallback_locked(events)
+        self._publish(events)
+        return self._failure
+
+    @property
+    def failure(self) -> WorkerEvent | None:
+        """The first fatal event (death, wedge or unkillable), or None while all is well."""
+        return self._failure
+
+    @property
+    def events(self) -> list[WorkerEvent]:
+        """Every fatal event so far, in the order subscribers get them."""
+        if self._is_foreign_process():
+            return []
+        return self._log.events
+
+    def statuses(self) -> list[RankStatus]:
+        """A snapshot of every registered rank, ordered by rank. Non-blocking.
+
+        While the engine is stalled (:meth:`set_stalled`), every local rank that is otherwise
+        ``alive`` shows ``stalled`` instead."""
+        if self._is_foreign_process():
+            return []
+        with self._lock:
+            snapshots = [self._records[rank].snapshot() for rank in sorted(self._records)]
+            stall = self._stall
+        if stall is None:
+            return snapshots
+        since, since_wall, detail = stall
+        return [dataclasses.replace(status, state=WorkerState.STALLED, since=since, since_wall=since_wall,
+                                    detail=detail) if status.state is WorkerState.ALIVE else status
+                for status in snapshots]
+
+    def set_stalled(self, since: float | None, detail: str = "", since_wall: float | None = None) -> None:
+        """Show the engine as stalled since ``since`` (monotonic) in :meth:`statuses`, or, with
+        None, no longer. A stall is a fact about the engine, not about one process: no event is
+        raised here (see :meth:`report_stall` for ``stall_action=fatal``). Thread-safe."""
+        if self._is_foreign_process():
+            return
+        with self._lock:
+            if since is None:
+                self._stall = None
+            else:
+                wall = since_wall if since_wall is not None else time.time() - (time.monotonic() - since)
+                self._stall = (since, wall, detail)
+
+    def report_stall(self, event: WorkerEvent) -> bool:
+        """Deliver a ``stalled`` event (``stall_action=fatal``) to every subscriber, at most once per
+        monitor; it becomes :attr:`failure` if none was recorded before. True if delivered now.
+        Raises ``ValueError`` for an event of another kind."""
+        if event.kind is not EventKind.STALLED:
+            raise ValueError(f"report_stall() takes a stalled event, got {event.kind.value}")
+        if self._is_foreign_process():
+            return False
+        with self._lock:
+            if self._closed or self._stall_reported:
+                return False
+            self._stall_reported = True
+            if self._failure is None:
+                self._failure = event
+            self._log.append([event])
+        self._publish([event])
+        return True
+
+    @property
+    def identities(self) -> list[ProcessIdentity]:
+        """Every registered identity, ordered by rank."""
+        if self._is_foreign_process():
+            return []
+        with self._lock:
+            return [self._records[rank].identity for rank in sorted(self._records)]
+
+    def verified_identities(self) -> list[ProcessIdentity]:
+        """The local identities whose start time was given and verified: the only signal targets."""
+        if self._is_foreign_process():
+            return []
+        with self._lock:
+            return [r.identity for _, r in sorted(self._records.items())
+                    if r.method not in NOT_SIGNALLED_METHODS and r.start_time_verified]
+
+    @property
+    def watcher_alive(self) -> bool:
+        """Whether the background watcher thread is running."""
+        return self._watcher.alive
+
+    @property
+    def watcher_error(self) -> BaseException | None:
+        """The exception that killed the watcher thread, if it died."""
+        return self._watcher.error
+
+    def _handle_ready_locked(self, ready: list[int], events: list[WorkerEvent]) -> None:
+        for fd in ready:
+            record = self._by_fd.get(fd)
+            # Re-test the fd under the lock: another thread may have handled and closed it, and a
+            # new registration may have reused the number, since epoll reported it.
+            if record is None or record.pidfd != fd or not _pidfd.is_exited(fd):
+                continue
+            classify_exit(record)
+            self._close_pidfd_locked(record)
+            self._claim_locked(record, events)
+
+    def _handle_fallback_locked(self, events: list[WorkerEvent]) -> None:
+        for record in self._fallback.poll():
+            self._claim_locked(record, events)
+
+    # ----------------------------------------------------------------- remote ranks (agents)
+
+    def apply_remote(self, identity: ProcessIdentity, state: WorkerState, detail: str, *, via: str,
+                     tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> bool:
+        """Record what a remote host's agent (or the hub, for a lost host) says of one remote rank.
+
+        The rank's record (made here if ``register`` never saw it) takes ``state`` and ``detail``
+        and shows ``via`` as its method; a fatal state becomes an event through the same
+        exactly-once path as a local observation (a death after :meth:`mark_expected_exits` is
+        expected, no event). A death, or any fatal verdict, stands: a later non-fatal report is a
+        late message. Nothing here signals anything, and a remote rank is never a signal target
+        (:meth:`verified_identities`). Returns False, changing nothing, when the identity is local
+        (this host's ranks are observed here, not hearsay), when it contradicts the one registered
+        for that rank (another pid or start time), or after :meth:`close`. Thread-safe; delivers
+        in this thread like :meth:`check`.
+        """
+        return self.apply_remote_many([(identity, state, detail)], via=via, tid=tid, wchan=wchan,
+                                      fault_at=fault_at) == 1
+
+    def apply_remote_many(self, updates: Sequence[tuple[ProcessIdentity, WorkerState, str]], *, via: str,
+                          tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> int:
+        """:meth:`apply_remote` for several ranks at once (a lost host's): every state is set
+        before any event is delivered, so a subscriber sees the whole host's view. Returns how
+        many updates were taken."""
+        if self._is_foreign_process():
+            return 0
+        taken: list[tuple[WatchedRank, WorkerState, str]] = []
+        events: list[WorkerEvent] = []
+        with self._lock:
+            if self._closed:
+                return 0
+            for identity, state, detail in updates:
+                if is_local(identity):
+                    logger.warning("liveness: ignored a remote report about local %s", identity.describe())
+                    continue
+                record = self._records.get(identity.rank)
+                if record is None:
+                    record = WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, "none")
+                    self._records[identity.rank] = record
+                elif not _same_process(record.identity, identity) or record.method not in NOT_SIGNALLED_METHODS:
+                    logger.warning("liveness: ignored a remote report about %s: rank %d is registered as %s",
+                                   identity.describe(), identity.rank, record.identity.describe())
+                    continue
+                taken.append((record, state, detail))
+            for record, state, detail in taken:
+                if record.state.is_dead or (record.state.is_fatal and not state.is_fatal):
+                    continue  # a death or a fatal verdict stands; what comes later is a late message
+                record.method = via
+                record.set_state(state, detail)
+            for record, _state, _detail in taken:
+                self._claim_locked(record, events, tid=tid, wchan=wchan, fault_at=fault_at)
+        self._publish(events)
+        return len(taken)
+
+    def _claim_locked(self, record: WatchedRank, events: list[WorkerEvent],
+                      *, tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> None:
+        """Turn the record's state into an event once; record it as failure and in the log."""
+        if self._expecting_exits and record.state.is_dead and EventKind.DIED not in record.reported:
+            record.reported.add(EventKind.DIED)
+            record.set_state(WorkerState.EXITED_EXPECTED, f"{record.detail} (expected: shutdown under way)")
+            record.close_sampler()
+            return
+        event = record.claim_event(tid=tid, wchan=wchan, fault_at=fault_at)
+        if event is None:
+            return
+        if self._failure is None:
+            self._failure = event
+        if event.kind is EventKind.DIED and self._first_dead is None:
+            self._first_dead = record.identity
+        events.append(event)
+        self._log.append([event])  # under the monitor lock: the log's order is the state order
+
+    def _publish(self, events: list[WorkerEvent]) -> None:
+        """Deliver (subscribers first: they act on the failure), then log each new event once."""
+        self._log.deliver()
+        for event in events:
+            log = logger.error if event.kind is not EventKind.DIED else logger.warning
+            log("liveness: %s", event.message)
+
+    # ----------------------------------------------------------------- expected exits, arming
+
+    def mark_expected_exits(self) -> None:
+        """From now on a worker's exit is expected (a shutdown began): not a death, no event.
+
+        What upstream's ``pre_shutdown()`` means by closing its monitor. Exits are still shown in
+        :meth:`statuses` (``exited-expected``); wedges and unkillable workers are still reported,
+        since they are facts about the host, not about the shutdown. Idempotent, thread-safe.
+        """
+        if self._is_foreign_process():
+            return
+        with self._lock:
+            self._expecting_exits = True
+
+    @property
+    def expecting_exits(self) -> bool:
+        """Whether :meth:`mark_expected_exits` was called."""
+        return self._expecting_exits
+
+    def arm_wedge_detection(self, d_state_timeout_s: float | None = None) -> None:
+        """Start calling workers wedged; with ``d_state_timeout_s``, from now on with that timeout.
+
+        An engine builds its monitor unarmed (or armed with a long start-up bound) and calls this
+        once the model is loaded: time spent in ``D`` before the call does not count. A positive
+        ``d_state_timeout_s`` replaces the constructor's (turning wedge detection on if it was
+        off); 0 or a negative value turns it off. Idempotent without an argument; thread-safe.
+        """
+        if self._is_foreign_process():
+            return
+        with self._lock:
+            if d_state_timeout_s is None and self._wedge_armed:
+                return
+            self._wedge_armed = True
+            if d_state_timeout_s is not None:
+                self._d_state_timeout_s = d_state_timeout_s if d_state_timeout_s > 0 else None
+            timeout = self._d_state_timeout_s
+            for record in self._records.values():
+                if timeout is None:
+                    record.wedge = None
+                    continue
+                record.wedge = WedgeTracker(timeout)  # D time before arming does not count
+                if record.sampler is None and record.observed_start_time is not None \
+                        and record.method not in NOT_SIGNALLED_METHODS \
+                        and record.state in SCANNED_STATES:
+                    record.sampler = ThreadSampler(record.identity.pid, record.observed_start_time)
+            self._next_scan = time.monotonic()
+        self._watcher.wake()
+
+    @property
+    def wedge_armed(self) -> bool:
+        """Whether wedge verdicts are being made (see ``wedge_armed`` in the constructor)."""
+        return self._wedge_armed and self._d_state_timeout_s is not None
+
+    # ----------------------------------------------------------------- events
+
+    def subscribe(self, callback: Subscriber) -> None:
+        """Call ``callback(event)`` for each fatal event, exactly once per rank and kind.
+
+        A subscriber that arrives after failures is given them at once, in this thread, so no
+        failure is lost. Exceptions it raises are logged and ignored. Subscribing the same
+        callback twice calls it twice.
+        """
+        if self._is_foreign_process():
+            return
+        self._log.subscribe(callback)
+
+    def unsubscribe(self, callback: Subscriber) -> None:
+        """Stop calling ``callback`` (one subscription of it); a no-op when it is not subscribed."""
+        if self._is_foreign_process():
+            return
+        self._log.unsubscribe(callback)
+
+    # ----------------------------------------------------------------- watcher thread
+
+    def start(self) -> None:
+        """Start the background watcher thread; a no-op if it is running. Thread-safe.
+
+        Returns at once. Raises ``RuntimeError`` after :meth:`close`.
+        """
+        if self._is_foreign_process():
+            return
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("WorkerProcessMonitor is closed")
+        try:
+            self._watcher.start(self)
+        except RuntimeError as exc:
+            if "watcher is closed" in str(exc):
+                raise RuntimeError("WorkerProcessMonitor is closed") from None
+            raise  # e.g. "can't start new thread": say what really happened
+
+    def stop(self, timeout: float = 1.0) -> bool:
+        """Stop the watcher and join it for at most ``timeout`` seconds.
+
+        Idempotent and thread-safe. Returns True when no watcher is running afterwards. Called
+        from a subscriber (the watcher thread itself) it asks the watcher to stop after the
+        current delivery and returns False at once.
+        """
+        if self._is_foreign_process():
+            return True
+        return self._watcher.stop(timeout)
+
+    def close(self, timeout: float = 1.0) -> None:
+        """Stop the watcher (waiting at most ``timeout`` seconds) and release every descriptor.
+
+        Idempotent and thread-safe; further ``register``/``start`` calls raise ``RuntimeError``.
+        If the watcher does not stop in time (e.g. a subscriber blocks), it releases the
+        descriptors itself when it ends.
+        """
+        if self._is_foreign_process():
+            self._closed = True
+            return
+        with self._lock:
+            already = self._closed
+            self._closed = True
+            if not already:
+                for record in self._records.values():
+                    record.pidfd = None  # the watcher owns and closes the descriptors
+                    record.close_sampler()
+                self._by_fd.clear()
+                self._fallback.clear()
+        if not already:
+            self._log.clear_subscribers()
+        self._watcher.close(timeout)
+
+    def __enter__(self) -> WorkerProcessMonitor:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # Called by the watcher thread (PidfdWatcher), never by anybody else.
+
+    def _watch_timeout(self) -> float | None:
+        with self._lock:
+            due = []
+            if self._scan_wanted_locked():
+                due.append(self._next_scan)
+            if self._fallback:
+                due.append(self._next_procfs)
+        return max(0.0, min(due) - time.monotonic()) if due else None
+
+    def _watch_handle(self, ready: list[int]) -> None:
+        events: list[WorkerEvent] = []
+        now = time.monotonic()
+        with self._lock:
+            if self._closed:
+                return
+            self._handle_ready_locked(ready, events)
+            if self._fallback and now >= self._next_procfs:
+                self._next_procfs = now + self._fallback.interval_s
+                self._handle_fallback_locked(events)
+            scan_due = self._scan_wanted_locked() and now >= self._next_scan
+            if scan_due:
+                self._next_scan = now + self._scan_interval_s
+        self._publish(events)
+        if scan_due:
+            self._publish(self._scan_wedges())
+
+    def _scan_wanted_locked(self) -> bool:
+        return self._wedge_armed and self._d_state_timeout_s is not None and any(
+            record.sampler is not None and record.state in SCANNED_STATES for record in self._records.values()
+        )
+
+    def _scan_wedges(self) -> list[WorkerEvent]:
+        """Sample every watched worker's threads (outside the lock) and apply verdicts (inside)."""
+        with self._lock:
+            if self._closed:
+                return []
+            targets = [
+                (record, record.sampler) for record in self._records.values()
+                if record.sampler is not None and record.state in SCANNED_STATES
+            ]
+        samples: list[tuple[WatchedRank, DStateSample | None]] = []
+        for record, sampler in targets:
+            try:
+                samples.append((record, sampler.sample()))
+            except (OSError, ValueError):
+                continue  # gone (the pidfd or procfs path reports the death) or unreadable now
+        if not samples:
+            return []
+        now = time.monotonic()
+        events: list[WorkerEvent] = []
+        with self._lock:
+            for record, sample in samples:
+                if record.wedge is None or self._closed or self._records.get(record.identity.rank) is not record:
+                    continue  # re-registered or closed meanwhile
+                if record.state in SCANNED_STATES:
+                    self._apply_sample_locked(record, record.wedge, sample, now, events)
+        return events
+
+    def _apply_sample_locked(self, record: WatchedRank, wedge: WedgeTracker, sample: DStateSample | None,
+                             now: float, events: list[WorkerEvent]) -> None:
+        was_seconds = wedge.d_seconds(now)
+        verdict = wedge.observe(sample, now)
+        if sample is None:
+            if record.state is WorkerState.WEDGED:
+                # The failure already raised stays (it is sticky); the view tells the truth.
+                record.set_state(WorkerState.ALIVE, f"left D state after at least {was_seconds:.1f}s (was wedged)")
+            return
+        if verdict is None:
+            return
+        tid = wedge.stuck_tid() or sample.d_tids[0]
+        wchan = sample.wchan or "?"
+        if verdict is EventKind.UNKILLABLE:
+            record.set_state(WorkerState.UNKILLABLE, f"thread {tid} in D with SIGKILL pending (wchan {wchan})")
+        else:
+            record.set_state(WorkerState.WEDGED, f"thread {tid} in D for {wedge.d_seconds(now):.1f}s (wchan {wchan})")
+        self._claim_locked(record, events, tid=tid, wchan=sample.wchan)
+
+    def _is_foreign_process(self) -> bool:
+        if os.getpid() == self._owner_pid:
+            return False
+        if not self._warned_foreign:
+            self._warned_foreign = True
+            logger.warning("WorkerProcessMonitor used in a forked child (pid %d); it is inert here", os.getpid())
+        return True
+
+
+def _same_process(registered: ProcessIdentity, reported: ProcessIdentity) -> bool:
+    """Whether an agent's identity is the registered one (a start time unknown on one side is not
+    held against it: upstream may send None)."""
+    if registered[:2] != reported[:2] or registered.hostname != reported.hostname:
+        return False
+    return None in (registered.start_time, reported.start_time) or registered.start_time == reported.start_time
+
+
+def _release(watcher: PidfdWatcher, owner_pid: int) -> None:
+    """Finalizer: the monitor was closed or collected."""
+    if os.getpid() != owner_pid:
+        watcher.release_in_forked_child()
+    else:
+        watcher.close(0.0)
+
+
+def _observed_start_time(identity: ProcessIdentity) -> int | None:
+    """The start time behind a freshly opened (and, where given, verified) pidfd.
+
+    For an identity without one, the start time read now; None when that read fails (the pidfd
+    still reports the exit; only wedge sampling, which needs the start time, is skipped).
+    """
+    if identity.start_time is not None:
+        return identity.start_time
+    try:
+        return _pidfd.verify_start_time(identity.pid, None).start_time
+    except (OSError, ValueError, ProcessGone, AccessDenied):
+        return None
+
+
+def _dead_at_registration(identity: ProcessIdentity, exc: Exception, method: str) -> WatchedRank:
+    if isinstance(exc, AccessDenied):
+        # Cannot read it, so cannot verify it: not ours to judge dead; keep it unmonitored.
+        return WatchedRank(identity, WorkerState.UNMONITORED_OTHER_NAMESPACE, "none",
+                           detail="access denied to /proc entry")
+    state = WorkerState.ZOMBIE if isinstance(exc, ProcessZombie) else WorkerState.EXITED
+    return WatchedRank(identity, state, method, detail=cause_of(exc, at_registration=True))

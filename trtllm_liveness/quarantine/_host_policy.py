@@ -1,0 +1,283 @@
+"""Quarantine of a wedged host: what a non-restartable failure leaves, and what start-up checks.
+
+:func:`quarantine_host` runs on the fatal path (from the event's thread; it never blocks there):
+in one daemon thread it writes the host's marker (:mod:`._quarantine`), then runs the configured
+orchestrator actions (:mod:`._host_actions`), each bounded. An exit cleanup (run by the exit guard
+before ``os._exit``, and at a normal interpreter exit) waits for that thread until one absolute
+deadline set when it started: ``quarantine_action_timeout_s`` per request the actions make (a
+drain, a Kubernetes read and patch, a hook: they run one after another) plus a second. Every wait
+uses only the time left, so the marker is on disk before the process ends and nothing holds the
+exit past that deadline.
+
+:func:`check_host_at_start` runs when an engine starts (extension on): it clears a marker that no
+longer applies (another boot, processes gone), and raises :class:`HostQuarantinedError` while one
+does, or while a visible process holding an accelerator device sits in ``D`` (unless
+``quarantine_override``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from .._config import LivenessConfig
+from .._events import WorkerEvent
+from ..exit._exit_guard import add_exit_cleanup
+from ..process import _procfs
+from ..process._identity import is_local
+from ._device_holders import DeviceHolder, find_stuck_device_holders, parse_patterns
+from ._marker import (
+    DEFAULT_QUARANTINE_DIR,
+    MarkerError,
+    MarkerStatus,
+    MarkerVerdict,
+    QuarantinedProcess,
+    clear_marker,
+    inspect_marker,
+    resolve_directory,
+    user_marker_directories,
+    write_marker,
+)
+
+if TYPE_CHECKING:
+    from ._orchestrator_actions import ActionResult
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["HostQuarantinedError", "QuarantineCheck", "check_host", "check_host_at_start", "quarantine_host"]
+
+RECYCLE_ADVICE = ("recycle the host (reboot it, or move the workload elsewhere) before starting an engine here; "
+                  "'trtllm-liveness quarantine status' shows the state, 'quarantine clear' removes a marker once "
+                  "the processes are gone, quarantine_override=1 starts anyway")
+
+
+@dataclass(frozen=True)
+class QuarantineCheck:
+    """What start-up (or ``quarantine status``) found: the marker's status and the device holders."""
+
+    marker: MarkerStatus | None
+    device_holders: tuple[DeviceHolder, ...]
+    cleared: bool = False
+
+    @property
+    def quarantined(self) -> bool:
+        """Whether an engine must not start here."""
+        return bool(self.device_holders) or (self.marker is not None and self.marker.quarantined)
+
+    def describe(self) -> str:
+        """The reasons in one line (empty when not quarantined)."""
+        parts = []
+        if self.marker is not None and self.marker.quarantined:
+            parts.append(self.marker.describe())
+        if self.device_holders:
+            parts.append("processes holding accelerator devices are stuck in D: "
+                         + "; ".join(holder.describe() for holder in self.device_holders))
+        return "; ".join(parts)
+
+
+class HostQuarantinedError(RuntimeError):
+    """This host is quarantined: a worker of an earlier engine is still stuck here (or cannot be
+    verified from this PID namespace), or a device holder is in ``D``. ``check`` holds the details."""
+
+    def __init__(self, check: QuarantineCheck) -> None:
+        super().__init__(f"trtllm-liveness: refusing to start: {check.describe()}; {RECYCLE_ADVICE}")
+        self.check = check
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.check,))
+
+
+def check_host(config: LivenessConfig, *, clear: bool) -> QuarantineCheck:
+    """Judge the marker of ``config.quarantine_dir`` and look for stuck device holders.
+
+    ``clear``: remove a marker that no longer applies (start-up does; ``quarantine status`` does
+    not). Blocks for a few procfs reads, plus 1 s only when a device holder in ``D`` was seen.
+    Never signals anything. An untrusted marker directory is logged and ignored.
+    """
+    status = None
+    cleared = False
+    if config.quarantine_dir:
+        directory = resolve_directory(config.quarantine_dir)
+        status = inspect_marker(directory)
+        if status.verdict is MarkerVerdict.UNTRUSTED:
+            logger.warning("liveness: %s; ignored", status.describe())
+        elif clear and status.clearable:
+            try:
+                cleared = clear_marker(directory, expected=status.marker)
+            except (MarkerError, OSError) as exc:
+                logger.warning("liveness: could not clear %s: %s", status.path, exc)
+            if cleared:
+                logger.warning("liveness: %s: cleared", status.describe())
+    if config.quarantine_dir and resolve_directory(config.quarantine_dir) == DEFAULT_QUARANTINE_DIR \
+            and os.geteuid() == 0 and not (status and status.quarantined):
+        # Root (the node's health check, a root server) also sees what servers of other users
+        # recorded in their fallback directories: a Slurm job runs as its user.
+        for directory, uid in user_marker_directories():
+            found = _user_marker(directory, uid)
+            if found is not None:
+                status = found
+                break
+    holders = find_stuck_device_holders(parse_patterns(config.quarantine_devices))
+    return QuarantineCheck(status, holders, cleared)
+
+
+def _user_marker(directory: str, uid: int) -> MarkerStatus | None:
+    """Another user's marker, if it quarantines this host, else None. Any user can write their own
+    directory, so only what they could not fake counts: a well-formed marker naming a process of
+    that very uid, still there (verified by start time) and blocking. A malformed one is ignored
+    with a WARNING (in one's own directory it blocks: a server we trust wrote it)."""
+    found = inspect_marker(directory, owner=uid)
+    if found.verdict is MarkerVerdict.MALFORMED:
+        logger.warning("liveness: %s (uid %d's directory); ignored", found.describe(), uid)
+        return None
+    if not found.quarantined:
+        return None
+    owned = tuple(check for check in found.blocking if _owner_of(check.process.pid) == uid)
+    if not owned:
+        logger.warning("liveness: %s names no process of uid %d; ignored", found.path, uid)
+        return None
+    return dataclasses.replace(found, checks=owned)
+
+
+def _owner_of(pid: int) -> int | None:
+    try:
+        return os.stat(f"/proc/{pid}").st_uid
+    except OSError:
+        return None
+
+
+def check_host_at_start(config: LivenessConfig) -> None:
+    """Raise :class:`HostQuarantinedError` when this host is quarantined (see :func:`check_host`),
+    unless ``config.quarantine_override`` (then one ERROR line)."""
+    check = check_host(config, clear=True)
+    if not check.quarantined:
+        return
+    if config.quarantine_override:
+        logger.error("liveness: starting on a quarantined host (quarantine_override=1): %s", check.describe())
+        return
+    raise HostQuarantinedError(check)
+
+
+# ----------------------------------------------------------------------------- on failure
+
+_LOCK = threading.Lock()
+_recorded: set[tuple[int, int | None]] = set()
+_actions_started = False
+_workers: list[tuple[threading.Thread, float]] = []  # quarantine threads and their monotonic deadlines
+
+
+def quarantine_host(config: LivenessConfig, events: Iterable[WorkerEvent]) -> threading.Thread | None:
+    """Record the non-restartable ``events`` of local processes in the host's marker and, the first
+    time in this process, run the configured actions; all in one daemon thread (returned; None
+    when there is nothing to do). Never blocks, never raises. Events already recorded by this
+    process are skipped (the monitor, ``shutdown()`` and the exit path may report the same rank)."""
+    with _LOCK:
+        global _actions_started
+        fresh = [event for event in events if not event.restartable
+                 and (event.identity.pid, event.identity.start_time) not in _recorded]
+        if not fresh:
+            return None
+        _recorded.update((event.identity.pid, event.identity.start_time) for event in fresh)
+        run_actions = not _actions_started and _any_action(config)
+        _actions_started = _actions_started or run_actions
+    worker = threading.Thread(target=_quarantine, args=(config, fresh, run_actions),
+                              name="trtllm-liveness-quarantine", daemon=True)
+    try:
+        worker.start()
+    except RuntimeError as exc:  # interpreter shutting down: no thread; do the marker here (fast)
+        logger.warning("liveness: quarantine without a thread (%s)", exc)
+        _quarantine(config, fresh, False)
+        return None
+    deadline = time.monotonic() + _requests(config) * config.quarantine_action_timeout_s + 1.0
+    with _LOCK:
+        _workers.append((worker, deadline))
+
+    def wait_for_it() -> None:
+        worker.join(max(0.0, deadline - time.monotonic()))
+
+    add_exit_cleanup(wait_for_it)
+    atexit.register(wait_for_it)
+    return worker
+
+
+def wait_for_quarantine() -> None:
+    """Join every quarantine thread of this process until its deadline (see the module
+    docstring): for an exit path that ends the process right after recording a failure."""
+    with _LOCK:
+        workers = list(_workers)
+    for worker, deadline in workers:
+        worker.join(max(0.0, deadline - time.monotonic()))
+
+
+def _requests(config: LivenessConfig) -> int:
+    """How many bounded requests the configured actions make, one after another."""
+    k8s = 2 if config.quarantine_k8s_cordon or config.quarantine_k8s_taint else 0  # read, then patch
+    return int(config.quarantine_slurm_drain) + k8s + int(bool(config.quarantine_hook))
+
+
+def _any_action(config: LivenessConfig) -> bool:
+    return config.quarantine_slurm_drain or config.quarantine_k8s_cordon or config.quarantine_k8s_taint \
+        or bool(config.quarantine_hook)
+
+
+def _quarantine(config: LivenessConfig, events: list[WorkerEvent], run_actions: bool) -> list[ActionResult]:
+    reason = events[0].message
+    marker_path = ""
+    local = [event for event in events if is_local(event.identity) and event.identity.start_time is not None]
+    if config.quarantine_dir and local:
+        try:
+            marker_path = write_marker(resolve_directory(config.quarantine_dir),
+                                       [_recorded_process(event) for event in local], reason)
+            logger.critical("liveness: host quarantined: marker %s written (%s); %s", marker_path, reason,
+                            RECYCLE_ADVICE)
+        except (MarkerError, OSError) as exc:
+            logger.error("liveness: could not write the quarantine marker in %s: %s", config.quarantine_dir, exc)
+            with _LOCK:  # not recorded after all: a later event for these processes tries again
+                _recorded.difference_update((event.identity.pid, event.identity.start_time) for event in events)
+    elif config.quarantine_dir:
+        logger.warning("liveness: non-restartable failure of no local process (%s): no marker written", reason)
+    if not run_actions:
+        return []
+    # Imported here: subprocess and the actions are for a failure, not for every engine start.
+    from ._orchestrator_actions import k8s_mark_node, run_hook, slurm_drain
+
+    timeout = config.quarantine_action_timeout_s
+    results = []
+    if config.quarantine_slurm_drain:
+        results.append(slurm_drain(f"trtllm-liveness: {reason}", timeout_s=timeout))
+    if config.quarantine_k8s_cordon or config.quarantine_k8s_taint:
+        results.append(k8s_mark_node(reason, cordon=config.quarantine_k8s_cordon, taint=config.quarantine_k8s_taint,
+                                     timeout_s=timeout))
+    if config.quarantine_hook:
+        results.append(run_hook(config.quarantine_hook, marker_path=marker_path, reason=reason, timeout_s=timeout))
+    return results
+
+
+def _recorded_process(event: WorkerEvent) -> QuarantinedProcess:
+    identity = event.identity
+    pid = identity.pid
+    state = "?"
+    try:
+        states = _procfs.read_thread_states(pid)
+        state = "D" if any(value in _procfs.UNINTERRUPTIBLE_STATES for value in states.values()) \
+            else _procfs.read_stat(pid).state
+    except (OSError, ValueError):
+        pass
+    namespace = identity.pid_namespace or _procfs.pid_namespace_inode("self")
+    assert identity.start_time is not None
+    return QuarantinedProcess(pid=pid, start_time=identity.start_time, pid_namespace=namespace, rank=identity.rank,
+                              state=state, wchan=event.wchan, kind=event.kind.value, cause=event.cause[:4000])
+
+
+def _reset_for_tests() -> None:
+    global _actions_started
+    with _LOCK:
+        _recorded.clear()
+        _actions_started = False
