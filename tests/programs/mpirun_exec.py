@@ -2,7 +2,7 @@
 
 Usage: ``python -m tests.programs.mpirun_exec '{"mpirun_args": [...], "n": 3, "module":
 "proxy_death_child", "options": {...}}'``: execs the venv's ``mpirun <mpirun_args> -n <n>
-<python> -m tests.support.<module> '<options json>'``. Lets ``tests.support.children.HelperProcess``
+<python> -m tests.programs.<module> '<options json>'``. Lets ``tests.support.children.HelperProcess``
 (new session, own TMPDIR, stderr file, kill of the whole session at close) run an mpirun job.
 """
 
@@ -20,7 +20,7 @@ def main(options: dict[str, Any]) -> None:
     configure_mpi_env(fault_tolerant=bool(options.get("fault_tolerant", False)))
     mpirun = os.path.join(sys.prefix, "bin", "mpirun")
     argv = [mpirun, *[str(arg) for arg in options.get("mpirun_args", [])], "-n", str(int(options["n"])),
-            sys.executable, "-m", f"tests.support.{options['module']}", json.dumps(options.get("options", {}))]
+            sys.executable, "-m", f"tests.programs.{options['module']}", json.dumps(options.get("options", {}))]
     os.execv(mpirun, argv)
 
 

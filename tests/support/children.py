@@ -53,7 +53,7 @@ def http_get(port: int, path: str, timeout: float = 2.0) -> tuple[int | None, st
 
 
 class HelperProcess:
-    """``python -m tests.support.<module> <json>`` in a new session (stdin/stdout pipes, stderr to
+    """``python -m tests.programs.<module> <json>`` in a new session (stdin/stdout pipes, stderr to
     a file so a chatty child never blocks). Use as a context manager: exit kills the session.
 
     The helper gets a ``TMPDIR`` of its own (unless ``env`` sets one), removed at :meth:`close`
@@ -65,7 +65,7 @@ class HelperProcess:
         self.tmpdir = tempfile.mkdtemp(prefix="trtllm-helper-")
         try:
             self.popen = subprocess.Popen(
-                [sys.executable, "-m", f"tests.support.{module}", json.dumps(options)],
+                [sys.executable, "-m", f"tests.programs.{module}", json.dumps(options)],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._stderr, cwd=REPO_ROOT,
                 env={**os.environ, "TMPDIR": self.tmpdir, **(env or {})}, start_new_session=True,
             )

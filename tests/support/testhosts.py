@@ -55,7 +55,7 @@ from trtllm_liveness.demo._mpi_env import PRTE_TMPDIR_VAR, configure_mpi_env
 from trtllm_liveness.process import _pidfd, _procfs
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-RANK_PROGRAM = os.path.join(REPO_ROOT, "tests", "helpers", "multihost_rank.py")
+RANK_PROGRAM = os.path.join(REPO_ROOT, "tests", "programs", "multihost_rank.py")
 
 NS_PREFIX = "tlh"  # netns names: tlh<owner pid>-<n>-<role>
 SUBNET = "10.213.77"  # <SUBNET>.0/24, only inside our namespaces; .1 is the head

@@ -1,1 +1,55 @@
-"""monitor."""
+"""Watching ranks: deaths, wedges and stalls become events, each delivered exactly once.
+
+The flow: identities are registered with :class:`WorkerProcessMonitor` (:mod:`._monitor`), which
+keeps one :mod:`._watched_rank` record per rank; the watcher thread (:mod:`._watcher`) sleeps on
+every rank's pidfd and a wakeup, and samples thread states for ``D`` on its tick (:mod:`._wedge`);
+ranks without a pidfd are re-read from ``/proc`` (:mod:`._procfs_fallback`); every state change is
+an event handed to the subscribers by :mod:`._delivery`, in order, once, outside locks.
+:class:`StallDetector` (:mod:`._stall_timer`) is the timer for "alive but making no progress".
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._delivery import EventLog as EventLog
+    from ._monitor import WorkerProcessMonitor as WorkerProcessMonitor
+    from ._stall_timer import ProgressSource as ProgressSource
+    from ._stall_timer import StallDetector as StallDetector
+    from ._stall_timer import StallInfo as StallInfo
+    from ._watcher import PidfdWatcher as PidfdWatcher
+    from ._wedge import DStateSample as DStateSample
+    from ._wedge import ThreadSampler as ThreadSampler
+    from ._wedge import WedgeTracker as WedgeTracker
+    from ._wedge import sample_d_state as sample_d_state
+
+__all__ = [
+    "DStateSample",
+    "EventLog",
+    "PidfdWatcher",
+    "ProgressSource",
+    "StallDetector",
+    "StallInfo",
+    "ThreadSampler",
+    "WedgeTracker",
+    "WorkerProcessMonitor",
+    "sample_d_state",
+]
+
+_SOURCES = {
+    "WorkerProcessMonitor": "_monitor",
+    "StallDetector": "_stall_timer",
+    "StallInfo": "_stall_timer",
+    "ProgressSource": "_stall_timer",
+    "WedgeTracker": "_wedge",
+    "ThreadSampler": "_wedge",
+    "DStateSample": "_wedge",
+    "sample_d_state": "_wedge",
+    "EventLog": "_delivery",
+    "PidfdWatcher": "_watcher",
+}
+
+if not TYPE_CHECKING:
+    from .._lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _SOURCES, globals())

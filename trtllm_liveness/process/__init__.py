@@ -1,1 +1,73 @@
-"""process."""
+"""What a process is, read and acted on safely: the first step of the flow.
+
+- :mod:`._procfs`: parsing of ``/proc`` (state, start time, threads, signals, namespaces); pure,
+  ``PROCFS_PATH`` read on every call so tests can point it at a fake tree;
+- :mod:`._pidfd`: pidfd syscalls: open a handle, verify it against a start time, signal through it;
+- :mod:`._identity`: :class:`ProcessIdentity`, who a worker is in a form that survives PID reuse and
+  crosses IPC and hosts;
+- :mod:`._mm_read`: bounded reads of ``/proc/PID`` files that take the target's mmap lock;
+- :mod:`._oom`: whether a SIGKILL came from the kernel's OOM killer.
+
+Standard library only; nothing here starts a thread.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._identity import ProcessIdentity as ProcessIdentity
+    from ._identity import capture_identity as capture_identity
+    from ._identity import is_local as is_local
+    from ._identity import local_hostname as local_hostname
+    from ._identity import local_pid_namespace as local_pid_namespace
+    from ._identity import parse_identities as parse_identities
+    from ._mm_read import MmReader as MmReader
+    from ._mm_read import SkippedRead as SkippedRead
+    from ._oom import OomProbe as OomProbe
+    from ._pidfd import is_exited as is_exited
+    from ._pidfd import open_pidfd as open_pidfd
+    from ._pidfd import open_verified_pidfd as open_verified_pidfd
+    from ._pidfd import send_signal as send_signal
+    from ._pidfd import signal_verified as signal_verified
+    from ._pidfd import verify_start_time as verify_start_time
+
+__all__ = [
+    "MmReader",
+    "OomProbe",
+    "ProcessIdentity",
+    "SkippedRead",
+    "capture_identity",
+    "is_exited",
+    "is_local",
+    "local_hostname",
+    "local_pid_namespace",
+    "open_pidfd",
+    "open_verified_pidfd",
+    "parse_identities",
+    "send_signal",
+    "signal_verified",
+    "verify_start_time",
+]
+
+_SOURCES = {
+    "ProcessIdentity": "_identity",
+    "capture_identity": "_identity",
+    "parse_identities": "_identity",
+    "local_hostname": "_identity",
+    "local_pid_namespace": "_identity",
+    "is_local": "_identity",
+    "open_pidfd": "_pidfd",
+    "open_verified_pidfd": "_pidfd",
+    "send_signal": "_pidfd",
+    "signal_verified": "_pidfd",
+    "verify_start_time": "_pidfd",
+    "is_exited": "_pidfd",
+    "MmReader": "_mm_read",
+    "SkippedRead": "_mm_read",
+    "OomProbe": "_oom",
+}
+
+if not TYPE_CHECKING:
+    from .._lazy import lazy_exports
+
+    __getattr__, __dir__ = lazy_exports(__name__, _SOURCES, globals())

@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import needs, require_facility
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "docs" / "alerts.yml"
 RULE_TESTS = ROOT / "tests" / "unittest" / "promtool" / "alerts_test.yml"
 

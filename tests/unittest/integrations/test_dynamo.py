@@ -21,7 +21,7 @@ require_facility("dynamo", allow_module_level=True)
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 
-WORKER = Path(__file__).resolve().parents[2] / "helpers" / "dynamo_worker.py"
+WORKER = Path(__file__).resolve().parents[2] / "programs" / "dynamo_worker.py"
 
 
 def get(port: int, path: str) -> tuple[int | None, str]:

@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ from trtllm_liveness.process._identity import ProcessIdentity, capture_identity,
 
 pytestmark = [needs("mpi", "testhosts"), pytest.mark.real_process, pytest.mark.timeout(60)]
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+REPO = str(Path(__file__).resolve().parents[3])
 BOUND_S = 10.0 * WAIT_SCALE
 
 

@@ -24,7 +24,7 @@ from trtllm_liveness.integrations.trtllm_autoload import PTH_LINE
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.real_process]
 
-FAKES = Path(__file__).resolve().parents[1] / "fakes"
+FAKES = Path(__file__).resolve().parents[2] / "fakes"
 # What reading the switch may import: the package (whose __init__ imports nothing) and the switch.
 SWITCH_MODULES = frozenset({PACKAGE, f"{PACKAGE}._switch"})
 # With liveness on and no TensorRT-LLM: the switch, plus the module that holds the import hook.

@@ -23,7 +23,7 @@ from tests.conftest import WAIT_SCALE, ProcessTracker, needs
 
 pytestmark = [pytest.mark.real_process, pytest.mark.slow, pytest.mark.timeout(600)]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # What the wheel is built from: the files a source distribution holds (no tests, no .venv).
 SOURCES = ("pyproject.toml", "README.md", "trtllm_liveness")
 
