@@ -13,7 +13,9 @@ Where each part lives::
     _shim.py          what upstream main sees as its _worker_process_monitor
     _state.py         EngineLiveness: the per-engine state, one attribute on the proxy
     _mixin.py         LivenessProxyMixin: the overrides of upstream's GenerationExecutorProxy
-    _startup.py       an engine's start: its monitor, metrics on trtllm-serve's page, the "on" line
+    _startup.py       an engine's start: its monitor, metrics on trtllm-serve's page, the "on" line,
+                      the session's submit wrapped so every rank runs liveness_worker_entry
+    _engine_shutdown.py  the bounded shutdown; the exit guard's graceful action and last resort
     _request_socket.py  who owns upstream's request socket; keeping the extension from sending on it
     _engine_stall.py  stall detection of an engine (progress in, stall out) and its diagnoses
     _progress.py      executor iterations as progress: the ranks' counter and the proxy's listener
@@ -32,7 +34,7 @@ Data flow::
     output (dispatch_result_task) / rank iterations (HangDetector.checkpoint) -> stall timer
         -> stalled: statuses + WARNING with diagnosis (report) or the fatal path (fatal)
     pre_shutdown() / shim.close() / healthy shutdown() -> expected exits (not deaths)
-    shutdown() -> upstream's in a daemon thread, then stop_processes (bounded)
+    shutdown() -> upstream's in a daemon thread, then stop_processes (bounded) (_engine_shutdown.py)
 
 **Exit on fatal** (``exit_on_fatal``, off by default, for servers such as ``trtllm-serve`` whose
 ``/health`` never restarts them after a killed rank, TensorRT-LLM #18663): ``exit_delay_s`` after

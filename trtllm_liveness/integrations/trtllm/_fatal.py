@@ -9,7 +9,7 @@
    :func:`~trtllm_liveness.exit._exit_guard.interrupt_self_once` makes the guard's process-wide
    single. Where the latch lives on the frontend object (PR #19029 as read), ``/health`` may
    send its one SIGINT first; the guard then skips its own once the executor's ``shutdown()``
-   began (what that SIGINT leads to), see ``_mixin._graceful``;
+   began (what that SIGINT leads to), see ``_engine_shutdown.graceful``;
 2. publish: upstream's ``_set_fatal_error`` where present, ``_fatal_error`` in any case (Dynamo
    reads it); the one-line reason goes to the termination log (Kubernetes'
    ``terminationMessagePath``, config ``termination_log``) from a daemon thread;

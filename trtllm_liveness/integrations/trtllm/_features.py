@@ -238,3 +238,11 @@ def find_symbol(names: Sequence[str], modules: Sequence[str], *, import_missing:
             if value is not None:
                 return value
     return None
+
+
+# Session kinds whose ranks upstream main does not register (docs/upstream-contract.md, "Sessions").
+UNREGISTERED_SESSION_KINDS = frozenset({"MpiCommSession", "RemoteMpiCommSessionClient"})
+
+
+def upstream_skips_registration(session: Any) -> bool:
+    return any(cls.__name__ in UNREGISTERED_SESSION_KINDS for cls in type(session).__mro__)

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..._config import LivenessConfig
 from ...monitor._monitor import WorkerProcessMonitor
-from ._startup import upstream_skips_registration
+from ._features import upstream_skips_registration
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 

@@ -26,6 +26,12 @@ STATE_ATTR = "_liveness"
 MISSING: Any = object()
 
 
+def state_of(proxy: object) -> EngineLiveness:
+    """The :class:`EngineLiveness` a liveness proxy holds (see the module docstring)."""
+    state: EngineLiveness = proxy.__dict__[STATE_ATTR]
+    return state
+
+
 @dataclass(eq=False)
 class EngineLiveness:
     """Per-engine liveness state. ``lock`` guards the mutable fields below it; the rest is set once.

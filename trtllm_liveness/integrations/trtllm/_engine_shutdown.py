@@ -1,0 +1,218 @@
+"""Bounded shutdown of one engine: what the proxy's ``shutdown()`` runs, and what the exit guard's
+last resort and a failed start run, all bounded.
+
+Data flow of :func:`shutdown_engine`::
+
+    expected exits (a death the monitor already knows is delivered first)
+    healthy: stop the watcher; (ZMQ debug, this thread owns the request socket) upstream pre_shutdown() here
+    upstream shutdown() in a daemon thread
+      healthy: joined for shutdown_grace_s; own session: the ranks' exit awaited, then stop_workers
+      failed:  stop_workers at once
+    upstream still blocked 1 s later: the session abandoned
+    release (hub, channel, stall timer, monitor, metrics); the outcome marked clean, or the
+    unkillable ranks recorded as the fatal error
+
+    stop_workers: remote hosts' ranks (agent hub) in a thread, local ranks SIGTERM -> SIGKILL,
+                  both bounded; a rank left unkillable quarantines the host
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..._errors import LivenessError
+from ..._events import WorkerFailedError
+from ...exit._exit_guard import interrupt_self_once
+from ...exit._outcome import mark_clean
+from ...process._identity import ProcessIdentity, is_local
+from ...process._pidfd import verify_start_time
+from ...stop._bounded_stop import StopReport
+from ._fatal import PRE_SHUTDOWN_WAIT_S, exit_status, note_unrestartable, wait_for_quarantine
+from ._features import warn_once
+from ._hosts import stop_remote_hosts
+from ._request_socket import owns_request_socket, zmq_debug
+from ._state import EngineLiveness, state_of
+
+if TYPE_CHECKING:
+    from ._mixin import LivenessProxyMixin
+
+logger = logging.getLogger(__name__.rpartition(".")[0])
+
+_UPSTREAM_SHUTDOWN_AFTER_STOP_S = 1.0
+
+
+def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_shutdown: Callable[[], None]) -> None:
+    """The data flow of the module docstring; ``upstream_shutdown`` runs upstream's ``shutdown()``
+    (never raises). Blocks for at most about ``shutdown_grace_s + shutdown_term_s +
+    shutdown_kill_s + 2`` seconds. Idempotent: only the first call does anything."""
+    proxy._liveness_expected_exits()  # a death already known is delivered first
+    with state.lock:
+        if state.shutdown_started:
+            return
+        state.shutdown_started = True
+        failed = state.fatal is not None
+    config = state.config
+    owned = owns_session(proxy, state)
+    assert state.monitor is not None
+    if failed:
+        state.fatal_done.wait(PRE_SHUTDOWN_WAIT_S)
+    else:
+        # Workers exiting now are expected: stop the watcher so they are not reported dead.
+        state.monitor.stop()
+        if zmq_debug() and owns_request_socket(state):
+            # Upstream's debug mode raises on a send from a thread that does not own its
+            # request socket: this one does, so upstream's pre_shutdown() (stop sentinel,
+            # cancellations) runs here; the shutdown() below then finds it done. The engine is
+            # healthy, so these sends go to a live leader.
+            proxy.pre_shutdown()
+    upstream = threading.Thread(target=upstream_shutdown, name="trtllm-liveness-upstream-shutdown", daemon=True)
+    upstream.start()
+    report = None
+    if not failed:
+        # A healthy engine gets the grace period to stop by itself; a dead world does not.
+        deadline = time.monotonic() + config.shutdown_grace_s
+        upstream.join(config.shutdown_grace_s)
+        if owned:
+            wait_exit(state, deadline)
+            report = stop_workers(state)
+        # else: the ranks belong to the caller's session (mpirun's job): they keep serving it
+        # after this engine is gone, and are never signalled by a healthy shutdown.
+    else:
+        report = stop_workers(state)
+    upstream.join(_UPSTREAM_SHUTDOWN_AFTER_STOP_S)
+    if upstream.is_alive():
+        logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
+        abandon_session(proxy, state)
+    release(state)
+    if state.fatal is None and not (report is not None and report.unkillable):
+        mark_clean()
+    if report is not None and report.unkillable:
+        events = report.events()
+        with state.lock:
+            if state.fatal is None and events:
+                state.fatal = WorkerFailedError(events[0])
+        if events and getattr(proxy, "_fatal_error", None) is None:
+            proxy._fatal_error = state.fatal
+
+
+def owns_session(proxy: object, state: EngineLiveness) -> bool:
+    """Whether the proxy created its MPI session (upstream's ``_owns_mpi_session`` where it has one)."""
+    owns = getattr(proxy, "_owns_mpi_session", None)
+    return owns if isinstance(owns, bool) else state.owns_session
+
+
+def abandon_session(proxy: object, state: EngineLiveness) -> None:
+    """Let the interpreter exit although upstream's shutdown is still blocked in the session's
+    pool threads (the session's ``abandon()``); never for a session the caller owns."""
+    if not owns_session(proxy, state):
+        logger.info("liveness: the MPI session belongs to the caller; not abandoned")
+        return
+    session = getattr(proxy, "mpi_session", None)
+    abandon = getattr(session, "abandon", None)
+    if callable(abandon):
+        with contextlib.suppress(Exception):
+            abandon()
+    elif session is not None:
+        warn_once("abandon", type(session).__qualname__, "liveness: the MPI session %s has no abandon(): its "
+                  "blocked pool threads may keep the interpreter from exiting after this shutdown",
+                  type(session).__qualname__)
+
+
+def wait_exit(state: EngineLiveness, deadline: float) -> None:
+    """Wait until every registered rank has exited, or until ``deadline`` (monotonic)."""
+    pending = state.monitor.identities if state.monitor is not None else []
+    while pending and time.monotonic() < deadline:
+        pending = [identity for identity in pending if _is_running(identity)]
+        if pending:
+            time.sleep(0.01)
+
+
+def stop_workers(state: EngineLiveness) -> StopReport | None:
+    """Stop the engine's ranks, bounded: the remote hosts' through the agent hub (in a thread), the
+    local ones with SIGTERM, then SIGKILL. None when there is nothing to stop. A rank the stop
+    leaves unkillable quarantines the host."""
+    from ...stop._bounded_stop import stop_processes
+
+    identities = state.monitor.identities if state.monitor is not None else []
+    # Never signal an identity whose start time was not verified (a recycled pid).
+    identities = [identity for identity in identities if identity.start_time is not None]
+    if not identities and state.hub is None:
+        return None
+    config = state.config
+    remote = stop_remote_hosts(state.hub, config) if state.hub is not None else None
+    identities = [identity for identity in identities if is_local(identity)]
+    report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
+    if remote is not None:
+        remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
+        state.host_stops = list(remote[1])
+    state.shutdown_report = report
+    note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
+    return report
+
+
+def release(state: EngineLiveness) -> None:
+    """Close what the engine's liveness holds (hub, side channel, stall timer, monitor, metrics)."""
+    if state.hub is not None:
+        with contextlib.suppress(Exception):
+            state.hub.close()
+    if state.channel is not None:
+        state.channel.close()
+    if state.stall is not None:
+        state.stall.close()
+    if state.monitor is not None:
+        with contextlib.suppress(Exception):
+            state.monitor.close()
+    if state.metrics is not None:
+        with contextlib.suppress(Exception):
+            state.metrics.close()
+
+
+def abort_start(state: EngineLiveness) -> None:
+    """The constructor fails, so nobody will call ``shutdown()``: stop what was started, bounded."""
+    with contextlib.suppress(Exception):
+        stop_workers(state)
+    release(state)
+
+
+def graceful(state: EngineLiveness) -> Callable[[], None]:
+    """The exit guard's graceful action: ONE SIGINT per process, and none once this executor's
+    ``shutdown()`` has begun (a SIGINT from trtllm-serve's ``/health`` got there first)."""
+    def interrupt() -> None:
+        if state.shutdown_started:
+            logger.info("liveness: the executor is already shutting down; the exit guard sends no SIGINT")
+            return
+        if not interrupt_self_once():
+            logger.info("liveness: graceful shutdown already requested by another exit guard of this process")
+
+    return interrupt
+
+
+def exit_stopping(ref: weakref.ReferenceType[LivenessProxyMixin]) -> Callable[[int], None]:
+    """The exit guard's last resort: the workers are not our children (prte spawned them), so
+    nobody else reaps them once this process is gone; stop them first, bounded."""
+    def exit_now(code: int) -> None:
+        proxy = ref()
+        if proxy is not None:
+            state = state_of(proxy)
+            with contextlib.suppress(Exception):
+                stop_workers(state)
+            code = exit_status(state, code)  # quarantine: a rank the stop left unkillable
+        wait_for_quarantine()  # the marker of a rank this stop left unkillable must be written first
+        os._exit(code)
+
+    return exit_now
+
+
+def _is_running(identity: ProcessIdentity) -> bool:
+    try:
+        verify_start_time(identity.pid, identity.start_time)
+    except (LivenessError, OSError):
+        return False
+    return True
