@@ -506,6 +506,16 @@ class WorkerProcessMonitor:
             return
         self._log.unsubscribe(callback)
 
+    def flush(self, callback: Subscriber, timeout: float) -> bool:
+        """Make sure ``callback`` has been given every event so far: what nobody is delivering to it
+        is delivered in this thread; a delivery to it that another thread is making is waited for,
+        at most ``timeout`` seconds. True when done; False at the timeout, or at once when called
+        from inside that delivery. Never a second call for an event, never two calls at a time.
+        """
+        if self._is_foreign_process():
+            return True
+        return self._log.flush(callback, timeout)
+
     # ----------------------------------------------------------------- watcher thread
 
     def start(self) -> None:

@@ -59,6 +59,10 @@ OBSERVERS_FIRST_S = 0.002
 PRE_SHUTDOWN_WAIT_S = 0.5
 """How long any caller waits for another thread's run of upstream's ``pre_shutdown()``."""
 
+DELIVERY_WAIT_S = 0.5
+"""How long a health check or a clean stop waits for the delivery of a known failure that another
+thread (the monitor's watcher, another health check) is making: the fatal path's first steps."""
+
 
 def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) -> None:
     """Steps 1-5 of the module docstring. Never blocks; never raises."""

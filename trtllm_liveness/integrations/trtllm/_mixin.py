@@ -10,6 +10,9 @@ Each override delegates to upstream when liveness is disabled. With liveness on:
 - ``mpi_futures`` / ``_worker_process_monitor``: upstream's attributes, backed by the state (the
   mirrors of the worker futures; the monitor shim on main);
 - ``check_health``, ``submit``, ``pre_shutdown``: see each;
+- the reaction to a failure (``_liveness_on_event``: the fatal path, the unrestartable note, the
+  diagnosis) runs in the monitor's delivery only; ``check_health`` and a clean stop's check reach
+  it through one door, ``_liveness_deliver`` (the monitor's check and flush), never beside it;
 - ``shutdown``: the bounded shutdown of :mod:`._engine_shutdown`;
 - ``dispatch_result_task`` (upstream's result thread): each dispatched response is progress for the
   stall timer (``stall_timeout_s``, :mod:`._engine_stall`).
@@ -39,6 +42,7 @@ from .._pool_manager_watch import PoolManagerWatch
 from ._engine_shutdown import abort_start, exit_stopping, graceful, shutdown_engine
 from ._engine_stall import AFTER_FATAL_DELAY_S, Diagnoser, EngineStall, pending_count, pending_counter
 from ._fatal import (
+    DELIVERY_WAIT_S,
     PRE_SHUTDOWN_WAIT_S,
     acquire_send_lock,
     check_host,
@@ -104,7 +108,8 @@ class LivenessProxyMixin:
         if not features.fatal_error:
             self._fatal_error: BaseException | None = None  # Dynamo reads it on every version
         monitor = new_monitor(config)
-        monitor.subscribe(_subscriber(weakref.ref(self)))
+        state.subscriber = _subscriber(weakref.ref(self))
+        monitor.subscribe(state.subscriber)
         if config.exit_on_fatal:
             state.exit_guard = FatalExitGuard(graceful=graceful(state), timeout_s=config.exit_timeout_s,
                                               exit_code=config.exit_code, exit_fn=exit_stopping(weakref.ref(self)),
@@ -261,6 +266,8 @@ class LivenessProxyMixin:
     # -- events --------------------------------------------------------------------------
 
     def _liveness_on_event(self, event: WorkerEvent) -> None:
+        # The reaction: called by the monitor's delivery only (each event once, one call at a
+        # time, outside the monitor's locks); other threads reach it through _liveness_deliver.
         state = state_of(self)
         error = state.record(event)
         if error is not None:
@@ -272,6 +279,20 @@ class LivenessProxyMixin:
             state.diagnoser.request(f"{event.kind.value} of rank {event.identity.rank}",
                                     delay_s=AFTER_FATAL_DELAY_S if error is not None else 0.0)
 
+    def _liveness_deliver(self, state: EngineLiveness) -> tuple[WorkerEvent | None, bool]:
+        """The one door from a thread other than the watcher to the reaction: a synchronous check
+        (a new event is delivered by the monitor), then the monitor's flush of this engine's
+        subscription (a delivery another thread is making is waited for, at most
+        ``DELIVERY_WAIT_S``). Returns the monitor's sticky failure and whether the reaction to it
+        is done. Idempotent; never calls the reaction itself."""
+        monitor, subscriber = state.monitor, state.subscriber
+        if monitor is None or subscriber is None:
+            return None, True
+        failure = monitor.check()
+        if failure is None:
+            return None, True
+        return failure, monitor.flush(subscriber, DELIVERY_WAIT_S)
+
     def _liveness_expected_exits(self) -> None:
         """A clean stop begins (upstream's pre_shutdown / monitor close, a healthy shutdown()):
         deliver a failure the monitor already knows first, then mark exits as expected."""
@@ -280,9 +301,8 @@ class LivenessProxyMixin:
             return
         if getattr(self, "_fatal_error", None) is not None or getattr(self, "_engine_dead", None):
             return  # upstream's own death path is running: not a clean stop
-        failure = state.monitor.check()
+        failure, _delivered = self._liveness_deliver(state)
         if failure is not None:
-            self._liveness_on_event(failure)
             return
         if state.begin_expected_exits():
             logger.debug("liveness: clean stop: worker exits from now on are expected")
@@ -362,19 +382,18 @@ class LivenessProxyMixin:
     def check_health(self) -> bool:
         """False after a fatal event (checked synchronously too, so a dead watcher loses
         nothing); otherwise upstream's ``check_health`` or, on 1.2.x, ``not is_shutdown()``.
-        Non-blocking (one ``poll(0)`` over the pidfds)."""
+        One ``poll(0)`` over the pidfds; once a failure is known, waits at most
+        ``DELIVERY_WAIT_S`` for its delivery under way in another thread."""
         state = state_of(self)
         if state.enabled and state.monitor is not None:
             if state.fatal is not None:
                 return False
-            # Act on the monitor's answer here, in this thread: the watcher may have seen the
-            # death and not yet delivered it (or be dead). Otherwise upstream's own check below
-            # finds the same death first and the liveness fatal error is never recorded.
-            failure = state.monitor.check()
-            if failure is not None:
-                self._liveness_on_event(failure)
-                if state.fatal is not None:
-                    return False
+            # The monitor's answer is delivered (and reacted to) before upstream's own check
+            # below can find the same death first, which would leave the liveness fatal error
+            # unrecorded: the watcher may have seen it and not delivered it yet, or be dead.
+            failure, delivered = self._liveness_deliver(state)
+            if state.fatal is not None or (failure is not None and not delivered):
+                return False  # not delivered: the reaction is still under way in another thread
         parent = getattr(super(), "check_health", None)
         if parent is not None:
             return bool(parent())

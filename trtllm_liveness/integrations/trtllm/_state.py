@@ -15,6 +15,7 @@ from typing import Any
 from ..._config import LivenessConfig
 from ..._events import WorkerEvent, WorkerFailedError
 from ...exit._exit_guard import FatalExitGuard
+from ...monitor._delivery import Subscriber
 from ...monitor._monitor import WorkerProcessMonitor
 from ...stop._bounded_stop import StopReport
 from ._engine_stall import Diagnoser, EngineStall
@@ -41,6 +42,7 @@ class EngineLiveness:
         features: what the upstream class offers.
         monitor / shim / exit_guard: the engine's monitor, what upstream main sees as its monitor,
             and the exit guard (``exit_on_fatal`` only).
+        subscriber: the engine's subscription to the monitor (the reaction's only caller).
         channel: the 1.2.x identity side channel, while start-up runs.
         fatal: the ONE fatal error, once a fatal event arrived.
         events: every event seen (the first is the fatal error's).
@@ -66,6 +68,7 @@ class EngineLiveness:
     config: LivenessConfig
     features: UpstreamFeatures | None = None
     monitor: WorkerProcessMonitor | None = None
+    subscriber: Subscriber | None = None
     shim: MonitorShim | None = None
     exit_guard: FatalExitGuard | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -106,7 +109,6 @@ class EngineLiveness:
         Thread-safe; never blocks beyond the state lock.
         """
         with self.lock:
-            # The same event may arrive twice: from the watcher and from a synchronous check.
             if not any(seen is event for seen in self.events):
                 self.events.append(event)
             if self.fatal is not None or self.shutdown_started or self.expected_exits:
