@@ -41,6 +41,7 @@ from ..process._identity import ProcessIdentity, capture_identity
 from ..process._mm_read import DEFAULT_TIMEOUT_S as DEFAULT_READ_TIMEOUT_S
 from ..process._mm_read import MmReader, SkippedRead
 from ._arg_types import int_arg, package_version, parent_arg, pid_arg, seconds_arg
+from ._config_command import add_config_parser
 from ._launch_command import add_launch_parser
 from ._output import Progress, out, print_report, printable
 from ._quarantine_command import add_quarantine_parser
@@ -60,7 +61,8 @@ exit status:
   3    a process died (watch), or a scanned process is a zombie or gone (scan)
   4    a process is wedged in D or unkillable (watch), or stuck in D, unkillable or stopped (scan)
   130  interrupted (Ctrl-C)
-  doctor: 0 covered, 1 degraded, 3 inert, 4 tensorrt_llm not installed (see 'doctor --help')
+  doctor: 0 covered, 1 degraded, 3 inert, 4 tensorrt_llm not installed, 5 invalid settings (see 'doctor --help')
+  config check: 0 valid, 1 invalid (see 'config --help')
   quarantine status: 0 OK, 1 quarantined, 2 unknown (see 'quarantine --help')
 """
 
@@ -71,6 +73,7 @@ exit status:
   2    bad arguments
   3    inert: the extension cannot attach (no proxy class), or tensorrt_llm fails to import (error named)
   4    tensorrt_llm is not installed (not importable from this interpreter)
+  5    TRTLLM_WORKER_LIVENESS is invalid (the 'settings:' line names the key): every engine start would fail
 """
 
 
@@ -365,7 +368,7 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log the library's warnings (-v) or debug messages (-vv) to stderr")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{scan,watch,demo,demo-processes,doctor,autoload,quarantine,launch}")
+                                metavar="{scan,watch,demo,demo-processes,doctor,config,autoload,quarantine,launch}")
 
     scan = sub.add_parser("scan", help="diagnose processes now: D state, SIGKILL pending, zombies, what to do",
                           description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
@@ -432,6 +435,7 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
                           help="site-packages directory (default: this interpreter's purelib)")
     autoload.set_defaults(func=_cmd_autoload)
 
+    add_config_parser(sub, _Parser)
     add_quarantine_parser(sub, _Parser)
     add_launch_parser(sub, _Parser)
     return parser
