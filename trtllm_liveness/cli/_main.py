@@ -57,8 +57,9 @@ EXIT_STATUS_HELP = """\
 exit status:
   0    nothing to report (scan: every process healthy)
   1    runtime failure (scan: no process matched the filter, or a /proc entry was unreadable)
-  2    bad arguments, or a pid that does not exist or cannot be watched
-  3    a process died (watch), or a scanned process is a zombie or gone (scan)
+  2    bad arguments (watch: also a pid that does not exist or cannot be watched)
+  3    a process died (watch), or a scanned process is a zombie or gone (scan: also a pid that
+       does not exist, reported beside the others)
   4    a process is wedged in D or unkillable (watch), or stuck in D, unkillable or stopped (scan)
   130  interrupted (Ctrl-C)
   doctor: 0 covered, 1 degraded, 3 inert, 4 tensorrt_llm not installed, 5 invalid settings (see 'doctor --help')
@@ -368,7 +369,7 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log the library's warnings (-v) or debug messages (-vv) to stderr")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{scan,watch,demo,demo-processes,doctor,config,autoload,quarantine,launch}")
+                                metavar="{scan,watch,demo,demo-processes,doctor,autoload,config,quarantine,launch}")
 
     scan = sub.add_parser("scan", help="diagnose processes now: D state, SIGKILL pending, zombies, what to do",
                           description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
