@@ -1,11 +1,13 @@
 """Watching ranks: deaths, wedges and stalls become events, each delivered exactly once.
 
 The flow: identities are registered with :class:`WorkerProcessMonitor` (:mod:`._monitor`), which
-keeps one :mod:`._watched_rank` record per rank; the watcher thread (:mod:`._watcher`) sleeps on
-every rank's pidfd and a wakeup, and samples thread states for ``D`` on its tick (:mod:`._wedge`);
-ranks without a pidfd are re-read from ``/proc`` (:mod:`._procfs_fallback`); every state change is
-an event handed to the subscribers by :mod:`._delivery`, in order, once, outside locks.
-:class:`StallDetector` (:mod:`._stall_timer`) is the timer for "alive but making no progress".
+opens one :mod:`._watched_rank` record per rank (:mod:`._registration`) and keeps it in its rank
+table (:mod:`._rank_table`); the watcher thread (:mod:`._watcher`) sleeps on every rank's pidfd and
+a wakeup, and samples thread states for ``D`` on its tick (:mod:`._wedge`); ranks without a pidfd
+are re-read from ``/proc`` (:mod:`._procfs_fallback`); remote ranks' reports from their hosts'
+agents are merged in by :mod:`._remote_reports`; every state change is an event handed to the
+subscribers by :mod:`._delivery`, in order, once, outside locks. :class:`StallDetector`
+(:mod:`._stall_timer`) is the timer for "alive but making no progress".
 """
 
 from __future__ import annotations

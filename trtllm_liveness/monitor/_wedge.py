@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass
 
 from .._events import EventKind
@@ -203,3 +204,38 @@ class WedgeTracker:
         if not self.d_since_by_tid:
             return None
         return min(self.d_since_by_tid, key=lambda tid: (self.d_since_by_tid[tid], tid))
+
+
+class WedgeScan:
+    """When the watcher samples thread states for wedges: the ``D``-state timeout each rank's
+    :class:`WedgeTracker` gets, whether verdicts are armed, and when the next scan is due.
+    Guarded by the monitor's lock (``enabled`` may be read without it)."""
+
+    def __init__(self, timeout_s: float | None, interval_s: float, *, armed: bool) -> None:
+        self.timeout_s = timeout_s if timeout_s is not None and timeout_s > 0 else None
+        self.interval_s = interval_s
+        self.armed = armed
+        self.next_at = 0.0  # monotonic
+
+    @property
+    def enabled(self) -> bool:
+        """Whether wedge verdicts are being made: armed, with a timeout."""
+        return self.armed and self.timeout_s is not None
+
+    def arm(self, timeout_s: float | None) -> bool:
+        """Arm; a positive ``timeout_s`` replaces the timeout, 0 or less turns detection off. The
+        next scan is due at once. False (nothing changed) when already armed and no timeout given."""
+        if timeout_s is None and self.armed:
+            return False
+        self.armed = True
+        if timeout_s is not None:
+            self.timeout_s = timeout_s if timeout_s > 0 else None
+        self.next_at = time.monotonic()
+        return True
+
+    def take_due(self, now: float) -> bool:
+        """Whether a scan is due at monotonic ``now``; if so the next one is scheduled."""
+        if now < self.next_at:
+            return False
+        self.next_at = now + self.interval_s
+        return True
