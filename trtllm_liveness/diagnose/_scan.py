@@ -31,9 +31,10 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..monitor._wedge import WedgeTracker, sample_d_state
+from ..monitor._wedge import WedgeTracker
 from ..process import _procfs
 from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader, SkippedRead, skip_for_d
+from ..process._thread_sampler import sample_d_state
 
 RECYCLE_ADVICE = (
     "recycle the host: drain it, then reboot it; a task in D with SIGKILL pending keeps its GPU/NIC "

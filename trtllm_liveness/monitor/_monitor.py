@@ -12,7 +12,7 @@ Data flow::
     check() / find_dead_worker(): epoll_wait(check set, 0), procfs poll -------------+--> classify,
                                                                                         claim event
     wedge scan (watcher only, outside the lock, due by WedgeScan):                         ^
-        ThreadSampler per rank, verdict by its WedgeTracker (_wedge) ----------------------+
+        ThreadSampler per rank (process/_thread_sampler), verdict by its WedgeTracker -----+
     apply_remote[_many](): agents' reports, merge_remote_reports (_remote_reports) --------+
                                                                                            v
                                           EventLog (_delivery): every subscriber, each event once

@@ -13,11 +13,12 @@ from collections.abc import Iterable
 from .._events import RankStatus, WorkerState
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity
+from ..process._thread_sampler import DStateSample, ThreadSampler
 from ._procfs_fallback import ProcfsFallback
 from ._registration import open_watched_rank
 from ._watched_rank import NOT_SIGNALLED_METHODS, SCANNED_STATES, WatchedRank, classify_exit
 from ._watcher import PidfdWatcher
-from ._wedge import DStateSample, ThreadSampler, WedgeTracker
+from ._wedge import WedgeTracker
 
 __all__ = ["RankTable", "sample_threads"]
 

@@ -4,7 +4,7 @@ A local rank is watched through a pidfd opened after verifying its start time (t
 on it); when ``pidfd_open`` fails (ENOSYS, EPERM, EMFILE) it is polled from procfs instead. A rank
 of another host or PID namespace is kept as unmonitored, not dead; one already gone, a zombie or a
 reused PID is recorded dead at once. With wedge detection on, an alive rank also gets its
-:class:`~._wedge.WedgeTracker` and :class:`~._wedge.ThreadSampler`.
+:class:`~._wedge.WedgeTracker` and :class:`~..process._thread_sampler.ThreadSampler`.
 
 The caller (the monitor, under its lock) owns what comes back: it hands a record's ``pidfd`` to
 the watcher and an alive ``procfs`` record to the fallback poll.
@@ -20,8 +20,9 @@ from .._events import WorkerState
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
 from ..process._oom import OomProbe
+from ..process._thread_sampler import ThreadSampler
 from ._watched_rank import WatchedRank, cause_of
-from ._wedge import ThreadSampler, WedgeTracker
+from ._wedge import WedgeTracker
 
 __all__ = ["open_watched_rank"]
 

@@ -18,7 +18,8 @@ from .._events import EventKind, RankStatus, WorkerEvent, WorkerState
 from ..process import _procfs
 from ..process._identity import ProcessIdentity
 from ..process._oom import OomProbe
-from ._wedge import DStateSample, ThreadSampler, WedgeTracker
+from ..process._thread_sampler import DStateSample, ThreadSampler
+from ._wedge import WedgeTracker
 
 EVENT_OF_STATE = {
     WorkerState.EXITED: EventKind.DIED,

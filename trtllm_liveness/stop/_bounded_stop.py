@@ -31,9 +31,9 @@ import subprocess
 import time
 from collections.abc import Iterable
 
-from ..monitor._wedge import sample_d_state
 from ..process import _pidfd, _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
+from ..process._thread_sampler import sample_d_state
 from . import _signal_ledger
 from ._stop_report import StopOutcome, StoppedWorker, StopReport, UnkillableWorker
 from ._stop_targets import AwaitedProc, PreparedTarget, StopTarget, prepare, prepare_groups
