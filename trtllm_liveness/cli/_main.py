@@ -34,7 +34,7 @@ from typing import NoReturn
 
 from .._errors import AccessDenied, LivenessError, ProcessGone
 from .._events import EventKind, WorkerEvent, WorkerState
-from ..diagnose import _diagnosis, _diagnosis_text, _scan
+from ..diagnose import _diagnosis, _diagnosis_text, _process_selection, _scan
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, capture_identity
@@ -219,7 +219,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     reader = MmReader(args.read_timeout)
     selection_skipped: tuple[SkippedRead, ...] = ()
     if not args.pids:
-        selection = _scan.select(**given, reader=reader)
+        selection = _process_selection.select(**given, reader=reader)
         pids = list(selection.pids)
         selection_skipped = selection.skipped
         for skip in selection_skipped:
