@@ -43,7 +43,7 @@ from ._delivery import EventLog, Subscriber
 from ._rank_table import RankTable, sample_threads
 from ._remote_reports import merge_remote_reports
 from ._watched_rank import SCANNED_STATES, WatchedRank
-from ._watcher import PidfdWatcher
+from ._watcher import PidfdWatcher, WatcherClosed
 from ._wedge import WedgeScan
 
 __all__ = ["Subscriber", "WorkerProcessMonitor"]
@@ -405,10 +405,8 @@ class WorkerProcessMonitor:
                 raise RuntimeError("WorkerProcessMonitor is closed")
         try:
             self._watcher.start(self)
-        except RuntimeError as exc:
-            if "watcher is closed" in str(exc):
-                raise RuntimeError("WorkerProcessMonitor is closed") from None
-            raise  # e.g. "can't start new thread": say what really happened
+        except WatcherClosed:  # closed by another thread since the check above
+            raise RuntimeError("WorkerProcessMonitor is closed") from None
 
     def stop(self, timeout: float = 1.0) -> bool:
         """Stop the watcher and join it for at most ``timeout`` seconds.

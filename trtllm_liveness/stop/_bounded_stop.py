@@ -1,8 +1,8 @@
 """Bounded shutdown: stop worker processes with a deadline that always holds, report the unkillable.
 
-torchrun's close used to send SIGTERM, wait, send SIGKILL and then ``join()`` without a timeout;
-a worker in uninterruptible sleep (``D``: GPU driver, NCCL, RDMA) survives SIGKILL, so the
-launcher never exited. Here every wait has a deadline::
+A close that sends SIGTERM, waits, sends SIGKILL and then joins the worker without a timeout never
+returns when a worker is in uninterruptible sleep (``D``: GPU driver, NCCL, RDMA): such a worker
+survives SIGKILL, so the launcher never exits. Here every wait has a deadline::
 
     t0 ---- TERM (pidfd) ---- poll(pidfds) until grace deadline ----+
                                                                     |  survivors
