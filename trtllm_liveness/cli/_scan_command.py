@@ -12,7 +12,7 @@ import json
 import sys
 from typing import Any
 
-from ..diagnose import _diagnosis, _diagnosis_text, _process_selection, _scan
+from ..diagnose import _process_selection, _scan
 from ..process._mm_read import DEFAULT_TIMEOUT_S as DEFAULT_READ_TIMEOUT_S
 from ..process._mm_read import MmReader, SkippedRead
 from ._arg_types import int_arg, parent_arg, pid_arg, seconds_arg
@@ -92,7 +92,7 @@ def run_scan(args: argparse.Namespace) -> int:
     diagnosis: _diagnosis.Diagnosis | None = None
     try:
         if args.stacks:  # imported only here: py-spy runs, CPU classification, odd rank out
-            from ..diagnose import _diagnosis
+            from ..diagnose import _diagnosis, _diagnosis_text
             diagnosis = _diagnosis.diagnose(pids, window_s=args.window, scan_samples=samples, reader=reader,
                                             cpu_window_s=min(args.window, _diagnosis.DEFAULT_WINDOW_S))
         result = diagnosis.scan if diagnosis is not None else _scan.scan(
