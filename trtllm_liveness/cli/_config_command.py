@@ -39,7 +39,7 @@ docs/configuration.md lists every key, its default and its meaning.
 """
 
 
-def add_config_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+def add_config_parser(sub: Any) -> None:
     """Add the ``config`` subcommand to ``sub`` (argparse subparsers)."""
     config = sub.add_parser("config", help=f"check a {ENV_VAR} value and print the settings it gives",
                             description=_DESCRIPTION, epilog=CONFIG_STATUS_HELP,

@@ -50,10 +50,12 @@ unless they came from the terminal, waits for it, and exits with:
     the job before it could record why), with one line;
   - else 0.
 """
+
 _WAIT_S = 1.0  # each wait for the launcher is bounded; the loop lasts as long as the job
 
 
-def add_launch_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+def add_launch_parser(sub: Any) -> None:
+    """Add the ``launch`` subcommand to ``sub`` (argparse subparsers)."""
     launch = sub.add_parser("launch", help="run mpirun/srun; exit non-zero whenever the engine recorded a fatal "
                                            "error (mpirun exits 0 after a host crash)",
                             description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)

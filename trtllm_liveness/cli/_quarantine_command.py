@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 from typing import Any
 
@@ -30,8 +29,6 @@ from ..quarantine._marker import (
     inspect_marker,
     resolve_directory,
 )
-
-logger = logging.getLogger(__name__)
 
 __all__ = ["QUARANTINE_STATUS_HELP", "add_quarantine_parser", "run_quarantine"]
 
@@ -73,7 +70,7 @@ def _defaults(args: argparse.Namespace) -> LivenessConfig:
         return LivenessConfig()
 
 
-def add_quarantine_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+def add_quarantine_parser(sub: Any) -> None:
     """Add the ``quarantine`` subcommand to ``sub`` (argparse subparsers)."""
     quarantine = sub.add_parser("quarantine", help="show or clear this host's quarantine after a wedged worker",
                                 description=_DESCRIPTION, epilog=QUARANTINE_STATUS_HELP,
