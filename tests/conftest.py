@@ -35,6 +35,7 @@ from typing import NoReturn
 
 import pytest
 
+from tests.support.process_ending import fresh_process_ending  # noqa: F401 - autouse: each test its own ending
 from trtllm_liveness.demo._cgroup_faults import (
     FreezerGroup,
     MemoryGroup,

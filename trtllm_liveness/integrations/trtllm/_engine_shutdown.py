@@ -1,5 +1,6 @@
-"""Bounded shutdown of one engine: what the proxy's ``shutdown()`` runs, and what the exit guard's
-last resort and a failed start run, all bounded.
+"""Bounded shutdown of one engine: what the proxy's ``shutdown()`` runs, what a failed start runs,
+and the engine's part in the process's ending (the exit guard's graceful action; its ranks stopped
+before the process ends), all bounded.
 
 Data flow of :func:`shutdown_engine`::
 
@@ -9,18 +10,21 @@ Data flow of :func:`shutdown_engine`::
       healthy: joined for shutdown_grace_s; own session: the ranks' exit awaited, then stop_workers
       failed:  stop_workers at once
     upstream still blocked 1 s later: the session abandoned
-    release (hub, channel, stall timer, monitor, metrics); the outcome marked clean, or the
-    unkillable ranks recorded as the fatal error
+    release (hub, channel, stall timer, monitor, metrics; the fatal path's and the diagnosis'
+    threads joined, each until its deadline); the outcome marked clean, or the unkillable ranks
+    recorded as the fatal error
 
     stop_workers: remote hosts' ranks (agent hub) in a thread, local ranks SIGTERM -> SIGKILL,
                   both bounded; a rank left unkillable quarantines the host
+
+    the process's ending (exit_on_fatal): its STOP stage runs stop_workers for every engine not
+    yet released (the ranks are not our children: nobody else reaps them once we are gone)
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import threading
 import time
 import weakref
@@ -31,10 +35,11 @@ from ..._errors import LivenessError
 from ..._events import WorkerFailedError
 from ...exit._exit_guard import interrupt_self_once
 from ...exit._outcome import mark_clean
+from ...exit._process_ending import Stage, process_ending
 from ...process._identity import ProcessIdentity, is_local
 from ...process._pidfd import verify_start_time
 from ...stop._bounded_stop import StopReport
-from ._fatal import PRE_SHUTDOWN_WAIT_S, exit_status, note_unrestartable, wait_for_quarantine
+from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
 from ._features import warn_once
 from ._hosts import stop_remote_hosts
 from ._request_socket import owns_request_socket, zmq_debug
@@ -158,7 +163,13 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
 
 
 def release(state: EngineLiveness) -> None:
-    """Close what the engine's liveness holds (hub, side channel, stall timer, monitor, metrics)."""
+    """Close what the engine's liveness holds (hub, side channel, stall timer, monitor, metrics),
+    leave the process's ending, and join the fatal path's threads and the diagnosis, each until its
+    deadline (the exit guard's trigger first stops waiting for ``exit_delay_s``). A thread still
+    running then (``pre_shutdown()`` blocked on a dead peer) is named in one WARNING."""
+    state.closing.set()
+    if state.stop_at_exit is not None:
+        process_ending().discard_cleanup(state.stop_at_exit, Stage.STOP)
     if state.hub is not None:
         with contextlib.suppress(Exception):
             state.hub.close()
@@ -172,6 +183,12 @@ def release(state: EngineLiveness) -> None:
     if state.metrics is not None:
         with contextlib.suppress(Exception):
             state.metrics.close()
+    left = state.threads.join()
+    if state.diagnoser is not None:
+        left += state.diagnoser.close()
+    if left:
+        logger.warning("liveness: threads still running after their bound, left to end with the process: %s",
+                       ", ".join(left))
 
 
 def abort_start(state: EngineLiveness) -> None:
@@ -194,20 +211,17 @@ def graceful(state: EngineLiveness) -> Callable[[], None]:
     return interrupt
 
 
-def exit_stopping(ref: weakref.ReferenceType[LivenessProxyMixin]) -> Callable[[int], None]:
-    """The exit guard's last resort: the workers are not our children (prte spawned them), so
-    nobody else reaps them once this process is gone; stop them first, bounded."""
-    def exit_now(code: int) -> None:
+def stop_at_exit(ref: weakref.ReferenceType[LivenessProxyMixin]) -> Callable[[], None]:
+    """The engine's STOP cleanup of the process's ending: its ranks are not our children (prte
+    spawned them), so nobody else reaps them once this process is gone; stop them first, bounded.
+    A rank the stop leaves unkillable quarantines the host (awaited by the ending) and makes the
+    exit status ``exit_code_unrestartable``. Holds the proxy by weakref."""
+    def stop() -> None:
         proxy = ref()
         if proxy is not None:
-            state = state_of(proxy)
-            with contextlib.suppress(Exception):
-                stop_workers(state)
-            code = exit_status(state, code)  # quarantine: a rank the stop left unkillable
-        wait_for_quarantine()  # the marker of a rank this stop left unkillable must be written first
-        os._exit(code)
+            stop_workers(state_of(proxy))
 
-    return exit_now
+    return stop
 
 
 def _is_running(identity: ProcessIdentity) -> bool:

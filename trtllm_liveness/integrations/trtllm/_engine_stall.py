@@ -27,6 +27,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from ..._events import EventKind, WorkerEvent
+from ...exit._process_ending import OwnedThreads
 from ...monitor._stall_timer import ProgressSource, StallDetector, StallInfo
 from ...process._identity import ProcessIdentity
 
@@ -38,6 +39,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
 BEAT_INTERVAL_MAX_S = 1.0
+DIAGNOSIS_BOUND_S = 5.0
+"""How long a diagnosis may run before its owner stops waiting for it: the thread window and
+py-spy's deadline (2 s, plus its kill), and py-spy's one-time probe."""
 AFTER_FATAL_DELAY_S = 0.05
 """A diagnosis after a fatal error starts this much later: the threads that observe the failure
 (health probes, the readers of the failed requests) get the interpreter first."""
@@ -65,12 +69,14 @@ def beat_interval(stall_timeout_s: float) -> float:
 
 
 class Diagnoser:
-    """Bounded snapshots of the engine's local ranks, one at a time, in a daemon thread."""
+    """Bounded snapshots of the engine's local ranks, one at a time, each in a thread it owns and
+    joins (:meth:`close`)."""
 
     def __init__(self, identities: Callable[[], list[ProcessIdentity]]) -> None:
         self._identities = identities
         self._lock = threading.Lock()
         self._running = False
+        self._threads = OwnedThreads()
         self.latest: Diagnosis | None = None
         self.reason = ""
         self.done = threading.Event()  # set after each finished diagnosis (tests wait on it)
@@ -83,15 +89,17 @@ class Diagnoser:
             if self._running:
                 return False
             self._running = True
-        try:
-            threading.Thread(target=self._run, args=(reason, on_done, delay_s), name="trtllm-liveness-diagnosis",
-                             daemon=True).start()
-        except RuntimeError:
+        if self._threads.start(self._run, name="trtllm-liveness-diagnosis", bound_s=delay_s + DIAGNOSIS_BOUND_S,
+                               args=(reason, on_done, delay_s)) is None:
             with self._lock:
                 self._running = False
             logger.warning("liveness: could not start a diagnosis thread (%s)", reason)
             return False
         return True
+
+    def close(self) -> list[str]:
+        """Join the diagnosis under way, if any, until its deadline; the names of threads left."""
+        return self._threads.join()
 
     def _run(self, reason: str, on_done: Callable[[Diagnosis], None] | None, delay_s: float) -> None:
         try:

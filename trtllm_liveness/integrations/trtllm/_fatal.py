@@ -18,9 +18,10 @@
    ``pre_shutdown()`` sends no ``CancellingRequest`` for it; on 1.2.x mpi4py's exit join of the
    pool thread is released (main's ``_mark_engine_dead`` does that itself) when the proxy owns
    the session;
-4. trigger the exit guard (``exit_on_fatal``), after ``exit_delay_s``, from its own thread;
-5. upstream's ``pre_shutdown()`` in a daemon helper thread: where a hang (a blocking send to a
-   dead peer) stops nothing. Nobody waits on it without a bound. The helper thread does not own
+4. trigger the exit guard (``exit_on_fatal``), after ``exit_delay_s`` (or at once when the engine's
+   liveness is released first: its shutdown ran), from its own thread;
+5. upstream's ``pre_shutdown()`` in a helper thread: where a hang (a blocking send to a dead peer)
+   stops nothing. Nobody waits on it without a bound. The helper thread does not own
    upstream's request socket once a caller's ``submit()`` used it (ZMQ sockets are not
    thread-safe; upstream's debug mode raises on such a send), so then the worker futures (the
    mirrors) are failed *before* it, and upstream, seeing no pending future, sends no stop sentinel
@@ -29,8 +30,10 @@
    guard on, step 1 set ``doing_shutdown``, so upstream's ``pre_shutdown()`` returns at its first
    check: the send that may hang exists only without ``exit_on_fatal``.)
 
-Steps 1-3 never block (no socket send, no join); they run in the thread that saw the event (the
-monitor's watcher or a ``check_health()`` caller).
+Steps 1-3 never block (no socket send, no join); they run in the thread that delivered the event
+(the monitor's watcher, or a ``check_health()`` caller that found it). The threads of steps 4 and 5
+are the engine's (``EngineLiveness.threads``), joined with their bounds when it is released; the
+records' writes and the quarantine are the process's ending's (:mod:`trtllm_liveness.exit`).
 """
 
 from __future__ import annotations
@@ -59,6 +62,13 @@ OBSERVERS_FIRST_S = 0.002
 PRE_SHUTDOWN_WAIT_S = 0.5
 """How long any caller waits for another thread's run of upstream's ``pre_shutdown()``."""
 
+THREAD_END_S = 1.0
+"""What a fatal-path thread may take beyond its own waits before its owner stops waiting for it."""
+
+FATAL_HELPER_BOUND_S = OBSERVERS_FIRST_S + 3 * PRE_SHUTDOWN_WAIT_S + THREAD_END_S
+"""The ``pre_shutdown()`` helper: the send lock (``PRE_SHUTDOWN_WAIT_S``), then upstream's
+``pre_shutdown()`` (twice that), then the futures failed."""
+
 DELIVERY_WAIT_S = 0.5
 """How long a health check or a clean stop waits for the delivery of a known failure that another
 thread (the monitor's watcher, another health check) is making: the fatal path's first steps."""
@@ -77,10 +87,10 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
     fail_requests(proxy, error)
     release_exit_joins(proxy, state)
     if state.exit_guard is not None:
-        threading.Thread(target=_trigger_exit_guard, args=(state, error),
-                         name="trtllm-liveness-exit", daemon=True).start()
-    threading.Thread(target=_pre_shutdown_helper, args=(proxy, state, error),
-                     name="trtllm-liveness-fatal", daemon=True).start()
+        state.threads.start(_trigger_exit_guard, name="trtllm-liveness-exit",
+                            bound_s=state.config.exit_delay_s + THREAD_END_S, args=(state, error))
+    state.threads.start(_pre_shutdown_helper, name="trtllm-liveness-fatal", bound_s=FATAL_HELPER_BOUND_S,
+                        args=(proxy, state, error))
 
 
 def check_host(config: LivenessConfig) -> None:
@@ -97,7 +107,7 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
     """Any event of ``events`` that is not restartable (a wedge, an unkillable rank, also one the
     bounded stop reports after a death) makes the exit status ``exit_code_unrestartable`` and
     quarantines the host (marker, actions: :func:`~trtllm_liveness.quarantine._host_policy.quarantine_host`,
-    in a daemon thread). Never blocks; never raises."""
+    in a thread the process's ending awaits). Never blocks; never raises."""
     unrestartable = [event for event in events if not event.restartable]
     if not unrestartable:
         return
@@ -109,22 +119,6 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
         quarantine_host(state.config, unrestartable)
     except Exception:
         logger.exception("liveness: could not quarantine the host")
-
-
-def wait_for_quarantine() -> None:
-    """Before an ``os._exit``: let a quarantine just started (marker, actions) finish, bounded.
-    Nothing to wait for (and nothing imported) if no failure was ever unrestartable."""
-    module = sys.modules.get("trtllm_liveness.quarantine._host_policy")
-    wait = getattr(module, "wait_for_quarantine", None)
-    if callable(wait):
-        wait()
-
-
-def exit_status(state: EngineLiveness, code: int) -> int:
-    """The status for the exit guard's last resort, which stops the workers after the status was
-    chosen: ``exit_code_unrestartable`` once that stop (or anything) left a rank unkillable."""
-    guard = state.exit_guard
-    return guard.exit_code if guard is not None and guard.unrestartable else code
 
 
 def mark_shutdown_signalled(proxy: Any) -> None:
@@ -229,8 +223,9 @@ def _owns_session(proxy: Any, state: EngineLiveness) -> bool:
 def _trigger_exit_guard(state: EngineLiveness, error: WorkerFailedError) -> None:
     guard = state.exit_guard
     if guard is not None:
-        # Let health endpoints answer 503 (and logs say why) before the server goes away.
-        time.sleep(state.config.exit_delay_s)
+        # Let health endpoints answer 503 (and logs say why) before the server goes away; no
+        # longer once the engine's shutdown released it (the server is going away already).
+        state.closing.wait(state.config.exit_delay_s)
         guard.trigger(error)
 
 
@@ -258,12 +253,12 @@ def _pre_shutdown_helper(proxy: Any, state: EngineLiveness, error: WorkerFailedE
         finally:
             state.send_lock.release()
 
-    worker = threading.Thread(target=run, name="trtllm-liveness-pre-shutdown", daemon=True)
-    worker.start()
-    worker.join(2 * PRE_SHUTDOWN_WAIT_S)
-    if worker.is_alive():
-        logger.warning("liveness: upstream pre_shutdown() still blocked after %.1fs (a send to a dead peer?); "
-                       "left in its daemon thread", PRE_SHUTDOWN_WAIT_S)
+    worker = state.threads.start(run, name="trtllm-liveness-pre-shutdown", bound_s=2 * PRE_SHUTDOWN_WAIT_S)
+    if worker is not None:
+        worker.join(2 * PRE_SHUTDOWN_WAIT_S)
+        if worker.is_alive():
+            logger.warning("liveness: upstream pre_shutdown() still blocked after %.1fs (a send to a dead peer?); "
+                           "left in its daemon thread", 2 * PRE_SHUTDOWN_WAIT_S)
     fail_pending(state.mpi_futures if isinstance(state.mpi_futures, list) else [], error)
     state.fatal_done.set()
 

@@ -34,12 +34,13 @@ from ..._config import LivenessConfig
 from ..._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError
 from ...exit._exit_guard import FatalExitGuard
 from ...exit._outcome import mark_running
+from ...exit._process_ending import Stage, process_ending
 from ...monitor._monitor import WorkerProcessMonitor
 from ...process._identity import ProcessIdentity, is_local
 from ...stop._bounded_stop import StopReport
 from .._futures import mirror_future
 from .._pool_manager_watch import PoolManagerWatch
-from ._engine_shutdown import abort_start, exit_stopping, graceful, shutdown_engine
+from ._engine_shutdown import abort_start, graceful, shutdown_engine, stop_at_exit
 from ._engine_stall import AFTER_FATAL_DELAY_S, Diagnoser, EngineStall, pending_count, pending_counter
 from ._fatal import (
     DELIVERY_WAIT_S,
@@ -112,8 +113,10 @@ class LivenessProxyMixin:
         monitor.subscribe(state.subscriber)
         if config.exit_on_fatal:
             state.exit_guard = FatalExitGuard(graceful=graceful(state), timeout_s=config.exit_timeout_s,
-                                              exit_code=config.exit_code, exit_fn=exit_stopping(weakref.ref(self)),
+                                              exit_code=config.exit_code,
                                               exit_code_unrestartable=config.exit_code_unrestartable)
+            state.stop_at_exit = stop_at_exit(weakref.ref(self))
+            process_ending().add_cleanup(state.stop_at_exit, Stage.STOP)
         monitor.start()
         state.monitor = monitor
         mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success

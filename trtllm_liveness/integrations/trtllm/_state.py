@@ -8,6 +8,7 @@ extension lands on the upstream object (besides what upstream itself reads: ``_f
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,6 +16,7 @@ from typing import Any
 from ..._config import LivenessConfig
 from ..._events import WorkerEvent, WorkerFailedError
 from ...exit._exit_guard import FatalExitGuard
+from ...exit._process_ending import OwnedThreads
 from ...monitor._delivery import Subscriber
 from ...monitor._monitor import WorkerProcessMonitor
 from ...stop._bounded_stop import StopReport
@@ -52,6 +54,10 @@ class EngineLiveness:
         owns_session: the proxy created its MPI session (none was passed in).
         shutdown_started / shutdown_report: ``shutdown()`` ran, and what its bounded stop did.
         fatal_done: set when the fatal path's helper finished upstream's ``pre_shutdown()``.
+        threads: the fatal path's threads (the exit guard's trigger, the ``pre_shutdown()``
+            helper), joined, each until its deadline, when the engine's liveness is released.
+        closing: set when it is released: the exit guard's trigger no longer waits ``exit_delay_s``.
+        stop_at_exit: the engine's STOP cleanup of the process's ending (``exit_on_fatal`` only).
         pre_shutdown_entries: calls of upstream's ``pre_shutdown()`` the extension made or passed on.
         real_mpi_futures: mpi4py's own futures (upstream holds mirrors, see ``_futures.py``).
         request_socket_owner: the thread (ident) that owns upstream's request socket as its
@@ -87,6 +93,9 @@ class EngineLiveness:
     shutdown_started: bool = False
     shutdown_report: StopReport | None = None
     fatal_done: threading.Event = field(default_factory=threading.Event)
+    threads: OwnedThreads = field(default_factory=OwnedThreads)
+    closing: threading.Event = field(default_factory=threading.Event)
+    stop_at_exit: Callable[[], None] | None = None
     pre_shutdown_entries: int = 0
     real_mpi_futures: list[Future[Any]] | None = None
     request_socket_owner: int | None = None
