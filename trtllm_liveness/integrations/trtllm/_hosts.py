@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._config import LivenessConfig
 from ...monitor._monitor import WorkerProcessMonitor
 from ._features import upstream_skips_registration
+
+if TYPE_CHECKING:  # pyzmq and the hub are imported only where an engine runs one
+    from ...multihost._hub import AgentHub
+    from ...multihost._hub_records import HostStop
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -27,7 +31,7 @@ def wants_hub(config: LivenessConfig, session: Any) -> bool:
     return config.hosts == "on" or (upstream_skips_registration(session) and not single_host_launch())
 
 
-def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> Any:
+def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> AgentHub | None:
     """A started hub, or None (logged) when it cannot bind: the engine then runs without it."""
     from ...multihost import AgentHub
 
@@ -67,10 +71,10 @@ def default_bind(advertise: str) -> tuple[str, str]:
     return "*", advertise or name
 
 
-def stop_remote_hosts(hub: Any, config: LivenessConfig) -> tuple[threading.Thread, list[Any]]:
+def stop_remote_hosts(hub: AgentHub, config: LivenessConfig) -> tuple[threading.Thread, list[HostStop]]:
     """Ask every remote agent to stop its host's ranks, in a thread (the local stop runs meanwhile);
     the list fills with the :class:`~trtllm_liveness.multihost.HostStop` reports when it ends."""
-    reports: list[Any] = []
+    reports: list[HostStop] = []
     bound = config.shutdown_term_s + config.shutdown_kill_s + 1.0
 
     def run() -> None:

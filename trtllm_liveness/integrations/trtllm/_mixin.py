@@ -28,7 +28,7 @@ import threading
 import weakref
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..._config import LivenessConfig
 from ..._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError
@@ -58,10 +58,14 @@ from ._shim import MonitorShim
 from ._startup import announce, arm_wedges, export_metrics, new_monitor, wrap_session
 from ._state import MISSING, STATE_ATTR, EngineLiveness, state_of
 
+if TYPE_CHECKING:
+    from ...diagnose._diagnosis import Diagnosis
+    from ...monitor._stall_timer import StallInfo
+
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
 
-def _subscriber(ref: weakref.ReferenceType[Any]) -> Callable[[WorkerEvent], None]:
+def _subscriber(ref: weakref.ReferenceType[LivenessProxyMixin]) -> Callable[[WorkerEvent], None]:
     # Holds the proxy by weakref: a monitor must not keep a dropped engine alive.
     def on_event(event: WorkerEvent) -> None:
         proxy = ref()
@@ -178,13 +182,13 @@ class LivenessProxyMixin:
         monitor = state_of(self).monitor
         return monitor.statuses() if monitor is not None else []
 
-    def liveness_diagnosis(self) -> Any:
+    def liveness_diagnosis(self) -> Diagnosis | None:
         """The latest :class:`~trtllm_liveness.diagnose._diagnosis.Diagnosis` of the local ranks (taken at a
-        stall, a wedge and every fatal error, in a daemon thread), or None. Non-blocking."""
+        stall, a wedge and every fatal error, in a thread the engine owns), or None. Non-blocking."""
         diagnoser = state_of(self).diagnoser
         return diagnoser.latest if diagnoser is not None else None
 
-    def liveness_stall(self) -> Any:
+    def liveness_stall(self) -> StallInfo | None:
         """The :class:`~trtllm_liveness.monitor._stall_timer.StallInfo` of the stall under way, or None."""
         stall = state_of(self).stall
         detector = stall.detector if stall is not None else None

@@ -7,11 +7,12 @@ extension lands on the upstream object (besides what upstream itself reads: ``_f
 
 from __future__ import annotations
 
+import enum
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ..._config import LivenessConfig
 from ..._events import WorkerEvent, WorkerFailedError
@@ -25,8 +26,21 @@ from ._features import UpstreamFeatures
 from ._shim import MonitorShim
 from ._side_channel import IdentityChannel
 
+if TYPE_CHECKING:  # optional extras: imported only where an engine uses them
+    from ...multihost._hub import AgentHub
+    from ...multihost._hub_records import HostStop
+    from ..prometheus import LivenessMetrics
+
 STATE_ATTR = "_liveness"
-MISSING: Any = object()
+
+
+class Missing(enum.Enum):
+    """The value of an upstream attribute upstream has not set yet."""
+
+    MISSING = "missing"
+
+
+MISSING: Final = Missing.MISSING
 
 
 def state_of(proxy: object) -> EngineLiveness:
@@ -67,8 +81,11 @@ class EngineLiveness:
         diagnoser: the bounded snapshots of the local ranks (at a stall, a wedge, a fatal error).
         metrics: the engine's ``LivenessMetrics`` when the extension exported them itself
             (trtllm-serve's multiprocess Prometheus page), else None.
+        hub / host_stops: the multi-host agent hub, where one runs, and its ``HostStop`` reports
+            after a fatal shutdown.
         mpi_futures / upstream_monitor: storage behind upstream's ``mpi_futures`` and
-            ``_worker_process_monitor`` attributes (MISSING until upstream sets them).
+            ``_worker_process_monitor`` attributes (``MISSING`` until upstream sets them; what
+            upstream stores there is its own: the extension only looks for a list of futures).
     """
 
     config: LivenessConfig
@@ -99,13 +116,13 @@ class EngineLiveness:
     pre_shutdown_entries: int = 0
     real_mpi_futures: list[Future[Any]] | None = None
     request_socket_owner: int | None = None
-    metrics: Any = None
+    metrics: LivenessMetrics | None = None
     stall: EngineStall | None = None
     diagnoser: Diagnoser | None = None
-    hub: Any = None  # the multi-host agent hub (trtllm_liveness.multihost.AgentHub), where one runs
-    host_stops: list[Any] = field(default_factory=list)  # its HostStop reports after a fatal shutdown
-    mpi_futures: Any = MISSING
-    upstream_monitor: Any = MISSING
+    hub: AgentHub | None = None
+    host_stops: list[HostStop] = field(default_factory=list)
+    mpi_futures: object = MISSING
+    upstream_monitor: object = MISSING
 
     @property
     def enabled(self) -> bool:
