@@ -21,31 +21,13 @@ import threading
 import time
 from typing import Any
 
+from tests.support.bare_proxy import BareUpstreamProxy
 from tests.support.ref_engine import emit
 from trtllm_liveness import LivenessConfig
 from trtllm_liveness.integrations.trtllm import liveness_proxy_class
 from trtllm_liveness.process._identity import capture_identity
 
 WAIT_S = 60.0
-
-
-class Upstream:
-    """The smallest upstream proxy shape (constructor starts the workers; 1.2.x-style health)."""
-
-    def __init__(self, worker_kwargs: Any, *args: Any, **kwargs: Any) -> None:
-        self._start_executor_workers(worker_kwargs)
-
-    def _start_executor_workers(self, worker_kwargs: Any) -> None:
-        pass
-
-    def pre_shutdown(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def is_shutdown(self) -> bool:
-        return False
 
 
 def extension_threads() -> list[str]:
@@ -57,7 +39,7 @@ def main(options: dict[str, Any]) -> int:
     sigints: list[int] = []
     signal.signal(signal.SIGINT, lambda *_: sigints.append(1))  # the guard's graceful shutdown: noted only
     config = LivenessConfig(**{"enabled": True, "exit_on_fatal": True, **options["config"]})
-    proxy = liveness_proxy_class(Upstream, config=config)({"llm_args": None})
+    proxy = liveness_proxy_class(BareUpstreamProxy, config=config)({"llm_args": None})
     proxy.liveness_monitor.register([capture_identity(rank, pid) for rank, pid in options["ranks"]])
     emit({"ready": True})
     deadline = time.monotonic() + WAIT_S

@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import WAIT_SCALE, ProcessTracker, StuckChild
+from tests.support.bare_proxy import BareUpstreamProxy
 from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerFailedError
 from trtllm_liveness.integrations.trtllm import _mixin, liveness_proxy_class
@@ -37,26 +38,6 @@ pytestmark = [pytest.mark.timeout(90), pytest.mark.real_process]
 
 CHECKERS = 6
 REACTION_DELAY_S = 0.2  # between the monitor's claim and the engine's record (below the door's wait)
-
-
-class Upstream:
-    """The smallest upstream proxy shape: its constructor starts the workers (none here: the
-    test registers real processes itself), health is ``not is_shutdown()`` as on 1.2.x."""
-
-    def __init__(self, worker_kwargs: Any, *args: Any, **kwargs: Any) -> None:
-        self._start_executor_workers(worker_kwargs)
-
-    def _start_executor_workers(self, worker_kwargs: Any) -> None:
-        pass
-
-    def pre_shutdown(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    def is_shutdown(self) -> bool:
-        return False
 
 
 @dataclass
@@ -94,7 +75,7 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[An
         note(state, events)
 
     monkeypatch.setattr(_mixin, "note_unrestartable", counted_note)
-    proxy = liveness_proxy_class(Upstream, config=config)({"llm_args": None})
+    proxy = liveness_proxy_class(BareUpstreamProxy, config=config)({"llm_args": None})
     state: EngineLiveness = proxy.liveness_state
     record = state.record
 
