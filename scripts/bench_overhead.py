@@ -39,7 +39,11 @@ Figures, per configuration, each the median over the off/on pairs (spread: min..
   that appeared between the task's arrival and the fake's ``worker_main`` (the extension's rank
   entry starts them all there; names in the JSON);
 - ``threads_added_proxy`` / ``threads_added_rank``, ``rss_added_kib_proxy`` / ``rss_added_kib_rank``:
-  thread count and VmRSS on minus off, at the same point (idle, after the requests).
+  thread count and VmRSS on minus off, at the same point (idle, after the requests);
+- ``added_proxy_cpu_us_per_request`` / ``added_leader_cpu_us_per_request`` (no target): the CPU the
+  proxy process / the leader rank spent per timed request (``stat``'s ticks), on minus off: less
+  sensitive to a loaded machine than the wall-clock figures. (The other ranks are left out: Open
+  MPI's blocking broadcast spins in them while they wait for the leader's next step.)
 
 The JSON's top-level figures are the worst over the configurations; ``configs`` holds each one's.
 Targets: throughput_ratio >= 0.99, added_latency_p99_us <= 50, tick_ns <= 1000, idle CPU <= 1 ms/s
@@ -78,7 +82,8 @@ HUB_NOTE = ("hub on (hosts=on, 127.0.0.1); no host agent on one host (the proxy'
             "pidfds): agents' cost is bench_multihost.py's")
 FIGURES = ("throughput_ratio", "added_latency_p50_us", "added_latency_p99_us", "tick_ns", "tick_mean_ns",
            "proxy_cpu_ms_per_s_idle", "rank_cpu_ms_per_s_idle", "threads_added_proxy", "threads_added_rank",
-           "rss_added_kib_proxy", "rss_added_kib_rank")
+           "rss_added_kib_proxy", "rss_added_kib_rank", "added_proxy_cpu_us_per_request",
+           "added_leader_cpu_us_per_request")
 WORST_IS_LOWEST = ("throughput_ratio",)
 TARGETS = (("throughput_ratio", ">=", 0.99), ("added_latency_p99_us", "<=", 50.0), ("tick_ns", "<=", 1000.0),
            ("proxy_cpu_ms_per_s_idle", "<=", 1.0), ("rank_cpu_ms_per_s_idle", "<=", 0.2))
@@ -207,7 +212,10 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         _wait_for(ranks, 60)
         window, tokens, streaming = int(opts["window"]), int(opts["tokens"]), bool(opts["streaming"])
         _drive(proxy, int(opts["warmup"]), window, tokens, streaming)
+        leader = _read_json(ranks[0])["pid"]
+        cpu0, leader0 = _process_cpu_s("self"), _process_cpu_s(leader)
         rps, latencies = _drive(proxy, int(opts["requests"]), window, tokens, streaming)
+        cpu1, leader1 = _process_cpu_s("self"), _process_cpu_s(leader)
         time.sleep(1.0)  # the last responses' bookkeeping done: idle from here
         rank_info = [_read_json(path) for path in ranks]
         names = {thread.native_id: thread.name for thread in threading.enumerate() if thread.native_id is not None}
@@ -216,6 +224,8 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         record: dict[str, Any] = {
             "rps": rps, "p50_us": _bench.percentile(latencies, 0.5), "p99_us": _bench.percentile(latencies, 0.99),
             "requests": len(latencies),
+            "proxy_cpu_us_per_request": (cpu1 - cpu0) * 1e6 / len(latencies),
+            "leader_cpu_us_per_request": (leader1 - leader0) * 1e6 / len(latencies),
             "threads_proxy": len(_bench.task_tids()), "rss_kib_proxy": _bench.rss_kib("self"),
             "threads_rank": [len(_bench.task_tids(info["pid"])) for info in rank_info],
             "rss_kib_rank": [_bench.rss_kib(info["pid"]) for info in rank_info],
@@ -235,6 +245,14 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         return record
     finally:
         shutil.rmtree(probe_dir, ignore_errors=True)
+
+
+def _process_cpu_s(pid: int | str) -> float:
+    """User + system CPU seconds of a whole process (``stat``'s ticks)."""
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        data = handle.read()
+    fields = data[data.rfind(b")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _rank_thread_label(pid: int, thread: dict[str, Any]) -> str:
@@ -334,6 +352,8 @@ def pair_figures(off: dict[str, Any], on: dict[str, Any]) -> dict[str, float | N
 
     return {
         "throughput_ratio": on["rps"] / off["rps"],
+        "added_proxy_cpu_us_per_request": diff("proxy_cpu_us_per_request"),
+        "added_leader_cpu_us_per_request": diff("leader_cpu_us_per_request"),
         "added_latency_p50_us": diff("p50_us"), "added_latency_p99_us": diff("p99_us"),
         "tick_ns": tick("p50_ns"), "tick_mean_ns": tick("mean_ns"),
         "proxy_cpu_ms_per_s_idle": on.get("proxy_cpu_ms_per_s_idle"),
