@@ -351,6 +351,29 @@ def test_a_rank_reporter_follows_a_new_engine() -> None:
         two.close()
 
 
+def test_adversary_every_tick_reaches_the_proxy_whatever_the_sender_is_doing() -> None:
+    """Bursts of iterations with pauses shorter and longer than the beat interval catch the
+    reporter's sender waiting, sleeping after a beat and between clearing its flag and reading the
+    count: after each burst the proxy must get a beat carrying every iteration so far."""
+    pytest.importorskip("zmq")
+    from trtllm_liveness.integrations.trtllm._progress import IterationReporter, ProgressChannel
+
+    beats: list[Any] = []
+    channel = ProgressChannel(beats.append, 0.002)
+    rng = random.Random(7)
+    try:
+        reporter = IterationReporter(channel.spec, 0)
+        ticks = 0
+        for _burst in range(60):
+            for _ in range(rng.choice((1, 2, 50, 500))):
+                reporter.tick()
+                ticks += 1
+            assert wait_until(lambda ticks=ticks: beats and beats[-1].count == ticks, 10), (ticks, beats[-1:])
+            time.sleep(rng.choice((0.0, 0.0005, 0.002, 0.004)))
+    finally:
+        channel.close()
+
+
 def test_progress_channel_falls_back_to_a_short_directory_for_a_long_tmpdir(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
     pytest.importorskip("zmq")
