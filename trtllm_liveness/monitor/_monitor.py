@@ -39,6 +39,7 @@ from collections.abc import Iterable, Sequence
 from .._events import EventKind, RankStatus, WorkerEvent, WorkerState
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity, coerce_identity
+from ..process._oom import OomCounters
 from ._delivery import EventLog, Subscriber
 from ._rank_table import RankTable, sample_threads
 from ._remote_reports import merge_remote_reports
@@ -128,8 +129,8 @@ class WorkerProcessMonitor:
         with self._lock:
             if self._closed:
                 raise RuntimeError("WorkerProcessMonitor is closed")
-            # Workers of one job share a memory cgroup: read each OOM counter once per call.
-            oom_counters: dict[str, int | None] = {}
+            # Workers of one job share a memory cgroup: resolve and read it once per call.
+            oom_counters = OomCounters()
             for identity in parsed:
                 existing = self._ranks.get(identity.rank)
                 if existing is not None:

@@ -13,6 +13,7 @@ from collections.abc import Iterable
 from .._events import RankStatus, WorkerState
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity
+from ..process._oom import OomCounters
 from ..process._thread_sampler import DStateSample, ThreadSampler
 from ._procfs_fallback import ProcfsFallback
 from ._registration import open_watched_rank
@@ -40,7 +41,7 @@ class RankTable:
         return self.records.get(record.identity.rank) is record
 
     def add(self, identity: ProcessIdentity, *, d_state_timeout_s: float | None,
-            oom_counters: dict[str, int | None]) -> WatchedRank:
+            oom_counters: OomCounters) -> WatchedRank:
         """Open ``identity``'s record (:func:`~._registration.open_watched_rank`), make it its rank's
         and hand its channel over: the pidfd to the watcher, an alive procfs record to the poll. A
         previous record of the rank must have been :meth:`forget`-ed."""

@@ -19,7 +19,7 @@ from .._errors import AccessDenied, ProcessGone, ProcessZombie
 from .._events import WorkerState
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
-from ..process._oom import OomProbe
+from ..process._oom import OomCounters, OomProbe
 from ..process._thread_sampler import ThreadSampler
 from ._watched_rank import WatchedRank, cause_of
 from ._wedge import WedgeTracker
@@ -30,12 +30,12 @@ logger = logging.getLogger(__name__)
 
 
 def open_watched_rank(identity: ProcessIdentity, *, pidfd_capable: bool, procfs_interval_s: float,
-                      d_state_timeout_s: float | None, oom_counters: dict[str, int | None]) -> WatchedRank:
+                      d_state_timeout_s: float | None, oom_counters: OomCounters) -> WatchedRank:
     """The record that watches ``identity``: with ``pidfd`` set (the caller watches it), or
     ``method == "procfs"`` and alive (the caller polls it), or already dead or unmonitored.
 
-    ``oom_counters`` caches each memory cgroup's OOM counter across one ``register`` call (workers
-    of one job share a cgroup). Blocks only for procfs reads and ``pidfd_open``.
+    ``oom_counters`` shares each memory cgroup's resolution and OOM counter across one ``register``
+    call (workers of one job share a cgroup). Blocks only for procfs reads and ``pidfd_open``.
     """
     if identity.hostname != local_hostname():
         return WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, "none",
@@ -82,7 +82,7 @@ def open_watched_rank(identity: ProcessIdentity, *, pidfd_capable: bool, procfs_
 
 
 def _alive_record(identity: ProcessIdentity, method: str, observed: int | None,
-                  oom_counters: dict[str, int | None], detail: str, d_state_timeout_s: float | None) -> WatchedRank:
+                  oom_counters: OomCounters, detail: str, d_state_timeout_s: float | None) -> WatchedRank:
     wedge = WedgeTracker(d_state_timeout_s) if d_state_timeout_s else None
     sampler = ThreadSampler(identity.pid, observed) if wedge is not None and observed is not None else None
     return WatchedRank(identity, WorkerState.ALIVE, method, detail=detail, observed_start_time=observed,

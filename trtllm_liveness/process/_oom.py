@@ -29,18 +29,22 @@ def _read_counter(path: str, key: bytes) -> int | None:
     return None
 
 
-def memory_cgroup_counter_file(pid: int, procfs: str = "/proc") -> str | None:
-    """Path of the file holding ``oom_kill`` for ``pid``'s memory cgroup, or None."""
+def _read_cgroup_file(pid: int, procfs: str) -> bytes | None:
     try:
         fd = os.open(f"{procfs}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            lines = os.read(fd, 65536).decode("utf-8", "replace").splitlines()
+            return os.read(fd, 65536)
         finally:
             os.close(fd)
     except OSError:
         return None
+
+
+def _counter_file_of(cgroup_file: bytes) -> str | None:
+    """Path of the file holding ``oom_kill`` for the memory cgroup a ``/proc/<pid>/cgroup``
+    content names, or None."""
     unified = None
-    for line in lines:
+    for line in cgroup_file.decode("utf-8", "replace").splitlines():
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if "memory" in controllers.split(","):
@@ -57,6 +61,12 @@ def memory_cgroup_counter_file(pid: int, procfs: str = "/proc") -> str | None:
     return None
 
 
+def memory_cgroup_counter_file(pid: int, procfs: str = "/proc") -> str | None:
+    """Path of the file holding ``oom_kill`` for ``pid``'s memory cgroup, or None."""
+    content = _read_cgroup_file(pid, procfs)
+    return None if content is None else _counter_file_of(content)
+
+
 _VMSTAT = "/proc/vmstat"
 
 
@@ -65,10 +75,29 @@ def machine_oom_kills() -> int | None:
     return _read_counter(_VMSTAT, b"oom_kill")
 
 
-def _cached_counter(cache: dict[str, int | None], path: str) -> int | None:
-    if path not in cache:
-        cache[path] = _read_counter(path, b"oom_kill")
-    return cache[path]
+class OomCounters:
+    """What the workers registered together share, read once per :class:`OomCounters`: the
+    counter file of each distinct ``/proc/<pid>/cgroup`` content (workers of one job usually share
+    one memory cgroup: one parse and one ``stat`` of the candidate files for all of them) and the
+    value of each counter. Each worker's own ``cgroup`` file is still read, since any one of them
+    may be in a cgroup of its own. Not thread-safe: one registration uses it, then drops it."""
+
+    def __init__(self) -> None:
+        self._files: dict[bytes, str | None] = {}
+        self._values: dict[str, int | None] = {}
+
+    def counter_file(self, pid: int, procfs: str = "/proc") -> str | None:
+        content = _read_cgroup_file(pid, procfs)
+        if content is None:
+            return None
+        if content not in self._files:
+            self._files[content] = _counter_file_of(content)
+        return self._files[content]
+
+    def value(self, path: str) -> int | None:
+        if path not in self._values:
+            self._values[path] = _read_counter(path, b"oom_kill")
+        return self._values[path]
 
 
 @dataclass
@@ -80,16 +109,16 @@ class OomProbe:
     machine_kills: int | None
 
     @classmethod
-    def capture(cls, pid: int, counters: dict[str, int | None] | None = None) -> OomProbe:
+    def capture(cls, pid: int, counters: OomCounters | None = None) -> OomProbe:
         """Record ``pid``'s memory-cgroup and machine-wide OOM kill counters. Never raises.
 
-        ``counters`` caches counter values by file across the workers registered together
-        (they usually share one cgroup), so registering many workers reads each file once.
+        ``counters`` shares the reads among the workers registered together (see
+        :class:`OomCounters`); without it, everything is read for this worker alone.
         """
-        cache: dict[str, int | None] = {} if counters is None else counters
-        counter_file = memory_cgroup_counter_file(pid)
-        cgroup_kills = _cached_counter(cache, counter_file) if counter_file else None
-        return cls(counter_file, cgroup_kills, _cached_counter(cache, _VMSTAT))
+        shared = OomCounters() if counters is None else counters
+        counter_file = shared.counter_file(pid)
+        cgroup_kills = shared.value(counter_file) if counter_file else None
+        return cls(counter_file, cgroup_kills, shared.value(_VMSTAT))
 
     def verdict(self) -> str | None:
         """A cause string if an OOM kill happened since capture, else None."""
