@@ -88,6 +88,21 @@ def parse_state_and_threads(data: bytes) -> tuple[str, int]:
     return fields[_STATE_INDEX].decode("ascii", "replace"), int(fields[_NUM_THREADS_INDEX])
 
 
+def parse_state_and_start_time(data: bytes) -> tuple[str, int]:
+    """``(state, start_time)`` from a ``stat`` file's content, without a full parse (what verifying
+    a process's identity needs).
+
+    Raises ``ValueError`` on malformed content.
+    """
+    close_paren = data.rfind(b")")
+    if close_paren < 0:
+        raise ValueError(f"malformed stat content: {data[:80]!r}")
+    fields = data[close_paren + 2 :].split(None, _STARTTIME_INDEX + 1)
+    if len(fields) <= _STARTTIME_INDEX:
+        raise ValueError(f"stat content has {len(fields)} fields after comm, expected more")
+    return fields[_STATE_INDEX].decode("ascii", "replace"), int(fields[_STARTTIME_INDEX])
+
+
 def thread_state_of(data: bytes) -> str:
     """The one-letter state from a ``stat`` file's content; ``""`` when malformed."""
     close_paren = data.rfind(b")")
@@ -130,6 +145,11 @@ def pread_stat(fd: int) -> bytes:
 def list_tids(pid: int) -> list[int]:
     """Thread ids of ``pid`` (``/proc/<pid>/task``)."""
     return [int(name) for name in os.listdir(f"{PROCFS_PATH}/{pid}/task") if name.isdigit()]
+
+
+def read_stat_bytes(pid: int) -> bytes:
+    """Raw content of ``/proc/<pid>/stat``."""
+    return _read(f"{PROCFS_PATH}/{pid}/stat")
 
 
 def read_stat(pid: int, tid: int | None = None) -> StatInfo:
