@@ -29,7 +29,7 @@ def _read_counter(path: str, key: bytes) -> int | None:
     return None
 
 
-def _read_cgroup_file(pid: int, procfs: str) -> bytes | None:
+def _read_cgroup_file(pid: int | str, procfs: str) -> bytes | None:
     try:
         fd = os.open(f"{procfs}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -75,19 +75,59 @@ def machine_oom_kills() -> int | None:
     return _read_counter(_VMSTAT, b"oom_kill")
 
 
+def _members(counter_file: str) -> dict[int, str]:
+    """Each process (thread-group id) whose memory cgroup is the one holding ``counter_file``,
+    mapped to that file: the cgroup's ``cgroup.procs``, read whole. Empty when unreadable."""
+    chunks = []
+    try:
+        fd = os.open(os.path.join(os.path.dirname(counter_file), "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        return {int(pid): counter_file for pid in b"".join(chunks).split()}
+    except (OSError, ValueError):
+        return {}
+
+
 class OomCounters:
-    """What the workers registered together share, read once per :class:`OomCounters`: the
-    counter file of each distinct ``/proc/<pid>/cgroup`` content (workers of one job usually share
-    one memory cgroup: one parse and one ``stat`` of the candidate files for all of them) and the
-    value of each counter. Each worker's own ``cgroup`` file is still read, since any one of them
-    may be in a cgroup of its own. Not thread-safe: one registration uses it, then drops it."""
+    """What the workers registered together share, read once per :class:`OomCounters`: which memory
+    cgroup each worker is in, and each counter's value.
+
+    A worker's cgroup is known without reading its own ``/proc/<pid>/cgroup`` when it is listed in
+    the ``cgroup.procs`` of a memory cgroup already met: this process's own (listed first), or one
+    in which a second worker was found. Workers of one job share a cgroup, usually the proxy's, so
+    a thousand of them cost one or two listings instead of a thousand reads; a worker in a cgroup of
+    its own (Slurm's task/cgroup) is read on its own. The answers are those of reading each
+    worker's file, as of the moment its cgroup was listed. Not thread-safe: one registration uses
+    it, then drops it.
+    """
 
     def __init__(self) -> None:
-        self._files: dict[bytes, str | None] = {}
+        self._files: dict[bytes, str | None] = {}  # /proc/<pid>/cgroup content -> counter file
         self._values: dict[str, int | None] = {}
+        self._listed: dict[int, str] = {}  # pid -> counter file, from cgroup.procs listings
+        self._found: dict[str, int] = {}  # counter file -> workers found in it by their own file
+        self._own_listed = False
 
-    def counter_file(self, pid: int, procfs: str = "/proc") -> str | None:
-        content = _read_cgroup_file(pid, procfs)
+    def counter_file(self, pid: int) -> str | None:
+        if not self._own_listed:
+            self._own_listed = True
+            own = self._resolve(_read_cgroup_file("self", "/proc"))
+            if own is not None:
+                self._listed.update(_members(own))
+        listed = self._listed.get(pid)
+        if listed is not None:
+            return listed
+        path = self._resolve(_read_cgroup_file(pid, "/proc"))
+        if path is not None:
+            self._found[path] = self._found.get(path, 0) + 1
+            if self._found[path] == 2:
+                self._listed.update(_members(path))
+        return path
+
+    def _resolve(self, content: bytes | None) -> str | None:
         if content is None:
             return None
         if content not in self._files:

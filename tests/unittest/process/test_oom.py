@@ -113,12 +113,16 @@ def test_workers_registered_together_keep_each_its_own_memory_cgroup(
 def test_shared_counters_give_each_worker_the_file_of_its_own_cgroup(
     procs: ProcessTracker, memory_cgroup: MemoryCgroup
 ) -> None:
-    inside = [procs.sleeper(), procs.sleeper()]
+    """One registration lists the members of the memory cgroups it meets (this process's, and one
+    where a second worker was found) instead of reading each worker's cgroup file: the answers must
+    be those of reading each one's file, inside the test cgroup (met by reading, then listed) and
+    outside it (listed from the start)."""
+    inside = [procs.sleeper(), procs.sleeper(), procs.sleeper()]
     outside = [procs.sleeper(), procs.sleeper()]
     for child in inside:
         memory_cgroup.add(child.pid)
     counters = OomCounters()
-    order = [inside[0], outside[0], inside[1], outside[1]]
+    order = [inside[0], outside[0], inside[1], outside[1], inside[2]]
     probes = {child.pid: OomProbe.capture(child.pid, counters) for child in order}
     for child in order:
         assert probes[child.pid].counter_file == memory_cgroup_counter_file(child.pid), child.pid
