@@ -7,6 +7,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from trtllm_liveness.process import _procfs
+
 
 def percentile(values: list[float], q: float) -> float | None:
     """The ``q`` quantile (0..1) of ``values`` by linear interpolation; None when empty."""
@@ -35,12 +37,10 @@ def thread_cpu_ns(pid: int | str, tid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     try:
-        with open(f"/proc/{pid}/task/{tid}/stat", "rb") as handle:
-            data = handle.read()
-    except OSError:
+        ticks = _procfs.parse_stat(_procfs.read_task_stat(os.getpid() if pid == "self" else int(pid), tid)).cpu_ticks
+    except (OSError, ValueError):
         return None
-    fields = data[data.rfind(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
+    return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")
 
 
 def thread_name(pid: int | str, tid: int) -> str:

@@ -74,6 +74,8 @@ from typing import Any
 
 import _bench
 
+from trtllm_liveness.process import _procfs
+
 REPO = Path(__file__).resolve().parents[1]
 FAKE_TREE = REPO / "tests" / "fakes" / "trtllm_main"
 ON_SETTINGS = ("d_state_timeout_s=30,scan_interval_s=1,stall_timeout_s=5,stall_action=report,"
@@ -213,9 +215,9 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         window, tokens, streaming = int(opts["window"]), int(opts["tokens"]), bool(opts["streaming"])
         _drive(proxy, int(opts["warmup"]), window, tokens, streaming)
         leader = _read_json(ranks[0])["pid"]
-        cpu0, leader0 = _process_cpu_s("self"), _process_cpu_s(leader)
+        cpu0, leader0 = _process_cpu_s(os.getpid()), _process_cpu_s(leader)
         rps, latencies = _drive(proxy, int(opts["requests"]), window, tokens, streaming)
-        cpu1, leader1 = _process_cpu_s("self"), _process_cpu_s(leader)
+        cpu1, leader1 = _process_cpu_s(os.getpid()), _process_cpu_s(leader)
         time.sleep(1.0)  # the last responses' bookkeeping done: idle from here
         rank_info = [_read_json(path) for path in ranks]
         names = {thread.native_id: thread.name for thread in threading.enumerate() if thread.native_id is not None}
@@ -247,12 +249,9 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         shutil.rmtree(probe_dir, ignore_errors=True)
 
 
-def _process_cpu_s(pid: int | str) -> float:
+def _process_cpu_s(pid: int) -> float:
     """User + system CPU seconds of a whole process (``stat``'s ticks)."""
-    with open(f"/proc/{pid}/stat", "rb") as handle:
-        data = handle.read()
-    fields = data[data.rfind(b")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _procfs.read_stat(pid).cpu_ticks / os.sysconf("SC_CLK_TCK")
 
 
 def _rank_thread_label(pid: int, thread: dict[str, Any]) -> str:
