@@ -42,7 +42,9 @@ Figures, per configuration, each the median over the off/on pairs (spread: min..
   thread count and VmRSS on minus off, at the same point (idle, after the requests);
 - ``added_proxy_cpu_us_per_request`` / ``added_leader_cpu_us_per_request`` (no target): the CPU the
   proxy process / the leader rank spent per timed request (``stat``'s ticks), on minus off: less
-  sensitive to a loaded machine than the wall-clock figures. (The other ranks are left out: Open
+  sensitive to a loaded machine than the wall-clock figures; per configuration also by proxy
+  thread (``added_proxy_cpu_us_per_request_by_thread``: the submitting thread, upstream's result
+  thread, ZMQ's, the extension's). (The other ranks are left out: Open
   MPI's blocking broadcast spins in them while they wait for the leader's next step.)
 
 The JSON's top-level figures are the worst over the configurations; ``configs`` holds each one's.
@@ -216,7 +218,9 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         _drive(proxy, int(opts["warmup"]), window, tokens, streaming)
         leader = _read_json(ranks[0])["pid"]
         cpu0, leader0 = _process_cpu_s(os.getpid()), _process_cpu_s(leader)
+        threads0 = _threads_cpu_ns()
         rps, latencies = _drive(proxy, int(opts["requests"]), window, tokens, streaming)
+        threads1 = _threads_cpu_ns()
         cpu1, leader1 = _process_cpu_s(os.getpid()), _process_cpu_s(leader)
         time.sleep(1.0)  # the last responses' bookkeeping done: idle from here
         rank_info = [_read_json(path) for path in ranks]
@@ -228,6 +232,7 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
             "requests": len(latencies),
             "proxy_cpu_us_per_request": (cpu1 - cpu0) * 1e6 / len(latencies),
             "leader_cpu_us_per_request": (leader1 - leader0) * 1e6 / len(latencies),
+            "proxy_cpu_us_per_request_by_thread": _per_request_by_name(threads0, threads1, len(latencies)),
             "threads_proxy": len(_bench.task_tids()), "rss_kib_proxy": _bench.rss_kib("self"),
             "threads_rank": [len(_bench.task_tids(info["pid"])) for info in rank_info],
             "rss_kib_rank": [_bench.rss_kib(info["pid"]) for info in rank_info],
@@ -247,6 +252,26 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         return record
     finally:
         shutil.rmtree(probe_dir, ignore_errors=True)
+
+
+def _threads_cpu_ns() -> dict[int, tuple[str, int]]:
+    """Every thread of this process: (its name, its CPU ns so far)."""
+    names = {thread.native_id: thread.name for thread in threading.enumerate() if thread.native_id is not None}
+    out = {}
+    for tid in _bench.task_tids():
+        cpu = _bench.thread_cpu_ns("self", tid)
+        if cpu is not None:
+            out[tid] = (names.get(tid) or _bench.thread_name("self", tid), cpu)
+    return out
+
+
+def _per_request_by_name(before: dict[int, tuple[str, int]], after: dict[int, tuple[str, int]],
+                         requests: int) -> dict[str, float]:
+    """CPU us per request of each thread name between two :func:`_threads_cpu_ns` snapshots."""
+    out: dict[str, float] = {}
+    for tid, (name, cpu) in after.items():
+        out[name] = out.get(name, 0.0) + (cpu - before.get(tid, (name, 0))[1]) / 1000 / requests
+    return {name: round(value, 2) for name, value in sorted(out.items())}
 
 
 def _process_cpu_s(pid: int) -> float:
@@ -372,6 +397,11 @@ def summarize(pairs: list[dict[str, float | None]]) -> dict[str, Any]:
     return out
 
 
+def added_by_thread(off: dict[str, float], on: dict[str, float]) -> dict[str, float]:
+    """Per thread name, on minus off (a name absent off counts 0 there: the extension's threads)."""
+    return {name: on.get(name, 0.0) - off.get(name, 0.0) for name in sorted(set(on) | set(off))}
+
+
 def median_by_key(samples: list[dict[str, float]]) -> dict[str, float]:
     keys = sorted({key for sample in samples for key in sample})
     return {key: round(statistics.median(s[key] for s in samples if key in s), 4) for key in keys}
@@ -427,6 +457,7 @@ def main() -> int:
     runs: dict[str, list[dict[str, float | None]]] = {c.name: [] for c in configs}
     threads: dict[str, dict[str, Any]] = {}
     by_thread: dict[str, list[dict[str, float]]] = {c.name: [] for c in configs}
+    request_cpu: dict[str, list[dict[str, float]]] = {c.name: [] for c in configs}
     survivors = 0
     for index in range(pairs):
         for config in configs:
@@ -439,6 +470,8 @@ def main() -> int:
                 survivors += record[on]["survivors"]
             runs[config.name].append(pair_figures(record[False], record[True]))
             by_thread[config.name].append(record[True].get("proxy_cpu_ms_per_s_idle_by_thread", {}))
+            request_cpu[config.name].append(added_by_thread(record[False]["proxy_cpu_us_per_request_by_thread"],
+                                                            record[True]["proxy_cpu_us_per_request_by_thread"]))
             threads.setdefault(config.name, {
                 "proxy": record[True]["ext_threads_proxy"],
                 # the distinct lists over the ranks (the same list on every rank, normally)
@@ -446,7 +479,9 @@ def main() -> int:
                 "rank_off": sorted({tuple(names) for names in record[False]["ext_threads_rank"]})})
             print(f"pair {index + 1}/{pairs} {config.name}: {json.dumps(runs[config.name][-1])}", file=sys.stderr)
     per_config = {c.name: {**summarize(runs[c.name]), "extension_threads": threads[c.name],
-                           "proxy_cpu_ms_per_s_idle_by_thread": median_by_key(by_thread[c.name])} for c in configs}
+                           "proxy_cpu_ms_per_s_idle_by_thread": median_by_key(by_thread[c.name]),
+                           "added_proxy_cpu_us_per_request_by_thread": median_by_key(request_cpu[c.name])}
+                  for c in configs}
     top = worst(per_config)
     result: dict[str, Any] = {
         **top, "pairs": pairs, "requests_per_run": requests, "warmup_per_run": warmup, "window": args.window,
