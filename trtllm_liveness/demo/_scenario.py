@@ -10,9 +10,9 @@ the real interpreter exit). Every wait is bounded by the options.
 A scenario: start the executor (mode ``1.2`` or ``main``, liveness on or off, configured through
 ``TRTLLM_WORKER_LIVENESS`` as a server would be), stream requests, inject the fault into one rank,
 then time detection, health, failed requests and shutdown. The executor (``via``): the reference
-proxy (``class``), or upstream's API of the ``tensorrt_llm`` on ``sys.path``, in the tests the
-upstream-shaped fakes (``executor_cls``, ``autoload``, ``plain``): ``GenerationExecutor.create(
-FakeEngine(...), model_world_size=N)``, whose ranks announce their identities (``announce_dir``) and
+proxy (``class``), or upstream's API of the ``tensorrt_llm`` on ``sys.path`` (``executor_cls``,
+``autoload``, ``plain``): ``GenerationExecutor.create(engine, model_world_size=N)`` with the engine
+the ``engine`` option's factory makes, whose ranks announce their identities (``announce_dir``) and
 arm the in-rank faults (``fault``) as the reference's do, so every fault below runs on both; on
 upstream's API one iteration per process (``ScenarioOptions``).
 Faults: ``kill`` (SIGKILL; ``fault_ranks`` kills several at once), ``segv`` (SIGSEGV), ``stop``
@@ -252,25 +252,42 @@ def _inject(opts: ScenarioOptions, victims: list[ProcessIdentity], freezer: Free
 
 def _build(opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> Any:
     """The executor: the reference proxy (``via="class"``), else upstream's ``create()`` of the
-    ``tensorrt_llm`` on ``sys.path`` (the upstream-shaped test fakes), given a ``FakeEngine``."""
+    ``tensorrt_llm`` on ``sys.path``, given the engine that ``opts.engine`` makes."""
     if opts.via == "class":
         return _proxy_class(opts)(worker_kwargs, model_world_size=opts.workers)
     import importlib
 
     if opts.via == "autoload":
         importlib.import_module("trtllm_liveness.integrations.trtllm_autoload")
-    from tensorrt_llm.executor.executor import GenerationExecutor  # the test fakes
+    from tensorrt_llm.executor.executor import GenerationExecutor
 
     executor_cls: Any = GenerationExecutor
     if opts.via == "executor_cls":
         from ..integrations.trtllm import liveness_executor_class
 
         executor_cls = liveness_executor_class(GenerationExecutor)
-    # The fakes' shared module, on sys.path once their tensorrt_llm is imported.
-    engine = importlib.import_module("_trtllm_fake_common").FakeEngine(
+    engine = _engine_factory(opts.engine)(
         token_delay_s=opts.token_delay_s, init_delay_s=opts.init_delay_s,
         announce_dir=worker_kwargs["announce_dir"], fault=worker_kwargs.get("fault"))
     return executor_cls.create(engine, model_world_size=opts.workers)
+
+
+def _engine_factory(name: str) -> Any:
+    """The callable ``name`` ("module:attribute") names; ``ValueError`` saying why it cannot be had."""
+    import importlib
+
+    module_name, _, attribute = name.partition(":")
+    try:
+        target: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"scenario option engine={name!r}: cannot import {module_name!r}: {exc}") from exc
+    for part in attribute.split("."):
+        if not hasattr(target, part):
+            raise ValueError(f"scenario option engine={name!r}: {module_name!r} has no attribute {attribute!r}")
+        target = getattr(target, part)
+    if not callable(target):
+        raise ValueError(f"scenario option engine={name!r}: {attribute!r} is not callable")
+    return target
 
 
 def _upstream_api(opts: ScenarioOptions) -> bool:

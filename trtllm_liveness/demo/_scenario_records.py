@@ -73,6 +73,14 @@ def _json(value: Any) -> Any:
     return value
 
 
+def _check_factory_name(option: str, value: Any) -> None:
+    """``value`` is "module:attribute" (dotted identifiers), else ``ValueError`` naming ``option``."""
+    module, sep, attribute = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if not sep or not all(part.isidentifier() for part in (*module.split("."), *attribute.split("."))):
+        raise ValueError(f"scenario option {option}={value!r}: expected 'module:attribute' naming an importable "
+                         "callable (e.g. 'package.module:Factory')")
+
+
 class _Record:
     """``to_dict()``: the JSON-ready form (nested records as objects, tuples as lists)."""
 
@@ -116,10 +124,15 @@ class ScenarioOptions(_Record):
     ending: str = "shutdown"  # one of ENDINGS
     iterations: int = 1
     # How the executor is built: "class" (reference proxy class, mixed in directly);
-    # "executor_cls" / "autoload" / "plain" go through upstream's API of an importable
-    # ``tensorrt_llm`` (the upstream-shaped test fakes, tests/fakes/):
-    # liveness_executor_class(GenerationExecutor).create(FakeEngine(...), ...), the import hook, or none.
+    # "executor_cls" / "autoload" / "plain" go through upstream's API of the ``tensorrt_llm`` on the
+    # child's sys.path: liveness_executor_class(GenerationExecutor).create(engine, ...), the import
+    # hook, or none, where ``engine`` is what the ``engine`` factory returns.
     via: str = "class"
+    # For upstream's API only: "module:attribute" naming an importable callable that returns the
+    # engine ``create()`` is given. It is imported in the child after ``tensorrt_llm`` and called
+    # with keywords token_delay_s, init_delay_s, announce_dir (each rank writes its identity there,
+    # see _executor_worker.read_announced_identities) and fault (the in-rank fault hook's settings).
+    engine: str = ""
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("fault", self.fault, FAULTS), ("fault_phase", self.fault_phase, PHASES),
@@ -136,6 +149,11 @@ class ScenarioOptions(_Record):
             raise ValueError(f"via {self.via!r} (upstream's API): one iteration per process, iterations must be 1")
         if self.ending == "interpreter_exit" and self.fault != "none":
             raise ValueError("ending 'interpreter_exit' takes fault 'none' (a script that just ends)")
+        if self.via == "class" and self.engine:
+            raise ValueError(f"scenario option engine={self.engine!r} is for upstream's API (via executor_cls, "
+                             "autoload or plain); via 'class' builds the reference executor")
+        if self.via != "class":
+            _check_factory_name("engine", self.engine)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ScenarioOptions:

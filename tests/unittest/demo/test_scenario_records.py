@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import json.decoder
+import re
 
 import pytest
 
+from tests.support.upstream_fakes import FAKE_ENGINE
+from trtllm_liveness.demo._scenario import _engine_factory as engine_factory
 from trtllm_liveness.demo._scenario import liveness_env
 from trtllm_liveness.demo._scenario_records import (
     Detection,
@@ -91,5 +95,29 @@ def test_upstream_api_takes_one_iteration_per_process() -> None:
     """A second iteration on the fakes would share the process with the first one's upstream
     shutdown, which aborts it (libzmq) when it closes its queues under its dispatch thread."""
     with pytest.raises(ValueError, match="one iteration per process"):
-        ScenarioOptions(via="executor_cls", iterations=2)
-    assert ScenarioOptions(via="autoload").iterations == 1 and ScenarioOptions(iterations=3).via == "class"
+        ScenarioOptions(via="executor_cls", engine=FAKE_ENGINE, iterations=2)
+    assert ScenarioOptions(via="autoload", engine=FAKE_ENGINE).iterations == 1
+    assert ScenarioOptions(iterations=3).via == "class"
+
+
+@pytest.mark.parametrize("engine", ["", "module", "module:", ":Factory", "a b:C", "mod:1x", 3])
+def test_upstream_api_needs_an_engine_factory_named_module_colon_attribute(engine: object) -> None:
+    with pytest.raises(ValueError, match=r"engine=.*expected 'module:attribute'"):
+        ScenarioOptions.from_dict({"via": "plain", "engine": engine})
+
+
+def test_the_reference_executor_takes_no_engine_factory() -> None:
+    with pytest.raises(ValueError, match=r"engine=.*is for upstream's API"):
+        ScenarioOptions(via="class", engine=FAKE_ENGINE)
+    assert ScenarioOptions(via="plain", engine="pkg.mod:Outer.factory").engine == "pkg.mod:Outer.factory"
+
+
+@pytest.mark.parametrize(("engine", "why"), [
+    ("trtllm_liveness_no_such_module:Factory", "cannot import 'trtllm_liveness_no_such_module'"),
+    ("json:no_such_factory", "'json' has no attribute 'no_such_factory'"),
+    ("string:ascii_letters", "'ascii_letters' is not callable"),
+])
+def test_an_engine_factory_that_cannot_be_had_is_named_with_the_reason(engine: str, why: str) -> None:
+    with pytest.raises(ValueError, match=re.escape(f"engine='{engine}': {why}")):
+        engine_factory(engine)
+    assert engine_factory("json.decoder:JSONDecoder.decode") is json.decoder.JSONDecoder.decode

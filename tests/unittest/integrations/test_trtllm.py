@@ -4,7 +4,7 @@ Unit checks run in this process (feature detection, payload validation, the side
 everything that spawns MPI workers or imports a fake ``tensorrt_llm`` runs in a child process in
 its own session (``run_scenario``, which also kills and reports whatever it left behind). The
 end-to-end checks build the executor through upstream's own ``GenerationExecutor.create(engine,
-model_world_size=N)`` of the fake, with a ``FakeEngine`` (``reference._scenario._build``).
+model_world_size=N)`` of the fake, with a ``FakeEngine`` (the scenario option ``engine``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import WAIT_SCALE, ProcessTracker, needs, wait_until
+from tests.support.upstream_fakes import FAKE_ENGINE, tree
 from trtllm_liveness import ProcessIdentity, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.demo import GenerationExecutorProxy, MainGenerationExecutorProxy
 from trtllm_liveness.demo._scenario import run_scenario
@@ -30,13 +31,11 @@ from trtllm_liveness.integrations.trtllm._mixin import _subscriber
 from trtllm_liveness.integrations.trtllm._shim import MonitorShim
 from trtllm_liveness.integrations.trtllm._side_channel import IdentityChannel
 
-FAKES = os.path.join(os.path.dirname(__file__), "..", "..", "fakes")
-
 pytestmark = [pytest.mark.timeout(120), needs("mpi")]
 
 
 def fake_path(version: str) -> str:
-    return os.path.abspath(os.path.join(FAKES, f"trtllm_{version}"))
+    return str(tree(version))
 
 
 # ----------------------------------------------------------------------------- unit
@@ -227,6 +226,7 @@ def test_lazy_executor_class_attribute_imports_tensorrt_llm_only_on_use() -> Non
 def run_fake(version: str, env: dict[str, str] | None = None, **options: Any) -> ScenarioResult:
     """One scenario iteration on the fake tree ``trtllm_<version>``; nothing may be left behind."""
     options.setdefault("observe_s", 15 * WAIT_SCALE)
+    options.setdefault("engine", FAKE_ENGINE)
     run = run_scenario(options, 60 * WAIT_SCALE, env={"PYTHONPATH": fake_path(version), **(env or {})})
     assert run.survivors == (), f"processes left behind: {run.survivors}"
     assert run.results and run.done, f"scenario failed: {run.problems()}"
