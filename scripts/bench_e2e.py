@@ -68,7 +68,7 @@ import _bench
 
 from tests.support.upstream_fakes import FAKE_ENGINE, tree
 from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
-from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import Detection, ScenarioResult
 
 REPO = Path(__file__).resolve().parents[1]

@@ -6,7 +6,7 @@ ending rows): it drives the fake ``tensorrt_llm`` in ``tests/fakes/trtllm_main``
 ``PYTHONPATH``) through upstream's own API, ``LLM(model, executor_cls=liveness_executor_class())``,
 so the blocking PAIR sends, ``threading._register_atexit(pre_shutdown)`` and ``atexit(shutdown)``
 of upstream are the ones in play, not the reference executor's. It prints the same JSON records as
-``trtllm_liveness.demo._scenario`` (``ScenarioResult.to_dict()``, progress lines, ``done``).
+``trtllm_liveness.demo._scenario_child`` (``ScenarioResult.to_dict()``, progress lines, ``done``).
 
 Endings (``ScenarioOptions.ending``; the extension is configured through ``TRTLLM_WORKER_LIVENESS``
 with ``exit_on_fatal`` as given):
@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from trtllm_liveness.demo._mpi_env import configure_mpi_env
-from trtllm_liveness.demo._scenario import LIVENESS_ENV_VAR, liveness_env
+from trtllm_liveness.demo._scenario_child import LIVENESS_ENV_VAR, liveness_env
 from trtllm_liveness.demo._scenario_records import EndingOutcome, EventRecord, ScenarioOptions, ScenarioResult, Victim
 from trtllm_liveness.process import _pidfd
 

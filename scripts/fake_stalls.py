@@ -5,7 +5,7 @@ A scenario program for ``run_scenario(..., program=[python, this file])``: it dr
 ``tensorrt_llm`` on ``PYTHONPATH`` (``tests/fakes/trtllm_main`` or ``trtllm_v12``) through upstream's
 own API, ``LLM(model, executor_cls=liveness_executor_class())``, with every step acknowledged by every
 rank (``FakeEngine.step_acks``: a rank that stops participating stops the leader, as in a collective),
-and prints the same JSON records as ``trtllm_liveness.demo._scenario`` (``ScenarioResult``,
+and prints the same JSON records as ``trtllm_liveness.demo._scenario_child`` (``ScenarioResult``,
 ``done``). The extension is configured from the scenario options plus ``stall_timeout_s`` (env
 ``TRTLLM_LIVENESS_STALL_TIMEOUT_S``, default 1) and ``stall_action=fatal``.
 
@@ -35,7 +35,7 @@ import time
 from typing import Any
 
 from trtllm_liveness.demo._mpi_env import configure_mpi_env
-from trtllm_liveness.demo._scenario import LIVENESS_ENV_VAR, liveness_env
+from trtllm_liveness.demo._scenario_child import LIVENESS_ENV_VAR, liveness_env
 from trtllm_liveness.demo._scenario_records import (
     Detection,
     EventRecord,

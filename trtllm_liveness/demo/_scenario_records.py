@@ -1,6 +1,6 @@
 """Typed records of fault-injection scenarios: what the demo, tests, benchmarks and matrix share.
 
-A scenario child (:mod:`._scenario`) builds one :class:`ScenarioResult` per iteration and prints
+A scenario child (:mod:`._scenario_child`) builds one :class:`ScenarioResult` per iteration and prints
 it as one JSON line (``to_dict()``); the parent turns the lines back into records
 (``ScenarioResult.from_dict``) and returns them in a :class:`ScenarioRun`, with what only the
 parent can see (the child's exit status and time, the processes its session left behind).
@@ -27,6 +27,7 @@ __all__ = [
     "EventRecord",
     "HealthProbeOutcome",
     "InitOutcome",
+    "ResultInProgress",
     "ScenarioOptions",
     "ScenarioResult",
     "ScenarioRun",
@@ -92,7 +93,7 @@ class _Record:
 
 @dataclass(frozen=True)
 class ScenarioOptions(_Record):
-    """What one scenario child does; see :mod:`._scenario` for the faults and phases."""
+    """What one scenario child does; see :mod:`._scenario_child` for the faults and phases."""
 
     mode: str = "main"
     workers: int = 2
@@ -416,13 +417,26 @@ class ScenarioResult(_Record):
         return cls(**kwargs, **nested)
 
 
+class ResultInProgress:
+    """One iteration's :class:`ScenarioResult` while the scenario child finds it: the record itself,
+    replaced by :meth:`update` as each part is known (``dataclasses.replace``: an unknown field is a
+    ``TypeError``), read as :attr:`result`. Used by the child's one main thread and its exit hook."""
+
+    def __init__(self, iteration: int, options: ScenarioOptions, phase: str) -> None:
+        self.result = ScenarioResult(iteration=iteration, options=options, phase=phase)
+
+    def update(self, **changes: Any) -> None:
+        """Replace the named fields of :attr:`result` (sequences as tuples)."""
+        self.result = dataclasses.replace(self.result, **changes)
+
+
 _SCALAR_FIELDS = frozenset(f.name for f in dataclasses.fields(ScenarioResult)) - {
     "options", "victims", "events", "detection", "shutdown", "init", "control", "health_probe", "watcher", "ending"}
 
 
 @dataclass(frozen=True)
 class ScenarioRun:
-    """What the parent saw of one scenario child (:func:`._scenario.run_scenario`).
+    """What the parent saw of one scenario child (:func:`._scenario_launcher.run_scenario`).
 
     ``results``: one record per finished iteration. ``survivors``: pids of the child's session
     still alive after cleanup (should be none). ``done``: the child reported it had finished every

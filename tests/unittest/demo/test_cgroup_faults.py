@@ -19,7 +19,7 @@ from trtllm_liveness.demo._cgroup_faults import (
     MemoryGroup,
     remove_leftover_groups,
 )
-from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
 
 needs_mpi = needs("mpi")

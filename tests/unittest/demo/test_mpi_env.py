@@ -63,7 +63,7 @@ def test_private_prte_tmpdir_is_removed_when_its_process_exits(tmp_path: Path) -
 
 
 def test_a_scenario_child_ending_with_os_exit_removes_its_prte_tmpdir(tmp_path: Path) -> None:
-    from trtllm_liveness.demo._scenario import run_scenario
+    from trtllm_liveness.demo._scenario_launcher import run_scenario
 
     run = run_scenario({"mode": "main", "fault": "none", "tokens": 3, "observe_s": 10.0},
                        60 * WAIT_SCALE, env={"TMPDIR": str(tmp_path)})

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import MPI_MARKS, WAIT_SCALE, needs
-from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
 
 pytestmark = [

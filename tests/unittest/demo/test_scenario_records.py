@@ -9,8 +9,8 @@ import re
 import pytest
 
 from tests.support.upstream_fakes import FAKE_ENGINE
-from trtllm_liveness.demo._scenario import _engine_factory as engine_factory
-from trtllm_liveness.demo._scenario import liveness_env
+from trtllm_liveness.demo._scenario_child import liveness_env
+from trtllm_liveness.demo._scenario_executor import engine_factory
 from trtllm_liveness.demo._scenario_records import (
     Detection,
     EndingOutcome,

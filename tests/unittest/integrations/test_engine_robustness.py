@@ -16,7 +16,7 @@ import pytest
 
 from tests.conftest import WAIT_SCALE, ProcessTracker, needs, wait_until
 from trtllm_liveness import WorkerProcessMonitor, capture_identity
-from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
 
 needs_mpi = needs("mpi")

@@ -24,7 +24,7 @@ from tests.conftest import WAIT_SCALE, ProcessTracker, needs, wait_until
 from tests.support.upstream_fakes import FAKE_ENGINE, tree
 from trtllm_liveness import ProcessIdentity, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.demo import GenerationExecutorProxy, MainGenerationExecutorProxy
-from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
 from trtllm_liveness.integrations import trtllm as integ
 from trtllm_liveness.integrations.trtllm._mixin import _subscriber
