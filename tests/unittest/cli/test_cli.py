@@ -21,17 +21,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import (
-    SLEEPER,
-    WAIT_SCALE,
-    Freezer,
-    ProcessTracker,
-    StuckChild,
-    needs,
-    require_facility,
-    state_of,
-    wait_until,
-)
+from tests.support.facilities import needs, require_facility
+from tests.support.process_tracker import SLEEPER, ProcessTracker, state_of
+from tests.support.stuck_processes import Freezer, StuckChild
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.process import _procfs
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(120)]
@@ -302,8 +295,8 @@ def test_watch_of_a_nonexistent_pid_exits_2_with_one_line() -> None:
 
 
 def test_scan_reports_a_gone_pid_as_gone_beside_the_live_ones(procs: ProcessTracker) -> None:
-    # The help says 3 is "a scanned process is gone"; before, a gone pid was a usage error (2)
-    # and the live pid next to it was not reported at all.
+    # The help says 3 is "a scanned process is gone": a gone pid is no usage error (2), and the
+    # live pid next to it is still reported.
     pid = nonexistent_pid()
     live = procs.sleeper()
     result = run_cli("scan", pid, live.pid, "--window", "0", "--json")

@@ -22,7 +22,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, needs, wait_until
+from tests.support.facilities import MPI_MARKS, needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo import _demo_run as demo
 from trtllm_liveness.demo._scenario_records import (
     Detection,
@@ -98,7 +100,7 @@ def _detection(detected: float | None, health: float | None, failed: float | Non
 
 
 def test_timeline_is_in_time_order_and_explains_both_stamps() -> None:
-    # The run the issue saw: the health probe that found the death was called before the
+    # A real order of stamps: the health probe that found the death was called before the
     # monitor's event was stamped (inside that very call).
     out = _result(detection=_detection(detected=13.6, health=12.5, failed=12.8))
     run = ScenarioRun(results=(out,), survivors=(), done=True)

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, require_facility, wait_until
 from tests.support.children import REPO_ROOT, HelperProcess
+from tests.support.facilities import needs, require_facility
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo._mpi_env import (
     PRTE_TMPDIR_PREFIX,
     PRTE_TMPDIR_VAR,

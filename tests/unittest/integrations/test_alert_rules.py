@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import needs, require_facility
+from tests.support.facilities import needs, require_facility
 
 ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "docs" / "alerts.yml"

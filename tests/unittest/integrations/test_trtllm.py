@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, wait_until
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker
 from tests.support.upstream_fakes import FAKE_ENGINE, tree
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import ProcessIdentity, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.demo import GenerationExecutorProxy, MainGenerationExecutorProxy
 from trtllm_liveness.demo._scenario_launcher import run_scenario
@@ -77,8 +79,9 @@ def test_shim_rejects_a_payload_that_is_no_list_without_crashing(payload: Any,
 
 
 def test_shim_rejects_per_element_and_keeps_the_rest(procs: ProcessTracker, caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 10 point 4: one bad element (or None fields, or the proxy's own pid) used to reject
-    the whole payload, leaving every rank unwatched."""
+    """One bad element (or None fields, or the proxy's own pid) is rejected on its own, with a
+    log line: the rest of the payload is watched (rejecting it whole would leave every rank
+    unwatched)."""
     a, b = procs.sleeper(), procs.sleeper()
     good_a, good_b = capture_identity(1, a.pid), capture_identity(2, b.pid)
     unverified = (good_b.rank, good_b.pid, None, good_b.hostname, None)  # upstream's Optional fields
@@ -97,7 +100,7 @@ def test_shim_rejects_per_element_and_keeps_the_rest(procs: ProcessTracker, capl
 
 
 def test_shim_close_marks_expected_exits_not_deaths(procs: ProcessTracker) -> None:
-    """Issue 10 point 3: upstream main's pre_shutdown() closes its monitor when expected exits begin."""
+    """Upstream main's pre_shutdown() closes its monitor when expected exits begin: no death then."""
     child = procs.sleeper()
     closes: list[int] = []
     with WorkerProcessMonitor() as monitor:

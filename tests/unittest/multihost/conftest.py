@@ -9,12 +9,12 @@ removed by namespace; a leftover namespace, process, veth or work directory fail
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import ProcessTracker, require_facility
+from tests.support.facilities import require_facility
+from tests.support.process_tracker import ProcessTracker
 from tests.support.testhosts import TestHosts
 
 
@@ -22,21 +22,12 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "multihost: runs real MPI jobs across namespace test hosts")
 
 
-def tracked_by(procs: ProcessTracker) -> Callable[[subprocess.Popen[bytes]], None]:
-    """An ``on_start`` for :class:`TestHosts` that hands each process it starts to ``procs``."""
-    def track(popen: subprocess.Popen[bytes]) -> None:
-        procs.popens.append(popen)
-        procs.track(popen.pid)
-
-    return track
-
-
 @pytest.fixture
 def test_hosts(procs: ProcessTracker) -> Iterator[TestHosts]:
     """hostA, hostB, hostC and the head, up; removed at teardown (a leftover fails the test)."""
     require_facility("testhosts")
     tmp_mode = os.stat("/tmp").st_mode  # PRRTE chmods the directory of an --output file: never /tmp's
-    hosts = TestHosts(on_start=tracked_by(procs))
+    hosts = TestHosts(on_start=procs.adopt)
     try:
         hosts.start()
         yield hosts

@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 import trtllm_liveness
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE
 
 pytestmark = [pytest.mark.real_process, pytest.mark.slow, pytest.mark.timeout(600)]
 
