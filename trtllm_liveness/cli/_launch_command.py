@@ -32,13 +32,33 @@ from typing import Any
 from ..exit._outcome import OUTCOME_ENV, read_outcomes
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+# The --help text: the module docstring's content in plain words (no reST roles on a terminal).
+DESCRIPTION = f"""\
+Run a launcher (mpirun, srun) and never exit 0 after an engine failure.
+
+mpirun exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and reports
+success), so Kubernetes, Slurm or a supervisor would call a dead engine's job successful and never
+restart it. The wrapper sets {OUTCOME_ENV} for the launcher (mpirun and srun pass
+the environment to the ranks of the launching host; the server process, rank 0, must run there,
+or --outcome-dir must be shared), forwards SIGTERM and SIGHUP to it, and SIGINT and SIGQUIT
+unless they came from the terminal, waits for it, and exits with:
+  - the launcher's status when it is not 0 (128 + N when a signal N ended it);
+  - else the recorded fatal error's status (exit_code, or exit_code_unrestartable for a wedged or
+    unkillable worker), with one line on stderr saying so;
+  - else exit_code when an engine started and never ended cleanly (its process was killed with
+    the job before it could record why), with one line;
+  - else 0.
+"""
+
 _WAIT_S = 1.0  # each wait for the launcher is bounded; the loop lasts as long as the job
 
 
-def add_launch_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+def add_launch_parser(sub: Any) -> None:
+    """Add the ``launch`` subcommand to ``sub`` (argparse subparsers)."""
     launch = sub.add_parser("launch", help="run mpirun/srun; exit non-zero whenever the engine recorded a fatal "
                                            "error (mpirun exits 0 after a host crash)",
-                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                            description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     launch.add_argument("--outcome-dir", default=None, metavar="DIR",
                         help="where the engines' outcome files are made (default: $TMPDIR); the proxy (rank 0) must "
                              "see it: a local directory where rank 0 runs on the launching host, else a shared one")

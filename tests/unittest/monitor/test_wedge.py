@@ -14,8 +14,9 @@ from tests.support.stuck_processes import Freezer, StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, capture_identity
 from trtllm_liveness.demo._fuse_stall import FuseStall
-from trtllm_liveness.monitor._wedge import DStateSample, WedgeTracker
+from trtllm_liveness.monitor._wedge import WedgeTracker
 from trtllm_liveness.process import _procfs
+from trtllm_liveness.process._thread_sampler import DStateSample
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 

@@ -23,7 +23,8 @@ from tests.support.stuck_processes import StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.process import _pidfd, _procfs
-from trtllm_liveness.stop._bounded_stop import StopOutcome, StopReport, stop_processes
+from trtllm_liveness.stop._bounded_stop import stop_processes
+from trtllm_liveness.stop._stop_report import StopOutcome, StopReport
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
 
