@@ -38,7 +38,6 @@ from trtllm_liveness.demo._mpi_env import configure_mpi_env
 from trtllm_liveness.demo._scenario_child import LIVENESS_ENV_VAR, liveness_env
 from trtllm_liveness.demo._scenario_records import (
     Detection,
-    EventRecord,
     ScenarioOptions,
     ScenarioResult,
     ShutdownOutcome,
@@ -153,7 +152,7 @@ def main(argv: list[str]) -> int:
         iteration=0, options=opts, phase="serving", proxy_class=type(proxy).__name__,
         pids=tuple(i.pid for i in identities), victims=(Victim(victim.rank, victim.pid),),
         in_flight=len(results) or batches, fault_at=t0,
-        events=tuple(EventRecord.from_dict(event.to_dict()) for event in events),
+        events=tuple(events),
         fatal_error=None if fatal is None else str(fatal),
         fatal_error_type=None if fatal is None else type(fatal).__name__,
         pending_not_done=None, detection=detection, shutdown=ShutdownOutcome(shutdown_ms=shutdown_ms))

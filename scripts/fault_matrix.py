@@ -148,7 +148,8 @@ def judge_shutdown(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:
         return Verdict(False, False, None, "no record")
     outcome = None if r.shutdown.report is None else r.shutdown.report.outcome_of(r.victim.pid)
     ok = not r.shutdown.hung and outcome is not None and not r.shutdown.unkillable
-    return Verdict(ok, False, None, f"shutdown report: rank {r.victim.rank} {outcome}; no fatal error (expected exit)")
+    said = None if outcome is None else outcome.value
+    return Verdict(ok, False, None, f"shutdown report: rank {r.victim.rank} {said}; no fatal error (expected exit)")
 
 
 def judge_stop(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:

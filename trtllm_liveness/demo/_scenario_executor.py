@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from ._scenario_records import EventRecord, ScenarioOptions, StopReportRecord
+from ..stop._stop_report import StopReport
+from ._scenario_records import ScenarioOptions
 
 __all__ = ["Build", "bounded", "build_executor", "build_in_thread", "engine_factory", "expected_tokens",
            "fatal_fields", "health", "pre_shutdown_runs", "settled_fatal_error", "stop_report", "submit",
@@ -206,15 +207,15 @@ def settled_fatal_error(proxy: Any, timeout: float = 2.0) -> Any:
 def fatal_fields(proxy: Any, fatal: Any) -> dict[str, Any]:
     """The executor's events and fatal error as they stand: the ``ScenarioResult`` fields
     ``events``, ``fatal_error`` and ``fatal_error_type``."""
-    return {"events": tuple(EventRecord.from_dict(event.to_dict()) for event in getattr(proxy, "liveness_events", [])),
+    return {"events": tuple(getattr(proxy, "liveness_events", [])),
             "fatal_error": None if fatal is None else str(fatal),
             "fatal_error_type": None if fatal is None else type(fatal).__name__}
 
 
-def stop_report(proxy: Any) -> StopReportRecord | None:
-    """The liveness shutdown's stop report, as the scenario's record carries it; None without one."""
-    report = getattr(proxy, "liveness_shutdown_report", None)
-    return None if report is None else StopReportRecord.from_dict(report.to_dict())
+def stop_report(proxy: Any) -> StopReport | None:
+    """The liveness shutdown's stop report; None without one."""
+    report: StopReport | None = getattr(proxy, "liveness_shutdown_report", None)
+    return report
 
 
 @dataclass

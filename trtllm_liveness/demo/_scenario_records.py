@@ -5,12 +5,14 @@ it as one JSON line (``to_dict()``); the parent turns the lines back into record
 (``ScenarioResult.from_dict``) and returns them in a :class:`ScenarioRun`, with what only the
 parent can see (the child's exit status and time, the processes its session left behind).
 
-Every record is a frozen dataclass. Sections that only some scenarios fill are ``None`` when the
-scenario did not run that part: ``detection`` (a fault while serving), ``shutdown``, ``init`` (a
-fault before READY, or a failed spawn), ``control`` (no-fault load), ``health_probe`` (concurrent
-``check_health()`` callers), ``watcher`` (the watcher thread made to die first) and ``ending`` (a
-process that ends like a server or a script rather than through ``shutdown()``). Times are
-milliseconds after the fault (``fault_at``, ``time.monotonic()``, which is system-wide on Linux).
+Every record is a frozen dataclass; the executor's events and its stop report are the package's
+own :class:`~trtllm_liveness.WorkerEvent` and :class:`~trtllm_liveness.StopReport`, in their own
+JSON form (their ``from_dict`` reads it back). Sections that only some scenarios fill are ``None``
+when the scenario did not run that part: ``detection`` (a fault while serving), ``shutdown``,
+``init`` (a fault before READY, or a failed spawn), ``control`` (no-fault load), ``health_probe``
+(concurrent ``check_health()`` callers), ``watcher`` (the watcher thread made to die first) and
+``ending`` (a process that ends like a server or a script rather than through ``shutdown()``).
+Times are milliseconds after the fault (``fault_at``, ``time.monotonic()``, which is system-wide on Linux).
 """
 
 from __future__ import annotations
@@ -20,11 +22,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .._events import WorkerEvent
+from ..stop._stop_report import StopReport
+
 __all__ = [
     "ControlOutcome",
     "Detection",
     "EndingOutcome",
-    "EventRecord",
     "HealthProbeOutcome",
     "InitOutcome",
     "ResultInProgress",
@@ -32,9 +36,6 @@ __all__ = [
     "ScenarioResult",
     "ScenarioRun",
     "ShutdownOutcome",
-    "StopReportRecord",
-    "StoppedRecord",
-    "UnkillableRecord",
     "Victim",
     "WatcherFaultOutcome",
 ]
@@ -67,8 +68,10 @@ def _flat(cls: type[_T], data: Mapping[str, Any]) -> _T:
 
 
 def _json(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, _Record):
+        return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value)}  # type: ignore[arg-type]
+    if isinstance(value, (WorkerEvent, StopReport)):  # the package's own records: their own JSON form
+        return value.to_dict()
     if isinstance(value, (list, tuple)):
         return [_json(item) for item in value]
     return value
@@ -181,84 +184,6 @@ class Victim(_Record):
 
 
 @dataclass(frozen=True)
-class EventRecord(_Record):
-    """A :class:`~trtllm_liveness.WorkerEvent` as reported (``WorkerEvent.to_dict()``)."""
-
-    kind: str
-    rank: int
-    pid: int
-    hostname: str
-    cause: str
-    restartable: bool
-    tid: int | None = None
-    wchan: str = ""
-    wall_time: float | None = None
-    message: str = ""
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EventRecord:
-        return _flat(cls, data)
-
-
-@dataclass(frozen=True)
-class StoppedRecord(_Record):
-    """One worker of a :class:`~trtllm_liveness.StopReport` (``outcome`` is the ``StopOutcome`` value)."""
-
-    rank: int
-    pid: int | None
-    hostname: str
-    outcome: str
-    detail: str = ""
-    returncode: int | None = None
-    exited_after_s: float | None = None
-    signals_sent: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class UnkillableRecord(_Record):
-    rank: int
-    pid: int
-    hostname: str
-    state: str
-    wchan: str
-    d_tids: tuple[int, ...]
-    d_wchan: str
-    kill_pending: bool
-    signal: str
-    waited_s: float
-    leader_pid: int | None = None
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class StopReportRecord(_Record):
-    """A :class:`~trtllm_liveness.StopReport` as reported (``StopReport.to_dict()``)."""
-
-    restartable: bool
-    all_stopped: bool
-    grace_s: float
-    kill_s: float
-    term_signal: str
-    elapsed_s: float
-    started_wall: float
-    workers: tuple[StoppedRecord, ...] = ()
-    unkillable: tuple[UnkillableRecord, ...] = ()
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StopReportRecord:
-        flat = {k: v for k, v in data.items() if k not in ("workers", "unkillable")}
-        return dataclasses.replace(
-            _flat(cls, flat),
-            workers=tuple(_flat(StoppedRecord, w) for w in data.get("workers", ())),
-            unkillable=tuple(_flat(UnkillableRecord, u) for u in data.get("unkillable", ())),
-        )
-
-    def outcome_of(self, pid: int | None) -> str | None:
-        """The stop outcome of the worker with ``pid``, None if it is not in the report."""
-        return next((w.outcome for w in self.workers if w.pid == pid), None)
-
-
-@dataclass(frozen=True)
 class Detection(_Record):
     """A fault while serving, from the fault (t0) on; None where it never happened in the window.
 
@@ -287,7 +212,7 @@ class ShutdownOutcome(_Record):
     by_harness: bool = False  # liveness off: the harness killed the workers instead
     pre_shutdown_calls: int | None = None
     pre_shutdown_runs: int | None = None
-    report: StopReportRecord | None = None
+    report: StopReport | None = None
     unkillable: tuple[int, ...] = ()
     restartable: bool | None = None
     fatal_restartable: bool | None = None
@@ -362,7 +287,7 @@ class ScenarioResult(_Record):
     in_flight: int | None = None
     tokens_ok: bool | None = None  # fault "none" without control_s: every request returned its tokens
     fault_at: float | None = None  # time.monotonic() of the fault
-    events: tuple[EventRecord, ...] = ()
+    events: tuple[WorkerEvent, ...] = ()  # the executor's (WorkerEvent.from_dict: no monotonic times)
     fatal_error: str | None = None
     fatal_error_type: str | None = None
     pending_not_done: int | None = None
@@ -398,7 +323,7 @@ class ScenarioResult(_Record):
         nested: dict[str, Any] = {
             "options": ScenarioOptions.from_dict(data["options"]),
             "victims": tuple(_flat(Victim, v) for v in data.get("victims", ())),
-            "events": tuple(EventRecord.from_dict(e) for e in data.get("events", ())),
+            "events": tuple(WorkerEvent.from_dict(e) for e in data.get("events", ())),
         }
         for name, section in (("detection", Detection), ("init", InitOutcome), ("control", ControlOutcome),
                               ("health_probe", HealthProbeOutcome), ("watcher", WatcherFaultOutcome),
@@ -410,7 +335,7 @@ class ScenarioResult(_Record):
             report = shutdown.get("report")
             nested["shutdown"] = dataclasses.replace(
                 _flat(ShutdownOutcome, {k: v for k, v in shutdown.items() if k != "report"}),
-                report=None if report is None else StopReportRecord.from_dict(report))
+                report=None if report is None else StopReport.from_dict(report))
         else:
             nested["shutdown"] = None
         kwargs = {k: _tuple(v) for k, v in data.items() if k in _SCALAR_FIELDS}

@@ -252,7 +252,7 @@ def test_fake_trtllm_sigkill_end_to_end(version: str, mode: str, via: str, rank:
     assert d is not None and sh is not None
     assert d.health_false_ms is not None and d.requests_failed_ms is not None
     assert out.names_a_victim(out.fatal_error), out.fatal_error
-    assert [(e.kind, e.rank, e.pid) for e in out.events][:1] == [("died", rank, out.victim.pid)]
+    assert [(e.kind, e.identity.rank, e.identity.pid) for e in out.events][:1] == [("died", rank, out.victim.pid)]
     # Upstream's pre_shutdown() body runs once (its once-flag, serialized by the mixin); the fatal
     # path's helper and the harness's shutdown() may both call it, so up to two entries.
     assert sh.pre_shutdown_runs == 1 and 1 <= sh.pre_shutdown_calls <= 2
