@@ -39,16 +39,14 @@ CHILD_MODULE = "trtllm_liveness.demo._scenario_child"
 def session_members(sid: int) -> list[int]:
     """PIDs whose session id is ``sid`` (the scenario child's session: it, prte and the workers)."""
     members = []
-    for name in os.listdir("/proc"):
+    for name in os.listdir(_procfs.PROCFS_PATH):
         if not name.isdigit():
             continue
         try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                data = handle.read()
-        except OSError:
+            info = _procfs.read_stat(int(name))
+        except (OSError, ValueError):  # gone since the listing
             continue
-        fields = data[data.rfind(b")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid and fields[0] not in (b"Z", b"X"):
+        if info.session == sid and info.state not in ("Z", "X"):
             members.append(int(name))
     return members
 
