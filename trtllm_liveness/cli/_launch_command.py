@@ -1,6 +1,16 @@
-"""``trtllm-liveness launch -- mpirun ...``: run a launcher, and never exit 0 after an engine death.
+"""``trtllm-liveness launch -- COMMAND``: the one wrapper that switches worker liveness on for a
+launcher (``mpirun``, ``srun``, ``trtllm-serve`` itself, Dynamo's worker), and never exits 0 after an
+engine death.
 
-Why: ``mpirun`` exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and
+Switching on: ``TRTLLM_WORKER_LIVENESS`` is set to ``1`` unless it is set (a settings value is kept),
+validated here (a malformed one is exit status 2, nothing started), this package's ``sitecustomize``
+goes first on ``PYTHONPATH`` (every Python the command starts, on any host, installs the hook), and
+the launcher is given what carries these to the ranks of other hosts (``mpirun -x`` for Open MPI;
+see :mod:`._launcher_env`). One line on stderr says the effective settings and how they travel.
+Every host must have this package installed at the same path (one image), and an ``@file``
+setting's file at the same path.
+
+Why the exit status: ``mpirun`` exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and
 reports success), so Kubernetes, Slurm or a supervisor would call a dead engine's job successful and
 never restart it. The wrapper sets :data:`~trtllm_liveness.exit._outcome.OUTCOME_ENV` for the launcher
 (``mpirun`` and ``srun`` pass the environment to the ranks of the launching host; the proxy, rank
@@ -21,23 +31,29 @@ as without the wrapper (a second copy would make mpirun abort at once).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
+from .._config import LivenessConfig
+from .._switch import ENV_VAR
 from ..exit._outcome import OUTCOME_ENV, read_outcomes
+from ._launcher_env import Forwarding, forwarding_for
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _WAIT_S = 1.0  # each wait for the launcher is bounded; the loop lasts as long as the job
 
 
 def add_launch_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
-    launch = sub.add_parser("launch", help="run mpirun/srun; exit non-zero whenever the engine recorded a fatal "
-                                           "error (mpirun exits 0 after a host crash)",
+    launch = sub.add_parser("launch", help="run mpirun/srun/trtllm-serve with liveness on in every Python on every "
+                                           "host; exit non-zero whenever the engine recorded a fatal error "
+                                           "(mpirun exits 0 after a host crash)",
                             description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     launch.add_argument("--outcome-dir", default=None, metavar="DIR",
                         help="where the engines' outcome files are made (default: $TMPDIR); the proxy (rank 0) must "
@@ -54,10 +70,25 @@ def run_launch(args: argparse.Namespace) -> int:
     if not argv:
         print("trtllm-liveness launch: no command given", file=sys.stderr)
         return 2
+    # Imported here: importing it installs the hook in this process where the switch is on.
+    from ..integrations.trtllm_autoload import launch_env
+
+    env = launch_env(dict(os.environ))
+    try:
+        config = LivenessConfig.from_env(env)
+    except ValueError as exc:
+        print(f"trtllm-liveness launch: {exc}; nothing started", file=sys.stderr)
+        return 2
+    if shutil.which(argv[0], path=env.get("PATH")) is None:
+        print(f"trtllm-liveness launch: command not found: {argv[0]}", file=sys.stderr)
+        return 127
     # 0700: only this user writes there
     directory = tempfile.mkdtemp(prefix="trtllm-liveness-launch-", dir=args.outcome_dir)
     try:
-        status = _run(argv, {**os.environ, OUTCOME_ENV: directory})
+        forwarding = forwarding_for(argv, {**env, OUTCOME_ENV: directory})
+        sys.stderr.write(on_line(config, env[ENV_VAR], argv, forwarding) + "\n")
+        sys.stderr.flush()
+        status = _run(list(forwarding.argv), dict(forwarding.env))
         try:
             outcomes = read_outcomes(directory)
         except (OSError, ValueError) as exc:
@@ -79,6 +110,37 @@ def run_launch(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return unclean[0].exit_code
     return 0
+
+
+# Shown in the "on" line whatever their value; every other setting only where it is not the default.
+SHOWN_SETTINGS = ("d_state_timeout_s", "stall_timeout_s", "exit_on_fatal", "hosts", "heartbeat_timeout_s")
+_COMMAND_CHARS = 160
+
+
+def effective_settings(config: LivenessConfig) -> str:
+    """``key=value, ...``: :data:`SHOWN_SETTINGS` and every setting that differs from the default."""
+    default = LivenessConfig()
+    parts = []
+    for spec in dataclasses.fields(config):
+        value = getattr(config, spec.name)
+        if spec.name == "enabled" or (spec.name not in SHOWN_SETTINGS and value == getattr(default, spec.name)):
+            continue
+        parts.append(f"{spec.name}={int(value) if isinstance(value, bool) else value}")
+    return ", ".join(parts)
+
+
+def on_line(config: LivenessConfig, raw: str, argv: Sequence[str], forwarding: Forwarding) -> str:
+    """The one line ``launch`` prints before it starts ``argv`` (as given; what was added to it for the
+    other hosts is ``forwarding.how``)."""
+    command = " ".join(argv)
+    if len(command) > _COMMAND_CHARS:
+        command = command[:_COMMAND_CHARS - 3] + "..."
+    if not config.enabled:
+        return f"trtllm-liveness: worker liveness off ({ENV_VAR}={raw}) for: {command}"
+    travel = f"; {forwarding.how}" if forwarding.how else ""
+    note = f"; NOTE: {forwarding.problem}" if forwarding.problem else ""
+    return (f"trtllm-liveness: worker liveness on ({effective_settings(config)}) in every Python of: "
+            f"{command}{travel}{note}")
 
 
 def _foreground_of_terminal() -> bool:
