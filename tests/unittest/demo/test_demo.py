@@ -282,10 +282,12 @@ def test_nothing_is_left_on_any_exit_path(path: str, procs: ProcessTracker, shor
 @_real_mpi
 @pytest.mark.skipif(_cli_missing(), reason="console script not installed next to sys.executable")
 def test_compare_shows_the_hang_without_the_extension(procs: ProcessTracker, short_tmpdir: Path) -> None:
-    # 1.2 mode has no worker monitor of its own; a healthy request of the scenario takes ~4 s
-    # (400 tokens, 10 ms each), so a bound of 6 s leaves them time to finish had the engine lived.
+    # A kill in 1.2 mode (no worker monitor of its own): --compare's default where no freezer can
+    # make a wedge. A healthy request of the scenario takes ~4 s (400 tokens, 10 ms each), so a
+    # bound of 6 s leaves them time to finish had the engine lived.
     tmpdir = short_tmpdir
-    proc = _start_demo(procs, tmpdir, "--compare", "--mode", "1.2", "--compare-bound", "6", "--json")
+    proc = _start_demo(procs, tmpdir, "--compare", "--fault", "kill", "--mode", "1.2", "--compare-bound", "6",
+                       "--json")
     status, out, err = _assert_nothing_left(proc, tmpdir)
     assert status == 0, (out, err)
     record = json.loads(out)
@@ -296,3 +298,40 @@ def test_compare_shows_the_hang_without_the_extension(procs: ProcessTracker, sho
     assert off["verdict"]["text"].startswith(f"still hanging after 6 s, {off['verdict']['pending']} requests pending")
     assert on["ok"] is True
     assert on["result"]["pending_not_done"] == 0 and on["result"]["detection"]["health_false_ms"] is not None
+
+
+@_real_mpi
+@pytest.mark.skipif(_cli_missing(), reason="console script not installed next to sys.executable")
+def test_compare_by_default_shows_a_fault_only_the_extension_catches(procs: ProcessTracker,
+                                                                     short_tmpdir: Path) -> None:
+    """``demo --compare --json`` as the README gives it, no other argument: the run without the
+    extension hangs with requests pending and health green; the run with it detects the fault.
+    The fault is a wedge where the freezer can make one, else a kill in 1.2 mode."""
+    proc = _start_demo(procs, short_tmpdir, "--compare", "--json")
+    status, out, err = _assert_nothing_left(proc, short_tmpdir)
+    assert status == 0, (out, err)
+    record = json.loads(out)
+    expected = ("wedge", "main") if os.access(demo.FREEZER_ROOT, os.W_OK) else ("kill", "1.2")
+    assert (record["fault"], record["mode"]) == expected, record
+    off, on = record["off"], record["on"]
+    assert off["verdict"]["kind"] == "hanging", off
+    assert off["verdict"]["pending"] is not None and off["verdict"]["pending"] > 0, off
+    assert on["ok"] is True, on
+    assert on["result"]["detection"]["detected_ms"] is not None, on
+    assert on["result"]["detection"]["health_false_ms"] is not None and on["result"]["pending_not_done"] == 0, on
+
+
+@pytest.mark.parametrize(("writable", "mode", "expected"), [
+    (True, None, ("wedge", "main")), (True, "1.2", ("wedge", "1.2")),
+    (False, None, ("kill", "1.2")), (False, "1.2", ("kill", "1.2")), (False, "main", ("kill", "main")),
+])
+def test_the_compare_default_is_a_fault_upstream_does_not_catch(writable: bool, mode: str | None,
+                                                               expected: tuple[str, str], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo, "FREEZER_ROOT", str(tmp_path) if writable else str(tmp_path / "absent"))
+    fault, chosen_mode, why = demo.compare_default(mode)
+    assert (fault, chosen_mode) == expected
+    if expected == ("kill", "main"):  # the user asked for main: said that it shows nothing, and what does
+        assert "try --mode 1.2" in why
+    else:
+        assert "nothing but the extension" in why or "no worker monitor of its own" in why
