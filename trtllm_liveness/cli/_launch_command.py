@@ -3,7 +3,7 @@ launcher (``mpirun``, ``srun``, ``trtllm-serve`` itself, Dynamo's worker), and n
 engine death.
 
 Switching on: ``TRTLLM_WORKER_LIVENESS`` is set to ``1`` unless it is set (a settings value is kept),
-validated here (a malformed one is exit status 2, nothing started), this package's ``sitecustomize``
+validated here (a malformed one is exit status 78, sysexits' ``EX_CONFIG``, nothing started), this package's ``sitecustomize``
 goes first on ``PYTHONPATH`` (every Python the command starts, on any host, installs the hook), and
 the launcher is given what carries these to the ranks of other hosts (``mpirun -x`` for Open MPI;
 see :mod:`._launcher_env`). One line on stderr says the effective settings and how they travel.
@@ -46,6 +46,7 @@ from .._switch import ENV_VAR
 from ..exit._outcome import OUTCOME_ENV, read_outcomes
 from ._launcher_env import Forwarding, forwarding_for
 
+EXIT_INVALID_SETTING = 78  # sysexits' EX_CONFIG, as the autoload launcher's: the command never ran
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _WAIT_S = 1.0  # each wait for the launcher is bounded; the loop lasts as long as the job
 
@@ -78,7 +79,7 @@ def run_launch(args: argparse.Namespace) -> int:
         config = LivenessConfig.from_env(env)
     except ValueError as exc:
         print(f"trtllm-liveness launch: {exc}; nothing started", file=sys.stderr)
-        return 2
+        return EXIT_INVALID_SETTING
     if shutil.which(argv[0], path=env.get("PATH")) is None:
         print(f"trtllm-liveness launch: command not found: {argv[0]}", file=sys.stderr)
         return 127
