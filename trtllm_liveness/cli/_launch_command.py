@@ -3,12 +3,12 @@ launcher (``mpirun``, ``srun``, ``trtllm-serve`` itself, Dynamo's worker), and n
 engine death.
 
 Switching on: ``TRTLLM_WORKER_LIVENESS`` is set to ``1`` unless it is set (a settings value is kept),
-validated here (a malformed one is exit status 78, sysexits' ``EX_CONFIG``, nothing started), this package's ``sitecustomize``
-goes first on ``PYTHONPATH`` (every Python the command starts, on any host, installs the hook), and
-the launcher is given what carries these to the ranks of other hosts (``mpirun -x`` for Open MPI;
-see :mod:`._launcher_env`). One line on stderr says the effective settings and how they travel.
-Every host must have this package installed at the same path (one image), and an ``@file``
-setting's file at the same path.
+validated here (a malformed one is exit status 78, sysexits' ``EX_CONFIG``, nothing started), this
+package's ``sitecustomize`` goes first on ``PYTHONPATH`` (every Python the command starts, on any
+host, installs the hook), and the launcher is given what carries these to the ranks of other hosts
+(``mpirun -x`` for Open MPI; see :mod:`._launcher_env`). One line on stderr says the effective
+settings and how they travel. Every host must have this package installed at the same path (one
+image), and an ``@file`` setting's file at the same path.
 
 Why the exit status: ``mpirun`` exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and
 reports success), so Kubernetes, Slurm or a supervisor would call a dead engine's job successful and
