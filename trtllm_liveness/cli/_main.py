@@ -9,6 +9,7 @@ Subcommands:
     autoload  install, remove or show the .pth that loads the import hook in every interpreter
     quarantine  show (a node health check) or clear the host's quarantine after a wedged worker
     launch      run mpirun/srun; exit non-zero whenever the engine recorded a fatal error
+    drill       a real fault in your own model's engine on this host: what the extension does with it
 
 Results go to stdout (one JSON object with ``--json``); progress and errors go to stderr, errors
 as one line starting with ``trtllm-liveness:``.
@@ -41,6 +42,7 @@ from ..process._identity import ProcessIdentity, capture_identity
 from ..process._mm_read import DEFAULT_TIMEOUT_S as DEFAULT_READ_TIMEOUT_S
 from ..process._mm_read import MmReader, SkippedRead
 from ._arg_types import int_arg, package_version, parent_arg, pid_arg, seconds_arg
+from ._drill_command import add_drill_parser
 from ._launch_command import add_launch_parser
 from ._output import Progress, out, print_report, printable
 from ._quarantine_command import add_quarantine_parser
@@ -365,7 +367,7 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log the library's warnings (-v) or debug messages (-vv) to stderr")
     sub = parser.add_subparsers(dest="command", required=True,
-                                metavar="{scan,watch,demo,demo-processes,doctor,autoload,quarantine,launch}")
+                                metavar="{scan,watch,demo,demo-processes,doctor,autoload,quarantine,launch,drill}")
 
     scan = sub.add_parser("scan", help="diagnose processes now: D state, SIGKILL pending, zombies, what to do",
                           description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
@@ -434,6 +436,7 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
 
     add_quarantine_parser(sub, _Parser)
     add_launch_parser(sub, _Parser)
+    add_drill_parser(sub, _Parser)
     return parser
 
 
