@@ -14,11 +14,9 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, needs, wait_until
+from tests.support import tmpdir_runs as runs
 from trtllm_liveness.demo._cgroup_faults import FREEZER_ROOT
 from trtllm_liveness.demo._mpi_env import PRTE_TMPDIR_VAR, configure_mpi_env
 from trtllm_liveness.process import _procfs
@@ -36,41 +35,13 @@ pytestmark = [pytest.mark.timeout(300)]
 REPO = Path(__file__).resolve().parents[3]
 CLI = Path(sys.executable).parent / "trtllm-liveness"
 FACTORY = "tests.support.drill_engine:fake_engine"
-RUN_TIMEOUT = 240 * WAIT_SCALE
 
 
 @pytest.fixture
 def drill_tmp() -> Iterator[Path]:
-    """A short TMPDIR of the test's own (ZMQ ipc paths live below it: 108 bytes at most)."""
-    path = Path(tempfile.mkdtemp(prefix="tdrill-", dir="/tmp"))
-    try:
+    """A short TMPDIR of the test's own (tests/support/tmpdir_runs.py): ZMQ ipc paths live below it."""
+    with runs.short_tmpdir("tdrill-") as path:
         yield path
-    finally:
-        _kill_leftovers(path)  # only after a failure: processes carrying this test's TMPDIR
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _with_tmpdir(tmpdir: Path) -> list[int]:
-    prefix = f"TMPDIR={tmpdir}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError), open(f"/proc/{name}/environ", "rb") as handle:
-            if any(entry == prefix or entry.startswith(prefix + b"/") for entry in handle.read().split(b"\0")):
-                found.append(int(name))
-    return found
-
-
-def _kill_leftovers(tmpdir: Path) -> None:
-    for pid in _with_tmpdir(tmpdir):
-        with contextlib.suppress(OSError):
-            fd = os.pidfd_open(pid)
-            try:
-                if pid in _with_tmpdir(tmpdir):  # still that process after the pidfd pinned it
-                    signal.pidfd_send_signal(fd, signal.SIGKILL)
-            finally:
-                os.close(fd)
 
 
 def _env(tmpdir: Path, tree: str, liveness: str | None) -> dict[str, str]:
@@ -87,20 +58,12 @@ def _env(tmpdir: Path, tree: str, liveness: str | None) -> dict[str, str]:
 
 def _start(procs: ProcessTracker, tmpdir: Path, *args: str, tree: str = "trtllm_main",
            liveness: str | None = None) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([str(CLI), "drill", "/models/drill-test", "--engine", FACTORY, *args],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                            env=_env(tmpdir, tree, liveness))
-    procs.popens.append(proc)
-    procs.track(proc.pid)
-    return proc
+    return runs.start(procs, [str(CLI), "drill", "/models/drill-test", "--engine", FACTORY, *args],
+                      _env(tmpdir, tree, liveness))
 
 
 def _finish(proc: subprocess.Popen[bytes], tmpdir: Path) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=RUN_TIMEOUT)
-    wait_until(lambda: not _with_tmpdir(tmpdir), 10)
-    assert _with_tmpdir(tmpdir) == [], "processes of the drill survive it"
-    assert sorted(path.name for path in tmpdir.iterdir()) == ["prte"], "the drill left files in its TMPDIR"
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+    return runs.finish(proc, tmpdir, allowed=["prte"])  # the test's own PRRTE session base
 
 
 def _freezer_groups() -> list[str]:
@@ -180,22 +143,13 @@ def test_sigterm_mid_drill_cleans_up(procs: ProcessTracker, drill_tmp: Path) -> 
     """A drill ended while its ranks run (model loaded, requests streaming, before the fault is
     watched to its end): status 143, every rank and file gone."""
     proc = _start(procs, drill_tmp, "--tp", "2", "--fault", "stop")
-
-    def ranks_up() -> bool:
-        return any(b"mpi4py.futures.server" in _cmdline(pid) for pid in _with_tmpdir(drill_tmp))
-
-    assert wait_until(lambda: ranks_up() or proc.poll() is not None, 120 * WAIT_SCALE), "the ranks never started"
+    started = wait_until(lambda: runs.ranks_up(drill_tmp) or proc.poll() is not None, 120 * WAIT_SCALE)
+    assert started, "the ranks never started"
     assert proc.poll() is None, proc.communicate()
     proc.send_signal(signal.SIGTERM)
     status, out, err = _finish(proc, drill_tmp)
     assert status == 143, (out, err)
     assert "terminated (SIGTERM); its processes and files are removed" in err
-
-
-def _cmdline(pid: int) -> bytes:
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as handle:
-        return handle.read()
-    return b""
 
 
 def test_a_quarantined_host_is_refused_and_nothing_starts(procs: ProcessTracker, drill_tmp: Path,

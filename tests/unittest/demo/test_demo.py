@@ -8,14 +8,11 @@ environment (the scenario child, ``prte`` and the ranks all inherit it). Nothing
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, needs, wait_until
+from tests.support import tmpdir_runs as runs
 from trtllm_liveness.demo import _demo_run as demo
 from trtllm_liveness.demo._scenario_records import (
     Detection,
@@ -172,78 +170,20 @@ def demo_args(**changes: object) -> Any:
 # ------------------------------------------------------------------ real runs: nothing left behind
 
 
-def _processes_with_tmpdir(tmpdir: Path) -> list[int]:
-    """Live processes whose ``TMPDIR`` is ``tmpdir`` or below it: the demo itself and everything it
-    started, at any depth (they get the demo's private directory inside it)."""
-    prefix = f"TMPDIR={tmpdir}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{name}/environ", "rb") as handle:
-                entries = handle.read().split(b"\0")
-            if any(entry == prefix or entry.startswith(prefix + b"/") for entry in entries):
-                found.append(int(name))
-    return found
-
-
-def _cmdline(pid: int) -> bytes:
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as handle:
-        return handle.read()
-    return b""
-
-
 @pytest.fixture
 def short_tmpdir() -> Iterator[Path]:
-    """A TMPDIR of the test's own with a short path: the reference proxy's ZMQ ipc sockets live
-    below it, and a unix socket address holds 108 bytes (pytest's tmp_path is too deep)."""
-    path = Path(tempfile.mkdtemp(prefix="tdemo-", dir="/tmp"))
-    try:
+    """A TMPDIR of the test's own (tests/support/tmpdir_runs.py): the reference proxy's ZMQ ipc
+    sockets live below it."""
+    with runs.short_tmpdir("tdemo-") as path:
         yield path
-    finally:
-        _kill_leftovers(path)  # only after a failure: processes carrying this test's own TMPDIR
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _kill_leftovers(tmpdir: Path) -> None:
-    """SIGKILL (through a pidfd, re-checked after opening it) every process that carries
-    ``tmpdir`` as its TMPDIR: they were all started by this test's demo."""
-    def kill_all() -> bool:
-        for pid in _processes_with_tmpdir(tmpdir):
-            with contextlib.suppress(OSError):
-                fd = os.pidfd_open(pid)
-                try:
-                    if pid in _processes_with_tmpdir(tmpdir):  # not recycled since the listing
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
-                finally:
-                    os.close(fd)
-        return not _processes_with_tmpdir(tmpdir)
-
-    wait_until(kill_all, 10, 0.05)
 
 
 def _start_demo(procs: ProcessTracker, tmpdir: Path, *args: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([str(CLI), "demo", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, env={**os.environ, "TMPDIR": str(tmpdir)})
-    procs.popens.append(proc)
-    procs.track(proc.pid)
-    return proc
+    return runs.start(procs, [str(CLI), "demo", *args], {**os.environ, "TMPDIR": str(tmpdir)})
 
 
 def _assert_nothing_left(proc: subprocess.Popen[bytes], tmpdir: Path) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=RUN_TIMEOUT)
-    # The demo waits for its session's processes before it returns: nothing may be left even now,
-    # but a dying process may take a moment to leave /proc.
-    wait_until(lambda: not _processes_with_tmpdir(tmpdir), 10)
-    left = _processes_with_tmpdir(tmpdir)
-    assert left == [], f"processes of the demo survive: {[(p, _cmdline(p)) for p in left]}"
-    assert sorted(p.name for p in tmpdir.iterdir()) == [], "the demo left files in its TMPDIR"
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
-
-
-def _ranks_up(tmpdir: Path) -> bool:
-    return any(b"mpi4py.futures.server" in _cmdline(pid) for pid in _processes_with_tmpdir(tmpdir))
+    return runs.finish(proc, tmpdir)
 
 
 def _real_mpi(test: Any) -> Any:
@@ -264,7 +204,7 @@ def test_nothing_is_left_on_any_exit_path(path: str, procs: ProcessTracker, shor
             "sigint": ["--fault", "stop"], "sigterm": ["--fault", "stop"]}[path]
     proc = _start_demo(procs, tmpdir, *args)
     if path in ("sigint", "sigterm"):
-        assert wait_until(lambda: _ranks_up(tmpdir) or proc.poll() is not None, 60), "the ranks never started"
+        assert wait_until(lambda: runs.ranks_up(tmpdir) or proc.poll() is not None, 60), "the ranks never started"
         assert proc.poll() is None, "the demo ended before it could be interrupted"
         proc.send_signal(signal.SIGINT if path == "sigint" else signal.SIGTERM)
     status, out, err = _assert_nothing_left(proc, tmpdir)
