@@ -34,13 +34,13 @@ from ..integrations.trtllm._drill_records import DrillOptions, DrillRank, Engine
 from ..process._identity import is_local
 from ._arg_types import int_arg, seconds_arg
 from ._drill_session import DrillSession, EngineEnded
+from ._exit_status import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from ._launch_command import EXIT_INVALID_SETTING, effective_settings
+from ._output import err
 
 __all__ = ["add_drill_parser", "run_drill"]
 
-EXIT_OK = 0
-EXIT_NOT_CAUGHT = 1
-EXIT_USAGE = 2
+EXIT_NOT_CAUGHT = EXIT_FAILED
 EXIT_QUARANTINED = 3
 
 DRILL_STATUS_HELP = """\
@@ -58,7 +58,8 @@ _FAULT_WAIT_S = 60.0
 _SLACK_S = 5.0
 
 
-def add_drill_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+def add_drill_parser(sub: Any) -> None:
+    """Add the ``drill`` subcommand to ``sub`` (argparse subparsers)."""
     drill = sub.add_parser("drill", help="a real fault in your own model's engine on this host: the timeline, the "
                                          "verdict, the exit status and quarantine marker a server would leave",
                            description=__doc__, epilog=DRILL_STATUS_HELP,
@@ -82,8 +83,7 @@ def add_drill_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> N
 
 
 def _err(text: str) -> None:
-    sys.stderr.write(f"trtllm-liveness: drill: {text}\n")
-    sys.stderr.flush()
+    err(f"drill: {text}")
 
 
 def _observe_s(fault: str, config: LivenessConfig) -> float:

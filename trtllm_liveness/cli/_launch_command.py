@@ -51,7 +51,8 @@ FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _WAIT_S = 1.0  # each wait for the launcher is bounded; the loop lasts as long as the job
 
 
-def add_launch_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+def add_launch_parser(sub: Any) -> None:
+    """Add the ``launch`` subcommand to ``sub`` (argparse subparsers)."""
     launch = sub.add_parser("launch", help="run mpirun/srun/trtllm-serve with liveness on in every Python on every "
                                            "host; exit non-zero whenever the engine recorded a fatal error "
                                            "(mpirun exits 0 after a host crash)",

@@ -67,7 +67,7 @@ def _defaults() -> LivenessConfig:
         return LivenessConfig()
 
 
-def add_quarantine_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+def add_quarantine_parser(sub: Any) -> None:
     """Add the ``quarantine`` subcommand to ``sub`` (argparse subparsers)."""
     quarantine = sub.add_parser("quarantine", help="show or clear this host's quarantine after a wedged worker",
                                 description=_DESCRIPTION, epilog=QUARANTINE_STATUS_HELP,
