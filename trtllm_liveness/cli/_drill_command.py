@@ -26,7 +26,7 @@ import sys
 import time
 from typing import Any
 
-from .._config import LivenessConfig
+from .._config import LivenessConfig, parse_value
 from .._errors import LivenessError
 from .._switch import ENV_VAR
 from ..exit._outcome import OUTCOME_ENV
@@ -54,6 +54,25 @@ exit status:
   78   TRTLLM_WORKER_LIVENESS is invalid: nothing started
   130  interrupted (Ctrl-C), 143 terminated (SIGTERM); everything is cleaned up first
 """
+# The --help text: the module docstring in plain words (no reST markup on a terminal).
+DESCRIPTION = """\
+A real fault in your own model's engine on this host, and what the extension does with it: the
+first command to run on a new cluster (docs/drill.md).
+
+Starts MODEL through the installed TensorRT-LLM's LLM API (LLM(MODEL, tensor_parallel_size=N), the
+extension on through its executor class) with your TRTLLM_WORKER_LIVENESS settings, streams
+requests, injects the fault into one rank of this host by its verified pid (kill: SIGKILL; stop:
+SIGSTOP; wedge: the cgroup v1 freezer, real D state, root), and prints the timeline (fault,
+detection, health False, requests failed, shutdown), the verdict, and what a server with these
+settings would leave behind: its exit status and the host's quarantine marker. It leaves neither:
+exit_on_fatal is off, the marker goes to a private directory (read, shown, removed), the
+termination log and the quarantine's actions (Slurm drain, Kubernetes cordon or taint, hook) are
+off; they are named instead.
+
+Refuses to run on a quarantined host. Bounded by --timeout (model load included); on every way out
+it stops every rank it started (by verified pid), kills what is left of its engine's session and
+removes its files.
+"""
 _FAULT_WAIT_S = 60.0
 _SLACK_S = 5.0
 
@@ -62,7 +81,7 @@ def add_drill_parser(sub: Any) -> None:
     """Add the ``drill`` subcommand to ``sub`` (argparse subparsers)."""
     drill = sub.add_parser("drill", help="a real fault in your own model's engine on this host: the timeline, the "
                                          "verdict, the exit status and quarantine marker a server would leave",
-                           description=__doc__, epilog=DRILL_STATUS_HELP,
+                           description=DESCRIPTION, epilog=DRILL_STATUS_HELP,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     drill.add_argument("model", metavar="MODEL", help="what you pass to tensorrt_llm.LLM: a model directory or name")
     drill.add_argument("--tp", type=int_arg(1, 4096), default=1, metavar="N", help="tensor_parallel_size (default 1)")
@@ -302,7 +321,7 @@ def _lines(outcome: DrillOutcome) -> list[str]:
 
 def run_drill(args: argparse.Namespace) -> int:
     try:
-        user = LivenessConfig.from_env(os.environ, base=LivenessConfig(enabled=True))
+        user = parse_value(os.environ.get(ENV_VAR), base=LivenessConfig(enabled=True))
     except ValueError as exc:
         _err(f"{exc}; nothing started")
         return EXIT_INVALID_SETTING

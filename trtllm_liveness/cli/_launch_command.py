@@ -41,13 +41,42 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from .._config import LivenessConfig
+from .._config import LivenessConfig, changed_settings, format_setting, parse_value
 from .._switch import ENV_VAR
 from ..exit._outcome import OUTCOME_ENV, read_outcomes
 from ._launcher_env import Forwarding, forwarding_for
 
 EXIT_INVALID_SETTING = 78  # sysexits' EX_CONFIG, as the autoload launcher's: the command never ran
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+
+# The --help text: the module docstring's content in plain words (no reST roles on a terminal).
+DESCRIPTION = f"""\
+Run a launcher (mpirun, srun, or trtllm-serve itself) with worker liveness on in every Python it
+starts, on every host, and never exit 0 after an engine failure.
+
+Switching on: {ENV_VAR} is set to 1 unless it is set (a settings value is kept), checked
+first (an invalid one: exit status {EXIT_INVALID_SETTING}, nothing started), the package's sitecustomize goes
+first on PYTHONPATH (every Python the command starts installs the hook; no .pth needed), and the
+launcher is made to pass PYTHONPATH, {ENV_VAR} and {OUTCOME_ENV} to the ranks of
+other hosts: mpirun/mpiexec of Open MPI get -x for each (a host started over ssh gets only OMPI_*
+variables and those named with -x), srun exports the environment (a --export list gets the names
+added), MPICH/Hydra passes it. One line on stderr gives the effective settings. Every host needs
+the package at the same path (one image).
+
+mpirun exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and reports
+success), so Kubernetes, Slurm or a supervisor would call a dead engine's job successful and never
+restart it. The wrapper sets {OUTCOME_ENV} for the launcher (mpirun and srun pass
+the environment to the ranks of the launching host; the server process, rank 0, must run there,
+or --outcome-dir must be shared), forwards SIGTERM and SIGHUP to it, and SIGINT and SIGQUIT
+unless they came from the terminal, waits for it, and exits with:
+  - the launcher's status when it is not 0 (128 + N when a signal N ended it);
+  - else the recorded fatal error's status (exit_code, or exit_code_unrestartable for a wedged or
+    unkillable worker), with one line on stderr saying so;
+  - else exit_code when an engine started and never ended cleanly (its process was killed with
+    the job before it could record why), with one line;
+  - else 0.
+"""
+
 _WAIT_S = 1.0  # each wait for the launcher is bounded; the loop lasts as long as the job
 
 
@@ -56,7 +85,7 @@ def add_launch_parser(sub: Any) -> None:
     launch = sub.add_parser("launch", help="run mpirun/srun/trtllm-serve with liveness on in every Python on every "
                                            "host; exit non-zero whenever the engine recorded a fatal error "
                                            "(mpirun exits 0 after a host crash)",
-                            description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+                            description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     launch.add_argument("--outcome-dir", default=None, metavar="DIR",
                         help="where the engines' outcome files are made (default: $TMPDIR); the proxy (rank 0) must "
                              "see it: a local directory where rank 0 runs on the launching host, else a shared one")
@@ -77,7 +106,7 @@ def run_launch(args: argparse.Namespace) -> int:
 
     env = launch_env(dict(os.environ))
     try:
-        config = LivenessConfig.from_env(env)
+        config = parse_value(env[ENV_VAR])
     except ValueError as exc:
         print(f"trtllm-liveness launch: {exc}; nothing started", file=sys.stderr)
         return EXIT_INVALID_SETTING
@@ -120,15 +149,11 @@ _COMMAND_CHARS = 160
 
 
 def effective_settings(config: LivenessConfig) -> str:
-    """``key=value, ...``: :data:`SHOWN_SETTINGS` and every setting that differs from the default."""
-    default = LivenessConfig()
-    parts = []
-    for spec in dataclasses.fields(config):
-        value = getattr(config, spec.name)
-        if spec.name == "enabled" or (spec.name not in SHOWN_SETTINGS and value == getattr(default, spec.name)):
-            continue
-        parts.append(f"{spec.name}={int(value) if isinstance(value, bool) else value}")
-    return ", ".join(parts)
+    """``key=value, ...``: :data:`SHOWN_SETTINGS` and every setting that differs from the default,
+    written as in ``TRTLLM_WORKER_LIVENESS``."""
+    shown = set(SHOWN_SETTINGS) | set(changed_settings(config))
+    return ", ".join(f"{spec.name}={format_setting(getattr(config, spec.name))}"
+                     for spec in dataclasses.fields(config) if spec.name != "enabled" and spec.name in shown)
 
 
 def on_line(config: LivenessConfig, raw: str, argv: Sequence[str], forwarding: Forwarding) -> str:

@@ -349,6 +349,13 @@ def _timeline(out: ScenarioResult, fault: str) -> list[tuple[str, float | None]]
     return rows
 
 
+# The cgroup v1 freezer (Linux 6.1+) marks a sleeping task frozen where it sleeps, without waking it:
+# the wait channel is the one it slept in (the rank paces its tokens with a sleep, hence
+# hrtimer_nanosleep); only a task frozen while running shows __refrigerator.
+_FREEZER_WCHAN_NOTE = ("  (wchan: the freezer stands in for a driver wedge and freezes a sleeping thread where it "
+                       "sleeps, so the wait channel is the rank's own sleep between tokens; a rank wedged in a GPU "
+                       "driver or a FUSE/NFS read shows that function, e.g. --fault fuse: request_wait_answer)")
+
 _STAMPS_NOTE = ("  (detected: when the monitor's check saw it; check_health() False: when the first "
                 "probe that answered False was called, which may itself have found the fault first)")
 
@@ -368,6 +375,8 @@ def _single_lines(args: argparse.Namespace, rank: int, out: ScenarioResult, run:
         lines.append(_STAMPS_NOTE)
     if out.fatal_error:
         lines.append(f"  fatal error: {out.fatal_error}")
+        if args.fault == "wedge":
+            lines.append(_FREEZER_WCHAN_NOTE)
     lines += _release_lines(out)
     lines.append(f"  processes left: {list(run.survivors) or 'none'}")
     lines.append(f"  demo bounds: {_short_settings()} (short for the demo; see --help)")

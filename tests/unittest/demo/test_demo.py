@@ -8,6 +8,7 @@ environment (the scenario child, ``prte`` and the ranks all inherit it). Nothing
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -19,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, needs, wait_until
+from tests.conftest import MPI_MARKS, WAIT_SCALE, Freezer, ProcessTracker, needs, wait_until
 from tests.support import tmpdir_runs as runs
 from trtllm_liveness.demo import _demo_run as demo
 from trtllm_liveness.demo._scenario_records import (
@@ -116,6 +117,33 @@ def test_wedge_output_says_the_demo_released_the_unkillable_rank() -> None:
     assert "unkillable after SIGKILL: pids [101] (host must be recycled)" in text
     released = text.index("the demo then thawed its freezer cgroup so pids [101] could die")
     assert released < text.index("processes left: none")
+
+
+def test_wedge_output_explains_the_freezers_wait_channel() -> None:
+    out = dataclasses.replace(_result("wedge", detection=_detection(1100.0, 1101.0, 1102.0)),
+                              fatal_error="rank 1 (pid 101) ... in D for 1.0s (wchan hrtimer_nanosleep)")
+    run = ScenarioRun(results=(out,), survivors=(), done=True)
+    lines = demo._single_lines(demo_args(fault="wedge"), 1, out, run, ok=True)
+    fatal = next(i for i, line in enumerate(lines) if line.startswith("  fatal error:"))
+    assert "freezes a sleeping thread where it sleeps" in lines[fatal + 1], lines
+
+
+@pytest.mark.freezer
+def test_the_freezer_keeps_a_sleeping_threads_wait_channel(procs: ProcessTracker, freezer: Freezer) -> None:
+    """What the note above says, on this kernel: a task frozen asleep keeps its sleep's wait
+    channel; only a task frozen while running shows the freezer's own."""
+    if tuple(int(part) for part in os.uname().release.split(".")[:2] if part.isdigit()) < (6, 1):
+        pytest.skip("the freezer marks sleeping tasks frozen in place since Linux 6.1")
+    sleeping = procs.sleeper()
+    spinning = subprocess.Popen([sys.executable, "-c", "print('ready', flush=True)\nwhile True: pass"],
+                                stdout=subprocess.PIPE, start_new_session=True)
+    procs.popens.append(spinning)
+    procs.track(spinning.pid)
+    assert spinning.stdout is not None and spinning.stdout.readline() == b"ready\n"
+    freezer.freeze([sleeping.pid, spinning.pid])
+    wchan = {pid: Path(f"/proc/{pid}/wchan").read_text() for pid in (sleeping.pid, spinning.pid)}
+    assert wchan[spinning.pid] == "__refrigerator", wchan
+    assert wchan[sleeping.pid] not in ("__refrigerator", "", "0") and "sleep" in wchan[sleeping.pid], wchan
 
 
 def test_output_names_the_short_bounds() -> None:
