@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 
 import trtllm_liveness
-from tests.support.demo_tmpdir import processes_with_tmpdir, short_tmpdir
 from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker
+from tests.support.tmpdir_runs import processes_with_tmpdir, short_tmpdir
 from tests.support.waits import WAIT_SCALE, wait_until
 
 pytestmark = [pytest.mark.real_process, pytest.mark.slow, pytest.mark.timeout(600)]
@@ -181,7 +181,7 @@ def test_every_module_of_the_installed_package_imports(fresh: Path) -> None:
 def _demo(fresh: Path, *args: str) -> dict[str, Any]:
     """``trtllm-liveness demo ARGS --json`` from the venv, in a directory outside the checkout with a
     TMPDIR of its own; nothing it started may outlive it. Returns its JSON object."""
-    with short_tmpdir() as tmpdir:
+    with short_tmpdir("twheel-") as tmpdir:
         env = {**_clean_env(fresh), "TMPDIR": str(tmpdir)}
         ran = _run([str(fresh / "bin" / "trtllm-liveness"), "demo", *args, "--json"], cwd=fresh.parent, env=env,
                    timeout=240)
