@@ -324,7 +324,7 @@ class Config:
 
 def run_child(opts: dict[str, Any], timeout: float) -> dict[str, Any]:
     """One run in a child process of its own session; whatever it leaves in that session is killed."""
-    from trtllm_liveness.demo._scenario import kill_session, session_members
+    from trtllm_liveness.demo._scenario_launcher import kill_session, session_members
     from trtllm_liveness.quarantine._marker import QUARANTINE_DIR_VAR
 
     scratch = tempfile.mkdtemp(prefix="bench-overhead-run-")
