@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
     from ...monitor._monitor import WorkerProcessMonitor
     from ._progress import IterationBeat, ProgressChannel
+    from ._worker_spec import ProgressSpec
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -134,7 +135,7 @@ class EngineStall:
 
     # -- progress ------------------------------------------------------------------------
 
-    def open_channel(self) -> dict[str, Any] | None:
+    def open_channel(self) -> ProgressSpec | None:
         """Listen for the ranks' iteration beats; the spec to pass to them (None on failure)."""
         from ._progress import ProgressChannel
 
