@@ -21,6 +21,7 @@ exit status:
   2    bad arguments
   3    inert: the extension cannot attach (no proxy class), or tensorrt_llm fails to import (error named)
   4    tensorrt_llm is not installed (not importable from this interpreter)
+  5    TRTLLM_WORKER_LIVENESS is invalid (the 'settings:' line names the key): every engine start would fail
 """
 
 
