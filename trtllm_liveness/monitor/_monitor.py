@@ -36,7 +36,7 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 
-from .._events import EventKind, RankStatus, WorkerEvent, WorkerState
+from .._events import EventKind, MonitorMethod, RankStatus, WorkerEvent, WorkerState
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity, coerce_identity
 from ._delivery import EventLog, Subscriber
@@ -273,13 +273,15 @@ class WorkerProcessMonitor:
 
     # ----------------------------------------------------------------- remote ranks (agents)
 
-    def apply_remote(self, identity: ProcessIdentity, state: WorkerState, detail: str, *, via: str,
+    def apply_remote(self, identity: ProcessIdentity, state: WorkerState, detail: str, *, via: MonitorMethod | str,
                      tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> bool:
         """Record what a remote host's agent (or the hub, for a lost host) says of one remote rank.
 
         The rank's record (made here if ``register`` never saw it) takes ``state`` and ``detail``
-        and shows ``via`` as its method; a fatal state becomes an event through the same
-        exactly-once path as a local observation (a death after :meth:`mark_expected_exits` is
+        and shows ``via`` as its method (``MonitorMethod.AGENT`` or ``NONE``, or its value; one that
+        observes on this host, ``pidfd`` or ``procfs``, raises ``ValueError``: a rank only heard of
+        is never a signal target); a fatal state becomes an event through the same exactly-once
+        path as a local observation (a death after :meth:`mark_expected_exits` is
         expected, no event). A death, or any fatal verdict, stands: a later non-fatal report is a
         late message. Nothing here signals anything, and a remote rank is never a signal target
         (:meth:`verified_identities`). Returns False, changing nothing, when the identity is local
@@ -290,18 +292,23 @@ class WorkerProcessMonitor:
         return self.apply_remote_many([(identity, state, detail)], via=via, tid=tid, wchan=wchan,
                                       fault_at=fault_at) == 1
 
-    def apply_remote_many(self, updates: Sequence[tuple[ProcessIdentity, WorkerState, str]], *, via: str,
+    def apply_remote_many(self, updates: Sequence[tuple[ProcessIdentity, WorkerState, str]], *,
+                          via: MonitorMethod | str,
                           tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> int:
         """:meth:`apply_remote` for several ranks at once (a lost host's): every state is set
         before any event is delivered, so a subscriber sees the whole host's view. Returns how
         many updates were taken."""
+        method = MonitorMethod(via)
+        if method.signals:
+            raise ValueError(f"a remote report comes via an agent or none, not {method}: a rank only heard of is "
+                             "never observed (nor signalled) here")
         if self._is_foreign_process():
             return 0
         events: list[WorkerEvent] = []
         with self._lock:
             if self._closed:
                 return 0
-            taken = merge_remote_reports(self._ranks.records, updates, via=via)
+            taken = merge_remote_reports(self._ranks.records, updates, via=method)
             for record in taken:
                 self._claim_locked(record, events, tid=tid, wchan=wchan, fault_at=fault_at)
         self._publish(events)

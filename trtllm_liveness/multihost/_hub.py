@@ -36,7 +36,7 @@ import threading
 import time
 from typing import Any
 
-from .._events import WorkerState
+from .._events import MonitorMethod, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import ProcessIdentity
 from . import _wire
@@ -452,7 +452,7 @@ class AgentHub:
         # a subscriber that asks the hub anything (hosts(), stop_hosts()) cannot deadlock.
         self._cond.release()
         try:
-            self.monitor.apply_remote(identity, state, detail, via="agent", **extra)
+            self.monitor.apply_remote(identity, state, detail, via=MonitorMethod.AGENT, **extra)
         finally:
             self._cond.acquire()
 
@@ -460,7 +460,7 @@ class AgentHub:
                     fault_at: float | None = None) -> None:
         self._cond.release()  # as _apply: subscribers run in this thread
         try:
-            self.monitor.apply_remote_many(updates, via="agent", fault_at=fault_at)
+            self.monitor.apply_remote_many(updates, via=MonitorMethod.AGENT, fault_at=fault_at)
         finally:
             self._cond.acquire()
 

@@ -47,6 +47,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..._events import MonitorMethod
 from ...process._identity import capture_identity, local_hostname, local_pid_namespace
 from ._worker_spec import SPEC_KWARG, IdentityChannelSpec, ProxyIdentity, WorkerSpec, WorkerSpecError
 
@@ -145,7 +146,7 @@ class ProxyDeathWatch:
         self.pid = pid
         self.start_time = start_time
         self.fd = fd  # closed by the thread once the proxy is gone
-        self.method = "pidfd" if fd is not None else "procfs"
+        self.method = MonitorMethod.PIDFD if fd is not None else MonitorMethod.PROCFS
         self._on_gone = on_gone
         self.thread = threading.Thread(target=self._run, name="trtllm-liveness-proxy-watch", daemon=True)
 
