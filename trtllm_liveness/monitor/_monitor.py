@@ -28,7 +28,6 @@ The monitor never sends a signal.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -42,6 +41,7 @@ from ..process._identity import ProcessIdentity, coerce_identity
 from ._delivery import EventLog, Subscriber
 from ._rank_table import RankTable, sample_threads
 from ._remote_reports import merge_remote_reports
+from ._stall_timer import StalledSince
 from ._watched_rank import SCANNED_STATES, WatchedRank
 from ._watcher import PidfdWatcher, WatcherClosed
 from ._wedge import WedgeScan
@@ -95,7 +95,7 @@ class WorkerProcessMonitor:
         self._ranks = RankTable(self._watcher, procfs_interval_s)
         self._log = EventLog()
         self._failure: WorkerEvent | None = None
-        self._stall: tuple[float, float, str] | None = None  # (since monotonic, since wall, detail)
+        self._stall: StalledSince | None = None
         self._stall_reported = False
         self._first_dead: ProcessIdentity | None = None
         self._expecting_exits = False
@@ -204,12 +204,7 @@ class WorkerProcessMonitor:
         with self._lock:
             snapshots = self._ranks.snapshots()
             stall = self._stall
-        if stall is None:
-            return snapshots
-        since, since_wall, detail = stall
-        return [dataclasses.replace(status, state=WorkerState.STALLED, since=since, since_wall=since_wall,
-                                    detail=detail) if status.state is WorkerState.ALIVE else status
-                for status in snapshots]
+        return snapshots if stall is None else [stall.over(status) for status in snapshots]
 
     def set_stalled(self, since: float | None, detail: str = "", since_wall: float | None = None) -> None:
         """Show the engine as stalled since ``since`` (monotonic) in :meth:`statuses`, or, with
@@ -222,7 +217,13 @@ class WorkerProcessMonitor:
                 self._stall = None
             else:
                 wall = since_wall if since_wall is not None else time.time() - (time.monotonic() - since)
-                self._stall = (since, wall, detail)
+                self._stall = StalledSince(since, wall, detail)
+
+    @property
+    def stalled(self) -> StalledSince | None:
+        """The stall :meth:`set_stalled` shows now, or None. Non-blocking."""
+        with self._lock:
+            return self._stall
 
     def report_stall(self, event: WorkerEvent) -> bool:
         """Deliver a ``stalled`` event (``stall_action=fatal``) to every subscriber, at most once per
