@@ -16,8 +16,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, needs
 from tests.support.children import HelperProcess
+from tests.support.facilities import needs
+from tests.support.waits import WAIT_SCALE
 from trtllm_liveness.integrations.trtllm import _worker_entry
 from trtllm_liveness.integrations.trtllm._worker_entry import liveness_worker_entry
 from trtllm_liveness.integrations.trtllm._worker_spec import (
