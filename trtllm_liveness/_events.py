@@ -47,6 +47,31 @@ _FATAL_STATES = frozenset(
 )
 
 
+class MonitorMethod(str, enum.Enum):
+    """How the monitor watches one rank (:attr:`RankStatus.method`).
+
+    A ``str`` enum whose ``str()`` and ``format()`` are the value, so JSON, logs and metrics labels
+    read ``"pidfd"``, never ``"MonitorMethod.PIDFD"``.
+    """
+
+    PIDFD = "pidfd"  # a pidfd opened after verifying the start time; the watcher sleeps on it
+    PROCFS = "procfs"  # pidfd unavailable: /proc/<pid>/stat polled instead
+    NONE = "none"  # not watched here: another host or PID namespace, or unreadable
+    AGENT = "agent"  # another host's, watched by that host's agent (multihost/_agent.py)
+
+    @property
+    def signals(self) -> bool:
+        """Whether a rank watched this way is observed on this host, so may be a signal target
+        (once its start time was verified); ``none`` and ``agent`` ranks never are."""
+        return self in (MonitorMethod.PIDFD, MonitorMethod.PROCFS)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, format_spec: str) -> str:
+        return format(str(self.value), format_spec)
+
+
 class EventKind(str, enum.Enum):
     """Why the monitor raised an event."""
 
@@ -163,16 +188,21 @@ class WorkerEvent:
 class RankStatus:
     """A snapshot of one rank: its state, since when (monotonic and wall), and how it is watched.
 
-    ``method`` is ``"pidfd"``, ``"procfs"`` (pidfd unavailable: polled instead) or ``"none"``
-    (remote or other namespace).
+    ``method`` (:class:`MonitorMethod`) is ``pidfd``, ``procfs`` (pidfd unavailable: polled
+    instead), ``none`` (remote or other namespace) or ``agent`` (another host's agent watches it); a
+    plain string naming one is taken as that method.
     """
 
     identity: ProcessIdentity
     state: WorkerState
     since: float
     since_wall: float
-    method: str
+    method: MonitorMethod
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, MonitorMethod):
+            object.__setattr__(self, "method", MonitorMethod(self.method))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -182,7 +212,7 @@ class RankStatus:
             "hostname": self.identity.hostname,
             "state": self.state.value,
             "since": self.since_wall,
-            "method": self.method,
+            "method": self.method.value,
             "detail": self.detail,
         }
 

@@ -28,6 +28,7 @@ from trtllm_liveness import WorkerProcessMonitor
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.multihost import _wire
 from trtllm_liveness.multihost._hub import AgentHub
+from trtllm_liveness.multihost._hub_records import StopCommand
 from trtllm_liveness.multihost._placement import plan
 from trtllm_liveness.process._identity import ProcessIdentity, capture_identity, parse_identities
 
@@ -233,7 +234,7 @@ class SlowAfterStop(AgentHub):
     report and the close of its connection arrive together, in one poll round."""
 
     def _flush_commands_locked(self) -> None:
-        stopping = any(kind == "stop" for kind, _fields in self._commands)
+        stopping = any(isinstance(command, StopCommand) for command in self._commands)
         super()._flush_commands_locked()
         if stopping:
             time.sleep(0.5)
@@ -281,6 +282,41 @@ def _raw_dealer(endpoint: str, identity: bytes | None = None) -> Any:
         sock.setsockopt(zmq.ROUTING_ID, identity)
     sock.connect(endpoint)
     return sock
+
+
+def _next_command(sock: Any, secret: bytes) -> _wire.Message:
+    """The next message the hub sent this raw agent (within the bound)."""
+    assert sock.poll(int(BOUND_S * 1000)), "no message from the hub"
+    return _wire.decode(secret, _wire.TO_AGENT, sock.recv())
+
+
+def test_the_lasting_commands_reach_a_late_agent_once_each_in_order(engine: Engine) -> None:
+    """arm, expect and stop are queued as typed commands: repeats are dropped (a second stop_hosts
+    asks no second stop), a later agent gets the lasting ones after its welcome, and each is on
+    the wire as the agents read it (``d``; ``grace``, ``kill``, ``req``). A marker command sent
+    last shows nothing else came in between."""
+    hub = engine.hub
+    hub.arm(5.0)
+    hub.arm(5.0)
+    hub.expect_exits()
+    hub.expect_exits()
+    sid = "56" * 16
+    sock = _raw_dealer(hub.endpoint, sid.encode())
+    try:
+        sock.send(_wire.encode(hub.secret, _wire.TO_HUB, "hello", sid, 1, host="fakehostW", rank=50, port=0,
+                               ranks=[[50, 4646, 1, "fakehostW", 1]]))
+        got = [_next_command(sock, hub.secret) for _ in range(3)]
+        assert [(m.kind, m.body.get("d")) for m in got] == [("welcome", None), ("arm", 5.0), ("expect", None)]
+        assert [m.seq for m in got] == [1, 2, 3]
+        for _ in range(2):
+            stops = hub.stop_hosts(0.0)
+            assert [(s.host, s.outcome) for s in stops] == [("fakehostW", "no-answer")]
+        hub.arm(9.0)  # the marker
+        stop, marker = _next_command(sock, hub.secret), _next_command(sock, hub.secret)
+        assert (stop.kind, stop.body["grace"], stop.body["kill"], stop.body["req"]) == ("stop", 0.5, 1.0, 1)
+        assert (marker.kind, marker.body["d"]) == ("arm", 9.0)
+    finally:
+        sock.close(0)
 
 
 def test_bad_messages_are_rejected_and_logged_and_the_hub_keeps_working(
