@@ -74,18 +74,35 @@ def parse_stat(data: bytes) -> StatInfo:
     )
 
 
+def _fields_after_comm(data: bytes, last_index: int) -> list[bytes]:
+    """The fields after comm, split up to ``last_index`` (the rest left whole); ``ValueError`` when
+    the content is malformed or has fewer fields."""
+    close_paren = data.rfind(b")")
+    if close_paren < 0:
+        raise ValueError(f"malformed stat content: {data[:80]!r}")
+    fields = data[close_paren + 2 :].split(None, last_index + 1)
+    if len(fields) <= last_index:
+        raise ValueError(f"stat content has {len(fields)} fields after comm, expected more")
+    return fields
+
+
 def parse_state_and_threads(data: bytes) -> tuple[str, int]:
     """``(state, num_threads)`` from a ``stat`` file's content, without a full parse.
 
     Raises ``ValueError`` on malformed content.
     """
-    close_paren = data.rfind(b")")
-    if close_paren < 0:
-        raise ValueError(f"malformed stat content: {data[:80]!r}")
-    fields = data[close_paren + 2 :].split(None, _NUM_THREADS_INDEX + 1)
-    if len(fields) <= _NUM_THREADS_INDEX:
-        raise ValueError(f"stat content has {len(fields)} fields after comm, expected more")
+    fields = _fields_after_comm(data, _NUM_THREADS_INDEX)
     return fields[_STATE_INDEX].decode("ascii", "replace"), int(fields[_NUM_THREADS_INDEX])
+
+
+def parse_state_and_start_time(data: bytes) -> tuple[str, int]:
+    """``(state, start_time)`` from a ``stat`` file's content, without a full parse (what verifying
+    a process's identity needs).
+
+    Raises ``ValueError`` on malformed content.
+    """
+    fields = _fields_after_comm(data, _STARTTIME_INDEX)
+    return fields[_STATE_INDEX].decode("ascii", "replace"), int(fields[_STARTTIME_INDEX])
 
 
 def thread_state_of(data: bytes) -> str:
@@ -130,6 +147,11 @@ def pread_stat(fd: int) -> bytes:
 def list_tids(pid: int) -> list[int]:
     """Thread ids of ``pid`` (``/proc/<pid>/task``)."""
     return [int(name) for name in os.listdir(f"{PROCFS_PATH}/{pid}/task") if name.isdigit()]
+
+
+def read_stat_bytes(pid: int) -> bytes:
+    """Raw content of ``/proc/<pid>/stat``."""
+    return _read(f"{PROCFS_PATH}/{pid}/stat")
 
 
 def read_stat(pid: int, tid: int | None = None) -> StatInfo:

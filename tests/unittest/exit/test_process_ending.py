@@ -11,7 +11,7 @@ import threading
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, wait_until
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.exit._exit_guard import FatalExitGuard, add_exit_cleanup
 from trtllm_liveness.exit._process_ending import OwnedThreads, ProcessEnding, Stage
 

@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, StuckChild, wait_until
 from tests.support.children import HelperProcess
+from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import WAIT_SCALE, wait_until
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.real_process]
 

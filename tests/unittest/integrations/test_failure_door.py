@@ -26,9 +26,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, StuckChild
 from tests.support.bare_proxy import BareUpstreamProxy
+from tests.support.process_tracker import ProcessTracker
 from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import WAIT_SCALE
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerFailedError
 from trtllm_liveness.integrations.trtllm import _mixin, liveness_proxy_class
 from trtllm_liveness.integrations.trtllm._state import EngineLiveness

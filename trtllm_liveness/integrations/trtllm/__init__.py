@@ -7,6 +7,7 @@ when it is missing). ``tensorrt_llm`` is never imported at module import time.
 Where each part lives::
 
     _features.py      what the installed TensorRT-LLM offers; one WARNING per missing hook/route
+    _worker_spec.py   WorkerSpec: what the proxy hands every rank with its task, checked on the rank
     _worker_entry.py  every rank's entry: proxy-death watch, identities (1.2.x), then worker_main
     _side_channel.py  the proxy's end of the 1.2.x identity side channel
     _identities.py    per-element validation of identity payloads
@@ -26,7 +27,7 @@ Where each part lives::
 Data flow::
 
     proxy __init__ -> EngineLiveness(monitor started, wedge verdicts held until READY)
-    _start_executor_workers -> mpi_session.submit(liveness_worker_entry, fn=worker_main, ...)
+    _start_executor_workers -> mpi_session.submit(liveness_worker_entry, ..., spec=WorkerSpec(worker_main, ...))
         rank: proxy-death watch (pidfd on the proxy) ; 1.2.x: gather identities -> side channel
         main: upstream's identities message -> shim.register -> monitor
     READY -> arm the wedge timer (and, with stall_timeout_s, the stall timer)

@@ -24,6 +24,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._events import EventKind, WorkerEvent
@@ -35,6 +36,7 @@ if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
     from ...monitor._monitor import WorkerProcessMonitor
     from ._progress import IterationBeat, ProgressChannel
+    from ._worker_spec import ProgressSpec
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -45,6 +47,14 @@ py-spy's deadline (2 s, plus its kill), and py-spy's one-time probe."""
 AFTER_FATAL_DELAY_S = 0.05
 """A diagnosis after a fatal error starts this much later: the threads that observe the failure
 (health probes, the readers of the failed requests) get the interpreter first."""
+
+
+@dataclass(frozen=True)
+class RankIterations:
+    """What one rank reported last: ``count`` executor iterations, the last at ``at`` (monotonic)."""
+
+    count: int
+    at: float
 
 
 def pending_count(proxy: Any) -> int:
@@ -135,14 +145,14 @@ class EngineStall:
         self._pending = pending
         self._diagnoser = diagnoser
         self._lock = threading.Lock()
-        self._iterations: dict[int, tuple[int, float]] = {}  # rank -> (count, monotonic time)
+        self._iterations: dict[int, RankIterations] = {}
         self.channel: ProgressChannel | None = None
         self.detector: StallDetector | None = None
         self._closed = False
 
     # -- progress ------------------------------------------------------------------------
 
-    def open_channel(self) -> dict[str, Any] | None:
+    def open_channel(self) -> ProgressSpec | None:
         """Listen for the ranks' iteration beats; the spec to pass to them (None on failure)."""
         from ._progress import ProgressChannel
 
@@ -157,9 +167,9 @@ class EngineStall:
     def _on_beat(self, beat: IterationBeat) -> None:
         with self._lock:
             known = self._iterations.get(beat.rank)
-            if known is not None and known[0] >= beat.count:
+            if known is not None and known.count >= beat.count:
                 return  # stale or replayed
-            self._iterations[beat.rank] = (beat.count, beat.at)
+            self._iterations[beat.rank] = RankIterations(beat.count, beat.at)
         detector = self.detector
         if detector is not None:
             detector.note_progress(ProgressSource.ITERATION, beat.at)
@@ -174,8 +184,8 @@ class EngineStall:
         if detector is not None:
             detector.note_submitted(was_idle=was_idle)
 
-    def iterations(self) -> dict[int, tuple[int, float]]:
-        """rank -> (iterations reported, monotonic time of the last one)."""
+    def iterations(self) -> dict[int, RankIterations]:
+        """Each rank's last report, by rank."""
         with self._lock:
             return dict(self._iterations)
 
@@ -220,7 +230,7 @@ class EngineStall:
         iterations = self.iterations()
         by_rank = {identity.rank: identity for identity in identities}
         named = identities[0]
-        known = [(at, rank) for rank, (_count, at) in iterations.items() if rank in by_rank]
+        known = [(last.at, rank) for rank, last in iterations.items() if rank in by_rank]
         cause = info.describe()
         if known:
             at, rank = min(known)

@@ -19,18 +19,11 @@ from ..._config import LivenessConfig
 from ...monitor._monitor import WorkerProcessMonitor
 from ...process._identity import ProcessIdentity
 from ._features import upstream_skips_registration, warn_once, warn_session_hooks
-from ._hosts import start_hub, wants_hub
+from ._hosts import agent_settings, start_hub, wants_hub
 from ._side_channel import IdentityChannel
 from ._state import EngineLiveness, state_of
-from ._worker_entry import (
-    CHANNEL_KWARG,
-    FN_KWARG,
-    HUB_KWARG,
-    PROGRESS_KWARG,
-    PROXY_KWARG,
-    liveness_worker_entry,
-    proxy_identity,
-)
+from ._worker_entry import liveness_worker_entry, proxy_identity
+from ._worker_spec import SPEC_KWARG, ProxyIdentity, WorkerSpec
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -115,25 +108,17 @@ def wrap_session(proxy: object, state: EngineLiveness) -> Callable[[], None] | N
                                   exclude_pids=frozenset({os.getpid()}))
         state.channel = channel
     try:
-        me: list[Any] | None = proxy_identity()
+        me: ProxyIdentity | None = ProxyIdentity.from_sequence(proxy_identity())
     except Exception:
         logger.warning("liveness: could not read the proxy's own identity: no proxy-death watch", exc_info=True)
         me = None
     progress = state.stall.open_channel() if state.stall is not None else None
     if state.hub is None and state.monitor is not None and wants_hub(state.config, session):
         state.hub = start_hub(state.config, state.monitor)
-    hub = state.hub.worker_spec() if state.hub is not None else None
+    hub = agent_settings(state.hub) if state.hub is not None else None
 
     def wrapped_submit(task: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-        kwargs[FN_KWARG] = task
-        if channel is not None:
-            kwargs[CHANNEL_KWARG] = channel.spec
-        if me is not None:
-            kwargs[PROXY_KWARG] = me
-        if progress is not None:
-            kwargs[PROGRESS_KWARG] = progress
-        if hub is not None:
-            kwargs[HUB_KWARG] = hub
+        kwargs[SPEC_KWARG] = WorkerSpec(task, me, channel.spec if channel is not None else None, progress, hub)
         return submit(liveness_worker_entry, *args, **kwargs)
 
     session.submit = wrapped_submit
