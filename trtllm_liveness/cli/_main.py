@@ -34,7 +34,7 @@ from typing import NoReturn
 
 from .._errors import AccessDenied, LivenessError, ProcessGone
 from .._events import EventKind, WorkerEvent, WorkerState
-from ..diagnose import _diagnosis, _diagnosis_text, _scan
+from ..diagnose import _scan
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, capture_identity
@@ -236,7 +236,7 @@ def _cmd_scan(args: argparse.Namespace) -> int:
     diagnosis: _diagnosis.Diagnosis | None = None
     try:
         if args.stacks:  # imported only here: py-spy runs, CPU classification, odd rank out
-            from ..diagnose import _diagnosis
+            from ..diagnose import _diagnosis, _diagnosis_text
             diagnosis = _diagnosis.diagnose(pids, window_s=args.window, scan_samples=samples, reader=reader,
                                             cpu_window_s=min(args.window, _diagnosis.DEFAULT_WINDOW_S))
         result = diagnosis.scan if diagnosis is not None else _scan.scan(

@@ -218,7 +218,7 @@ MINIMAL_EXECUTOR = """\
             raise NotImplementedError  # no _create_ipc_executor anywhere
     """
 MINIMAL_PROXY = """\
-    from tests.unittest.integrations.executor import GenerationExecutor
+    from .executor import GenerationExecutor
 
     class GenerationExecutorProxy(GenerationExecutor):
         def __init__(self, worker_kwargs, model_world_size=1, mpi_session=None, **kwargs):

@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -348,12 +349,12 @@ def test_no_false_alarm_in_60s_with_both_cores_busy(test_hosts: TestHosts, procs
 
 @pytest.mark.timeout(180)
 def test_the_multihost_demo_reports_a_remote_kill(procs: ProcessTracker) -> None:
-    """``trtllm-liveness demo --hosts 3 --fault remote-kill --json`` (the README's command): the
+    """``scripts/demo_hosts.py --hosts 3 --fault remote-kill --json`` (the README's command): the
     killed rank of hostB named, the request failed, every host's shutdown reported."""
     require_facility("testhosts")
-    demo = subprocess.Popen([sys.executable, "-m", "trtllm_liveness.cli", "demo", "--hosts", "3", "--fault",
-                             "remote-kill", "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    script = Path(__file__).resolve().parents[3] / "scripts" / "demo_hosts.py"
+    demo = subprocess.Popen([sys.executable, str(script), "--hosts", "3", "--fault", "remote-kill", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     procs.popens.append(demo)
     procs.track(demo.pid)
     out, _ = demo.communicate(timeout=150 * WAIT_SCALE)

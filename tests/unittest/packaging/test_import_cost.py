@@ -191,7 +191,7 @@ def test_importing_the_package_imports_no_submodule_until_a_name_is_used(
     out, _ = _run(procs, site, code, None)
     result = json.loads(out.strip().splitlines()[-1])
     assert result["imported"] == [PACKAGE]
-    assert f"{PACKAGE}._monitor" in result["after_one"] and result["monitor"] == f"{PACKAGE}._monitor"
+    assert f"{PACKAGE}.monitor._monitor" in result["after_one"] and result["monitor"] == f"{PACKAGE}.monitor._monitor"
     assert result["resolved"] == result["all"]
     assert set(result["all"]) <= set(result["dir"])
     assert "no_such_name" in result["missing"]
