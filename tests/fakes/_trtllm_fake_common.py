@@ -672,9 +672,13 @@ class FakeEngineWorker:
             self._wake.wait(0.05)
             self._wake.clear()
             with self._lock:
-                if self._stop:
-                    return
+                stop = self._stop
                 active = list(self._active.items())
+            if stop:
+                # The end marker that ends the proxy's dispatch thread, sent by the thread that
+                # sent every response: the result socket's only user (main's TLLM_LLMAPI_ZMQ_DEBUG).
+                self.result_queue.put(None)
+                return
             if not active:
                 continue
             if self.engine.first_step_delay_s and any(state[0] == 0 for _id, state in active):
@@ -872,8 +876,7 @@ def worker_main_impl(*, engine: Any, worker_queues: WorkerCommIpcAddrs, ready_si
             worker.abort_request(req.id)
         else:
             worker.submit(req)
-    worker.shutdown()
-    result_queue.put(None)  # ends the proxy's dispatch thread
+    worker.shutdown()  # its engine thread sends the end marker that ends the proxy's dispatch thread
     for q in (request_queue, init_queue, result_queue):
         q.socket.setsockopt(zmq.LINGER, 1000)
         q.close()

@@ -14,18 +14,25 @@ finding has its own test, sharing the runs:
 - nothing of upstream's teardown is alive once ``shutdown()`` returned, and the normal path logs no
   WARNING about it (main's proxy waits up to 5 s for its futures and its dispatcher after a death;
   1.2's waits for its dispatcher without a bound);
-- the 1.2 note that the session has no ``abandon()`` is not logged where the exit join was released.
+- the 1.2 note that the session has no ``abandon()`` is not logged where the exit join was released
+  (after a death, and when a wedged world really leaves upstream's teardown blocked: then one
+  WARNING says so), and is one INFO line per process where it could not be released.
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker
+from tests.conftest import MPI_MARKS, WAIT_SCALE, Freezer, ProcessTracker
 from tests.support.children import HelperProcess
+from tests.support.upstream_fakes import tree as fake_tree
 
 pytestmark = [pytest.mark.timeout(150), *MPI_MARKS]
 
@@ -110,3 +117,75 @@ def test_no_abandon_note_where_the_exit_join_was_released(procs: ProcessTracker,
     run = teardown_run(procs, tree, rank, dispatcher)
     assert "released mpi4py's exit join" in run.log, run.log[-4000:]
     assert run.final["abandon_notes"] == [], run.final["abandon_notes"]
+
+
+@pytest.mark.freezer
+def test_a_wedged_world_leaves_one_warning_and_no_abandon_note(procs: ProcessTracker, freezer: Freezer) -> None:
+    """1.2.x, both ranks held in D (frozen) until after the exit: the bounded stop cannot end them,
+    so upstream's teardown really is left (its session joins a pool thread that no rank will ever
+    answer): one WARNING says so. The fatal path released the exit join of that thread, so there
+    is no note that the session has no ``abandon()``, and the interpreter exits."""
+    helper = HelperProcess("lifecycle_child", {"scenario": "exit_join", "tree": "v12"},
+                           {"TRTLLM_WORKER_LIVENESS": f"{CONFIG},d_state_timeout_s=0.3"})
+    procs.popens.append(helper.popen)
+    procs.track(helper.pid)
+    try:
+        pids = [pid for _rank, pid, _start in helper.read_record(60 * WAIT_SCALE, "identities")["identities"]]
+        assert freezer.freeze(pids)
+        helper.send("watch")
+        fatal = helper.read_record(30 * WAIT_SCALE, "fatal")["fatal"]
+        helper.read_record(30 * WAIT_SCALE, "returning")
+        status = helper.wait_exit(30 * WAIT_SCALE)
+        log = helper.stderr_tail(10**7)
+    finally:
+        freezer.thaw()
+        survivors = helper.close()
+    assert fatal is not None and "uninterruptible" in fatal, log[-4000:]
+    assert log.count("upstream shutdown still blocked") == 1, log[-6000:]
+    assert "has no abandon()" not in log, log[-6000:]
+    assert status == 0, log[-6000:]
+    assert survivors == []
+
+
+_NOTE_WHERE_THE_JOIN_STAYS = """
+import logging
+import sys
+import types
+
+notes = []
+class Notes(logging.Handler):
+    def emit(self, record):
+        if "has no abandon()" in record.getMessage():
+            notes.append(record.levelname)
+logging.getLogger("trtllm_liveness").addHandler(Notes())
+logging.getLogger("trtllm_liveness").setLevel(logging.DEBUG)
+
+import tensorrt_llm.executor.proxy  # upstream's import order (the session module is loaded through it)
+from tensorrt_llm.llmapi.mpi_session import MpiPoolSession
+from trtllm_liveness._config import LivenessConfig
+from trtllm_liveness.integrations.trtllm._state import EngineLiveness
+from trtllm_liveness.integrations.trtllm._upstream_teardown import abandon_session
+
+# mpi4py's futures were never imported here: no exit-join table, so no join can be released.
+assert "mpi4py.futures._core" not in sys.modules
+for _engine in range(3):
+    session = MpiPoolSession.__new__(MpiPoolSession)      # 1.2.x's session class: no abandon()
+    session.mpi_pool = None
+    proxy = types.SimpleNamespace(mpi_session=session, _owns_mpi_session=True)
+    abandon_session(proxy, EngineLiveness(config=LivenessConfig(enabled=True)), owned=True)
+print("NOTES", *notes)
+"""
+
+
+def test_abandon_note_is_one_info_line_per_process_where_the_join_stays(procs: ProcessTracker) -> None:
+    """Three engines of one process whose upstream teardown stayed blocked, on a session without
+    ``abandon()`` whose pool thread's exit join cannot be released: the note comes once, at INFO."""
+    env = {k: v for k, v in os.environ.items() if k != "TRTLLM_WORKER_LIVENESS"}
+    env["PYTHONPATH"] = os.pathsep.join([str(fake_tree("v12")), os.getcwd()])
+    proc = subprocess.Popen([sys.executable, "-c", textwrap.dedent(_NOTE_WHERE_THE_JOIN_STAYS)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    procs.popens.append(proc)
+    procs.track(proc.pid)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err.decode()[-3000:]
+    assert out.decode().split() == ["NOTES", "INFO"], err.decode()[-3000:]
