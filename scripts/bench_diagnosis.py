@@ -29,7 +29,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from trtllm_liveness.diagnose import _diagnosis
+from trtllm_liveness.diagnose import _diagnosis, _py_spy
 from trtllm_liveness.process import _procfs
 
 TARGETS = {"diagnosis_ms_8_ranks": 300.0, "diagnosis_stacks_ms_8_ranks": 3000.0}
@@ -99,14 +99,14 @@ def main() -> int:
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--threads", type=int, default=4, help="threads per rank (default 4)")
     args = parser.parse_args()
-    py_spy = _diagnosis.find_py_spy()
+    py_spy = _py_spy.find_py_spy()
     procs = _start(args.ranks, args.threads)
     samples: dict[str, list[float]] = {"baseline": [], "diagnosis": [], "stacks": []}
     try:
         pids = [proc.pid for proc in procs]
         time.sleep(0.2)  # let the ranks settle into their wait
         if py_spy is not None:
-            _diagnosis._supports_json(py_spy)  # the one-time --help probe, not part of a snapshot
+            _py_spy._supports_json(py_spy)  # the one-time --help probe, not part of a snapshot
         for _ in range(args.reps):
             samples["baseline"].append(_baseline(pids))
             samples["diagnosis"].append(_timed_diagnosis(pids, stacks=False))

@@ -37,7 +37,8 @@ from typing import Any
 from trtllm_liveness import capture_identity
 from trtllm_liveness.demo._cgroup_faults import FreezerGroup, freezer_available
 from trtllm_liveness.process import _procfs
-from trtllm_liveness.stop._bounded_stop import StopOutcome, stop_processes
+from trtllm_liveness.stop._bounded_stop import stop_processes
+from trtllm_liveness.stop._stop_report import StopOutcome
 
 BASELINE_LIMIT_S = 10.0
 PR_SET_CHILD_SUBREAPER = 36

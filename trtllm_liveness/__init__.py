@@ -57,11 +57,11 @@ if TYPE_CHECKING:
     from .quarantine._marker import QuarantinedProcess as QuarantinedProcess
     from .quarantine._marker import QuarantineMarker as QuarantineMarker
     from .quarantine._marker import read_marker as read_marker
-    from .stop._bounded_stop import StopOutcome as StopOutcome
-    from .stop._bounded_stop import StoppedWorker as StoppedWorker
-    from .stop._bounded_stop import StopReport as StopReport
-    from .stop._bounded_stop import UnkillableWorker as UnkillableWorker
     from .stop._bounded_stop import stop_processes as stop_processes
+    from .stop._stop_report import StopOutcome as StopOutcome
+    from .stop._stop_report import StoppedWorker as StoppedWorker
+    from .stop._stop_report import StopReport as StopReport
+    from .stop._stop_report import UnkillableWorker as UnkillableWorker
 
 __version__ = "0.1.0"
 
@@ -132,10 +132,10 @@ _SOURCES = {
     "capture_identity": "process._identity",
     "parse_identities": "process._identity",
     "WorkerProcessMonitor": "monitor._monitor",
-    "StopOutcome": "stop._bounded_stop",
-    "StoppedWorker": "stop._bounded_stop",
-    "StopReport": "stop._bounded_stop",
-    "UnkillableWorker": "stop._bounded_stop",
+    "StopOutcome": "stop._stop_report",
+    "StoppedWorker": "stop._stop_report",
+    "StopReport": "stop._stop_report",
+    "UnkillableWorker": "stop._stop_report",
     "stop_processes": "stop._bounded_stop",
 }
 

@@ -37,7 +37,7 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["ENV_OVERRIDES_FIELD", "ENV_VAR", "LivenessConfig"]
+__all__ = ["ENV_OVERRIDES_FIELD", "ENV_VAR", "LivenessConfig", "changed_settings", "format_setting", "parse_value"]
 
 ENV_VAR = "TRTLLM_WORKER_LIVENESS"
 ENV_OVERRIDES_FIELD = "env_overrides"
@@ -246,6 +246,32 @@ class LivenessConfig:
             changes[key] = _coerce(key, raw, type(spec.default), source)
             _check_value(key, changes[key], source)
         return dataclasses.replace(self, **changes)
+
+
+def parse_value(raw: str | None, source: str = ENV_VAR, *, base: LivenessConfig | None = None) -> LivenessConfig:
+    """The configuration a ``TRTLLM_WORKER_LIVENESS`` value gives over ``base`` (default: the
+    defaults): ``0``/``1``, ``key=value,...`` or ``@file``; ``None`` or blank leaves ``base``.
+
+    What an engine start would do with the value, done beforehand: ``trtllm-liveness config
+    check``, the autoload launcher and ``doctor`` call it. Raises ``ValueError`` naming ``source``,
+    the key and the value (an unknown key lists the valid ones). Reads the file of ``@file``.
+    """
+    return (base if base is not None else LivenessConfig())._apply_raw(raw, source)
+
+
+def format_setting(value: Any) -> str:
+    """A setting's value as it is written in ``TRTLLM_WORKER_LIVENESS`` (``1``/``0`` for booleans,
+    ``30`` rather than ``30.0``); the empty string stays empty."""
+    if isinstance(value, bool):
+        return str(int(value))
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def changed_settings(config: LivenessConfig) -> tuple[str, ...]:
+    """The names of the settings of ``config`` that differ from the class's defaults, in field order."""
+    return tuple(spec.name for spec in dataclasses.fields(config) if getattr(config, spec.name) != spec.default)
 
 
 def _read_config_file(path: str, source: str) -> str:

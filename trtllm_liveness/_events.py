@@ -25,8 +25,8 @@ class WorkerState(str, enum.Enum):
     EXITED_EXPECTED = "exited-expected"  # exited after a shutdown began: not a failure
     WEDGED = "wedged"
     UNKILLABLE = "unkillable"
-    STALLED = "stalled"  # alive, not in D, but the engine makes no progress (see _stall.py)
-    LOST = "lost"  # on another host whose agent fell silent or dropped its connection (_agent_hub.py)
+    STALLED = "stalled"  # alive, not in D, but the engine makes no progress (see monitor/_stall_timer.py)
+    LOST = "lost"  # on another host whose agent fell silent or dropped its connection (multihost/_hub.py)
     UNMONITORED_REMOTE = "unmonitored-remote"
     UNMONITORED_OTHER_NAMESPACE = "unmonitored-other-namespace"
 

@@ -1312,8 +1312,9 @@ class BaseLLMImpl:
                                                    mpi_session=self.mpi_session, is_llm_executor=True,
                                                    llm_args=self.args)
 
-    def generate_async(self, prompt_token_ids: list[int], max_tokens: int = 8) -> Any:
-        return self._executor.generate_async(prompt_token_ids, max_tokens=max_tokens)
+    def generate_async(self, prompt_token_ids: list[int], max_tokens: int = 8, streaming: bool = False) -> Any:
+        """``max_tokens`` where upstream takes ``sampling_params``; ``streaming`` as upstream's."""
+        return self._executor.generate_async(prompt_token_ids, max_tokens=max_tokens, streaming=streaming)
 
     def shutdown(self) -> None:
         if self._executor is not None:

@@ -1,5 +1,6 @@
-"""Output of the ``trtllm-liveness`` command: results on stdout, progress on stderr, and the
-scan's per-process report as text (``--json`` prints ``to_dict()`` instead)."""
+"""Output of the ``trtllm-liveness`` command: results on stdout, progress and errors on stderr
+(an error is one line starting with ``trtllm-liveness:``), and the scan's per-process report as
+text (``--json`` prints ``to_dict()`` instead)."""
 
 from __future__ import annotations
 
@@ -8,14 +9,27 @@ import time
 from typing import TextIO
 
 from ..diagnose import _scan
+from ._exit_status import EXIT_USAGE
 
-__all__ = ["Progress", "out", "print_report", "printable"]
+__all__ = ["Progress", "err", "out", "print_report", "printable", "usage_error"]
 
 
 def out(text: str) -> None:
     """One result line on stdout, flushed (a reader of a pipe sees it at once)."""
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+def err(text: str) -> None:
+    """One error line on stderr, flushed."""
+    sys.stderr.write(f"trtllm-liveness: {text}\n")
+    sys.stderr.flush()
+
+
+def usage_error(text: str) -> int:
+    """Report a usage error; returns the status for it."""
+    err(text)
+    return EXIT_USAGE
 
 
 class Progress:

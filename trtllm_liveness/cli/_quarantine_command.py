@@ -7,14 +7,16 @@ quarantined node (Slurm reads no exit status of that program: it must drain the 
 
     0  OK: no marker that applies, no device holder stuck in D
     1  quarantined: an engine start here would refuse (first stdout line says why)
-    2  unknown: bad arguments, or the check itself failed
+    2  unknown: bad arguments, an invalid TRTLLM_WORKER_LIVENESS, a marker directory that does not
+       exist, cannot be read or is not trusted (the check would look where no server writes: an
+       unmounted hostPath, a typo), or the check itself failed
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import logging
+import os
 from typing import Any
 
 from .._config import LivenessConfig
@@ -28,8 +30,6 @@ from ..quarantine._marker import (
     resolve_directory,
 )
 
-logger = logging.getLogger(__name__)
-
 __all__ = ["QUARANTINE_STATUS_HELP", "add_quarantine_parser", "run_quarantine"]
 
 STATUS_OK = 0
@@ -40,7 +40,8 @@ QUARANTINE_STATUS_HELP = """\
 exit status of 'quarantine status' (node-problem-detector's plugin contract):
   0    OK: no quarantine marker that applies, no accelerator device holder stuck in D
   1    quarantined: an engine start on this host would refuse (the first line says why)
-  2    unknown: bad arguments, or the check itself failed
+  2    unknown: bad arguments, an invalid TRTLLM_WORKER_LIVENESS, a marker directory that does not
+       exist, cannot be read or is not trusted, or the check itself failed (the first line says why)
 exit status of 'quarantine clear': 0 removed or nothing to remove, 1 refused (still quarantined;
 --force removes it anyway) or failed
 """
@@ -57,17 +58,19 @@ namespace), or while a process holding an accelerator device is stuck in D.
 """
 
 
-def _defaults() -> LivenessConfig:
-    # The server's own settings where this environment has them (say the same
-    # TRTLLM_WORKER_LIVENESS), else the defaults: status must look where the server writes.
+def _defaults(args: argparse.Namespace) -> LivenessConfig:
+    """The server's own settings where this environment has them (the same TRTLLM_WORKER_LIVENESS):
+    status must look where the server writes. Raises ``ValueError`` for an invalid value unless
+    ``--dir`` and ``--devices`` both replace what it would say."""
     try:
         return LivenessConfig.from_env()
-    except ValueError as exc:
-        logger.warning("ignoring TRTLLM_WORKER_LIVENESS for the defaults: %s", exc)
+    except ValueError:
+        if args.dir is None or args.devices is None:
+            raise
         return LivenessConfig()
 
 
-def add_quarantine_parser(sub: Any, parser_class: type[argparse.ArgumentParser]) -> None:
+def add_quarantine_parser(sub: Any) -> None:
     """Add the ``quarantine`` subcommand to ``sub`` (argparse subparsers)."""
     quarantine = sub.add_parser("quarantine", help="show or clear this host's quarantine after a wedged worker",
                                 description=_DESCRIPTION, epilog=QUARANTINE_STATUS_HELP,
@@ -91,23 +94,24 @@ def run_quarantine(args: argparse.Namespace) -> int:
     """Run ``quarantine status`` or ``quarantine clear``; returns the exit status."""
     from ._output import out
 
-    base = _defaults()
     try:
+        base = _defaults(args)
         config = LivenessConfig(
             enabled=True,
             quarantine_dir=base.quarantine_dir if args.dir is None else args.dir,
             quarantine_devices=base.quarantine_devices if args.devices is None else args.devices,
         )
-    except ValueError as exc:  # a relative --dir or --devices
-        out(f"UNKNOWN: {exc}")
-        return STATUS_UNKNOWN
+    except ValueError as exc:  # TRTLLM_WORKER_LIVENESS, or a relative --dir or --devices
+        return _unknown(str(exc), as_json=args.json)
     if args.action == "clear":
         return _clear(config, force=args.force, as_json=args.json)
     try:
         check = check_host(config, clear=False)
     except Exception as exc:  # the health check's own failure is "unknown", never "quarantined"
-        out(f"UNKNOWN: the quarantine check failed: {exc}")
-        return STATUS_UNKNOWN
+        return _unknown(f"the quarantine check failed: {exc}", as_json=args.json)
+    problem = None if check.quarantined else _directory_problem(check)
+    if problem is not None:
+        return _unknown(problem, as_json=args.json)
     if args.json:
         out(json.dumps(_check_dict(check)))
     else:
@@ -123,14 +127,37 @@ def run_quarantine(args: argparse.Namespace) -> int:
     return STATUS_QUARANTINED if check.quarantined else STATUS_OK
 
 
+def _unknown(message: str, *, as_json: bool) -> int:
+    from ._output import out
+
+    out(json.dumps({"quarantined": None, "message": f"UNKNOWN: {message}"}) if as_json else f"UNKNOWN: {message}")
+    return STATUS_UNKNOWN
+
+
+def _directory_problem(check: QuarantineCheck) -> str | None:
+    """Why the marker directory cannot answer, or None: it does not exist or cannot be read (the
+    check would say OK about a place no server writes to), or it is not trusted (start-up ignores
+    it, and a server cannot write its marker there)."""
+    status = check.marker
+    if status is None:
+        return None  # quarantine_dir empty: no marker by configuration
+    if status.verdict is MarkerVerdict.UNTRUSTED:
+        return f"{status.describe()}; start-up ignores it, so no marker can hold this host"
+    if not os.path.isdir(status.directory):
+        return (f"the marker directory {status.directory} does not exist: a server here would create it on "
+                "its first wedge, so this check cannot tell; create it (or mount the node's directory: "
+                "hostPath, DirectoryOrCreate), or pass --dir")
+    if not os.access(status.directory, os.R_OK | os.X_OK):
+        return f"the marker directory {status.directory} cannot be read by uid {os.geteuid()}"
+    return None
+
+
 def _check_lines(check: QuarantineCheck) -> list[str]:
     if check.quarantined:
         return [f"QUARANTINED: {check.describe()}"]
     status = check.marker
     if status is None:
         return ["OK: no quarantine marker directory configured; no accelerator device holder stuck in D"]
-    if status.verdict is MarkerVerdict.UNTRUSTED:
-        return [f"OK: {status.describe()} (ignored, as start-up does)"]
     return [f"OK: {status.describe()}; no accelerator device holder stuck in D"]
 
 

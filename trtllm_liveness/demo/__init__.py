@@ -1,8 +1,12 @@
 """Reference executor: TensorRT-LLM's proxy/worker protocol over real ``mpi4py.futures`` workers.
 
 Runs end to end without a GPU, so the liveness integration can be exercised and demonstrated for
-real. Needs the ``mpi`` extra (mpi4py, the Open MPI wheel, pyzmq). See :mod:`._proxy` for how it
-mirrors upstream 1.2.x and main, and where it departs.
+real. Needs the ``mpi`` extra (mpi4py, the Open MPI wheel, pyzmq). See :mod:`._executor_proxy` for
+how it mirrors upstream 1.2.x and main, and where it departs.
+
+Real faults for the demo, the tests and the benchmarks: :mod:`._cgroup_faults` (freezer and memory
+cgroups) and :mod:`._fuse_stall` (a FUSE mount whose requests are held: real ``D`` without cgroup
+v1; its protocol server is :mod:`._fuse_server`, its mounts and their clean-up :mod:`._fuse_mounts`).
 """
 
 from ._executor_protocol import (

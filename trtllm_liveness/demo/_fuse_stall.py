@@ -1,13 +1,14 @@
 """Real uninterruptible sleep without cgroup v1: a FUSE mount whose lookups are never answered (root).
 
-:class:`FuseStall` mounts a file system served by a thread of this process that speaks the raw
-FUSE protocol on ``/dev/fuse`` (no libfuse). It answers ``FUSE_INIT`` and otherwise reads every
-request and never replies, so a process that calls ``stat()`` on a path inside the mount waits in
-the kernel for an answer that never comes. One file is the exception,
-:attr:`FuseStall.read_path`: its lookup, attributes, open, flush and release are answered and only
-its ``READ`` is held, so a process can open and ``mmap`` it and then gets stuck in the page fault
-(a stand-in for a fault on an NFS or GPU-unified-memory mapping). It is a second stand-in, next to the cgroup v1 freezer
-(:mod:`._faults`), for a worker wedged in a GPU driver, and works where cgroup v2 is mounted instead.
+:class:`FuseStall` mounts a file system (:mod:`._fuse_mounts`) served by a thread of this process
+that speaks the raw FUSE protocol on ``/dev/fuse`` (:mod:`._fuse_server`, no libfuse). It answers
+``FUSE_INIT`` and otherwise reads every request and never replies, so a process that calls
+``stat()`` on a path inside the mount waits in the kernel for an answer that never comes. One file
+is the exception, :attr:`FuseStall.read_path`: its lookup, attributes, open, flush and release are
+answered and only its ``READ`` is held, so a process can open and ``mmap`` it and then gets stuck
+in the page fault (a stand-in for a fault on an NFS or GPU-unified-memory mapping). It is a second
+stand-in, next to the cgroup v1 freezer (:mod:`._cgroup_faults`), for a worker wedged in a GPU
+driver, and works where cgroup v2 is mounted instead.
 
 What the kernel does (Linux ``fs/fuse``; measured on 6.18, see the tests):
 
@@ -47,19 +48,29 @@ one owner each.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import errno
-import functools
 import logging
 import os
-import select
-import struct
 import subprocess
 import sys
 import tempfile
-import threading
 from types import TracebackType
 
+from ._fuse_mounts import (
+    DEV_FUSE,
+    FUSE_FSTYPE,
+    FUSE_SOURCE,
+    MOUNT_PREFIX,
+    fuse_available,
+    fuse_mounts,
+    mount_fuse,
+    remove_leftover_mounts,
+    umount_fuse,
+)
+from ._fuse_server import HELD_READ_NAME, HELD_READ_SIZE, FuseServer
+
+# The mount helpers and the held-read file's names are re-exported: callers set up and clean up
+# FUSE stalls through this module.
 __all__ = [
     "FUSE_FSTYPE",
     "FUSE_SOURCE",
@@ -74,65 +85,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-
-DEV_FUSE = "/dev/fuse"
-FUSE_SOURCE = "trtllm-liveness"
-# "fuse.<subtype>": the kernel's fuse file system with a subtype, so /proc/mounts tells ours apart.
-FUSE_FSTYPE = "fuse.trtllm-liveness"
-# Mountpoints are <tmp>/<MOUNT_PREFIX>-<owner pid>-<random>: leftovers of a dead owner are found by name.
-MOUNT_PREFIX = "trtllm-liveness-fuse"
-
-_MS_NOSUID = 2
-_MS_NODEV = 4
-_MNT_FORCE = 1  # runs fuse_umount_begin(), which aborts the connection
-_MNT_DETACH = 2  # lazy: detach now even while busy
-
-# read(2) on /dev/fuse fails with EINVAL when the buffer is smaller than FUSE_MIN_READ_BUFFER (8192)
-# or the largest request the connection may send (max_write plus a page of headers).
-_READ_SIZE = 1 << 20
-
-# struct fuse_in_header: len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding.
-_IN_HEADER = struct.Struct("<IIQQIIIHH")
-# struct fuse_out_header: len, error (a negative errno), unique.
-_OUT_HEADER = struct.Struct("<IiQ")
-# struct fuse_init_out (64 bytes since protocol 7.23): major, minor, max_readahead, flags,
-# max_background, congestion_threshold, max_write, time_gran, max_pages, map_alignment, flags2,
-# unused[7]. Zero limits keep the kernel's defaults.
-_INIT_OUT = struct.Struct("<IIIIHHIIHHI7I")
-_INIT_OUT_COMPAT_SIZE = 24  # what a kernel older than 7.23 expects
-_INIT_IN = struct.Struct("<II")  # the start of struct fuse_init_in: major, minor
-_INTERRUPT_IN = struct.Struct("<Q")  # struct fuse_interrupt_in: the unique id of the interrupted request
-
-_FUSE_MAJOR = 7
-_FUSE_MINOR = 38  # the highest minor this server claims; it uses nothing beyond 7.23's layout
-# The one optional feature asked for. Without it the kernel serializes lookups in a directory on a
-# mutex (fuse_lock_inode), so a second caller would sleep there, never reaching the server.
-_FUSE_PARALLEL_DIROPS = 1 << 18
-_FUSE_LOOKUP = 1
-_FUSE_FORGET = 2
-_FUSE_GETATTR = 3
-_FUSE_OPEN = 14
-_FUSE_READ = 15
-_FUSE_RELEASE = 18
-_FUSE_FLUSH = 25
-_FUSE_INIT = 26
-_FUSE_INTERRUPT = 36
-_FUSE_BATCH_FORGET = 42
-_NO_REPLY_OPCODES = frozenset({_FUSE_FORGET, _FUSE_BATCH_FORGET})
-
-# The one file whose READ (only) is held: see FuseStall.read_path.
-HELD_READ_NAME = "held-read"
-HELD_READ_SIZE = 1 << 20
-_ROOT_NODEID = 1
-_HELD_READ_NODEID = 2
-# struct fuse_attr: ino, size, blocks, atime, mtime, ctime, atimensec, mtimensec, ctimensec, mode,
-# nlink, uid, gid, rdev, blksize, flags.
-_ATTR = struct.Struct("<QQQQQQIIIIIIIIII")
-_ENTRY_OUT_HEAD = struct.Struct("<QQQQII")  # nodeid, generation, entry_valid, attr_valid, *_nsec
-_ATTR_OUT_HEAD = struct.Struct("<QII")  # attr_valid, attr_valid_nsec, dummy
-_OPEN_OUT = struct.Struct("<QIi")  # fh, open_flags, backing_id
-# Long validity, so the kernel does not come back to revalidate while a caller is stuck.
-_VALID_S = 3600
 
 # The stuck child: one stat() into the mount; an error after release (ENOTCONN) exits quietly.
 _STAT_CODE = "import os, sys\ntry:\n    os.stat(sys.argv[1])\nexcept OSError:\n    sys.exit(3)\n"
@@ -181,162 +133,6 @@ sys.exit(3)
 _DEFAULT_TIMEOUT_S = 10.0
 
 
-@functools.cache
-def _libc() -> ctypes.CDLL:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
-    libc.mount.restype = ctypes.c_int
-    libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-    libc.umount2.restype = ctypes.c_int
-    return libc
-
-
-def _mount(fd: int, mountpoint: str) -> int:
-    """Mount a fuse file system served on ``fd`` at ``mountpoint``; 0 or the errno.
-
-    ``rootmode=40000`` makes the root a directory; ``user_id``/``group_id`` name the only user the
-    kernel lets in without ``allow_other`` (the owner, root here).
-    """
-    options = f"fd={fd},rootmode=40000,user_id={os.geteuid()},group_id={os.getegid()}"
-    libc = _libc()
-    if libc.mount(FUSE_SOURCE.encode(), os.fsencode(mountpoint), FUSE_FSTYPE.encode(),
-                  _MS_NOSUID | _MS_NODEV, options.encode()) == 0:
-        return 0
-    return ctypes.get_errno() or errno.EIO
-
-
-def _umount(mountpoint: str) -> None:
-    """Abort the connection (``MNT_FORCE``) and detach the mount (``MNT_DETACH``). Never raises.
-
-    Forcing matters: it releases every stuck caller even when a forked copy of the ``/dev/fuse``
-    descriptor keeps the connection open; detaching succeeds while the mount is still busy.
-    """
-    libc = _libc()
-    path = os.fsencode(mountpoint)
-    for flags in (_MNT_FORCE | _MNT_DETACH, _MNT_DETACH):
-        if libc.umount2(path, flags) == 0:
-            return
-        code = ctypes.get_errno()
-        if code == errno.EINVAL:  # not a mount point (any more)
-            return
-        logger.debug("umount2(%s, %#x) failed: %s", mountpoint, flags, os.strerror(code))
-
-
-def _unescape_mount_field(field: str) -> str:
-    """Undo the octal escapes (``\\040`` for a space) that /proc/self/mounts uses in paths."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) and all(c in "01234567" for c in field[i + 1:i + 4]):
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
-
-
-def fuse_mounts() -> list[str]:
-    """Mountpoints of every file system of type :data:`FUSE_FSTYPE` in this mount namespace."""
-    found = []
-    try:
-        with open("/proc/self/mounts") as handle:
-            for line in handle:
-                fields = line.split()
-                if len(fields) >= 3 and fields[2] == FUSE_FSTYPE:
-                    found.append(_unescape_mount_field(fields[1]))
-    except OSError as exc:
-        logger.debug("cannot read /proc/self/mounts: %s", exc)
-    return found
-
-
-def _is_own_thread(tid: int) -> bool:
-    # /proc/self/task lists only this thread group: another process's tid is not found there.
-    return tid > 0 and os.path.exists(f"/proc/self/task/{tid}")
-
-
-def fuse_available() -> str | None:
-    """None if a :class:`FuseStall` can be made here, else the reason it cannot.
-
-    Cheap: checks ``/dev/fuse`` and the kernel's file system list, then mounts and unmounts a trial
-    file system (never left behind; no process is started).
-    """
-    if not sys.platform.startswith("linux"):
-        return "FUSE stalls need Linux"
-    if not sys.executable:
-        return "sys.executable is unknown (needed to start the priming child)"
-    if not os.path.exists(DEV_FUSE):
-        return f"{DEV_FUSE} does not exist (no fuse module, or not exposed to this container)"
-    try:
-        with open("/proc/filesystems") as handle:
-            if "fuse" not in handle.read().split():
-                return "the kernel has no fuse file system (/proc/filesystems)"
-    except OSError as exc:
-        return f"cannot read /proc/filesystems: {exc.strerror}"
-    try:
-        fd = os.open(DEV_FUSE, os.O_RDWR | os.O_CLOEXEC)
-    except OSError as exc:
-        return f"cannot open {DEV_FUSE}: {exc.strerror} (needs root)"
-    mountpoint = ""
-    code = -1
-    try:
-        mountpoint = tempfile.mkdtemp(prefix=f"{MOUNT_PREFIX}-{os.getpid()}-")
-        code = _mount(fd, mountpoint)
-    except OSError as exc:
-        return f"cannot make a mountpoint: {exc.strerror}"
-    finally:
-        os.close(fd)  # nobody answers INIT: closing aborts the connection
-        if code == 0:
-            _umount(mountpoint)
-        if mountpoint:
-            with contextlib.suppress(OSError):
-                os.rmdir(mountpoint)
-    if code == errno.EPERM:
-        return "mount(2) of a fuse file system failed: EPERM (needs root / CAP_SYS_ADMIN)"
-    if code:
-        return f"mount(2) of a fuse file system failed: {errno.errorcode.get(code, code)} ({os.strerror(code)})"
-    return None
-
-
-def _owner_alive(name: str) -> bool:
-    owner = name[len(MOUNT_PREFIX) + 1:].split("-", 1)[0]
-    if not owner.isdigit():
-        return True  # not one of ours: leave it
-    return os.path.exists(f"/proc/{owner}")
-
-
-def remove_leftover_mounts() -> list[str]:
-    """Unmount and remove the mountpoints that dead owners left behind; returns their paths.
-
-    An owner that died (even by SIGKILL) closed its ``/dev/fuse`` descriptor, which released its
-    stuck callers; its mount stays, answering ``ENOTCONN``. Only mounts and empty directories named
-    after a pid that no longer runs are touched, so a live owner's stall is safe. A reused pid
-    merely leaves a leftover in place. Never raises.
-    """
-    removed = []
-    tmp = tempfile.gettempdir()
-    for mountpoint in fuse_mounts():
-        name = os.path.basename(mountpoint)
-        if name.startswith(MOUNT_PREFIX + "-") and not _owner_alive(name):
-            _umount(mountpoint)
-            removed.append(mountpoint)
-    try:
-        names = os.listdir(tmp)
-    except OSError:
-        names = []
-    mounted = set(fuse_mounts())
-    for name in names:
-        path = os.path.join(tmp, name)
-        # rmdir only: never stat a path that may be a live mount (that could hang the caller).
-        if name.startswith(MOUNT_PREFIX + "-") and path not in mounted and not _owner_alive(name):
-            try:
-                os.rmdir(path)
-            except OSError:
-                continue
-            if path not in removed:
-                removed.append(path)
-    return removed
-
-
 class FuseStall:
     """A FUSE mount where ``stat()`` of any name blocks in ``D`` until :meth:`release`.
 
@@ -356,16 +152,9 @@ class FuseStall:
         self.path = ""  # <mountpoint>/stall, for one caller
         self.read_path = ""  # <mountpoint>/held-read: opens and maps; its READ is never answered
         self._fd = -1
-        self._wake_r = self._wake_w = -1
         self._mounted = False
         self._released = False
-        self._thread: threading.Thread | None = None
-        self._cond = threading.Condition()
-        self._initialized = False
-        self._primed = False
-        self._prime_pid = 0
-        self._held: dict[int, int] = {}  # unique id of each unanswered request -> caller tid
-        self._held_reads: set[int] = set()  # unique ids in _held that are READs of read_path
+        self._server = FuseServer()
         self._names = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -388,16 +177,13 @@ class FuseStall:
         self.mountpoint = tempfile.mkdtemp(prefix=f"{MOUNT_PREFIX}-{os.getpid()}-")
         self.path = os.path.join(self.mountpoint, "stall")
         self.read_path = os.path.join(self.mountpoint, HELD_READ_NAME)
-        # Non-blocking, so that the server thread can poll it together with a wake-up pipe: a
-        # thread blocked in read(2) keeps the file alive, and close() alone would not end it.
+        # Non-blocking, so that the server thread can poll it together with its wake-up pipe.
         self._fd = os.open(DEV_FUSE, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
-        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        code = _mount(self._fd, self.mountpoint)
+        code = mount_fuse(self._fd, self.mountpoint)
         if code:
             raise OSError(code, f"mount(2) of a fuse file system failed: {os.strerror(code)}", self.mountpoint)
         self._mounted = True
-        self._thread = threading.Thread(target=self._serve, name="trtllm-liveness-fuse-stall", daemon=True)
-        self._thread.start()
+        self._server.start(self._fd)
         self._prime()
 
     def _prime(self) -> None:
@@ -411,14 +197,13 @@ class FuseStall:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        self._prime_pid = child.pid
+        self._server.prime_pid = child.pid
         try:
             if not self.wait_held(child.pid, self.timeout):
                 raise OSError(errno.ETIMEDOUT, "the priming child's request never reached the FUSE server")
             child.kill()
-            with self._cond:
-                if not self._cond.wait_for(lambda: self._primed, self.timeout):
-                    raise OSError(errno.ETIMEDOUT, "the kernel sent no FUSE_INTERRUPT for the priming child")
+            if not self._server.wait_primed(self.timeout):
+                raise OSError(errno.ETIMEDOUT, "the kernel sent no FUSE_INTERRUPT for the priming child")
             try:
                 child.wait(self.timeout)
             except subprocess.TimeoutExpired:
@@ -439,24 +224,17 @@ class FuseStall:
         if self._released:
             return
         self._released = True
-        if self._wake_w >= 0:
-            with contextlib.suppress(OSError):
-                os.write(self._wake_w, b"x")
-        if self._thread is not None:
-            self._thread.join(self.timeout)
-            if self._thread.is_alive():
-                logger.debug("FUSE stall server thread did not stop within %.1f s", self.timeout)
+        self._server.stop(self.timeout)
         if self._mounted:
-            _umount(self.mountpoint)  # aborts the connection: releases the callers
+            umount_fuse(self.mountpoint)  # aborts the connection: releases the callers
             self._mounted = False
-        for name in ("_fd", "_wake_r", "_wake_w"):
-            fd = getattr(self, name)
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError as exc:
-                    logger.debug("closing %s failed: %s", name, exc)
-                setattr(self, name, -1)
+        if self._fd >= 0:
+            try:
+                os.close(self._fd)
+            except OSError as exc:
+                logger.debug("closing _fd failed: %s", exc)
+            self._fd = -1
+        self._server.close()
         if self.mountpoint:
             try:
                 os.rmdir(self.mountpoint)
@@ -464,10 +242,7 @@ class FuseStall:
                 pass
             except OSError as exc:
                 logger.debug("cannot remove FUSE mountpoint %s: %s", self.mountpoint, exc)
-        with self._cond:
-            self._held.clear()
-            self._held_reads.clear()
-            self._cond.notify_all()
+        self._server.drop_held()
 
     @property
     def released(self) -> bool:
@@ -491,18 +266,14 @@ class FuseStall:
 
     def held_tids(self) -> set[int]:
         """Thread ids whose request the server has read and holds unanswered."""
-        with self._cond:
-            return set(self._held.values())
+        return self._server.held_tids()
 
     def wait_held(self, tid: int, timeout: float) -> bool:
         """Wait until the server holds a request from thread ``tid`` (a pid for a one-thread process).
 
         From then on SIGKILL cannot end that thread before :meth:`release`. False on timeout.
         """
-        with self._cond:
-            return self._cond.wait_for(lambda: tid in self._held.values() or self._released, timeout) and (
-                tid in self._held.values()
-            )
+        return self._server.wait_held(tid, timeout)
 
     def wait_read_held(self, tid: int, timeout: float) -> bool:
         """Wait until the server holds a READ of :attr:`read_path` from thread ``tid``.
@@ -510,105 +281,4 @@ class FuseStall:
         The kernel sends the READ from the thread that reads or faults (readahead here is
         synchronous: INIT does not offer ``FUSE_ASYNC_READ``). False on timeout.
         """
-        def held() -> bool:
-            return any(self._held.get(unique) == tid for unique in self._held_reads)
-
-        with self._cond:
-            return self._cond.wait_for(lambda: held() or self._released, timeout) and held()
-
-    # ------------------------------------------------------------------ server thread
-
-    def _serve(self) -> None:
-        poller = select.poll()
-        poller.register(self._fd, select.POLLIN)
-        poller.register(self._wake_r, select.POLLIN)
-        try:
-            while True:
-                ready = poller.poll()
-                if any(fd == self._wake_r for fd, _ in ready):
-                    return
-                try:
-                    data = os.read(self._fd, _READ_SIZE)
-                except BlockingIOError:
-                    continue
-                except OSError as exc:  # ENODEV: the connection was aborted
-                    logger.debug("FUSE stall server stops: %s", exc)
-                    return
-                self._handle(data)
-        except Exception:  # never let the thread die with a traceback on stderr
-            logger.debug("FUSE stall server failed", exc_info=True)
-
-    def _reply(self, unique: int, error: int, payload: bytes = b"") -> bool:
-        try:
-            os.write(self._fd, _OUT_HEADER.pack(_OUT_HEADER.size + len(payload), error, unique) + payload)
-        except OSError as exc:  # ENOENT: the request is gone (its caller was released)
-            logger.debug("FUSE reply to %d failed: %s", unique, exc)
-            return False
-        return True
-
-    def _handle(self, data: bytes) -> None:
-        if len(data) < _IN_HEADER.size:
-            return
-        _, opcode, unique, nodeid, _, _, tid, _, _ = _IN_HEADER.unpack_from(data)
-        if opcode == _FUSE_INIT:
-            _, minor = _INIT_IN.unpack_from(data, _IN_HEADER.size)
-            minor = min(minor, _FUSE_MINOR)
-            out = _INIT_OUT.pack(_FUSE_MAJOR, minor, 0, _FUSE_PARALLEL_DIROPS, 0, 0, 0, 0, 0, 0, 0, *([0] * 7))
-            if self._reply(unique, 0, out if minor >= 23 else out[:_INIT_OUT_COMPAT_SIZE]):
-                with self._cond:
-                    self._initialized = True
-                    self._cond.notify_all()
-        elif opcode == _FUSE_INTERRUPT:
-            (target,) = _INTERRUPT_IN.unpack_from(data, _IN_HEADER.size)
-            # ENOSYS must come while the interrupted request is still unanswered (the kernel looks
-            # it up); it sets no_interrupt for the connection.
-            primed = self._reply(unique, -errno.ENOSYS)
-            with self._cond:
-                self._primed = self._primed or primed
-                release = self._held.get(target) == self._prime_pid
-                if release:
-                    del self._held[target]
-                self._cond.notify_all()
-            if release:
-                self._reply(target, -errno.ENOENT)
-        elif opcode in _NO_REPLY_OPCODES:
-            pass
-        elif _is_own_thread(tid):
-            self._reply(unique, -errno.EIO)
-        elif not self._answer_read_file(opcode, unique, nodeid, data):
-            with self._cond:
-                self._held[unique] = tid
-                if opcode == _FUSE_READ and nodeid == _HELD_READ_NODEID:
-                    self._held_reads.add(unique)
-                self._cond.notify_all()
-
-    def _answer_read_file(self, opcode: int, unique: int, nodeid: int, data: bytes) -> bool:
-        """Answer what :attr:`read_path` needs to be opened and mapped; False leaves it held.
-
-        Everything but its READ is answered: the lookup of its name, its attributes, open, flush
-        (sent by every close) and release; an opcode this server does not implement gets ENOSYS.
-        """
-        if opcode == _FUSE_LOOKUP:
-            name = data[_IN_HEADER.size:].split(b"\0", 1)[0]
-            if nodeid != _ROOT_NODEID or name != HELD_READ_NAME.encode():
-                return False
-            entry = _ENTRY_OUT_HEAD.pack(_HELD_READ_NODEID, 0, _VALID_S, _VALID_S, 0, 0)
-            self._reply(unique, 0, entry + self._read_file_attr())
-            return True
-        if nodeid != _HELD_READ_NODEID or opcode == _FUSE_READ:
-            return False
-        if opcode == _FUSE_GETATTR:
-            self._reply(unique, 0, _ATTR_OUT_HEAD.pack(_VALID_S, 0, 0) + self._read_file_attr())
-        elif opcode == _FUSE_OPEN:
-            self._reply(unique, 0, _OPEN_OUT.pack(0, 0, 0))
-        elif opcode in (_FUSE_FLUSH, _FUSE_RELEASE):
-            self._reply(unique, 0)
-        else:
-            self._reply(unique, -errno.ENOSYS)
-        return True
-
-    @staticmethod
-    def _read_file_attr() -> bytes:
-        mode = 0o100444  # S_IFREG | r--r--r--
-        return _ATTR.pack(_HELD_READ_NODEID, HELD_READ_SIZE, HELD_READ_SIZE // 512, 0, 0, 0, 0, 0, 0, mode, 1,
-                          os.geteuid(), os.getegid(), 0, 4096, 0)
+        return self._server.wait_read_held(tid, timeout)

@@ -3,7 +3,7 @@
 Run as ``python -m trtllm_liveness.demo._scenario '<json options>'`` in a child process
 started with ``start_new_session=True`` (an MPI launcher may kill its whole process group); the
 parent side is :func:`run_scenario`. The child prints one JSON line per iteration (a
-:class:`~._records.ScenarioResult`'s ``to_dict()``) and a final ``{"done": true}`` line, then ends
+:class:`~._scenario_records.ScenarioResult`'s ``to_dict()``) and a final ``{"done": true}`` line, then ends
 with ``os._exit`` so no MPI/atexit join can hang it (except for the endings below, whose point is
 the real interpreter exit). Every wait is bounded by the options.
 
@@ -226,7 +226,7 @@ def _inject(opts: ScenarioOptions, victims: list[ProcessIdentity], freezer: Free
         freezer.freeze([v.pid for v in victims])
         return t0, None
     if opts.fault in ("exit0", "oom", "fuse"):
-        # The victim rank itself does it (see _worker._arm_fault) and records when.
+        # The victim rank itself does it (see _executor_worker._arm_fault) and records when.
         record = os.path.join(announce, "fault.json")
         with open(os.path.join(announce, "trigger"), "w"):
             pass
@@ -1058,7 +1058,7 @@ def _run_child(options: Mapping[str, Any], timeout: float, env: Mapping[str, str
 
     command = list(program) if program else [sys.executable, "-m", "trtllm_liveness.demo._scenario"]
     child_env = {**os.environ, **(env or {})}
-    # A wedge scenario quarantines "the host" (a marker, see _quarantine.py): the demo, the matrix
+    # A wedge scenario quarantines "the host" (a marker, see quarantine/_marker.py): the demo, the matrix
     # and the benchmarks keep that marker in a directory of the child's own, never the machine's
     # /run, unless the caller chose one.
     quarantine = None

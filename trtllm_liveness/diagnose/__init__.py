@@ -1,9 +1,11 @@
 """Where is every rank stuck: bounded snapshots for an operator and for a fatal error.
 
+- :mod:`._process_selection`: which processes to sample (name, parent, cgroup filters);
 - :mod:`._scan`: sampling of processes over a window (state, ``D`` time, wait channel) behind
-  ``trtllm-liveness scan``, and the selection of processes to sample;
-- :mod:`._diagnosis`: :func:`diagnose`, per rank its activity, stacks (py-spy) and the odd rank out;
-- :mod:`._diagnosis_text`: its plain-text rendering.
+  ``trtllm-liveness scan``;
+- :mod:`._diagnosis`: :func:`diagnose`, per rank its activity, stacks and the odd rank out;
+- :mod:`._py_spy`: a rank's Python stacks by ``py-spy``, bounded;
+- :mod:`._diagnosis_text`: the diagnosis's plain-text rendering.
 """
 
 from __future__ import annotations
@@ -14,11 +16,12 @@ if TYPE_CHECKING:
     from ._diagnosis import OddRankOut as OddRankOut
     from ._diagnosis import RankDiagnosis as RankDiagnosis
     from ._diagnosis import diagnose as diagnose
-    from ._diagnosis import take_stacks as take_stacks
+    from ._process_selection import Selection as Selection
+    from ._process_selection import select as select
+    from ._py_spy import take_stacks as take_stacks
     from ._scan import ProcessReport as ProcessReport
     from ._scan import ScanResult as ScanResult
     from ._scan import scan as scan
-    from ._scan import select as select
 
 __all__ = [
     "Diagnosis",
@@ -26,6 +29,7 @@ __all__ = [
     "ProcessReport",
     "RankDiagnosis",
     "ScanResult",
+    "Selection",
     "diagnose",
     "scan",
     "select",
@@ -37,11 +41,12 @@ _SOURCES = {
     "RankDiagnosis": "_diagnosis",
     "OddRankOut": "_diagnosis",
     "diagnose": "_diagnosis",
-    "take_stacks": "_diagnosis",
+    "take_stacks": "_py_spy",
     "ScanResult": "_scan",
     "ProcessReport": "_scan",
     "scan": "_scan",
-    "select": "_scan",
+    "select": "_process_selection",
+    "Selection": "_process_selection",
 }
 
 if not TYPE_CHECKING:

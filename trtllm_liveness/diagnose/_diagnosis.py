@@ -1,63 +1,60 @@
-"""Where is every rank stuck? A bounded snapshot of local processes for an operator (issue 13).
+"""Where is every rank stuck? A bounded snapshot of local processes for an operator.
 
 :func:`diagnose` builds on :func:`._scan.scan` (per thread: state, wait channel, time in ``D``,
-SIGKILL pending, the process verdict; command lines read through :class:`._mm_read.MmReader`) and
-adds what a scan does not measure:
+SIGKILL pending, the process verdict; command lines read through
+:class:`~trtllm_liveness.process._mm_read.MmReader`) and adds what a scan does not measure:
 
 - **CPU time over a short window** per thread (``utime + stime`` of ``task/<tid>/stat``, read just
   before and just after the scan's samples), which classifies each thread as spinning, running,
   sleeping, in ``D``, stopped or exited (:class:`Activity`). A rank that spins in a collective
   whose peer is gone looks alive to every other check.
 - **Python stacks** of each rank, when ``py-spy`` is installed (extra ``diagnose``), taken with
-  ``py-spy dump --nonblocking`` (the target is never paused) under one deadline for all ranks.
+  ``py-spy dump --nonblocking`` (the target is never paused) under one deadline for all ranks
+  (:mod:`._py_spy`).
 - **The odd rank out** (:class:`OddRankOut`): the one rank whose activity, innermost Python
   function or main-thread wait channel differs from what every other rank shares.
 
-Never hangs on a wedged rank: ``py-spy`` reads the target's memory (``/proc/<pid>/maps``,
-``process_vm_readv``), which can block on the target's mmap lock like a ``cmdline`` read, and a
-process stuck that way cannot be killed either. So no stack is taken of a rank with a thread in
-``D`` (the skip is reported), each ``py-spy`` runs in its own session with its output in an
-unnamed file (no pipe to fill), and after the deadline it is SIGKILLed and waited for briefly; if
-it is still there it is left and reported as ``py-spy did not exit``.
+Never hangs on a wedged rank: ``py-spy`` reads the target's memory, which can block on the
+target's mmap lock like a ``cmdline`` read, so no stack is taken of a rank with a thread in ``D``
+(the skip is reported); :mod:`._py_spy` bounds and, if need be, abandons each ``py-spy`` it starts.
 
 Standard library only; never signals a process other than the ``py-spy`` children it started.
 """
 
 from __future__ import annotations
 
-import contextlib
 import enum
-import functools
-import json
 import logging
 import os
-import re
-import shutil
-import signal
-import subprocess
-import sys
-import sysconfig
-import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import Any
 
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
 from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader, skip_for_d
 from . import _scan
+from ._py_spy import (
+    DEFAULT_STACKS_TIMEOUT_S,
+    RankStacks,
+    StackFrame,
+    StackStatus,
+    find_py_spy,
+    take_stacks,
+)
+
+# find_py_spy and take_stacks (the stacks, :mod:`._py_spy`) are re-exported for callers of diagnose.
+__all__ = ["DEFAULT_WINDOW_S", "Activity", "Diagnosis", "OddRankOut", "RankDiagnosis", "ThreadDiagnosis", "diagnose",
+           "find_odd_ranks", "find_py_spy", "take_stacks"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_WINDOW_S = 0.2
 """CPU-time window: ticks are 10 ms at ``CLK_TCK`` 100, so 0.2 s resolves 5% of a core."""
-DEFAULT_STACKS_TIMEOUT_S = 2.0
 SPIN_FRACTION = 0.5
 """A thread on CPU for at least this share of the window is spinning."""
 RUNNING_FRACTION = 0.05
-KILL_WAIT_S = 0.2
-"""How long a SIGKILLed ``py-spy`` is waited for before it is left behind."""
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _STOPPED = frozenset("Tt")
@@ -79,84 +76,6 @@ class Activity(str, enum.Enum):
 # Rank-level activity is its most telling thread's: a rank with one thread in D is "in D".
 _RANK_ORDER = (Activity.IN_D, Activity.STOPPED, Activity.SPINNING, Activity.RUNNING, Activity.SLEEPING,
                Activity.EXITED, Activity.UNKNOWN)
-
-
-class StackStatus(str, enum.Enum):
-    """Whether a rank's Python stacks were taken, and if not why."""
-
-    TAKEN = "taken"
-    SKIPPED_TASK_IN_D = "skipped-task-in-d"
-    SKIPPED_NOT_RUNNING = "skipped-not-running"  # zombie, gone, unreadable
-    NO_PY_SPY = "no-py-spy"
-    TIMED_OUT = "timed-out"
-    DID_NOT_EXIT = "did-not-exit"  # timed out, SIGKILLed, and still there (itself stuck in D)
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class StackFrame:
-    """One Python frame as ``py-spy`` shows it."""
-
-    function: str
-    file: str
-    line: int
-
-    def describe(self) -> str:
-        """``function (file:line)`` with the file's base name."""
-        return f"{self.function} ({os.path.basename(self.file)}:{self.line})"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"function": self.function, "file": self.file, "line": self.line}
-
-
-@dataclass(frozen=True)
-class ThreadStack:
-    """The Python stack of one thread, innermost frame first. ``tid`` is the OS thread id."""
-
-    tid: int | None
-    name: str
-    active: bool
-    owns_gil: bool
-    frames: tuple[StackFrame, ...]
-
-    @property
-    def stuck_in(self) -> StackFrame | None:
-        """The innermost frame outside the standard library (``Event.wait`` says less than its
-        caller); the innermost frame when every frame is the standard library's."""
-        for frame in self.frames:
-            if not _is_stdlib(frame.file):
-                return frame
-        return self.frames[0] if self.frames else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        stuck = self.stuck_in
-        return {"tid": self.tid, "name": self.name, "active": self.active, "owns_gil": self.owns_gil,
-                "stuck_in": None if stuck is None else stuck.function,
-                "frames": [frame.to_dict() for frame in self.frames]}
-
-
-@dataclass(frozen=True)
-class RankStacks:
-    """The outcome of taking one rank's stacks; ``threads`` is empty unless ``status`` is TAKEN."""
-
-    status: StackStatus
-    detail: str = ""
-    threads: tuple[ThreadStack, ...] = ()
-    took_ms: float = 0.0
-
-    def main_thread(self, pid: int) -> ThreadStack | None:
-        """The stack of the thread whose id is ``pid`` (the main thread), else the first one."""
-        for thread in self.threads:
-            if thread.tid == pid:
-                return thread
-        return self.threads[0] if self.threads else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"status": self.status.value, "detail": self.detail, "took_ms": round(self.took_ms, 1),
-                "threads": [thread.to_dict() for thread in self.threads]}
 
 
 @dataclass(frozen=True)
@@ -295,41 +214,6 @@ class Diagnosis:
 # ----------------------------------------------------------------------------- helpers
 
 
-@functools.cache
-@functools.lru_cache(maxsize=1)
-def _stdlib_dirs() -> tuple[str, ...]:
-    # This interpreter's own paths (local files, read once), as given and resolved.
-    paths = sysconfig.get_paths()
-    found: set[str] = set()
-    for key in ("stdlib", "platstdlib"):
-        if key in paths:
-            found.update({paths[key] + os.sep, os.path.realpath(paths[key]) + os.sep})
-    return tuple(sorted(found))
-
-
-@functools.lru_cache(maxsize=1)
-def _stdlib_module_files() -> frozenset[str]:
-    # Base names of this interpreter's stdlib modules, from the name list (no filesystem access).
-    return frozenset(f"{name}.py" for name in getattr(sys, "stdlib_module_names", ()))
-
-
-def _is_stdlib(filename: str) -> bool:
-    # By the string alone: the names come from the target (its mount namespace, perhaps a stalled
-    # NFS or FUSE path), and a stat or realpath of one could block this scan in D.
-    if filename.startswith("<frozen"):
-        return True
-    if "site-packages" in filename or "dist-packages" in filename:
-        return False
-    if "/" not in filename:  # py-spy's text dump shows base names
-        return filename in _stdlib_module_files()
-    return filename.startswith(_stdlib_dirs()) or bool(re.search(r"/lib/python3\.\d+/[^/]+\.py$", filename))
-
-
-def find_py_spy() -> str | None:
-    """The ``py-spy`` executable: on ``PATH``, else next to this interpreter (a venv's ``bin``)."""
-    return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
-
-
 def _cpu_ticks(pid: int, tid: int) -> tuple[str, int] | None:
     """``(state, utime + stime)`` of one thread; None when gone or unreadable."""
     try:
@@ -386,174 +270,6 @@ def _fraction(before: tuple[str, int] | None, after: tuple[str, int] | None, win
 def _rank_activity(threads: Sequence[ThreadDiagnosis]) -> Activity:
     seen = {thread.activity for thread in threads}
     return next((activity for activity in _RANK_ORDER if activity in seen), Activity.UNKNOWN)
-
-
-# ----------------------------------------------------------------------------- py-spy
-
-
-def _parse_json_dump(data: bytes) -> tuple[ThreadStack, ...]:
-    threads = []
-    for item in json.loads(data):
-        frames = tuple(StackFrame(str(frame.get("name", "?")), str(frame.get("filename", "")),
-                                  int(frame.get("line") or 0)) for frame in item.get("frames", ()))
-        tid = item.get("os_thread_id")
-        threads.append(ThreadStack(tid if isinstance(tid, int) else None, str(item.get("thread_name") or ""),
-                                   bool(item.get("active")), bool(item.get("owns_gil")), frames))
-    return tuple(threads)
-
-
-_TEXT_THREAD = re.compile(r'^Thread (0x[0-9A-Fa-f]+|\d+) \(([^)]*)\)(?:: "(.*)")?')
-_TEXT_FRAME = re.compile(r"^\s+(.+) \((.+):(\d+)\)\s*$")
-
-
-def _parse_text_dump(text: str) -> tuple[ThreadStack, ...]:
-    """The plain ``py-spy dump`` format (py-spy without ``--json``): ``Thread TID (idle): "name"``
-    followed by indented ``function (file:line)`` lines, innermost first."""
-    threads: list[ThreadStack] = []
-    current: tuple[int | None, str, str] | None = None
-    frames: list[StackFrame] = []
-
-    def flush() -> None:
-        if current is not None:
-            tid, flags, name = current
-            threads.append(ThreadStack(tid, name, "active" in flags, "gil" in flags, tuple(frames)))
-
-    for line in text.splitlines():
-        head = _TEXT_THREAD.match(line)
-        if head is not None:
-            flush()
-            ident = head.group(1)
-            current = (None if ident.startswith("0x") else int(ident), head.group(2), head.group(3) or "")
-            frames = []
-            continue
-        frame = _TEXT_FRAME.match(line)
-        if frame is not None and current is not None:
-            frames.append(StackFrame(frame.group(1), frame.group(2), int(frame.group(3))))
-    flush()
-    return tuple(threads)
-
-
-@functools.cache
-def _supports_json(py_spy: str) -> bool:
-    """Whether this ``py-spy`` has ``dump --json`` (older ones print text). At most 5 s, plus the
-    kill wait; an executable that does not answer is taken as text-only (its dumps time out then)."""
-    with tempfile.TemporaryFile() as out:
-        try:
-            proc = subprocess.Popen([py_spy, "dump", "--help"], stdin=subprocess.DEVNULL, stdout=out,
-                                    stderr=subprocess.DEVNULL, start_new_session=True)
-        except OSError:
-            return False
-        try:
-            proc.wait(timeout=5.0)
-        except subprocess.TimeoutExpired:
-            proc.kill()  # our unreaped child: the pid is still its own
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=KILL_WAIT_S)
-            return False
-        out.seek(0)
-        return b"--json" in out.read()
-
-
-@dataclass
-class _Dump:
-    """One running ``py-spy dump``; its output goes to an unnamed file, never a pipe that can fill."""
-
-    pid: int
-    proc: subprocess.Popen[bytes]
-    out: IO[bytes]
-    err: IO[bytes]
-    started: float
-    json_format: bool
-
-
-def _start_dump(py_spy: str, pid: int, json_format: bool) -> _Dump | RankStacks:
-    argv = [py_spy, "dump", "--nonblocking", "--pid", str(pid)] + (["--json"] if json_format else [])
-    out = tempfile.TemporaryFile()
-    err = tempfile.TemporaryFile()
-    try:
-        # Its own session: a terminal's SIGINT to the operator's scan never reaches it, and it is
-        # no part of the caller's process group.
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, start_new_session=True)
-    except OSError as exc:
-        out.close()
-        err.close()
-        return RankStacks(StackStatus.FAILED, f"py-spy could not start: {exc}")
-    return _Dump(pid, proc, out, err, time.monotonic(), json_format)
-
-
-def _finish_dump(dump: _Dump, deadline: float, timeout_s: float) -> RankStacks:
-    try:
-        try:
-            dump.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            return _kill_dump(dump, timeout_s)
-        took_ms = (time.monotonic() - dump.started) * 1000
-        dump.out.seek(0)
-        dump.err.seek(0)
-        data, errors = dump.out.read(), dump.err.read().decode("utf-8", "replace").strip()
-        if dump.proc.returncode != 0:
-            # py-spy prints "Error: ..." then (RUST_BACKTRACE builds) a backtrace: keep the error.
-            lines = [line.strip() for line in errors.splitlines() if line.strip()]
-            detail = next((line for line in lines if line.startswith("Error")), lines[0] if lines else
-                          f"exit status {dump.proc.returncode}")
-            return RankStacks(StackStatus.FAILED, f"py-spy failed: {detail}"[:300], took_ms=took_ms)
-        try:
-            threads = _parse_json_dump(data) if dump.json_format else _parse_text_dump(data.decode("utf-8", "replace"))
-        except (ValueError, TypeError, AttributeError) as exc:
-            return RankStacks(StackStatus.FAILED, f"py-spy output not understood: {exc}"[:300], took_ms=took_ms)
-        return RankStacks(StackStatus.TAKEN, "", threads, took_ms)
-    finally:
-        dump.out.close()
-        dump.err.close()
-
-
-def _kill_dump(dump: _Dump, timeout_s: float) -> RankStacks:
-    took_ms = (time.monotonic() - dump.started) * 1000
-    # Our own unreaped child: its pid cannot have been reused, so a plain signal is safe.
-    dump.proc.send_signal(signal.SIGKILL)
-    try:
-        dump.proc.wait(timeout=KILL_WAIT_S)
-    except subprocess.TimeoutExpired:
-        # Stuck in D on the target's mmap lock: it cannot be killed or reaped now. Left behind
-        # (the subprocess module reaps it later if it ever exits); never waited for again.
-        logger.warning("py-spy (pid %d) on pid %d did not exit %.1f s after SIGKILL; left behind",
-                       dump.proc.pid, dump.pid, KILL_WAIT_S)
-        return RankStacks(StackStatus.DID_NOT_EXIT,
-                          f"py-spy did not exit: timed out after {timeout_s:g} s and still there after SIGKILL "
-                          f"(pid {dump.proc.pid}, probably stuck on the target's mmap lock)", took_ms=took_ms)
-    return RankStacks(StackStatus.TIMED_OUT, f"py-spy timed out after {timeout_s:g} s (killed)", took_ms=took_ms)
-
-
-def take_stacks(pids: Sequence[int], *, timeout_s: float = DEFAULT_STACKS_TIMEOUT_S,
-                py_spy: str | None = None) -> dict[int, RankStacks]:
-    """Python stacks of ``pids``, one ``py-spy dump --nonblocking`` each, all in parallel.
-
-    The caller has already excluded processes with a thread in ``D`` (see the module docstring).
-    Blocks at most ``timeout_s`` plus :data:`KILL_WAIT_S` (one deadline for all), plus a one-time
-    ``py-spy dump --help`` (bounded by 5 s) per ``py-spy`` executable. Never raises for a process
-    that cannot be read: that is its :class:`RankStacks`. Thread-safe.
-    """
-    executable = py_spy if py_spy is not None else find_py_spy()
-    if executable is None:
-        return {pid: RankStacks(StackStatus.NO_PY_SPY, "py-spy is not installed (pip install "
-                                "'trtllm-liveness[diagnose]')") for pid in pids}
-    json_format = _supports_json(executable)
-    deadline = time.monotonic() + timeout_s
-    started: dict[int, _Dump | RankStacks] = {}
-    results: dict[int, RankStacks] = {}
-    try:
-        for pid in pids:
-            started[pid] = _start_dump(executable, pid, json_format)
-        for pid, dump in started.items():
-            results[pid] = dump if isinstance(dump, RankStacks) else _finish_dump(dump, deadline, timeout_s)
-    finally:
-        # Interrupted (Ctrl-C in the operator's scan): end the dumps still running, our own
-        # unreaped children (each in its own session, so the terminal's SIGINT missed them).
-        for pid, dump in started.items():
-            if pid not in results and isinstance(dump, _Dump) and dump.proc.poll() is None:
-                with contextlib.suppress(OSError):
-                    dump.proc.send_signal(signal.SIGKILL)
-    return results
 
 
 # ----------------------------------------------------------------------------- odd rank out
@@ -656,7 +372,8 @@ def diagnose(
     scanned; one of another host or PID namespace is reported and not scanned.
 
     Blocks about ``cpu_window_s`` (``window_s`` when a thread is in ``D``: the scan confirms it), plus the
-    scan's bounded command-line reads, plus at most ``stacks_timeout_s + KILL_WAIT_S`` for stacks.
+    scan's bounded command-line reads, plus at most ``stacks_timeout_s`` and
+    :data:`~._py_spy.KILL_WAIT_S` for stacks.
     Never raises for a process that is gone or unreadable. Raises ``ValueError`` for a negative
     window or ``scan_samples < 1``. Thread-safe (no shared state besides ``reader``).
     """

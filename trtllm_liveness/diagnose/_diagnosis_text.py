@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ._diagnosis import Diagnosis, RankDiagnosis, StackStatus
+from ._diagnosis import Diagnosis, RankDiagnosis
+from ._py_spy import StackStatus
 
 MAX_FRAMES = 12
 """Innermost frames shown per thread; the JSON form has them all."""

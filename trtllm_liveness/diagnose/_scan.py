@@ -14,26 +14,27 @@ and whether the process is a zombie. From those it gives a verdict and the actio
 - ``zombie``: exited, not yet reaped by its parent. ``gone``: vanished or PID reused during the scan.
 
 Reading never hangs the scan: the one file it reads that takes the target's mmap lock, the command
-line, is read through :class:`._mm_read.MmReader` (a helper thread with a deadline) and not at all
-for a process with a thread in ``D``; each such skip is recorded in the report with its reason.
+line, is read through :class:`~trtllm_liveness.process._mm_read.MmReader` (a helper thread with a
+deadline) and not at all for a process with a thread in ``D``; each such skip is recorded in the
+report with its reason. Which processes to scan is :mod:`._process_selection`'s job.
 
-Parsing stays in :mod:`._procfs`; the ``D`` rules come from :mod:`._wedge`. Standard library only;
-this module never sends a signal.
+Parsing stays in :mod:`trtllm_liveness.process._procfs`; the ``D`` rules come from
+:mod:`trtllm_liveness.monitor._wedge`. Standard library only; this module never sends a signal.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import os
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..monitor._wedge import WedgeTracker, sample_d_state
+from ..monitor._wedge import WedgeTracker
 from ..process import _procfs
-from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader, SkippedRead, skip_for_d
+from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader, SkippedRead, read_cmdline
+from ..process._thread_sampler import sample_d_state
 
 RECYCLE_ADVICE = (
     "recycle the host: drain it, then reboot it; a task in D with SIGKILL pending keeps its GPU/NIC "
@@ -180,18 +181,6 @@ class ScanResult:
         }
 
 
-@dataclass(frozen=True)
-class Selection:
-    """The processes a filter matched, and the reads it could not make while matching.
-
-    A process in ``skipped`` could not be matched by its command line (its comm was still
-    compared); scan it by pid, or select it with ``parent``/``cgroup``, which need no such read.
-    """
-
-    pids: tuple[int, ...]
-    skipped: tuple[SkippedRead, ...] = ()
-
-
 @dataclass
 class _ThreadTrack:
     d_since: float | None = None
@@ -277,7 +266,7 @@ class _ProcessSampler:
         # The freshest thread states (just read): a thread in D may hold the mm lock the command
         # line read needs, so it is not read at all; otherwise it is read with a deadline.
         in_d = [thread.tid for thread in threads if thread.state in _procfs.UNINTERRUPTIBLE_STATES]
-        cmdline, skip = _cmdline(self.pid, reader, in_d)
+        cmdline, skip = read_cmdline(self.pid, reader, in_d)
         skipped = () if skip is None else (skip,)
         if self.gone:
             return ProcessReport(
@@ -357,23 +346,6 @@ def _thread_wchan(pid: int, tid: int) -> str:
         return ""
 
 
-def _cmdline(pid: int, reader: MmReader, d_tids: list[int] | None) -> tuple[tuple[str, ...], SkippedRead | None]:
-    """The command line of ``pid`` read through ``reader``; skipped when ``d_tids`` is not empty.
-
-    ``d_tids=None`` reads even a process in D (with the reader's deadline). Empty when unreadable
-    or gone (kernel threads and zombies have none).
-    """
-    if d_tids:
-        return (), skip_for_d(pid, "cmdline", d_tids)
-    try:
-        data = reader.read(pid, "cmdline")
-    except OSError:
-        return (), None
-    if isinstance(data, SkippedRead):
-        return (), data
-    return tuple(part.decode("utf-8", "replace") for part in data.split(b"\0") if part), None
-
-
 def scan(
     pids: Sequence[int],
     *,
@@ -430,135 +402,3 @@ def scan(
         if own_reader:
             mm_reader.close()
     return ScanResult(window_s if taken > 1 else 0.0, taken, reports)
-
-
-# ----------------------------------------------------------------------------- selection
-
-
-def _ancestors_of_self() -> set[int]:
-    # The scanning command's own shell and launcher carry the filter string in their command
-    # lines; never report them.
-    found = {os.getpid()}
-    pid = os.getpid()
-    while pid > 1:
-        try:
-            pid = _procfs.read_stat(pid).ppid
-        except (OSError, ValueError):
-            break
-        found.add(pid)
-    return found
-
-
-def _cgroup_paths(pid: int) -> list[str]:
-    # /proc/<pid>/cgroup: "hierarchy-id:controllers:path" per line (v1), "0::path" (v2).
-    # Not in _procfs because nothing but the operator's selection needs it.
-    try:
-        with open(f"{_procfs.PROCFS_PATH}/{pid}/cgroup", "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return []
-    paths = []
-    for line in data.decode("utf-8", "replace").splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3:
-            paths.append(parts[2])
-    return paths
-
-
-def _pids_of_cgroup_dir(directory: str) -> set[int]:
-    found: set[int] = set()
-    for root, _dirs, files in os.walk(directory):
-        if "cgroup.procs" not in files:
-            continue
-        try:
-            with open(os.path.join(root, "cgroup.procs")) as handle:
-                found.update(int(line) for line in handle if line.strip().isdigit())
-        except OSError:
-            continue
-    return found
-
-
-def _in_cgroup(paths: list[str], wanted: str) -> bool:
-    wanted = wanted.rstrip("/") or "/"
-    return any(
-        path == wanted or path.startswith(wanted + "/") or wanted == "/"
-        for path in paths
-    )
-
-
-def select_processes(
-    *, name: str | None = None, parent: int | None = None, cgroup: str | None = None
-) -> list[int]:
-    """:func:`select`'s pids, as a list (the reads it skipped are dropped)."""
-    return list(select(name=name, parent=parent, cgroup=cgroup).pids)
-
-
-def select(
-    *, name: str | None = None, parent: int | None = None, cgroup: str | None = None,
-    read_timeout_s: float = DEFAULT_TIMEOUT_S, reader: MmReader | None = None,
-) -> Selection:
-    """PIDs matching every given filter, sorted; the calling process and its ancestors excluded.
-
-    ``name``: substring of the process name (``comm``) or of its command line joined by spaces
-    (e.g. ``mpi4py.futures.server``). ``parent``: descendants of that pid, at any depth (MPI
-    spawned workers are grandchildren of the launcher). ``cgroup``: an existing cgroup directory
-    (e.g. ``/sys/fs/cgroup/freezer/job``: its ``cgroup.procs`` and those of its sub-groups), or a
-    cgroup path as written in ``/proc/<pid>/cgroup`` (``/system.slice/job.service``: that group
-    and below). Raises ``ValueError`` when no filter is given. Reads one ``stat`` per process on
-    the host (a few ms for hundreds); thread-safe.
-
-    ``name`` reads the command line of each candidate whose comm does not match, through
-    ``reader`` (default: a fresh :class:`MmReader` with ``read_timeout_s``): at most
-    ``read_timeout_s`` for each that hangs on its mm lock, up to the reader's bound on stuck
-    helpers. Unlike the scan's report, a process in ``D`` is read too (with that deadline):
-    skipping it would hide the wedged worker the filter is meant to find. Reads that timed out or
-    were skipped are in :attr:`Selection.skipped`, and those processes are not matched.
-    """
-    if name is None and parent is None and cgroup is None:
-        raise ValueError("give at least one filter: name, parent or cgroup")
-    excluded = _ancestors_of_self()
-    infos: dict[int, _procfs.StatInfo] = {}
-    for pid in _procfs.list_pids():
-        try:
-            infos[pid] = _procfs.read_stat(pid)
-        except (OSError, ValueError):
-            continue
-    candidates = set(infos) - excluded
-    if parent is not None:
-        children: dict[int, list[int]] = {}
-        for pid, info in infos.items():
-            children.setdefault(info.ppid, []).append(pid)
-        descendants: set[int] = set()
-        stack = [parent]
-        while stack:
-            for child in children.get(stack.pop(), []):
-                if child not in descendants:
-                    descendants.add(child)
-                    stack.append(child)
-        candidates &= descendants
-    if cgroup is not None:
-        # Only a real cgroup directory (it has cgroup.procs) is walked: "/" is a cgroup path too,
-        # and walking the root filesystem would take minutes.
-        if os.path.isfile(os.path.join(cgroup, "cgroup.procs")):
-            candidates &= _pids_of_cgroup_dir(cgroup)
-        else:
-            candidates = {pid for pid in candidates if _in_cgroup(_cgroup_paths(pid), cgroup)}
-    skipped: list[SkippedRead] = []
-    if name is not None:
-        matched = set()
-        mm_reader = MmReader(read_timeout_s) if reader is None else reader
-        try:
-            for pid in sorted(candidates):
-                if name in infos[pid].comm:
-                    matched.add(pid)
-                    continue
-                cmdline, skip = _cmdline(pid, mm_reader, None)
-                if skip is not None:
-                    skipped.append(skip)
-                elif name in " ".join(cmdline):
-                    matched.add(pid)
-        finally:
-            if reader is None:
-                mm_reader.close()
-        candidates = matched
-    return Selection(tuple(sorted(candidates)), tuple(skipped))

@@ -27,7 +27,8 @@ imports nothing else and puts one finder first on ``sys.meta_path`` that answers
 ``tensorrt_llm.executor.proxy``; the integration itself loads when TensorRT-LLM does. A settings
 value (``key=value,...`` or ``@file``) installs the hook too and is validated when an engine
 starts: a malformed one makes the engine's start fail with the error, never an unprotected run.
-``scripts/bench_import.py`` measures all of this.
+``scripts/bench_import.py`` measures all of this. The launcher (:func:`main`) also validates the
+value before it starts the command, and starts nothing when it is invalid (exit status 78).
 """
 
 import _thread
@@ -177,10 +178,15 @@ USAGE = """usage: python -m trtllm_liveness.integrations.trtllm_autoload [--] CO
 
 Runs COMMAND (any program: trtllm-serve, python -c ..., a shell script) with TensorRT-LLM worker
 liveness switched on in every Python it starts: TRTLLM_WORKER_LIVENESS=1 unless already set (its
-settings form, key=value,... or @file, is kept and validated when an engine starts), and this
-package's sitecustomize first on PYTHONPATH. The command replaces this process (same pid).
-Exit status: the command's; 127 when COMMAND is not found, 2 for a usage error.
+settings form, key=value,... or @file, is kept), and this package's sitecustomize first on
+PYTHONPATH. The command replaces this process (same pid). The value is checked first, with the
+parser an engine runs ('trtllm-liveness config check' prints what it sets): an invalid one starts
+nothing and names the bad key and value.
+Exit status: the command's; 78 (EX_CONFIG) for an invalid TRTLLM_WORKER_LIVENESS, 127 when
+COMMAND is not found, 2 for a usage error.
 """
+
+EXIT_INVALID_SETTING = 78  # sysexits' EX_CONFIG: the command never ran
 
 
 def launch_env(environ: "dict[str, str]") -> "dict[str, str]":
@@ -190,6 +196,21 @@ def launch_env(environ: "dict[str, str]") -> "dict[str, str]":
     rest = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != SITE_DIR]
     env["PYTHONPATH"] = os.pathsep.join([SITE_DIR, *rest])
     return env
+
+
+def _check_setting(env: "dict[str, str]") -> "tuple[bool, str | None]":
+    """``(enabled, None)`` for a valid ``ENV_VAR`` in ``env``, ``(False, error)`` for an invalid one.
+    A plain word needs no parser; a settings value is parsed as an engine start would (reading
+    ``@file``), here in the launcher alone, so no other interpreter pays for ``_config``."""
+    word = switch_word(env)
+    if word is not None:
+        return word, None
+    from .._config import parse_value
+
+    try:
+        return parse_value(env[ENV_VAR]).enabled, None
+    except ValueError as exc:
+        return False, str(exc)
 
 
 def main(argv: "Sequence[str] | None" = None) -> int:
@@ -216,7 +237,11 @@ def main(argv: "Sequence[str] | None" = None) -> int:
             sys.stderr.write(f"trtllm_autoload: command not found: {args[0]}\n")
             return 127
         program, argv_out = found, args
-    state = "off" if switch_word(env) is False else "on"
+    enabled, problem = _check_setting(env)
+    if problem is not None:
+        sys.stderr.write(f"trtllm_autoload: {problem}; nothing started (see 'trtllm-liveness config check')\n")
+        return EXIT_INVALID_SETTING
+    state = "on" if enabled else "off"
     sys.stderr.write(f"trtllm-liveness: worker liveness {state} ({ENV_VAR}={env[ENV_VAR]}) for: {' '.join(args)}\n")
     sys.stderr.flush()
     try:

@@ -1,10 +1,13 @@
 """Watching ranks: deaths, wedges and stalls become events, each delivered exactly once.
 
 The flow: identities are registered with :class:`WorkerProcessMonitor` (:mod:`._monitor`), which
-keeps one :mod:`._watched_rank` record per rank; the watcher thread (:mod:`._watcher`) sleeps on
-every rank's pidfd and a wakeup, and samples thread states for ``D`` on its tick (:mod:`._wedge`);
-ranks without a pidfd are re-read from ``/proc`` (:mod:`._procfs_fallback`); every state change is
-an event handed to the subscribers by :mod:`._delivery`, in order, once, outside locks.
+opens one :mod:`._watched_rank` record per rank (:mod:`._registration`) and keeps it in its rank
+table (:mod:`._rank_table`); the watcher thread (:mod:`._watcher`) sleeps on every rank's pidfd and
+a wakeup, and on its tick samples thread states for ``D``
+(:mod:`trtllm_liveness.process._thread_sampler`), which become wedge verdicts (:mod:`._wedge`);
+ranks without a pidfd are re-read from ``/proc`` (:mod:`._procfs_fallback`); remote ranks' reports
+from their hosts' agents are merged in by :mod:`._remote_reports`; every state change is an event
+handed to the subscribers by :mod:`._delivery`, in order, once, outside locks.
 :class:`StallDetector` (:mod:`._stall_timer`) is the timer for "alive but making no progress".
 """
 
@@ -18,22 +21,16 @@ if TYPE_CHECKING:
     from ._stall_timer import StallDetector as StallDetector
     from ._stall_timer import StallInfo as StallInfo
     from ._watcher import PidfdWatcher as PidfdWatcher
-    from ._wedge import DStateSample as DStateSample
-    from ._wedge import ThreadSampler as ThreadSampler
     from ._wedge import WedgeTracker as WedgeTracker
-    from ._wedge import sample_d_state as sample_d_state
 
 __all__ = [
-    "DStateSample",
     "EventLog",
     "PidfdWatcher",
     "ProgressSource",
     "StallDetector",
     "StallInfo",
-    "ThreadSampler",
     "WedgeTracker",
     "WorkerProcessMonitor",
-    "sample_d_state",
 ]
 
 _SOURCES = {
@@ -42,9 +39,6 @@ _SOURCES = {
     "StallInfo": "_stall_timer",
     "ProgressSource": "_stall_timer",
     "WedgeTracker": "_wedge",
-    "ThreadSampler": "_wedge",
-    "DStateSample": "_wedge",
-    "sample_d_state": "_wedge",
     "EventLog": "_delivery",
     "PidfdWatcher": "_watcher",
 }

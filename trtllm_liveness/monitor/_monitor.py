@@ -2,15 +2,18 @@
 
 Data flow::
 
-    register(identities) --> WatchedRank per rank (_records) --+-- pidfd --> PidfdWatcher (_watcher)
-                                                               |             watch set: pidfds + wakeup
-                                                               |             check set: pidfds only
-                                                               +-- no pidfd --> ProcfsFallback (_fallback)
+    register(identities) --> open_watched_rank (_registration) --> WatchedRank (_watched_rank),
+    kept in the RankTable (_rank_table) --+-- pidfd --> PidfdWatcher (_watcher)
+                                          |             watch set: pidfds + wakeup
+                                          |             check set: pidfds only
+                                          +-- no pidfd --> ProcfsFallback (_procfs_fallback)
 
     watcher thread: epoll_wait(watch set, timeout = next wedge scan / procfs tick) --+
     check() / find_dead_worker(): epoll_wait(check set, 0), procfs poll -------------+--> classify,
                                                                                         claim event
-    wedge scan (watcher only, outside the lock): ThreadSampler per rank (_wedge)  ---------+
+    wedge scan (watcher only, outside the lock, due by WedgeScan):                         ^
+        ThreadSampler per rank (process/_thread_sampler), verdict by its WedgeTracker -----+
+    apply_remote[_many](): agents' reports, merge_remote_reports (_remote_reports) --------+
                                                                                            v
                                           EventLog (_delivery): every subscriber, each event once
 
@@ -26,7 +29,6 @@ The monitor never sends a signal.
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
 import os
 import threading
@@ -34,16 +36,15 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 
-from .._errors import AccessDenied, ProcessGone, ProcessZombie
 from .._events import EventKind, RankStatus, WorkerEvent, WorkerState
 from ..process import _pidfd
-from ..process._identity import ProcessIdentity, coerce_identity, is_local, local_hostname, local_pid_namespace
-from ..process._oom import OomProbe
+from ..process._identity import ProcessIdentity, coerce_identity
 from ._delivery import EventLog, Subscriber
-from ._procfs_fallback import ProcfsFallback
-from ._watched_rank import NOT_SIGNALLED_METHODS, SCANNED_STATES, WatchedRank, cause_of, classify_exit
-from ._watcher import PidfdWatcher
-from ._wedge import DStateSample, ThreadSampler, WedgeTracker
+from ._rank_table import RankTable, sample_threads
+from ._remote_reports import merge_remote_reports
+from ._watched_rank import SCANNED_STATES, WatchedRank
+from ._watcher import PidfdWatcher, WatcherClosed
+from ._wedge import WedgeScan
 
 __all__ = ["Subscriber", "WorkerProcessMonitor"]
 
@@ -86,18 +87,12 @@ class WorkerProcessMonitor:
     ) -> None:
         if not scan_interval_s > 0 or not procfs_interval_s > 0:
             raise ValueError("scan_interval_s and procfs_interval_s must be positive")
-        self._d_state_timeout_s = (
-            d_state_timeout_s if d_state_timeout_s is not None and d_state_timeout_s > 0 else None
-        )
-        self._scan_interval_s = scan_interval_s
-        self._wedge_armed = wedge_armed
+        self._wedge_scan = WedgeScan(d_state_timeout_s, scan_interval_s, armed=wedge_armed)
         self._lock = threading.Lock()
         self._owner_pid = os.getpid()
         self._warned_foreign = False
         self._watcher = PidfdWatcher(pidfd_capable=_pidfd.pidfd_supported())
-        self._records: dict[int, WatchedRank] = {}
-        self._by_fd: dict[int, WatchedRank] = {}
-        self._fallback = ProcfsFallback(procfs_interval_s)
+        self._ranks = RankTable(self._watcher, procfs_interval_s)
         self._log = EventLog()
         self._failure: WorkerEvent | None = None
         self._stall: tuple[float, float, str] | None = None  # (since monotonic, since wall, detail)
@@ -105,7 +100,6 @@ class WorkerProcessMonitor:
         self._first_dead: ProcessIdentity | None = None
         self._expecting_exits = False
         self._closed = False
-        self._next_scan = 0.0
         self._next_procfs = 0.0
         # Not a bound method: a finalizer holding self would keep it alive forever.
         self._finalizer = weakref.finalize(self, _release, self._watcher, self._owner_pid)
@@ -137,7 +131,7 @@ class WorkerProcessMonitor:
             # Workers of one job share a memory cgroup: read each OOM counter once per call.
             oom_counters: dict[str, int | None] = {}
             for identity in parsed:
-                existing = self._records.get(identity.rank)
+                existing = self._ranks.get(identity.rank)
                 if existing is not None:
                     if existing.identity == identity:
                         continue
@@ -145,78 +139,12 @@ class WorkerProcessMonitor:
                         "rank %d re-registered with a new identity %s (was %s)",
                         identity.rank, identity, existing.identity,
                     )
-                    self._forget_locked(existing)
-                record = self._new_record(identity, oom_counters)
-                self._records[identity.rank] = record
+                    self._ranks.forget(existing)
+                record = self._ranks.add(identity, d_state_timeout_s=self._wedge_scan.timeout_s,
+                                         oom_counters=oom_counters)
                 self._claim_locked(record, events)
         self._watcher.wake()  # the watcher's timeout may change (a first wedge scan, a procfs tick)
         self._publish(events)
-
-    def _new_record(self, identity: ProcessIdentity, oom_counters: dict[str, int | None]) -> WatchedRank:
-        if identity.hostname != local_hostname():
-            return WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, "none",
-                               detail=f"on host {identity.hostname}, not {local_hostname()}")
-        if identity.pid_namespace is not None and identity.pid_namespace != local_pid_namespace():
-            return WatchedRank(identity, WorkerState.UNMONITORED_OTHER_NAMESPACE, "none",
-                               detail=f"PID namespace {identity.pid_namespace}, not {local_pid_namespace()}")
-        notes = []
-        if identity.pid_namespace is None:
-            notes.append("PID namespace unknown (assumed this one)")
-        fallback_reason = "pidfd unsupported"
-        if self._watcher.pidfd_capable:
-            try:
-                fd = _pidfd.open_verified_pidfd(identity.pid, identity.start_time)
-            except (ProcessGone, AccessDenied) as exc:
-                return _dead_at_registration(identity, exc, "pidfd")
-            except (OSError, ValueError) as exc:
-                code = getattr(exc, "errno", None)
-                fallback_reason = f"pidfd_open failed: {errno.errorcode.get(code or 0, str(exc))}"
-                logger.warning("rank %d (pid %d): %s; polling procfs every %.2fs instead",
-                               identity.rank, identity.pid, fallback_reason, self._fallback.interval_s)
-            else:
-                observed = _observed_start_time(identity)
-                if identity.start_time is None:
-                    seen = "unreadable" if observed is None else str(observed)
-                    notes.append(f"start time unverified (observed {seen}; never signalled)")
-                record = self._alive_record(identity, "pidfd", observed, oom_counters, "; ".join(notes))
-                record.pidfd = fd
-                self._by_fd[fd] = record
-                self._watcher.add(fd)
-                return record
-        try:
-            info = _pidfd.verify_start_time(identity.pid, identity.start_time)
-        except (ProcessGone, AccessDenied) as exc:
-            return _dead_at_registration(identity, exc, "procfs")
-        except (OSError, ValueError) as exc:
-            # Cannot read procfs now either (EMFILE): not evidence of death. Poll until it works.
-            fallback_reason += f"; not yet verified ({exc})"
-            observed = identity.start_time
-        else:
-            observed = info.start_time
-        if identity.start_time is None:
-            notes.append("start time unverified (never signalled)")
-        record = self._alive_record(identity, "procfs", observed, oom_counters,
-                                    "; ".join([fallback_reason, *notes]))
-        self._fallback.add(record)
-        return record
-
-    def _alive_record(self, identity: ProcessIdentity, method: str, observed: int | None,
-                      oom_counters: dict[str, int | None], detail: str) -> WatchedRank:
-        wedge = WedgeTracker(self._d_state_timeout_s) if self._d_state_timeout_s else None
-        sampler = ThreadSampler(identity.pid, observed) if wedge is not None and observed is not None else None
-        return WatchedRank(identity, WorkerState.ALIVE, method, detail=detail, observed_start_time=observed,
-                           wedge=wedge, sampler=sampler, oom=OomProbe.capture(identity.pid, oom_counters))
-
-    def _forget_locked(self, record: WatchedRank) -> None:
-        self._close_pidfd_locked(record)
-        record.close_sampler()
-        self._fallback.discard(record)
-
-    def _close_pidfd_locked(self, record: WatchedRank) -> None:
-        fd, record.pidfd = record.pidfd, None
-        if fd is not None:
-            self._by_fd.pop(fd, None)
-            self._watcher.discard(fd)
 
     # ----------------------------------------------------------------- checking
 
@@ -248,9 +176,9 @@ class WorkerProcessMonitor:
         with self._lock:
             if self._closed:
                 return self._failure
-            self._handle_ready_locked(self._watcher.ready_now(), events)
-            if self._fallback:
-                self._handle_fallback_locked(events)
+            self._claim_all_locked(self._ranks.exited(self._watcher.ready_now()), events)
+            if self._ranks.fallback:
+                self._claim_all_locked(self._ranks.fallback.poll(), events)
         self._publish(events)
         return self._failure
 
@@ -274,7 +202,7 @@ class WorkerProcessMonitor:
         if self._is_foreign_process():
             return []
         with self._lock:
-            snapshots = [self._records[rank].snapshot() for rank in sorted(self._records)]
+            snapshots = self._ranks.snapshots()
             stall = self._stall
         if stall is None:
             return snapshots
@@ -320,15 +248,14 @@ class WorkerProcessMonitor:
         if self._is_foreign_process():
             return []
         with self._lock:
-            return [self._records[rank].identity for rank in sorted(self._records)]
+            return self._ranks.identities()
 
     def verified_identities(self) -> list[ProcessIdentity]:
         """The local identities whose start time was given and verified: the only signal targets."""
         if self._is_foreign_process():
             return []
         with self._lock:
-            return [r.identity for _, r in sorted(self._records.items())
-                    if r.method not in NOT_SIGNALLED_METHODS and r.start_time_verified]
+            return self._ranks.verified_identities()
 
     @property
     def watcher_alive(self) -> bool:
@@ -340,19 +267,8 @@ class WorkerProcessMonitor:
         """The exception that killed the watcher thread, if it died."""
         return self._watcher.error
 
-    def _handle_ready_locked(self, ready: list[int], events: list[WorkerEvent]) -> None:
-        for fd in ready:
-            record = self._by_fd.get(fd)
-            # Re-test the fd under the lock: another thread may have handled and closed it, and a
-            # new registration may have reused the number, since epoll reported it.
-            if record is None or record.pidfd != fd or not _pidfd.is_exited(fd):
-                continue
-            classify_exit(record)
-            self._close_pidfd_locked(record)
-            self._claim_locked(record, events)
-
-    def _handle_fallback_locked(self, events: list[WorkerEvent]) -> None:
-        for record in self._fallback.poll():
+    def _claim_all_locked(self, records: list[WatchedRank], events: list[WorkerEvent]) -> None:
+        for record in records:
             self._claim_locked(record, events)
 
     # ----------------------------------------------------------------- remote ranks (agents)
@@ -381,30 +297,12 @@ class WorkerProcessMonitor:
         many updates were taken."""
         if self._is_foreign_process():
             return 0
-        taken: list[tuple[WatchedRank, WorkerState, str]] = []
         events: list[WorkerEvent] = []
         with self._lock:
             if self._closed:
                 return 0
-            for identity, state, detail in updates:
-                if is_local(identity):
-                    logger.warning("liveness: ignored a remote report about local %s", identity.describe())
-                    continue
-                record = self._records.get(identity.rank)
-                if record is None:
-                    record = WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, "none")
-                    self._records[identity.rank] = record
-                elif not _same_process(record.identity, identity) or record.method not in NOT_SIGNALLED_METHODS:
-                    logger.warning("liveness: ignored a remote report about %s: rank %d is registered as %s",
-                                   identity.describe(), identity.rank, record.identity.describe())
-                    continue
-                taken.append((record, state, detail))
-            for record, state, detail in taken:
-                if record.state.is_dead or (record.state.is_fatal and not state.is_fatal):
-                    continue  # a death or a fatal verdict stands; what comes later is a late message
-                record.method = via
-                record.set_state(state, detail)
-            for record, _state, _detail in taken:
+            taken = merge_remote_reports(self._ranks.records, updates, via=via)
+            for record in taken:
                 self._claim_locked(record, events, tid=tid, wchan=wchan, fault_at=fault_at)
         self._publish(events)
         return len(taken)
@@ -464,28 +362,15 @@ class WorkerProcessMonitor:
         if self._is_foreign_process():
             return
         with self._lock:
-            if d_state_timeout_s is None and self._wedge_armed:
+            if not self._wedge_scan.arm(d_state_timeout_s):
                 return
-            self._wedge_armed = True
-            if d_state_timeout_s is not None:
-                self._d_state_timeout_s = d_state_timeout_s if d_state_timeout_s > 0 else None
-            timeout = self._d_state_timeout_s
-            for record in self._records.values():
-                if timeout is None:
-                    record.wedge = None
-                    continue
-                record.wedge = WedgeTracker(timeout)  # D time before arming does not count
-                if record.sampler is None and record.observed_start_time is not None \
-                        and record.method not in NOT_SIGNALLED_METHODS \
-                        and record.state in SCANNED_STATES:
-                    record.sampler = ThreadSampler(record.identity.pid, record.observed_start_time)
-            self._next_scan = time.monotonic()
+            self._ranks.rearm_wedges(self._wedge_scan.timeout_s)  # D time before arming does not count
         self._watcher.wake()
 
     @property
     def wedge_armed(self) -> bool:
         """Whether wedge verdicts are being made (see ``wedge_armed`` in the constructor)."""
-        return self._wedge_armed and self._d_state_timeout_s is not None
+        return self._wedge_scan.enabled
 
     # ----------------------------------------------------------------- events
 
@@ -520,10 +405,8 @@ class WorkerProcessMonitor:
                 raise RuntimeError("WorkerProcessMonitor is closed")
         try:
             self._watcher.start(self)
-        except RuntimeError as exc:
-            if "watcher is closed" in str(exc):
-                raise RuntimeError("WorkerProcessMonitor is closed") from None
-            raise  # e.g. "can't start new thread": say what really happened
+        except WatcherClosed:  # closed by another thread since the check above
+            raise RuntimeError("WorkerProcessMonitor is closed") from None
 
     def stop(self, timeout: float = 1.0) -> bool:
         """Stop the watcher and join it for at most ``timeout`` seconds.
@@ -550,11 +433,7 @@ class WorkerProcessMonitor:
             already = self._closed
             self._closed = True
             if not already:
-                for record in self._records.values():
-                    record.pidfd = None  # the watcher owns and closes the descriptors
-                    record.close_sampler()
-                self._by_fd.clear()
-                self._fallback.clear()
+                self._ranks.release()  # the watcher owns and closes the descriptors
         if not already:
             self._log.clear_subscribers()
         self._watcher.close(timeout)
@@ -571,8 +450,8 @@ class WorkerProcessMonitor:
         with self._lock:
             due = []
             if self._scan_wanted_locked():
-                due.append(self._next_scan)
-            if self._fallback:
+                due.append(self._wedge_scan.next_at)
+            if self._ranks.fallback:
                 due.append(self._next_procfs)
         return max(0.0, min(due) - time.monotonic()) if due else None
 
@@ -582,67 +461,39 @@ class WorkerProcessMonitor:
         with self._lock:
             if self._closed:
                 return
-            self._handle_ready_locked(ready, events)
-            if self._fallback and now >= self._next_procfs:
-                self._next_procfs = now + self._fallback.interval_s
-                self._handle_fallback_locked(events)
-            scan_due = self._scan_wanted_locked() and now >= self._next_scan
-            if scan_due:
-                self._next_scan = now + self._scan_interval_s
+            self._claim_all_locked(self._ranks.exited(ready), events)
+            if self._ranks.fallback and now >= self._next_procfs:
+                self._next_procfs = now + self._ranks.fallback.interval_s
+                self._claim_all_locked(self._ranks.fallback.poll(), events)
+            scan_due = self._scan_wanted_locked() and self._wedge_scan.take_due(now)
         self._publish(events)
         if scan_due:
             self._publish(self._scan_wedges())
 
     def _scan_wanted_locked(self) -> bool:
-        return self._wedge_armed and self._d_state_timeout_s is not None and any(
-            record.sampler is not None and record.state in SCANNED_STATES for record in self._records.values()
-        )
+        return self._wedge_scan.enabled and self._ranks.wants_scan()
 
     def _scan_wedges(self) -> list[WorkerEvent]:
         """Sample every watched worker's threads (outside the lock) and apply verdicts (inside)."""
         with self._lock:
             if self._closed:
                 return []
-            targets = [
-                (record, record.sampler) for record in self._records.values()
-                if record.sampler is not None and record.state in SCANNED_STATES
-            ]
-        samples: list[tuple[WatchedRank, DStateSample | None]] = []
-        for record, sampler in targets:
-            try:
-                samples.append((record, sampler.sample()))
-            except (OSError, ValueError):
-                continue  # gone (the pidfd or procfs path reports the death) or unreadable now
+            targets = self._ranks.scan_targets()
+        samples = sample_threads(targets)
         if not samples:
             return []
         now = time.monotonic()
         events: list[WorkerEvent] = []
         with self._lock:
             for record, sample in samples:
-                if record.wedge is None or self._closed or self._records.get(record.identity.rank) is not record:
+                if record.wedge is None or self._closed or not self._ranks.is_current(record):
                     continue  # re-registered or closed meanwhile
                 if record.state in SCANNED_STATES:
-                    self._apply_sample_locked(record, record.wedge, sample, now, events)
+                    verdict = record.observe_threads(record.wedge, sample, now)
+                    if verdict is not None:
+                        tid, wchan = verdict
+                        self._claim_locked(record, events, tid=tid, wchan=wchan)
         return events
-
-    def _apply_sample_locked(self, record: WatchedRank, wedge: WedgeTracker, sample: DStateSample | None,
-                             now: float, events: list[WorkerEvent]) -> None:
-        was_seconds = wedge.d_seconds(now)
-        verdict = wedge.observe(sample, now)
-        if sample is None:
-            if record.state is WorkerState.WEDGED:
-                # The failure already raised stays (it is sticky); the view tells the truth.
-                record.set_state(WorkerState.ALIVE, f"left D state after at least {was_seconds:.1f}s (was wedged)")
-            return
-        if verdict is None:
-            return
-        tid = wedge.stuck_tid() or sample.d_tids[0]
-        wchan = sample.wchan or "?"
-        if verdict is EventKind.UNKILLABLE:
-            record.set_state(WorkerState.UNKILLABLE, f"thread {tid} in D with SIGKILL pending (wchan {wchan})")
-        else:
-            record.set_state(WorkerState.WEDGED, f"thread {tid} in D for {wedge.d_seconds(now):.1f}s (wchan {wchan})")
-        self._claim_locked(record, events, tid=tid, wchan=sample.wchan)
 
     def _is_foreign_process(self) -> bool:
         if os.getpid() == self._owner_pid:
@@ -653,40 +504,9 @@ class WorkerProcessMonitor:
         return True
 
 
-def _same_process(registered: ProcessIdentity, reported: ProcessIdentity) -> bool:
-    """Whether an agent's identity is the registered one (a start time unknown on one side is not
-    held against it: upstream may send None)."""
-    if registered[:2] != reported[:2] or registered.hostname != reported.hostname:
-        return False
-    return None in (registered.start_time, reported.start_time) or registered.start_time == reported.start_time
-
-
 def _release(watcher: PidfdWatcher, owner_pid: int) -> None:
     """Finalizer: the monitor was closed or collected."""
     if os.getpid() != owner_pid:
         watcher.release_in_forked_child()
     else:
         watcher.close(0.0)
-
-
-def _observed_start_time(identity: ProcessIdentity) -> int | None:
-    """The start time behind a freshly opened (and, where given, verified) pidfd.
-
-    For an identity without one, the start time read now; None when that read fails (the pidfd
-    still reports the exit; only wedge sampling, which needs the start time, is skipped).
-    """
-    if identity.start_time is not None:
-        return identity.start_time
-    try:
-        return _pidfd.verify_start_time(identity.pid, None).start_time
-    except (OSError, ValueError, ProcessGone, AccessDenied):
-        return None
-
-
-def _dead_at_registration(identity: ProcessIdentity, exc: Exception, method: str) -> WatchedRank:
-    if isinstance(exc, AccessDenied):
-        # Cannot read it, so cannot verify it: not ours to judge dead; keep it unmonitored.
-        return WatchedRank(identity, WorkerState.UNMONITORED_OTHER_NAMESPACE, "none",
-                           detail="access denied to /proc entry")
-    state = WorkerState.ZOMBIE if isinstance(exc, ProcessZombie) else WorkerState.EXITED
-    return WatchedRank(identity, state, method, detail=cause_of(exc, at_registration=True))

@@ -18,7 +18,8 @@ from .._events import EventKind, RankStatus, WorkerEvent, WorkerState
 from ..process import _procfs
 from ..process._identity import ProcessIdentity
 from ..process._oom import OomProbe
-from ._wedge import ThreadSampler, WedgeTracker
+from ..process._thread_sampler import DStateSample, ThreadSampler
+from ._wedge import WedgeTracker
 
 EVENT_OF_STATE = {
     WorkerState.EXITED: EventKind.DIED,
@@ -84,6 +85,27 @@ class WatchedRank:
     def close_sampler(self) -> None:
         if self.sampler is not None:
             self.sampler.close()
+
+    def observe_threads(self, wedge: WedgeTracker, sample: DStateSample | None, now: float) -> tuple[int, str] | None:
+        """Feed one thread sample (taken at monotonic ``now``) to ``wedge`` and set the state it
+        implies. Returns the stuck thread and its wait channel when a new verdict (wedged or
+        unkillable) was reached: the caller then claims its event."""
+        was_seconds = wedge.d_seconds(now)
+        verdict = wedge.observe(sample, now)
+        if sample is None:
+            if self.state is WorkerState.WEDGED:
+                # The failure already raised stays (it is sticky); the view tells the truth.
+                self.set_state(WorkerState.ALIVE, f"left D state after at least {was_seconds:.1f}s (was wedged)")
+            return None
+        if verdict is None:
+            return None
+        tid = wedge.stuck_tid() or sample.d_tids[0]
+        wchan = sample.wchan or "?"
+        if verdict is EventKind.UNKILLABLE:
+            self.set_state(WorkerState.UNKILLABLE, f"thread {tid} in D with SIGKILL pending (wchan {wchan})")
+        else:
+            self.set_state(WorkerState.WEDGED, f"thread {tid} in D for {wedge.d_seconds(now):.1f}s (wchan {wchan})")
+        return tid, sample.wchan
 
 
 def classify_exit(record: WatchedRank) -> None:

@@ -32,6 +32,10 @@ _EPOLL_FLAGS = select.EPOLLIN | select.EPOLLHUP | select.EPOLLERR
 THREAD_NAME = "trtllm-liveness-watcher"
 
 
+class WatcherClosed(RuntimeError):
+    """:meth:`PidfdWatcher.start` after :meth:`PidfdWatcher.close`: the owner is closed."""
+
+
 class WatchTarget(Protocol):
     """What the watcher thread calls back into (the monitor). Both run in the watcher thread."""
 
@@ -152,11 +156,12 @@ class PidfdWatcher:
     def start(self, target: WatchTarget) -> None:
         """Start the thread for ``target`` (held by weak reference); a no-op while one runs.
 
-        Raises ``RuntimeError`` after :meth:`close`.
+        Raises :class:`WatcherClosed` (a ``RuntimeError``) after :meth:`close`; any other
+        ``RuntimeError`` is the thread's own failure to start.
         """
         with self._lock:
             if self._closed:
-                raise RuntimeError("watcher is closed")
+                raise WatcherClosed("watcher is closed")
             self._stop_requested = False
             if self._thread is not None:
                 return  # running, and it has not decided to leave (it decides under this lock)

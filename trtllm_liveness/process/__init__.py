@@ -6,7 +6,9 @@
 - :mod:`._identity`: :class:`ProcessIdentity`, who a worker is in a form that survives PID reuse and
   crosses IPC and hosts;
 - :mod:`._mm_read`: bounded reads of ``/proc/PID`` files that take the target's mmap lock;
-- :mod:`._oom`: whether a SIGKILL came from the kernel's OOM killer.
+- :mod:`._oom`: whether a SIGKILL came from the kernel's OOM killer;
+- :mod:`._thread_sampler`: which of a process's threads are in ``D`` (uninterruptible sleep), sampled
+  once or scan after scan.
 
 Standard library only; nothing here starts a thread.
 """
@@ -30,12 +32,17 @@ if TYPE_CHECKING:
     from ._pidfd import send_signal as send_signal
     from ._pidfd import signal_verified as signal_verified
     from ._pidfd import verify_start_time as verify_start_time
+    from ._thread_sampler import DStateSample as DStateSample
+    from ._thread_sampler import ThreadSampler as ThreadSampler
+    from ._thread_sampler import sample_d_state as sample_d_state
 
 __all__ = [
+    "DStateSample",
     "MmReader",
     "OomProbe",
     "ProcessIdentity",
     "SkippedRead",
+    "ThreadSampler",
     "capture_identity",
     "is_exited",
     "is_local",
@@ -44,6 +51,7 @@ __all__ = [
     "open_pidfd",
     "open_verified_pidfd",
     "parse_identities",
+    "sample_d_state",
     "send_signal",
     "signal_verified",
     "verify_start_time",
@@ -65,6 +73,9 @@ _SOURCES = {
     "MmReader": "_mm_read",
     "SkippedRead": "_mm_read",
     "OomProbe": "_oom",
+    "DStateSample": "_thread_sampler",
+    "ThreadSampler": "_thread_sampler",
+    "sample_d_state": "_thread_sampler",
 }
 
 if not TYPE_CHECKING:

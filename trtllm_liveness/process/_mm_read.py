@@ -6,8 +6,8 @@ waits on a FUSE, NFS or GPU-unified-memory page, with a writer (``mmap``/``munma
 reader sleeps in ``D`` with no timeout: the classic "``ps`` hangs". ``stat``, ``status``, ``wchan``,
 ``task/*/stat``, ``cgroup`` and ``ns/*`` do not go through the mm and are read directly.
 
-:class:`MmReader` does each such read on a daemon helper thread and waits for it with a deadline.
-Design, and why:
+:class:`MmReader` does each such read on a daemon helper thread and waits for it with a deadline
+(:func:`read_cmdline` is the command line read that way). Design, and why:
 
 - **One helper at a time, reused while it answers in time, abandoned when stuck.** The scan waits
   for each read in turn, so a pool would buy nothing; a thread per read would cost a thread start
@@ -196,3 +196,20 @@ class MmReader:
         if job.error is not None:
             raise job.error
         return job.data
+
+
+def read_cmdline(pid: int, reader: MmReader, d_tids: list[int] | None) -> tuple[tuple[str, ...], SkippedRead | None]:
+    """The command line of ``pid`` read through ``reader``; skipped when ``d_tids`` is not empty.
+
+    ``d_tids=None`` reads even a process in D (with the reader's deadline). Empty when unreadable
+    or gone (kernel threads and zombies have none).
+    """
+    if d_tids:
+        return (), skip_for_d(pid, "cmdline", d_tids)
+    try:
+        data = reader.read(pid, "cmdline")
+    except OSError:
+        return (), None
+    if isinstance(data, SkippedRead):
+        return (), data
+    return tuple(part.decode("utf-8", "replace") for part in data.split(b"\0") if part), None

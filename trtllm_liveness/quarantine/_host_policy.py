@@ -1,8 +1,8 @@
 """Quarantine of a wedged host: what a non-restartable failure leaves, and what start-up checks.
 
 :func:`quarantine_host` runs on the fatal path (from the event's thread; it never blocks there):
-in one daemon thread it writes the host's marker (:mod:`._quarantine`), then runs the configured
-orchestrator actions (:mod:`._host_actions`), each bounded. An exit cleanup (run by the exit guard
+in one daemon thread it writes the host's marker (:mod:`._marker`), then runs the configured
+orchestrator actions (:mod:`._orchestrator_actions`), each bounded. An exit cleanup (run by the exit guard
 before ``os._exit``, and at a normal interpreter exit) waits for that thread until one absolute
 deadline set when it started: ``quarantine_action_timeout_s`` per request the actions make (a
 drain, a Kubernetes read and patch, a hook: they run one after another) plus a second. Every wait

@@ -1,19 +1,21 @@
 """Ending worker processes with a deadline that always holds (:mod:`._bounded_stop`).
 
 :func:`stop_processes` signals each verified process (SIGTERM, then SIGKILL after a grace), waits on
-pidfds, and returns a :class:`StopReport`: who stopped, how, and who could not be ended
-(:class:`UnkillableWorker`, a process wedged in the kernel) instead of waiting on it.
+pidfds, and returns a :class:`StopReport` (:mod:`._stop_report`): who stopped, how, and who could
+not be ended (:class:`UnkillableWorker`, a process wedged in the kernel) instead of waiting on it.
+Each input is first verified into a target (:mod:`._stop_targets`); the process-wide ledger
+(:mod:`._signal_ledger`) sends a given signal to a given process once across concurrent calls.
 """
 
 from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._bounded_stop import StopOutcome as StopOutcome
-    from ._bounded_stop import StoppedWorker as StoppedWorker
-    from ._bounded_stop import StopReport as StopReport
-    from ._bounded_stop import UnkillableWorker as UnkillableWorker
     from ._bounded_stop import stop_processes as stop_processes
+    from ._stop_report import StopOutcome as StopOutcome
+    from ._stop_report import StoppedWorker as StoppedWorker
+    from ._stop_report import StopReport as StopReport
+    from ._stop_report import UnkillableWorker as UnkillableWorker
 
 __all__ = [
     "StopOutcome",
@@ -25,10 +27,10 @@ __all__ = [
 
 _SOURCES = {
     "stop_processes": "_bounded_stop",
-    "StopReport": "_bounded_stop",
-    "StopOutcome": "_bounded_stop",
-    "StoppedWorker": "_bounded_stop",
-    "UnkillableWorker": "_bounded_stop",
+    "StopReport": "_stop_report",
+    "StopOutcome": "_stop_report",
+    "StoppedWorker": "_stop_report",
+    "UnkillableWorker": "_stop_report",
 }
 
 if not TYPE_CHECKING:

@@ -7,6 +7,8 @@ plugin contract; also what Slurm's HealthCheckProgram runs, see test_quarantine_
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -39,6 +41,7 @@ def quarantine(directory: Path, pid: int) -> None:
 
 def test_status_and_clear_follow_the_stuck_process(stuck_child: StuckChild, tmp_path: Path) -> None:
     directory = tmp_path / "q"
+    directory.mkdir()
     assert cli("status", "--dir", str(directory), "--devices", "").returncode == 0
     quarantine(directory, stuck_child.popen.pid)
 
@@ -80,3 +83,35 @@ def test_a_malformed_marker_is_quarantined_and_bad_arguments_are_unknown(tmp_pat
     assert unknown.returncode == 2 and unknown.stdout.startswith("UNKNOWN:")
     assert cli("frobnicate").returncode == 2
     assert "quarantine status: 0 OK, 1 quarantined, 2 unknown" in EXIT_STATUS_HELP
+
+
+def test_a_directory_that_cannot_answer_is_unknown_not_ok(tmp_path: Path) -> None:
+    # A missing directory (an unmounted hostPath, a typo) would say OK about a place no server writes.
+    missing = cli("status", "--dir", str(tmp_path / "absent"), "--devices", "")
+    assert missing.returncode == 2 and missing.stdout.startswith("UNKNOWN: ") and "does not exist" in missing.stdout
+    as_json = json.loads(cli("status", "--dir", str(tmp_path / "absent"), "--devices", "", "--json").stdout)
+    assert as_json["quarantined"] is None and "does not exist" in as_json["message"]
+    # Writable by others: start-up ignores it, so no marker there could hold the host.
+    shared = tmp_path / "shared"
+    shared.mkdir(mode=0o777)
+    shared.chmod(0o777)
+    untrusted = cli("status", "--dir", str(shared), "--devices", "")
+    assert untrusted.returncode == 2 and "not trusted" in untrusted.stdout, untrusted
+    # An invalid TRTLLM_WORKER_LIVENESS: the check cannot know where the server writes.
+    bad = subprocess.run([str(CLI), "quarantine", "status"], capture_output=True, text=True, timeout=30,
+                         start_new_session=True, env={"PATH": "/usr/bin:/bin", "TRTLLM_WORKER_LIVENESS": "bogus=1"})
+    assert bad.returncode == 2 and bad.stdout.startswith("UNKNOWN: TRTLLM_WORKER_LIVENESS: unknown key 'bogus'")
+
+
+def test_a_directory_this_user_cannot_read_is_unknown(tmp_path: Path) -> None:
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to run the check as another user")
+    private = tmp_path / "private"
+    private.mkdir(mode=0o700)
+    tmp_path.chmod(0o755)  # the path to it is searchable; the directory itself is not
+    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(CLI), "quarantine",
+                             "status", "--dir", str(private), "--devices", ""],
+                            capture_output=True, text=True, timeout=30, start_new_session=True,
+                            env={"PATH": "/usr/bin:/bin"})
+    assert result.returncode == 2 and result.stdout.startswith("UNKNOWN: "), result
+    assert "Permission denied" in result.stdout or "cannot be read" in result.stdout, result

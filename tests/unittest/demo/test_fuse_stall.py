@@ -26,7 +26,8 @@ from trtllm_liveness.demo._fuse_stall import (
     remove_leftover_mounts,
 )
 from trtllm_liveness.process import _procfs
-from trtllm_liveness.stop._bounded_stop import StopOutcome, stop_processes
+from trtllm_liveness.stop._bounded_stop import stop_processes
+from trtllm_liveness.stop._stop_report import StopOutcome
 
 pytestmark = [pytest.mark.real_process, pytest.mark.fuse, pytest.mark.timeout(60)]
 

@@ -17,7 +17,8 @@ from tests.conftest import WAIT_SCALE, ProcessTracker, StuckChild, needs, wait_u
 from trtllm_liveness.cli import main as cli_main
 from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.diagnose import _diagnosis
-from trtllm_liveness.diagnose._diagnosis import Activity, StackStatus
+from trtllm_liveness.diagnose._diagnosis import Activity
+from trtllm_liveness.diagnose._py_spy import StackStatus, _parse_text_dump, find_py_spy, take_stacks
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._identity import capture_identity
 
@@ -68,7 +69,7 @@ def _stopped(procs: ProcessTracker) -> subprocess.Popen[bytes]:
 
 
 def _py_spy() -> str:
-    path = _diagnosis.find_py_spy()
+    path = find_py_spy()
     assert path is not None
     return path
 
@@ -190,7 +191,7 @@ def test_a_py_spy_that_never_answers_is_killed_at_the_deadline(procs: ProcessTra
     proc = _blocked(procs)
     pid_file = tmp_path / "pid"
     fake = _fake_py_spy(tmp_path, f"echo $$ > {pid_file}\nexec sleep 3600")
-    result = _diagnosis.take_stacks([proc.pid], timeout_s=0.5, py_spy=fake)[proc.pid]
+    result = take_stacks([proc.pid], timeout_s=0.5, py_spy=fake)[proc.pid]
     assert result.status is StackStatus.TIMED_OUT, result
     fake_pid = int(pid_file.read_text())
     procs.track(fake_pid)
@@ -203,7 +204,7 @@ def test_a_py_spy_stuck_in_d_is_left_behind_and_reported(
     pid_file = tmp_path / "pid"
     stuck = " ".join(f"'{arg}'" for arg in fuse_stall.stuck_child_cmd())
     fake = _fake_py_spy(tmp_path, f"echo $$ > {pid_file}\nexec {stuck}")
-    result = _diagnosis.take_stacks([proc.pid], timeout_s=5 * WAIT_SCALE, py_spy=fake)[proc.pid]
+    result = take_stacks([proc.pid], timeout_s=5 * WAIT_SCALE, py_spy=fake)[proc.pid]
     fake_pid = int(pid_file.read_text())
     procs.track(fake_pid)
     assert fake_pid in fuse_stall.held_tids(), "the fake py-spy never reached the FUSE stall"
@@ -215,7 +216,7 @@ def test_a_py_spy_stuck_in_d_is_left_behind_and_reported(
 def test_a_py_spy_that_cannot_start_is_reported(procs: ProcessTracker, tmp_path: Path) -> None:
     proc = _blocked(procs)
     missing = str(tmp_path / "no-such-py-spy")
-    result = _diagnosis.take_stacks([proc.pid], py_spy=missing)[proc.pid]
+    result = take_stacks([proc.pid], py_spy=missing)[proc.pid]
     assert result.status is StackStatus.FAILED and "could not start" in result.detail
 
 
@@ -224,7 +225,7 @@ def test_text_dump_of_an_older_py_spy_is_parsed() -> None:
             'Thread 12 (idle): "MainThread"\n    Condition.wait (threading.py:327)\n'
             '    wait_for_peer_that_never_comes (x.py:3)\n    <module> (x.py:5)\n'
             'Thread 0x7F00 (active+gil): "worker"\n    spin (y.py:9)\n')
-    threads = _diagnosis._parse_text_dump(text)
+    threads = _parse_text_dump(text)
     assert [(t.tid, t.name, t.active, t.owns_gil) for t in threads] == [
         (12, "MainThread", False, False), (None, "worker", True, True)]
     assert threads[0].stuck_in is not None and threads[0].stuck_in.function == "wait_for_peer_that_never_comes"

@@ -96,9 +96,10 @@ def test_switched_off_by_the_user_installs_nothing() -> None:
 
 
 def test_a_bad_configuration_fails_the_engine_start_instead_of_running_unprotected() -> None:
-    # Before: the autoload logged the error at import and installed nothing; the server then ran
-    # without liveness and exited 0.
+    # The hook loaded as the .pth loads it (the launcher refuses the value before it starts
+    # anything, below): the engine's start fails; the server never runs without liveness.
     code = textwrap.dedent("""
+        import trtllm_liveness.integrations.trtllm_autoload
         from tensorrt_llm.executor.executor import GenerationExecutor
         from _trtllm_fake_common import FakeEngine  # on sys.path once the fake tree is imported
         try:
@@ -108,10 +109,30 @@ def test_a_bad_configuration_fails_the_engine_start_instead_of_running_unprotect
             raise SystemExit(3)
         print("started unprotected")
     """)
-    result = launch("python", "-c", code, env={"PYTHONPATH": str(FAKE_MAIN),
-                                               "TRTLLM_WORKER_LIVENESS": "d_state_timeout_s=soon"})
+    env = {key: value for key, value in os.environ.items() if key != "TRTLLM_WORKER_LIVENESS"}
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60 * WAIT_SCALE,
+                            start_new_session=True, env={**env, "PYTHONPATH": str(FAKE_MAIN),
+                                                         "TRTLLM_WORKER_LIVENESS": "d_state_timeout_s=soon"})
     assert result.returncode == 3, (result.stdout, result.stderr[-3000:])
     assert "refused:" in result.stdout and "d_state_timeout_s" in result.stdout
+
+
+@pytest.mark.parametrize(("value", "named"), [
+    ("bogus=3", "unknown key 'bogus'"),
+    ("exit_code=0", "exit_code must be in [1, 255]"),
+    ("@/nonexistent/liveness.conf", "'/nonexistent/liveness.conf'"),
+])
+def test_an_invalid_value_starts_nothing_and_names_the_key(value: str, named: str) -> None:
+    result = launch("python", "-c", "print('the command ran')", env={"TRTLLM_WORKER_LIVENESS": value})
+    assert result.returncode == autoload.EXIT_INVALID_SETTING == 78, result
+    assert result.stdout == "", result.stdout  # the command never ran
+    assert named in result.stderr and "worker liveness on" not in result.stderr, result.stderr
+
+
+def test_a_settings_value_that_says_enabled_0_is_reported_off() -> None:
+    result = launch("python", "-c", "print('ran')", env={"TRTLLM_WORKER_LIVENESS": "enabled=0,d_state_timeout_s=5"})
+    assert result.returncode == 0 and result.stdout.strip() == "ran", result
+    assert "worker liveness off" in result.stderr, result.stderr
 
 
 def test_pth_line_is_a_no_op_once_the_package_is_gone(tmp_path: Path) -> None:

@@ -125,6 +125,20 @@ def test_main_fake_is_covered(procs: ProcessTracker) -> None:
     assert hooks["_fatal_error"]["found"] and hooks["_owns_mpi_session"]["found"]
 
 
+def test_an_invalid_setting_is_exit_status_5_naming_the_key(procs: ProcessTracker) -> None:
+    require_facility("console-script")
+    bad = _run(procs, [str(CLI), "doctor"], FAKES / "trtllm_main", {"TRTLLM_WORKER_LIVENESS": "bogus=3"})
+    assert bad.status == _doctor.EXIT_INVALID_SETTING == 5, bad
+    assert "settings: INVALID: TRTLLM_WORKER_LIVENESS: unknown key 'bogus'" in bad.out, bad.out
+    assert bad.out.splitlines()[-1] == "coverage: covered; settings invalid (exit status 5)"
+    report = _run(procs, [str(CLI), "doctor", "--json"], None, {"TRTLLM_WORKER_LIVENESS": "exit_code=0"}).json()
+    assert report["exit_status"] == 5 and report["coverage"] == "not installed"
+    assert "exit_code" in report["setting"]["error"] and report["setting"]["value"] == "exit_code=0"
+    good = _run(procs, [str(CLI), "doctor"], FAKES / "trtllm_main", {"TRTLLM_WORKER_LIVENESS": "stall_timeout_s=120"})
+    assert good.status == 0 and "settings: TRTLLM_WORKER_LIVENESS='stall_timeout_s=120': valid, liveness on" \
+        in good.out, good
+
+
 def test_module_entry_point_reports_the_same(procs: ProcessTracker) -> None:
     run = _run(procs, [sys.executable, "-m", "trtllm_liveness.cli", "doctor", "--json"], FAKES / "trtllm_main")
     assert run.status == 0, run

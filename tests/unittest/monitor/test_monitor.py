@@ -23,6 +23,7 @@ from trtllm_liveness import (
     WorkerState,
     capture_identity,
 )
+from trtllm_liveness.monitor._watcher import WatcherClosed
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 
@@ -291,6 +292,24 @@ def test_subscribe_start_stop_are_idempotent_and_thread_safe(procs: ProcessTrack
     with pytest.raises(RuntimeError):
         monitor.start()
     assert all(len(r.events) == 1 for r in recorders)  # exactly once per subscriber
+
+
+def test_start_after_the_watcher_closed_says_the_monitor_is_closed(procs: ProcessTracker) -> None:
+    """The watcher refuses a start after its close with its own type (WatcherClosed), and the monitor
+    turns exactly that type into "WorkerProcessMonitor is closed": the window where another thread's
+    close() lands between start()'s own check and the watcher's."""
+    child = procs.sleeper()
+    monitor = WorkerProcessMonitor()
+    monitor.register([capture_identity(0, child.pid)])
+    monitor._watcher.close(1.0)  # what a concurrent close() does after start() passed its check
+    with pytest.raises(WatcherClosed):
+        monitor._watcher.start(monitor)
+    with pytest.raises(RuntimeError) as refused:
+        monitor.start()
+    assert type(refused.value) is RuntimeError and str(refused.value) == "WorkerProcessMonitor is closed"
+    assert refused.value.__suppress_context__
+    assert not monitor.watcher_alive
+    monitor.close()
 
 
 def test_raising_subscriber_is_logged_and_watcher_keeps_going(

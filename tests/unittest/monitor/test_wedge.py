@@ -12,8 +12,9 @@ import pytest
 from tests.conftest import WAIT_SCALE, Freezer, ProcessTracker, StuckChild, state_of, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, capture_identity
 from trtllm_liveness.demo._fuse_stall import FuseStall
-from trtllm_liveness.monitor._wedge import DStateSample, WedgeTracker
+from trtllm_liveness.monitor._wedge import WedgeTracker
 from trtllm_liveness.process import _procfs
+from trtllm_liveness.process._thread_sampler import DStateSample
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 

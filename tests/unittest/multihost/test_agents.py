@@ -349,8 +349,9 @@ def test_no_false_alarm_in_60s_with_both_cores_busy(test_hosts: TestHosts, procs
 
 @pytest.mark.timeout(180)
 def test_the_multihost_demo_reports_a_remote_kill(procs: ProcessTracker) -> None:
-    """``scripts/demo_hosts.py --hosts 3 --fault remote-kill --json`` (the README's command): the
-    killed rank of hostB named, the request failed, every host's shutdown reported."""
+    """``scripts/demo_hosts.py --hosts 3 --fault remote-kill --json`` (the README's command; ``bash
+    scripts/demo.sh --hosts 3 ...`` runs it after its set-up): the killed rank of hostB named, the
+    request failed, every host's shutdown reported."""
     require_facility("testhosts")
     script = Path(__file__).resolve().parents[3] / "scripts" / "demo_hosts.py"
     demo = subprocess.Popen([sys.executable, str(script), "--hosts", "3", "--fault", "remote-kill", "--json"],

@@ -13,8 +13,8 @@ import pytest
 
 from tests.conftest import ProcessTracker
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
-from trtllm_liveness.monitor._wedge import ThreadSampler, sample_d_state
 from trtllm_liveness.process import _procfs
+from trtllm_liveness.process._thread_sampler import ThreadSampler, sample_d_state
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
 

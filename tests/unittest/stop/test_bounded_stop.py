@@ -20,7 +20,8 @@ import pytest
 from tests.conftest import SLEEPER, WAIT_SCALE, ProcessTracker, StuckChild, require_facility, state_of, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.process import _pidfd, _procfs
-from trtllm_liveness.stop._bounded_stop import StopOutcome, StopReport, stop_processes
+from trtllm_liveness.stop._bounded_stop import stop_processes
+from trtllm_liveness.stop._stop_report import StopOutcome, StopReport
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
 

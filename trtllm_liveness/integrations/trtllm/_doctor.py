@@ -18,6 +18,10 @@ The verdict, with one exit status each (2 stays argparse's usage error)::
     inert          3  the extension cannot attach (or tensorrt_llm cannot be imported: the error is named)
     not installed  4  no tensorrt_llm on the path
 
+The ``TRTLLM_WORKER_LIVENESS`` of this environment is checked too, with the parser an engine
+runs when it starts (:func:`trtllm_liveness._config.parse_value`): an invalid value, which would
+make every engine start fail, is exit status 5 whatever the verdict, with the bad key named.
+
 Never raises: an import that fails inside ``tensorrt_llm`` (any exception) is reported as
 ``inert`` with the error. While importing, file descriptor 1 points at stderr, so whatever the
 import prints cannot corrupt ``--json`` output.
@@ -30,10 +34,11 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from ..._config import ENV_VAR, parse_value
 from ._classes import CREATE_HOOK_MISSING, _routing_class
 from ._features import (
     REPLACED_HOOKS,
@@ -47,14 +52,15 @@ from ._features import (
 )
 from ._progress import HANG_DETECTOR_MODULE
 
-__all__ = ["COVERED", "DEGRADED", "EXIT_STATUS", "INERT", "NOT_INSTALLED", "DoctorReport", "HookCheck", "diagnose",
-           "format_report"]
+__all__ = ["COVERED", "DEGRADED", "EXIT_INVALID_SETTING", "EXIT_STATUS", "INERT", "NOT_INSTALLED", "DoctorReport",
+           "HookCheck", "SettingCheck", "check_setting", "diagnose", "format_report"]
 
 COVERED = "covered"
 DEGRADED = "degraded"
 INERT = "inert"
 NOT_INSTALLED = "not installed"
 EXIT_STATUS = {COVERED: 0, DEGRADED: 1, INERT: 3, NOT_INSTALLED: 4}
+EXIT_INVALID_SETTING = 5  # TRTLLM_WORKER_LIVENESS would make every engine start fail
 
 ATTACH, NEEDED, OPTIONAL, UNUSED = "attach", "needed", "optional", "unused"
 
@@ -87,6 +93,26 @@ class HookCheck:
 
 
 @dataclass(frozen=True)
+class SettingCheck:
+    """``TRTLLM_WORKER_LIVENESS`` as this environment has it: ``value`` (``None`` when unset), whether
+    it switches liveness on, and the parser's error for an invalid value (naming the key)."""
+
+    value: str | None
+    enabled: bool
+    error: str | None = None
+
+
+def check_setting(environ: Mapping[str, str] | None = None) -> SettingCheck:
+    """Parse ``TRTLLM_WORKER_LIVENESS`` of ``environ`` (default ``os.environ``) as an engine start
+    would; never raises."""
+    raw = (os.environ if environ is None else environ).get(ENV_VAR)
+    try:
+        return SettingCheck(raw, parse_value(raw).enabled)
+    except ValueError as exc:
+        return SettingCheck(raw, False, str(exc))
+
+
+@dataclass(frozen=True)
 class DoctorReport:
     """The result of :func:`diagnose`; ``to_dict()`` is the ``--json`` form."""
 
@@ -99,10 +125,11 @@ class DoctorReport:
     hooks: tuple[HookCheck, ...] = ()
     not_covered: tuple[str, ...] = ()
     uncovered_routes: tuple[str, ...] = field(default_factory=lambda: tuple(UNCOVERED_ROUTES.values()))
+    setting: SettingCheck = field(default_factory=check_setting)
 
     @property
     def exit_status(self) -> int:
-        return EXIT_STATUS[self.coverage]
+        return EXIT_INVALID_SETTING if self.setting.error is not None else EXIT_STATUS[self.coverage]
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -285,8 +312,8 @@ def diagnose() -> DoctorReport:
 def format_report(report: DoctorReport) -> list[str]:
     """The plain-text table (the command's default output), one string per line."""
     if report.coverage == NOT_INSTALLED:
-        return [f"{PACKAGE}: not installed (not importable from this interpreter)",
-                f"coverage: {NOT_INSTALLED} (exit status {report.exit_status})"]
+        return [f"{PACKAGE}: not installed (not importable from this interpreter)", _setting_line(report.setting),
+                _last_line(report)]
     head = f"{PACKAGE} {report.version or '(version unknown)'} at {report.location or '?'}"
     if report.flavour:
         head += f" (TensorRT-LLM {report.flavour} flavour)"
@@ -309,5 +336,20 @@ def format_report(report: DoctorReport) -> list[str]:
         lines += [f"  {text}" for text in report.not_covered]
     lines.append("never covered, on any version:")
     lines += [f"  {text}" for text in report.uncovered_routes]
-    lines.append(f"coverage: {report.coverage} (exit status {report.exit_status})")
+    lines.append(_setting_line(report.setting))
+    lines.append(_last_line(report))
     return lines
+
+
+def _setting_line(setting: SettingCheck) -> str:
+    if setting.error is not None:
+        return f"settings: INVALID: {setting.error}: every engine start would fail"
+    if setting.value is None or not setting.value.strip():
+        return f"settings: {ENV_VAR} unset: liveness off (the autoload launcher sets it to 1)"
+    return f"settings: {ENV_VAR}={setting.value!r}: valid, liveness {'on' if setting.enabled else 'off'}"
+
+
+def _last_line(report: DoctorReport) -> str:
+    if report.setting.error is not None:
+        return f"coverage: {report.coverage}; settings invalid (exit status {report.exit_status})"
+    return f"coverage: {report.coverage} (exit status {report.exit_status})"

@@ -447,7 +447,7 @@ class LivenessProxyMixin:
         After a fatal error, in a thread other than the request socket's owner (the thread of the
         first ``submit()``), upstream's makes no socket send: the pending requests were failed and
         forgotten (no ``CancellingRequest``), and the worker futures are failed first (no stop
-        sentinel, see :func:`_quiet_after_fatal`)."""
+        sentinel, see :func:`._request_socket.quiet_after_fatal`)."""
         state = _state(self)
         if not state.enabled:
             super().pre_shutdown()  # type: ignore[misc]

@@ -322,8 +322,8 @@ def session_comm() -> Any:
     ``_utils`` is imported here when ``tensorrt_llm`` is loaded (it is on a rank once
     ``worker_main`` was unpickled; upstream's package ``__init__`` imports ``_utils`` itself, but
     nothing here may rely on that): without it, a rank of a sub-communicator session would gather
-    over ``COMM_WORLD``, a collective that the ranks outside the session never reach (issue 10
-    point 4c; seen as a start-up hang with the fakes, whose ``__init__`` does not import it)."""
+    over ``COMM_WORLD``, a collective that the ranks outside the session never reach (seen as a
+    start-up hang with the fakes, whose ``__init__`` does not import it)."""
     from ._features import find_symbol
 
     mpi_comm = find_symbol(["mpi_comm"], ["tensorrt_llm._utils"], import_missing="tensorrt_llm" in sys.modules)

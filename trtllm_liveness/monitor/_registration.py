@@ -1,0 +1,112 @@
+"""Registration: turn one identity into the :class:`~._watched_rank.WatchedRank` that watches it.
+
+A local rank is watched through a pidfd opened after verifying its start time (the watcher sleeps
+on it); when ``pidfd_open`` fails (ENOSYS, EPERM, EMFILE) it is polled from procfs instead. A rank
+of another host or PID namespace is kept as unmonitored, not dead; one already gone, a zombie or a
+reused PID is recorded dead at once. With wedge detection on, an alive rank also gets its
+:class:`~._wedge.WedgeTracker` and :class:`~..process._thread_sampler.ThreadSampler`.
+
+The caller (the monitor, under its lock) owns what comes back: it hands a record's ``pidfd`` to
+the watcher and an alive ``procfs`` record to the fallback poll.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+
+from .._errors import AccessDenied, ProcessGone, ProcessZombie
+from .._events import WorkerState
+from ..process import _pidfd
+from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
+from ..process._oom import OomProbe
+from ..process._thread_sampler import ThreadSampler
+from ._watched_rank import WatchedRank, cause_of
+from ._wedge import WedgeTracker
+
+__all__ = ["open_watched_rank"]
+
+logger = logging.getLogger(__name__)
+
+
+def open_watched_rank(identity: ProcessIdentity, *, pidfd_capable: bool, procfs_interval_s: float,
+                      d_state_timeout_s: float | None, oom_counters: dict[str, int | None]) -> WatchedRank:
+    """The record that watches ``identity``: with ``pidfd`` set (the caller watches it), or
+    ``method == "procfs"`` and alive (the caller polls it), or already dead or unmonitored.
+
+    ``oom_counters`` caches each memory cgroup's OOM counter across one ``register`` call (workers
+    of one job share a cgroup). Blocks only for procfs reads and ``pidfd_open``.
+    """
+    if identity.hostname != local_hostname():
+        return WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, "none",
+                           detail=f"on host {identity.hostname}, not {local_hostname()}")
+    if identity.pid_namespace is not None and identity.pid_namespace != local_pid_namespace():
+        return WatchedRank(identity, WorkerState.UNMONITORED_OTHER_NAMESPACE, "none",
+                           detail=f"PID namespace {identity.pid_namespace}, not {local_pid_namespace()}")
+    notes = []
+    if identity.pid_namespace is None:
+        notes.append("PID namespace unknown (assumed this one)")
+    fallback_reason = "pidfd unsupported"
+    if pidfd_capable:
+        try:
+            fd = _pidfd.open_verified_pidfd(identity.pid, identity.start_time)
+        except (ProcessGone, AccessDenied) as exc:
+            return _dead_at_registration(identity, exc, "pidfd")
+        except (OSError, ValueError) as exc:
+            code = getattr(exc, "errno", None)
+            fallback_reason = f"pidfd_open failed: {errno.errorcode.get(code or 0, str(exc))}"
+            logger.warning("rank %d (pid %d): %s; polling procfs every %.2fs instead",
+                           identity.rank, identity.pid, fallback_reason, procfs_interval_s)
+        else:
+            observed = _observed_start_time(identity)
+            if identity.start_time is None:
+                seen = "unreadable" if observed is None else str(observed)
+                notes.append(f"start time unverified (observed {seen}; never signalled)")
+            record = _alive_record(identity, "pidfd", observed, oom_counters, "; ".join(notes), d_state_timeout_s)
+            record.pidfd = fd
+            return record
+    try:
+        info = _pidfd.verify_start_time(identity.pid, identity.start_time)
+    except (ProcessGone, AccessDenied) as exc:
+        return _dead_at_registration(identity, exc, "procfs")
+    except (OSError, ValueError) as exc:
+        # Cannot read procfs now either (EMFILE): not evidence of death. Poll until it works.
+        fallback_reason += f"; not yet verified ({exc})"
+        observed = identity.start_time
+    else:
+        observed = info.start_time
+    if identity.start_time is None:
+        notes.append("start time unverified (never signalled)")
+    return _alive_record(identity, "procfs", observed, oom_counters, "; ".join([fallback_reason, *notes]),
+                         d_state_timeout_s)
+
+
+def _alive_record(identity: ProcessIdentity, method: str, observed: int | None,
+                  oom_counters: dict[str, int | None], detail: str, d_state_timeout_s: float | None) -> WatchedRank:
+    wedge = WedgeTracker(d_state_timeout_s) if d_state_timeout_s else None
+    sampler = ThreadSampler(identity.pid, observed) if wedge is not None and observed is not None else None
+    return WatchedRank(identity, WorkerState.ALIVE, method, detail=detail, observed_start_time=observed,
+                       wedge=wedge, sampler=sampler, oom=OomProbe.capture(identity.pid, oom_counters))
+
+
+def _observed_start_time(identity: ProcessIdentity) -> int | None:
+    """The start time behind a freshly opened (and, where given, verified) pidfd.
+
+    For an identity without one, the start time read now; None when that read fails (the pidfd
+    still reports the exit; only wedge sampling, which needs the start time, is skipped).
+    """
+    if identity.start_time is not None:
+        return identity.start_time
+    try:
+        return _pidfd.verify_start_time(identity.pid, None).start_time
+    except (OSError, ValueError, ProcessGone, AccessDenied):
+        return None
+
+
+def _dead_at_registration(identity: ProcessIdentity, exc: Exception, method: str) -> WatchedRank:
+    if isinstance(exc, AccessDenied):
+        # Cannot read it, so cannot verify it: not ours to judge dead; keep it unmonitored.
+        return WatchedRank(identity, WorkerState.UNMONITORED_OTHER_NAMESPACE, "none",
+                           detail="access denied to /proc entry")
+    state = WorkerState.ZOMBIE if isinstance(exc, ProcessZombie) else WorkerState.EXITED
+    return WatchedRank(identity, state, method, detail=cause_of(exc, at_registration=True))

@@ -1,0 +1,185 @@
+"""What :func:`~._bounded_stop.stop_processes` returns: one record per target and the unkillable.
+
+:class:`StopReport` holds a :class:`StoppedWorker` per target (its :class:`StopOutcome`) and an
+:class:`UnkillableWorker` per process that survived SIGKILL, as sampled right after the deadline.
+All are frozen and have a JSON-ready ``to_dict``; :meth:`StopReport.events` turns the unkillable
+into non-restartable events for :class:`~trtllm_liveness.WorkerFailedError`.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any
+
+from .._events import EventKind, WorkerEvent
+from ..process._identity import ProcessIdentity
+
+__all__ = ["StopOutcome", "StopReport", "StoppedWorker", "UnkillableWorker"]
+
+
+class StopOutcome(str, enum.Enum):
+    """How one worker ended in :func:`stop_processes`."""
+
+    ALREADY_GONE = "already-gone"
+    """Exited (or a zombie) before any signal; nothing was sent."""
+    EXITED_AFTER_TERM = "exited-after-term"
+    """Exited during the grace period, after the polite signal."""
+    EXITED_AFTER_KILL = "exited-after-kill"
+    """Exited during the kill period, after SIGKILL."""
+    UNKILLABLE = "unkillable"
+    """Still there after SIGKILL and the kill deadline (or one of its group members is)."""
+    UNVERIFIED = "unverified"
+    """Its identity did not verify (PID reused, wrong start time, bad input, no pidfd): not signalled."""
+    NOT_LOCAL = "not-local"
+    """On another host or in another PID namespace: its PID means nothing here; not signalled."""
+
+
+@dataclass(frozen=True)
+class UnkillableWorker:
+    """A process that survived SIGKILL past the kill deadline, as sampled right after it.
+
+    ``state`` is the main thread's one-letter state, ``wchan`` its wait channel; ``d_tids`` the
+    threads found in ``D`` and ``d_wchan`` the wait channel of the first of them (a driver or NCCL
+    thread may be stuck while the main thread sleeps in ``S``). ``leader_pid`` is set when this is
+    a member of a worker's process group rather than the worker itself.
+    """
+
+    rank: int
+    pid: int
+    hostname: str
+    state: str
+    wchan: str
+    d_tids: tuple[int, ...]
+    d_wchan: str
+    kill_pending: bool
+    signal: str
+    waited_s: float
+    identity: ProcessIdentity | None = None
+    leader_pid: int | None = None
+
+    @property
+    def message(self) -> str:
+        """One ERROR-log line naming the pid, the failed signal and the host-recycling advice."""
+        who = f"rank {self.rank} (pid {self.pid}"
+        who += f", in the process group of pid {self.leader_pid})" if self.leader_pid else ")"
+        threads = ",".join(map(str, self.d_tids[:8])) or "none"
+        return (
+            f"{who} on host {self.hostname} did not exit {self.waited_s:.2f}s after {self.signal} "
+            f"(state {self.state or '?'}, wchan {self.wchan or '?'}, D threads {threads}"
+            f"{', wchan ' + self.d_wchan if self.d_wchan else ''}, SIGKILL pending: "
+            f"{'yes' if self.kill_pending else 'no'}); it is probably in uninterruptible sleep in "
+            f"the kernel (GPU driver, NCCL, RDMA). Giving up on it: the host may need recycling "
+            f"before its GPUs/NICs are reused"
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "rank": self.rank,
+            "pid": self.pid,
+            "hostname": self.hostname,
+            "state": self.state,
+            "wchan": self.wchan,
+            "d_tids": list(self.d_tids),
+            "d_wchan": self.d_wchan,
+            "kill_pending": self.kill_pending,
+            "signal": self.signal,
+            "waited_s": self.waited_s,
+            "leader_pid": self.leader_pid,
+            "message": self.message,
+        }
+
+
+@dataclass(frozen=True)
+class StoppedWorker:
+    """The result for one target of :func:`stop_processes`.
+
+    ``pid`` is None for a target that had none (a ``Process`` never started, bad input).
+    ``returncode`` is set for owned children that were reaped (``Popen`` convention: negative for
+    a signal). ``exited_after_s`` is the time from the call's start until the exit was seen.
+    """
+
+    rank: int
+    pid: int | None
+    hostname: str
+    outcome: StopOutcome
+    detail: str = ""
+    returncode: int | None = None
+    exited_after_s: float | None = None
+    signals_sent: tuple[str, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "rank": self.rank,
+            "pid": self.pid,
+            "hostname": self.hostname,
+            "outcome": self.outcome.value,
+            "detail": self.detail,
+            "returncode": self.returncode,
+            "exited_after_s": self.exited_after_s,
+            "signals_sent": list(self.signals_sent),
+        }
+
+
+@dataclass(frozen=True)
+class StopReport:
+    """What :func:`stop_processes` did: one :class:`StoppedWorker` per target, in input order.
+
+    ``restartable`` is False when anything was unkillable: a task stuck in ``D`` still holds its
+    GPU/NIC, so a new worker group on this host would conflict with it (torchrun's policy for
+    ``uninterruptible_state_timeout``). Callers should then stop instead of restarting here.
+    """
+
+    workers: tuple[StoppedWorker, ...]
+    unkillable: tuple[UnkillableWorker, ...]
+    grace_s: float
+    kill_s: float
+    term_signal: str
+    elapsed_s: float
+    started_wall: float
+
+    @property
+    def restartable(self) -> bool:
+        """Whether a new worker group may be started on this host."""
+        return not self.unkillable
+
+    @property
+    def all_stopped(self) -> bool:
+        """Whether every target is known to be gone (none unkillable, unverified or not local)."""
+        done = (StopOutcome.ALREADY_GONE, StopOutcome.EXITED_AFTER_TERM, StopOutcome.EXITED_AFTER_KILL)
+        return all(worker.outcome in done for worker in self.workers)
+
+    def by_outcome(self, outcome: StopOutcome) -> list[StoppedWorker]:
+        """The workers that ended with ``outcome``, in input order."""
+        return [worker for worker in self.workers if worker.outcome is outcome]
+
+    def events(self) -> list[WorkerEvent]:
+        """One non-restartable ``UNKILLABLE`` :class:`WorkerEvent` per unkillable process.
+
+        Feed one to :class:`~trtllm_liveness.WorkerFailedError` to make a launcher stop for good.
+        Processes without a known identity get one built from the report (namespace 0).
+        """
+        events = []
+        for item in self.unkillable:
+            identity = item.identity or ProcessIdentity(item.rank, item.pid, 0, item.hostname, 0)
+            cause = f"survived {item.signal} for {item.waited_s:.2f}s (state {item.state}, wchan {item.wchan or '?'})"
+            events.append(WorkerEvent(EventKind.UNKILLABLE, identity, cause,
+                                      tid=item.d_tids[0] if item.d_tids else None,
+                                      wchan=item.d_wchan or item.wchan))
+        return events
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {
+            "restartable": self.restartable,
+            "all_stopped": self.all_stopped,
+            "grace_s": self.grace_s,
+            "kill_s": self.kill_s,
+            "term_signal": self.term_signal,
+            "elapsed_s": self.elapsed_s,
+            "started_wall": self.started_wall,
+            "workers": [worker.to_dict() for worker in self.workers],
+            "unkillable": [item.to_dict() for item in self.unkillable],
+        }

@@ -1,0 +1,267 @@
+"""Stop targets: each input of :func:`~._bounded_stop.stop_processes` turned into a verified pidfd or a
+reported non-target, before any signal is sent.
+
+A :class:`ProcessIdentity` is verified against its start time; a plain pid, a ``Popen`` or a
+``multiprocessing.Process`` gets a pidfd on whatever process has that pid now, then its start
+time read from it. With process groups, one ``/proc`` scan finds the members of each group a
+verified worker leads. Bad input of any kind becomes an ``unverified`` target, never an exception.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import multiprocessing.process
+import os
+import subprocess
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+from .._errors import AccessDenied, InvalidIdentityError, PidReused, ProcessGone, ProcessZombie
+from ..process import _pidfd, _procfs
+from ..process._identity import ProcessIdentity, local_pid_namespace, parse_identities
+from ._signal_ledger import Key
+from ._stop_report import StopOutcome, UnkillableWorker
+
+__all__ = ["AwaitedProc", "PreparedTarget", "StopTarget", "prepare", "prepare_groups"]
+
+logger = logging.getLogger(__name__)
+
+StopTarget = Union[  # a runtime alias: the string part stays lazy
+    ProcessIdentity, int, "subprocess.Popen[Any]", multiprocessing.process.BaseProcess
+]
+
+# Upper bound on the members of one process group tracked individually (a /proc scan finds them).
+_MAX_GROUP_MEMBERS = 4096
+
+
+@dataclass
+class AwaitedProc:
+    """One process this call waits for: a worker or a member of its process group."""
+
+    pid: int
+    start_time: int
+    pidfd: int
+    exited_at: float | None = None
+    after_kill: bool = False
+    unkillable: UnkillableWorker | None = None
+
+    @property
+    def key(self) -> Key:
+        return (self.pid, self.start_time)
+
+
+@dataclass
+class PreparedTarget:
+    """One input of a stop call: its verified leader (and group members) to signal and await, or
+    the ``outcome`` already decided (gone, unverified, not local); filled in as the call runs."""
+
+    rank: int
+    pid: int | None
+    hostname: str
+    owner: Any = None  # the Popen or Process the caller handed in, for reaping
+    outcome: StopOutcome | None = None
+    detail: str = ""
+    identity: ProcessIdentity | None = None
+    leader: AwaitedProc | None = None
+    members: list[AwaitedProc] = field(default_factory=list)
+    pgid: int | None = None
+    returncode: int | None = None
+    signals: list[str] = field(default_factory=list)
+
+    def procs(self) -> list[AwaitedProc]:
+        return ([self.leader] if self.leader is not None else []) + self.members
+
+
+def prepare(index: int, raw: object, hostname: str) -> PreparedTarget:
+    """Turn one input into a target with a verified pidfd, or into a reported non-target."""
+    try:
+        if isinstance(raw, subprocess.Popen):
+            target = _prepare_popen(index, raw, hostname)
+        elif isinstance(raw, multiprocessing.process.BaseProcess):
+            target = _prepare_mp_process(index, raw, hostname)
+        elif isinstance(raw, (ProcessIdentity, tuple, list)):
+            target = _prepare_identity(index, raw, hostname)
+        elif isinstance(raw, int) and not isinstance(raw, bool):
+            target = _prepare_pid(index, raw, hostname)
+        else:
+            target = PreparedTarget(index, None, hostname, outcome=StopOutcome.UNVERIFIED,
+                             detail=f"unsupported target type {type(raw).__name__}; not signalled")
+    except Exception as exc:  # bad input must never crash a shutdown path
+        logger.warning("liveness: cannot prepare stop target #%d (%r): %s", index, raw, exc)
+        target = PreparedTarget(index, None, hostname, outcome=StopOutcome.UNVERIFIED,
+                         detail=f"could not be verified ({exc}); not signalled")
+    return target
+
+
+def _prepare_identity(index: int, raw: object, hostname: str) -> PreparedTarget:
+    try:
+        identity = parse_identities([raw])[0]
+    except InvalidIdentityError as exc:
+        return PreparedTarget(index, None, hostname, outcome=StopOutcome.UNVERIFIED,
+                       detail=f"invalid identity ({exc}); not signalled")
+    target = PreparedTarget(identity.rank, identity.pid, identity.hostname, identity=identity)
+    if identity.hostname != hostname:
+        target.outcome = StopOutcome.NOT_LOCAL
+        target.detail = f"on host {identity.hostname}, not {hostname}; not signalled"
+        return target
+    if identity.start_time is None or identity.pid_namespace is None:
+        # The worker could not read its own /proc entry: nothing to verify its pid against.
+        target.outcome = StopOutcome.UNVERIFIED
+        target.detail = "identity without a start time or PID namespace (cannot be verified); not signalled"
+        return target
+    if identity.pid_namespace != local_pid_namespace():
+        target.outcome = StopOutcome.NOT_LOCAL
+        target.detail = f"in PID namespace {identity.pid_namespace}, not {local_pid_namespace()}; not signalled"
+        return target
+    try:
+        fd = _pidfd.open_verified_pidfd(identity.pid, identity.start_time)
+    except PidReused:
+        target.outcome = StopOutcome.UNVERIFIED
+        target.detail = "start time differs (PID reused, or a wrong identity); not signalled"
+    except ProcessZombie:
+        target.outcome = StopOutcome.ALREADY_GONE
+        target.detail = "already exited (zombie, not yet reaped by its parent)"
+    except ProcessGone:
+        target.outcome = StopOutcome.ALREADY_GONE
+        target.detail = "already exited (no such process)"
+    except AccessDenied:
+        target.outcome = StopOutcome.UNVERIFIED
+        target.detail = "access denied to its /proc entry; not signalled"
+    except OSError as exc:
+        target.outcome = StopOutcome.UNVERIFIED
+        target.detail = f"pidfd_open failed ({errno.errorcode.get(exc.errno or 0, exc)}); not signalled"
+    else:
+        target.leader = AwaitedProc(identity.pid, identity.start_time, fd)
+    return target
+
+
+def _prepare_pid(index: int, pid: int, hostname: str) -> PreparedTarget:
+    target = PreparedTarget(index, pid, hostname)
+    if pid <= 1 or pid == os.getpid():
+        target.outcome = StopOutcome.UNVERIFIED
+        target.detail = "pid 1, the calling process or a non-positive pid is never signalled"
+        return target
+    _open_current(target, pid)
+    if target.leader is not None:
+        target.identity = ProcessIdentity(index, pid, target.leader.start_time, hostname, local_pid_namespace())
+    return target
+
+
+def _prepare_popen(index: int, popen: subprocess.Popen[Any], hostname: str) -> PreparedTarget:
+    target = PreparedTarget(index, popen.pid, hostname, owner=popen)
+    if popen.returncode is not None:
+        target.outcome = StopOutcome.ALREADY_GONE
+        target.returncode = popen.returncode
+        target.detail = "already exited and reaped"
+        return target
+    _open_current(target, popen.pid)
+    # An unreaped child pins its pid, so the pidfd is the child's unless another thread reaped it
+    # in between; then the returncode is already set and the fd is not trusted.
+    if target.leader is not None and popen.returncode is not None:
+        os.close(target.leader.pidfd)
+        target.leader = None
+        target.outcome = StopOutcome.ALREADY_GONE
+        target.returncode = popen.returncode
+        target.detail = "already exited and reaped"
+    return target
+
+
+def _prepare_mp_process(index: int, process: multiprocessing.process.BaseProcess, hostname: str) -> PreparedTarget:
+    pid = process.pid
+    if pid is None:
+        return PreparedTarget(index, None, hostname, outcome=StopOutcome.ALREADY_GONE, detail="never started")
+    if getattr(process, "_parent_pid", None) != os.getpid():
+        return _prepare_pid(index, pid, hostname)  # not our child (inherited object): not ours to reap
+    exitcode = process.exitcode  # reaps it if it has exited
+    target = PreparedTarget(index, pid, hostname, owner=process)
+    if exitcode is not None:
+        target.outcome = StopOutcome.ALREADY_GONE
+        target.returncode = exitcode
+        target.detail = "already exited and reaped"
+        return target
+    _open_current(target, pid)
+    popen = getattr(process, "_popen", None)
+    returncode = getattr(popen, "returncode", None)
+    if target.leader is not None and returncode is not None:  # reaped meanwhile by another thread
+        os.close(target.leader.pidfd)
+        target.leader = None
+        target.outcome = StopOutcome.ALREADY_GONE
+        target.returncode = returncode
+        target.detail = "already exited and reaped"
+    return target
+
+
+def _open_current(target: PreparedTarget, pid: int) -> None:
+    """Open a pidfd on whatever process has ``pid`` now, then read its start time from it."""
+    try:
+        fd = _pidfd.open_pidfd(pid)
+    except ProcessLookupError:
+        target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (no such process)"
+        return
+    except OSError as exc:
+        if exc.errno == errno.ESRCH:
+            target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (no such process)"
+        else:
+            target.outcome = StopOutcome.UNVERIFIED
+            target.detail = f"pidfd_open failed ({errno.errorcode.get(exc.errno or 0, exc)}); not signalled"
+        return
+    try:
+        info = _procfs.read_stat(pid)
+    except OSError:
+        # Gone between the open and the read: the fd pins the exited process, nothing to signal.
+        os.close(fd)
+        target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (no such process)"
+        return
+    except ValueError as exc:  # malformed stat: cannot verify, so never signal (and keep no fd)
+        os.close(fd)
+        target.outcome, target.detail = StopOutcome.UNVERIFIED, f"unreadable /proc stat ({exc}); not signalled"
+        return
+    if info.state in ("Z", "X") or _pidfd.is_exited(fd):
+        os.close(fd)
+        target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (zombie, not yet reaped)"
+        return
+    target.leader = AwaitedProc(pid, info.start_time, fd)
+
+
+def prepare_groups(targets: list[PreparedTarget]) -> None:
+    """Decide where ``killpg`` may be used and open pidfds on the members of those groups.
+
+    A group is used only when the verified worker leads it (pgid == pid) and it is not the
+    caller's own group. One scan of ``/proc`` finds the members of every such group.
+    """
+    by_pgid: dict[int, PreparedTarget] = {}
+    for target in targets:
+        leader = target.leader
+        if leader is None:
+            continue
+        try:
+            info = _procfs.read_stat(leader.pid)
+        except (OSError, ValueError):
+            continue  # exited meanwhile; the pidfd reports it
+        if info.start_time != leader.start_time:
+            continue
+        if info.pgrp != leader.pid:
+            target.detail = f"not a process-group leader (pgid {info.pgrp}); signalled alone"
+        elif info.pgrp == os.getpgrp():
+            target.detail = "its process group is the caller's own; signalled alone"
+        elif info.pgrp not in by_pgid:
+            target.pgid = info.pgrp
+            by_pgid[info.pgrp] = target
+    if not by_pgid:
+        return
+    for pid in _procfs.list_pids():
+        try:
+            member = _procfs.read_stat(pid)
+        except (OSError, ValueError):
+            continue
+        group = by_pgid.get(member.pgrp)
+        if group is None or pid == member.pgrp or member.state in ("Z", "X"):
+            continue
+        if len(group.members) >= _MAX_GROUP_MEMBERS:
+            continue
+        try:
+            fd = _pidfd.open_verified_pidfd(pid, member.start_time)
+        except (ProcessGone, AccessDenied, OSError):
+            continue
+        group.members.append(AwaitedProc(pid, member.start_time, fd))
