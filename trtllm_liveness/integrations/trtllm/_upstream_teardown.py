@@ -31,7 +31,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..._events import WorkerFailedError
-from ...stop._bounded_stop import StopOutcome, StopReport
+from ...stop._stop_report import StopOutcome, StopReport
 from .._futures import fail_pending
 from ._fatal import release_exit_joins
 from ._features import log_once
@@ -44,7 +44,6 @@ DISPATCH_WAIT_S = 0.5
 
 _WAIT_TICK_MS = 1000
 """The gate's poll timeout: the wakeup ends a wait at once; the tick only bounds each poll."""
-
 
 _SIGNALLED = (StopOutcome.EXITED_AFTER_TERM, StopOutcome.EXITED_AFTER_KILL, StopOutcome.UNKILLABLE)
 
