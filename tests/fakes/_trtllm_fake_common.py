@@ -94,7 +94,7 @@ class FakeEngine:
     ``die_after_s`` (seconds after READY), ``hang_rank`` (that rank stops in a ``SIGSTOP`` of itself
     after READY).
 
-    Harness knobs (not upstream; for ``trtllm_liveness.demo._scenario``, which injects faults
+    Harness knobs (not upstream; for ``trtllm_liveness.demo._scenario_child``, which injects faults
     from outside by verified pid): ``announce_dir`` makes every rank write its identity there before
     the build (``rank<N>.json``, the layout ``reference._worker.read_announced_identities`` reads), so
     a harness knows whom to signal even on 1.2.x, whose protocol carries no identities; ``fault`` is

@@ -19,7 +19,8 @@ import tempfile
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, wait_until
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE, wait_until
 
 RUN_TIMEOUT = 240 * WAIT_SCALE
 

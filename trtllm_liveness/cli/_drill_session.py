@@ -169,7 +169,7 @@ class DrillSession:
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _end_engine(self, child: subprocess.Popen[bytes]) -> None:
-        from ..demo._scenario import kill_session
+        from ..demo._scenario_launcher import kill_session
         from ..stop._bounded_stop import stop_processes
 
         with contextlib.suppress(OSError):

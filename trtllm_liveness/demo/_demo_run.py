@@ -55,8 +55,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ._cgroup_faults import FREEZER_ROOT
 from ._mpi_env import FT_ENABLE_VAR
-from ._scenario import FREEZER_ROOT, run_scenario
+from ._scenario_launcher import run_scenario
 from ._scenario_records import ScenarioOptions, ScenarioResult, ScenarioRun
 
 __all__ = ["DEMO_SETTINGS", "TMP_PREFIX", "Verdict", "add_arguments", "main", "off_verdict", "run"]

@@ -23,8 +23,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, needs, wait_until
 from tests.support import tmpdir_runs as runs
+from tests.support.facilities import MPI_MARKS, needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo._cgroup_faults import FREEZER_ROOT
 from trtllm_liveness.demo._mpi_env import PRTE_TMPDIR_VAR, configure_mpi_env
 from trtllm_liveness.process import _procfs

@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE
 from trtllm_liveness.exit._outcome import read_outcomes
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]

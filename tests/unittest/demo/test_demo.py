@@ -20,8 +20,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, Freezer, ProcessTracker, needs, wait_until
 from tests.support import tmpdir_runs as runs
+from tests.support.facilities import MPI_MARKS, needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import Freezer
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo import _demo_run as demo
 from trtllm_liveness.demo._scenario_records import (
     Detection,

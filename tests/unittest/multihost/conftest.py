@@ -9,26 +9,17 @@ removed by namespace; a leftover namespace, process, veth or work directory fail
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 
 import pytest
 
-from tests.conftest import ProcessTracker, require_facility
+from tests.support.facilities import require_facility
+from tests.support.process_tracker import ProcessTracker
 from tests.support.testhosts import TestHosts
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "multihost: runs real MPI jobs across namespace test hosts")
-
-
-def tracked_by(procs: ProcessTracker) -> Callable[[subprocess.Popen[bytes]], None]:
-    """An ``on_start`` for :class:`TestHosts` that hands each process it starts to ``procs``."""
-    def track(popen: subprocess.Popen[bytes]) -> None:
-        procs.popens.append(popen)
-        procs.track(popen.pid)
-
-    return track
 
 
 # What sshd gives a login: a fresh environment (the tests' agent otherwise passes the head's through).
@@ -38,7 +29,7 @@ LOGIN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C
 def _hosts(procs: ProcessTracker, **options: Mapping[str, str]) -> Iterator[TestHosts]:
     require_facility("testhosts")
     tmp_mode = os.stat("/tmp").st_mode  # PRRTE chmods the directory of an --output file: never /tmp's
-    hosts = TestHosts(on_start=tracked_by(procs), **options)
+    hosts = TestHosts(on_start=procs.adopt, **options)
     try:
         hosts.start()
         yield hosts

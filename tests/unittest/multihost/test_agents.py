@@ -1,4 +1,4 @@
-"""Issue 12: the engine's per-host agents, on real mpirun jobs across namespace test hosts.
+"""The engine's per-host agents, on real mpirun jobs across namespace test hosts.
 
 Each test runs the upstream-shaped engine (``tests/programs/proxy_death_child.py``, comm session:
 the fake TensorRT-LLM main tree, ``MpiCommSession`` under ``mpirun``, liveness on, one long
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, Freezer, ProcessTracker, needs, require_facility, wait_until
+from tests.support.facilities import needs, require_facility
 from tests.support.multihost_engine import (
     AGENT_EXIT_STATUS,
     FATAL_S,
@@ -34,7 +34,10 @@ from tests.support.multihost_engine import (
     TWO_ON_B,
     Engine,
 )
+from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import Freezer
 from tests.support.testhosts import TestHosts
+from tests.support.waits import WAIT_SCALE, wait_until
 
 pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi")]
 

@@ -15,9 +15,10 @@ import sys
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, needs
+from tests.support.facilities import needs
 from tests.support.multihost_engine import Engine
 from tests.support.testhosts import TestHosts
+from tests.support.waits import WAIT_SCALE
 from trtllm_liveness.integrations.trtllm_autoload import SITE_DIR
 
 pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi")]

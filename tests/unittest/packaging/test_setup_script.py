@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE
+from tests.support.waits import WAIT_SCALE
 
 pytestmark = [pytest.mark.real_process, pytest.mark.slow, pytest.mark.timeout(600)]
 
