@@ -30,9 +30,12 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, Freezer, ProcessTracker
 from tests.support.children import HelperProcess
+from tests.support.facilities import MPI_MARKS
+from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import Freezer
 from tests.support.upstream_fakes import tree as fake_tree
+from tests.support.waits import WAIT_SCALE
 
 pytestmark = [pytest.mark.timeout(150), *MPI_MARKS]
 
