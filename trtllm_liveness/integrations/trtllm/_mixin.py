@@ -10,8 +10,10 @@ Each override delegates to upstream when liveness is disabled. With liveness on:
 - ``mpi_futures`` / ``_worker_process_monitor``: upstream's attributes, backed by the state (the
   mirrors of the worker futures; the monitor shim on main);
 - ``check_health``, ``submit``, ``pre_shutdown``, ``shutdown``: see each;
-- ``dispatch_result_task`` (upstream's result thread): each dispatched response is progress for the
-  stall timer (``stall_timeout_s``, :mod:`._engine_stall`).
+- ``dispatch_result_task`` (upstream's result thread): waits in the engine's
+  :class:`~._upstream_teardown.DispatchGate` (closed after a fatal error or the bounded stop, which
+  ends the thread); each dispatched response is progress for the stall timer (``stall_timeout_s``,
+  :mod:`._engine_stall`).
 
 The fatal path itself is :mod:`._fatal`.
 """
@@ -51,13 +53,20 @@ from ._fatal import (
     run_fatal_path,
     wait_for_quarantine,
 )
-from ._features import detect_features, warn_missing_hooks, warn_once, warn_session_hooks
+from ._features import detect_features, warn_missing_hooks, warn_session_hooks
 from ._hosts import agent_settings, start_hub, stop_remote_hosts, wants_hub
 from ._request_socket import owns_request_socket, quiet_after_fatal, zmq_debug
 from ._shim import MonitorShim
 from ._side_channel import IdentityChannel
 from ._startup import announce, arm_wedges, export_metrics, new_monitor, upstream_skips_registration
 from ._state import MISSING, STATE_ATTR, EngineLiveness
+from ._upstream_teardown import (
+    DispatchGate,
+    abandon_session,
+    close_dispatch,
+    release_upstream_waits,
+    run_upstream_shutdown,
+)
 from ._worker_entry import liveness_worker_entry, proxy_identity
 from ._worker_spec import SPEC_KWARG, ProxyIdentity, WorkerSpec
 
@@ -126,6 +135,7 @@ class LivenessProxyMixin:
                                               exit_code_unrestartable=config.exit_code_unrestartable)
         monitor.start()
         state.monitor = monitor
+        state.dispatch_gate = DispatchGate()
         mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success
         state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits)
         state.diagnoser = Diagnoser(lambda: monitor.verified_identities())
@@ -367,10 +377,16 @@ class LivenessProxyMixin:
     # -- overrides -----------------------------------------------------------------------
 
     def dispatch_result_task(self) -> Any:
-        """Upstream's result dispatch (one response batch per call, in its result thread); each
-        dispatched batch is progress for the stall timer."""
-        more = super().dispatch_result_task()  # type: ignore[misc]
-        stall = _state(self).stall
+        """Upstream's result dispatch (one response batch per call, in its result thread), made
+        once a batch can be received; False, which ends the thread, once the engine's dispatch gate
+        is closed. Each dispatched batch is progress for the stall timer."""
+        state = _state(self)
+        gate = state.dispatch_gate
+        if gate is None:
+            more = super().dispatch_result_task()  # type: ignore[misc]
+        else:
+            more = gate.dispatch(getattr(self, "result_queue", None), super().dispatch_result_task)  # type: ignore[misc]
+        stall = state.stall
         if stall is not None and more:
             stall.note_output()
         return more
@@ -494,10 +510,12 @@ class LivenessProxyMixin:
             if owned:
                 self._liveness_wait_exit(deadline)
                 report = self._liveness_stop_workers()
+                release_upstream_waits(state, report)
             # else: the ranks belong to the caller's session (mpirun's job): they keep serving it
             # after this engine is gone, and are never signalled by a healthy shutdown.
         else:
             report = self._liveness_stop_workers()
+            release_upstream_waits(state, report)
         upstream.join(_UPSTREAM_SHUTDOWN_AFTER_STOP_S)
         if upstream.is_alive():
             logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
@@ -518,18 +536,7 @@ class LivenessProxyMixin:
         return owns if isinstance(owns, bool) else state.owns_session
 
     def _liveness_abandon_session(self, state: EngineLiveness) -> None:
-        if not self._liveness_owns_session(state):
-            logger.info("liveness: the MPI session belongs to the caller; not abandoned")
-            return
-        session = getattr(self, "mpi_session", None)
-        abandon = getattr(session, "abandon", None)
-        if callable(abandon):
-            with contextlib.suppress(Exception):
-                abandon()
-        elif session is not None:
-            warn_once("abandon", type(session).__qualname__, "liveness: the MPI session %s has no abandon(): its "
-                      "blocked pool threads may keep the interpreter from exiting after this shutdown",
-                      type(session).__qualname__)
+        abandon_session(self, state, self._liveness_owns_session(state))
 
     def _liveness_wait_exit(self, deadline: float) -> None:
         monitor = _state(self).monitor
@@ -540,10 +547,7 @@ class LivenessProxyMixin:
                 time.sleep(0.01)
 
     def _liveness_upstream_shutdown(self) -> None:
-        try:
-            super().shutdown()  # type: ignore[misc]
-        except Exception:
-            logger.warning("liveness: upstream shutdown raised", exc_info=True)
+        run_upstream_shutdown(super().shutdown, _state(self))  # type: ignore[misc]
 
     def _liveness_stop_workers(self) -> StopReport | None:
         from ...stop._bounded_stop import stop_processes
@@ -567,6 +571,7 @@ class LivenessProxyMixin:
 
     def _liveness_release(self) -> None:
         state = _state(self)
+        close_dispatch(state)
         if state.hub is not None:
             with contextlib.suppress(Exception):
                 state.hub.close()

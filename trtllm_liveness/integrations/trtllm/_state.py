@@ -10,7 +10,7 @@ from __future__ import annotations
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._config import LivenessConfig
 from ..._events import WorkerEvent, WorkerFailedError
@@ -21,6 +21,9 @@ from ._engine_stall import Diagnoser, EngineStall
 from ._features import UpstreamFeatures
 from ._shim import MonitorShim
 from ._side_channel import IdentityChannel
+
+if TYPE_CHECKING:
+    from ._upstream_teardown import DispatchGate
 
 STATE_ATTR = "_liveness"
 MISSING: Any = object()
@@ -51,6 +54,10 @@ class EngineLiveness:
             ``submit()``'s (``abort_request()`` follows a submit; ``pre_shutdown()`` sends last).
         stall: the engine's stall detection (``stall_timeout_s`` > 0), else None.
         diagnoser: the bounded snapshots of the local ranks (at a stall, a wedge, a fatal error).
+        dispatch_gate: where upstream's dispatch thread waits for responses; closed by the fatal
+            path and after the bounded stop, which ends that thread (liveness on only).
+        exit_join_released: the extension released mpi4py's exit join of the owned pool's thread
+            (1.2.x, after a death; main's session does it itself).
         metrics: the engine's ``LivenessMetrics`` when the extension exported them itself
             (trtllm-serve's multiprocess Prometheus page), else None.
         mpi_futures / upstream_monitor: storage behind upstream's ``mpi_futures`` and
@@ -84,6 +91,8 @@ class EngineLiveness:
     metrics: Any = None
     stall: EngineStall | None = None
     diagnoser: Diagnoser | None = None
+    dispatch_gate: DispatchGate | None = None
+    exit_join_released: bool = False
     hub: Any = None  # the multi-host agent hub (trtllm_liveness.multihost.AgentHub), where one runs
     host_stops: list[Any] = field(default_factory=list)  # its HostStop reports after a fatal shutdown
     mpi_futures: Any = MISSING
