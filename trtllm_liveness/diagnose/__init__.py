@@ -4,7 +4,11 @@
 - :mod:`._scan`: sampling of processes over a window (state, ``D`` time, wait channel) behind
   ``trtllm-liveness scan``;
 - :mod:`._diagnosis`: :func:`diagnose`, per rank its activity, stacks and the odd rank out;
+- :mod:`._stack_records`: a rank's Python stacks as records, whichever source took them;
 - :mod:`._py_spy`: a rank's Python stacks by ``py-spy``, bounded;
+- :mod:`._faulthandler_stacks`: a rank's Python stacks by its own ``faulthandler`` dump (no
+  ptrace): registered at the rank's start, signalled and read by a snapshot;
+- :mod:`._stack_sources`: which of the two takes each rank's stacks;
 - :mod:`._diagnosis_text`: the diagnosis's plain-text rendering.
 """
 
@@ -16,6 +20,8 @@ if TYPE_CHECKING:
     from ._diagnosis import OddRankOut as OddRankOut
     from ._diagnosis import RankDiagnosis as RankDiagnosis
     from ._diagnosis import diagnose as diagnose
+    from ._faulthandler_stacks import register_stack_dump as register_stack_dump
+    from ._faulthandler_stacks import take_faulthandler_stacks as take_faulthandler_stacks
     from ._process_selection import Selection as Selection
     from ._process_selection import select as select
     from ._py_spy import take_stacks as take_stacks
@@ -31,8 +37,10 @@ __all__ = [
     "ScanResult",
     "Selection",
     "diagnose",
+    "register_stack_dump",
     "scan",
     "select",
+    "take_faulthandler_stacks",
     "take_stacks",
 ]
 
@@ -42,6 +50,8 @@ _SOURCES = {
     "OddRankOut": "_diagnosis",
     "diagnose": "_diagnosis",
     "take_stacks": "_py_spy",
+    "register_stack_dump": "_faulthandler_stacks",
+    "take_faulthandler_stacks": "_faulthandler_stacks",
     "ScanResult": "_scan",
     "ProcessReport": "_scan",
     "scan": "_scan",

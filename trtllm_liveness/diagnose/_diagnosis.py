@@ -8,17 +8,21 @@ SIGKILL pending, the process verdict; command lines read through
   before and just after the scan's samples), which classifies each thread as spinning, running,
   sleeping, in ``D``, stopped or exited (:class:`Activity`). A rank that spins in a collective
   whose peer is gone looks alive to every other check.
-- **Python stacks** of each rank, when ``py-spy`` is installed (extra ``diagnose``), taken with
-  ``py-spy dump --nonblocking`` (the target is never paused) under one deadline for all ranks
-  (:mod:`._py_spy`).
+- **Python stacks** of each rank under one deadline for all ranks, from ``py-spy dump
+  --nonblocking`` where it is installed (extra ``diagnose``) and permitted (:mod:`._py_spy`; the
+  target is never paused), else from the rank's own ``faulthandler`` dump registered at its start
+  (:mod:`._faulthandler_stacks`: no ptrace needed); :mod:`._stack_sources` picks per rank and
+  each result says its source and why the other was not used.
 - **The odd rank out** (:class:`OddRankOut`): the one rank whose activity, innermost Python
   function or main-thread wait channel differs from what every other rank shares.
 
 Never hangs on a wedged rank: ``py-spy`` reads the target's memory, which can block on the
-target's mmap lock like a ``cmdline`` read, so no stack is taken of a rank with a thread in ``D``
-(the skip is reported); :mod:`._py_spy` bounds and, if need be, abandons each ``py-spy`` it starts.
+target's mmap lock like a ``cmdline`` read, so ``py-spy`` is never run on a rank with a thread in
+``D`` (its dump handler may be, unless the main thread is in ``D``); :mod:`._py_spy` bounds and,
+if need be, abandons each ``py-spy`` it starts.
 
-Standard library only; never signals a process other than the ``py-spy`` children it started.
+Standard library only; signals only the ``py-spy`` children it started and, for their dumps, the
+verified ranks whose dump handler is registered.
 """
 
 from __future__ import annotations
@@ -27,22 +31,17 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
-from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader, skip_for_d
+from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader
 from . import _scan
-from ._py_spy import (
-    DEFAULT_STACKS_TIMEOUT_S,
-    RankStacks,
-    StackFrame,
-    StackStatus,
-    find_py_spy,
-    take_stacks,
-)
+from ._py_spy import DEFAULT_STACKS_TIMEOUT_S, find_py_spy, take_stacks
+from ._stack_records import RankStacks, StackFrame, StackStatus
+from ._stack_sources import SourceChoice, StackTarget, take_rank_stacks
 
 # find_py_spy and take_stacks (the stacks, :mod:`._py_spy`) are re-exported for callers of diagnose.
 __all__ = ["DEFAULT_WINDOW_S", "Activity", "Diagnosis", "OddRankOut", "RankDiagnosis", "ThreadDiagnosis", "diagnose",
@@ -322,13 +321,18 @@ def find_odd_ranks(ranks: Sequence[RankDiagnosis]) -> tuple[OddRankOut, ...]:
 # ----------------------------------------------------------------------------- snapshot
 
 
-def _targets(targets: Sequence[ProcessIdentity | int]) -> tuple[list[tuple[int, int]], list[RankDiagnosis]]:
-    """Split into local ``(rank, pid)`` to scan and ranks reported without a scan (remote, reused)."""
-    local: list[tuple[int, int]] = []
+def _targets(targets: Sequence[ProcessIdentity | int]
+             ) -> tuple[list[tuple[int, int, int | None]], list[RankDiagnosis]]:
+    """Split into local ``(rank, pid, start_time)`` to scan and ranks reported without a scan
+    (remote, reused). A bare pid's start time is read now (None when unreadable)."""
+    local: list[tuple[int, int, int | None]] = []
     unscanned: list[RankDiagnosis] = []
     for index, target in enumerate(targets):
         if isinstance(target, int):
-            local.append((index, target))
+            try:
+                local.append((index, target, _procfs.read_start_time(target)))
+            except (OSError, ValueError):
+                local.append((index, target, None))
             continue
         if target.hostname != local_hostname() or (
                 target.pid_namespace is not None and target.pid_namespace != local_pid_namespace()):
@@ -345,7 +349,7 @@ def _targets(targets: Sequence[ProcessIdentity | int]) -> tuple[list[tuple[int, 
                 unscanned.append(RankDiagnosis(target.rank, target.pid, _scan.Verdict.GONE,
                                                "gone (or its pid reused)", Activity.EXITED, (), None))
                 continue
-        local.append((target.rank, target.pid))
+        local.append((target.rank, target.pid, target.start_time))
     return local, unscanned
 
 
@@ -358,6 +362,7 @@ def diagnose(
     scan_samples: int = 3,
     stacks_timeout_s: float = DEFAULT_STACKS_TIMEOUT_S,
     py_spy: str | None = None,
+    stacks_source: SourceChoice | str = SourceChoice.AUTO,
     read_timeout_s: float = DEFAULT_TIMEOUT_S,
     reader: MmReader | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -367,22 +372,27 @@ def diagnose(
     Runs :func:`._scan.scan` over ``window_s`` (``scan_samples`` samples; it ends after one when
     no thread is in ``D``), measures each thread's CPU over at least ``cpu_window_s`` (0: threads
     are classified by their state alone), then, with
-    ``stacks``, takes the Python stacks of every rank with no thread in ``D`` (see
-    :func:`take_stacks`). An identity whose start time no longer matches is reported gone and not
+    ``stacks``, takes the Python stacks of every live rank from ``stacks_source`` (``auto``:
+    ``py-spy`` where installed and permitted, else the rank's faulthandler dump;
+    :mod:`._stack_sources`). ``py_spy`` names the executable (default: found on ``PATH`` or beside
+    this interpreter). An identity whose start time no longer matches is reported gone and not
     scanned; one of another host or PID namespace is reported and not scanned.
 
     Blocks about ``cpu_window_s`` (``window_s`` when a thread is in ``D``: the scan confirms it), plus the
     scan's bounded command-line reads, plus at most ``stacks_timeout_s`` and
     :data:`~._py_spy.KILL_WAIT_S` for stacks.
     Never raises for a process that is gone or unreadable. Raises ``ValueError`` for a negative
-    window or ``scan_samples < 1``. Thread-safe (no shared state besides ``reader``).
+    window, ``scan_samples < 1`` or an unknown ``stacks_source``. Thread-safe (no shared state
+    besides ``reader``).
     """
     if window_s < 0 or cpu_window_s < 0:
         raise ValueError("window_s and cpu_window_s must not be negative")
+    source = SourceChoice(stacks_source)
     started = clock()
     taken_at = time.time()
     local, unscanned = _targets(targets)
-    pids = [pid for _rank, pid in local]
+    pids = [pid for _rank, pid, _start in local]
+    starts = {pid: start for _rank, pid, start in local}
     before = _cpu_sample(pids)
     t0 = clock()
     result = _scan.scan(pids, window_s=window_s, samples=scan_samples, read_timeout_s=read_timeout_s,
@@ -393,7 +403,7 @@ def diagnose(
     after = _cpu_sample(pids)
     measured = clock() - t0
     ranks: list[RankDiagnosis] = []
-    for (rank, pid), report in zip(local, result.processes, strict=True):
+    for (rank, pid, _start), report in zip(local, result.processes, strict=True):
         threads = []
         for thread in report.threads:
             key = (pid, thread.tid)
@@ -406,7 +416,7 @@ def diagnose(
     executable = ""
     if stacks:
         executable = (py_spy if py_spy is not None else find_py_spy()) or ""
-        ranks = _with_stacks(ranks, stacks_timeout_s, executable or None)
+        ranks = _with_stacks(ranks, starts, stacks_timeout_s, executable or None, source)
         unscanned = [_replace_stacks(rank, RankStacks(StackStatus.SKIPPED_NOT_RUNNING, rank.detail))
                      for rank in unscanned]
     all_ranks = tuple(sorted(ranks + unscanned, key=lambda rank: rank.rank))
@@ -421,24 +431,23 @@ def _replace_stacks(rank: RankDiagnosis, stacks: RankStacks) -> RankDiagnosis:
                          rank.report)
 
 
-def _with_stacks(ranks: list[RankDiagnosis], timeout_s: float, py_spy: str | None) -> list[RankDiagnosis]:
+def _with_stacks(ranks: list[RankDiagnosis], starts: Mapping[int, int | None], timeout_s: float,
+                 py_spy: str | None, source: SourceChoice) -> list[RankDiagnosis]:
     skipped: dict[int, RankStacks] = {}
-    wanted = []
+    wanted: list[StackTarget] = []
     for rank in ranks:
-        d_tids = [thread.tid for thread in rank.threads if thread.activity is Activity.IN_D]
-        if not d_tids:
-            # The freshest look: a thread may have entered D since the scan's last sample.
-            try:
-                states = _procfs.read_thread_states(rank.pid)
-            except OSError:
-                states = {}
-            d_tids = sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES)
-        if d_tids:  # py-spy reads its memory: the same mm lock as a cmdline read
-            skipped[rank.pid] = RankStacks(StackStatus.SKIPPED_TASK_IN_D, skip_for_d(rank.pid, "stacks", d_tids).detail)
-        elif rank.verdict is None or rank.verdict.is_dead or rank.verdict is _scan.Verdict.ACCESS_DENIED:
+        if rank.verdict is None or rank.verdict.is_dead or rank.verdict is _scan.Verdict.ACCESS_DENIED:
             why = "not scanned" if rank.verdict is None else rank.verdict.value
             skipped[rank.pid] = RankStacks(StackStatus.SKIPPED_NOT_RUNNING, f"stacks skipped: {why}")
-        else:
-            wanted.append(rank.pid)
-    taken = take_stacks(wanted, timeout_s=timeout_s, py_spy=py_spy) if wanted else {}
+            continue
+        # The freshest look: a thread may have entered D (or the rank stopped) since the scan.
+        try:
+            states = _procfs.read_thread_states(rank.pid)
+        except OSError:
+            states = {thread.tid: thread.state for thread in rank.threads}
+        for thread in rank.threads:  # a thread seen in D by the scan counts as in D
+            if thread.activity is Activity.IN_D:
+                states[thread.tid] = "D"
+        wanted.append(StackTarget(rank.pid, starts.get(rank.pid), states))
+    taken = take_rank_stacks(wanted, source=source, timeout_s=timeout_s, py_spy=py_spy) if wanted else {}
     return [_replace_stacks(rank, skipped.get(rank.pid) or taken[rank.pid]) for rank in ranks]

@@ -26,7 +26,9 @@ hook), which
    host other than the proxy's runs that host's agent (:mod:`trtllm_liveness.multihost._placement`);
 4. with stall detection on (``stall_timeout_s``), **counts executor iterations** and reports them
    to the proxy (:mod:`._progress`), so a long non-streaming generation is progress;
-5. calls the real ``worker_main`` with exactly the arguments upstream gave.
+5. first of all, registers the rank's **stack dump** (``diagnose/_faulthandler_stacks.py``): a
+   snapshot then gets its Python stacks without ptrace rights;
+6. calls the real ``worker_main`` with exactly the arguments upstream gave.
 
 Nothing here raises into upstream: a failure is logged and the rank runs unmonitored.
 """
@@ -77,6 +79,9 @@ def liveness_worker_entry(*args: Any, **kwargs: Any) -> Any:
     proxy = kwargs.pop(PROXY_KWARG, None)
     progress = kwargs.pop(PROGRESS_KWARG, None)
     hub = kwargs.pop(HUB_KWARG, None)
+    from ...diagnose._faulthandler_stacks import register_stack_dump_or_warn
+
+    register_stack_dump_or_warn()
     if proxy is not None and os.environ.get(WATCH_ENV_VAR, "1") != "0":
         try:
             start_proxy_death_watch(proxy)
