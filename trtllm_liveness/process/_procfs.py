@@ -21,6 +21,7 @@ _STATE_INDEX = 0
 _PPID_INDEX = 1
 _PGRP_INDEX = 2
 _SESSION_INDEX = 3
+_FLAGS_INDEX = 6  # field 9, the kernel's PF_* flags
 _NUM_THREADS_INDEX = 17  # field 20
 _UTIME_INDEX = 11
 _STIME_INDEX = 12
@@ -28,6 +29,8 @@ _STARTTIME_INDEX = 19
 _EXIT_CODE_INDEX = 49  # field 52, the waitpid(2)-style status; shown for zombies since Linux 3.5
 
 _SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+PF_EXITING = 0x4
+"""``include/linux/sched.h``: set when a task begins to exit."""
 
 # States in which a task is in uninterruptible sleep. 'D' is TASK_UNINTERRUPTIBLE; kernels
 # report a frozen or killable-but-uninterruptible task as 'D' too.
@@ -46,6 +49,12 @@ class StatInfo(NamedTuple):
     start_time: int
     exit_code: int | None = None
     cpu_ticks: int = 0  # utime + stime, in clock ticks (SC_CLK_TCK)
+    flags: int = 0  # the task's PF_* flags (field 9)
+
+    @property
+    def exiting(self) -> bool:
+        """``PF_EXITING``: the task is in its exit path (it took its fatal signal, or called exit)."""
+        return bool(self.flags & PF_EXITING)
 
 
 def parse_stat(data: bytes) -> StatInfo:
@@ -71,6 +80,7 @@ def parse_stat(data: bytes) -> StatInfo:
         start_time=int(fields[_STARTTIME_INDEX]),
         exit_code=int(fields[_EXIT_CODE_INDEX]) if len(fields) > _EXIT_CODE_INDEX else None,
         cpu_ticks=int(fields[_UTIME_INDEX]) + int(fields[_STIME_INDEX]),
+        flags=int(fields[_FLAGS_INDEX]),
     )
 
 
