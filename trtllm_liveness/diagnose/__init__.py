@@ -9,6 +9,7 @@
 - :mod:`._faulthandler_stacks`: a rank's Python stacks by its own ``faulthandler`` dump (no
   ptrace): registered at the rank's start, signalled and read by a snapshot;
 - :mod:`._stack_sources`: which of the two takes each rank's stacks;
+- :mod:`._stalled_rank`: the rank a stall is named after, from evidence;
 - :mod:`._diagnosis_text`: the diagnosis's plain-text rendering.
 """
 
@@ -28,6 +29,9 @@ if TYPE_CHECKING:
     from ._scan import ProcessReport as ProcessReport
     from ._scan import ScanResult as ScanResult
     from ._scan import scan as scan
+    from ._stalled_rank import StalledRank as StalledRank
+    from ._stalled_rank import name_stalled_rank as name_stalled_rank
+    from ._stalled_rank import stalled_rank_of as stalled_rank_of
 
 __all__ = [
     "Diagnosis",
@@ -36,10 +40,13 @@ __all__ = [
     "RankDiagnosis",
     "ScanResult",
     "Selection",
+    "StalledRank",
     "diagnose",
+    "name_stalled_rank",
     "register_stack_dump",
     "scan",
     "select",
+    "stalled_rank_of",
     "take_faulthandler_stacks",
     "take_stacks",
 ]
@@ -52,6 +59,9 @@ _SOURCES = {
     "take_stacks": "_py_spy",
     "register_stack_dump": "_faulthandler_stacks",
     "take_faulthandler_stacks": "_faulthandler_stacks",
+    "StalledRank": "_stalled_rank",
+    "name_stalled_rank": "_stalled_rank",
+    "stalled_rank_of": "_stalled_rank",
     "ScanResult": "_scan",
     "ProcessReport": "_scan",
     "scan": "_scan",

@@ -15,6 +15,8 @@ SIGKILL pending, the process verdict; command lines read through
   each result says its source and why the other was not used.
 - **The odd rank out** (:class:`OddRankOut`): the one rank whose activity, innermost Python
   function or main-thread wait channel differs from what every other rank shares.
+- **The rank a stall is named after** (``named``, :mod:`._stalled_rank`): gone, stopped or in
+  ``D`` first, then behind in executor iterations, then spinning while the others sleep.
 
 Never hangs on a wedged rank: ``py-spy`` reads the target's memory, which can block on the
 target's mmap lock like a ``cmdline`` read, so ``py-spy`` is never run on a rank with a thread in
@@ -33,7 +35,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
@@ -42,6 +44,9 @@ from . import _scan
 from ._py_spy import DEFAULT_STACKS_TIMEOUT_S, find_py_spy, take_stacks
 from ._stack_records import RankStacks, StackFrame, StackStatus
 from ._stack_sources import SourceChoice, StackTarget, take_rank_stacks
+
+if TYPE_CHECKING:
+    from ._stalled_rank import StalledRank
 
 # find_py_spy and take_stacks (the stacks, :mod:`._py_spy`) are re-exported for callers of diagnose.
 __all__ = ["DEFAULT_WINDOW_S", "Activity", "Diagnosis", "OddRankOut", "RankDiagnosis", "ThreadDiagnosis", "diagnose",
@@ -180,6 +185,7 @@ class Diagnosis:
     odd_ranks: tuple[OddRankOut, ...]
     scan: _scan.ScanResult
     py_spy: str  # the py-spy used, "" when none (or stacks not asked for)
+    named: StalledRank | None = None  # the rank a stall of these ranks is named after, if any
 
     @property
     def odd_rank_out(self) -> OddRankOut | None:
@@ -195,7 +201,8 @@ class Diagnosis:
         parts = [f"rank {r.rank} (pid {r.pid}) {r.activity.value}"
                  + (f" in {r.stuck_in.describe()}" if r.stuck_in is not None else "") for r in self.ranks]
         odd = self.odd_rank_out
-        return "; ".join(parts) + (f"; odd rank out: {odd.reason}" if odd is not None else "")
+        named = f"; stalled rank: {self.named.evidence}" if self.named is not None else ""
+        return "; ".join(parts) + (f"; odd rank out: {odd.reason}" if odd is not None else "") + named
 
     def to_dict(self, *, include_scan: bool = True) -> dict[str, Any]:
         """JSON-ready form (``include_scan=False`` when the caller prints the scan itself)."""
@@ -204,6 +211,7 @@ class Diagnosis:
             "py_spy": self.py_spy, "ranks": [rank.to_dict() for rank in self.ranks],
             "odd_ranks": [odd.to_dict() for odd in self.odd_ranks],
             "odd_rank_out": None if self.odd_rank_out is None else self.odd_rank_out.reason,
+            "named": None if self.named is None else self.named.to_dict(),
         }
         if include_scan:
             data["scan"] = self.scan.to_dict()
@@ -291,12 +299,13 @@ def _odd_one(values: dict[int, str]) -> tuple[int, str, str] | None:
     return None
 
 
-def find_odd_ranks(ranks: Sequence[RankDiagnosis]) -> tuple[OddRankOut, ...]:
+def find_odd_ranks(ranks: Sequence[RankDiagnosis], *, leader: int | None = None) -> tuple[OddRankOut, ...]:
     """The ranks that stand out from all the others, one per aspect: activity (e.g. one spinning
     while the others sleep), the main thread's innermost Python function, its wait channel.
 
     Only ranks alive and known in that aspect count; at least 3 must be (with 2, neither is "the
-    odd one"). Pure function of its input.
+    odd one"). The ``leader`` (rank number) is not singled out for being on CPU: it busy-polls its
+    requests while the others wait. Pure function of its input.
     """
     alive = [rank for rank in ranks if rank.verdict is not None and not rank.verdict.is_dead
              and rank.verdict is not _scan.Verdict.ACCESS_DENIED]
@@ -313,6 +322,9 @@ def find_odd_ranks(ranks: Sequence[RankDiagnosis]) -> tuple[OddRankOut, ...]:
         if odd is None:
             continue
         pid, value, others_value = odd
+        if aspect == "activity" and by_pid[pid].rank == leader and value in (Activity.SPINNING.value,
+                                                                               Activity.RUNNING.value):
+            continue
         others = tuple(sorted(by_pid[other].rank for other in values if other != pid))
         found.append(OddRankOut(by_pid[pid].rank, pid, aspect, value, others_value, others))
     return tuple(found)
@@ -363,6 +375,8 @@ def diagnose(
     stacks_timeout_s: float = DEFAULT_STACKS_TIMEOUT_S,
     py_spy: str | None = None,
     stacks_source: SourceChoice | str = SourceChoice.AUTO,
+    iterations: Mapping[int, int] | None = None,
+    leader: int | None = 0,
     read_timeout_s: float = DEFAULT_TIMEOUT_S,
     reader: MmReader | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -376,7 +390,9 @@ def diagnose(
     ``py-spy`` where installed and permitted, else the rank's faulthandler dump;
     :mod:`._stack_sources`). ``py_spy`` names the executable (default: found on ``PATH`` or beside
     this interpreter). An identity whose start time no longer matches is reported gone and not
-    scanned; one of another host or PID namespace is reported and not scanned.
+    scanned; one of another host or PID namespace is reported and not scanned. ``named`` is the
+    rank a stall would be named after (:func:`._stalled_rank.name_stalled_rank`, with
+    ``iterations``, rank -> executor iterations, and ``leader``).
 
     Blocks about ``cpu_window_s`` (``window_s`` when a thread is in ``D``: the scan confirms it), plus the
     scan's bounded command-line reads, plus at most ``stacks_timeout_s`` and
@@ -420,8 +436,11 @@ def diagnose(
         unscanned = [_replace_stacks(rank, RankStacks(StackStatus.SKIPPED_NOT_RUNNING, rank.detail))
                      for rank in unscanned]
     all_ranks = tuple(sorted(ranks + unscanned, key=lambda rank: rank.rank))
-    diagnosis = Diagnosis(taken_at, measured, (clock() - started) * 1000, all_ranks, find_odd_ranks(all_ranks),
-                          result, executable)
+    from ._stalled_rank import name_stalled_rank  # it reads this module's records
+
+    diagnosis = Diagnosis(taken_at, measured, (clock() - started) * 1000, all_ranks,
+                          find_odd_ranks(all_ranks, leader=leader), result, executable,
+                          name_stalled_rank(all_ranks, iterations=iterations, leader=leader))
     logger.debug("diagnosis of %d rank(s) in %.0f ms: %s", len(all_ranks), diagnosis.elapsed_ms, diagnosis.summary())
     return diagnosis
 

@@ -53,7 +53,8 @@ def rank_lines(rank: RankDiagnosis, clean: Callable[[str], str] = str) -> list[s
 
 def summary_lines(diagnosis: Diagnosis) -> list[str]:
     """The lines after the scan's summary: the odd ranks out, or why none is named."""
+    named = [f"STALLED RANK ({diagnosis.named.basis.value}): {diagnosis.named.evidence}"] if diagnosis.named else []
     if not diagnosis.odd_ranks:
         return [f"diagnosis: {len(diagnosis.ranks)} rank(s) over {diagnosis.window_s:.2f}s CPU window, "
-                "no odd rank out"]
-    return [f"ODD RANK OUT ({odd.aspect}): {odd.reason}" for odd in diagnosis.odd_ranks]
+                "no odd rank out", *named]
+    return [f"ODD RANK OUT ({odd.aspect}): {odd.reason}" for odd in diagnosis.odd_ranks] + named
