@@ -9,15 +9,11 @@ proxy's ``llm.shutdown()`` returned (its last line came); left, what the hosts' 
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import _bench
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support import multihost_engine as engine
 from tests.support.testhosts import unavailable

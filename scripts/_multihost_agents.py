@@ -17,10 +17,7 @@ import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.support.multihost_engine import (  # noqa: E402
+from tests.support.multihost_engine import (
     DEFAULTS,
     Engine,
     Fatal,
@@ -29,8 +26,10 @@ from tests.support.multihost_engine import (  # noqa: E402
     remote_wedge,
     timed_fatal,
 )
-from tests.support.testhosts import TestHosts  # noqa: E402
-from trtllm_liveness.process import _procfs  # noqa: E402
+from tests.support.testhosts import TestHosts
+from trtllm_liveness.process import _procfs
+
+REPO = Path(__file__).resolve().parent.parent
 
 __all__ = ["Fatal", "false_alarms_loaded", "heartbeat_cpu", "host_fault", "proxy_cpu_simulated", "remote_kill",
            "remote_wedge"]

@@ -29,9 +29,6 @@ import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from trtllm_liveness.diagnose import _diagnosis, _faulthandler_stacks, _py_spy
 from trtllm_liveness.process import _procfs

@@ -48,10 +48,9 @@ from typing import NamedTuple
 import _bench
 import _multihost_agents as agents
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # tests.support: the test hosts
+from tests.support.testhosts import MpiJob, TestHosts, rank_lines, unavailable
 
-from tests.support.testhosts import MpiJob, TestHosts, rank_lines, unavailable  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 START_S = 30.0
 END_S = 20.0

@@ -9,6 +9,7 @@ conflict with it (the policy of torchrun's ``uninterruptible_state_timeout``).
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -115,8 +116,35 @@ class WorkerEvent:
             text += "; the host may need recycling before its GPUs/NICs are reused"
         return text
 
+    @classmethod
+    def from_dict(cls, data: object) -> WorkerEvent:
+        """The event :meth:`to_dict` wrote (e.g. read back from another process's JSON).
+
+        That form carries no monotonic times and no start time or PID namespace: ``detected_at`` is
+        NaN (unknown), ``fault_at`` None, and the identity's ``start_time`` and ``pid_namespace`` are
+        None, so the rebuilt identity is never signalled. ``restartable`` and ``message``, where
+        present, must be what the other fields give. ``ValueError`` naming the field for anything
+        else: a missing or unknown field, a wrong type, an unknown kind, an invalid rank or pid.
+        """
+        from ._errors import InvalidIdentityError
+        from ._record_fields import JsonFields
+        from .process._identity import coerce_identity
+
+        fields = JsonFields("WorkerEvent", data, required=("kind", "rank", "pid", "hostname", "cause", "tid", "wchan",
+                                                           "wall_time"), optional=("restartable", "message"))
+        try:
+            identity = coerce_identity((fields.integer("rank"), fields.integer("pid"), None, fields.text("hostname"),
+                                        None))
+        except InvalidIdentityError as exc:
+            raise ValueError(f"WorkerEvent: {exc}") from None
+        event = cls(fields.choice("kind", EventKind), identity, fields.text("cause"), detected_at=math.nan,
+                    wall_time=fields.number("wall_time"), tid=fields.integer_or_none("tid"), wchan=fields.text("wchan"))
+        fields.agrees("restartable", event.restartable)
+        fields.agrees("message", event.message)
+        return event
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """JSON-ready form (:meth:`from_dict` reads it back)."""
         return {
             "kind": self.kind.value,
             "rank": self.identity.rank,

@@ -94,7 +94,7 @@ class FakeEngine:
     ``die_after_s`` (seconds after READY), ``hang_rank`` (that rank stops in a ``SIGSTOP`` of itself
     after READY).
 
-    Harness knobs (not upstream; for ``trtllm_liveness.demo._scenario``, which injects faults
+    Harness knobs (not upstream; for ``trtllm_liveness.demo._scenario_child``, which injects faults
     from outside by verified pid): ``announce_dir`` makes every rank write its identity there before
     the build (``rank<N>.json``, the layout ``reference._worker.read_announced_identities`` reads), so
     a harness knows whom to signal even on 1.2.x, whose protocol carries no identities; ``fault`` is
@@ -1302,8 +1302,9 @@ class BaseLLMImpl:
                                                    mpi_session=self.mpi_session, is_llm_executor=True,
                                                    llm_args=self.args)
 
-    def generate_async(self, prompt_token_ids: list[int], max_tokens: int = 8) -> Any:
-        return self._executor.generate_async(prompt_token_ids, max_tokens=max_tokens)
+    def generate_async(self, prompt_token_ids: list[int], max_tokens: int = 8, streaming: bool = False) -> Any:
+        """``max_tokens`` where upstream takes ``sampling_params``; ``streaming`` as upstream's."""
+        return self._executor.generate_async(prompt_token_ids, max_tokens=max_tokens, streaming=streaming)
 
     def shutdown(self) -> None:
         if self._executor is not None:

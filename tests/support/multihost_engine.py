@@ -70,13 +70,15 @@ class Engine:
     """One engine job across the test hosts; rank 0's (the proxy's) output read from its file."""
 
     def __init__(self, hosts: TestHosts, layout: Sequence[tuple[str, int]] = LAYOUT, liveness: str = LIVENESS, *,
-                 request: bool = True, wrapper: Sequence[str] = ()) -> None:
+                 request: bool = True, wrapper: Sequence[str] = (), executor_cls: bool = True) -> None:
         self.hosts = hosts
         # PRRTE writes <out>.<job>.<rank>.out|err, making (and chmod-ing to 0750!) the directory of
         # <out> where it runs, mpirun's head included: never a directory shared with anybody else,
         # such as /tmp. The test hosts' shared directory is seen by the head and every host.
         self.out = os.path.join(hosts.shared, f"out-{len(hosts.jobs)}", "rank")
-        options = {"session": "comm", "tree": "trtllm_main", "liveness": True, "watch_fatal": True,
+        # executor_cls: LLM(executor_cls=liveness_executor_class()); else upstream's own executor, which
+        # only the import hook (the autoload) can make the liveness one: a trtllm-serve.
+        options = {"session": "comm", "tree": "trtllm_main", "liveness": executor_cls, "watch_fatal": True,
                    "no_request": not request}
         self.job: MpiJob = hosts.mpirun(
             layout, [sys.executable, "-u", "-m", "tests.programs.proxy_death_child", json.dumps(options)],

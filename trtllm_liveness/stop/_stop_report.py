@@ -2,8 +2,9 @@
 
 :class:`StopReport` holds a :class:`StoppedWorker` per target (its :class:`StopOutcome`) and an
 :class:`UnkillableWorker` per process that survived SIGKILL, as sampled right after the deadline.
-All are frozen and have a JSON-ready ``to_dict``; :meth:`StopReport.events` turns the unkillable
-into non-restartable events for :class:`~trtllm_liveness.WorkerFailedError`.
+All are frozen and have a JSON-ready ``to_dict`` that ``from_dict`` reads back (strictly);
+:meth:`StopReport.events` turns the unkillable into non-restartable events for
+:class:`~trtllm_liveness.WorkerFailedError`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._events import EventKind, WorkerEvent
+from .._record_fields import JsonFields
 from ..process._identity import ProcessIdentity
 from ._survivor import StuckThread, UnkillableBasis
 
@@ -99,8 +101,23 @@ class UnkillableWorker:
             f"recycling before its GPUs/NICs are reused"
         )
 
+    @classmethod
+    def from_dict(cls, data: object) -> UnkillableWorker:
+        """The record :meth:`to_dict` wrote. That form has no ``identity`` (None here); ``message``,
+        where present, must be what the other fields give. ``ValueError`` naming the field otherwise."""
+        fields = JsonFields("UnkillableWorker", data, required=(
+            "rank", "pid", "hostname", "state", "wchan", "d_tids", "d_wchan", "kill_pending", "signal", "waited_s",
+            "leader_pid"), optional=("message",))
+        worker = cls(rank=fields.integer("rank"), pid=fields.integer("pid"), hostname=fields.text("hostname"),
+                     state=fields.text("state"), wchan=fields.text("wchan"), d_tids=fields.integers("d_tids"),
+                     d_wchan=fields.text("d_wchan"), kill_pending=fields.flag("kill_pending"),
+                     signal=fields.text("signal"), waited_s=fields.number("waited_s"),
+                     leader_pid=fields.integer_or_none("leader_pid"))
+        fields.agrees("message", worker.message)
+        return worker
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """JSON-ready form (:meth:`from_dict` reads it back)."""
         return {
             "rank": self.rank,
             "pid": self.pid,
@@ -139,8 +156,18 @@ class StoppedWorker:
     exited_after_s: float | None = None
     signals_sent: tuple[str, ...] = ()
 
+    @classmethod
+    def from_dict(cls, data: object) -> StoppedWorker:
+        """The record :meth:`to_dict` wrote; ``ValueError`` naming the field for anything else."""
+        fields = JsonFields("StoppedWorker", data, required=(
+            "rank", "pid", "hostname", "outcome", "detail", "returncode", "exited_after_s", "signals_sent"))
+        return cls(rank=fields.integer("rank"), pid=fields.integer_or_none("pid"), hostname=fields.text("hostname"),
+                   outcome=fields.choice("outcome", StopOutcome), detail=fields.text("detail"),
+                   returncode=fields.integer_or_none("returncode"),
+                   exited_after_s=fields.number_or_none("exited_after_s"), signals_sent=fields.texts("signals_sent"))
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """JSON-ready form (:meth:`from_dict` reads it back)."""
         return {
             "rank": self.rank,
             "pid": self.pid,
@@ -200,8 +227,29 @@ class StopReport:
                                       wchan=item.d_wchan or item.wchan))
         return events
 
+    def outcome_of(self, pid: int | None) -> StopOutcome | None:
+        """The outcome of the worker with ``pid``; None if it is not in the report."""
+        return next((worker.outcome for worker in self.workers if worker.pid == pid), None)
+
+    @classmethod
+    def from_dict(cls, data: object) -> StopReport:
+        """The report :meth:`to_dict` wrote (its workers and unkillable through their own
+        ``from_dict``); ``restartable`` and ``all_stopped``, where present, must be what the rest
+        gives. ``ValueError`` naming the field (or the worker) for anything else."""
+        fields = JsonFields("StopReport", data, required=(
+            "grace_s", "kill_s", "term_signal", "elapsed_s", "started_wall", "workers", "unkillable"),
+            optional=("restartable", "all_stopped"))
+        report = cls(workers=tuple(StoppedWorker.from_dict(item) for item in fields.objects("workers")),
+                     unkillable=tuple(UnkillableWorker.from_dict(item) for item in fields.objects("unkillable")),
+                     grace_s=fields.number("grace_s"), kill_s=fields.number("kill_s"),
+                     term_signal=fields.text("term_signal"), elapsed_s=fields.number("elapsed_s"),
+                     started_wall=fields.number("started_wall"))
+        fields.agrees("restartable", report.restartable)
+        fields.agrees("all_stopped", report.all_stopped)
+        return report
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """JSON-ready form (:meth:`from_dict` reads it back)."""
         return {
             "restartable": self.restartable,
             "all_stopped": self.all_stopped,

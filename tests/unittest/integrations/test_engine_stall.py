@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, facility_unavailable
 from tests.support.children import HelperProcess
+from tests.support.facilities import MPI_MARKS, facility_unavailable
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE
 
 pytestmark = [pytest.mark.timeout(120), *MPI_MARKS]
 

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProcessTracker, needs
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes"
 TREES = {"v12": FAKES / "trtllm_v12", "main": FAKES / "trtllm_main"}

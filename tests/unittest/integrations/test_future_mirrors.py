@@ -14,8 +14,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, needs
 from tests.support.children import HelperProcess
+from tests.support.facilities import needs
+from tests.support.waits import WAIT_SCALE
 from trtllm_liveness import LivenessConfig
 from trtllm_liveness.demo._cgroup_faults import remove_leftover_groups
 from trtllm_liveness.integrations._futures import fail_pending, mirror_future

@@ -13,7 +13,9 @@ import threading
 
 import pytest
 
-from tests.conftest import ProcessTracker, needs, require_or_skip, start_time_or_none, state_of, wait_until
+from tests.support.facilities import needs, require_or_skip
+from tests.support.process_tracker import ProcessTracker, start_time_or_none, state_of
+from tests.support.waits import wait_until
 from trtllm_liveness import (
     EventKind,
     InvalidIdentityError,

@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ProcessTracker, wait_until
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import wait_until
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.monitor._monitor import WorkerProcessMonitor
 from trtllm_liveness.monitor._stall_timer import ProgressSource, StallDetector, StallInfo

@@ -21,7 +21,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, start_time_or_none, state_of, wait_until
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker, start_time_or_none, state_of
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import WorkerProcessMonitor
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.multihost import _wire
@@ -160,8 +162,8 @@ def test_when_the_hub_goes_away_the_agent_stops_its_ranks_and_ends_its_own(procs
 def test_after_a_clean_stop_the_hubs_going_away_leaves_the_ranks_alone(procs: ProcessTracker, engine: Engine,
                                                                       slow_poll: bool) -> None:
     """``expect`` then the hub's close: the agent must read the ``expect`` before it acts on the
-    close. A busy agent (slow polls) finds both in one round; before the fix it saw the close first,
-    killed its host's ranks and ended its own with 75."""
+    close. A busy agent (slow polls) finds both in one round; acting on the close first would kill
+    its host's ranks and end its own with 75."""
     agent = start_agent(procs, engine, ranks=1, slow_poll=slow_poll)
     engine.hub.expect_exits()
     engine.hub.close()
@@ -199,8 +201,8 @@ class StillRoutedOnce(AgentHub):
 
 
 def test_an_unmatched_connection_is_probed_again_until_found(procs: ProcessTracker) -> None:
-    """Before the fix one probe was all: when it still reached the routing id, the session stayed
-    "connected" forever and its rank's death was never reported."""
+    """One probe is not enough: when it still reaches the routing id, the session would stay
+    "connected" forever and its rank's death never be reported; the hub probes again until found."""
     engine = Engine()
     engine.hub.close()
     engine.hub = StillRoutedOnce(engine.monitor, bind="127.0.0.1", heartbeat_timeout_s=1.0).start()
@@ -239,8 +241,8 @@ class SlowAfterStop(AgentHub):
 
 def test_a_report_that_arrives_with_the_close_of_its_connection_counts(procs: ProcessTracker) -> None:
     """The agent sends its report, then ends its rank: the report and the connection's close reach
-    the hub together when it is busy. Before the fix the close was handled first: the host was
-    reported lost and the agent's rank "exited unexpectedly"."""
+    the hub together when it is busy. The report counts: handling the close first would report the
+    host lost and the agent's rank "exited unexpectedly"."""
     engine = Engine()
     engine.hub.close()
     engine.hub = SlowAfterStop(engine.monitor, bind="127.0.0.1", heartbeat_timeout_s=1.0, grace_s=0.5,

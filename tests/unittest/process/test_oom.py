@@ -10,7 +10,9 @@ import threading
 
 import pytest
 
-from tests.conftest import MemoryCgroup, ProcessTracker, require_or_skip
+from tests.support.facilities import require_or_skip
+from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import MemoryCgroup
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.process._oom import OomProbe
 

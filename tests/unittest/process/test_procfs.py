@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProcessTracker
+from tests.support.process_tracker import ProcessTracker
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._thread_sampler import ThreadSampler, sample_d_state
