@@ -35,7 +35,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
@@ -44,13 +44,11 @@ from . import _scan
 from ._py_spy import DEFAULT_STACKS_TIMEOUT_S, find_py_spy, take_stacks
 from ._stack_records import RankStacks, StackFrame, StackStatus
 from ._stack_sources import SourceChoice, StackTarget, take_rank_stacks
-
-if TYPE_CHECKING:
-    from ._stalled_rank import StalledRank
+from ._stalled_rank import Condition, RankEvidence, StalledRank, in_d_detail, name_stalled_rank
 
 # find_py_spy and take_stacks (the stacks, :mod:`._py_spy`) are re-exported for callers of diagnose.
 __all__ = ["DEFAULT_WINDOW_S", "Activity", "Diagnosis", "OddRankOut", "RankDiagnosis", "ThreadDiagnosis", "diagnose",
-           "find_odd_ranks", "find_py_spy", "take_stacks"]
+           "find_odd_ranks", "find_py_spy", "rank_evidence", "take_stacks"]
 
 logger = logging.getLogger(__name__)
 
@@ -330,6 +328,28 @@ def find_odd_ranks(ranks: Sequence[RankDiagnosis], *, leader: int | None = None)
     return tuple(found)
 
 
+_CONDITIONS = {Activity.IN_D: Condition.IN_D, Activity.STOPPED: Condition.STOPPED,
+               Activity.SPINNING: Condition.SPINNING, Activity.SLEEPING: Condition.SLEEPING,
+               Activity.RUNNING: Condition.OTHER}
+
+
+def rank_evidence(rank: RankDiagnosis) -> RankEvidence:
+    """What the stalled-rank naming (:mod:`._stalled_rank`) reads of one diagnosed rank."""
+    if rank.verdict is None or rank.verdict is _scan.Verdict.ACCESS_DENIED:
+        return RankEvidence(rank.rank, rank.pid, Condition.UNKNOWN, rank.detail)
+    if rank.verdict.is_dead:
+        return RankEvidence(rank.rank, rank.pid, Condition.GONE, rank.detail)
+    condition = _CONDITIONS.get(rank.activity, Condition.UNKNOWN)
+    if condition is Condition.IN_D:
+        d_threads = [thread for thread in rank.threads if thread.activity is Activity.IN_D]
+        return RankEvidence(rank.rank, rank.pid, condition,
+                            in_d_detail(len(d_threads), d_threads[0].wchan if d_threads else ""))
+    if condition is Condition.STOPPED:
+        main = rank.main_thread
+        return RankEvidence(rank.rank, rank.pid, condition, main.state if main is not None else "T")
+    return RankEvidence(rank.rank, rank.pid, condition)
+
+
 # ----------------------------------------------------------------------------- snapshot
 
 
@@ -436,11 +456,10 @@ def diagnose(
         unscanned = [_replace_stacks(rank, RankStacks(StackStatus.SKIPPED_NOT_RUNNING, rank.detail))
                      for rank in unscanned]
     all_ranks = tuple(sorted(ranks + unscanned, key=lambda rank: rank.rank))
-    from ._stalled_rank import name_stalled_rank  # it reads this module's records
-
     diagnosis = Diagnosis(taken_at, measured, (clock() - started) * 1000, all_ranks,
                           find_odd_ranks(all_ranks, leader=leader), result, executable,
-                          name_stalled_rank(all_ranks, iterations=iterations, leader=leader))
+                          name_stalled_rank([rank_evidence(rank) for rank in all_ranks], iterations=iterations,
+                                            leader=leader))
     logger.debug("diagnosis of %d rank(s) in %.0f ms: %s", len(all_ranks), diagnosis.elapsed_ms, diagnosis.summary())
     return diagnosis
 

@@ -11,9 +11,17 @@ import sys
 
 import pytest
 
-from tests.conftest import ProcessTracker, StuckChild, wait_until
-from trtllm_liveness.diagnose._diagnosis import diagnose
-from trtllm_liveness.diagnose._stalled_rank import NamingBasis, StalledRank, name_stalled_rank, stalled_rank_of
+from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import wait_until
+from trtllm_liveness.diagnose._diagnosis import diagnose, rank_evidence
+from trtllm_liveness.diagnose._stalled_rank import (
+    NamingBasis,
+    StalledRank,
+    name_stalled_rank,
+    stalled_rank_now,
+    stalled_rank_of,
+)
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._identity import ProcessIdentity, capture_identity
 
@@ -134,7 +142,28 @@ def test_the_naming_is_a_pure_function_of_the_diagnosis(procs: ProcessTracker) -
     ranks = [_start(procs, SLEEPS) for _ in range(3)]
     _stop(ranks[1])
     diagnosis = diagnose(_identities(ranks), stacks=False, window_s=0.0)
-    assert name_stalled_rank(diagnosis.ranks) == diagnosis.named
-    # Another leader changes nothing about a stopped rank; no rank numbers, no naming by spinning.
-    assert name_stalled_rank(diagnosis.ranks, leader=None) == diagnosis.named
+    evidence = [rank_evidence(rank) for rank in diagnosis.ranks]
+    assert name_stalled_rank(evidence) == diagnosis.named
+    assert name_stalled_rank(evidence, leader=None) == diagnosis.named  # the leader matters only for spinning
     assert name_stalled_rank(()) is None
+
+
+def test_the_instant_naming_reads_states_and_iterations_but_never_spinning(procs: ProcessTracker) -> None:
+    ranks = [_start(procs, SLEEPS), _start(procs, SPINS), _start(procs, SLEEPS)]
+    identities = _identities(ranks)
+    assert stalled_rank_now(identities) is None  # no CPU window: a spinner is not evidence here
+    behind = stalled_rank_now(identities, iterations={0: 3, 1: 3, 2: 2})
+    assert behind is not None and (behind.rank, behind.basis) == (2, NamingBasis.BEHIND)
+    _stop(ranks[1])
+    stopped = stalled_rank_now(identities, iterations={0: 3, 1: 3, 2: 2})
+    assert stopped is not None and (stopped.rank, stopped.basis) == (1, NamingBasis.STOPPED), stopped
+    ranks[0].kill()
+    ranks[0].wait(10)
+    gone = stalled_rank_now(identities)
+    assert gone is not None and (gone.rank, gone.basis) == (0, NamingBasis.GONE), gone
+
+
+def test_the_instant_naming_sees_a_rank_in_d(procs: ProcessTracker, stuck_child: StuckChild) -> None:
+    sleeper = _start(procs, SLEEPS)
+    named = stalled_rank_now([capture_identity(0, sleeper.pid), capture_identity(1, stuck_child.popen.pid)])
+    assert named is not None and (named.rank, named.basis) == (1, NamingBasis.IN_D), named

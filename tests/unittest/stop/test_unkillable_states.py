@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProcessTracker, StuckChild, state_of, wait_until
+from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import wait_until
 from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._identity import capture_identity, local_hostname
