@@ -5,15 +5,13 @@ spinning while the others sleep; never the leader by default, and never the lead
 
 from __future__ import annotations
 
-import signal
 import subprocess
-import sys
 
 import pytest
 
 from tests.support.process_tracker import ProcessTracker
+from tests.support.rank_children import blocked, spinning, stop
 from tests.support.stuck_processes import StuckChild
-from tests.support.waits import wait_until
 from trtllm_liveness.diagnose._diagnosis import diagnose, rank_evidence
 from trtllm_liveness.diagnose._stalled_rank import (
     NamingBasis,
@@ -22,43 +20,9 @@ from trtllm_liveness.diagnose._stalled_rank import (
     stalled_rank_now,
     stalled_rank_of,
 )
-from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._identity import ProcessIdentity, capture_identity
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.real_process]
-
-SLEEPS = """\
-import sys, threading
-def wait_in_a_collective():
-    sys.stdout.write("ready\\n"); sys.stdout.flush()
-    threading.Event().wait()
-wait_in_a_collective()
-"""
-SPINS = """\
-import sys
-def busy_poll():
-    sys.stdout.write("ready\\n"); sys.stdout.flush()
-    flag = False
-    while not flag:
-        pass
-busy_poll()
-"""
-
-
-def _start(procs: ProcessTracker, code: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
-    procs.popens.append(proc)
-    procs.track(proc.pid)
-    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
-    if code is SLEEPS:
-        assert wait_until(lambda: _procfs.read_stat(proc.pid).state == "S", 10)
-    return proc
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGSTOP)  # our own unreaped child
-    assert wait_until(lambda: _procfs.read_stat(proc.pid).state == "T", 10)
-
 
 def _identities(procs: list[subprocess.Popen[bytes]]) -> list[ProcessIdentity]:
     return [capture_identity(rank, proc.pid) for rank, proc in enumerate(procs)]
@@ -69,8 +33,8 @@ def _named(procs: list[subprocess.Popen[bytes]], iterations: dict[int, int] | No
 
 
 def test_a_stopped_rank_is_named_even_beside_a_spinning_leader(procs: ProcessTracker) -> None:
-    ranks = [_start(procs, SPINS), _start(procs, SLEEPS), _start(procs, SLEEPS), _start(procs, SLEEPS)]
-    _stop(ranks[1])
+    ranks = [spinning(procs), blocked(procs), blocked(procs), blocked(procs)]
+    stop(ranks[1])
     diagnosis = diagnose(_identities(ranks), stacks=False, window_s=0.0)
     named = diagnosis.named
     assert named is not None and (named.rank, named.basis) == (1, NamingBasis.STOPPED), diagnosis.summary()
@@ -81,28 +45,28 @@ def test_a_stopped_rank_is_named_even_beside_a_spinning_leader(procs: ProcessTra
 
 
 def test_stopped_outranks_behind_in_iterations(procs: ProcessTracker) -> None:
-    ranks = [_start(procs, SLEEPS) for _ in range(3)]
-    _stop(ranks[2])
+    ranks = [blocked(procs) for _ in range(3)]
+    stop(ranks[2])
     named = _named(ranks, iterations={0: 40, 1: 39, 2: 40})
     assert named is not None and (named.rank, named.basis) == (2, NamingBasis.STOPPED), named
 
 
 def test_the_rank_behind_in_iterations_is_named_over_a_spinning_one(procs: ProcessTracker) -> None:
-    ranks = [_start(procs, SLEEPS), _start(procs, SLEEPS), _start(procs, SLEEPS), _start(procs, SPINS)]
+    ranks = [blocked(procs), blocked(procs), blocked(procs), spinning(procs)]
     named = _named(ranks, iterations={0: 12, 1: 12, 2: 11, 3: 12})
     assert named is not None and (named.rank, named.basis) == (2, NamingBasis.BEHIND), named
     assert named.evidence == "rank 2 at 11 executor iteration(s), ranks 0, 1, 3 at 12"
 
 
 def test_without_iterations_the_rank_spinning_among_sleepers_is_named(procs: ProcessTracker) -> None:
-    ranks = [_start(procs, SLEEPS), _start(procs, SLEEPS), _start(procs, SPINS), _start(procs, SLEEPS)]
+    ranks = [blocked(procs), blocked(procs), spinning(procs), blocked(procs)]
     named = _named(ranks)
     assert named is not None and (named.rank, named.basis) == (2, NamingBasis.SPINNING), named
     assert named.evidence == "rank 2 spins while ranks 1, 3 sleep"
 
 
 def test_a_spinning_leader_among_sleepers_is_never_named(procs: ProcessTracker) -> None:
-    ranks = [_start(procs, SPINS), _start(procs, SLEEPS), _start(procs, SLEEPS)]
+    ranks = [spinning(procs), blocked(procs), blocked(procs)]
     diagnosis = diagnose(_identities(ranks), stacks=False, window_s=0.0)
     assert [rank.activity.value for rank in diagnosis.ranks] == ["spinning", "sleeping", "sleeping"]
     assert diagnosis.named is None
@@ -110,19 +74,19 @@ def test_a_spinning_leader_among_sleepers_is_never_named(procs: ProcessTracker) 
 
 
 def test_equal_iterations_and_all_asleep_name_nobody(procs: ProcessTracker) -> None:
-    ranks = [_start(procs, SLEEPS) for _ in range(3)]
+    ranks = [blocked(procs) for _ in range(3)]
     assert _named(ranks, iterations={0: 7, 1: 7, 2: 7}) is None
     assert _named(ranks) is None
 
 
 def test_the_leader_behind_in_iterations_is_named_on_that_evidence(procs: ProcessTracker) -> None:
-    ranks = [_start(procs, SLEEPS) for _ in range(3)]
+    ranks = [blocked(procs) for _ in range(3)]
     named = _named(ranks, iterations={0: 5, 1: 6, 2: 6})
     assert named is not None and (named.rank, named.basis) == (0, NamingBasis.BEHIND), named
 
 
 def test_a_gone_rank_is_named(procs: ProcessTracker) -> None:
-    ranks = [_start(procs, SLEEPS) for _ in range(3)]
+    ranks = [blocked(procs) for _ in range(3)]
     identities = _identities(ranks)
     ranks[1].kill()
     ranks[1].wait(10)
@@ -131,7 +95,7 @@ def test_a_gone_rank_is_named(procs: ProcessTracker) -> None:
 
 
 def test_a_rank_in_d_is_named_over_one_behind(procs: ProcessTracker, stuck_child: StuckChild) -> None:
-    sleepers = [_start(procs, SLEEPS) for _ in range(2)]
+    sleepers = [blocked(procs) for _ in range(2)]
     identities = [*_identities(sleepers), capture_identity(2, stuck_child.popen.pid)]
     named = stalled_rank_of(identities, iterations={0: 9, 1: 8, 2: 9})
     assert named is not None and (named.rank, named.basis) == (2, NamingBasis.IN_D), named
@@ -139,8 +103,8 @@ def test_a_rank_in_d_is_named_over_one_behind(procs: ProcessTracker, stuck_child
 
 
 def test_the_naming_is_a_pure_function_of_the_diagnosis(procs: ProcessTracker) -> None:
-    ranks = [_start(procs, SLEEPS) for _ in range(3)]
-    _stop(ranks[1])
+    ranks = [blocked(procs) for _ in range(3)]
+    stop(ranks[1])
     diagnosis = diagnose(_identities(ranks), stacks=False, window_s=0.0)
     evidence = [rank_evidence(rank) for rank in diagnosis.ranks]
     assert name_stalled_rank(evidence) == diagnosis.named
@@ -149,12 +113,12 @@ def test_the_naming_is_a_pure_function_of_the_diagnosis(procs: ProcessTracker) -
 
 
 def test_the_instant_naming_reads_states_and_iterations_but_never_spinning(procs: ProcessTracker) -> None:
-    ranks = [_start(procs, SLEEPS), _start(procs, SPINS), _start(procs, SLEEPS)]
+    ranks = [blocked(procs), spinning(procs), blocked(procs)]
     identities = _identities(ranks)
     assert stalled_rank_now(identities) is None  # no CPU window: a spinner is not evidence here
     behind = stalled_rank_now(identities, iterations={0: 3, 1: 3, 2: 2})
     assert behind is not None and (behind.rank, behind.basis) == (2, NamingBasis.BEHIND)
-    _stop(ranks[1])
+    stop(ranks[1])
     stopped = stalled_rank_now(identities, iterations={0: 3, 1: 3, 2: 2})
     assert stopped is not None and (stopped.rank, stopped.basis) == (1, NamingBasis.STOPPED), stopped
     ranks[0].kill()
@@ -164,6 +128,6 @@ def test_the_instant_naming_reads_states_and_iterations_but_never_spinning(procs
 
 
 def test_the_instant_naming_sees_a_rank_in_d(procs: ProcessTracker, stuck_child: StuckChild) -> None:
-    sleeper = _start(procs, SLEEPS)
+    sleeper = blocked(procs)
     named = stalled_rank_now([capture_identity(0, sleeper.pid), capture_identity(1, stuck_child.popen.pid)])
     assert named is not None and (named.rank, named.basis) == (1, NamingBasis.IN_D), named
