@@ -228,7 +228,7 @@ class EngineStall:
         known = [(last.at, rank) for rank, last in iterations.items() if rank in by_rank]
         cause = info.describe()
         try:  # the ranks' thread states, read now (microseconds per thread)
-            counts = {rank: count for rank, (count, _at) in iterations.items()}
+            counts = {rank: last.count for rank, last in iterations.items()}
             verdict = stalled_rank_now(identities, iterations=counts)
         except Exception:
             logger.debug("liveness: naming the stalled rank failed", exc_info=True)
