@@ -29,11 +29,11 @@ from typing import Any
 from .._config import LivenessConfig, parse_value
 from .._errors import LivenessError
 from .._switch import ENV_VAR
+from ..drill._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
+from ..drill._drill_session import DrillSession, EngineEnded
 from ..exit._outcome import OUTCOME_ENV
-from ..integrations.trtllm._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
 from ..process._identity import is_local
 from ._arg_types import int_arg, seconds_arg
-from ._drill_session import DrillSession, EngineEnded
 from ._exit_status import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from ._launch_command import EXIT_INVALID_SETTING, effective_settings
 from ._output import err

@@ -16,6 +16,7 @@ from typing import Any
 from .._events import EventKind, WorkerEvent
 from .._record_fields import JsonFields
 from ..process._identity import ProcessIdentity
+from ._survivor import StuckThread, UnkillableBasis
 
 __all__ = ["StopOutcome", "StopReport", "StoppedWorker", "UnkillableWorker"]
 
@@ -41,10 +42,13 @@ class StopOutcome(str, enum.Enum):
 class UnkillableWorker:
     """A process that survived SIGKILL past the kill deadline, as sampled right after it.
 
-    ``state`` is the main thread's one-letter state, ``wchan`` its wait channel; ``d_tids`` the
-    threads found in ``D`` and ``d_wchan`` the wait channel of the first of them (a driver or NCCL
-    thread may be stuck while the main thread sleeps in ``S``). ``leader_pid`` is set when this is
-    a member of a worker's process group rather than the worker itself.
+    Unkillable whatever its state (:mod:`._survivor`): ``basis`` says why (SIGKILL still pending,
+    its exit stuck, or just still there). ``state`` is the main thread's one-letter state, ``wchan``
+    its wait channel; ``d_tids`` the threads found in ``D`` and ``d_wchan`` the wait channel of the
+    first of them (a driver or NCCL thread may be stuck while the main thread sleeps in ``S``).
+    ``threads`` are the main thread and the threads in ``D`` or ``R`` with their kernel stacks
+    where readable (root). ``leader_pid`` is set when this is a member of a worker's process group
+    rather than the worker itself.
     """
 
     rank: int
@@ -59,6 +63,29 @@ class UnkillableWorker:
     waited_s: float
     identity: ProcessIdentity | None = None
     leader_pid: int | None = None
+    basis: UnkillableBasis = UnkillableBasis.SIGKILL_PENDING
+    exiting: bool = False
+    threads: tuple[StuckThread, ...] = ()
+
+    @property
+    def kernel_stack(self) -> tuple[str, ...]:
+        """The kernel stack of the first thread in ``D``, else of the main thread (empty where
+        unreadable)."""
+        first = next((thread for thread in self.threads if thread.tid in self.d_tids), None)
+        main = next((thread for thread in self.threads if thread.tid == self.pid), None)
+        chosen = first or main
+        return chosen.kernel_stack if chosen is not None else ()
+
+    def _where(self) -> str:
+        if self.basis is UnkillableBasis.EXITING:
+            return ("its exit is stuck in the kernel (it took SIGKILL but did not go: a driver's release of its "
+                    "device files)")
+        if self.state == "R" and not self.d_tids:
+            return ("it is running in the kernel and never returns to user space, where SIGKILL would act "
+                    "(a driver spin loop)")
+        if self.state in ("D", "") or self.d_tids:
+            return "it is probably in uninterruptible sleep in the kernel (GPU driver, NCCL, RDMA)"
+        return f"it is stuck in the kernel in state {self.state}"
 
     @property
     def message(self) -> str:
@@ -70,9 +97,8 @@ class UnkillableWorker:
             f"{who} on host {self.hostname} did not exit {self.waited_s:.2f}s after {self.signal} "
             f"(state {self.state or '?'}, wchan {self.wchan or '?'}, D threads {threads}"
             f"{', wchan ' + self.d_wchan if self.d_wchan else ''}, SIGKILL pending: "
-            f"{'yes' if self.kill_pending else 'no'}); it is probably in uninterruptible sleep in "
-            f"the kernel (GPU driver, NCCL, RDMA). Giving up on it: the host may need recycling "
-            f"before its GPUs/NICs are reused"
+            f"{'yes' if self.kill_pending else 'no'}); {self._where()}. Giving up on it: the host may need "
+            f"recycling before its GPUs/NICs are reused"
         )
 
     @classmethod
@@ -105,6 +131,10 @@ class UnkillableWorker:
             "waited_s": self.waited_s,
             "leader_pid": self.leader_pid,
             "message": self.message,
+            "basis": self.basis.value,
+            "exiting": self.exiting,
+            "kernel_stack": list(self.kernel_stack),
+            "threads": [thread.to_dict() for thread in self.threads],
         }
 
 

@@ -21,6 +21,8 @@ Where each part lives::
     _engine_stall.py  stall detection of an engine (progress in, stall out) and its diagnoses
     _progress.py      executor iterations as progress: the ranks' counter and the proxy's listener
     _fatal.py         the fatal path (publish, fail, guard, then pre_shutdown in a helper)
+    _upstream_teardown.py  upstream's own teardown left nothing to wait for: its dispatch thread's
+                      gate, the worker futures after the bounded stop, running upstream's shutdown
     _classes.py       liveness_proxy_class, liveness_executor_class, patch_tensorrt_llm
     _doctor.py        what ``trtllm-liveness doctor`` reports
 
@@ -35,7 +37,9 @@ Data flow::
     output (dispatch_result_task) / rank iterations (HangDetector.checkpoint) -> stall timer
         -> stalled: statuses + WARNING with diagnosis (report) or the fatal path (fatal)
     pre_shutdown() / shim.close() / healthy shutdown() -> expected exits (not deaths)
-    shutdown() -> upstream's in a daemon thread, then stop_processes (bounded) (_engine_shutdown.py)
+    fatal path / bounded stop -> DispatchGate closed: upstream's dispatch thread ends
+    shutdown() -> upstream's in a daemon thread, then stop_processes (bounded), then upstream's
+        futures failed: upstream's shutdown() has nothing left to wait for (_engine_shutdown.py)
 
 **Exit on fatal** (``exit_on_fatal``, off by default, for servers such as ``trtllm-serve`` whose
 ``/health`` never restarts them after a killed rank, TensorRT-LLM #18663): ``exit_delay_s`` after

@@ -9,9 +9,10 @@ Data flow of :func:`shutdown_engine`::
     upstream shutdown() in a daemon thread
       healthy: joined for shutdown_grace_s; own session: the ranks' exit awaited, then stop_workers
       failed:  stop_workers at once
+      after stop_workers: upstream's waits released (its futures failed: _upstream_teardown)
     upstream still blocked 1 s later: the session abandoned
-    release (hub, channel, stall timer, monitor, metrics; the fatal path's and the diagnosis'
-    threads joined, each until its deadline); the outcome marked clean, or the unkillable ranks
+    release (dispatch gate, hub, channel, stall timer, monitor, metrics; the fatal path's and the
+    diagnosis' threads joined, each until its deadline); the outcome marked clean, or the unkillable ranks
     recorded as the fatal error
 
     stop_workers: remote hosts' ranks (agent hub) in a thread, local ranks SIGTERM -> SIGKILL,
@@ -40,10 +41,10 @@ from ...process._identity import ProcessIdentity, is_local
 from ...process._pidfd import verify_start_time
 from ...stop._bounded_stop import StopReport
 from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
-from ._features import warn_once
 from ._hosts import stop_remote_hosts
 from ._request_socket import owns_request_socket, zmq_debug
 from ._state import EngineLiveness, state_of
+from ._upstream_teardown import abandon_session, close_dispatch, release_upstream_waits
 
 if TYPE_CHECKING:
     from ._mixin import LivenessProxyMixin
@@ -87,14 +88,16 @@ def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_s
         if owned:
             wait_exit(state, deadline)
             report = stop_workers(state)
+            release_upstream_waits(state, report)
         # else: the ranks belong to the caller's session (mpirun's job): they keep serving it
         # after this engine is gone, and are never signalled by a healthy shutdown.
     else:
         report = stop_workers(state)
+        release_upstream_waits(state, report)
     upstream.join(_UPSTREAM_SHUTDOWN_AFTER_STOP_S)
     if upstream.is_alive():
         logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
-        abandon_session(proxy, state)
+        abandon_session(proxy, state, owns_session(proxy, state))
     release(state)
     if state.fatal is None and not (report is not None and report.unkillable):
         mark_clean()
@@ -111,23 +114,6 @@ def owns_session(proxy: object, state: EngineLiveness) -> bool:
     """Whether the proxy created its MPI session (upstream's ``_owns_mpi_session`` where it has one)."""
     owns = getattr(proxy, "_owns_mpi_session", None)
     return owns if isinstance(owns, bool) else state.owns_session
-
-
-def abandon_session(proxy: object, state: EngineLiveness) -> None:
-    """Let the interpreter exit although upstream's shutdown is still blocked in the session's
-    pool threads (the session's ``abandon()``); never for a session the caller owns."""
-    if not owns_session(proxy, state):
-        logger.info("liveness: the MPI session belongs to the caller; not abandoned")
-        return
-    session = getattr(proxy, "mpi_session", None)
-    abandon = getattr(session, "abandon", None)
-    if callable(abandon):
-        with contextlib.suppress(Exception):
-            abandon()
-    elif session is not None:
-        warn_once("abandon", type(session).__qualname__, "liveness: the MPI session %s has no abandon(): its "
-                  "blocked pool threads may keep the interpreter from exiting after this shutdown",
-                  type(session).__qualname__)
 
 
 def wait_exit(state: EngineLiveness, deadline: float) -> None:
@@ -168,6 +154,7 @@ def release(state: EngineLiveness) -> None:
     deadline (the exit guard's trigger first stops waiting for ``exit_delay_s``). A thread still
     running then (``pre_shutdown()`` blocked on a dead peer) is named in one WARNING."""
     state.closing.set()
+    close_dispatch(state)
     if state.stop_at_exit is not None:
         process_ending().discard_cleanup(state.stop_at_exit, Stage.STOP)
     if state.hub is not None:

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._events import EventKind, WorkerEvent
+from ...diagnose._stalled_rank import stalled_rank_now  # procfs reads only: ready before the first stall
 from ...exit._process_ending import OwnedThreads
 from ...monitor._stall_timer import ProgressSource, StallDetector, StallInfo
 from ...process._identity import ProcessIdentity
@@ -222,7 +223,9 @@ class EngineStall:
                            info.ended_at - info.last_progress_at)
 
     def _event(self, info: StallInfo) -> WorkerEvent | None:
-        """The stall as one event, naming the rank whose iterations stopped first (else rank 0)."""
+        """The stall as one event, naming the rank the evidence singles out (gone, stopped or in D,
+        then behind in iterations, then spinning: diagnose/_stalled_rank.py); without evidence, the
+        rank whose iterations stopped first (else the first identity)."""
         identities = self._monitor.identities
         if not identities:
             logger.error("liveness: engine stalled but no rank identity is known: not turned into a fatal error")
@@ -232,7 +235,16 @@ class EngineStall:
         named = identities[0]
         known = [(last.at, rank) for rank, last in iterations.items() if rank in by_rank]
         cause = info.describe()
-        if known:
+        try:  # the ranks' thread states, read now (microseconds per thread)
+            counts = {rank: last.count for rank, last in iterations.items()}
+            verdict = stalled_rank_now(identities, iterations=counts)
+        except Exception:
+            logger.debug("liveness: naming the stalled rank failed", exc_info=True)
+            verdict = None
+        if verdict is not None and verdict.rank in by_rank:
+            named = by_rank[verdict.rank]
+            cause += f"; {verdict.evidence}"
+        elif known:
             at, rank = min(known)
             named = by_rank[rank]
             cause += f"; rank {rank}'s last executor iteration was {time.monotonic() - at:.2f}s ago"

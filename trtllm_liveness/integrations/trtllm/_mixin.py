@@ -14,8 +14,10 @@ Each override delegates to upstream when liveness is disabled. With liveness on:
   diagnosis) runs in the monitor's delivery only; ``check_health`` and a clean stop's check reach
   it through one door, ``_liveness_deliver`` (the monitor's check and flush), never beside it;
 - ``shutdown``: the bounded shutdown of :mod:`._engine_shutdown`;
-- ``dispatch_result_task`` (upstream's result thread): each dispatched response is progress for the
-  stall timer (``stall_timeout_s``, :mod:`._engine_stall`).
+- ``dispatch_result_task`` (upstream's result thread): waits in the engine's
+  :class:`~._upstream_teardown.DispatchGate` (closed after a fatal error or the bounded stop, which
+  ends the thread); each dispatched response is progress for the stall timer (``stall_timeout_s``,
+  :mod:`._engine_stall`).
 
 The fatal path itself is :mod:`._fatal`.
 """
@@ -57,6 +59,7 @@ from ._request_socket import owns_request_socket, quiet_after_fatal
 from ._shim import MonitorShim
 from ._startup import announce, arm_wedges, export_metrics, new_monitor, wrap_session
 from ._state import MISSING, STATE_ATTR, EngineLiveness, state_of
+from ._upstream_teardown import DispatchGate, run_upstream_shutdown
 
 if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
@@ -123,6 +126,7 @@ class LivenessProxyMixin:
             process_ending().add_cleanup(state.stop_at_exit, Stage.STOP)
         monitor.start()
         state.monitor = monitor
+        state.dispatch_gate = DispatchGate()
         mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success
         state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits)
         state.diagnoser = Diagnoser(lambda: monitor.verified_identities())
@@ -319,10 +323,16 @@ class LivenessProxyMixin:
     # -- overrides -----------------------------------------------------------------------
 
     def dispatch_result_task(self) -> Any:
-        """Upstream's result dispatch (one response batch per call, in its result thread); each
-        dispatched batch is progress for the stall timer."""
-        more = super().dispatch_result_task()  # type: ignore[misc]
-        stall = state_of(self).stall
+        """Upstream's result dispatch (one response batch per call, in its result thread), made
+        once a batch can be received; False, which ends the thread, once the engine's dispatch gate
+        is closed. Each dispatched batch is progress for the stall timer."""
+        state = state_of(self)
+        gate = state.dispatch_gate
+        if gate is None:
+            more = super().dispatch_result_task()  # type: ignore[misc]
+        else:
+            more = gate.dispatch(getattr(self, "result_queue", None), super().dispatch_result_task)  # type: ignore[misc]
+        stall = state.stall
         if stall is not None and more:
             stall.note_output()
         return more
@@ -418,7 +428,4 @@ class LivenessProxyMixin:
         shutdown_engine(self, state, self._liveness_upstream_shutdown)
 
     def _liveness_upstream_shutdown(self) -> None:
-        try:
-            super().shutdown()  # type: ignore[misc]
-        except Exception:
-            logger.warning("liveness: upstream shutdown raised", exc_info=True)
+        run_upstream_shutdown(super().shutdown, state_of(self))  # type: ignore[misc]

@@ -27,7 +27,9 @@ part of it is used), which
    host other than the proxy's runs that host's agent (:mod:`trtllm_liveness.multihost._placement`);
 4. with stall detection on (``stall_timeout_s``), **counts executor iterations** and reports them
    to the proxy (:mod:`._progress`), so a long non-streaming generation is progress;
-5. calls the real ``worker_main`` with exactly the arguments upstream gave.
+5. first of all, registers the rank's **stack dump** (``diagnose/_faulthandler_stacks.py``): a
+   snapshot then gets its Python stacks without ptrace rights;
+6. calls the real ``worker_main`` with exactly the arguments upstream gave.
 
 Nothing here raises into upstream: a failure is logged and the rank runs unmonitored (a spec
 without a callable task is the one exception: nothing could run, so its error is the task's).
@@ -93,6 +95,9 @@ def liveness_worker_entry(*args: Any, **kwargs: Any) -> Any:
 def start_liveness(spec: WorkerSpec) -> None:
     """This rank's part of liveness, as ``spec`` asks (steps 1 to 4 of the module docstring); each
     step that fails is logged and skipped: the rank then runs that part unmonitored."""
+    from ...diagnose._faulthandler_stacks import register_stack_dump_or_warn
+
+    register_stack_dump_or_warn()
     if spec.proxy is not None and os.environ.get(WATCH_ENV_VAR, "1") != "0":
         try:
             start_proxy_death_watch(spec.proxy)

@@ -1,6 +1,6 @@
 """The engine side of ``trtllm-liveness drill``: the user's model on the installed TensorRT-LLM.
 
-Run by the drill as ``python -m trtllm_liveness.integrations.trtllm._drill_engine '<DrillOptions>'``
+Run by the drill as ``python -m trtllm_liveness.drill._drill_engine '<DrillOptions>'``
 in a session of its own, with ``TRTLLM_WORKER_LIVENESS`` set by the drill::
 
     LLM(model, tensor_parallel_size=tp, executor_cls=liveness_executor_class())
@@ -153,7 +153,7 @@ def run(options: DrillOptions) -> int:
     except Exception as exc:  # ImportError, or the package failing at import (a CUDA library)
         emit("error", f"tensorrt_llm cannot be imported by {sys.executable}: {type(exc).__name__}: {exc}")
         return 4
-    from . import liveness_executor_class
+    from ..integrations.trtllm import liveness_executor_class
 
     llm = LLM(_model(options), tensor_parallel_size=options.tp, executor_cls=liveness_executor_class())
     executor = llm._executor

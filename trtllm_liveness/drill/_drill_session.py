@@ -1,7 +1,7 @@
 """The drill's engine process, its fault and its clean-up: one owner for all of them.
 
 :class:`DrillSession` makes a private working directory (the engine's ``TMPDIR``, the quarantine
-directory inside it), starts :mod:`trtllm_liveness.integrations.trtllm._drill_engine` in a session of
+directory inside it), starts :mod:`trtllm_liveness.drill._drill_engine` in a session of
 its own, reads its lines in a thread, injects the fault into one rank of this host through a pidfd
 verified against the rank's start time (SIGKILL, SIGSTOP, or the cgroup v1 freezer: real ``D``
 state), and on :meth:`close` thaws the freezer, waits for the engine process (bounded), reads the
@@ -26,9 +26,9 @@ import time
 from collections.abc import Mapping
 from typing import IO, TYPE_CHECKING, Any
 
-from ..integrations.trtllm._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
 from ..process import _pidfd
 from ..process._identity import is_local
+from ._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
 
 if TYPE_CHECKING:
     from ..quarantine._marker import QuarantineMarker
@@ -37,7 +37,7 @@ __all__ = ["DrillSession", "EngineEnded"]
 
 _EXIT_WAIT_S = 10.0
 _STOP_KILL_S = 2.0
-_ENGINE = "trtllm_liveness.integrations.trtllm._drill_engine"
+_ENGINE = "trtllm_liveness.drill._drill_engine"
 _SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 

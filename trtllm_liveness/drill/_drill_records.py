@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ...process._identity import ProcessIdentity
+from ..process._identity import ProcessIdentity
 
 __all__ = ["DrillOptions", "DrillRank", "EngineReady", "EngineReport"]
 
