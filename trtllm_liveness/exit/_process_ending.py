@@ -1,7 +1,7 @@
 """ProcessEnding: the one owner of what happens when this process ends after a fatal failure.
 
-One per process, reached through :func:`process_ending`. It holds what used to be spread over
-the exit guard, the outcome record, the termination log and the host's quarantine:
+One per process, reached through :func:`process_ending`. It holds, in one place, what the exit
+guard, the outcome record, the termination log and the host's quarantine share:
 
 - the exit decision: the exit guards triggered, in order (the first armed one decides the
   status; a non-restartable failure seen by any of them makes it that guard's unrestartable
@@ -37,6 +37,7 @@ first engine started, the first failure recorded): hooks registered after it (th
 from __future__ import annotations
 
 import atexit
+import contextlib
 import enum
 import logging
 import sys
@@ -238,12 +239,16 @@ class ProcessEnding:
             left = self.threads.join()
             if left:
                 logger.warning("ending the process with threads still running past their bound: %s", ", ".join(left))
-            status = self._status(ender)
-            _flush_streams()
+        except BaseException:  # a second Ctrl-C, a SystemExit: the status below must still be the exit's
+            logger.exception("the process's ending was interrupted; ending the process now")
+        status = self._status(ender)
+        _flush_streams()
+        with contextlib.suppress(Exception):
             logging.shutdown()
+        try:
+            ender.exit_fn(status)
         finally:
             self._ended.set()
-        ender.exit_fn(status)
 
     def _status(self, ender: FatalExitGuard) -> int:
         deciding = self.deciding_guard() or ender
@@ -268,9 +273,11 @@ class ProcessEnding:
 
 
 def _run(cleanup: Callable[[], None]) -> None:
+    # BaseException: a cleanup interrupted (KeyboardInterrupt) or exiting (SystemExit) must not skip
+    # the later cleanups nor the exit status.
     try:
         cleanup()
-    except Exception:
+    except BaseException:
         logger.exception("exit cleanup %r raised", cleanup)
 
 

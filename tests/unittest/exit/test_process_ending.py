@@ -125,3 +125,27 @@ def test_owned_threads_are_joined_until_their_deadline_and_a_late_one_is_named()
         release.set()
         stuck.join(10)
     assert threads.join() == []
+
+
+@pytest.mark.parametrize("raised", [KeyboardInterrupt, SystemExit])
+def test_a_cleanup_interrupted_still_ends_the_process_with_the_fatal_status(
+        fresh_process_ending: ProcessEnding, raised: type[BaseException]) -> None:
+    # A second Ctrl-C (or a SystemExit) inside a cleanup of the ending must not cost the exit
+    # status: the process still ends through exit_fn with the guard's status, the later cleanups
+    # still run, and a second ender does not take the ending for finished without an exit.
+    ending = fresh_process_ending
+    ran: list[str] = []
+
+    def interrupted() -> None:
+        ran.append("interrupted")
+        raise raised
+
+    ended: list[int] = []
+    guard = FatalExitGuard(graceful=lambda: None, timeout_s=None, exit_code=3, exit_fn=ended.append)
+    ending.add_cleanup(interrupted, Stage.STOP)
+    ending.add_cleanup(functools.partial(ran.append, "later"), Stage.CLEANUP)
+    guard.trigger("rank 1 died")
+    ending.end(guard)
+    ending.end(guard)
+    assert ran == ["interrupted", "later"]
+    assert ended == [3]
