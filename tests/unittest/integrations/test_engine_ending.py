@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import threading
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from tests.support.children import HelperProcess
 from tests.support.process_tracker import ProcessTracker
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
+from trtllm_liveness.exit._process_ending import ProcessEnding, Stage
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.real_process]
 
@@ -88,3 +90,36 @@ def test_the_ending_awaits_a_slow_quarantine_started_by_its_own_stop(
     finally:
         # Where the ending did not wait, the hook (its own session) still runs: let it finish.
         wait_until(done.exists, 10 * HOOK_SLEEP_S)
+
+
+class _FailingUpstreamProxy:
+    """Upstream's proxy whose constructor raises after the extension started its liveness (a
+    model that does not load, a session that cannot be made)."""
+
+    def __init__(self, worker_kwargs: object, *args: object, **kwargs: object) -> None:
+        raise RuntimeError("the model did not load")
+
+    def shutdown(self) -> None:
+        pass
+
+    def is_shutdown(self) -> bool:
+        return False
+
+
+@pytest.mark.parametrize("exit_on_fatal", [False, True])
+def test_a_failed_constructor_leaves_no_liveness_thread_nor_exit_cleanup(
+        fresh_process_ending: ProcessEnding, tmp_path: Path, exit_on_fatal: bool) -> None:
+    # Nobody calls shutdown() on an engine whose constructor raised: whatever its liveness started
+    # (the watcher thread with its pidfds, the STOP cleanup of the process's ending) is released.
+    from trtllm_liveness import LivenessConfig
+    from trtllm_liveness.integrations.trtllm import liveness_proxy_class
+
+    config = LivenessConfig(enabled=True, termination_log="", quarantine_dir=str(tmp_path / "q"),
+                            quarantine_devices="", exit_on_fatal=exit_on_fatal)
+    before = {thread.ident for thread in threading.enumerate()}
+    with pytest.raises(RuntimeError, match="the model did not load"):
+        liveness_proxy_class(_FailingUpstreamProxy, config=config)({"llm_args": None})
+    left = [thread.name for thread in threading.enumerate()
+            if thread.ident not in before and thread.is_alive() and "liveness" in thread.name]
+    assert left == []
+    assert fresh_process_ending._cleanups[Stage.STOP] == []

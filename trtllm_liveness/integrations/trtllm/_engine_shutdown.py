@@ -161,9 +161,11 @@ def release(state: EngineLiveness) -> None:
         with contextlib.suppress(Exception):
             state.hub.close()
     if state.channel is not None:
-        state.channel.close()
+        with contextlib.suppress(Exception):
+            state.channel.close()
     if state.stall is not None:
-        state.stall.close()
+        with contextlib.suppress(Exception):
+            state.stall.close()
     if state.monitor is not None:
         with contextlib.suppress(Exception):
             state.monitor.close()

@@ -101,10 +101,17 @@ class LivenessProxyMixin:
                                         base=cls._liveness_config)
         state = EngineLiveness(config=config)
         self.__dict__[STATE_ATTR] = state
-        if config.enabled:
-            self._liveness_start(state, args, kwargs)
-            export_metrics(state, llm_args)
-        super().__init__(worker_kwargs, *args, **kwargs)  # type: ignore[call-arg]
+        try:
+            if config.enabled:
+                self._liveness_start(state, args, kwargs)
+                export_metrics(state, llm_args)
+            super().__init__(worker_kwargs, *args, **kwargs)  # type: ignore[call-arg]
+        except BaseException:
+            # Nobody will call shutdown() on an engine whose constructor failed: stop and close what
+            # was started (the watcher, the stall timer, the hub, the process ending's cleanup), once.
+            if config.enabled and not state.closing.is_set():
+                abort_start(state)
+            raise
 
     def _liveness_start(self, state: EngineLiveness, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         config = state.config
@@ -124,8 +131,8 @@ class LivenessProxyMixin:
                                               exit_code_unrestartable=config.exit_code_unrestartable)
             state.stop_at_exit = stop_at_exit(weakref.ref(self))
             process_ending().add_cleanup(state.stop_at_exit, Stage.STOP)
+        state.monitor = monitor  # before start(): a failure from here on closes it (abort_start)
         monitor.start()
-        state.monitor = monitor
         state.dispatch_gate = DispatchGate()
         mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success
         state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits)
