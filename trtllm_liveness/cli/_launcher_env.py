@@ -71,13 +71,47 @@ def mpi_flavour(launcher: str, env: Mapping[str, str]) -> str:
     return "unknown"
 
 
+# srun's options that take their value as the next word (``-N 2``, ``--nodes 2``); any other word
+# after an option's end is the program, whose own arguments are never read.
+_SRUN_SHORT_WITH_VALUE = frozenset("ABcdDeGiJLmMnNopqrStTwWx")
+_SRUN_LONG_WITH_VALUE = frozenset({
+    "--account", "--acctg-freq", "--bcast", "--begin", "--chdir", "--clusters", "--comment", "--constraint",
+    "--container", "--core-spec", "--cores-per-socket", "--cpu-bind", "--cpu-freq", "--cpus-per-gpu",
+    "--cpus-per-task", "--dependency", "--distribution", "--error", "--exclude", "--export", "--gpu-bind",
+    "--gpus", "--gpus-per-node", "--gpus-per-socket", "--gpus-per-task", "--gres", "--gres-flags", "--het-group",
+    "--hint", "--input", "--job-name", "--jobid", "--licenses", "--mem", "--mem-bind",
+    "--mem-per-cpu", "--mem-per-gpu", "--mpi", "--network", "--nodefile", "--nodelist", "--nodes", "--ntasks",
+    "--ntasks-per-core", "--ntasks-per-gpu", "--ntasks-per-node", "--ntasks-per-socket", "--output",
+    "--partition", "--prolog", "--epilog", "--qos", "--reservation", "--signal", "--sockets-per-node",
+    "--switches", "--task-epilog", "--task-prolog", "--thread-spec", "--threads-per-core", "--time",
+    "--time-min", "--tmp", "--uid", "--gid", "--wait", "--wckey",
+})
+
+
+def _srun_options(argv: Sequence[str]) -> int:
+    """How many words of ``argv`` (srun's arguments, without ``srun``) are srun's own options."""
+    index = 0
+    while index < len(argv):
+        word = argv[index]
+        if word == "--":
+            return index
+        if not word.startswith("-") or word == "-":
+            return index
+        takes_next = (word in _SRUN_LONG_WITH_VALUE if word.startswith("--")
+                      else len(word) == 2 and word[1] in _SRUN_SHORT_WITH_VALUE)
+        index += 2 if takes_next and "=" not in word else 1
+    return len(argv)
+
+
 def _export_value(argv: Sequence[str]) -> tuple[int, str] | None:
-    """(index of the word holding the value, the value) of srun's last ``--export``, or None."""
+    """(index of the word holding the value, the value) of srun's last ``--export`` among srun's
+    own options (never in the program's arguments), or None."""
     found = None
-    for index, word in enumerate(argv):
+    options = _srun_options(argv)
+    for index, word in enumerate(argv[:options]):
         if word.startswith("--export="):
             found = (index, word[len("--export="):])
-        elif word == "--export" and index + 1 < len(argv):
+        elif word == "--export" and index + 1 < options:
             found = (index + 1, argv[index + 1])
     return found
 

@@ -198,3 +198,19 @@ def test_srun_exports_the_variables(given: list[str], expected: list[str], note:
     assert note in forwarding.how + forwarding.problem
     env = forwarding_for(["srun", "app"], {"SLURM_EXPORT_ENV": "FOO"}).env
     assert env["SLURM_EXPORT_ENV"] == "FOO,PYTHONPATH,TRTLLM_WORKER_LIVENESS,TRTLLM_LIVENESS_OUTCOME"
+
+
+@pytest.mark.parametrize("argv", [
+    ["srun", "-N2", "python", "train.py", "--export=model.onnx"],
+    ["srun", "--exclusive", "python", "train.py", "--export", "model.onnx"],
+    ["srun", "-N", "2", "--ntasks-per-node", "4", "app", "--export=ALL,x"],
+    ["srun", "--", "app", "--export=NONE"],
+])
+def test_srun_never_rewrites_the_programs_own_arguments(argv: list[str]) -> None:
+    # Only srun's own options are read: a program argument spelt like srun's --export is the
+    # program's, and SLURM_EXPORT_ENV then carries the names instead.
+    from trtllm_liveness.cli._launcher_env import forwarding_for
+
+    forwarding = forwarding_for(argv, {"SLURM_EXPORT_ENV": "FOO"})
+    assert list(forwarding.argv) == argv
+    assert forwarding.env["SLURM_EXPORT_ENV"].split(",")[0] == "FOO"
