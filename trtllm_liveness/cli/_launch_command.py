@@ -179,22 +179,31 @@ def _foreground_of_terminal() -> bool:
 
 
 def _run(argv: list[str], env: dict[str, str]) -> int:
-    child = subprocess.Popen(argv, env=env)
     previous = {}
-
     from_terminal = _foreground_of_terminal()
+    started: list[subprocess.Popen[bytes]] = []
+    held: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
         # A terminal's Ctrl-C / Ctrl-\ reaches the whole foreground group, the launcher too: a second
         # copy would be mpirun's "abort now" (and srun's two SIGINTs within a second).
         if from_terminal and signum in (signal.SIGINT, signal.SIGQUIT):
             return
-        if child.poll() is None:
-            child.send_signal(signum)
+        if not started:  # arrived before the launcher started: sent to it once it has
+            held.append(signum)
+        elif started[0].poll() is None:
+            started[0].send_signal(signum)
 
+    # The handlers before the launcher: a SIGTERM in between (a pod deleted at start) must reach
+    # it, not end this wrapper and leave the launcher running unsignalled.
     for signum in FORWARDED:
         previous[signum] = signal.signal(signum, forward)
     try:
+        child = subprocess.Popen(argv, env=env)
+        started.append(child)
+        for pending in held:
+            if child.poll() is None:
+                child.send_signal(pending)
         while True:  # the job itself: as long as the launcher runs, in bounded waits
             try:
                 code = child.wait(_WAIT_S)
