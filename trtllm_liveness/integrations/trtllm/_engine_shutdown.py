@@ -9,6 +9,7 @@ Data flow of :func:`shutdown_engine`::
     upstream shutdown() in a daemon thread
       healthy: joined for shutdown_grace_s; own session: the ranks' exit awaited, then stop_workers
       failed:  stop_workers at once
+      stop_workers: the stopped ranks' exits expected (no deaths), one INFO line each
       after stop_workers: upstream's waits released (its futures failed: _upstream_teardown)
     upstream still blocked 1 s later: the session abandoned
     release (dispatch gate, hub, channel, stall timer, monitor, metrics; the fatal path's and the
@@ -39,7 +40,7 @@ from ...exit._outcome import mark_clean
 from ...exit._process_ending import Stage, process_ending
 from ...process._identity import ProcessIdentity, is_local
 from ...process._pidfd import verify_start_time
-from ...stop._bounded_stop import StopReport
+from ...stop._bounded_stop import StopOutcome, StopReport
 from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
 from ._hosts import stop_remote_hosts
 from ._request_socket import owns_request_socket, zmq_debug
@@ -136,6 +137,8 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
     identities = [identity for identity in identities if identity.start_time is not None]
     if not identities and state.hub is None:
         return None
+    if state.monitor is not None:
+        state.monitor.mark_expected_exits()  # the ranks this stop ends are no deaths
     config = state.config
     remote = stop_remote_hosts(state.hub, config) if state.hub is not None else None
     identities = [identity for identity in identities if is_local(identity)]
@@ -144,8 +147,18 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
         remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
         state.host_stops = list(remote[1])
     state.shutdown_report = report
+    log_stopped(report)
     note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
     return report
+
+
+def log_stopped(report: StopReport) -> None:
+    """One INFO line per rank the stop ended: what the extension does itself is no failure."""
+    for worker in report.workers:
+        if worker.outcome in (StopOutcome.EXITED_AFTER_TERM, StopOutcome.EXITED_AFTER_KILL):
+            took = "" if worker.exited_after_s is None else f" after {worker.exited_after_s:.3f}s"
+            logger.info("liveness: stopped rank %d (pid %s) on host %s: %s, exited%s", worker.rank, worker.pid,
+                        worker.hostname, "+".join(worker.signals_sent) or "no signal", took)
 
 
 def release(state: EngineLiveness) -> None:

@@ -52,6 +52,7 @@ from ._fatal import (
     dead_error,
     fail_request,
     note_unrestartable,
+    report_later_event,
     run_fatal_path,
 )
 from ._features import detect_features, warn_missing_hooks
@@ -117,7 +118,7 @@ class LivenessProxyMixin:
             self._fatal_error: BaseException | None = None  # Dynamo reads it on every version
         monitor = new_monitor(config)
         state.subscriber = _subscriber(weakref.ref(self))
-        monitor.subscribe(state.subscriber)
+        monitor.subscribe(state.subscriber, reports=True)  # the fatal line, or _liveness_on_event's
         if config.exit_on_fatal:
             state.exit_guard = FatalExitGuard(graceful=graceful(state), timeout_s=config.exit_timeout_s,
                                               exit_code=config.exit_code,
@@ -283,6 +284,8 @@ class LivenessProxyMixin:
         error = state.record(event)
         if error is not None:
             run_fatal_path(self, state, error)
+        else:
+            report_later_event(state, event)
         if is_local(event.identity):  # a remote rank's wedge says nothing about this host
             note_unrestartable(state, [event])  # quarantine: a wedge's status, marker and actions
         if state.diagnoser is not None and (error is not None or event.kind is EventKind.WEDGED):
