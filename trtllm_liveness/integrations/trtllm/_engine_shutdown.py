@@ -6,10 +6,12 @@ Data flow of :func:`shutdown_engine`::
 
     expected exits (a death the monitor already knows is delivered first)
     healthy: stop the watcher; (ZMQ debug, this thread owns the request socket) upstream pre_shutdown() here
+    failed: the fatal verdict's snapshot awaited (diagnosis_before_stop_s at most)
     upstream shutdown() in a daemon thread
       healthy: joined for shutdown_grace_s; own session: the ranks' exit awaited, then stop_workers
       failed:  stop_workers at once
-      stop_workers: the stopped ranks' exits expected (no deaths), one INFO line each
+      stop_workers: after a fatal verdict its snapshot first (diagnosis_before_stop_s at most);
+                    the stopped ranks' exits expected (no deaths), one INFO line each
       after stop_workers: upstream's waits released (its futures failed: _upstream_teardown)
     upstream still blocked 1 s later: the session abandoned
     release (dispatch gate, hub, channel, stall timer, monitor, metrics; the fatal path's and the
@@ -70,6 +72,7 @@ def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_s
     assert state.monitor is not None
     if failed:
         state.fatal_done.wait(PRE_SHUTDOWN_WAIT_S)
+        snapshot_first(state)  # before upstream's shutdown too: its session's teardown ends the ranks
     else:
         # Workers exiting now are expected: stop the watcher so they are not reported dead.
         state.monitor.stop()
@@ -137,9 +140,11 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
     identities = [identity for identity in identities if identity.start_time is not None]
     if not identities and state.hub is None:
         return None
+    config = state.config
+    if not state.shutdown_started:  # shutdown() waited before it started upstream's shutdown
+        snapshot_first(state)
     if state.monitor is not None:
         state.monitor.mark_expected_exits()  # the ranks this stop ends are no deaths
-    config = state.config
     remote = stop_remote_hosts(state.hub, config) if state.hub is not None else None
     identities = [identity for identity in identities if is_local(identity)]
     report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
@@ -150,6 +155,13 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
     log_stopped(report)
     note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
     return report
+
+
+def snapshot_first(state: EngineLiveness) -> None:
+    """After a fatal verdict, wait ``diagnosis_before_stop_s`` at most for its diagnosis' snapshot:
+    it shows the ranks as the failure left them, not as the stop does."""
+    if state.fatal is not None and state.diagnoser is not None:
+        state.diagnoser.await_snapshot(state.config.diagnosis_before_stop_s)
 
 
 def log_stopped(report: StopReport) -> None:

@@ -106,7 +106,9 @@ def report_later_event(state: EngineLiveness, event: WorkerEvent) -> None:
     if event.kind is not EventKind.DIED:
         logger.error("liveness: %s", event.message)
     elif state.fatal is not None or state.shutdown_started or state.expected_exits:
-        logger.info("liveness: after the engine's failure or stop: %s", event.message)
+        who = event.identity
+        logger.info("liveness: MPI worker rank %d (pid %d) on host %s exited after the engine's failure or stop "
+                    "began: %s", who.rank, who.pid, who.hostname, event.cause)
     else:
         logger.warning("liveness: %s", event.message)
 

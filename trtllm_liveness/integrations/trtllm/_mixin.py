@@ -43,7 +43,14 @@ from ...stop._bounded_stop import StopReport
 from .._futures import mirror_future
 from .._pool_manager_watch import PoolManagerWatch
 from ._engine_shutdown import abort_start, graceful, shutdown_engine, stop_at_exit
-from ._engine_stall import AFTER_FATAL_DELAY_S, Diagnoser, EngineStall, pending_count, pending_counter
+from ._engine_stall import (
+    AFTER_FATAL_DELAY_S,
+    Diagnoser,
+    EngineStall,
+    iteration_counts,
+    pending_count,
+    pending_counter,
+)
 from ._fatal import (
     DELIVERY_WAIT_S,
     PRE_SHUTDOWN_WAIT_S,
@@ -130,7 +137,7 @@ class LivenessProxyMixin:
         state.dispatch_gate = DispatchGate()
         mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success
         state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits)
-        state.diagnoser = Diagnoser(lambda: monitor.verified_identities())
+        state.diagnoser = Diagnoser(lambda: monitor.verified_identities(), iteration_counts(state))
         if config.stall_timeout_s > 0:
             state.stall = EngineStall(timeout_s=config.stall_timeout_s, fatal=config.stall_action == "fatal",
                                       monitor=monitor, pending=pending_counter(weakref.ref(self)),
@@ -291,7 +298,8 @@ class LivenessProxyMixin:
         if state.diagnoser is not None and (error is not None or event.kind is EventKind.WEDGED):
             # After the fatal path, never before it: the snapshot takes a fraction of a second.
             state.diagnoser.request(f"{event.kind.value} of rank {event.identity.rank}",
-                                    delay_s=AFTER_FATAL_DELAY_S if error is not None else 0.0)
+                                    delay_s=AFTER_FATAL_DELAY_S if error is not None else 0.0,
+                                    snapshot=error is not None)
 
     def _liveness_deliver(self, state: EngineLiveness) -> tuple[WorkerEvent | None, bool]:
         """The one door from a thread other than the watcher to the reaction: a synchronous check
