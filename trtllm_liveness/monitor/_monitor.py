@@ -100,6 +100,7 @@ class WorkerProcessMonitor:
         self._stall_reported = False
         self._first_dead: ProcessIdentity | None = None
         self._expecting_exits = False
+        self._subscriber_reports = False
         self._closed = False
         self._next_procfs = 0.0
         # Not a bound method: a finalizer holding self would keep it alive forever.
@@ -335,9 +336,13 @@ class WorkerProcessMonitor:
         self._log.append([event])  # under the monitor lock: the log's order is the state order
 
     def _publish(self, events: list[WorkerEvent]) -> None:
-        """Deliver (subscribers first: they act on the failure), then log each new event once."""
+        """Deliver (subscribers first: they act on the failure), then log each new event once
+        (at DEBUG where a subscriber reports the events itself: one failure, one ERROR)."""
         self._log.deliver()
         for event in events:
+            if self._subscriber_reports:
+                logger.debug("liveness: %s (reported by a subscriber)", event.message)
+                continue
             log = logger.error if event.kind is not EventKind.DIED else logger.warning
             log("liveness: %s", event.message)
 
@@ -383,15 +388,19 @@ class WorkerProcessMonitor:
 
     # ----------------------------------------------------------------- events
 
-    def subscribe(self, callback: Subscriber) -> None:
+    def subscribe(self, callback: Subscriber, *, reports: bool = False) -> None:
         """Call ``callback(event)`` for each fatal event, exactly once per rank and kind.
 
         A subscriber that arrives after failures is given them at once, in this thread, so no
         failure is lost. Exceptions it raises are logged and ignored. Subscribing the same
-        callback twice calls it twice.
+        callback twice calls it twice. With ``reports=True`` the subscriber logs each event
+        itself (an engine's fatal line): the monitor then logs events at DEBUG only, so one
+        failure is one ERROR, not that and the monitor's line.
         """
         if self._is_foreign_process():
             return
+        if reports:
+            self._subscriber_reports = True
         self._log.subscribe(callback)
 
     def unsubscribe(self, callback: Subscriber) -> None:

@@ -341,6 +341,26 @@ def test_raising_subscriber_is_logged_and_watcher_keeps_going(
     assert any("subscriber bug" in (r.exc_text or "") or "raised" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("reports", [False, True])
+def test_a_death_is_logged_by_the_monitor_unless_a_subscriber_reports_it(
+    procs: ProcessTracker, caplog: pytest.LogCaptureFixture, reports: bool
+) -> None:
+    """One failure, one line at WARNING or above: the monitor's own, or (``reports=True``) none
+    from the monitor, whose subscriber writes the engine's fatal line itself."""
+    child = procs.sleeper()
+    rec = Recorder()
+    caplog.set_level(logging.DEBUG, logger="trtllm_liveness.monitor")
+    with WorkerProcessMonitor() as monitor:
+        monitor.subscribe(rec, reports=reports)
+        monitor.register([capture_identity(0, child.pid)])
+        monitor.start()
+        os.kill(child.pid, signal.SIGKILL)
+        assert rec.wait(1)
+    lines = [r for r in caplog.records if "exited unexpectedly" in r.getMessage()]
+    assert len(lines) == 1, caplog.text
+    assert lines[0].levelno == (logging.DEBUG if reports else logging.WARNING), caplog.text
+
+
 def test_late_subscriber_gets_the_failure_at_once(procs: ProcessTracker) -> None:
     child = procs.sleeper()
     identity = capture_identity(0, child.pid)

@@ -6,9 +6,12 @@ Data flow of :func:`shutdown_engine`::
 
     expected exits (a death the monitor already knows is delivered first)
     healthy: stop the watcher; (ZMQ debug, this thread owns the request socket) upstream pre_shutdown() here
+    failed: the fatal verdict's snapshot awaited (diagnosis_before_stop_s at most)
     upstream shutdown() in a daemon thread
       healthy: joined for shutdown_grace_s; own session: the ranks' exit awaited, then stop_workers
       failed:  stop_workers at once
+      stop_workers: after a fatal verdict its snapshot first (diagnosis_before_stop_s at most);
+                    the stopped ranks' exits expected (no deaths), one INFO line each
       after stop_workers: upstream's waits released (its futures failed: _upstream_teardown)
     upstream still blocked 1 s later: the session abandoned
     release (dispatch gate, hub, channel, stall timer, monitor, metrics; the fatal path's and the
@@ -39,7 +42,7 @@ from ...exit._outcome import mark_clean
 from ...exit._process_ending import Stage, process_ending
 from ...process._identity import ProcessIdentity, is_local
 from ...process._pidfd import verify_start_time
-from ...stop._bounded_stop import StopReport
+from ...stop._bounded_stop import StopOutcome, StopReport
 from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
 from ._hosts import stop_remote_hosts
 from ._request_socket import owns_request_socket, zmq_debug
@@ -69,6 +72,7 @@ def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_s
     assert state.monitor is not None
     if failed:
         state.fatal_done.wait(PRE_SHUTDOWN_WAIT_S)
+        snapshot_first(state)  # before upstream's shutdown too: its session's teardown ends the ranks
     else:
         # Workers exiting now are expected: stop the watcher so they are not reported dead.
         state.monitor.stop()
@@ -137,6 +141,10 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
     if not identities and state.hub is None:
         return None
     config = state.config
+    if not state.shutdown_started:  # shutdown() waited before it started upstream's shutdown
+        snapshot_first(state)
+    if state.monitor is not None:
+        state.monitor.mark_expected_exits()  # the ranks this stop ends are no deaths
     remote = stop_remote_hosts(state.hub, config) if state.hub is not None else None
     identities = [identity for identity in identities if is_local(identity)]
     report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
@@ -144,8 +152,25 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
         remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
         state.host_stops = list(remote[1])
     state.shutdown_report = report
+    log_stopped(report)
     note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
     return report
+
+
+def snapshot_first(state: EngineLiveness) -> None:
+    """After a fatal verdict, wait ``diagnosis_before_stop_s`` at most for its diagnosis' snapshot:
+    it shows the ranks as the failure left them, not as the stop does."""
+    if state.fatal is not None and state.diagnoser is not None:
+        state.diagnoser.await_snapshot(state.config.diagnosis_before_stop_s)
+
+
+def log_stopped(report: StopReport) -> None:
+    """One INFO line per rank the stop ended: what the extension does itself is no failure."""
+    for worker in report.workers:
+        if worker.outcome in (StopOutcome.EXITED_AFTER_TERM, StopOutcome.EXITED_AFTER_KILL):
+            took = "" if worker.exited_after_s is None else f" after {worker.exited_after_s:.3f}s"
+            logger.info("liveness: stopped rank %d (pid %s) on host %s: %s, exited%s", worker.rank, worker.pid,
+                        worker.hostname, "+".join(worker.signals_sent) or "no signal", took)
 
 
 def release(state: EngineLiveness) -> None:

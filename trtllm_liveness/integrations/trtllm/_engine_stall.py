@@ -12,8 +12,10 @@
   fatal path a death takes.
 
 :class:`Diagnoser` takes the bounded snapshot of the local ranks (``_diagnosis.diagnose``, with
-Python stacks where ``py-spy`` is installed) in a daemon thread at a stall, a wedge and every fatal
-error, keeps the latest for ``liveness_diagnosis()`` and logs it. One diagnosis runs at a time;
+Python stacks from ``py-spy`` or the ranks' own faulthandler dumps, and their iteration counts) in
+a daemon thread at a stall, a wedge and every fatal error (that one quick, and before the bounded
+stop signals a rank: the stop waits for it, ``diagnosis_before_stop_s`` at most), keeps the latest
+for ``liveness_diagnosis()`` and logs it. One diagnosis runs at a time;
 a request while one runs is dropped (the running one is as fresh).
 """
 
@@ -23,7 +25,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +39,7 @@ if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
     from ...monitor._monitor import WorkerProcessMonitor
     from ._progress import IterationBeat, ProgressChannel
+    from ._state import EngineLiveness
     from ._worker_spec import ProgressSpec
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
@@ -45,6 +48,10 @@ BEAT_INTERVAL_MAX_S = 1.0
 DIAGNOSIS_BOUND_S = 5.0
 """How long a diagnosis may run before its owner stops waiting for it: the thread window and
 py-spy's deadline (2 s, plus its kill), and py-spy's one-time probe."""
+SNAPSHOT_CPU_WINDOW_S = 0.1
+"""The fatal verdict's snapshot measures each thread's CPU over this long (10 ticks at 100 Hz)."""
+SNAPSHOT_STACKS_S = 0.15
+"""The fatal verdict's snapshot gives the ranks' Python stacks this long (py-spy or their dumps)."""
 AFTER_FATAL_DELAY_S = 0.05
 """A diagnosis after a fatal error starts this much later: the threads that observe the failure
 (health probes, the readers of the failed requests) get the interpreter first."""
@@ -83,45 +90,67 @@ class Diagnoser:
     """Bounded snapshots of the engine's local ranks, one at a time, each in a thread it owns and
     joins (:meth:`close`)."""
 
-    def __init__(self, identities: Callable[[], list[ProcessIdentity]]) -> None:
+    def __init__(self, identities: Callable[[], list[ProcessIdentity]],
+                 iterations: Callable[[], Mapping[int, int]] | None = None) -> None:
         self._identities = identities
+        self._iterations = iterations
         self._lock = threading.Lock()
         self._running = False
+        self._snapshot_on_finish = False
         self._threads = OwnedThreads()
         self.latest: Diagnosis | None = None
         self.reason = ""
         self.done = threading.Event()  # set after each finished diagnosis (tests wait on it)
+        self.snapshot_taken = threading.Event()
+        """Set once the snapshot of a fatal verdict (``request(..., snapshot=True)``) ended: the
+        bounded stop waits for it before it signals a rank."""
 
     def request(self, reason: str, on_done: Callable[[Diagnosis], None] | None = None,
-                delay_s: float = 0.0) -> bool:
+                delay_s: float = 0.0, *, snapshot: bool = False) -> bool:
         """Start a diagnosis for ``reason`` (after ``delay_s``) unless one runs; True if started.
-        Never blocks."""
+        ``snapshot``: the fatal verdict's, taken quickly (one sample, 0.1 s of CPU time, stacks
+        within ``SNAPSHOT_STACKS_S``) and announced through :attr:`snapshot_taken` (by the one
+        running, where one runs). Never blocks."""
         with self._lock:
             if self._running:
+                self._snapshot_on_finish |= snapshot
                 return False
             self._running = True
+            self._snapshot_on_finish = snapshot
         if self._threads.start(self._run, name="trtllm-liveness-diagnosis", bound_s=delay_s + DIAGNOSIS_BOUND_S,
-                               args=(reason, on_done, delay_s)) is None:
+                               args=(reason, on_done, delay_s, snapshot)) is None:
             with self._lock:
                 self._running = False
+            if snapshot:
+                self.snapshot_taken.set()
             logger.warning("liveness: could not start a diagnosis thread (%s)", reason)
             return False
         return True
+
+    def await_snapshot(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for the fatal verdict's snapshot; True once it ended."""
+        return self.snapshot_taken.wait(timeout) if timeout > 0 else self.snapshot_taken.is_set()
 
     def close(self) -> list[str]:
         """Join the diagnosis under way, if any, until its deadline; the names of threads left."""
         return self._threads.join()
 
-    def _run(self, reason: str, on_done: Callable[[Diagnosis], None] | None, delay_s: float) -> None:
+    def _run(self, reason: str, on_done: Callable[[Diagnosis], None] | None, delay_s: float,
+             snapshot: bool) -> None:
         try:
             if delay_s > 0:
                 time.sleep(delay_s)
-            from ...diagnose._diagnosis import diagnose, find_py_spy
+            from ...diagnose._diagnosis import diagnose
 
             identities = [identity for identity in self._identities() if identity.pid > 1]
             if not identities:
                 return
-            diagnosis = diagnose(identities, stacks=find_py_spy() is not None)
+            iterations = dict(self._iterations()) if self._iterations is not None else None
+            if snapshot:  # before the bounded stop signals the ranks: quick
+                diagnosis = diagnose(identities, stacks=True, window_s=0.0, cpu_window_s=SNAPSHOT_CPU_WINDOW_S,
+                                     stacks_timeout_s=SNAPSHOT_STACKS_S, iterations=iterations)
+            else:
+                diagnosis = diagnose(identities, stacks=True, iterations=iterations)
             self.latest, self.reason = diagnosis, reason
             if on_done is not None:
                 on_done(diagnosis)
@@ -132,6 +161,9 @@ class Diagnoser:
         finally:
             with self._lock:
                 self._running = False
+                announce, self._snapshot_on_finish = self._snapshot_on_finish, False
+            if announce:
+                self.snapshot_taken.set()
             self.done.set()
 
 
@@ -259,3 +291,12 @@ class EngineStall:
             detector.close()
         if self.channel is not None:
             self.channel.close()
+
+
+def iteration_counts(state: EngineLiveness) -> Callable[[], Mapping[int, int]]:
+    """Each rank's last reported executor iteration count (empty without stall detection)."""
+    def counts() -> Mapping[int, int]:
+        stall = state.stall
+        return {} if stall is None else {rank: last.count for rank, last in stall.iterations().items()}
+
+    return counts

@@ -49,7 +49,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..._config import LivenessConfig
-from ..._events import WorkerEvent, WorkerFailedError
+from ..._events import EventKind, WorkerEvent, WorkerFailedError
 from ...exit._outcome import record_outcome
 from ...exit._termination_log import write_termination_message
 from .._futures import fail_pending
@@ -97,6 +97,20 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
                             bound_s=state.config.exit_delay_s + THREAD_END_S, args=(state, error))
     state.threads.start(_pre_shutdown_helper, name="trtllm-liveness-fatal", bound_s=FATAL_HELPER_BOUND_S,
                         args=(proxy, state, error))
+
+
+def report_later_event(state: EngineLiveness, event: WorkerEvent) -> None:
+    """Log an event that is not the engine's failure (the monitor leaves that to this engine): a
+    death once the engine has failed or is stopping is a consequence (INFO); a death otherwise is a
+    WARNING, and a wedge or an unkillable rank, a fact about the host, an ERROR."""
+    if event.kind is not EventKind.DIED:
+        logger.error("liveness: %s", event.message)
+    elif state.fatal is not None or state.shutdown_started or state.expected_exits:
+        who = event.identity
+        logger.info("liveness: MPI worker rank %d (pid %d) on host %s exited after the engine's failure or stop "
+                    "began: %s", who.rank, who.pid, who.hostname, event.cause)
+    else:
+        logger.warning("liveness: %s", event.message)
 
 
 def check_host(config: LivenessConfig) -> None:

@@ -43,7 +43,14 @@ from ...stop._bounded_stop import StopReport
 from .._futures import mirror_future
 from .._pool_manager_watch import PoolManagerWatch
 from ._engine_shutdown import abort_start, graceful, shutdown_engine, stop_at_exit
-from ._engine_stall import AFTER_FATAL_DELAY_S, Diagnoser, EngineStall, pending_count, pending_counter
+from ._engine_stall import (
+    AFTER_FATAL_DELAY_S,
+    Diagnoser,
+    EngineStall,
+    iteration_counts,
+    pending_count,
+    pending_counter,
+)
 from ._fatal import (
     DELIVERY_WAIT_S,
     PRE_SHUTDOWN_WAIT_S,
@@ -52,6 +59,7 @@ from ._fatal import (
     dead_error,
     fail_request,
     note_unrestartable,
+    report_later_event,
     run_fatal_path,
 )
 from ._features import detect_features, warn_missing_hooks
@@ -124,7 +132,7 @@ class LivenessProxyMixin:
             self._fatal_error: BaseException | None = None  # Dynamo reads it on every version
         monitor = new_monitor(config)
         state.subscriber = _subscriber(weakref.ref(self))
-        monitor.subscribe(state.subscriber)
+        monitor.subscribe(state.subscriber, reports=True)  # the fatal line, or _liveness_on_event's
         if config.exit_on_fatal:
             state.exit_guard = FatalExitGuard(graceful=graceful(state), timeout_s=config.exit_timeout_s,
                                               exit_code=config.exit_code,
@@ -136,7 +144,7 @@ class LivenessProxyMixin:
         state.dispatch_gate = DispatchGate()
         mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success
         state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits)
-        state.diagnoser = Diagnoser(lambda: monitor.verified_identities())
+        state.diagnoser = Diagnoser(lambda: monitor.verified_identities(), iteration_counts(state))
         if config.stall_timeout_s > 0:
             state.stall = EngineStall(timeout_s=config.stall_timeout_s, fatal=config.stall_action == "fatal",
                                       monitor=monitor, pending=pending_counter(weakref.ref(self)),
@@ -290,12 +298,15 @@ class LivenessProxyMixin:
         error = state.record(event)
         if error is not None:
             run_fatal_path(self, state, error)
+        else:
+            report_later_event(state, event)
         if is_local(event.identity):  # a remote rank's wedge says nothing about this host
             note_unrestartable(state, [event])  # quarantine: a wedge's status, marker and actions
         if state.diagnoser is not None and (error is not None or event.kind is EventKind.WEDGED):
             # After the fatal path, never before it: the snapshot takes a fraction of a second.
             state.diagnoser.request(f"{event.kind.value} of rank {event.identity.rank}",
-                                    delay_s=AFTER_FATAL_DELAY_S if error is not None else 0.0)
+                                    delay_s=AFTER_FATAL_DELAY_S if error is not None else 0.0,
+                                    snapshot=error is not None)
 
     def _liveness_deliver(self, state: EngineLiveness) -> tuple[WorkerEvent | None, bool]:
         """The one door from a thread other than the watcher to the reaction: a synchronous check
