@@ -107,13 +107,20 @@ class UnkillableWorker:
         where present, must be what the other fields give. ``ValueError`` naming the field otherwise."""
         fields = JsonFields("UnkillableWorker", data, required=(
             "rank", "pid", "hostname", "state", "wchan", "d_tids", "d_wchan", "kill_pending", "signal", "waited_s",
-            "leader_pid"), optional=("message",))
+            "leader_pid"), optional=("message", "basis", "exiting", "kernel_stack", "threads"))
         worker = cls(rank=fields.integer("rank"), pid=fields.integer("pid"), hostname=fields.text("hostname"),
                      state=fields.text("state"), wchan=fields.text("wchan"), d_tids=fields.integers("d_tids"),
                      d_wchan=fields.text("d_wchan"), kill_pending=fields.flag("kill_pending"),
                      signal=fields.text("signal"), waited_s=fields.number("waited_s"),
-                     leader_pid=fields.integer_or_none("leader_pid"))
+                     leader_pid=fields.integer_or_none("leader_pid"),
+                     basis=(fields.choice("basis", UnkillableBasis) if fields.has("basis")
+                            else UnkillableBasis.SIGKILL_PENDING),
+                     exiting=fields.flag("exiting") if fields.has("exiting") else False,
+                     threads=tuple(StuckThread.from_dict(item) for item in fields.objects("threads"))
+                     if fields.has("threads") else ())
         fields.agrees("message", worker.message)
+        if fields.has("kernel_stack") and fields.texts("kernel_stack") != worker.kernel_stack:
+            raise ValueError("UnkillableWorker: field 'kernel_stack' is not what the record's threads give")
         return worker
 
     def to_dict(self) -> dict[str, Any]:

@@ -27,6 +27,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any
 
+from .._record_fields import JsonFields
 from ..process import _procfs
 from ..process._mm_read import MmReader
 
@@ -59,9 +60,18 @@ class StuckThread:
     kernel_stack_note: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """JSON-ready form (:meth:`from_dict` reads it back)."""
         return {"tid": self.tid, "state": self.state, "wchan": self.wchan, "kill_pending": self.kill_pending,
                 "kernel_stack": list(self.kernel_stack), "kernel_stack_note": self.kernel_stack_note}
+
+    @classmethod
+    def from_dict(cls, data: object) -> StuckThread:
+        """The record :meth:`to_dict` wrote; ``ValueError`` naming the field otherwise."""
+        fields = JsonFields("StuckThread", data, required=(
+            "tid", "state", "wchan", "kill_pending", "kernel_stack", "kernel_stack_note"))
+        return cls(tid=fields.integer("tid"), state=fields.text("state"), wchan=fields.text("wchan"),
+                   kill_pending=fields.flag("kill_pending"), kernel_stack=fields.texts("kernel_stack"),
+                   kernel_stack_note=fields.text("kernel_stack_note"))
 
 
 @dataclass(frozen=True)
