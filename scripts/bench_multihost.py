@@ -22,13 +22,19 @@ upstream-shaped engine under mpirun across fresh test hosts, a request in flight
 
   remote kill     SIGKILL of rank 2 (hostB) -> the engine's fatal error, pending request failed;
                   p50/p99 of --agent-kills (>= 20)
-  host crash / partition / silent loss of hostB -> fatal, p50 of --agent-faults each (default
-                  heartbeat: 1 s)
+  host crash / partition / silent loss of hostB -> fatal, p50 of --agent-faults each (the default
+                  heartbeat timeout, 1.8 s: nothing heard from a host, not even a TCP acknowledgement)
   remote wedge    a non-agent rank on hostB frozen in D (cgroup v1 freezer), D timeout 2 s -> fatal
   heartbeat CPU   a hub and three real agents (8 ranks on 4 hosts), idle, 20 s
   128 hosts       a process with only the hub, 128 simulated agents (hello, ZMTP heartbeats), 10 s,
                   minus the same hub with none
   false alarms    --control s with both cores busy, every rank alive: fatal errors (0 expected)
+  lossy network   --netem s with hostB and hostC behind links losing 1% of the frames each way and
+                  delaying each by uniform(0, 0.2) s each way (tests/support/netem.py: nftables
+                  drops, a delaying relay), every rank alive: fatal errors (0 expected); the path as
+                  measured (UDP probes), the relay's lateness (a CPU-starved relay delays more than
+                  drawn) and the closest calls: the longest silence the hub saw on an agent's
+                  connection (timeout 1.8 s) and an agent on the hub's (bound 2.25 s)
 """
 
 from __future__ import annotations
@@ -51,6 +57,8 @@ import _multihost_agents as agents
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # tests.support: the test hosts
 
+from tests.support import netem  # noqa: E402
+from tests.support.netem import unavailable as netem_unavailable  # noqa: E402
 from tests.support.testhosts import MpiJob, TestHosts, rank_lines, unavailable  # noqa: E402
 
 START_S = 30.0
@@ -201,6 +209,7 @@ def main() -> int:
     parser.add_argument("--agent-kills", type=int, default=20, help="remote kills with the extension (>= 20)")
     parser.add_argument("--agent-faults", type=int, default=5, help="crashes, partitions, silent losses each")
     parser.add_argument("--control", type=float, default=60.0, help="loaded no-fault control, s")
+    parser.add_argument("--netem", type=float, default=60.0, help="lossy, jittery network no-fault control, s")
     parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                         help="also the extension-off baseline and ULFM (default on)")
     args = parser.parse_args()
@@ -277,7 +286,8 @@ def extension(args: argparse.Namespace) -> dict[str, object]:
     wedge = agents.remote_wedge()
     heartbeats = agents.heartbeat_cpu()
     sim_128, sim_0 = agents.proxy_cpu_simulated(128, 30.0), agents.proxy_cpu_simulated(0, 30.0)
-    alarms, alarm = agents.false_alarms_loaded(args.control)
+    alarms, alarm, loaded_closest = agents.false_alarms_loaded(args.control)
+    lossy = agents.false_alarms_netem(args.netem) if netem_unavailable() is None else None
 
     def ms(results: list[agents.Fatal], q: float) -> float | None:
         return _bench.percentile([f.ms for f in results if f.ms is not None], q)
@@ -308,6 +318,17 @@ def extension(args: argparse.Namespace) -> dict[str, object]:
         "proxy_cpu_ms_per_s_128_hosts": sim_128 - sim_0, "proxy_cpu_ms_per_s_128_hosts_raw": sim_128,
         "proxy_cpu_ms_per_s_no_hosts": sim_0,
         "false_alarms_loaded_60s": alarms, "false_alarm_control_s": args.control, "false_alarm": alarm,
+        "loaded_hub_max_silence_s": loaded_closest,
+        "false_alarms_netem_60s": None if lossy is None else lossy.alarms,
+        "netem_control_s": args.netem, "netem_false_alarm": None if lossy is None else lossy.alarm,
+        "netem_null_reason": netem_unavailable(),
+        "netem_loss_pct_each_way": netem.LOSS_PCT, "netem_jitter_s_each_way": netem.JITTER_S,
+        "netem_rtt_ms": None if lossy is None else lossy.rtt_ms,
+        "netem_probes_lost_pct": None if lossy is None else lossy.probes_lost_pct,
+        "netem_frames_dropped": None if lossy is None else lossy.frames_dropped,
+        "netem_relay": None if lossy is None else lossy.relay,
+        "netem_hub_max_silence_s": None if lossy is None else lossy.hub_max_silence_s,
+        "netem_agent_max_silence_s": None if lossy is None else lossy.agent_max_silence_s,
         "example_messages": {"remote_kill": kills[0].message if kills else "",
                              "partition": faults["partition"][0].message if faults["partition"] else "",
                              "remote_wedge": wedge.message},
@@ -319,7 +340,8 @@ def extension_rows(ext: dict[str, object]) -> None:
     for key in ("remote_kill_p50_ms", "remote_kill_p99_ms", "remote_kill_exit_p50_ms", "remote_kill_exit_p99_ms",
                 "host_crash_ms", "partition_ms", "silent_loss_ms",
                 "remote_wedge_ms", "heartbeat_cpu_ms_per_s", "proxy_cpu_ms_per_s_128_hosts",
-                "false_alarms_loaded_60s"):
+                "false_alarms_loaded_60s", "loaded_hub_max_silence_s", "false_alarms_netem_60s",
+                "netem_probes_lost_pct", "netem_hub_max_silence_s", "netem_agent_max_silence_s"):
         value = ext[key]
         print(f"{key:42} {'':10} {fmt(value, '') if isinstance(value, float) or value is None else value!s:22}")
 
@@ -345,6 +367,9 @@ def extension_targets(args: argparse.Namespace, ext: dict[str, object]) -> list[
          le("proxy_cpu_ms_per_s_128_hosts", 5)),
         (f"false alarms, loaded {ext['false_alarm_control_s']:.0f} s: {ext['false_alarms_loaded_60s']}",
          ext["false_alarms_loaded_60s"] == 0),
+        (f"false alarms, lossy network (1% loss, 0-0.2 s delay each way) {ext['netem_control_s']:.0f} s: "
+         f"{ext['false_alarms_netem_60s']}" + (f" ({ext['netem_null_reason']})" if ext["netem_null_reason"] else ""),
+         ext["false_alarms_netem_60s"] == 0),
     ]
 
 

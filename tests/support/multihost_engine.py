@@ -36,6 +36,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import select
 import signal
 import sys
@@ -145,6 +146,11 @@ class Engine:
                 return handle.read()
         except OSError:
             return ""
+
+    def hub_port(self) -> int:
+        """The agent hub's TCP port, as hostB's agent logged it (0 if it did not)."""
+        match = re.search(r"reporting to tcp://[^:\s]+:(\d+)", self.rank_log("hostB", 2))
+        return int(match.group(1)) if match else 0
 
     def diagnostics(self) -> str:
         return (f"mpirun status {self.job.popen.poll()}\n--- mpirun:\n{self.job.output()[-3000:]}\n"

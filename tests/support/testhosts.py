@@ -593,6 +593,13 @@ class TestHosts:
 
     # ------------------------------------------------------------------ running things
 
+    def adopt(self, popen: subprocess.Popen[bytes]) -> None:
+        """Track a long-lived process started for these hosts (``on_start`` sees it; :meth:`close`
+        waits for it after ending every process of the hosts' namespaces)."""
+        self._popens.append(popen)
+        if self.on_start is not None:
+            self.on_start(popen)
+
     def host(self, name: str) -> TestHost:
         if name == HEAD and self.head is not None:
             return self.head
