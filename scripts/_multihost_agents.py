@@ -29,6 +29,7 @@ from tests.support.multihost_engine import (  # noqa: E402
     DEFAULTS,
     Engine,
     Fatal,
+    StartFailed,
     host_fault,
     remote_kill,
     remote_wedge,
@@ -37,8 +38,8 @@ from tests.support.multihost_engine import (  # noqa: E402
 from tests.support.testhosts import TestHosts  # noqa: E402
 from trtllm_liveness.process import _procfs  # noqa: E402
 
-__all__ = ["Fatal", "NetemControl", "false_alarms_loaded", "false_alarms_netem", "heartbeat_cpu", "host_fault",
-           "proxy_cpu_simulated", "remote_kill", "remote_wedge"]
+__all__ = ["Fatal", "NetemControl", "StartFailed", "false_alarms_loaded", "false_alarms_netem", "heartbeat_cpu",
+           "host_fault", "proxy_cpu_simulated", "remote_kill", "remote_wedge"]
 
 
 def heartbeat_cpu(window: float = 20.0) -> float:

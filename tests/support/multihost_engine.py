@@ -45,13 +45,25 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tests.support.testhosts import MpiJob, TestHosts, wait_for
+from tests.support.testhosts import MpiJob, TestHosts, TestHostsError, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 class EngineError(RuntimeError):
     """The engine did not start, or a line it should print did not come (output in the message)."""
+
+
+class StartFailed(EngineError):
+    """The test hosts or the engine did not start: nothing was measured (a failed start, not a miss)."""
+
+
+def start_hosts(hosts: TestHosts) -> None:
+    """``hosts.start()``, its failure raised as :class:`StartFailed`."""
+    try:
+        hosts.start()
+    except TestHostsError as exc:
+        raise StartFailed(f"the test hosts did not start: {exc}") from exc
 
 
 START_S = 60.0  # the engine across 3 hosts starts in ~2 s; 2 shared cores under load
@@ -86,7 +98,7 @@ class Engine:
         ready = self.wait_record("ready", START_S)
         if ready is None:
             self.job.kill()
-            raise EngineError(f"the engine did not start:\n{self.diagnostics()}")
+            raise StartFailed(f"the engine did not start:\n{self.diagnostics()}")
         self.ready: dict[str, Any] = ready
 
     def _file(self, host: str, suffix: str) -> str:
@@ -224,6 +236,12 @@ class Fatal(NamedTuple):
     exit_ms: float | None = None  # remote kill: fault -> the victim's exit seen from here (the kernel's floor)
     statuses: dict[str, Any] | None = None  # the monitor's per-rank view when the fatal error was printed
     leftovers: tuple[str, ...] = ()  # what the test hosts' removal found left (processes, namespaces)
+    failed_start: str = ""  # why the hosts or the engine did not start: no fault was injected (never a miss)
+
+
+def failed_start(exc: Exception) -> Fatal:
+    """The trial whose hosts or engine did not start: a failed start, reported as such."""
+    return Fatal(None, "", "", None, False, "", [], failed_start=f"{type(exc).__name__}: {str(exc)[-1500:]}")
 
 
 def timed_fatal(engine: Engine, t0: float, wait: float = FATAL_S, *, shutdown: bool = True) -> Fatal:
@@ -244,7 +262,7 @@ def remote_kill(layout: Sequence[tuple[str, int]] = LAYOUT, victim: int = 2) -> 
     """SIGKILL of rank ``victim`` on hostB (rank 2 runs hostB's agent) on fresh test hosts."""
     hosts = TestHosts(tuple(name for name, _count in layout))
     try:
-        hosts.start()
+        start_hosts(hosts)
         engine = Engine(hosts, layout, DEFAULTS)
         fd, _pid = hosts.pidfd_of("hostB", engine.pid_of(victim))  # opened and verified before the clock
         try:
@@ -257,6 +275,8 @@ def remote_kill(layout: Sequence[tuple[str, int]] = LAYOUT, victim: int = 2) -> 
             os.close(fd)
         fatal = timed_fatal(engine, t0)
         fatal = fatal._replace(exit_ms=None if exited is None else (exited - t0) * 1000)
+    except StartFailed as exc:
+        fatal = failed_start(exc)
     finally:
         left = hosts.close()
     return fatal._replace(leftovers=tuple(left))
@@ -276,7 +296,7 @@ def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC"),
     engine's reaction, not PRRTE's (``trtllm-liveness launch`` deals with PRRTE's status 0)."""
     hosts = TestHosts(tuple(names))
     try:
-        hosts.start()
+        start_hosts(hosts)
         if layout is None:
             layout = LAYOUT if tuple(names) == ("hostA", "hostB", "hostC") else layout_of(names)
         engine = Engine(hosts, layout, DEFAULTS)
@@ -295,6 +315,8 @@ def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC"),
         finally:
             if kind == "crash":
                 os.kill(mpirun, signal.SIGCONT)
+    except StartFailed as exc:
+        fatal = failed_start(exc)
     finally:
         left = hosts.close()
     return fatal._replace(leftovers=tuple(left))
@@ -308,7 +330,7 @@ def remote_wedge(d_state_timeout_s: float = 2.0, scan_interval_s: float = 1.0,
 
     hosts = TestHosts(tuple(names))
     try:
-        hosts.start()
+        start_hosts(hosts)
         engine = Engine(hosts, layout_of(names), liveness=f"{DEFAULTS},d_state_timeout_s={d_state_timeout_s},"
                                                  f"scan_interval_s={scan_interval_s}")
         victim = hosts.root_pid("hostB", engine.pid_of(3))
@@ -321,6 +343,8 @@ def remote_wedge(d_state_timeout_s: float = 2.0, scan_interval_s: float = 1.0,
             fatal = timed_fatal(engine, t0, FATAL_S + d_state_timeout_s)
         finally:
             group.remove()  # thawed first: a frozen process would keep its host's PID 1 from ending
+    except StartFailed as exc:
+        fatal = failed_start(exc)
     finally:
         left = hosts.close()
     return fatal._replace(leftovers=tuple(left))
