@@ -41,7 +41,7 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -83,7 +83,13 @@ class Engine:
     """One engine job across the test hosts; rank 0's (the proxy's) output read from its file."""
 
     def __init__(self, hosts: TestHosts, layout: Sequence[tuple[str, int]] = LAYOUT, liveness: str = LIVENESS, *,
-                 request: bool = True, wrapper: Sequence[str] = ()) -> None:
+                 request: bool = True, wrapper: Sequence[str] = (), fault_tolerant: bool = True,
+                 env: Mapping[str, str] | None = None, exit_statuses: bool = False) -> None:
+        """``fault_tolerant=False``: Open MPI's default error handling (the engine may then be
+        aborted by MPI, see the module docstring); ``env``: more of the ranks' environment;
+        ``exit_statuses``: a shell in front of each rank writes its exit status where the head
+        reads it (:meth:`exit_status`; mpirun's own status says little: it is 0 after a host
+        crash, and the runtime options below keep the job going when a rank ends)."""
         self.hosts = hosts
         # PRRTE writes <out>.<job>.<rank>.out|err, making (and chmod-ing to 0750!) the directory of
         # <out> where it runs, mpirun's head included: never a directory shared with anybody else,
@@ -91,10 +97,15 @@ class Engine:
         self.out = os.path.join(hosts.shared, f"out-{len(hosts.jobs)}", "rank")
         options = {"session": "comm", "tree": "trtllm_main", "liveness": True, "watch_fatal": True,
                    "no_request": not request}
+        program = [sys.executable, "-u", "-m", "tests.programs.proxy_death_child", json.dumps(options)]
+        if exit_statuses:
+            status = os.path.join(os.path.dirname(self.out), "status-$OMPI_COMM_WORLD_RANK")
+            program = ["/bin/sh", "-c", f'"$@"; echo $? > "{status}"', "rank", *program]
         self.job: MpiJob = hosts.mpirun(
-            layout, [sys.executable, "-u", "-m", "tests.programs.proxy_death_child", json.dumps(options)],
-            mpirun_args=[*RUNTIME_OPTIONS, "--output", f"file={self.out}"], fault_tolerant=True, wrapper=wrapper,
-            env={"TRTLLM_WORKER_LIVENESS": liveness, "PYTHONPATH": str(REPO), "OMPI_MCA_mpi_yield_when_idle": "1"})
+            layout, program, mpirun_args=[*RUNTIME_OPTIONS, "--output", f"file={self.out}"],
+            fault_tolerant=fault_tolerant, wrapper=wrapper,
+            env={"TRTLLM_WORKER_LIVENESS": liveness, "PYTHONPATH": str(REPO), "OMPI_MCA_mpi_yield_when_idle": "1",
+                 **(env or {})})
         ready = self.wait_record("ready", START_S)
         if ready is None:
             self.job.kill()
@@ -158,6 +169,15 @@ class Engine:
                 return handle.read()
         except OSError:
             return ""
+
+    def exit_status(self, rank: int) -> int | None:
+        """Rank ``rank``'s exit status (128 + N: killed by signal N), or None while it runs (or
+        without ``exit_statuses``)."""
+        try:
+            with open(os.path.join(os.path.dirname(self.out), f"status-{rank}")) as handle:
+                return int(handle.read().strip())
+        except (OSError, ValueError):
+            return None
 
     def hub_port(self) -> int:
         """The agent hub's TCP port, as hostB's agent logged it (0 if it did not)."""
