@@ -104,19 +104,6 @@ def dropped(hosts: TestHosts, name: str) -> int:
     return total
 
 
-def burst_loss(hosts: TestHosts, name: str, source_port: int, every: int, burst: int) -> None:
-    """Drop ``burst`` consecutive TCP segments from ``source_port`` arriving at host ``name``, out
-    of every ``every`` (``numgen inc``: deterministic bursts, e.g. an agent's hub losing two PINGs
-    in a row now and then). Raises :class:`TestHostsError`."""
-    if not 0 < burst < every or not 0 < source_port < 65536:
-        raise ValueError(f"0 < burst < every and a port, not {burst}, {every}, {source_port}")
-    _nft(hosts.host(name).netns,
-         f"table netdev {NFT_TABLE}_burst {{\n"
-         f"  chain ingress {{ type filter hook ingress device \"eth0\" priority -1; policy accept;\n"
-         f"    meta protocol ip ip protocol tcp tcp sport {source_port} numgen inc mod {every} < {burst} "
-         f"counter drop; }}\n}}\n")
-
-
 def impair(hosts: TestHosts, names: Sequence[str], *, loss_pct: float = LOSS_PCT,
            jitter_s: float = JITTER_S) -> Impairment:
     """Give hosts ``names`` of the started ``hosts`` a lossy (``loss_pct`` %, each way) and jittery

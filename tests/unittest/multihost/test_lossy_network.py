@@ -2,8 +2,7 @@
 
 The rig first: an impaired host's link really drops and delays (UDP probes from the head). Then the
 engine with its agents (tests/support/multihost_engine.py) at the default heartbeat timeout, hostB
-and hostC behind a link that loses 1% of the frames each way and delays each by up to 0.2 s, hostB
-besides losing two segments of the hub's in a row out of every five (deterministic bursts): no
+and hostC behind a link that loses 1% of the frames each way and delays each by up to 0.2 s: no
 false alarm in the window, and a partition of hostB is still found. The 60 s measurement at 1% and
 0.2 s alone is ``scripts/bench_multihost.py`` (``false_alarms_netem_60s``); no timing is asserted.
 """
@@ -21,7 +20,7 @@ from tests.support.testhosts import TestHosts
 
 pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi", "nftables")]
 
-WINDOW_S = 12.0  # ~25 PINGs of the hub per host, ~10 bursts of two lost in a row into hostB
+WINDOW_S = 12.0  # ~25 PINGs of the hub per host
 
 
 @pytest.mark.timeout(90)
@@ -45,16 +44,12 @@ def test_an_impaired_link_drops_and_delays(test_hosts: TestHosts) -> None:
 
 @pytest.mark.timeout(120)
 def test_no_false_alarm_on_a_lossy_jittery_network_and_a_partition_is_still_found(test_hosts: TestHosts) -> None:
-    """The default heartbeat over the impaired links (and bursts of two lost hub segments into
-    hostB): every rank stays alive for the window; then hostB's link goes down and hostB is lost."""
+    """The default heartbeat over the impaired links: every rank stays alive for the window; then
+    hostB's link goes down and hostB is lost."""
     netem.impair(test_hosts, ["hostB", "hostC"])
     engine = Engine(test_hosts, liveness=DEFAULTS)
-    port = engine.hub_port()
-    assert port, engine.diagnostics()
-    netem.burst_loss(test_hosts, "hostB", port, every=5, burst=2)
     quiet = timed_fatal(engine, time.monotonic(), WINDOW_S, shutdown=False)
     assert quiet.ms is None, f"false alarm: {quiet.message}\n{engine.diagnostics()}"
-    assert netem.dropped(test_hosts, "hostB") > 0
     test_hosts.partition("hostB")
     fatal = engine.wait_fatal()
     engine.assert_fatal(fatal, ["lost"], 2)
