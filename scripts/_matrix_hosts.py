@@ -11,15 +11,11 @@ run whose hosts or engine did not start injected no fault: it counts as a failed
 
 from __future__ import annotations
 
-import sys
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import _bench
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.support import multihost_engine as engine
 from tests.support.testhosts import unavailable

@@ -21,11 +21,8 @@ import time
 from pathlib import Path
 from typing import NamedTuple
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from tests.support import netem  # noqa: E402
-from tests.support.multihost_engine import (  # noqa: E402
+from tests.support import netem
+from tests.support.multihost_engine import (
     DEFAULTS,
     Engine,
     Fatal,
@@ -35,8 +32,10 @@ from tests.support.multihost_engine import (  # noqa: E402
     remote_wedge,
     timed_fatal,
 )
-from tests.support.testhosts import TestHosts  # noqa: E402
-from trtllm_liveness.process import _procfs  # noqa: E402
+from tests.support.testhosts import TestHosts
+from trtllm_liveness.process import _procfs
+
+REPO = Path(__file__).resolve().parent.parent
 
 __all__ = ["Fatal", "NetemControl", "StartFailed", "false_alarms_loaded", "false_alarms_netem", "heartbeat_cpu",
            "host_fault", "proxy_cpu_simulated", "remote_kill", "remote_wedge"]

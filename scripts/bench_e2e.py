@@ -66,13 +66,13 @@ from typing import Any
 
 import _bench
 
+from tests.support.upstream_fakes import FAKE_ENGINE, tree
 from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
-from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import Detection, ScenarioResult
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # tests.support: the Dynamo workers
-FAKES = {"main": REPO / "tests" / "fakes" / "trtllm_main", "1.2": REPO / "tests" / "fakes" / "trtllm_v12"}
+FAKES = {"main": tree("main"), "1.2": tree("v12")}
 EXECUTOR = "reference"  # --executor
 
 
@@ -86,7 +86,8 @@ def samples(options: dict[str, Any], timeout: float) -> list[ScenarioResult]:
         # The fake tree of the mode first on the child's path; liveness through the executor class;
         # one iteration per child (upstream's API takes one per process: ScenarioOptions).
         env = {"PYTHONPATH": str(FAKES[options.get("mode", "main")])}
-        one = {**options, "iterations": 1, "via": "executor_cls" if options.get("liveness", True) else "plain"}
+        one = {**options, "iterations": 1, "via": "executor_cls" if options.get("liveness", True) else "plain",
+               "engine": FAKE_ENGINE}
         return [r for _ in range(int(options.get("iterations", 1))) for r in _samples(one, timeout, env)]
     return _samples(options, timeout, None)
 

@@ -33,9 +33,6 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests.support.autoload_site
 
 from tests.support.autoload_site import REPORT, AutoloadSite, StartupReport, throwaway_site
 

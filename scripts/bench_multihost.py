@@ -56,13 +56,12 @@ from typing import NamedTuple
 import _bench
 import _multihost_agents as agents
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))  # tests.support: the test hosts
+from tests.support import netem
+from tests.support.multihost_engine import StartFailed, start_hosts
+from tests.support.netem import unavailable as netem_unavailable
+from tests.support.testhosts import MpiJob, TestHosts, rank_lines, unavailable
 
-from tests.support import netem  # noqa: E402
-from tests.support.multihost_engine import StartFailed, start_hosts  # noqa: E402
-from tests.support.netem import unavailable as netem_unavailable  # noqa: E402
-from tests.support.testhosts import MpiJob, TestHosts, rank_lines, unavailable  # noqa: E402
+REPO = Path(__file__).resolve().parent.parent
 
 START_S = 30.0
 END_S = 20.0

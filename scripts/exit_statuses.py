@@ -48,17 +48,17 @@ from typing import Any
 
 import _bench
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+from tests.support.upstream_fakes import FAKE_ENGINE, tree
+from trtllm_liveness.demo._cgroup_faults import freezer_available, remove_leftover_groups
+from trtllm_liveness.demo._scenario_launcher import run_scenario
+from trtllm_liveness.demo._scenario_records import ScenarioRun
+from trtllm_liveness.quarantine._marker import MARKER_NAME, QUARANTINE_DIR_VAR
 
-from trtllm_liveness.demo._cgroup_faults import freezer_available, remove_leftover_groups  # noqa: E402
-from trtllm_liveness.demo._scenario import run_scenario  # noqa: E402
-from trtllm_liveness.demo._scenario_records import ScenarioRun  # noqa: E402
-from trtllm_liveness.quarantine._marker import MARKER_NAME, QUARANTINE_DIR_VAR  # noqa: E402
-
-FAKE_MAIN = REPO / "tests" / "fakes" / "trtllm_main"
-FAKE_ENDINGS = REPO / "scripts" / "fake_endings.py"
-FAKE_STALLS = REPO / "scripts" / "fake_stalls.py"
+SCRIPTS = Path(__file__).resolve().parent
+FAKE_MAIN = tree("main")
+FAKE_ENDINGS = SCRIPTS / "fake_endings.py"
+FAKE_STALLS = SCRIPTS / "fake_stalls.py"
+ON_FAKE: dict[str, Any] = {"via": "executor_cls", "engine": FAKE_ENGINE}  # upstream's API on the fake
 MPI_MODES = {"default": "0", "ulfm": "1"}  # OMPI_MCA_mpi_ft_enable
 EXIT_CODE = 3
 EXIT_CODE_UNRESTARTABLE = 69  # the config's default
@@ -68,7 +68,7 @@ SERVER = {"exit_on_fatal": True, "exit_code": EXIT_CODE, "exit_timeout_s": EXIT_
           "shutdown_grace_s": 2.0, "shutdown_term_s": 0.5, "shutdown_kill_s": 1.0}
 RUN_TIMEOUT_S = 45.0
 LAUNCH = (sys.executable, "-m", "trtllm_liveness.cli", "launch", "--")
-SCENARIO = (sys.executable, "-m", "trtllm_liveness.demo._scenario")
+SCENARIO = (sys.executable, "-m", "trtllm_liveness.demo._scenario_child")
 _ABORT = re.compile(r"MPI_ABORT|MPI_ERRORS_ARE_FATAL|An error occurred in")
 
 
@@ -121,7 +121,7 @@ def ending_of(fault: str, mpi: str, executor: str, launch: bool, run: ScenarioRu
 def death(mpi: str, executor: str, launch: bool) -> Ending:
     if executor == "reference":
         return scenario_run("death", mpi, executor, launch, {"fault": "kill", "via": "class"}, {})
-    return scenario_run("death", mpi, executor, launch, {"fault": "kill", "via": "executor_cls"}, fake_env(),
+    return scenario_run("death", mpi, executor, launch, {"fault": "kill", **ON_FAKE}, fake_env(),
                         (sys.executable, str(FAKE_ENDINGS)))
 
 
@@ -135,7 +135,7 @@ def wedge(mpi: str, executor: str, launch: bool) -> Ending:
 
 
 def stall(mpi: str, executor: str, launch: bool) -> Ending:
-    return scenario_run("stall", mpi, executor, launch, {"fault": "stop", "via": "executor_cls"},
+    return scenario_run("stall", mpi, executor, launch, {"fault": "stop", **ON_FAKE},
                         {**fake_env(), "TRTLLM_LIVENESS_STALL_SCENARIO": "block",
                          "TRTLLM_LIVENESS_STALL_TIMEOUT_S": "1"}, (sys.executable, str(FAKE_STALLS)))
 

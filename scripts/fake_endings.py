@@ -6,7 +6,7 @@ ending rows): it drives the fake ``tensorrt_llm`` in ``tests/fakes/trtllm_main``
 ``PYTHONPATH``) through upstream's own API, ``LLM(model, executor_cls=liveness_executor_class())``,
 so the blocking PAIR sends, ``threading._register_atexit(pre_shutdown)`` and ``atexit(shutdown)``
 of upstream are the ones in play, not the reference executor's. It prints the same JSON records as
-``trtllm_liveness.demo._scenario`` (``ScenarioResult.to_dict()``, progress lines, ``done``).
+``trtllm_liveness.demo._scenario_child`` (``ScenarioResult.to_dict()``, progress lines, ``done``).
 
 Endings (``ScenarioOptions.ending``; the extension is configured through ``TRTLLM_WORKER_LIVENESS``
 with ``exit_on_fatal`` as given):
@@ -35,8 +35,8 @@ import time
 from typing import Any
 
 from trtllm_liveness.demo._mpi_env import configure_mpi_env
-from trtllm_liveness.demo._scenario import LIVENESS_ENV_VAR, liveness_env
-from trtllm_liveness.demo._scenario_records import EndingOutcome, EventRecord, ScenarioOptions, ScenarioResult, Victim
+from trtllm_liveness.demo._scenario_child import LIVENESS_ENV_VAR, liveness_env
+from trtllm_liveness.demo._scenario_records import EndingOutcome, ScenarioOptions, ScenarioResult, Victim
 from trtllm_liveness.process import _pidfd
 
 
@@ -75,7 +75,7 @@ def record(opts: ScenarioOptions, executor: Any, **fields: Any) -> dict[str, Any
     events = list(events() if callable(events) else events or [])
     result = ScenarioResult(
         iteration=0, options=opts, phase="serving", proxy_class=type(executor).__name__,
-        events=tuple(EventRecord.from_dict(event.to_dict()) for event in events),
+        events=tuple(events),
         fatal_error=None if fatal is None else str(fatal),
         fatal_error_type=None if fatal is None else type(fatal).__name__, **fields)
     return result.to_dict()

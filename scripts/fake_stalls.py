@@ -5,7 +5,7 @@ A scenario program for ``run_scenario(..., program=[python, this file])``: it dr
 ``tensorrt_llm`` on ``PYTHONPATH`` (``tests/fakes/trtllm_main`` or ``trtllm_v12``) through upstream's
 own API, ``LLM(model, executor_cls=liveness_executor_class())``, with every step acknowledged by every
 rank (``FakeEngine.step_acks``: a rank that stops participating stops the leader, as in a collective),
-and prints the same JSON records as ``trtllm_liveness.demo._scenario`` (``ScenarioResult``,
+and prints the same JSON records as ``trtllm_liveness.demo._scenario_child`` (``ScenarioResult``,
 ``done``). The extension is configured from the scenario options plus ``stall_timeout_s`` (env
 ``TRTLLM_LIVENESS_STALL_TIMEOUT_S``, default 1) and ``stall_action=fatal``.
 
@@ -40,11 +40,10 @@ import time
 from typing import Any
 
 from trtllm_liveness.demo._mpi_env import configure_mpi_env
-from trtllm_liveness.demo._scenario import LIVENESS_ENV_VAR, liveness_env
+from trtllm_liveness.demo._scenario_child import LIVENESS_ENV_VAR, liveness_env
 from trtllm_liveness.demo._scenario_records import (
     Detection,
     EndingOutcome,
-    EventRecord,
     ScenarioOptions,
     ScenarioResult,
     ShutdownOutcome,
@@ -167,7 +166,7 @@ def main(argv: list[str]) -> int:
             iteration=0, options=opts, phase="serving", proxy_class=type(proxy).__name__,
             pids=tuple(i.pid for i in identities), victims=(Victim(victim.rank, victim.pid),),
             in_flight=len(results) or batches, fault_at=t0,
-            events=tuple(EventRecord.from_dict(event.to_dict()) for event in events),
+            events=tuple(events),
             fatal_error=None if fatal is None else str(fatal),
             fatal_error_type=None if fatal is None else type(fatal).__name__,
             pending_not_done=None, detection=detection, shutdown=shutdown, ending=ending).to_dict()

@@ -64,16 +64,19 @@ from typing import Any, NamedTuple
 
 import _bench
 
+from tests.support.upstream_fakes import FAKE_ENGINE, tree
 from trtllm_liveness.demo._cgroup_faults import freezer_available, memory_cgroup_available, remove_leftover_groups
 from trtllm_liveness.demo._fuse_stall import fuse_available, fuse_mounts, remove_leftover_mounts
 from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
-from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioOptions, ScenarioResult, ScenarioRun
 
 REPO = Path(__file__).resolve().parents[1]
-# The upstream-shaped fake of tensorrt_llm main (tests/fakes/README.md).
-FAKES = {"main": REPO / "tests" / "fakes" / "trtllm_main", "1.2": REPO / "tests" / "fakes" / "trtllm_v12"}
+# The upstream-shaped fakes of tensorrt_llm main and 1.2 (tests/fakes/README.md).
+FAKES = {"main": tree("main"), "1.2": tree("v12")}
 EXECUTORS = ("fake", "reference")
+# Options of a scenario on upstream's API of the fake tensorrt_llm, given the fakes' engine.
+ON_FAKE: dict[str, Any] = {"via": "executor_cls", "engine": FAKE_ENGINE}
 FAKE_ENDINGS = Path(__file__).resolve().parent / "fake_endings.py"
 FAKE_STALLS = Path(__file__).resolve().parent / "fake_stalls.py"
 STALL_ENV = "TRTLLM_LIVENESS_STALL_SCENARIO"  # fake_stalls.SCENARIO_ENV
@@ -145,7 +148,8 @@ def judge_shutdown(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:
         return Verdict(False, False, None, "no record")
     outcome = None if r.shutdown.report is None else r.shutdown.report.outcome_of(r.victim.pid)
     ok = not r.shutdown.hung and outcome is not None and not r.shutdown.unkillable
-    return Verdict(ok, False, None, f"shutdown report: rank {r.victim.rank} {outcome}; no fatal error (expected exit)")
+    said = None if outcome is None else outcome.value
+    return Verdict(ok, False, None, f"shutdown report: rank {r.victim.rank} {said}; no fatal error (expected exit)")
 
 
 def judge_stop(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:
@@ -270,7 +274,7 @@ def on_executor(row: Row, executor: str) -> Row:
     if executor == "reference":
         return row
     mode = str(row.options.get("mode", COMMON["mode"]))
-    return row._replace(options={**row.options, "via": "executor_cls"}, env={**fake_env(mode), **(row.env or {})})
+    return row._replace(options={**row.options, **ON_FAKE}, env={**fake_env(mode), **(row.env or {})})
 
 
 def plan(runs: int, control_s: float, quick: bool, prefix: str, executor: str = "fake") -> list[Row]:
@@ -306,12 +310,12 @@ def plan(runs: int, control_s: float, quick: bool, prefix: str, executor: str = 
     script = {**exit_opts, "fault": "none", "tokens": 20, "ending": "interpreter_exit"}
     for where, options, env, program in (
             ("reference", {"via": "class"}, None, None),
-            ("main fake", {"via": "executor_cls"}, main_env, (sys.executable, str(FAKE_ENDINGS)))):
+            ("main fake", ON_FAKE, main_env, (sys.executable, str(FAKE_ENDINGS)))):
         rows.append(Row(f"leader death, pending, exit_on_fatal ({where})", {**server, **options},
                         judge_exit_on_fatal, EXIT_TIMEOUT_S + 25, env, program=program))
     # The script row on the fake only: the reference proxy registers no atexit shutdown() (upstream's
     # GenerationExecutor.__init__ does), so without shutdown() its MPI pool hangs the interpreter exit.
-    rows.append(Row("interpreter exit, no shutdown() (main fake)", {**script, "via": "executor_cls"},
+    rows.append(Row("interpreter exit, no shutdown() (main fake)", {**script, **ON_FAKE},
                     judge_interpreter_exit, 15, main_env, program=(sys.executable, str(FAKE_ENDINGS))))
 
     # Stalls (stall_action=fatal, stall_timeout_s=1) on the upstream-shaped fakes, through their LLM API
@@ -321,10 +325,10 @@ def plan(runs: int, control_s: float, quick: bool, prefix: str, executor: str = 
                              ("stall: subordinate stops answering (1.2)", "silent", "1.2"),
                              ("stall: busy-spinning rank (main)", "spin", "main"),
                              ("stall: SIGSTOPped rank, stall_action=fatal (main)", "stop", "main")):
-        rows.append(Row(name, {"mode": mode, "fault": "stop", "fault_rank": 1, "via": "executor_cls"}, judge_stall,
+        rows.append(Row(name, {"mode": mode, "fault": "stop", "fault_rank": 1, **ON_FAKE}, judge_stall,
                         20, {**fake_env(mode), STALL_ENV: kind}, program=stall_program))
     rows.append(Row("near miss: first step at 80% of stall_timeout_s (main)",
-                    {"fault": "stop", "via": "executor_cls", "observe_s": 5.0 if quick else 10.0}, judge_near_miss,
+                    {"fault": "stop", **ON_FAKE, "observe_s": 5.0 if quick else 10.0}, judge_near_miss,
                     25, {**main_env, STALL_ENV: "near-miss"}, program=stall_program))
 
     control = {"fault": "none", "control_s": control_s, "tokens": 50}

@@ -29,10 +29,7 @@ import signal
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from tests.support.children import HelperProcess
 from trtllm_liveness.process import _pidfd

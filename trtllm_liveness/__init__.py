@@ -5,7 +5,7 @@ The core is standard-library only and Linux-specific (pidfds, procfs). Public AP
 - :class:`ProcessIdentity`, :func:`capture_identity`, :func:`parse_identities`: who a worker is.
 - :class:`WorkerProcessMonitor`: event-driven death and ``D``-state wedge detection.
 - :class:`WorkerEvent`, :class:`EventKind`, :class:`WorkerState`, :class:`RankStatus`,
-  :class:`WorkerFailedError`: the health model.
+  :class:`MonitorMethod`, :class:`WorkerFailedError`: the health model.
 - :func:`stop_processes` and :class:`StopReport`: a shutdown whose every wait has a deadline, which
   reports the workers SIGKILL could not reap (``D`` state) instead of hanging on them.
 - :class:`FatalExitGuard`: after an engine death, one graceful shutdown, then a bounded non-zero exit.
@@ -37,6 +37,7 @@ if TYPE_CHECKING:
     from ._errors import ProcessGone as ProcessGone
     from ._errors import ProcessZombie as ProcessZombie
     from ._events import EventKind as EventKind
+    from ._events import MonitorMethod as MonitorMethod
     from ._events import RankStatus as RankStatus
     from ._events import WorkerEvent as WorkerEvent
     from ._events import WorkerFailedError as WorkerFailedError
@@ -74,6 +75,7 @@ __all__ = [
     "InvalidIdentityError",
     "LivenessConfig",
     "LivenessError",
+    "MonitorMethod",
     "PidReused",
     "ProcessGone",
     "ProcessIdentity",
@@ -116,6 +118,7 @@ _SOURCES = {
     "ProcessGone": "_errors",
     "ProcessZombie": "_errors",
     "EventKind": "_events",
+    "MonitorMethod": "_events",
     "RankStatus": "_events",
     "WorkerEvent": "_events",
     "WorkerFailedError": "_events",

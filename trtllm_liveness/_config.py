@@ -73,6 +73,9 @@ class LivenessConfig:
             it stops the remaining workers.
         shutdown_term_s: after SIGTERM, how long to wait before SIGKILL.
         shutdown_kill_s: after SIGKILL, how long to wait before reporting a rank unkillable.
+        diagnosis_before_stop_s: after a fatal verdict, how long the bounded stop waits for the
+            diagnosis' snapshot of the ranks before it signals one (0: no wait; the snapshot may
+            then show ranks the stop ended).
         exit_on_fatal: after a fatal error, start the serving process's graceful shutdown once
             (SIGINT to itself, what ``trtllm-serve``'s ``/health`` intends and never does after a
             killed rank) and make the process exit with ``exit_code`` (for servers whose health
@@ -140,6 +143,7 @@ class LivenessConfig:
     shutdown_grace_s: float = 10.0
     shutdown_term_s: float = 2.0
     shutdown_kill_s: float = 3.0
+    diagnosis_before_stop_s: float = 0.3
     exit_on_fatal: bool = False
     exit_code: int = 1
     exit_delay_s: float = 1.0

@@ -9,6 +9,7 @@ conflict with it (the policy of torchrun's ``uninterruptible_state_timeout``).
 from __future__ import annotations
 
 import enum
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -44,6 +45,31 @@ class WorkerState(str, enum.Enum):
 _FATAL_STATES = frozenset(
     {WorkerState.EXITED, WorkerState.ZOMBIE, WorkerState.WEDGED, WorkerState.UNKILLABLE, WorkerState.LOST}
 )
+
+
+class MonitorMethod(str, enum.Enum):
+    """How the monitor watches one rank (:attr:`RankStatus.method`).
+
+    A ``str`` enum whose ``str()`` and ``format()`` are the value, so JSON, logs and metrics labels
+    read ``"pidfd"``, never ``"MonitorMethod.PIDFD"``.
+    """
+
+    PIDFD = "pidfd"  # a pidfd opened after verifying the start time; the watcher sleeps on it
+    PROCFS = "procfs"  # pidfd unavailable: /proc/<pid>/stat polled instead
+    NONE = "none"  # not watched here: another host or PID namespace, or unreadable
+    AGENT = "agent"  # another host's, watched by that host's agent (multihost/_agent.py)
+
+    @property
+    def signals(self) -> bool:
+        """Whether a rank watched this way is observed on this host, so may be a signal target
+        (once its start time was verified); ``none`` and ``agent`` ranks never are."""
+        return self in (MonitorMethod.PIDFD, MonitorMethod.PROCFS)
+
+    def __str__(self) -> str:
+        return str(self.value)
+
+    def __format__(self, format_spec: str) -> str:
+        return format(str(self.value), format_spec)
 
 
 class EventKind(str, enum.Enum):
@@ -115,8 +141,35 @@ class WorkerEvent:
             text += "; the host may need recycling before its GPUs/NICs are reused"
         return text
 
+    @classmethod
+    def from_dict(cls, data: object) -> WorkerEvent:
+        """The event :meth:`to_dict` wrote (e.g. read back from another process's JSON).
+
+        That form carries no monotonic times and no start time or PID namespace: ``detected_at`` is
+        NaN (unknown), ``fault_at`` None, and the identity's ``start_time`` and ``pid_namespace`` are
+        None, so the rebuilt identity is never signalled. ``restartable`` and ``message``, where
+        present, must be what the other fields give. ``ValueError`` naming the field for anything
+        else: a missing or unknown field, a wrong type, an unknown kind, an invalid rank or pid.
+        """
+        from ._errors import InvalidIdentityError
+        from ._record_fields import JsonFields
+        from .process._identity import coerce_identity
+
+        fields = JsonFields("WorkerEvent", data, required=("kind", "rank", "pid", "hostname", "cause", "tid", "wchan",
+                                                           "wall_time"), optional=("restartable", "message"))
+        try:
+            identity = coerce_identity((fields.integer("rank"), fields.integer("pid"), None, fields.text("hostname"),
+                                        None))
+        except InvalidIdentityError as exc:
+            raise ValueError(f"WorkerEvent: {exc}") from None
+        event = cls(fields.choice("kind", EventKind), identity, fields.text("cause"), detected_at=math.nan,
+                    wall_time=fields.number("wall_time"), tid=fields.integer_or_none("tid"), wchan=fields.text("wchan"))
+        fields.agrees("restartable", event.restartable)
+        fields.agrees("message", event.message)
+        return event
+
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+        """JSON-ready form (:meth:`from_dict` reads it back)."""
         return {
             "kind": self.kind.value,
             "rank": self.identity.rank,
@@ -135,16 +188,21 @@ class WorkerEvent:
 class RankStatus:
     """A snapshot of one rank: its state, since when (monotonic and wall), and how it is watched.
 
-    ``method`` is ``"pidfd"``, ``"procfs"`` (pidfd unavailable: polled instead) or ``"none"``
-    (remote or other namespace).
+    ``method`` (:class:`MonitorMethod`) is ``pidfd``, ``procfs`` (pidfd unavailable: polled
+    instead), ``none`` (remote or other namespace) or ``agent`` (another host's agent watches it); a
+    plain string naming one is taken as that method.
     """
 
     identity: ProcessIdentity
     state: WorkerState
     since: float
     since_wall: float
-    method: str
+    method: MonitorMethod
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.method, MonitorMethod):
+            object.__setattr__(self, "method", MonitorMethod(self.method))
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
@@ -154,7 +212,7 @@ class RankStatus:
             "hostname": self.identity.hostname,
             "state": self.state.value,
             "since": self.since_wall,
-            "method": self.method,
+            "method": self.method.value,
             "detail": self.detail,
         }
 

@@ -94,7 +94,7 @@ class FakeEngine:
     ``die_after_s`` (seconds after READY), ``hang_rank`` (that rank stops in a ``SIGSTOP`` of itself
     after READY).
 
-    Harness knobs (not upstream; for ``trtllm_liveness.demo._scenario``, which injects faults
+    Harness knobs (not upstream; for ``trtllm_liveness.demo._scenario_child``, which injects faults
     from outside by verified pid): ``announce_dir`` makes every rank write its identity there before
     the build (``rank<N>.json``, the layout ``reference._worker.read_announced_identities`` reads), so
     a harness knows whom to signal even on 1.2.x, whose protocol carries no identities; ``fault`` is
@@ -131,7 +131,12 @@ class FakeEngine:
 
 
 class ManagedThread(threading.Thread):
-    """``llmapi/utils.py``: calls ``task()`` until it returns False; an exception goes to ``error_queue``."""
+    """``llmapi/utils.py``: calls ``task()`` until it returns False or ``stop()`` was called.
+
+    An exception of ``task()`` is logged at ERROR with its traceback (``Error in thread <name>:
+    <error>``), put on ``error_queue``, and the loop goes on (the thread does not end). At the end
+    it logs ``Thread <name> stopped.`` at INFO.
+    """
 
     def __init__(self, task: Callable[[], bool] | weakref.WeakMethod[Callable[[], bool]], error_queue: Any = None,
                  name: str | None = None, **kwargs: Any) -> None:
@@ -147,15 +152,16 @@ class ManagedThread(threading.Thread):
             if isinstance(task, weakref.WeakMethod):
                 task = task()  # type: ignore[assignment]
                 if task is None:
-                    return
+                    logger.warning("WeakMethod is expired.")
+                    break
             try:
                 if not task(**self.kwargs):  # type: ignore[operator]
-                    return
+                    break
             except Exception as error:
-                logger.debug("ManagedThread %s: %r", self.name, error)
+                logger.error("Error in thread %s: %s\n%s", self.name, error, traceback.format_exc())
                 if self.error_queue is not None:
                     self.error_queue.put(error)
-                return
+        logger.info("Thread %s stopped.", self.name)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -666,9 +672,13 @@ class FakeEngineWorker:
             self._wake.wait(0.05)
             self._wake.clear()
             with self._lock:
-                if self._stop:
-                    return
+                stop = self._stop
                 active = list(self._active.items())
+            if stop:
+                # The end marker that ends the proxy's dispatch thread, sent by the thread that
+                # sent every response: the result socket's only user (main's TLLM_LLMAPI_ZMQ_DEBUG).
+                self.result_queue.put(None)
+                return
             if not active:
                 continue
             if self.engine.first_step_delay_s and any(state[0] == 0 for _id, state in active):
@@ -866,8 +876,7 @@ def worker_main_impl(*, engine: Any, worker_queues: WorkerCommIpcAddrs, ready_si
             worker.abort_request(req.id)
         else:
             worker.submit(req)
-    worker.shutdown()
-    result_queue.put(None)  # ends the proxy's dispatch thread
+    worker.shutdown()  # its engine thread sends the end marker that ends the proxy's dispatch thread
     for q in (request_queue, init_queue, result_queue):
         q.socket.setsockopt(zmq.LINGER, 1000)
         q.close()
@@ -1100,17 +1109,18 @@ class ProxyCore(GenerationExecutorBase):
         return (ErrorResponse,)
 
     def dispatch_result_task(self) -> bool:
+        """1.2.x: each response's result is looked up as ``self._results[client_id]``: a response for
+        an id no longer in the table raises ``KeyError`` in the dispatch thread (``ManagedThread``
+        logs it at ERROR and puts it on ``_error_queue``). main's tree uses ``.get()``."""
         if (res := self.result_queue.get()) is None:
             return False
         for item in res if isinstance(res, list) else [res]:
             if item is None:
                 return False
-            result = self._results.get(item.client_id)
-            if result is None:
-                continue
+            result = self._results[item.client_id]
             result.queue.put(item)
             if isinstance(item, ErrorResponse) or (isinstance(item, Response) and item.is_final):
-                self._results.pop(item.client_id, None)
+                self._results.pop(item.client_id)
         return True
 
     def _start_dispatch_threads(self) -> None:
@@ -1302,8 +1312,9 @@ class BaseLLMImpl:
                                                    mpi_session=self.mpi_session, is_llm_executor=True,
                                                    llm_args=self.args)
 
-    def generate_async(self, prompt_token_ids: list[int], max_tokens: int = 8) -> Any:
-        return self._executor.generate_async(prompt_token_ids, max_tokens=max_tokens)
+    def generate_async(self, prompt_token_ids: list[int], max_tokens: int = 8, streaming: bool = False) -> Any:
+        """``max_tokens`` where upstream takes ``sampling_params``; ``streaming`` as upstream's."""
+        return self._executor.generate_async(prompt_token_ids, max_tokens=max_tokens, streaming=streaming)
 
     def shutdown(self) -> None:
         if self._executor is not None:

@@ -52,7 +52,7 @@ VIOLATION = "ZMQ thread safety violation"
 class Built:
     """The engine under test and what this program needs of the fake."""
 
-    def __init__(self, tree: str, result_delay_s: float = 0.0) -> None:
+    def __init__(self, tree: str, result_delay_s: float = 0.0, dispatch_delay_s: float = 0.0) -> None:
         use_tree(tree)
         from trtllm_liveness.demo._mpi_env import configure_mpi_env
 
@@ -84,6 +84,14 @@ class Built:
                 if result_delay_s:
                     time.sleep(result_delay_s)
                 return super()._new_result(request)
+
+            def dispatch_result_task(self) -> Any:
+                # Likewise ``dispatch_delay_s`` stands in for upstream's heavier handling of each
+                # response (its postprocessing, asyncio notifications) under load: the dispatch
+                # thread falls behind a streaming leader, so responses wait in the result socket.
+                if dispatch_delay_s:
+                    time.sleep(dispatch_delay_s)
+                return super().dispatch_result_task()
 
         proxy_module.GenerationExecutorProxy = Probe
         patch_tensorrt_llm(self.proxy_module)

@@ -83,8 +83,9 @@ class Engine:
     """One engine job across the test hosts; rank 0's (the proxy's) output read from its file."""
 
     def __init__(self, hosts: TestHosts, layout: Sequence[tuple[str, int]] = LAYOUT, liveness: str = LIVENESS, *,
-                 request: bool = True, wrapper: Sequence[str] = (), fault_tolerant: bool = True,
-                 env: Mapping[str, str] | None = None, exit_statuses: bool = False) -> None:
+                 request: bool = True, wrapper: Sequence[str] = (), executor_cls: bool = True,
+                 fault_tolerant: bool = True, env: Mapping[str, str] | None = None,
+                 exit_statuses: bool = False) -> None:
         """``fault_tolerant=False``: Open MPI's default error handling (the engine may then be
         aborted by MPI, see the module docstring); ``env``: more of the ranks' environment;
         ``exit_statuses``: a shell in front of each rank writes its exit status where the head
@@ -95,7 +96,9 @@ class Engine:
         # <out> where it runs, mpirun's head included: never a directory shared with anybody else,
         # such as /tmp. The test hosts' shared directory is seen by the head and every host.
         self.out = os.path.join(hosts.shared, f"out-{len(hosts.jobs)}", "rank")
-        options = {"session": "comm", "tree": "trtllm_main", "liveness": True, "watch_fatal": True,
+        # executor_cls: LLM(executor_cls=liveness_executor_class()); else upstream's own executor, which
+        # only the import hook (the autoload) can make the liveness one: a trtllm-serve.
+        options = {"session": "comm", "tree": "trtllm_main", "liveness": executor_cls, "watch_fatal": True,
                    "no_request": not request}
         program = [sys.executable, "-u", "-m", "tests.programs.proxy_death_child", json.dumps(options)]
         if exit_statuses:

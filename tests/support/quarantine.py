@@ -1,15 +1,15 @@
 """Shared pieces of the quarantine tests: a configuration for a marker directory, and the fixture
-that forgets what this process recorded (the record is process-wide: one marker per failure)."""
+giving each test a quarantine ledger of its own (the record is process-wide: one marker per
+failure), the one of the test's own process ending."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from trtllm_liveness import LivenessConfig
-from trtllm_liveness.quarantine._host_policy import _reset_for_tests
+from trtllm_liveness.exit._process_ending import ProcessEnding, QuarantineLedger
 
 
 def config_for(directory: Path, **options: object) -> LivenessConfig:
@@ -19,8 +19,6 @@ def config_for(directory: Path, **options: object) -> LivenessConfig:
 
 
 @pytest.fixture(autouse=True)
-def fresh_quarantine_state() -> Iterator[None]:
-    """Autouse in every test module that imports it."""
-    _reset_for_tests()
-    yield
-    _reset_for_tests()
+def fresh_quarantine_state(fresh_process_ending: ProcessEnding) -> QuarantineLedger:
+    """Autouse in every test module that imports it: the test's own (empty) quarantine ledger."""
+    return fresh_process_ending.quarantine

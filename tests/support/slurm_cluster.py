@@ -3,7 +3,7 @@
 Debian's ``slurm-wlm`` and ``munge`` packages. Everything lives in one directory the caller owns
 (config, munge key and socket, state, spool, logs); the ports are free ones, so a packaged
 Slurm on the machine is not touched. The daemons run in the foreground (``-F``/``-D``), started
-through the caller's :class:`~tests.conftest.ProcessTracker`, which ends them by pid; :meth:`stop`
+through the caller's :class:`~tests.support.process_tracker.ProcessTracker`, which ends them by pid; :meth:`stop`
 asks them to stop first (SIGTERM through the tracker's popens).
 """
 

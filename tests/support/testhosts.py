@@ -40,6 +40,7 @@ import contextlib
 import functools
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -147,7 +148,7 @@ case "$host" in
 {cases}
     *) echo "test-host agent: unknown host $host" >&2; exit 255 ;;
 esac
-nsenter -t "$pid" -n -u -p -m --wd=/ -- /bin/sh -c \
+{login}nsenter -t "$pid" -n -u -p -m --wd=/ -- /bin/sh -c \
     "mkdir -p \\"\\$TMPDIR\\" \\"\\$PRTE_MCA_prte_tmpdir_base\\" 2>/dev/null; $*"
 status=$?
 while [ -e "{down}/$host" ]; do sleep 0.2; done
@@ -394,12 +395,17 @@ class TestHosts:
 
     ``on_start`` is called with every long-lived process started (the init processes, mpirun),
     so a caller can track them too (the tests' ``procs`` fixture). ``timeout`` bounds each step.
+    ``login_env``: the whole environment the agent gives the command it runs on a host, as sshd gives
+    a login a fresh one (then only what the launcher itself forwards reaches the ranks: with Open
+    MPI, ``OMPI_*`` variables and those named with ``-x``); None (the default): the caller's,
+    passed through.
     """
 
     __test__ = False  # not a pytest test class
 
     def __init__(self, names: Sequence[str] = DEFAULT_HOSTS, *,
-                 on_start: Callable[[subprocess.Popen[bytes]], None] | None = None, timeout: float = 15.0) -> None:
+                 on_start: Callable[[subprocess.Popen[bytes]], None] | None = None, timeout: float = 15.0,
+                 login_env: Mapping[str, str] | None = None) -> None:
         global _counter
         if len(set(names)) != len(names) or HEAD in names or not names or len(names) > 200:
             raise ValueError(f"host names must be unique, not {HEAD!r}, 1 to 200 of them: {names!r}")
@@ -411,6 +417,7 @@ class TestHosts:
         self.names = tuple(names)
         self.timeout = timeout
         self.on_start = on_start
+        self.login_env = None if login_env is None else dict(login_env)
         self.hub = self.prefix + "hub"
         self.head: TestHost | None = None
         self.hosts: dict[str, TestHost] = {}
@@ -539,7 +546,9 @@ class TestHosts:
         cases = "\n".join(f"    {name}) pid={host.pid1} ;;" for name, host in self.hosts.items())
         self.agent = os.path.join(self.workdir, "agent.sh")
         with open(self.agent, "w") as handle:
-            handle.write(AGENT_SCRIPT.format(cases=cases, down=self._down_dir))
+            login = "" if self.login_env is None else "env -i " + " ".join(
+                shlex.quote(f"{key}={value}") for key, value in self.login_env.items()) + " "
+            handle.write(AGENT_SCRIPT.format(cases=cases, down=self._down_dir, login=login))
         os.chmod(self.agent, 0o755)
 
     def close(self) -> list[str]:

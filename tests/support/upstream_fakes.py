@@ -13,6 +13,9 @@ from typing import Any
 
 FAKES_ROOT = Path(__file__).resolve().parents[1] / "fakes"
 TREES = ("v12", "main")
+# The fakes' engine factory, for the scenario option ``engine`` (``ScenarioOptions``) of a scenario on
+# upstream's API: importable in a process once a fake tree's ``tensorrt_llm`` has been imported.
+FAKE_ENGINE = "_trtllm_fake_common:FakeEngine"
 
 
 def tree(version: str) -> Path:

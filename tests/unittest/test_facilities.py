@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker
 from tests.support.children import REPO_ROOT
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE
 
 pytestmark = [pytest.mark.timeout(180)]
 
@@ -25,10 +26,10 @@ import tempfile
 
 import pytest
 
-import tests.conftest as conftest
-from tests.conftest import needs, require_or_skip
+from tests.support import facilities
+from tests.support.facilities import needs, require_or_skip
 
-conftest.FACILITIES["freezer"] = lambda: "pretend: no freezer here"
+facilities.FACILITIES["freezer"] = lambda: "pretend: no freezer here"
 
 
 @needs("freezer")

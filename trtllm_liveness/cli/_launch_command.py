@@ -1,6 +1,16 @@
-"""``trtllm-liveness launch -- mpirun ...``: run a launcher, and never exit 0 after an engine death.
+"""``trtllm-liveness launch -- COMMAND``: the one wrapper that switches worker liveness on for a
+launcher (``mpirun``, ``srun``, ``trtllm-serve`` itself, Dynamo's worker), and never exits 0 after an
+engine death.
 
-Why: ``mpirun`` exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and
+Switching on: ``TRTLLM_WORKER_LIVENESS`` is set to ``1`` unless it is set (a settings value is kept),
+validated here (a malformed one is exit status 78, sysexits' ``EX_CONFIG``, nothing started), this
+package's ``sitecustomize`` goes first on ``PYTHONPATH`` (every Python the command starts, on any
+host, installs the hook), and the launcher is given what carries these to the ranks of other hosts
+(``mpirun -x`` for Open MPI; see :mod:`._launcher_env`). One line on stderr says the effective
+settings and how they travel. Every host must have this package installed at the same path (one
+image), and an ``@file`` setting's file at the same path.
+
+Why the exit status: ``mpirun`` exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and
 reports success), so Kubernetes, Slurm or a supervisor would call a dead engine's job successful and
 never restart it. The wrapper sets :data:`~trtllm_liveness.exit._outcome.OUTCOME_ENV` for the launcher
 (``mpirun`` and ``srun`` pass the environment to the ranks of the launching host; the proxy, rank
@@ -25,16 +35,22 @@ as without the wrapper (a second copy would make mpirun abort at once).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from typing import Any
 
+from .._config import LivenessConfig, changed_settings, format_setting, parse_value
+from .._switch import ENV_VAR
 from ..exit._outcome import OUTCOME_ENV, read_outcomes
+from ._launcher_env import Forwarding, forwarding_for
 
+EXIT_INVALID_SETTING = 78  # sysexits' EX_CONFIG, as the autoload launcher's: the command never ran
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 MPI_ABORT_STATUS = 14
 """What Open MPI's default error handler (``MPI_ERRORS_ARE_FATAL``) exits with (MPI_ERR_UNKNOWN): the
@@ -42,7 +58,17 @@ engine's process after a worker died or was stopped, under ``OMPI_MCA_mpi_ft_ena
 
 # The --help text: the module docstring's content in plain words (no reST roles on a terminal).
 DESCRIPTION = f"""\
-Run a launcher (mpirun, srun) and never exit 0 after an engine failure.
+Run a launcher (mpirun, srun, or trtllm-serve itself) with worker liveness on in every Python it
+starts, on every host, and never exit 0 after an engine failure.
+
+Switching on: {ENV_VAR} is set to 1 unless it is set (a settings value is kept), checked
+first (an invalid one: exit status {EXIT_INVALID_SETTING}, nothing started), the package's sitecustomize goes
+first on PYTHONPATH (every Python the command starts installs the hook; no .pth needed), and the
+launcher is made to pass PYTHONPATH, {ENV_VAR} and {OUTCOME_ENV} to the ranks of
+other hosts: mpirun/mpiexec of Open MPI get -x for each (a host started over ssh gets only OMPI_*
+variables and those named with -x), srun exports the environment (a --export list gets the names
+added), MPICH/Hydra passes it. One line on stderr gives the effective settings. Every host needs
+the package at the same path (one image).
 
 mpirun exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and reports
 success), so Kubernetes, Slurm or a supervisor would call a dead engine's job successful and never
@@ -64,8 +90,9 @@ _WAIT_S = 1.0  # each wait for the launcher is bounded; the loop lasts as long a
 
 def add_launch_parser(sub: Any) -> None:
     """Add the ``launch`` subcommand to ``sub`` (argparse subparsers)."""
-    launch = sub.add_parser("launch", help="run mpirun/srun; exit non-zero whenever the engine recorded a fatal "
-                                           "error (mpirun exits 0 after a host crash)",
+    launch = sub.add_parser("launch", help="run mpirun/srun/trtllm-serve with liveness on in every Python on every "
+                                           "host; exit non-zero whenever the engine recorded a fatal error "
+                                           "(mpirun exits 0 after a host crash)",
                             description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
     launch.add_argument("--outcome-dir", default=None, metavar="DIR",
                         help="where the engines' outcome files are made (default: $TMPDIR); the proxy (rank 0) must "
@@ -82,10 +109,25 @@ def run_launch(args: argparse.Namespace) -> int:
     if not argv:
         print("trtllm-liveness launch: no command given", file=sys.stderr)
         return 2
+    # Imported here: importing it installs the hook in this process where the switch is on.
+    from ..integrations.trtllm_autoload import launch_env
+
+    env = launch_env(dict(os.environ))
+    try:
+        config = parse_value(env[ENV_VAR])
+    except ValueError as exc:
+        print(f"trtllm-liveness launch: {exc}; nothing started", file=sys.stderr)
+        return EXIT_INVALID_SETTING
+    if shutil.which(argv[0], path=env.get("PATH")) is None:
+        print(f"trtllm-liveness launch: command not found: {argv[0]}", file=sys.stderr)
+        return 127
     # 0700: only this user writes there
     directory = tempfile.mkdtemp(prefix="trtllm-liveness-launch-", dir=args.outcome_dir)
     try:
-        status = _run(argv, {**os.environ, OUTCOME_ENV: directory})
+        forwarding = forwarding_for(argv, {**env, OUTCOME_ENV: directory})
+        sys.stderr.write(on_line(config, env[ENV_VAR], argv, forwarding) + "\n")
+        sys.stderr.flush()
+        status = _run(list(forwarding.argv), dict(forwarding.env))
         try:
             outcomes = read_outcomes(directory)
         except (OSError, ValueError) as exc:
@@ -113,6 +155,33 @@ def run_launch(args: argparse.Namespace) -> int:
     return 0
 
 
+# Shown in the "on" line whatever their value; every other setting only where it is not the default.
+SHOWN_SETTINGS = ("d_state_timeout_s", "stall_timeout_s", "exit_on_fatal", "hosts", "heartbeat_timeout_s")
+_COMMAND_CHARS = 160
+
+
+def effective_settings(config: LivenessConfig) -> str:
+    """``key=value, ...``: :data:`SHOWN_SETTINGS` and every setting that differs from the default,
+    written as in ``TRTLLM_WORKER_LIVENESS``."""
+    shown = set(SHOWN_SETTINGS) | set(changed_settings(config))
+    return ", ".join(f"{spec.name}={format_setting(getattr(config, spec.name))}"
+                     for spec in dataclasses.fields(config) if spec.name != "enabled" and spec.name in shown)
+
+
+def on_line(config: LivenessConfig, raw: str, argv: Sequence[str], forwarding: Forwarding) -> str:
+    """The one line ``launch`` prints before it starts ``argv`` (as given; what was added to it for the
+    other hosts is ``forwarding.how``)."""
+    command = " ".join(argv)
+    if len(command) > _COMMAND_CHARS:
+        command = command[:_COMMAND_CHARS - 3] + "..."
+    if not config.enabled:
+        return f"trtllm-liveness: worker liveness off ({ENV_VAR}={raw}) for: {command}"
+    travel = f"; {forwarding.how}" if forwarding.how else ""
+    note = f"; NOTE: {forwarding.problem}" if forwarding.problem else ""
+    return (f"trtllm-liveness: worker liveness on ({effective_settings(config)}) in every Python of: "
+            f"{command}{travel}{note}")
+
+
 def _foreground_of_terminal() -> bool:
     """Whether this process's group is its terminal's foreground group (keyboard signals go to both)."""
     try:
@@ -122,22 +191,31 @@ def _foreground_of_terminal() -> bool:
 
 
 def _run(argv: list[str], env: dict[str, str]) -> int:
-    child = subprocess.Popen(argv, env=env)
     previous = {}
-
     from_terminal = _foreground_of_terminal()
+    started: list[subprocess.Popen[bytes]] = []
+    held: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
         # A terminal's Ctrl-C / Ctrl-\ reaches the whole foreground group, the launcher too: a second
         # copy would be mpirun's "abort now" (and srun's two SIGINTs within a second).
         if from_terminal and signum in (signal.SIGINT, signal.SIGQUIT):
             return
-        if child.poll() is None:
-            child.send_signal(signum)
+        if not started:  # arrived before the launcher started: sent to it once it has
+            held.append(signum)
+        elif started[0].poll() is None:
+            started[0].send_signal(signum)
 
+    # The handlers before the launcher: a SIGTERM in between (a pod deleted at start) must reach
+    # it, not end this wrapper and leave the launcher running unsignalled.
     for signum in FORWARDED:
         previous[signum] = signal.signal(signum, forward)
     try:
+        child = subprocess.Popen(argv, env=env)
+        started.append(child)
+        for pending in held:
+            if child.poll() is None:
+                child.send_signal(pending)
         while True:  # the job itself: as long as the launcher runs, in bounded waits
             try:
                 code = child.wait(_WAIT_S)

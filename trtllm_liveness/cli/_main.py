@@ -10,6 +10,7 @@ Subcommands:
     config    check a TRTLLM_WORKER_LIVENESS value and print the settings it gives
     quarantine  show (a node health check) or clear the host's quarantine after a wedged worker
     launch      run mpirun/srun; exit non-zero whenever the engine recorded a fatal error
+    drill       a real fault in your own model's engine on this host: what the extension does with it
 
 Each subcommand lives in its own module (``_<name>_command.py``), whose ``add_<name>_parser(sub)``
 adds its parser(s) and sets ``func`` to its handler; :data:`SUBCOMMANDS` lists them in ``--help``'s
@@ -39,6 +40,7 @@ from ._autoload_command import add_autoload_parser
 from ._config_command import add_config_parser
 from ._demo_command import add_demo_arguments, add_demo_parsers
 from ._doctor_command import add_doctor_parser
+from ._drill_command import add_drill_parser
 from ._exit_status import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STATUS_HELP, EXIT_USAGE
 from ._launch_command import add_launch_parser
 from ._output import err
@@ -58,6 +60,7 @@ SUBCOMMANDS: tuple[Callable[[Any], None], ...] = (
     add_config_parser,
     add_quarantine_parser,
     add_launch_parser,
+    add_drill_parser,
 )
 
 

@@ -9,7 +9,13 @@ false, requests failed, shutdown done (milliseconds after t0).
 seconds, and reports what was measured then: still hanging (how many requests had not
 completed when the bound hit, ``check_health()`` still True), noticed by upstream's own check,
 or the whole process aborted by MPI (Open MPI's default error handler, ``mpi_ft_enable`` off);
-then the run with the extension on, side by side.
+then the run with the extension on, side by side. Its default fault is one that nothing but the
+extension catches (:func:`compare_default`): ``wedge`` where the cgroup v1 freezer can make one
+(a rank in ``D``: with any Open MPI setting and any TensorRT-LLM version the requests hang and
+health stays green), else ``kill`` in ``1.2`` mode (the released TensorRT-LLM has no worker
+monitor of its own; under ULFM, the demo's MPI setting, the parent lives on and its requests hang).
+A plain ``kill`` in ``main`` mode is caught by upstream main's own monitor, and without ULFM it
+aborts the server loudly: neither shows what the extension adds.
 
 Faults: ``kill`` (SIGKILL: a death), ``wedge`` (cgroup v1 freezer: real ``D`` state, survives
 SIGKILL; a non-restartable fatal error, and shutdown reports the rank unkillable; the demo then
@@ -49,8 +55,9 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ._cgroup_faults import FREEZER_ROOT
 from ._mpi_env import FT_ENABLE_VAR
-from ._scenario import FREEZER_ROOT, run_scenario
+from ._scenario_launcher import run_scenario
 from ._scenario_records import ScenarioOptions, ScenarioResult, ScenarioRun
 
 __all__ = ["DEMO_SETTINGS", "TMP_PREFIX", "Verdict", "add_arguments", "main", "off_verdict", "run"]
@@ -91,16 +98,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "from a checkout): the multi-host agents")
     parser.add_argument("--workers", type=int, default=2, help=f"MPI worker ranks (2 to {_MAX_WORKERS})")
     parser.add_argument("--rank", type=int, default=None, help="rank to hit (default: the last)")
-    parser.add_argument("--mode", choices=["main", "1.2"], default="main",
+    parser.add_argument("--mode", choices=["main", "1.2"], default=None,
                         help="TensorRT-LLM behaviour to mimic: main has a monitor of its own that notices a "
-                             "rank's death (not a stop or a wedge); 1.2 (the 1.2.x releases) has none")
+                             "rank's death (not a stop or a wedge); 1.2 (the 1.2.x releases) has none (default "
+                             "main; with --compare and no --fault, see there)")
     parser.add_argument("--requests", type=int, default=4, help=f"requests in flight (1 to {_MAX_REQUESTS})")
     parser.add_argument("--stall-timeout", type=float, default=1.0, help="seconds without tokens = stall (stop)")
     parser.add_argument("--timeout", type=float, default=60.0,
                         help="outer bound on each run (s); the off run of --compare gets --compare-bound more")
     parser.add_argument("--compare", action="store_true",
                         help="first run the same fault with the extension off (cut after --compare-bound), "
-                             "then with it on, and print both side by side")
+                             "then with it on, and print both side by side; without --fault, a fault only the "
+                             "extension catches: wedge where the cgroup v1 freezer is writable (root), else kill "
+                             "in 1.2 mode")
     parser.add_argument("--compare-bound", type=float, default=10.0, metavar="S",
                         help="how long the run without the extension is watched before it is cut (default 10 s)")
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the timeline")
@@ -125,6 +135,19 @@ def _problem(args: argparse.Namespace) -> str | None:
         if not (math.isfinite(value) and value > 0):
             return f"{name} must be a positive number of seconds, not {value}"
     return None
+
+
+def compare_default(mode: str | None) -> tuple[str, str, str]:
+    """``(fault, mode, why)`` for ``--compare`` without ``--fault``: a fault the extension catches and
+    nothing else does (see the module docstring). ``mode`` is the one given, if any."""
+    if os.access(FREEZER_ROOT, os.W_OK):
+        return "wedge", mode or "main", ("a rank wedged in D (cgroup v1 freezer): nothing but the extension "
+                                         "notices it, with any MPI setting and any TensorRT-LLM version")
+    if (mode or "1.2") == "1.2":
+        return "kill", "1.2", (f"a rank killed under TensorRT-LLM 1.2.x, which has no worker monitor of its own "
+                               f"(--fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT})")
+    return "kill", mode or "main", (f"--fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT}; in main "
+                                    "mode upstream's own monitor notices a kill: try --mode 1.2")
 
 
 def _fault_unavailable(fault: str) -> str | None:
@@ -426,9 +449,11 @@ def _column(run: ScenarioRun) -> dict[str, str]:
 
 def _run_compare(args: argparse.Namespace, rank: int, tmpdir: str) -> int:
     if not args.json:
+        choice = getattr(args, "compare_choice", "")
         sys.stdout.write(f"trtllm-liveness demo --compare: fault '{args.fault}' on rank {rank} of {args.workers} "
                          f"MPI workers ({args.mode} mode), {args.requests} requests, {_mpi_setting()}\n"
-                         f"  1/2 extension off (watched for {args.compare_bound:g} s) ...\n")
+                         + (f"  (default fault: {choice}; --fault chooses another)\n" if choice else "")
+                         + f"  1/2 extension off (watched for {args.compare_bound:g} s) ...\n")
         sys.stdout.flush()
     off = _scenario(args, rank, tmpdir, liveness=False)
     verdict = off_verdict(off, args.timeout + args.compare_bound, args.compare_bound)
@@ -484,7 +509,13 @@ def run(args: argparse.Namespace) -> int:
                          f"`.venv/bin/python scripts/demo_hosts.py --hosts {args.hosts} --fault "
                          f"{args.fault or 'remote-kill'}` (or `bash scripts/demo.sh --hosts ...`)\n")
         return 2
+    choice = ""
+    if getattr(args, "compare", False) and args.fault is None:
+        args.fault, mode, choice = compare_default(args.mode)
+        args.mode = args.mode or mode
     args.fault = args.fault or "kill"
+    args.mode = args.mode or "main"
+    args.compare_choice = choice
     if args.fault in ("remote-kill", "host-crash", "partition", "remote-wedge"):
         sys.stderr.write(f"trtllm-liveness: demo: --fault {args.fault} needs --hosts N\n")
         return 2

@@ -1,16 +1,18 @@
 """Typed records of fault-injection scenarios: what the demo, tests, benchmarks and matrix share.
 
-A scenario child (:mod:`._scenario`) builds one :class:`ScenarioResult` per iteration and prints
+A scenario child (:mod:`._scenario_child`) builds one :class:`ScenarioResult` per iteration and prints
 it as one JSON line (``to_dict()``); the parent turns the lines back into records
 (``ScenarioResult.from_dict``) and returns them in a :class:`ScenarioRun`, with what only the
 parent can see (the child's exit status and time, the processes its session left behind).
 
-Every record is a frozen dataclass. Sections that only some scenarios fill are ``None`` when the
-scenario did not run that part: ``detection`` (a fault while serving), ``shutdown``, ``init`` (a
-fault before READY, or a failed spawn), ``control`` (no-fault load), ``health_probe`` (concurrent
-``check_health()`` callers), ``watcher`` (the watcher thread made to die first) and ``ending`` (a
-process that ends like a server or a script rather than through ``shutdown()``). Times are
-milliseconds after the fault (``fault_at``, ``time.monotonic()``, which is system-wide on Linux).
+Every record is a frozen dataclass; the executor's events and its stop report are the package's
+own :class:`~trtllm_liveness.WorkerEvent` and :class:`~trtllm_liveness.StopReport`, in their own
+JSON form (their ``from_dict`` reads it back). Sections that only some scenarios fill are ``None``
+when the scenario did not run that part: ``detection`` (a fault while serving), ``shutdown``,
+``init`` (a fault before READY, or a failed spawn), ``control`` (no-fault load), ``health_probe``
+(concurrent ``check_health()`` callers), ``watcher`` (the watcher thread made to die first) and
+``ending`` (a process that ends like a server or a script rather than through ``shutdown()``).
+Times are milliseconds after the fault (``fault_at``, ``time.monotonic()``, which is system-wide on Linux).
 """
 
 from __future__ import annotations
@@ -20,20 +22,20 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from .._events import WorkerEvent
+from ..stop._stop_report import StopReport
+
 __all__ = [
     "ControlOutcome",
     "Detection",
     "EndingOutcome",
-    "EventRecord",
     "HealthProbeOutcome",
     "InitOutcome",
+    "ResultInProgress",
     "ScenarioOptions",
     "ScenarioResult",
     "ScenarioRun",
     "ShutdownOutcome",
-    "StopReportRecord",
-    "StoppedRecord",
-    "UnkillableRecord",
     "Victim",
     "WatcherFaultOutcome",
 ]
@@ -66,11 +68,21 @@ def _flat(cls: type[_T], data: Mapping[str, Any]) -> _T:
 
 
 def _json(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, _Record):
+        return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value)}  # type: ignore[arg-type]
+    if isinstance(value, (WorkerEvent, StopReport)):  # the package's own records: their own JSON form
+        return value.to_dict()
     if isinstance(value, (list, tuple)):
         return [_json(item) for item in value]
     return value
+
+
+def _check_factory_name(option: str, value: Any) -> None:
+    """``value`` is "module:attribute" (dotted identifiers), else ``ValueError`` naming ``option``."""
+    module, sep, attribute = value.partition(":") if isinstance(value, str) else ("", "", "")
+    if not sep or not all(part.isidentifier() for part in (*module.split("."), *attribute.split("."))):
+        raise ValueError(f"scenario option {option}={value!r}: expected 'module:attribute' naming an importable "
+                         "callable (e.g. 'package.module:Factory')")
 
 
 class _Record:
@@ -84,7 +96,7 @@ class _Record:
 
 @dataclass(frozen=True)
 class ScenarioOptions(_Record):
-    """What one scenario child does; see :mod:`._scenario` for the faults and phases."""
+    """What one scenario child does; see :mod:`._scenario_child` for the faults and phases."""
 
     mode: str = "main"
     workers: int = 2
@@ -116,10 +128,15 @@ class ScenarioOptions(_Record):
     ending: str = "shutdown"  # one of ENDINGS
     iterations: int = 1
     # How the executor is built: "class" (reference proxy class, mixed in directly);
-    # "executor_cls" / "autoload" / "plain" go through upstream's API of an importable
-    # ``tensorrt_llm`` (the upstream-shaped test fakes, tests/fakes/):
-    # liveness_executor_class(GenerationExecutor).create(FakeEngine(...), ...), the import hook, or none.
+    # "executor_cls" / "autoload" / "plain" go through upstream's API of the ``tensorrt_llm`` on the
+    # child's sys.path: liveness_executor_class(GenerationExecutor).create(engine, ...), the import
+    # hook, or none, where ``engine`` is what the ``engine`` factory returns.
     via: str = "class"
+    # For upstream's API only: "module:attribute" naming an importable callable that returns the
+    # engine ``create()`` is given. It is imported in the child after ``tensorrt_llm`` and called
+    # with keywords token_delay_s, init_delay_s, announce_dir (each rank writes its identity there,
+    # see _executor_worker.read_announced_identities) and fault (the in-rank fault hook's settings).
+    engine: str = ""
 
     def __post_init__(self) -> None:
         for name, value, allowed in (("fault", self.fault, FAULTS), ("fault_phase", self.fault_phase, PHASES),
@@ -136,6 +153,11 @@ class ScenarioOptions(_Record):
             raise ValueError(f"via {self.via!r} (upstream's API): one iteration per process, iterations must be 1")
         if self.ending == "interpreter_exit" and self.fault != "none":
             raise ValueError("ending 'interpreter_exit' takes fault 'none' (a script that just ends)")
+        if self.via == "class" and self.engine:
+            raise ValueError(f"scenario option engine={self.engine!r} is for upstream's API (via executor_cls, "
+                             "autoload or plain); via 'class' builds the reference executor")
+        if self.via != "class":
+            _check_factory_name("engine", self.engine)
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ScenarioOptions:
@@ -159,84 +181,6 @@ class Victim(_Record):
     def named_in(self, text: str | None) -> bool:
         """Whether ``text`` (a fatal or init error) names this rank and pid as the package does."""
         return bool(text) and f"rank {self.rank} (pid {self.pid})" in str(text)
-
-
-@dataclass(frozen=True)
-class EventRecord(_Record):
-    """A :class:`~trtllm_liveness.WorkerEvent` as reported (``WorkerEvent.to_dict()``)."""
-
-    kind: str
-    rank: int
-    pid: int
-    hostname: str
-    cause: str
-    restartable: bool
-    tid: int | None = None
-    wchan: str = ""
-    wall_time: float | None = None
-    message: str = ""
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> EventRecord:
-        return _flat(cls, data)
-
-
-@dataclass(frozen=True)
-class StoppedRecord(_Record):
-    """One worker of a :class:`~trtllm_liveness.StopReport` (``outcome`` is the ``StopOutcome`` value)."""
-
-    rank: int
-    pid: int | None
-    hostname: str
-    outcome: str
-    detail: str = ""
-    returncode: int | None = None
-    exited_after_s: float | None = None
-    signals_sent: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class UnkillableRecord(_Record):
-    rank: int
-    pid: int
-    hostname: str
-    state: str
-    wchan: str
-    d_tids: tuple[int, ...]
-    d_wchan: str
-    kill_pending: bool
-    signal: str
-    waited_s: float
-    leader_pid: int | None = None
-    message: str = ""
-
-
-@dataclass(frozen=True)
-class StopReportRecord(_Record):
-    """A :class:`~trtllm_liveness.StopReport` as reported (``StopReport.to_dict()``)."""
-
-    restartable: bool
-    all_stopped: bool
-    grace_s: float
-    kill_s: float
-    term_signal: str
-    elapsed_s: float
-    started_wall: float
-    workers: tuple[StoppedRecord, ...] = ()
-    unkillable: tuple[UnkillableRecord, ...] = ()
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> StopReportRecord:
-        flat = {k: v for k, v in data.items() if k not in ("workers", "unkillable")}
-        return dataclasses.replace(
-            _flat(cls, flat),
-            workers=tuple(_flat(StoppedRecord, w) for w in data.get("workers", ())),
-            unkillable=tuple(_flat(UnkillableRecord, u) for u in data.get("unkillable", ())),
-        )
-
-    def outcome_of(self, pid: int | None) -> str | None:
-        """The stop outcome of the worker with ``pid``, None if it is not in the report."""
-        return next((w.outcome for w in self.workers if w.pid == pid), None)
 
 
 @dataclass(frozen=True)
@@ -268,7 +212,7 @@ class ShutdownOutcome(_Record):
     by_harness: bool = False  # liveness off: the harness killed the workers instead
     pre_shutdown_calls: int | None = None
     pre_shutdown_runs: int | None = None
-    report: StopReportRecord | None = None
+    report: StopReport | None = None
     unkillable: tuple[int, ...] = ()
     restartable: bool | None = None
     fatal_restartable: bool | None = None
@@ -343,7 +287,7 @@ class ScenarioResult(_Record):
     in_flight: int | None = None
     tokens_ok: bool | None = None  # fault "none" without control_s: every request returned its tokens
     fault_at: float | None = None  # time.monotonic() of the fault
-    events: tuple[EventRecord, ...] = ()
+    events: tuple[WorkerEvent, ...] = ()  # the executor's (WorkerEvent.from_dict: no monotonic times)
     fatal_error: str | None = None
     fatal_error_type: str | None = None
     pending_not_done: int | None = None
@@ -379,7 +323,7 @@ class ScenarioResult(_Record):
         nested: dict[str, Any] = {
             "options": ScenarioOptions.from_dict(data["options"]),
             "victims": tuple(_flat(Victim, v) for v in data.get("victims", ())),
-            "events": tuple(EventRecord.from_dict(e) for e in data.get("events", ())),
+            "events": tuple(WorkerEvent.from_dict(e) for e in data.get("events", ())),
         }
         for name, section in (("detection", Detection), ("init", InitOutcome), ("control", ControlOutcome),
                               ("health_probe", HealthProbeOutcome), ("watcher", WatcherFaultOutcome),
@@ -391,11 +335,24 @@ class ScenarioResult(_Record):
             report = shutdown.get("report")
             nested["shutdown"] = dataclasses.replace(
                 _flat(ShutdownOutcome, {k: v for k, v in shutdown.items() if k != "report"}),
-                report=None if report is None else StopReportRecord.from_dict(report))
+                report=None if report is None else StopReport.from_dict(report))
         else:
             nested["shutdown"] = None
         kwargs = {k: _tuple(v) for k, v in data.items() if k in _SCALAR_FIELDS}
         return cls(**kwargs, **nested)
+
+
+class ResultInProgress:
+    """One iteration's :class:`ScenarioResult` while the scenario child finds it: the record itself,
+    replaced by :meth:`update` as each part is known (``dataclasses.replace``: an unknown field is a
+    ``TypeError``), read as :attr:`result`. Used by the child's one main thread and its exit hook."""
+
+    def __init__(self, iteration: int, options: ScenarioOptions, phase: str) -> None:
+        self.result = ScenarioResult(iteration=iteration, options=options, phase=phase)
+
+    def update(self, **changes: Any) -> None:
+        """Replace the named fields of :attr:`result` (sequences as tuples)."""
+        self.result = dataclasses.replace(self.result, **changes)
 
 
 _SCALAR_FIELDS = frozenset(f.name for f in dataclasses.fields(ScenarioResult)) - {
@@ -404,7 +361,7 @@ _SCALAR_FIELDS = frozenset(f.name for f in dataclasses.fields(ScenarioResult)) -
 
 @dataclass(frozen=True)
 class ScenarioRun:
-    """What the parent saw of one scenario child (:func:`._scenario.run_scenario`).
+    """What the parent saw of one scenario child (:func:`._scenario_launcher.run_scenario`).
 
     ``results``: one record per finished iteration. ``survivors``: pids of the child's session
     still alive after cleanup (should be none). ``done``: the child reported it had finished every

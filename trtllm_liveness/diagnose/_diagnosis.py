@@ -8,17 +8,23 @@ SIGKILL pending, the process verdict; command lines read through
   before and just after the scan's samples), which classifies each thread as spinning, running,
   sleeping, in ``D``, stopped or exited (:class:`Activity`). A rank that spins in a collective
   whose peer is gone looks alive to every other check.
-- **Python stacks** of each rank, when ``py-spy`` is installed (extra ``diagnose``), taken with
-  ``py-spy dump --nonblocking`` (the target is never paused) under one deadline for all ranks
-  (:mod:`._py_spy`).
+- **Python stacks** of each rank under one deadline for all ranks, from ``py-spy dump
+  --nonblocking`` where it is installed (extra ``diagnose``) and permitted (:mod:`._py_spy`; the
+  target is never paused), else from the rank's own ``faulthandler`` dump registered at its start
+  (:mod:`._faulthandler_stacks`: no ptrace needed); :mod:`._stack_sources` picks per rank and
+  each result says its source and why the other was not used.
 - **The odd rank out** (:class:`OddRankOut`): the one rank whose activity, innermost Python
   function or main-thread wait channel differs from what every other rank shares.
+- **The rank a stall is named after** (``named``, :mod:`._stalled_rank`): gone, stopped or in
+  ``D`` first, then behind in executor iterations, then spinning while the others sleep.
 
 Never hangs on a wedged rank: ``py-spy`` reads the target's memory, which can block on the
-target's mmap lock like a ``cmdline`` read, so no stack is taken of a rank with a thread in ``D``
-(the skip is reported); :mod:`._py_spy` bounds and, if need be, abandons each ``py-spy`` it starts.
+target's mmap lock like a ``cmdline`` read, so ``py-spy`` is never run on a rank with a thread in
+``D`` (its dump handler may be, unless the main thread is in ``D``); :mod:`._py_spy` bounds and,
+if need be, abandons each ``py-spy`` it starts.
 
-Standard library only; never signals a process other than the ``py-spy`` children it started.
+Standard library only; signals only the ``py-spy`` children it started and, for their dumps, the
+verified ranks whose dump handler is registered.
 """
 
 from __future__ import annotations
@@ -27,26 +33,22 @@ import enum
 import logging
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
-from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader, skip_for_d
+from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader
 from . import _scan
-from ._py_spy import (
-    DEFAULT_STACKS_TIMEOUT_S,
-    RankStacks,
-    StackFrame,
-    StackStatus,
-    find_py_spy,
-    take_stacks,
-)
+from ._py_spy import DEFAULT_STACKS_TIMEOUT_S, find_py_spy, take_stacks
+from ._stack_records import RankStacks, StackFrame, StackStatus
+from ._stack_sources import SourceChoice, StackTarget, take_rank_stacks
+from ._stalled_rank import Condition, RankEvidence, StalledRank, in_d_detail, name_stalled_rank
 
 # find_py_spy and take_stacks (the stacks, :mod:`._py_spy`) are re-exported for callers of diagnose.
 __all__ = ["DEFAULT_WINDOW_S", "Activity", "Diagnosis", "OddRankOut", "RankDiagnosis", "ThreadDiagnosis", "diagnose",
-           "find_odd_ranks", "find_py_spy", "take_stacks"]
+           "find_odd_ranks", "find_py_spy", "rank_evidence", "take_stacks"]
 
 logger = logging.getLogger(__name__)
 
@@ -181,6 +183,7 @@ class Diagnosis:
     odd_ranks: tuple[OddRankOut, ...]
     scan: _scan.ScanResult
     py_spy: str  # the py-spy used, "" when none (or stacks not asked for)
+    named: StalledRank | None = None  # the rank a stall of these ranks is named after, if any
 
     @property
     def odd_rank_out(self) -> OddRankOut | None:
@@ -196,7 +199,8 @@ class Diagnosis:
         parts = [f"rank {r.rank} (pid {r.pid}) {r.activity.value}"
                  + (f" in {r.stuck_in.describe()}" if r.stuck_in is not None else "") for r in self.ranks]
         odd = self.odd_rank_out
-        return "; ".join(parts) + (f"; odd rank out: {odd.reason}" if odd is not None else "")
+        named = f"; stalled rank: {self.named.evidence}" if self.named is not None else ""
+        return "; ".join(parts) + (f"; odd rank out: {odd.reason}" if odd is not None else "") + named
 
     def to_dict(self, *, include_scan: bool = True) -> dict[str, Any]:
         """JSON-ready form (``include_scan=False`` when the caller prints the scan itself)."""
@@ -205,6 +209,7 @@ class Diagnosis:
             "py_spy": self.py_spy, "ranks": [rank.to_dict() for rank in self.ranks],
             "odd_ranks": [odd.to_dict() for odd in self.odd_ranks],
             "odd_rank_out": None if self.odd_rank_out is None else self.odd_rank_out.reason,
+            "named": None if self.named is None else self.named.to_dict(),
         }
         if include_scan:
             data["scan"] = self.scan.to_dict()
@@ -292,12 +297,13 @@ def _odd_one(values: dict[int, str]) -> tuple[int, str, str] | None:
     return None
 
 
-def find_odd_ranks(ranks: Sequence[RankDiagnosis]) -> tuple[OddRankOut, ...]:
+def find_odd_ranks(ranks: Sequence[RankDiagnosis], *, leader: int | None = None) -> tuple[OddRankOut, ...]:
     """The ranks that stand out from all the others, one per aspect: activity (e.g. one spinning
     while the others sleep), the main thread's innermost Python function, its wait channel.
 
     Only ranks alive and known in that aspect count; at least 3 must be (with 2, neither is "the
-    odd one"). Pure function of its input.
+    odd one"). The ``leader`` (rank number) is not singled out for being on CPU: it busy-polls its
+    requests while the others wait. Pure function of its input.
     """
     alive = [rank for rank in ranks if rank.verdict is not None and not rank.verdict.is_dead
              and rank.verdict is not _scan.Verdict.ACCESS_DENIED]
@@ -314,21 +320,51 @@ def find_odd_ranks(ranks: Sequence[RankDiagnosis]) -> tuple[OddRankOut, ...]:
         if odd is None:
             continue
         pid, value, others_value = odd
+        if aspect == "activity" and by_pid[pid].rank == leader and value in (Activity.SPINNING.value,
+                                                                               Activity.RUNNING.value):
+            continue
         others = tuple(sorted(by_pid[other].rank for other in values if other != pid))
         found.append(OddRankOut(by_pid[pid].rank, pid, aspect, value, others_value, others))
     return tuple(found)
 
 
+_CONDITIONS = {Activity.IN_D: Condition.IN_D, Activity.STOPPED: Condition.STOPPED,
+               Activity.SPINNING: Condition.SPINNING, Activity.SLEEPING: Condition.SLEEPING,
+               Activity.RUNNING: Condition.OTHER}
+
+
+def rank_evidence(rank: RankDiagnosis) -> RankEvidence:
+    """What the stalled-rank naming (:mod:`._stalled_rank`) reads of one diagnosed rank."""
+    if rank.verdict is None or rank.verdict is _scan.Verdict.ACCESS_DENIED:
+        return RankEvidence(rank.rank, rank.pid, Condition.UNKNOWN, rank.detail)
+    if rank.verdict.is_dead:
+        return RankEvidence(rank.rank, rank.pid, Condition.GONE, rank.detail)
+    condition = _CONDITIONS.get(rank.activity, Condition.UNKNOWN)
+    if condition is Condition.IN_D:
+        d_threads = [thread for thread in rank.threads if thread.activity is Activity.IN_D]
+        return RankEvidence(rank.rank, rank.pid, condition,
+                            in_d_detail(len(d_threads), d_threads[0].wchan if d_threads else ""))
+    if condition is Condition.STOPPED:
+        main = rank.main_thread
+        return RankEvidence(rank.rank, rank.pid, condition, main.state if main is not None else "T")
+    return RankEvidence(rank.rank, rank.pid, condition)
+
+
 # ----------------------------------------------------------------------------- snapshot
 
 
-def _targets(targets: Sequence[ProcessIdentity | int]) -> tuple[list[tuple[int, int]], list[RankDiagnosis]]:
-    """Split into local ``(rank, pid)`` to scan and ranks reported without a scan (remote, reused)."""
-    local: list[tuple[int, int]] = []
+def _targets(targets: Sequence[ProcessIdentity | int]
+             ) -> tuple[list[tuple[int, int, int | None]], list[RankDiagnosis]]:
+    """Split into local ``(rank, pid, start_time)`` to scan and ranks reported without a scan
+    (remote, reused). A bare pid's start time is read now (None when unreadable)."""
+    local: list[tuple[int, int, int | None]] = []
     unscanned: list[RankDiagnosis] = []
     for index, target in enumerate(targets):
         if isinstance(target, int):
-            local.append((index, target))
+            try:
+                local.append((index, target, _procfs.read_start_time(target)))
+            except (OSError, ValueError):
+                local.append((index, target, None))
             continue
         if target.hostname != local_hostname() or (
                 target.pid_namespace is not None and target.pid_namespace != local_pid_namespace()):
@@ -345,7 +381,7 @@ def _targets(targets: Sequence[ProcessIdentity | int]) -> tuple[list[tuple[int, 
                 unscanned.append(RankDiagnosis(target.rank, target.pid, _scan.Verdict.GONE,
                                                "gone (or its pid reused)", Activity.EXITED, (), None))
                 continue
-        local.append((target.rank, target.pid))
+        local.append((target.rank, target.pid, target.start_time))
     return local, unscanned
 
 
@@ -358,6 +394,9 @@ def diagnose(
     scan_samples: int = 3,
     stacks_timeout_s: float = DEFAULT_STACKS_TIMEOUT_S,
     py_spy: str | None = None,
+    stacks_source: SourceChoice | str = SourceChoice.AUTO,
+    iterations: Mapping[int, int] | None = None,
+    leader: int | None = 0,
     read_timeout_s: float = DEFAULT_TIMEOUT_S,
     reader: MmReader | None = None,
     clock: Callable[[], float] = time.monotonic,
@@ -367,22 +406,29 @@ def diagnose(
     Runs :func:`._scan.scan` over ``window_s`` (``scan_samples`` samples; it ends after one when
     no thread is in ``D``), measures each thread's CPU over at least ``cpu_window_s`` (0: threads
     are classified by their state alone), then, with
-    ``stacks``, takes the Python stacks of every rank with no thread in ``D`` (see
-    :func:`take_stacks`). An identity whose start time no longer matches is reported gone and not
-    scanned; one of another host or PID namespace is reported and not scanned.
+    ``stacks``, takes the Python stacks of every live rank from ``stacks_source`` (``auto``:
+    ``py-spy`` where installed and permitted, else the rank's faulthandler dump;
+    :mod:`._stack_sources`). ``py_spy`` names the executable (default: found on ``PATH`` or beside
+    this interpreter). An identity whose start time no longer matches is reported gone and not
+    scanned; one of another host or PID namespace is reported and not scanned. ``named`` is the
+    rank a stall would be named after (:func:`._stalled_rank.name_stalled_rank`, with
+    ``iterations``, rank -> executor iterations, and ``leader``).
 
     Blocks about ``cpu_window_s`` (``window_s`` when a thread is in ``D``: the scan confirms it), plus the
     scan's bounded command-line reads, plus at most ``stacks_timeout_s`` and
     :data:`~._py_spy.KILL_WAIT_S` for stacks.
     Never raises for a process that is gone or unreadable. Raises ``ValueError`` for a negative
-    window or ``scan_samples < 1``. Thread-safe (no shared state besides ``reader``).
+    window, ``scan_samples < 1`` or an unknown ``stacks_source``. Thread-safe (no shared state
+    besides ``reader``).
     """
     if window_s < 0 or cpu_window_s < 0:
         raise ValueError("window_s and cpu_window_s must not be negative")
+    source = SourceChoice(stacks_source)
     started = clock()
     taken_at = time.time()
     local, unscanned = _targets(targets)
-    pids = [pid for _rank, pid in local]
+    pids = [pid for _rank, pid, _start in local]
+    starts = {pid: start for _rank, pid, start in local}
     before = _cpu_sample(pids)
     t0 = clock()
     result = _scan.scan(pids, window_s=window_s, samples=scan_samples, read_timeout_s=read_timeout_s,
@@ -393,7 +439,7 @@ def diagnose(
     after = _cpu_sample(pids)
     measured = clock() - t0
     ranks: list[RankDiagnosis] = []
-    for (rank, pid), report in zip(local, result.processes, strict=True):
+    for (rank, pid, _start), report in zip(local, result.processes, strict=True):
         threads = []
         for thread in report.threads:
             key = (pid, thread.tid)
@@ -406,12 +452,14 @@ def diagnose(
     executable = ""
     if stacks:
         executable = (py_spy if py_spy is not None else find_py_spy()) or ""
-        ranks = _with_stacks(ranks, stacks_timeout_s, executable or None)
+        ranks = _with_stacks(ranks, starts, stacks_timeout_s, executable or None, source)
         unscanned = [_replace_stacks(rank, RankStacks(StackStatus.SKIPPED_NOT_RUNNING, rank.detail))
                      for rank in unscanned]
     all_ranks = tuple(sorted(ranks + unscanned, key=lambda rank: rank.rank))
-    diagnosis = Diagnosis(taken_at, measured, (clock() - started) * 1000, all_ranks, find_odd_ranks(all_ranks),
-                          result, executable)
+    diagnosis = Diagnosis(taken_at, measured, (clock() - started) * 1000, all_ranks,
+                          find_odd_ranks(all_ranks, leader=leader), result, executable,
+                          name_stalled_rank([rank_evidence(rank) for rank in all_ranks], iterations=iterations,
+                                            leader=leader))
     logger.debug("diagnosis of %d rank(s) in %.0f ms: %s", len(all_ranks), diagnosis.elapsed_ms, diagnosis.summary())
     return diagnosis
 
@@ -421,24 +469,23 @@ def _replace_stacks(rank: RankDiagnosis, stacks: RankStacks) -> RankDiagnosis:
                          rank.report)
 
 
-def _with_stacks(ranks: list[RankDiagnosis], timeout_s: float, py_spy: str | None) -> list[RankDiagnosis]:
+def _with_stacks(ranks: list[RankDiagnosis], starts: Mapping[int, int | None], timeout_s: float,
+                 py_spy: str | None, source: SourceChoice) -> list[RankDiagnosis]:
     skipped: dict[int, RankStacks] = {}
-    wanted = []
+    wanted: list[StackTarget] = []
     for rank in ranks:
-        d_tids = [thread.tid for thread in rank.threads if thread.activity is Activity.IN_D]
-        if not d_tids:
-            # The freshest look: a thread may have entered D since the scan's last sample.
-            try:
-                states = _procfs.read_thread_states(rank.pid)
-            except OSError:
-                states = {}
-            d_tids = sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES)
-        if d_tids:  # py-spy reads its memory: the same mm lock as a cmdline read
-            skipped[rank.pid] = RankStacks(StackStatus.SKIPPED_TASK_IN_D, skip_for_d(rank.pid, "stacks", d_tids).detail)
-        elif rank.verdict is None or rank.verdict.is_dead or rank.verdict is _scan.Verdict.ACCESS_DENIED:
+        if rank.verdict is None or rank.verdict.is_dead or rank.verdict is _scan.Verdict.ACCESS_DENIED:
             why = "not scanned" if rank.verdict is None else rank.verdict.value
             skipped[rank.pid] = RankStacks(StackStatus.SKIPPED_NOT_RUNNING, f"stacks skipped: {why}")
-        else:
-            wanted.append(rank.pid)
-    taken = take_stacks(wanted, timeout_s=timeout_s, py_spy=py_spy) if wanted else {}
+            continue
+        # The freshest look: a thread may have entered D (or the rank stopped) since the scan.
+        try:
+            states = _procfs.read_thread_states(rank.pid)
+        except OSError:
+            states = {thread.tid: thread.state for thread in rank.threads}
+        for thread in rank.threads:  # a thread seen in D by the scan counts as in D
+            if thread.activity is Activity.IN_D:
+                states[thread.tid] = "D"
+        wanted.append(StackTarget(rank.pid, starts.get(rank.pid), states))
+    taken = take_rank_stacks(wanted, source=source, timeout_s=timeout_s, py_spy=py_spy) if wanted else {}
     return [_replace_stacks(rank, skipped.get(rank.pid) or taken[rank.pid]) for rank in ranks]

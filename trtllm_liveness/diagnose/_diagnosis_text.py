@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ._diagnosis import Diagnosis, RankDiagnosis
-from ._py_spy import StackStatus
+from ._stack_records import StackStatus
 
 MAX_FRAMES = 12
 """Innermost frames shown per thread; the JSON form has them all."""
@@ -35,6 +35,8 @@ def rank_lines(rank: RankDiagnosis, clean: Callable[[str], str] = str) -> list[s
     stacks = rank.stacks
     if stacks is None:
         return lines
+    if stacks.source is not None:
+        lines.append(f"  stacks from {stacks.source.value}" + (f" ({clean(stacks.other)})" if stacks.other else ""))
     if stacks.status is not StackStatus.TAKEN:
         lines.append(f"  stacks: {stacks.status.value}: {clean(stacks.detail)}")
         return lines
@@ -51,7 +53,8 @@ def rank_lines(rank: RankDiagnosis, clean: Callable[[str], str] = str) -> list[s
 
 def summary_lines(diagnosis: Diagnosis) -> list[str]:
     """The lines after the scan's summary: the odd ranks out, or why none is named."""
+    named = [f"STALLED RANK ({diagnosis.named.basis.value}): {diagnosis.named.evidence}"] if diagnosis.named else []
     if not diagnosis.odd_ranks:
         return [f"diagnosis: {len(diagnosis.ranks)} rank(s) over {diagnosis.window_s:.2f}s CPU window, "
-                "no odd rank out"]
-    return [f"ODD RANK OUT ({odd.aspect}): {odd.reason}" for odd in diagnosis.odd_ranks]
+                "no odd rank out", *named]
+    return [f"ODD RANK OUT ({odd.aspect}): {odd.reason}" for odd in diagnosis.odd_ranks] + named

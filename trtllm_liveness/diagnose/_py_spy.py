@@ -1,13 +1,15 @@
 """Python stacks of a rank by ``py-spy dump --nonblocking``, under one deadline for all ranks.
 
+``py-spy`` needs ptrace rights over the rank; :func:`ptrace_access` tells beforehand where the
+kernel will refuse them (the caller then uses the rank's own dump, :mod:`._faulthandler_stacks`).
+
 ``py-spy`` reads the target's memory (``/proc/<pid>/maps``, ``process_vm_readv``), which can block
 on the target's mmap lock like a ``cmdline`` read, and a process stuck that way cannot be killed
 either. So the caller excludes ranks with a thread in ``D``; each ``py-spy`` here runs in its own
 session with its output in an unnamed file (no pipe to fill), and after the deadline it is
 SIGKILLed and waited for briefly; if it is still there it is left and reported as ``py-spy did not
 exit``. Both dump formats are read: ``--json`` where this ``py-spy`` has it (probed once per
-executable), else the plain text. A frame's file is told to be the standard library's by its name
-alone (never a ``stat`` of a path the target gave: it may be on a stalled mount).
+executable), else the plain text. The records are :mod:`._stack_records`'.
 
 Standard library only; never signals a process other than the ``py-spy`` children it started.
 """
@@ -15,7 +17,6 @@ Standard library only; never signals a process other than the ``py-spy`` childre
 from __future__ import annotations
 
 import contextlib
-import enum
 import functools
 import json
 import logging
@@ -25,15 +26,17 @@ import shutil
 import signal
 import subprocess
 import sys
-import sysconfig
 import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO
+
+from ..process import _procfs
+from ._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack
 
 __all__ = ["DEFAULT_STACKS_TIMEOUT_S", "KILL_WAIT_S", "RankStacks", "StackFrame", "StackStatus", "ThreadStack",
-           "find_py_spy", "take_stacks"]
+           "find_py_spy", "ptrace_access", "take_stacks"]
 
 logger = logging.getLogger(__name__)
 
@@ -42,117 +45,56 @@ KILL_WAIT_S = 0.2
 """How long a SIGKILLed ``py-spy`` is waited for before it is left behind."""
 
 
-class StackStatus(str, enum.Enum):
-    """Whether a rank's Python stacks were taken, and if not why."""
-
-    TAKEN = "taken"
-    SKIPPED_TASK_IN_D = "skipped-task-in-d"
-    SKIPPED_NOT_RUNNING = "skipped-not-running"  # zombie, gone, unreadable
-    NO_PY_SPY = "no-py-spy"
-    TIMED_OUT = "timed-out"
-    DID_NOT_EXIT = "did-not-exit"  # timed out, SIGKILLed, and still there (itself stuck in D)
-    FAILED = "failed"
-
-
-@dataclass(frozen=True)
-class StackFrame:
-    """One Python frame as ``py-spy`` shows it."""
-
-    function: str
-    file: str
-    line: int
-
-    def describe(self) -> str:
-        """``function (file:line)`` with the file's base name."""
-        return f"{self.function} ({os.path.basename(self.file)}:{self.line})"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"function": self.function, "file": self.file, "line": self.line}
-
-
-@dataclass(frozen=True)
-class ThreadStack:
-    """The Python stack of one thread, innermost frame first. ``tid`` is the OS thread id."""
-
-    tid: int | None
-    name: str
-    active: bool
-    owns_gil: bool
-    frames: tuple[StackFrame, ...]
-
-    @property
-    def stuck_in(self) -> StackFrame | None:
-        """The innermost frame outside the standard library (``Event.wait`` says less than its
-        caller); the innermost frame when every frame is the standard library's."""
-        for frame in self.frames:
-            if not _is_stdlib(frame.file):
-                return frame
-        return self.frames[0] if self.frames else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        stuck = self.stuck_in
-        return {"tid": self.tid, "name": self.name, "active": self.active, "owns_gil": self.owns_gil,
-                "stuck_in": None if stuck is None else stuck.function,
-                "frames": [frame.to_dict() for frame in self.frames]}
-
-
-@dataclass(frozen=True)
-class RankStacks:
-    """The outcome of taking one rank's stacks; ``threads`` is empty unless ``status`` is TAKEN."""
-
-    status: StackStatus
-    detail: str = ""
-    threads: tuple[ThreadStack, ...] = ()
-    took_ms: float = 0.0
-
-    def main_thread(self, pid: int) -> ThreadStack | None:
-        """The stack of the thread whose id is ``pid`` (the main thread), else the first one."""
-        for thread in self.threads:
-            if thread.tid == pid:
-                return thread
-        return self.threads[0] if self.threads else None
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"status": self.status.value, "detail": self.detail, "took_ms": round(self.took_ms, 1),
-                "threads": [thread.to_dict() for thread in self.threads]}
-
-
-@functools.cache
-@functools.lru_cache(maxsize=1)
-def _stdlib_dirs() -> tuple[str, ...]:
-    # This interpreter's own paths (local files, read once), as given and resolved.
-    paths = sysconfig.get_paths()
-    found: set[str] = set()
-    for key in ("stdlib", "platstdlib"):
-        if key in paths:
-            found.update({paths[key] + os.sep, os.path.realpath(paths[key]) + os.sep})
-    return tuple(sorted(found))
-
-
-@functools.lru_cache(maxsize=1)
-def _stdlib_module_files() -> frozenset[str]:
-    # Base names of this interpreter's stdlib modules, from the name list (no filesystem access).
-    return frozenset(f"{name}.py" for name in getattr(sys, "stdlib_module_names", ()))
-
-
-def _is_stdlib(filename: str) -> bool:
-    # By the string alone: the names come from the target (its mount namespace, perhaps a stalled
-    # NFS or FUSE path), and a stat or realpath of one could block this scan in D.
-    if filename.startswith("<frozen"):
-        return True
-    if "site-packages" in filename or "dist-packages" in filename:
-        return False
-    if "/" not in filename:  # py-spy's text dump shows base names
-        return filename in _stdlib_module_files()
-    return filename.startswith(_stdlib_dirs()) or bool(re.search(r"/lib/python3\.\d+/[^/]+\.py$", filename))
-
-
 def find_py_spy() -> str | None:
     """The ``py-spy`` executable: on ``PATH``, else next to this interpreter (a venv's ``bin``)."""
     return shutil.which("py-spy") or shutil.which("py-spy", path=os.path.dirname(sys.executable))
+
+
+CAP_SYS_PTRACE = 19
+_YAMA_SCOPE = "/proc/sys/kernel/yama/ptrace_scope"
+
+
+def _yama_scope() -> int:
+    try:
+        with open(_YAMA_SCOPE, "rb") as handle:
+            return int(handle.read().strip() or b"0")
+    except (OSError, ValueError):
+        return 0  # no Yama: ptrace is governed by uids, dumpability and capabilities alone
+
+
+def ptrace_access(pid: int) -> tuple[bool | None, str]:
+    """Whether a ``py-spy`` started by this process may read ``pid``'s memory, and why.
+
+    The kernel's rule for ``process_vm_readv`` (``PTRACE_MODE_ATTACH_REALCREDS``), read from
+    ``/proc``: allowed with ``CAP_SYS_PTRACE`` (unless Yama ``ptrace_scope`` is 3); without it,
+    only for the same user (real, effective and saved ids) on a dumpable target whose permitted
+    capabilities are a subset of this process's, and only with Yama ``ptrace_scope`` 0
+    (``py-spy``, this process's child, is never the rank's ancestor). Returns True, False, or
+    None where it cannot tell (a root target's dumpability does not show: its ``/proc`` entry is
+    root's either way; an unreadable ``/proc`` entry). Never blocks beyond procfs reads.
+    """
+    scope = _yama_scope()
+    if scope >= 3:
+        return False, "Yama ptrace_scope 3 forbids ptrace"
+    try:
+        mine = _procfs.read_status("self")
+        target = _procfs.read_status(pid)
+        owner = os.stat(f"{_procfs.PROCFS_PATH}/{pid}").st_uid
+    except (OSError, ValueError) as exc:
+        return None, f"cannot tell ({exc})"
+    if mine.cap_effective & (1 << CAP_SYS_PTRACE):
+        return True, "CAP_SYS_PTRACE"
+    if scope >= 1:
+        return False, f"no CAP_SYS_PTRACE and Yama ptrace_scope {scope}"
+    if not mine.uids or set(target.uids[:3]) != {mine.uids[0]} or set(target.gids[:3]) != {mine.gids[0]}:
+        return False, f"another user (uid {target.uids[1] if len(target.uids) > 1 else '?'}) and no CAP_SYS_PTRACE"
+    if target.cap_permitted & ~mine.cap_permitted:
+        return False, "the rank has capabilities this process lacks, and no CAP_SYS_PTRACE"
+    if target.uids[1] != 0:
+        if owner != target.uids[1]:
+            return False, "the rank is not dumpable (its /proc entry is root's), and no CAP_SYS_PTRACE"
+        return True, "same user, dumpable"
+    return None, "same user (root) without CAP_SYS_PTRACE: permitted only if the rank is dumpable"
 
 
 def _parse_json_dump(data: bytes) -> tuple[ThreadStack, ...]:
@@ -300,7 +242,7 @@ def take_stacks(pids: Sequence[int], *, timeout_s: float = DEFAULT_STACKS_TIMEOU
     executable = py_spy if py_spy is not None else find_py_spy()
     if executable is None:
         return {pid: RankStacks(StackStatus.NO_PY_SPY, "py-spy is not installed (pip install "
-                                "'trtllm-liveness[diagnose]')") for pid in pids}
+                                "'trtllm-liveness[diagnose]')", source=StackSource.PY_SPY) for pid in pids}
     json_format = _supports_json(executable)
     deadline = time.monotonic() + timeout_s
     started: dict[int, _Dump | RankStacks] = {}
@@ -309,7 +251,8 @@ def take_stacks(pids: Sequence[int], *, timeout_s: float = DEFAULT_STACKS_TIMEOU
         for pid in pids:
             started[pid] = _start_dump(executable, pid, json_format)
         for pid, dump in started.items():
-            results[pid] = dump if isinstance(dump, RankStacks) else _finish_dump(dump, deadline, timeout_s)
+            result = dump if isinstance(dump, RankStacks) else _finish_dump(dump, deadline, timeout_s)
+            results[pid] = result.with_source(StackSource.PY_SPY)
     finally:
         # Interrupted (Ctrl-C in the operator's scan): end the dumps still running, our own
         # unreaped children (each in its own session, so the terminal's SIGINT missed them).

@@ -1,5 +1,9 @@
 """What happens when the process ends after a fatal failure.
 
+- :mod:`._process_ending`: :class:`ProcessEnding`, the one owner of the process's ending (the exit
+  decision, the outcome record, the termination message, the quarantine's wait, the threads the
+  ending awaits, a registry of cleanups run once in stage order), reached through
+  :func:`process_ending`;
 - :mod:`._exit_guard`: :class:`FatalExitGuard`, a graceful shutdown once, then a bounded exit with a
   non-zero status (69 for a host that must be recycled);
 - :mod:`._outcome`: the engine's outcome record for ``trtllm-liveness launch``, whose launcher's own
@@ -20,15 +24,21 @@ if TYPE_CHECKING:
     from ._outcome import mark_running as mark_running
     from ._outcome import read_outcomes as read_outcomes
     from ._outcome import record_outcome as record_outcome
+    from ._process_ending import ProcessEnding as ProcessEnding
+    from ._process_ending import Stage as Stage
+    from ._process_ending import process_ending as process_ending
     from ._termination_log import write_termination_message as write_termination_message
 
 __all__ = [
     "FatalExitGuard",
     "Outcome",
+    "ProcessEnding",
+    "Stage",
     "add_exit_cleanup",
     "interrupt_self_once",
     "mark_clean",
     "mark_running",
+    "process_ending",
     "read_outcomes",
     "record_outcome",
     "write_termination_message",
@@ -43,6 +53,9 @@ _SOURCES = {
     "read_outcomes": "_outcome",
     "mark_running": "_outcome",
     "mark_clean": "_outcome",
+    "ProcessEnding": "_process_ending",
+    "Stage": "_process_ending",
+    "process_ending": "_process_ending",
     "write_termination_message": "_termination_log",
 }
 

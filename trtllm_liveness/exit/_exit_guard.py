@@ -9,14 +9,16 @@ watchdog ends the process with a non-zero status if that has not finished within
 and an ``atexit`` hook turns a clean interpreter exit into the same non-zero status.
 
 Python offers no way to change the exit status of a normal interpreter exit except ending the
-process from inside it (``os._exit``), which skips every ``atexit`` hook not yet run. So the hook
-that does it is registered once per process when the first guard is *built* (at engine start,
-before the executor registers its own ``shutdown()`` hook): hooks registered after that (the
-executor's ``shutdown()``, anything registered at or after the fatal event) run first, each once,
-in their usual order, and a fatal event that arrives while they run is still seen. Hooks registered
-before the first guard was built run after it and are skipped; cleanup that must happen anyway
-is registered with :func:`add_exit_cleanup` and run just before the end. The first guard
-triggered in a process decides the exit status (several engines, a Dynamo bridge).
+process from inside it (``os._exit``), which skips every ``atexit`` hook not yet run. That hook
+belongs to the process's one :class:`~._process_ending.ProcessEnding` and is registered once, when
+it is made (at the latest when the first guard is *built*, at engine start, before the executor
+registers its own ``shutdown()`` hook): hooks registered after that (the executor's ``shutdown()``,
+anything registered at or after the fatal event) run first, each once, in their usual order, and a
+fatal event that arrives while they run is still seen. Hooks registered before it run after it and
+are skipped; cleanup that must happen anyway is registered with :func:`add_exit_cleanup` and run
+once, just before the end. The first guard triggered in a process decides the exit status (several
+engines, a Dynamo bridge); the ending itself (stop, cleanups, the threads it awaits, the status) is
+:meth:`~._process_ending.ProcessEnding.end`'s.
 
 A failure that is not restartable on this host (a worker wedged in ``D`` or unkillable, whose
 event or error says ``restartable`` False) makes the status ``exit_code_unrestartable`` instead,
@@ -27,13 +29,13 @@ Kubernetes Job's ``podFailurePolicy`` or a supervisor can then tell "restart els
 
 from __future__ import annotations
 
-import atexit
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
+
+from ._process_ending import ProcessEnding, Stage, process_ending
 
 logger = logging.getLogger(__name__)
 
@@ -42,45 +44,12 @@ DEFAULT_EXIT_CODE_UNRESTARTABLE = 69
 """sysexits' ``EX_UNAVAILABLE``: distinct from 1 (any failure), 2 (usage), 14 (Open MPI's abort),
 126-127 (the shell's) and 128+N (death by signal N), so "not restartable here" reads unambiguously."""
 
-_PROCESS_LOCK = threading.Lock()
-_triggered_guards: list[FatalExitGuard] = []  # in trigger order: the first armed one decides the status
-_final_hook_registered = False
-_exit_cleanups: list[Callable[[], None]] = []
-
 
 def add_exit_cleanup(cleanup: Callable[[], None]) -> None:
-    """Run ``cleanup`` just before a guard ends the process (``os._exit`` skips the ``atexit``
-    hooks registered before the first guard was built). It must be quick and idempotent: it may
-    also run from its own ``atexit`` hook. Exceptions are logged."""
-    with _PROCESS_LOCK:
-        _exit_cleanups.append(cleanup)
-
-
-def _register_final_hook() -> None:
-    global _final_hook_registered
-    with _PROCESS_LOCK:
-        if _final_hook_registered:
-            return
-        _final_hook_registered = True
-    atexit.register(_final_exit_status)
-
-
-def _deciding_guard() -> FatalExitGuard | None:
-    with _PROCESS_LOCK:
-        return next((guard for guard in _triggered_guards if not guard._disarmed), None)
-
-
-def _final_exit_status() -> None:
-    # Runs at normal interpreter exit, after the hooks registered since the first guard was built:
-    # the main program returned (status 0) after a fatal event, or a fatal event came while those
-    # hooks ran. The orchestrator must see a failure, or it will not restart the worker.
-    guard = _deciding_guard()
-    if guard is not None:
-        guard._end()
-
-
-_SIGINT_LOCK = threading.Lock()
-_sigint_sent = False
+    """Run ``cleanup`` once, just before a guard ends the process (``os._exit`` skips the
+    ``atexit`` hooks registered before the process's ending was set up). It must be quick.
+    Exceptions are logged."""
+    process_ending().add_cleanup(cleanup, Stage.CLEANUP)
 
 
 def interrupt_self_once() -> bool:
@@ -90,11 +59,8 @@ def interrupt_self_once() -> bool:
     shutdown. SIGINT is what uvicorn/trtllm-serve and most asyncio servers treat as "shut down
     gracefully"; a second one makes uvicorn skip its graceful shutdown ("force exit"). Never blocks.
     """
-    global _sigint_sent
-    with _SIGINT_LOCK:
-        if _sigint_sent:
-            return False
-        _sigint_sent = True
+    if not process_ending().claim_sigint():
+        return False
     _send_sigint_to_main_thread()
     return True
 
@@ -178,7 +144,10 @@ class FatalExitGuard:
         self._reason: object = None
         self._triggered = threading.Event()
         self._disarmed = False
-        _register_final_hook()
+        self._graceful_thread: threading.Thread | None = None
+        self._watchdog: threading.Timer | None = None
+        # Made now at the latest (engine start): its atexit hook then runs after the executor's.
+        self._ending: ProcessEnding = process_ending()
 
     @property
     def triggered(self) -> bool:
@@ -201,6 +170,20 @@ class FatalExitGuard:
         """Whether a non-restartable failure was seen (the exit status says so)."""
         return self._unrestartable
 
+    @property
+    def disarmed(self) -> bool:
+        """Whether :meth:`disarm` was called (the guard then never acts)."""
+        return self._disarmed
+
+    @property
+    def exit_fn(self) -> Callable[[int], object]:
+        """How this guard ends the process (``os._exit`` unless replaced)."""
+        return self._exit_fn
+
+    def status(self, unrestartable: bool) -> int:
+        """The status this guard exits with, for a process that saw a non-restartable failure or not."""
+        return self._unrestartable_code if unrestartable else self._base_exit_code
+
     def mark_unrestartable(self) -> None:
         """A non-restartable failure was seen (also after the first trigger, say a rank left
         unkillable by the bounded stop after a death): exit with ``exit_code_unrestartable``.
@@ -220,20 +203,21 @@ class FatalExitGuard:
                 return False
             self._reason = reason
             self._triggered.set()
-        with _PROCESS_LOCK:
-            _triggered_guards.append(self)
+        self._ending.guard_triggered(self)
         # Log the event's own one-line message (rank, pid, host, cause): this line may be the last
         # the process writes, since the exit can overtake the monitor's own log line.
         logger.critical(
             "fatal engine error: %s; shutting down, exit status %d", getattr(reason, "message", reason), self.exit_code
         )
         try:
-            threading.Thread(target=self._run_graceful, name="trtllm-liveness-graceful", daemon=True).start()
+            self._graceful_thread = threading.Thread(target=self._run_graceful, name="trtllm-liveness-graceful",
+                                                     daemon=True)
+            self._graceful_thread.start()
             if self._timeout_s is not None:
-                timer = threading.Timer(self._timeout_s, self._watchdog_expired)
-                timer.name = "trtllm-liveness-exit-watchdog"
-                timer.daemon = True
-                timer.start()
+                self._watchdog = threading.Timer(self._timeout_s, self._watchdog_expired)
+                self._watchdog.name = "trtllm-liveness-exit-watchdog"
+                self._watchdog.daemon = True
+                self._watchdog.start()
         except RuntimeError as exc:
             # Interpreter shutdown has begun (no new threads from then on): the final atexit hook
             # still sets the status; there is nothing left to shut down gracefully.
@@ -242,9 +226,12 @@ class FatalExitGuard:
         return True
 
     def disarm(self) -> None:
-        """Never act again (for owners that handle the exit themselves)."""
+        """Never act again (for owners that handle the exit themselves); the watchdog is cancelled."""
         with self._lock:
             self._disarmed = True
+            watchdog = self._watchdog
+        if watchdog is not None:
+            watchdog.cancel()
 
     def _run_graceful(self) -> None:
         try:
@@ -262,23 +249,6 @@ class FatalExitGuard:
         self._end()
 
     def _end(self) -> None:
-        # The first guard triggered in this process decides the status (say exit_code=3 for an
-        # engine death, whatever a later bridge's guard would use).
-        deciding = _deciding_guard() or self
-        with _PROCESS_LOCK:
-            cleanups = list(_exit_cleanups)
-            # A non-restartable failure seen by any guard of this process (the engine's, a Dynamo
-            # bridge's) makes the deciding guard's status its unrestartable one.
-            unrestartable = any(guard._unrestartable for guard in (*_triggered_guards, self) if not guard._disarmed)
-        for cleanup in cleanups:
-            try:
-                cleanup()
-            except Exception:
-                logger.exception("exit cleanup %r raised", cleanup)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # a closed stream must not keep us from exiting
-                pass
-        logging.shutdown()
-        self._exit_fn(deciding._unrestartable_code if unrestartable else deciding.exit_code)
+        # The process's ending: stop, cleanups, awaited threads, then the status the first guard
+        # triggered in this process decides (see ProcessEnding.end).
+        self._ending.end(self)

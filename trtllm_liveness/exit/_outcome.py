@@ -7,8 +7,8 @@ orchestrator sees success after an engine death. ``trtllm-liveness launch``
 directory; every engine process writes its own ``outcome.<pid>.json`` there:
 
 - ``running`` when its engine starts (with the status a failure calls for);
-- ``failed`` at its first fatal error (from a daemon thread, first thing on the fatal path; sticky:
-  nothing overwrites it);
+- ``failed`` at its first fatal error (from a thread the process's ending awaits, first thing on
+  the fatal path; sticky: nothing overwrites it);
 - ``clean`` when its engine shut down healthy, or its interpreter exits normally with no failure.
 
 A process that PRRTE killed before it could record its failure is still ``running``: the race
@@ -20,7 +20,7 @@ Standard library only.
 
 from __future__ import annotations
 
-import atexit
+import functools
 import glob
 import json
 import logging
@@ -28,16 +28,16 @@ import os
 import threading
 from dataclasses import dataclass
 
+from ._process_ending import Stage, process_ending
+
 logger = logging.getLogger(__name__)
 
 OUTCOME_ENV = "TRTLLM_LIVENESS_OUTCOME"
 """The directory of the outcome files, set by ``trtllm-liveness launch`` for the launcher it runs."""
 _LIMIT = 8192
 _STATES = ("running", "failed", "clean")
-_lock = threading.Lock()
-_failed = False  # this process recorded a failure: sticky
-_exit_hook = False
-_running = 0  # engines of this process started and not yet shut down healthy
+WRITE_BOUND_S = 2.0
+"""How long the process's ending waits for the failure record's write (one small local file)."""
 
 
 @dataclass(frozen=True)
@@ -72,62 +72,64 @@ def _write(directory: str, record: dict[str, object]) -> None:
 
 def mark_running(exit_code: int, environ: dict[str, str] | None = None) -> None:
     """An engine of this process starts (synchronous: one small file). Also arranges that a normal
-    interpreter exit without a failure records ``clean``."""
-    global _exit_hook, _running
+    interpreter exit without a failure records ``clean`` (a cleanup of the process's ending)."""
     directory = _directory(environ)
     if not directory:
         return
-    with _lock:
-        _running += 1
-        if _failed:
+    ending = process_ending()
+    ledger = ending.outcome
+    with ledger.lock:
+        ledger.running += 1
+        if ledger.failed:
             return
         _write(directory, {"state": "running", "exit_code": exit_code, "restartable": True, "message": ""})
-        if not _exit_hook:
-            _exit_hook = True
-            atexit.register(_at_exit, environ)
+        first = not ledger.clean_at_exit
+        ledger.clean_at_exit = True
+    if first:
+        ending.add_cleanup(functools.partial(_clean_at_exit, environ), Stage.NORMAL_EXIT)
 
 
-def _at_exit(environ: dict[str, str] | None) -> None:
-    global _running
-    with _lock:
-        _running = 0  # a normal interpreter exit: whatever was not shut down ended with it
+def _clean_at_exit(environ: dict[str, str] | None) -> None:
+    ledger = process_ending().outcome
+    with ledger.lock:
+        ledger.running = 0  # a normal interpreter exit: whatever was not shut down ended with it
     mark_clean(environ, ended=0)
 
 
 def mark_clean(environ: dict[str, str] | None = None, *, ended: int = 1) -> None:
     """``ended`` engines of this process shut down healthy; once none runs, the record says
     ``clean`` (a no-op after a failure)."""
-    global _running
     directory = _directory(environ)
     if not directory:
         return
-    with _lock:
-        _running = max(0, _running - ended)
-        if not _failed and _running == 0:
+    ledger = process_ending().outcome
+    with ledger.lock:
+        ledger.running = max(0, ledger.running - ended)
+        if not ledger.failed and ledger.running == 0:
             _write(directory, {"state": "clean", "exit_code": 1, "restartable": True, "message": ""})
 
 
 def record_outcome(message: str, restartable: bool, exit_code: int,
                    environ: dict[str, str] | None = None) -> threading.Thread | None:
-    """Record this process's first failure in a daemon thread (never blocks the fatal path);
-    returns the thread, or None when no wrapper asked or a failure was recorded already."""
-    global _failed
+    """Record this process's first failure in a thread of the process's ending (never blocks the
+    fatal path; the ending waits for it, bounded); returns the thread, or None when no wrapper
+    asked or a failure was recorded already."""
     directory = _directory(environ)
     if not directory:
         return None
-    with _lock:
-        if _failed:
+    ending = process_ending()
+    ledger = ending.outcome
+    with ledger.lock:
+        if ledger.failed:
             return None
-        _failed = True
+        ledger.failed = True
 
     def write() -> None:
-        with _lock:
+        with ledger.lock:
             _write(directory, {"state": "failed", "message": message[:4000], "restartable": restartable,
                                "exit_code": exit_code})
 
-    thread = threading.Thread(target=write, name="trtllm-liveness-outcome", daemon=True)
-    thread.start()
-    return thread
+    return ending.threads.start(write, name="trtllm-liveness-outcome", bound_s=WRITE_BOUND_S)
 
 
 def read_outcomes(directory: str) -> list[Outcome]:

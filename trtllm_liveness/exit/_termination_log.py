@@ -6,7 +6,8 @@ and the pod's status after the container ended, keeping at most 4096 bytes of it
 engine's fatal error there puts "rank 1 (pid 4242 on host a) killed by SIGKILL (OOM killer)" next
 to the restart, instead of a bare exit status.
 
-The write never blocks the caller: it runs in a daemon thread of its own and opens the file with
+The write never blocks the caller: it runs in a thread of its own, which the process's ending
+(:mod:`._process_ending`) awaits for at most :data:`WRITE_BOUND_S`, and opens the file with
 ``O_NONBLOCK`` (a FIFO without a reader fails at once instead of waiting) and ``O_NOFOLLOW``. A
 write to a regular file on a stalled mount could still leave that thread in ``D``, which the
 kernel would then wait for at the process's exit: the path Kubernetes mounts is a local file.
@@ -21,12 +22,14 @@ import os
 import stat
 import threading
 
+from ._process_ending import process_ending
+
 logger = logging.getLogger(__name__)
 
-__all__ = ["MESSAGE_LIMIT_BYTES", "TERMINATION_LOG_DEFAULT", "write_termination_message"]
+__all__ = ["MESSAGE_LIMIT_BYTES", "TERMINATION_LOG_DEFAULT", "WRITE_BOUND_S", "write_termination_message"]
 
-_CLAIM_LOCK = threading.Lock()
-_claimed = False
+WRITE_BOUND_S = 2.0
+"""How long the process's ending waits for the write (a local file, one ``write``)."""
 
 TERMINATION_LOG_DEFAULT = "/dev/termination-log"
 MESSAGE_LIMIT_BYTES = 4096
@@ -34,7 +37,8 @@ MESSAGE_LIMIT_BYTES = 4096
 
 
 def write_termination_message(path: str, message: str, *, create: bool | None = None) -> threading.Thread | None:
-    """Write ``message`` (cut to :data:`MESSAGE_LIMIT_BYTES` of UTF-8) to ``path`` in a daemon thread.
+    """Write ``message`` (cut to :data:`MESSAGE_LIMIT_BYTES` of UTF-8) to ``path`` in a thread of the
+    process's ending.
 
     ``path`` empty: nothing (switched off). ``create``: make the file if it is missing; default:
     only for a path other than :data:`TERMINATION_LOG_DEFAULT`. Returns the started thread (callers
@@ -49,19 +53,14 @@ def write_termination_message(path: str, message: str, *, create: bool | None = 
         # this at the moment everything else wants the CPU).
         logger.debug("no %s: termination message not written", path)
         return None
-    global _claimed
-    with _CLAIM_LOCK:  # the first fatal error of the process is the reason (several engines may fail)
-        if _claimed:
-            logger.debug("termination message already written by this process; %r not written", message[:80])
-            return None
-        _claimed = True
-    writer = threading.Thread(target=_write, args=(path, message, create),
-                              name="trtllm-liveness-termination-log", daemon=True)
-    try:
-        writer.start()
-    except RuntimeError as exc:  # no thread left (interpreter shutting down, thread limit)
-        logger.warning("termination message not written to %s: %s", path, exc)
+    ending = process_ending()
+    if not ending.claim_termination_message():  # the first fatal error of the process is the reason
+        logger.debug("termination message already written by this process; %r not written", message[:80])
         return None
+    writer = ending.threads.start(_write, name="trtllm-liveness-termination-log", bound_s=WRITE_BOUND_S,
+                                  args=(path, message, create))
+    if writer is None:  # no thread left (interpreter shutting down, thread limit)
+        logger.warning("termination message not written to %s", path)
     return writer
 
 

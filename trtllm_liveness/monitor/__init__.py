@@ -8,7 +8,8 @@ a wakeup, and on its tick samples thread states for ``D``
 ranks without a pidfd are re-read from ``/proc`` (:mod:`._procfs_fallback`); remote ranks' reports
 from their hosts' agents are merged in by :mod:`._remote_reports`; every state change is an event
 handed to the subscribers by :mod:`._delivery`, in order, once, outside locks.
-:class:`StallDetector` (:mod:`._stall_timer`) is the timer for "alive but making no progress".
+:class:`StallDetector` (:mod:`._stall_timer`) is the timer for "alive but making no progress", and
+:class:`StalledSince` what the statuses show while the engine is stalled.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ if TYPE_CHECKING:
     from ._monitor import WorkerProcessMonitor as WorkerProcessMonitor
     from ._stall_timer import ProgressSource as ProgressSource
     from ._stall_timer import StallDetector as StallDetector
+    from ._stall_timer import StalledSince as StalledSince
     from ._stall_timer import StallInfo as StallInfo
     from ._watcher import PidfdWatcher as PidfdWatcher
     from ._wedge import WedgeTracker as WedgeTracker
@@ -29,6 +31,7 @@ __all__ = [
     "ProgressSource",
     "StallDetector",
     "StallInfo",
+    "StalledSince",
     "WedgeTracker",
     "WorkerProcessMonitor",
 ]
@@ -37,6 +40,7 @@ _SOURCES = {
     "WorkerProcessMonitor": "_monitor",
     "StallDetector": "_stall_timer",
     "StallInfo": "_stall_timer",
+    "StalledSince": "_stall_timer",
     "ProgressSource": "_stall_timer",
     "WedgeTracker": "_wedge",
     "EventLog": "_delivery",

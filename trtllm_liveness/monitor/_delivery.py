@@ -9,12 +9,18 @@ the log, so an event appended meanwhile is still delivered, by that thread. Henc
 subscriber, every event exactly once and in log order, never two calls at the same time, and no
 subscriber ever called under a lock; a subscriber that arrives late gets the whole log at once
 (no failure is lost, vLLM's ``register_failure_callback`` rule).
+
+:meth:`EventLog.flush` is how a thread that must act on the delivery's result (a health check,
+a shutdown deciding whether the stop is clean) makes sure a subscriber has been given every event
+recorded so far: it delivers what nobody delivers, and waits, bounded, for a delivery another
+thread is making, without ever calling the subscriber a second time or beside that thread.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -30,6 +36,7 @@ class _Subscription:
     callback: Subscriber
     cursor: int = 0
     delivering: bool = False
+    deliverer: int | None = None  # the thread delivering it, while one is
     active: bool = True
 
 
@@ -38,6 +45,7 @@ class EventLog:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
+        self._delivered = threading.Condition(self._lock)  # notified when a delivery ends
         self._events: list[WorkerEvent] = []
         self._subscriptions: list[_Subscription] = []
 
@@ -83,6 +91,33 @@ class EventLog:
         for subscription in subscriptions:
             self._drain(subscription)
 
+    def flush(self, callback: Subscriber, timeout: float) -> bool:
+        """Make sure every subscription of ``callback`` has been given every event recorded so far.
+
+        Delivers, in this thread, what no other thread is delivering; waits at most ``timeout``
+        seconds for a delivery another thread is making to end. True when done (also when
+        ``callback`` is not subscribed); False at the timeout, or at once when this very thread is
+        inside that delivery (a subscriber that flushes itself). Never calls a subscriber twice
+        for an event, nor while another thread calls it.
+        """
+        deadline = time.monotonic() + timeout
+        me = threading.get_ident()
+        while True:
+            with self._lock:
+                mine = [s for s in self._subscriptions if s.callback == callback]
+                behind = [s for s in mine if s.active and (s.delivering or s.cursor < len(self._events))]
+                if not behind:
+                    return True
+                idle = [s for s in behind if not s.delivering]
+                if not idle:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0 or any(s.deliverer == me for s in behind):
+                        return False
+                    self._delivered.wait(remaining)
+                    continue
+            for subscription in idle:
+                self._drain(subscription)
+
     def _drain(self, subscription: _Subscription) -> None:
         while True:
             with self._lock:
@@ -93,6 +128,7 @@ class EventLog:
                 batch = self._events[subscription.cursor:]
                 subscription.cursor = len(self._events)
                 subscription.delivering = True
+                subscription.deliverer = threading.get_ident()
             try:
                 for event in batch:
                     if not subscription.active:
@@ -101,6 +137,8 @@ class EventLog:
             finally:
                 with self._lock:
                     subscription.delivering = False
+                    subscription.deliverer = None
+                    self._delivered.notify_all()
 
 
 def _call(callback: Subscriber, event: WorkerEvent) -> None:

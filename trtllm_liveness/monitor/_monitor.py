@@ -28,7 +28,6 @@ The monitor never sends a signal.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import threading
@@ -36,12 +35,14 @@ import time
 import weakref
 from collections.abc import Iterable, Sequence
 
-from .._events import EventKind, RankStatus, WorkerEvent, WorkerState
+from .._events import EventKind, MonitorMethod, RankStatus, WorkerEvent, WorkerState
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity, coerce_identity
+from ..process._oom import OomCounters
 from ._delivery import EventLog, Subscriber
 from ._rank_table import RankTable, sample_threads
 from ._remote_reports import merge_remote_reports
+from ._stall_timer import StalledSince
 from ._watched_rank import SCANNED_STATES, WatchedRank
 from ._watcher import PidfdWatcher, WatcherClosed
 from ._wedge import WedgeScan
@@ -95,10 +96,11 @@ class WorkerProcessMonitor:
         self._ranks = RankTable(self._watcher, procfs_interval_s)
         self._log = EventLog()
         self._failure: WorkerEvent | None = None
-        self._stall: tuple[float, float, str] | None = None  # (since monotonic, since wall, detail)
+        self._stall: StalledSince | None = None
         self._stall_reported = False
         self._first_dead: ProcessIdentity | None = None
         self._expecting_exits = False
+        self._subscriber_reports = False
         self._closed = False
         self._next_procfs = 0.0
         # Not a bound method: a finalizer holding self would keep it alive forever.
@@ -128,8 +130,8 @@ class WorkerProcessMonitor:
         with self._lock:
             if self._closed:
                 raise RuntimeError("WorkerProcessMonitor is closed")
-            # Workers of one job share a memory cgroup: read each OOM counter once per call.
-            oom_counters: dict[str, int | None] = {}
+            # Workers of one job share a memory cgroup: resolve and read it once per call.
+            oom_counters = OomCounters()
             for identity in parsed:
                 existing = self._ranks.get(identity.rank)
                 if existing is not None:
@@ -204,12 +206,7 @@ class WorkerProcessMonitor:
         with self._lock:
             snapshots = self._ranks.snapshots()
             stall = self._stall
-        if stall is None:
-            return snapshots
-        since, since_wall, detail = stall
-        return [dataclasses.replace(status, state=WorkerState.STALLED, since=since, since_wall=since_wall,
-                                    detail=detail) if status.state is WorkerState.ALIVE else status
-                for status in snapshots]
+        return snapshots if stall is None else [stall.over(status) for status in snapshots]
 
     def set_stalled(self, since: float | None, detail: str = "", since_wall: float | None = None) -> None:
         """Show the engine as stalled since ``since`` (monotonic) in :meth:`statuses`, or, with
@@ -222,7 +219,13 @@ class WorkerProcessMonitor:
                 self._stall = None
             else:
                 wall = since_wall if since_wall is not None else time.time() - (time.monotonic() - since)
-                self._stall = (since, wall, detail)
+                self._stall = StalledSince(since, wall, detail)
+
+    @property
+    def stalled(self) -> StalledSince | None:
+        """The stall :meth:`set_stalled` shows now, or None. Non-blocking."""
+        with self._lock:
+            return self._stall
 
     def report_stall(self, event: WorkerEvent) -> bool:
         """Deliver a ``stalled`` event (``stall_action=fatal``) to every subscriber, at most once per
@@ -273,13 +276,15 @@ class WorkerProcessMonitor:
 
     # ----------------------------------------------------------------- remote ranks (agents)
 
-    def apply_remote(self, identity: ProcessIdentity, state: WorkerState, detail: str, *, via: str,
+    def apply_remote(self, identity: ProcessIdentity, state: WorkerState, detail: str, *, via: MonitorMethod | str,
                      tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> bool:
         """Record what a remote host's agent (or the hub, for a lost host) says of one remote rank.
 
         The rank's record (made here if ``register`` never saw it) takes ``state`` and ``detail``
-        and shows ``via`` as its method; a fatal state becomes an event through the same
-        exactly-once path as a local observation (a death after :meth:`mark_expected_exits` is
+        and shows ``via`` as its method (``MonitorMethod.AGENT`` or ``NONE``, or its value; one that
+        observes on this host, ``pidfd`` or ``procfs``, raises ``ValueError``: a rank only heard of
+        is never a signal target); a fatal state becomes an event through the same exactly-once
+        path as a local observation (a death after :meth:`mark_expected_exits` is
         expected, no event). A death, or any fatal verdict, stands: a later non-fatal report is a
         late message. Nothing here signals anything, and a remote rank is never a signal target
         (:meth:`verified_identities`). Returns False, changing nothing, when the identity is local
@@ -290,18 +295,23 @@ class WorkerProcessMonitor:
         return self.apply_remote_many([(identity, state, detail)], via=via, tid=tid, wchan=wchan,
                                       fault_at=fault_at) == 1
 
-    def apply_remote_many(self, updates: Sequence[tuple[ProcessIdentity, WorkerState, str]], *, via: str,
+    def apply_remote_many(self, updates: Sequence[tuple[ProcessIdentity, WorkerState, str]], *,
+                          via: MonitorMethod | str,
                           tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> int:
         """:meth:`apply_remote` for several ranks at once (a lost host's): every state is set
         before any event is delivered, so a subscriber sees the whole host's view. Returns how
         many updates were taken."""
+        method = MonitorMethod(via)
+        if method.signals:
+            raise ValueError(f"a remote report comes via an agent or none, not {method}: a rank only heard of is "
+                             "never observed (nor signalled) here")
         if self._is_foreign_process():
             return 0
         events: list[WorkerEvent] = []
         with self._lock:
             if self._closed:
                 return 0
-            taken = merge_remote_reports(self._ranks.records, updates, via=via)
+            taken = merge_remote_reports(self._ranks.records, updates, via=method)
             for record in taken:
                 self._claim_locked(record, events, tid=tid, wchan=wchan, fault_at=fault_at)
         self._publish(events)
@@ -326,9 +336,13 @@ class WorkerProcessMonitor:
         self._log.append([event])  # under the monitor lock: the log's order is the state order
 
     def _publish(self, events: list[WorkerEvent]) -> None:
-        """Deliver (subscribers first: they act on the failure), then log each new event once."""
+        """Deliver (subscribers first: they act on the failure), then log each new event once
+        (at DEBUG where a subscriber reports the events itself: one failure, one ERROR)."""
         self._log.deliver()
         for event in events:
+            if self._subscriber_reports:
+                logger.debug("liveness: %s (reported by a subscriber)", event.message)
+                continue
             log = logger.error if event.kind is not EventKind.DIED else logger.warning
             log("liveness: %s", event.message)
 
@@ -374,15 +388,19 @@ class WorkerProcessMonitor:
 
     # ----------------------------------------------------------------- events
 
-    def subscribe(self, callback: Subscriber) -> None:
+    def subscribe(self, callback: Subscriber, *, reports: bool = False) -> None:
         """Call ``callback(event)`` for each fatal event, exactly once per rank and kind.
 
         A subscriber that arrives after failures is given them at once, in this thread, so no
         failure is lost. Exceptions it raises are logged and ignored. Subscribing the same
-        callback twice calls it twice.
+        callback twice calls it twice. With ``reports=True`` the subscriber logs each event
+        itself (an engine's fatal line): the monitor then logs events at DEBUG only, so one
+        failure is one ERROR, not that and the monitor's line.
         """
         if self._is_foreign_process():
             return
+        if reports:
+            self._subscriber_reports = True
         self._log.subscribe(callback)
 
     def unsubscribe(self, callback: Subscriber) -> None:
@@ -390,6 +408,16 @@ class WorkerProcessMonitor:
         if self._is_foreign_process():
             return
         self._log.unsubscribe(callback)
+
+    def flush(self, callback: Subscriber, timeout: float) -> bool:
+        """Make sure ``callback`` has been given every event so far: what nobody is delivering to it
+        is delivered in this thread; a delivery to it that another thread is making is waited for,
+        at most ``timeout`` seconds. True when done; False at the timeout, or at once when called
+        from inside that delivery. Never a second call for an event, never two calls at a time.
+        """
+        if self._is_foreign_process():
+            return True
+        return self._log.flush(callback, timeout)
 
     # ----------------------------------------------------------------- watcher thread
 

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .._events import RankStatus, WorkerState
+from .._events import MonitorMethod, RankStatus, WorkerState
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity
+from ..process._oom import OomCounters
 from ..process._thread_sampler import DStateSample, ThreadSampler
 from ._procfs_fallback import ProcfsFallback
 from ._registration import open_watched_rank
-from ._watched_rank import NOT_SIGNALLED_METHODS, SCANNED_STATES, WatchedRank, classify_exit
+from ._watched_rank import SCANNED_STATES, WatchedRank, classify_exit
 from ._watcher import PidfdWatcher
 from ._wedge import WedgeTracker
 
@@ -40,7 +41,7 @@ class RankTable:
         return self.records.get(record.identity.rank) is record
 
     def add(self, identity: ProcessIdentity, *, d_state_timeout_s: float | None,
-            oom_counters: dict[str, int | None]) -> WatchedRank:
+            oom_counters: OomCounters) -> WatchedRank:
         """Open ``identity``'s record (:func:`~._registration.open_watched_rank`), make it its rank's
         and hand its channel over: the pidfd to the watcher, an alive procfs record to the poll. A
         previous record of the rank must have been :meth:`forget`-ed."""
@@ -50,7 +51,7 @@ class RankTable:
         if record.pidfd is not None:
             self._by_fd[record.pidfd] = record
             self._watcher.add(record.pidfd)
-        elif record.method == "procfs" and record.state is WorkerState.ALIVE:
+        elif record.method is MonitorMethod.PROCFS and record.state is WorkerState.ALIVE:
             self.fallback.add(record)
         self.records[identity.rank] = record
         return record
@@ -92,7 +93,7 @@ class RankTable:
     def verified_identities(self) -> list[ProcessIdentity]:
         """Local identities whose start time was given and verified: the only signal targets."""
         return [r.identity for _, r in sorted(self.records.items())
-                if r.method not in NOT_SIGNALLED_METHODS and r.start_time_verified]
+                if r.method.signals and r.start_time_verified]
 
     def wants_scan(self) -> bool:
         """Whether any rank's threads are sampled for wedges."""
@@ -112,7 +113,7 @@ class RankTable:
                 continue
             record.wedge = WedgeTracker(timeout_s)
             if record.sampler is None and record.observed_start_time is not None \
-                    and record.method not in NOT_SIGNALLED_METHODS \
+                    and record.method.signals \
                     and record.state in SCANNED_STATES:
                 record.sampler = ThreadSampler(record.identity.pid, record.observed_start_time)
 

@@ -16,10 +16,10 @@ import errno
 import logging
 
 from .._errors import AccessDenied, ProcessGone, ProcessZombie
-from .._events import WorkerState
+from .._events import MonitorMethod, WorkerState
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
-from ..process._oom import OomProbe
+from ..process._oom import OomCounters, OomProbe
 from ..process._thread_sampler import ThreadSampler
 from ._watched_rank import WatchedRank, cause_of
 from ._wedge import WedgeTracker
@@ -30,18 +30,18 @@ logger = logging.getLogger(__name__)
 
 
 def open_watched_rank(identity: ProcessIdentity, *, pidfd_capable: bool, procfs_interval_s: float,
-                      d_state_timeout_s: float | None, oom_counters: dict[str, int | None]) -> WatchedRank:
+                      d_state_timeout_s: float | None, oom_counters: OomCounters) -> WatchedRank:
     """The record that watches ``identity``: with ``pidfd`` set (the caller watches it), or
-    ``method == "procfs"`` and alive (the caller polls it), or already dead or unmonitored.
+    ``method`` ``procfs`` and alive (the caller polls it), or already dead or unmonitored.
 
-    ``oom_counters`` caches each memory cgroup's OOM counter across one ``register`` call (workers
-    of one job share a cgroup). Blocks only for procfs reads and ``pidfd_open``.
+    ``oom_counters`` shares each memory cgroup's resolution and OOM counter across one ``register``
+    call (workers of one job share a cgroup). Blocks only for procfs reads and ``pidfd_open``.
     """
     if identity.hostname != local_hostname():
-        return WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, "none",
+        return WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, MonitorMethod.NONE,
                            detail=f"on host {identity.hostname}, not {local_hostname()}")
     if identity.pid_namespace is not None and identity.pid_namespace != local_pid_namespace():
-        return WatchedRank(identity, WorkerState.UNMONITORED_OTHER_NAMESPACE, "none",
+        return WatchedRank(identity, WorkerState.UNMONITORED_OTHER_NAMESPACE, MonitorMethod.NONE,
                            detail=f"PID namespace {identity.pid_namespace}, not {local_pid_namespace()}")
     notes = []
     if identity.pid_namespace is None:
@@ -51,7 +51,7 @@ def open_watched_rank(identity: ProcessIdentity, *, pidfd_capable: bool, procfs_
         try:
             fd = _pidfd.open_verified_pidfd(identity.pid, identity.start_time)
         except (ProcessGone, AccessDenied) as exc:
-            return _dead_at_registration(identity, exc, "pidfd")
+            return _dead_at_registration(identity, exc, MonitorMethod.PIDFD)
         except (OSError, ValueError) as exc:
             code = getattr(exc, "errno", None)
             fallback_reason = f"pidfd_open failed: {errno.errorcode.get(code or 0, str(exc))}"
@@ -62,13 +62,14 @@ def open_watched_rank(identity: ProcessIdentity, *, pidfd_capable: bool, procfs_
             if identity.start_time is None:
                 seen = "unreadable" if observed is None else str(observed)
                 notes.append(f"start time unverified (observed {seen}; never signalled)")
-            record = _alive_record(identity, "pidfd", observed, oom_counters, "; ".join(notes), d_state_timeout_s)
+            record = _alive_record(identity, MonitorMethod.PIDFD, observed, oom_counters, "; ".join(notes),
+                                   d_state_timeout_s)
             record.pidfd = fd
             return record
     try:
         info = _pidfd.verify_start_time(identity.pid, identity.start_time)
     except (ProcessGone, AccessDenied) as exc:
-        return _dead_at_registration(identity, exc, "procfs")
+        return _dead_at_registration(identity, exc, MonitorMethod.PROCFS)
     except (OSError, ValueError) as exc:
         # Cannot read procfs now either (EMFILE): not evidence of death. Poll until it works.
         fallback_reason += f"; not yet verified ({exc})"
@@ -77,12 +78,12 @@ def open_watched_rank(identity: ProcessIdentity, *, pidfd_capable: bool, procfs_
         observed = info.start_time
     if identity.start_time is None:
         notes.append("start time unverified (never signalled)")
-    return _alive_record(identity, "procfs", observed, oom_counters, "; ".join([fallback_reason, *notes]),
+    return _alive_record(identity, MonitorMethod.PROCFS, observed, oom_counters, "; ".join([fallback_reason, *notes]),
                          d_state_timeout_s)
 
 
-def _alive_record(identity: ProcessIdentity, method: str, observed: int | None,
-                  oom_counters: dict[str, int | None], detail: str, d_state_timeout_s: float | None) -> WatchedRank:
+def _alive_record(identity: ProcessIdentity, method: MonitorMethod, observed: int | None,
+                  oom_counters: OomCounters, detail: str, d_state_timeout_s: float | None) -> WatchedRank:
     wedge = WedgeTracker(d_state_timeout_s) if d_state_timeout_s else None
     sampler = ThreadSampler(identity.pid, observed) if wedge is not None and observed is not None else None
     return WatchedRank(identity, WorkerState.ALIVE, method, detail=detail, observed_start_time=observed,
@@ -103,10 +104,10 @@ def _observed_start_time(identity: ProcessIdentity) -> int | None:
         return None
 
 
-def _dead_at_registration(identity: ProcessIdentity, exc: Exception, method: str) -> WatchedRank:
+def _dead_at_registration(identity: ProcessIdentity, exc: Exception, method: MonitorMethod) -> WatchedRank:
     if isinstance(exc, AccessDenied):
         # Cannot read it, so cannot verify it: not ours to judge dead; keep it unmonitored.
-        return WatchedRank(identity, WorkerState.UNMONITORED_OTHER_NAMESPACE, "none",
+        return WatchedRank(identity, WorkerState.UNMONITORED_OTHER_NAMESPACE, MonitorMethod.NONE,
                            detail="access denied to /proc entry")
     state = WorkerState.ZOMBIE if isinstance(exc, ProcessZombie) else WorkerState.EXITED
     return WatchedRank(identity, state, method, detail=cause_of(exc, at_registration=True))

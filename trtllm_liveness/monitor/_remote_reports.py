@@ -12,9 +12,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 
-from .._events import WorkerState
+from .._events import MonitorMethod, WorkerState
 from ..process._identity import ProcessIdentity, is_local
-from ._watched_rank import NOT_SIGNALLED_METHODS, WatchedRank
+from ._watched_rank import WatchedRank
 
 __all__ = ["merge_remote_reports"]
 
@@ -22,7 +22,8 @@ logger = logging.getLogger(__name__)
 
 
 def merge_remote_reports(records: dict[int, WatchedRank],
-                         updates: Sequence[tuple[ProcessIdentity, WorkerState, str]], *, via: str) -> list[WatchedRank]:
+                         updates: Sequence[tuple[ProcessIdentity, WorkerState, str]], *,
+                         via: MonitorMethod) -> list[WatchedRank]:
     """Apply ``updates`` to ``records`` (by rank; a rank never registered gets a record here) and
     return the records taken, in order; each rejected report is logged. Every state is set before
     the caller claims any event, so a subscriber sees a whole host's view. Not thread-safe: the
@@ -34,9 +35,9 @@ def merge_remote_reports(records: dict[int, WatchedRank],
             continue
         record = records.get(identity.rank)
         if record is None:
-            record = WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, "none")
+            record = WatchedRank(identity, WorkerState.UNMONITORED_REMOTE, MonitorMethod.NONE)
             records[identity.rank] = record
-        elif not _same_process(record.identity, identity) or record.method not in NOT_SIGNALLED_METHODS:
+        elif not _same_process(record.identity, identity) or record.method.signals:
             logger.warning("liveness: ignored a remote report about %s: rank %d is registered as %s",
                            identity.describe(), identity.rank, record.identity.describe())
             continue

@@ -27,7 +27,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
 
-__all__ = ["ProgressSource", "StallDetector", "StallInfo"]
+from .._events import RankStatus, WorkerState
+
+__all__ = ["ProgressSource", "StallDetector", "StallInfo", "StalledSince"]
 
 logger = logging.getLogger(__name__)
 
@@ -95,6 +97,25 @@ class StallInfo:
             "pending": self.pending,
             "ended": self.ended_at is not None,
         }
+
+
+@dataclass(frozen=True)
+class StalledSince:
+    """A stalled engine as the monitor shows it (``WorkerProcessMonitor.set_stalled``): since when,
+    ``since`` (monotonic) and ``since_wall`` (``time.time()``), and ``detail`` (why). A stall is a
+    fact about the engine, not one process: every local rank otherwise ``alive`` shows it."""
+
+    since: float
+    since_wall: float
+    detail: str
+
+    def over(self, status: RankStatus) -> RankStatus:
+        """``status`` as shown while stalled: an ``alive`` rank reads ``stalled`` since the stall
+        began, with its detail; any other state is left as it is."""
+        if status.state is not WorkerState.ALIVE:
+            return status
+        return replace(status, state=WorkerState.STALLED, since=self.since, since_wall=self.since_wall,
+                       detail=self.detail)
 
 
 class StallDetector:

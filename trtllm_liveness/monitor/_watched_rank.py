@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from .._errors import PidReused, ProcessZombie
-from .._events import EventKind, RankStatus, WorkerEvent, WorkerState
+from .._events import EventKind, MonitorMethod, RankStatus, WorkerEvent, WorkerState
 from ..process import _procfs
 from ..process._identity import ProcessIdentity
 from ..process._oom import OomProbe
@@ -29,7 +29,6 @@ EVENT_OF_STATE = {
     WorkerState.LOST: EventKind.LOST,
 }
 SCANNED_STATES = (WorkerState.ALIVE, WorkerState.WEDGED)
-NOT_SIGNALLED_METHODS = ("none", "agent")  # not watched here (remote, other namespace) or by an agent
 
 
 @dataclass(eq=False)
@@ -43,7 +42,7 @@ class WatchedRank:
 
     identity: ProcessIdentity
     state: WorkerState
-    method: str
+    method: MonitorMethod
     since: float = field(default_factory=time.monotonic)
     since_wall: float = field(default_factory=time.time)
     detail: str = ""

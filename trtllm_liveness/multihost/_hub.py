@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import itertools
 import logging
 import os
@@ -40,15 +41,19 @@ import threading
 import time
 from typing import Any
 
-from .._events import WorkerState
+from .._events import MonitorMethod, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import ProcessIdentity
 from . import _wire
 from ._hub_records import (
     MAX_RANKS_PER_HOST,
+    ArmCommand,
+    ExpectCommand,
     HostStop,
     HostView,
+    HubCommand,
     Session,
+    StopCommand,
     parse_event,
     parse_hello,
     parse_report,
@@ -107,16 +112,15 @@ class AgentHub:
         self.send_failures = 0
         self.closed_without_hello = 0  # connections that ended before a valid hello (MAXMSGSIZE: oversized)
         self._cond = threading.Condition()
-        self._commands: collections.deque[tuple[str, dict[str, Any]]] = collections.deque()
+        self._commands: collections.deque[HubCommand] = collections.deque()
         self._sessions: dict[str, Session] = {}
         self._by_key: dict[Key, str] = {}
         self._closed_keys: dict[Key, Ending] = {}
         self._seen_sids: set[str] = set()
-        self._armed: float | None = None
-        self._armed_set = False
+        # The lasting commands, as sent: a later agent gets each of them after its welcome.
+        self._arm: ArmCommand | None = None
         self._expecting = False
-        self._stop_req: int | None = None
-        self._stop_fields: dict[str, Any] = {}
+        self._stop: StopCommand | None = None
         self._req_ids = itertools.count(1)
         self._conns = ConnectionTable()
         self._probe_deadline: float | None = None  # an unmatched connection ended: probe until then
@@ -184,12 +188,12 @@ class AgentHub:
 
     def arm(self, d_state_timeout_s: float | None = None) -> None:
         """Tell every agent (and every later one) to make wedge verdicts from now on."""
-        self._command("arm", {"d": d_state_timeout_s if d_state_timeout_s is not None else self.d_state_timeout_s})
+        self._command(ArmCommand(d_state_timeout_s if d_state_timeout_s is not None else self.d_state_timeout_s))
 
     def expect_exits(self) -> None:
         """A clean stop began: agents treat exits as expected and no longer end their ranks when
         the hub goes away."""
-        self._command("expect", {})
+        self._command(ExpectCommand())
 
     def hosts(self) -> list[HostView]:
         """A snapshot of every remote host that said hello."""
@@ -204,8 +208,8 @@ class AgentHub:
         host is reported lost, one that did not answer in time ``no-answer``. Never raises for
         what the hosts do; at most one stop runs (a second call waits for the same reports)."""
         deadline = time.monotonic() + max(0.0, timeout_s)
-        self._command("stop", {"grace": self.grace_s if grace_s is None else grace_s,
-                               "kill": self.kill_s if kill_s is None else kill_s})
+        self._command(StopCommand(self.grace_s if grace_s is None else grace_s,
+                                  self.kill_s if kill_s is None else kill_s))
         with self._cond:
             while True:
                 pending = [s for s in self._sessions.values() if s.stop is None]
@@ -232,9 +236,9 @@ class AgentHub:
 
     # ----------------------------------------------------------------- the thread
 
-    def _command(self, kind: str, fields: dict[str, Any]) -> None:
+    def _command(self, command: HubCommand) -> None:
         with self._cond:
-            self._commands.append((kind, fields))
+            self._commands.append(command)
         self._wake()
 
     def _wake(self) -> None:
@@ -318,29 +322,29 @@ class AgentHub:
 
     def _flush_commands_locked(self) -> None:
         while self._commands:
-            kind, fields = self._commands.popleft()
-            if kind == "arm":
-                if self._armed_set and self._armed == fields["d"]:
-                    continue  # idempotent: nothing new to tell the agents
-                self._armed, self._armed_set = fields["d"], True
-            elif kind == "expect":
-                if self._expecting:
-                    continue
-                self._expecting = True
-            elif kind == "stop":
-                if self._stop_req is not None:
-                    continue
-                self._stop_req = next(self._req_ids)
-                fields = {**fields, "req": self._stop_req}
-                self._stop_fields = fields
-                for session in self._sessions.values():
-                    if session.connection != "connected" and session.stop is None:
-                        session.stop = HostStop(session.host, session.agent.rank, tuple(r.rank for r in session.ranks),
-                                                "lost", detail=f"connection {session.connection}")
-                self._cond.notify_all()
+            command = self._commands.popleft()
+            match command:
+                case ArmCommand():
+                    if self._arm == command:
+                        continue  # idempotent: nothing new to tell the agents
+                    self._arm = command
+                case ExpectCommand():
+                    if self._expecting:
+                        continue
+                    self._expecting = True
+                case StopCommand():
+                    if self._stop is not None:
+                        continue  # at most one stop runs
+                    command = self._stop = dataclasses.replace(command, req=next(self._req_ids))
+                    for session in self._sessions.values():
+                        if session.connection != "connected" and session.stop is None:
+                            session.stop = HostStop(session.host, session.agent.rank,
+                                                    tuple(r.rank for r in session.ranks), "lost",
+                                                    detail=f"connection {session.connection}")
+                    self._cond.notify_all()
             for session in self._sessions.values():
                 if session.connection == "connected":
-                    self._send(session, kind, **fields)
+                    self._send(session, command.kind, **command.fields())
 
     def _send(self, session: Session, kind: str, /, **fields: Any) -> None:
         import zmq
@@ -422,12 +426,9 @@ class AgentHub:
         logger.info("liveness: host %s's agent (rank %d) watches ranks %s", host, agent.rank,
                     [identity.rank for identity in ranks])
         self._send(session, "welcome")
-        if self._armed_set:
-            self._send(session, "arm", d=self._armed)
-        if self._expecting:
-            self._send(session, "expect")
-        if self._stop_req is not None:
-            self._send(session, "stop", **self._stop_fields)
+        for command in (self._arm, ExpectCommand() if self._expecting else None, self._stop):
+            if command is not None:
+                self._send(session, command.kind, **command.fields())
         if key is not None and (key in self._conns or key in self._closed_keys):
             self._by_key[key] = message.sid
             ending = self._closed_keys.pop(key, None)
@@ -464,7 +465,7 @@ class AgentHub:
         # a subscriber that asks the hub anything (hosts(), stop_hosts()) cannot deadlock.
         self._cond.release()
         try:
-            self.monitor.apply_remote(identity, state, detail, via="agent", **extra)
+            self.monitor.apply_remote(identity, state, detail, via=MonitorMethod.AGENT, **extra)
         finally:
             self._cond.acquire()
 
@@ -472,7 +473,7 @@ class AgentHub:
                     fault_at: float | None = None) -> None:
         self._cond.release()  # as _apply: subscribers run in this thread
         try:
-            self.monitor.apply_remote_many(updates, via="agent", fault_at=fault_at)
+            self.monitor.apply_remote_many(updates, via=MonitorMethod.AGENT, fault_at=fault_at)
         finally:
             self._cond.acquire()
 
@@ -586,7 +587,7 @@ class AgentHub:
                                f"its connection to the proxy {how}: the process exited or its host went down "
                                f"(it hosted host {session.host}'s agent)"),
                               *[(identity, WorkerState.LOST, gone) for identity in others]])
-        if session.stop is None and self._stop_req is not None:
+        if session.stop is None and self._stop is not None:
             session.stop = HostStop(session.host, agent.rank, tuple(r.rank for r in session.ranks), "lost",
                                     detail=f"connection {session.connection} before its report")
         self._cond.notify_all()

@@ -1,5 +1,6 @@
-"""What the agent hub keeps and what it accepts: its result types, each agent's session, and the
-checks of every message an agent sends (:mod:`._hub` owns the thread, the socket and the view).
+"""What the agent hub keeps, sends and accepts: its result types, each agent's session, the
+commands it sends every agent, and the checks of every message an agent sends (:mod:`._hub` owns
+the thread, the socket and the view).
 
 Every parser takes an authenticated :class:`~._wire.Message` and returns a typed record or raises
 :class:`~._wire.WireError` naming what is wrong: the hub logs it (rate-limited) and goes on.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple, TypeAlias
 
 from .._events import WorkerState
 from ..process._identity import ProcessIdentity, is_local, parse_identities
@@ -75,6 +76,51 @@ class Session:
     connection: str = "connected"
     since: float = field(default_factory=time.monotonic)
     stop: HostStop | None = None
+
+
+@dataclass(frozen=True)
+class ArmCommand:
+    """Make wedge verdicts from now on, with this ``D``-state bound (None: none)."""
+
+    d_state_timeout_s: float | None
+    kind: ClassVar[str] = "arm"
+
+    def fields(self) -> dict[str, Any]:
+        """The message's fields on the wire."""
+        return {"d": self.d_state_timeout_s}
+
+
+@dataclass(frozen=True)
+class ExpectCommand:
+    """A clean stop began: exits are expected, and the agent no longer ends its host's ranks when
+    the hub goes away."""
+
+    kind: ClassVar[str] = "expect"
+
+    def fields(self) -> dict[str, Any]:
+        """The message's fields on the wire (none)."""
+        return {}
+
+
+@dataclass(frozen=True)
+class StopCommand:
+    """Stop the host's other ranks (SIGTERM, ``grace_s``, SIGKILL, ``kill_s``), report, then end the
+    agent's own rank. ``req`` numbers the request; the hub's thread sets it when it sends the
+    stop."""
+
+    grace_s: float
+    kill_s: float
+    req: int | None = None
+    kind: ClassVar[str] = "stop"
+
+    def fields(self) -> dict[str, Any]:
+        """The message's fields on the wire."""
+        return {"grace": self.grace_s, "kill": self.kill_s, **({} if self.req is None else {"req": self.req})}
+
+
+HubCommand: TypeAlias = "ArmCommand | ExpectCommand | StopCommand"
+"""What the hub's public calls queue for its thread, which sends it to every connected agent (and
+the lasting ones, arm, expect and stop, to every later one)."""
 
 
 class Hello(NamedTuple):

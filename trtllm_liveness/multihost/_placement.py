@@ -59,12 +59,12 @@ def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
                          kill_s=float(kill) if isinstance(kill, (int, float)) else 3.0)
 
 
-def start_for_rank(spec: Mapping[str, Any], comm: Any, proxy: Sequence[Any] | None) -> HostAgent | None:
+def start_for_rank(settings: AgentSettings, comm: Any, proxy: Sequence[Any] | None) -> HostAgent | None:
     """Every rank of the session calls this (one ``allgather`` on ``comm``); the lowest rank of
-    each host other than the proxy's starts that host's agent and gets it back."""
+    each host other than the proxy's starts that host's agent and gets it back. ``settings`` come
+    from the hub's spec (:func:`settings_of`, in the proxy), checked on the rank before."""
     from ..process._procfs import boot_id
 
-    settings = settings_of(spec)  # the same spec on every rank: all raise, or none
     rank = comm.Get_rank()
     try:
         mine: list[Any] | None = [list(capture_identity(rank)), boot_id()]

@@ -29,18 +29,22 @@ def _read_counter(path: str, key: bytes) -> int | None:
     return None
 
 
-def memory_cgroup_counter_file(pid: int, procfs: str = "/proc") -> str | None:
-    """Path of the file holding ``oom_kill`` for ``pid``'s memory cgroup, or None."""
+def _read_cgroup_file(pid: int | str, procfs: str) -> bytes | None:
     try:
         fd = os.open(f"{procfs}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
         try:
-            lines = os.read(fd, 65536).decode("utf-8", "replace").splitlines()
+            return os.read(fd, 65536)
         finally:
             os.close(fd)
     except OSError:
         return None
+
+
+def _counter_file_of(cgroup_file: bytes) -> str | None:
+    """Path of the file holding ``oom_kill`` for the memory cgroup a ``/proc/<pid>/cgroup``
+    content names, or None."""
     unified = None
-    for line in lines:
+    for line in cgroup_file.decode("utf-8", "replace").splitlines():
         hierarchy, _, rest = line.partition(":")
         controllers, _, path = rest.partition(":")
         if "memory" in controllers.split(","):
@@ -57,6 +61,12 @@ def memory_cgroup_counter_file(pid: int, procfs: str = "/proc") -> str | None:
     return None
 
 
+def memory_cgroup_counter_file(pid: int, procfs: str = "/proc") -> str | None:
+    """Path of the file holding ``oom_kill`` for ``pid``'s memory cgroup, or None."""
+    content = _read_cgroup_file(pid, procfs)
+    return None if content is None else _counter_file_of(content)
+
+
 _VMSTAT = "/proc/vmstat"
 
 
@@ -65,10 +75,69 @@ def machine_oom_kills() -> int | None:
     return _read_counter(_VMSTAT, b"oom_kill")
 
 
-def _cached_counter(cache: dict[str, int | None], path: str) -> int | None:
-    if path not in cache:
-        cache[path] = _read_counter(path, b"oom_kill")
-    return cache[path]
+def _members(counter_file: str) -> dict[int, str]:
+    """Each process (thread-group id) whose memory cgroup is the one holding ``counter_file``,
+    mapped to that file: the cgroup's ``cgroup.procs``, read whole. Empty when unreadable."""
+    chunks = []
+    try:
+        fd = os.open(os.path.join(os.path.dirname(counter_file), "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+        finally:
+            os.close(fd)
+        return {int(pid): counter_file for pid in b"".join(chunks).split()}
+    except (OSError, ValueError):
+        return {}
+
+
+class OomCounters:
+    """What the workers registered together share, read once per :class:`OomCounters`: which memory
+    cgroup each worker is in, and each counter's value.
+
+    A worker's cgroup is known without reading its own ``/proc/<pid>/cgroup`` when it is listed in
+    the ``cgroup.procs`` of a memory cgroup already met: this process's own (listed first), or one
+    in which a second worker was found. Workers of one job share a cgroup, usually the proxy's, so
+    a thousand of them cost one or two listings instead of a thousand reads; a worker in a cgroup of
+    its own (Slurm's task/cgroup) is read on its own. The answers are those of reading each
+    worker's file, as of the moment its cgroup was listed. Not thread-safe: one registration uses
+    it, then drops it.
+    """
+
+    def __init__(self) -> None:
+        self._files: dict[bytes, str | None] = {}  # /proc/<pid>/cgroup content -> counter file
+        self._values: dict[str, int | None] = {}
+        self._listed: dict[int, str] = {}  # pid -> counter file, from cgroup.procs listings
+        self._found: dict[str, int] = {}  # counter file -> workers found in it by their own file
+        self._own_listed = False
+
+    def counter_file(self, pid: int) -> str | None:
+        if not self._own_listed:
+            self._own_listed = True
+            own = self._resolve(_read_cgroup_file("self", "/proc"))
+            if own is not None:
+                self._listed.update(_members(own))
+        listed = self._listed.get(pid)
+        if listed is not None:
+            return listed
+        path = self._resolve(_read_cgroup_file(pid, "/proc"))
+        if path is not None:
+            self._found[path] = self._found.get(path, 0) + 1
+            if self._found[path] == 2:
+                self._listed.update(_members(path))
+        return path
+
+    def _resolve(self, content: bytes | None) -> str | None:
+        if content is None:
+            return None
+        if content not in self._files:
+            self._files[content] = _counter_file_of(content)
+        return self._files[content]
+
+    def value(self, path: str) -> int | None:
+        if path not in self._values:
+            self._values[path] = _read_counter(path, b"oom_kill")
+        return self._values[path]
 
 
 @dataclass
@@ -80,16 +149,16 @@ class OomProbe:
     machine_kills: int | None
 
     @classmethod
-    def capture(cls, pid: int, counters: dict[str, int | None] | None = None) -> OomProbe:
+    def capture(cls, pid: int, counters: OomCounters | None = None) -> OomProbe:
         """Record ``pid``'s memory-cgroup and machine-wide OOM kill counters. Never raises.
 
-        ``counters`` caches counter values by file across the workers registered together
-        (they usually share one cgroup), so registering many workers reads each file once.
+        ``counters`` shares the reads among the workers registered together (see
+        :class:`OomCounters`); without it, everything is read for this worker alone.
         """
-        cache: dict[str, int | None] = {} if counters is None else counters
-        counter_file = memory_cgroup_counter_file(pid)
-        cgroup_kills = _cached_counter(cache, counter_file) if counter_file else None
-        return cls(counter_file, cgroup_kills, _cached_counter(cache, _VMSTAT))
+        shared = OomCounters() if counters is None else counters
+        counter_file = shared.counter_file(pid)
+        cgroup_kills = shared.value(counter_file) if counter_file else None
+        return cls(counter_file, cgroup_kills, shared.value(_VMSTAT))
 
     def verdict(self) -> str | None:
         """A cause string if an OOM kill happened since capture, else None."""

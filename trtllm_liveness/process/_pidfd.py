@@ -71,17 +71,24 @@ def verify_start_time(pid: int, start_time: int | None) -> _procfs.StatInfo:
     :class:`AccessDenied`; any other ``OSError`` (``EMFILE``...) means "could not tell" and
     propagates unchanged. A malformed ``stat`` (only seen with fake procfs trees) raises ``ValueError``.
     """
+    return _procfs.parse_stat(_verified_stat(pid, start_time))
+
+
+def _verified_stat(pid: int, start_time: int | None) -> bytes:
+    """:func:`verify_start_time`'s checks on the raw ``stat``, parsing only the state and the start
+    time (the full parse, for the name in an error, only on the way out)."""
     try:
-        info = _procfs.read_stat(pid)
+        data = _procfs.read_stat_bytes(pid)
     except (FileNotFoundError, ProcessLookupError):
         raise ProcessGone(pid, start_time) from None
     except PermissionError:
         raise AccessDenied(pid, start_time) from None
-    if start_time is not None and info.start_time != start_time:
-        raise PidReused(pid, start_time, info.comm)
-    if info.state in ("Z", "X"):
-        raise ProcessZombie(pid, start_time, info.comm)
-    return info
+    state, observed = _procfs.parse_state_and_start_time(data)
+    if start_time is not None and observed != start_time:
+        raise PidReused(pid, start_time, _procfs.parse_stat(data).comm)
+    if state in ("Z", "X"):
+        raise ProcessZombie(pid, start_time, _procfs.parse_stat(data).comm)
+    return data
 
 
 def open_verified_pidfd(pid: int, start_time: int | None) -> int:
@@ -100,7 +107,7 @@ def open_verified_pidfd(pid: int, start_time: int | None) -> int:
             raise ProcessGone(pid, start_time) from None
         raise
     try:
-        verify_start_time(pid, start_time)
+        _verified_stat(pid, start_time)
     except BaseException:
         os.close(fd)
         raise

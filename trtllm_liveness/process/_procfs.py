@@ -21,6 +21,7 @@ _STATE_INDEX = 0
 _PPID_INDEX = 1
 _PGRP_INDEX = 2
 _SESSION_INDEX = 3
+_FLAGS_INDEX = 6  # field 9, the kernel's PF_* flags
 _NUM_THREADS_INDEX = 17  # field 20
 _UTIME_INDEX = 11
 _STIME_INDEX = 12
@@ -28,6 +29,8 @@ _STARTTIME_INDEX = 19
 _EXIT_CODE_INDEX = 49  # field 52, the waitpid(2)-style status; shown for zombies since Linux 3.5
 
 _SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
+PF_EXITING = 0x4
+"""``include/linux/sched.h``: set when a task begins to exit."""
 
 # States in which a task is in uninterruptible sleep. 'D' is TASK_UNINTERRUPTIBLE; kernels
 # report a frozen or killable-but-uninterruptible task as 'D' too.
@@ -46,6 +49,12 @@ class StatInfo(NamedTuple):
     start_time: int
     exit_code: int | None = None
     cpu_ticks: int = 0  # utime + stime, in clock ticks (SC_CLK_TCK)
+    flags: int = 0  # the task's PF_* flags (field 9)
+
+    @property
+    def exiting(self) -> bool:
+        """``PF_EXITING``: the task is in its exit path (it took its fatal signal, or called exit)."""
+        return bool(self.flags & PF_EXITING)
 
 
 def parse_stat(data: bytes) -> StatInfo:
@@ -71,7 +80,20 @@ def parse_stat(data: bytes) -> StatInfo:
         start_time=int(fields[_STARTTIME_INDEX]),
         exit_code=int(fields[_EXIT_CODE_INDEX]) if len(fields) > _EXIT_CODE_INDEX else None,
         cpu_ticks=int(fields[_UTIME_INDEX]) + int(fields[_STIME_INDEX]),
+        flags=int(fields[_FLAGS_INDEX]),
     )
+
+
+def _fields_after_comm(data: bytes, last_index: int) -> list[bytes]:
+    """The fields after comm, split up to ``last_index`` (the rest left whole); ``ValueError`` when
+    the content is malformed or has fewer fields."""
+    close_paren = data.rfind(b")")
+    if close_paren < 0:
+        raise ValueError(f"malformed stat content: {data[:80]!r}")
+    fields = data[close_paren + 2 :].split(None, last_index + 1)
+    if len(fields) <= last_index:
+        raise ValueError(f"stat content has {len(fields)} fields after comm, expected more")
+    return fields
 
 
 def parse_state_and_threads(data: bytes) -> tuple[str, int]:
@@ -79,13 +101,18 @@ def parse_state_and_threads(data: bytes) -> tuple[str, int]:
 
     Raises ``ValueError`` on malformed content.
     """
-    close_paren = data.rfind(b")")
-    if close_paren < 0:
-        raise ValueError(f"malformed stat content: {data[:80]!r}")
-    fields = data[close_paren + 2 :].split(None, _NUM_THREADS_INDEX + 1)
-    if len(fields) <= _NUM_THREADS_INDEX:
-        raise ValueError(f"stat content has {len(fields)} fields after comm, expected more")
+    fields = _fields_after_comm(data, _NUM_THREADS_INDEX)
     return fields[_STATE_INDEX].decode("ascii", "replace"), int(fields[_NUM_THREADS_INDEX])
+
+
+def parse_state_and_start_time(data: bytes) -> tuple[str, int]:
+    """``(state, start_time)`` from a ``stat`` file's content, without a full parse (what verifying
+    a process's identity needs).
+
+    Raises ``ValueError`` on malformed content.
+    """
+    fields = _fields_after_comm(data, _STARTTIME_INDEX)
+    return fields[_STATE_INDEX].decode("ascii", "replace"), int(fields[_STARTTIME_INDEX])
 
 
 def thread_state_of(data: bytes) -> str:
@@ -132,6 +159,11 @@ def list_tids(pid: int) -> list[int]:
     return [int(name) for name in os.listdir(f"{PROCFS_PATH}/{pid}/task") if name.isdigit()]
 
 
+def read_stat_bytes(pid: int) -> bytes:
+    """Raw content of ``/proc/<pid>/stat``."""
+    return _read(f"{PROCFS_PATH}/{pid}/stat")
+
+
 def read_stat(pid: int, tid: int | None = None) -> StatInfo:
     """Read ``/proc/<pid>/stat``, or ``/proc/<pid>/task/<tid>/stat`` for one thread."""
     if tid is None:
@@ -173,6 +205,53 @@ def parse_signal_masks(data: bytes) -> tuple[int, int]:
     return thread_pending, shared_pending
 
 
+class StatusInfo(NamedTuple):
+    """The fields of ``/proc/<pid>/status`` (or a thread's) this package uses beyond the state.
+
+    Signal masks and capability sets are bit masks (bit ``n - 1`` for signal ``n``, bit ``c`` for
+    capability ``c``); ``uids``/``gids`` are (real, effective, saved, filesystem). Fields missing
+    from the file (a fake tree, an old kernel) read as 0 / empty.
+    """
+
+    uids: tuple[int, ...] = ()
+    gids: tuple[int, ...] = ()
+    pending: int = 0  # SigPnd: this thread's own queue
+    shared_pending: int = 0  # ShdPnd: the process's queue
+    blocked: int = 0  # SigBlk
+    ignored: int = 0  # SigIgn
+    caught: int = 0  # SigCgt: signals with a handler installed
+    cap_permitted: int = 0
+    cap_effective: int = 0
+
+
+_STATUS_MASKS = {b"SigPnd": "pending", b"ShdPnd": "shared_pending", b"SigBlk": "blocked", b"SigIgn": "ignored",
+                 b"SigCgt": "caught", b"CapPrm": "cap_permitted", b"CapEff": "cap_effective"}
+
+
+def parse_status(data: bytes) -> StatusInfo:
+    """Parse the content of a ``status`` file. Raises ``ValueError`` on a malformed known field."""
+    fields: dict[str, object] = {}
+    for line in data.splitlines():
+        key, _, value = line.partition(b":")
+        name = _STATUS_MASKS.get(key)
+        if name is not None:
+            fields[name] = int(value.split()[0], 16)
+        elif key in (b"Uid", b"Gid"):
+            fields["uids" if key == b"Uid" else "gids"] = tuple(int(part) for part in value.split())
+    return StatusInfo(**fields)  # type: ignore[arg-type]
+
+
+def read_status(pid: int | str, tid: int | None = None) -> StatusInfo:
+    """Read ``/proc/<pid>/status`` (``pid`` may be ``"self"``), or one thread's."""
+    path = f"{PROCFS_PATH}/{pid}/status" if tid is None else f"{PROCFS_PATH}/{pid}/task/{tid}/status"
+    return parse_status(_read(path))
+
+
+def signal_bit(signum: int) -> int:
+    """The bit of signal ``signum`` in the masks of :class:`StatusInfo`."""
+    return 1 << (signum - 1)
+
+
 def sigkill_pending(pid: int, tid: int | None = None) -> bool:
     """Whether SIGKILL is queued for the process (shared) or for one thread, but not delivered.
 
@@ -206,6 +285,26 @@ def read_wchan(pid: int, tid: int | None = None) -> str:
     except PermissionError:
         return ""
     return "" if text in ("0", "") else text
+
+
+def read_kernel_stack(pid: int, tid: int) -> bytes:
+    """Raw content of ``/proc/<pid>/task/<tid>/stack`` (the kernel's stack of one thread; root only,
+    mode 0400). Raises ``PermissionError`` where it may not be read. A direct read: callers that
+    must not wait on the target go through :class:`~trtllm_liveness.process._mm_read.MmReader`."""
+    return _read(f"{PROCFS_PATH}/{pid}/task/{tid}/stack")
+
+
+def parse_kernel_stack(data: bytes, limit: int = 32) -> tuple[str, ...]:
+    """The function names of a ``stack`` file, innermost first (``[<0>] uvm_spin_loop+0x12/0x40
+    [nvidia_uvm]`` gives ``uvm_spin_loop+0x12/0x40 [nvidia_uvm]``), at most ``limit``."""
+    frames: list[str] = []
+    for line in data.decode("ascii", "replace").splitlines():
+        text = line.split("]", 1)[1].strip() if line.startswith("[") and "]" in line else line.strip()
+        if text:
+            frames.append(text)
+        if len(frames) >= limit:
+            break
+    return tuple(frames)
 
 
 def pid_namespace_inode(pid: int | str = "self") -> int:

@@ -1,13 +1,14 @@
 """Quarantine of a wedged host: what a non-restartable failure leaves, and what start-up checks.
 
 :func:`quarantine_host` runs on the fatal path (from the event's thread; it never blocks there):
-in one daemon thread it writes the host's marker (:mod:`._marker`), then runs the configured
-orchestrator actions (:mod:`._orchestrator_actions`), each bounded. An exit cleanup (run by the exit guard
-before ``os._exit``, and at a normal interpreter exit) waits for that thread until one absolute
-deadline set when it started: ``quarantine_action_timeout_s`` per request the actions make (a
-drain, a Kubernetes read and patch, a hook: they run one after another) plus a second. Every wait
-uses only the time left, so the marker is on disk before the process ends and nothing holds the
-exit past that deadline.
+in one thread of the process's ending (:class:`~trtllm_liveness.exit.ProcessEnding`) it writes the
+host's marker (:mod:`._marker`), then runs the configured orchestrator actions
+(:mod:`._orchestrator_actions`), each bounded. The ending (an exit guard's, or the normal
+interpreter exit) waits for that thread until one absolute deadline set when it started:
+``quarantine_action_timeout_s`` per request the actions make (a drain, a Kubernetes read and
+patch, a hook: they run one after another) plus a second. So the marker is on disk before the
+process ends and nothing holds the exit past that deadline. What this process recorded (and
+whether the actions ran) is the ending's :class:`~trtllm_liveness.exit._process_ending.QuarantineLedger`.
 
 :func:`check_host_at_start` runs when an engine starts (extension on): it clears a marker that no
 longer applies (another boot, processes gone), and raises :class:`HostQuarantinedError` while one
@@ -17,19 +18,17 @@ does, or while a visible process holding an accelerator device sits in ``D`` (un
 
 from __future__ import annotations
 
-import atexit
 import dataclasses
 import logging
 import os
 import threading
-import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from .._config import LivenessConfig
 from .._events import WorkerEvent
-from ..exit._exit_guard import add_exit_cleanup
+from ..exit._process_ending import QuarantineLedger, process_ending
 from ..process import _procfs
 from ..process._identity import is_local
 from ._device_holders import DeviceHolder, find_stuck_device_holders, parse_patterns
@@ -167,53 +166,29 @@ def check_host_at_start(config: LivenessConfig) -> None:
 
 # ----------------------------------------------------------------------------- on failure
 
-_LOCK = threading.Lock()
-_recorded: set[tuple[int, int | None]] = set()
-_actions_started = False
-_workers: list[tuple[threading.Thread, float]] = []  # quarantine threads and their monotonic deadlines
-
-
 def quarantine_host(config: LivenessConfig, events: Iterable[WorkerEvent]) -> threading.Thread | None:
     """Record the non-restartable ``events`` of local processes in the host's marker and, the first
-    time in this process, run the configured actions; all in one daemon thread (returned; None
-    when there is nothing to do). Never blocks, never raises. Events already recorded by this
-    process are skipped (the monitor, ``shutdown()`` and the exit path may report the same rank)."""
-    with _LOCK:
-        global _actions_started
+    time in this process, run the configured actions; all in one thread of the process's ending
+    (returned; None when there is nothing to do), which the ending awaits until the deadline of
+    the module docstring. Never blocks, never raises. Events already recorded by this process are
+    skipped (the monitor, ``shutdown()`` and the exit path may report the same rank)."""
+    ending = process_ending()
+    ledger = ending.quarantine
+    with ledger.lock:
         fresh = [event for event in events if not event.restartable
-                 and (event.identity.pid, event.identity.start_time) not in _recorded]
+                 and (event.identity.pid, event.identity.start_time) not in ledger.recorded]
         if not fresh:
             return None
-        _recorded.update((event.identity.pid, event.identity.start_time) for event in fresh)
-        run_actions = not _actions_started and _any_action(config)
-        _actions_started = _actions_started or run_actions
-    worker = threading.Thread(target=_quarantine, args=(config, fresh, run_actions),
-                              name="trtllm-liveness-quarantine", daemon=True)
-    try:
-        worker.start()
-    except RuntimeError as exc:  # interpreter shutting down: no thread; do the marker here (fast)
-        logger.warning("liveness: quarantine without a thread (%s)", exc)
-        _quarantine(config, fresh, False)
-        return None
-    deadline = time.monotonic() + _requests(config) * config.quarantine_action_timeout_s + 1.0
-    with _LOCK:
-        _workers.append((worker, deadline))
-
-    def wait_for_it() -> None:
-        worker.join(max(0.0, deadline - time.monotonic()))
-
-    add_exit_cleanup(wait_for_it)
-    atexit.register(wait_for_it)
+        ledger.recorded.update((event.identity.pid, event.identity.start_time) for event in fresh)
+        run_actions = not ledger.actions_started and _any_action(config)
+        ledger.actions_started = ledger.actions_started or run_actions
+    bound = _requests(config) * config.quarantine_action_timeout_s + 1.0
+    worker = ending.threads.start(_quarantine, name="trtllm-liveness-quarantine", bound_s=bound,
+                                  args=(config, ledger, fresh, run_actions))
+    if worker is None:  # interpreter shutting down: no thread; do the marker here (fast)
+        logger.warning("liveness: quarantine without a thread")
+        _quarantine(config, ledger, fresh, False)
     return worker
-
-
-def wait_for_quarantine() -> None:
-    """Join every quarantine thread of this process until its deadline (see the module
-    docstring): for an exit path that ends the process right after recording a failure."""
-    with _LOCK:
-        workers = list(_workers)
-    for worker, deadline in workers:
-        worker.join(max(0.0, deadline - time.monotonic()))
 
 
 def _requests(config: LivenessConfig) -> int:
@@ -227,7 +202,8 @@ def _any_action(config: LivenessConfig) -> bool:
         or bool(config.quarantine_hook)
 
 
-def _quarantine(config: LivenessConfig, events: list[WorkerEvent], run_actions: bool) -> list[ActionResult]:
+def _quarantine(config: LivenessConfig, ledger: QuarantineLedger, events: list[WorkerEvent],
+                run_actions: bool) -> list[ActionResult]:
     reason = events[0].message
     marker_path = ""
     local = [event for event in events if is_local(event.identity) and event.identity.start_time is not None]
@@ -239,8 +215,8 @@ def _quarantine(config: LivenessConfig, events: list[WorkerEvent], run_actions: 
                             RECYCLE_ADVICE)
         except (MarkerError, OSError) as exc:
             logger.error("liveness: could not write the quarantine marker in %s: %s", config.quarantine_dir, exc)
-            with _LOCK:  # not recorded after all: a later event for these processes tries again
-                _recorded.difference_update((event.identity.pid, event.identity.start_time) for event in events)
+            with ledger.lock:  # not recorded after all: a later event for these processes tries again
+                ledger.recorded.difference_update((event.identity.pid, event.identity.start_time) for event in events)
     elif config.quarantine_dir:
         logger.warning("liveness: non-restartable failure of no local process (%s): no marker written", reason)
     if not run_actions:
@@ -274,10 +250,3 @@ def _recorded_process(event: WorkerEvent) -> QuarantinedProcess:
     assert identity.start_time is not None
     return QuarantinedProcess(pid=pid, start_time=identity.start_time, pid_namespace=namespace, rank=identity.rank,
                               state=state, wchan=event.wchan, kind=event.kind.value, cause=event.cause[:4000])
-
-
-def _reset_for_tests() -> None:
-    global _actions_started
-    with _LOCK:
-        _recorded.clear()
-        _actions_started = False

@@ -2,7 +2,8 @@
 
 :func:`stop_processes` signals each verified process (SIGTERM, then SIGKILL after a grace), waits on
 pidfds, and returns a :class:`StopReport` (:mod:`._stop_report`): who stopped, how, and who could
-not be ended (:class:`UnkillableWorker`, a process wedged in the kernel) instead of waiting on it.
+not be ended (:class:`UnkillableWorker`, a process wedged in the kernel, in ``D`` or looping in ``R``
+with SIGKILL pending; sampled with its kernel stacks by :mod:`._survivor`) instead of waiting on it.
 Each input is first verified into a target (:mod:`._stop_targets`); the process-wide ledger
 (:mod:`._signal_ledger`) sends a given signal to a given process once across concurrent calls.
 """

@@ -8,7 +8,8 @@ survives SIGKILL, so the launcher never exits. Here every wait has a deadline::
                                                                     |  survivors
           +---- KILL (pidfd) ---- poll(pidfds) until kill deadline -+
           |
-          +--> survivors: sampled (state, wchan, D threads), logged at ERROR, reported unkillable
+          +--> survivors: sampled (state, wchan, D threads, SIGKILL pending, kernel stacks), logged at
+               ERROR, reported unkillable whatever their state (D, R, ...: see _survivor.py)
 
 Signals go only through pidfds opened *and then* verified against the target's start time, so a
 recycled PID is never signalled; a whole process group is signalled through its leader's pidfd
@@ -33,10 +34,11 @@ from collections.abc import Iterable
 
 from ..process import _pidfd, _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
-from ..process._thread_sampler import sample_d_state
+from ..process._mm_read import MmReader
 from . import _signal_ledger
 from ._stop_report import StopOutcome, StoppedWorker, StopReport, UnkillableWorker
 from ._stop_targets import AwaitedProc, PreparedTarget, StopTarget, prepare, prepare_groups
+from ._survivor import STACK_READ_TIMEOUT_S, sample_survivor
 
 __all__ = ["StopOutcome", "StopReport", "StoppedWorker", "UnkillableWorker", "stop_processes"]
 
@@ -64,8 +66,10 @@ def stop_processes(
     ``multiprocessing.Process`` (children the caller owns: they are reaped). The call sends
     ``term_signal`` to every live target, waits until they exit or ``grace_s`` passes, sends
     SIGKILL to the survivors, waits until they exit or ``kill_s`` passes, and returns. A survivor
-    of SIGKILL (a task stuck in ``D``) is reported unkillable, with one ERROR log line each, and
-    makes :attr:`StopReport.restartable` False; it is left as it is (an owned one unreaped).
+    of SIGKILL is reported unkillable whatever its state (a task stuck in ``D``, one looping in the
+    kernel in ``R`` with SIGKILL pending, one whose exit is stuck), with its kernel stack where
+    readable and one ERROR log line each, and makes :attr:`StopReport.restartable` False; it is left
+    as it is (an owned one unreaped). A SIGKILL pending during the kill grace is no verdict.
 
     With ``process_group=True`` a target that leads its own process group is signalled as a group
     (its children too, also those forked after the call started), and the group's members found at
@@ -85,8 +89,9 @@ def stop_processes(
     identity of another host (``host``, default this machine's hostname) or PID namespace, the
     calling process, pid 1, malformed input; those are reported, not raised.
 
-    Blocks for at most ``grace_s + kill_s`` plus procfs reads and reaping (bounded by 0.2 s in
-    all); every wait is a ``poll`` on pidfds with a deadline. Raises ``ValueError`` only for a
+    Blocks for at most ``grace_s + kill_s`` plus procfs reads, reaping (bounded by 0.2 s in
+    all) and, per survivor, kernel-stack reads (0.2 s each at most); every wait is a ``poll`` on
+    pidfds with a deadline. Raises ``ValueError`` only for a
     negative or non-finite ``grace_s``/``kill_s``, an invalid ``term_signal`` or a ``targets``
     that is not iterable. A ``KeyboardInterrupt`` while waiting closes every pidfd and propagates.
 
@@ -141,13 +146,14 @@ def stop_processes(
             _wait_exits(poller, waiting, kill_start + kill_s)
             waited = time.monotonic() - kill_start
             owners = {id(proc): target for target in prepared for proc in target.procs()}
-            for proc in list(waiting.values()):
-                if _pidfd.is_exited(proc.pidfd):  # exited right at the deadline
-                    _mark_exited(proc, time.monotonic())
-                    continue
-                owner = owners[id(proc)]
-                proc.unkillable = _sample_unkillable(owner, proc, waited)
-                logger.error("liveness: %s", proc.unkillable.message)
+            with MmReader(STACK_READ_TIMEOUT_S) as stacks:
+                for proc in list(waiting.values()):
+                    if _pidfd.is_exited(proc.pidfd):  # exited right at the deadline
+                        _mark_exited(proc, time.monotonic())
+                        continue
+                    owner = owners[id(proc)]
+                    proc.unkillable = _sample_unkillable(owner, proc, waited, stacks)
+                    logger.error("liveness: %s", proc.unkillable.message)
 
         _reap_owned(prepared, time.monotonic() + _REAP_BUDGET_S)
     finally:
@@ -267,28 +273,17 @@ def _mark_exited(proc: AwaitedProc, now: float) -> None:
     proc.after_kill = _signal_ledger.was_sent(proc.key, signal.SIGKILL)
 
 
-def _sample_unkillable(target: PreparedTarget, proc: AwaitedProc, waited: float) -> UnkillableWorker:
-    state = wchan = d_wchan = ""
-    d_tids: tuple[int, ...] = ()
-    kill_pending = False
-    try:
-        state = _procfs.read_stat(proc.pid).state
-        wchan = _procfs.read_wchan(proc.pid)
-        sample = sample_d_state(proc.pid)
-        if sample is not None:
-            d_tids, kill_pending, d_wchan = sample.d_tids, sample.kill_pending, sample.wchan
-        else:
-            kill_pending = _procfs.sigkill_pending(proc.pid)
-    except (OSError, ValueError):
-        pass  # it may be exiting right now; report what was read
+def _sample_unkillable(target: PreparedTarget, proc: AwaitedProc, waited: float, stacks: MmReader) -> UnkillableWorker:
+    sample = sample_survivor(proc.pid, reader=stacks)  # never raises: it may be exiting right now
     is_leader = proc is target.leader
     identity = target.identity if is_leader else None
     if identity is None:
         identity = ProcessIdentity(target.rank, proc.pid, proc.start_time, target.hostname, local_pid_namespace())
     return UnkillableWorker(
-        rank=target.rank, pid=proc.pid, hostname=target.hostname, state=state, wchan=wchan,
-        d_tids=d_tids, d_wchan=d_wchan, kill_pending=kill_pending, signal=signal.SIGKILL.name,
-        waited_s=waited, identity=identity, leader_pid=None if is_leader else target.pid,
+        rank=target.rank, pid=proc.pid, hostname=target.hostname, state=sample.state, wchan=sample.wchan,
+        d_tids=sample.d_tids, d_wchan=sample.d_wchan, kill_pending=sample.kill_pending, signal=signal.SIGKILL.name,
+        waited_s=waited, identity=identity, leader_pid=None if is_leader else target.pid, basis=sample.basis,
+        exiting=sample.exiting, threads=sample.threads,
     )
 
 

@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, needs
+from tests.support.facilities import needs
+from tests.support.waits import WAIT_SCALE
 from trtllm_liveness import LivenessConfig
 from trtllm_liveness._config import ENV_VAR
 

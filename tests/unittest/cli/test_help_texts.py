@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60), needs("console-script")]
 
 CLI = Path(sys.executable).parent / "trtllm-liveness"
-COMMANDS = ("scan", "watch", "demo-processes", "doctor", "config", "autoload", "quarantine", "launch")
+COMMANDS = ("scan", "watch", "demo-processes", "doctor", "config", "autoload", "quarantine", "launch", "drill")
 # Sphinx/reST markup that belongs in docstrings, not on a terminal.
 MARKUP = re.compile(r":(?:data|func|class|mod|meth|attr):`|``")
 

@@ -15,7 +15,8 @@ import sys
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE
 from trtllm_liveness.exit._outcome import read_outcomes
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
@@ -96,3 +97,125 @@ def test_malformed_or_linked_records_are_refused(tmp_path: os.PathLike[str]) -> 
     os.symlink("/etc/passwd", path)
     with pytest.raises(OSError):
         read_outcomes(directory)  # O_NOFOLLOW: never a file the link points to
+
+
+# ------------------------------------------------------------------ switching on: the hook, the settings, the line
+
+HOOKED = "import sys; print('hooked' if type(sys.meta_path[0]).__name__ == '_Finder' else 'not hooked')"
+
+
+def launch_env(**variables: str) -> dict[str, str]:
+    env = {key: value for key, value in os.environ.items() if key not in ("TRTLLM_WORKER_LIVENESS", "PYTHONPATH")}
+    env["PATH"] = os.path.dirname(sys.executable) + os.pathsep + env.get("PATH", "")
+    return {**env, **variables}
+
+
+def launch_with(*argv: str, **variables: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([*CLI, *argv], capture_output=True, text=True, timeout=60 * WAIT_SCALE, check=False,
+                          env=launch_env(**variables))
+
+
+def liveness_lines(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.startswith("trtllm-liveness: worker liveness")]
+
+
+def test_the_command_gets_the_hook_and_one_line_says_the_settings() -> None:
+    done = launch_with(sys.executable, "-c", HOOKED)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "hooked", done.stderr  # TRTLLM_WORKER_LIVENESS unset: launch means on
+    lines = liveness_lines(done.stderr)
+    assert len(lines) == 1 and "worker liveness on (d_state_timeout_s=30, " in lines[0], done.stderr
+    assert "exit_on_fatal=0" in lines[0] and "hosts=auto" in lines[0], lines
+
+    tuned = launch_with("sh", "-c", f'exec python -c "{HOOKED}"',
+                        TRTLLM_WORKER_LIVENESS="exit_on_fatal=1,quarantine_dir=/run/q,d_state_timeout_s=5")
+    assert tuned.stdout.strip() == "hooked", tuned.stderr  # a Python the command starts later, too
+    (line,) = liveness_lines(tuned.stderr)
+    # The usual settings always, any other only where it is not the default.
+    assert "d_state_timeout_s=5," in line and "exit_on_fatal=1" in line and "quarantine_dir=/run/q" in line, line
+    assert "shutdown_grace_s" not in line, line
+
+    off = launch_with(sys.executable, "-c", HOOKED, TRTLLM_WORKER_LIVENESS="0")
+    assert off.returncode == 0 and off.stdout.strip() == "not hooked", off.stderr
+    assert liveness_lines(off.stderr) == [f"trtllm-liveness: worker liveness off (TRTLLM_WORKER_LIVENESS=0) for: "
+                                          f"{sys.executable} -c {HOOKED}"]
+
+
+def test_a_malformed_setting_starts_nothing(tmp_path: os.PathLike[str]) -> None:
+    marker = os.path.join(tmp_path, "ran")
+    done = launch_with("sh", "-c", f"touch {marker}", TRTLLM_WORKER_LIVENESS="exit_on_fatal=1,d_state_timeout_s=soon")
+    assert done.returncode == 78, done.stderr  # EX_CONFIG, as the autoload launcher's
+    assert "TRTLLM_WORKER_LIVENESS: d_state_timeout_s must be a number, got 'soon'; nothing started" in done.stderr
+    assert not os.path.exists(marker)
+    unknown = launch_with("true", TRTLLM_WORKER_LIVENESS="d_state_timout_s=5")
+    assert unknown.returncode == 78 and "unknown key 'd_state_timout_s'" in unknown.stderr
+
+
+def test_a_missing_command_is_127() -> None:
+    done = launch_with("no-such-launcher-anywhere")
+    assert done.returncode == 127
+    assert "command not found: no-such-launcher-anywhere" in done.stderr
+
+
+def fake_launcher(directory: str, name: str, version: str) -> str:
+    """An executable ``name`` that answers ``--version`` with ``version`` and otherwise prints its
+    arguments and the three variables, one per line: a stand-in for a launcher of another MPI."""
+    path = os.path.join(directory, name)
+    with open(path, "w") as handle:
+        handle.write(f'#!/bin/sh\nif [ "$1" = --version ]; then echo "{version}"; exit 0; fi\n'
+                     'echo "ARGV $*"; echo "PP $PYTHONPATH"; echo "SW $TRTLLM_WORKER_LIVENESS"\n'
+                     'echo "OUT $TRTLLM_LIVENESS_OUTCOME"\n')
+    os.chmod(path, 0o755)
+    return path
+
+
+def test_each_launcher_gets_what_carries_the_switch_to_other_hosts(tmp_path: os.PathLike[str]) -> None:
+    from trtllm_liveness.integrations.trtllm_autoload import SITE_DIR
+
+    directory = str(tmp_path)
+    openmpi = launch_with(fake_launcher(directory, "mpirun", "mpirun (Open MPI) 5.0.11"), "-n", "2", "app")
+    assert "ARGV -x PYTHONPATH -x TRTLLM_WORKER_LIVENESS -x TRTLLM_LIVENESS_OUTCOME -n 2 app" in openmpi.stdout
+    assert f"PP {SITE_DIR}" in openmpi.stdout and "SW 1" in openmpi.stdout and "OUT /" in openmpi.stdout
+    assert "forwarded to every host: mpirun -x PYTHONPATH" in openmpi.stderr
+
+    hydra = launch_with(fake_launcher(directory, "mpiexec", "HYDRA build details:"), "-n", "2", "app")
+    assert "ARGV -n 2 app" in hydra.stdout and "(Hydra) passes the environment" in hydra.stderr
+
+    unknown = launch_with(fake_launcher(directory, "mpiexec.other", "something else"), "app")
+    assert "ARGV app" in unknown.stdout
+    assert "NOTE: mpiexec.other --version names neither Open MPI nor MPICH/Hydra" in unknown.stderr
+
+
+@pytest.mark.parametrize(("given", "expected", "note"), [
+    ([], [], "srun exports the environment"),
+    (["--export=ALL,FOO=1"], ["--export=ALL,FOO=1"], "srun --export=ALL"),
+    (["--export=FOO,PYTHONPATH"], ["--export=FOO,PYTHONPATH,TRTLLM_WORKER_LIVENESS,TRTLLM_LIVENESS_OUTCOME"],
+     "with their names"),
+    (["--export", "FOO"], ["--export", "FOO,PYTHONPATH,TRTLLM_WORKER_LIVENESS,TRTLLM_LIVENESS_OUTCOME"],
+     "with their names"),
+    (["--export=NONE"], ["--export=NONE"], "ranks on other nodes run unprotected"),
+])
+def test_srun_exports_the_variables(given: list[str], expected: list[str], note: str) -> None:
+    from trtllm_liveness.cli._launcher_env import forwarding_for
+
+    forwarding = forwarding_for(["srun", "-N", "2", *given, "app"], {})
+    assert list(forwarding.argv) == ["srun", "-N", "2", *expected, "app"]
+    assert note in forwarding.how + forwarding.problem
+    env = forwarding_for(["srun", "app"], {"SLURM_EXPORT_ENV": "FOO"}).env
+    assert env["SLURM_EXPORT_ENV"] == "FOO,PYTHONPATH,TRTLLM_WORKER_LIVENESS,TRTLLM_LIVENESS_OUTCOME"
+
+
+@pytest.mark.parametrize("argv", [
+    ["srun", "-N2", "python", "train.py", "--export=model.onnx"],
+    ["srun", "--exclusive", "python", "train.py", "--export", "model.onnx"],
+    ["srun", "-N", "2", "--ntasks-per-node", "4", "app", "--export=ALL,x"],
+    ["srun", "--", "app", "--export=NONE"],
+])
+def test_srun_never_rewrites_the_programs_own_arguments(argv: list[str]) -> None:
+    # Only srun's own options are read: a program argument spelt like srun's --export is the
+    # program's, and SLURM_EXPORT_ENV then carries the names instead.
+    from trtllm_liveness.cli._launcher_env import forwarding_for
+
+    forwarding = forwarding_for(argv, {"SLURM_EXPORT_ENV": "FOO"})
+    assert list(forwarding.argv) == argv
+    assert forwarding.env["SLURM_EXPORT_ENV"].split(",")[0] == "FOO"

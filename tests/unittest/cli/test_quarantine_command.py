@@ -15,8 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProcessTracker, StuckChild, needs
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker
 from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
+from tests.support.stuck_processes import StuckChild
 from trtllm_liveness._events import EventKind, WorkerEvent
 from trtllm_liveness.cli import EXIT_STATUS_HELP
 from trtllm_liveness.process._identity import capture_identity

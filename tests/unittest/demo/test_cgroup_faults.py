@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, state_of, wait_until
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo._cgroup_faults import (
     FreezerGroup,
     MemoryGroup,
     remove_leftover_groups,
 )
-from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
 
 needs_mpi = needs("mpi")

@@ -8,22 +8,23 @@ environment (the scenario child, ``prte`` and the ranks all inherit it). Nothing
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, Freezer, ProcessTracker, needs, wait_until
+from tests.support import tmpdir_runs as runs
+from tests.support.facilities import MPI_MARKS, needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import Freezer
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo import _demo_run as demo
 from trtllm_liveness.demo._scenario_records import (
     Detection,
@@ -200,78 +201,20 @@ def demo_args(**changes: object) -> Any:
 # ------------------------------------------------------------------ real runs: nothing left behind
 
 
-def _processes_with_tmpdir(tmpdir: Path) -> list[int]:
-    """Live processes whose ``TMPDIR`` is ``tmpdir`` or below it: the demo itself and everything it
-    started, at any depth (they get the demo's private directory inside it)."""
-    prefix = f"TMPDIR={tmpdir}".encode()
-    found = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit() or int(name) == os.getpid():
-            continue
-        with contextlib.suppress(OSError):
-            with open(f"/proc/{name}/environ", "rb") as handle:
-                entries = handle.read().split(b"\0")
-            if any(entry == prefix or entry.startswith(prefix + b"/") for entry in entries):
-                found.append(int(name))
-    return found
-
-
-def _cmdline(pid: int) -> bytes:
-    with contextlib.suppress(OSError), open(f"/proc/{pid}/cmdline", "rb") as handle:
-        return handle.read()
-    return b""
-
-
 @pytest.fixture
 def short_tmpdir() -> Iterator[Path]:
-    """A TMPDIR of the test's own with a short path: the reference proxy's ZMQ ipc sockets live
-    below it, and a unix socket address holds 108 bytes (pytest's tmp_path is too deep)."""
-    path = Path(tempfile.mkdtemp(prefix="tdemo-", dir="/tmp"))
-    try:
+    """A TMPDIR of the test's own (tests/support/tmpdir_runs.py): the reference proxy's ZMQ ipc
+    sockets live below it."""
+    with runs.short_tmpdir("tdemo-") as path:
         yield path
-    finally:
-        _kill_leftovers(path)  # only after a failure: processes carrying this test's own TMPDIR
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _kill_leftovers(tmpdir: Path) -> None:
-    """SIGKILL (through a pidfd, re-checked after opening it) every process that carries
-    ``tmpdir`` as its TMPDIR: they were all started by this test's demo."""
-    def kill_all() -> bool:
-        for pid in _processes_with_tmpdir(tmpdir):
-            with contextlib.suppress(OSError):
-                fd = os.pidfd_open(pid)
-                try:
-                    if pid in _processes_with_tmpdir(tmpdir):  # not recycled since the listing
-                        signal.pidfd_send_signal(fd, signal.SIGKILL)
-                finally:
-                    os.close(fd)
-        return not _processes_with_tmpdir(tmpdir)
-
-    wait_until(kill_all, 10, 0.05)
 
 
 def _start_demo(procs: ProcessTracker, tmpdir: Path, *args: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([str(CLI), "demo", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            start_new_session=True, env={**os.environ, "TMPDIR": str(tmpdir)})
-    procs.popens.append(proc)
-    procs.track(proc.pid)
-    return proc
+    return runs.start(procs, [str(CLI), "demo", *args], {**os.environ, "TMPDIR": str(tmpdir)})
 
 
 def _assert_nothing_left(proc: subprocess.Popen[bytes], tmpdir: Path) -> tuple[int, str, str]:
-    out, err = proc.communicate(timeout=RUN_TIMEOUT)
-    # The demo waits for its session's processes before it returns: nothing may be left even now,
-    # but a dying process may take a moment to leave /proc.
-    wait_until(lambda: not _processes_with_tmpdir(tmpdir), 10)
-    left = _processes_with_tmpdir(tmpdir)
-    assert left == [], f"processes of the demo survive: {[(p, _cmdline(p)) for p in left]}"
-    assert sorted(p.name for p in tmpdir.iterdir()) == [], "the demo left files in its TMPDIR"
-    return proc.returncode, out.decode(errors="replace"), err.decode(errors="replace")
-
-
-def _ranks_up(tmpdir: Path) -> bool:
-    return any(b"mpi4py.futures.server" in _cmdline(pid) for pid in _processes_with_tmpdir(tmpdir))
+    return runs.finish(proc, tmpdir)
 
 
 def _real_mpi(test: Any) -> Any:
@@ -292,7 +235,7 @@ def test_nothing_is_left_on_any_exit_path(path: str, procs: ProcessTracker, shor
             "sigint": ["--fault", "stop"], "sigterm": ["--fault", "stop"]}[path]
     proc = _start_demo(procs, tmpdir, *args)
     if path in ("sigint", "sigterm"):
-        assert wait_until(lambda: _ranks_up(tmpdir) or proc.poll() is not None, 60), "the ranks never started"
+        assert wait_until(lambda: runs.ranks_up(tmpdir) or proc.poll() is not None, 60), "the ranks never started"
         assert proc.poll() is None, "the demo ended before it could be interrupted"
         proc.send_signal(signal.SIGINT if path == "sigint" else signal.SIGTERM)
     status, out, err = _assert_nothing_left(proc, tmpdir)
@@ -310,10 +253,12 @@ def test_nothing_is_left_on_any_exit_path(path: str, procs: ProcessTracker, shor
 @_real_mpi
 @pytest.mark.skipif(_cli_missing(), reason="console script not installed next to sys.executable")
 def test_compare_shows_the_hang_without_the_extension(procs: ProcessTracker, short_tmpdir: Path) -> None:
-    # 1.2 mode has no worker monitor of its own; a healthy request of the scenario takes ~4 s
-    # (400 tokens, 10 ms each), so a bound of 6 s leaves them time to finish had the engine lived.
+    # A kill in 1.2 mode (no worker monitor of its own): --compare's default where no freezer can
+    # make a wedge. A healthy request of the scenario takes ~4 s (400 tokens, 10 ms each), so a
+    # bound of 6 s leaves them time to finish had the engine lived.
     tmpdir = short_tmpdir
-    proc = _start_demo(procs, tmpdir, "--compare", "--mode", "1.2", "--compare-bound", "6", "--json")
+    proc = _start_demo(procs, tmpdir, "--compare", "--fault", "kill", "--mode", "1.2", "--compare-bound", "6",
+                       "--json")
     status, out, err = _assert_nothing_left(proc, tmpdir)
     assert status == 0, (out, err)
     record = json.loads(out)
@@ -324,3 +269,40 @@ def test_compare_shows_the_hang_without_the_extension(procs: ProcessTracker, sho
     assert off["verdict"]["text"].startswith(f"still hanging after 6 s, {off['verdict']['pending']} requests pending")
     assert on["ok"] is True
     assert on["result"]["pending_not_done"] == 0 and on["result"]["detection"]["health_false_ms"] is not None
+
+
+@_real_mpi
+@pytest.mark.skipif(_cli_missing(), reason="console script not installed next to sys.executable")
+def test_compare_by_default_shows_a_fault_only_the_extension_catches(procs: ProcessTracker,
+                                                                     short_tmpdir: Path) -> None:
+    """``demo --compare --json`` as the README gives it, no other argument: the run without the
+    extension hangs with requests pending and health green; the run with it detects the fault.
+    The fault is a wedge where the freezer can make one, else a kill in 1.2 mode."""
+    proc = _start_demo(procs, short_tmpdir, "--compare", "--json")
+    status, out, err = _assert_nothing_left(proc, short_tmpdir)
+    assert status == 0, (out, err)
+    record = json.loads(out)
+    expected = ("wedge", "main") if os.access(demo.FREEZER_ROOT, os.W_OK) else ("kill", "1.2")
+    assert (record["fault"], record["mode"]) == expected, record
+    off, on = record["off"], record["on"]
+    assert off["verdict"]["kind"] == "hanging", off
+    assert off["verdict"]["pending"] is not None and off["verdict"]["pending"] > 0, off
+    assert on["ok"] is True, on
+    assert on["result"]["detection"]["detected_ms"] is not None, on
+    assert on["result"]["detection"]["health_false_ms"] is not None and on["result"]["pending_not_done"] == 0, on
+
+
+@pytest.mark.parametrize(("writable", "mode", "expected"), [
+    (True, None, ("wedge", "main")), (True, "1.2", ("wedge", "1.2")),
+    (False, None, ("kill", "1.2")), (False, "1.2", ("kill", "1.2")), (False, "main", ("kill", "main")),
+])
+def test_the_compare_default_is_a_fault_upstream_does_not_catch(writable: bool, mode: str | None,
+                                                               expected: tuple[str, str], tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(demo, "FREEZER_ROOT", str(tmp_path) if writable else str(tmp_path / "absent"))
+    fault, chosen_mode, why = demo.compare_default(mode)
+    assert (fault, chosen_mode) == expected
+    if expected == ("kill", "main"):  # the user asked for main: said that it shows nothing, and what does
+        assert "try --mode 1.2" in why
+    else:
+        assert "nothing but the extension" in why or "no worker monitor of its own" in why

@@ -16,7 +16,9 @@ import sys
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, require_or_skip, state_of, wait_until
+from tests.support.facilities import require_or_skip
+from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, capture_identity
 from trtllm_liveness.demo._fuse_stall import (
     MOUNT_PREFIX,

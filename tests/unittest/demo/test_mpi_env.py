@@ -17,8 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, require_facility, wait_until
 from tests.support.children import REPO_ROOT, HelperProcess
+from tests.support.facilities import needs, require_facility
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo._mpi_env import (
     PRTE_TMPDIR_PREFIX,
     PRTE_TMPDIR_VAR,
@@ -63,7 +65,7 @@ def test_private_prte_tmpdir_is_removed_when_its_process_exits(tmp_path: Path) -
 
 
 def test_a_scenario_child_ending_with_os_exit_removes_its_prte_tmpdir(tmp_path: Path) -> None:
-    from trtllm_liveness.demo._scenario import run_scenario
+    from trtllm_liveness.demo._scenario_launcher import run_scenario
 
     run = run_scenario({"mode": "main", "fault": "none", "tokens": 3, "observe_s": 10.0},
                        60 * WAIT_SCALE, env={"TMPDIR": str(tmp_path)})

@@ -13,8 +13,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, needs
-from trtllm_liveness.demo._scenario import run_scenario
+from tests.support.facilities import MPI_MARKS, needs
+from tests.support.waits import WAIT_SCALE
+from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
 
 pytestmark = [

@@ -5,15 +5,17 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import stat
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, StuckChild, needs, wait_until
+from tests.support import rank_children
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.rank_children import SPINNING, start
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.cli import main as cli_main
 from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.diagnose import _diagnosis
@@ -24,50 +26,6 @@ from trtllm_liveness.process._identity import capture_identity
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.real_process]
 
-# Each child prints "ready" from inside its distinctively named function, so a stack taken after
-# the line names that function even before the wait or the loop is entered.
-BLOCKED = """\
-import sys, threading
-def wait_for_peer_that_never_comes():
-    never = threading.Event()
-    sys.stdout.write("ready\\n"); sys.stdout.flush()
-    never.wait()
-wait_for_peer_that_never_comes()
-"""
-SPINNING = """\
-import sys
-def spin_on_a_flag_nobody_sets():
-    sys.stdout.write("ready\\n"); sys.stdout.flush()
-    flag = False
-    while not flag:
-        pass
-spin_on_a_flag_nobody_sets()
-"""
-
-
-def _start(procs: ProcessTracker, code: str) -> subprocess.Popen[bytes]:
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
-    procs.popens.append(proc)
-    procs.track(proc.pid)
-    assert proc.stdout is not None
-    assert proc.stdout.readline() == b"ready\n"
-    return proc
-
-
-def _blocked(procs: ProcessTracker) -> subprocess.Popen[bytes]:
-    proc = _start(procs, BLOCKED)
-    # After "ready" the main thread's only sleep is the Event wait.
-    assert wait_until(lambda: _procfs.read_stat(proc.pid).state == "S", 10)
-    return proc
-
-
-def _stopped(procs: ProcessTracker) -> subprocess.Popen[bytes]:
-    proc = _blocked(procs)
-    proc.send_signal(signal.SIGSTOP)  # our own unreaped child
-    assert wait_until(lambda: _procfs.read_stat(proc.pid).state == "T", 10)
-    return proc
-
-
 def _py_spy() -> str:
     path = find_py_spy()
     assert path is not None
@@ -75,7 +33,7 @@ def _py_spy() -> str:
 
 
 def test_each_thread_is_classified_by_its_cpu_use_and_state(procs: ProcessTracker) -> None:
-    blocked, spinning, stopped = _blocked(procs), _start(procs, SPINNING), _stopped(procs)
+    blocked, spinning, stopped = rank_children.blocked(procs), start(procs, SPINNING), rank_children.stopped(procs)
     diagnosis = _diagnosis.diagnose([blocked.pid, spinning.pid, stopped.pid], stacks=False)
     activities = [rank.activity for rank in diagnosis.ranks]
     assert activities == [Activity.SLEEPING, Activity.SPINNING, Activity.STOPPED], diagnosis.summary()
@@ -88,7 +46,7 @@ def test_each_thread_is_classified_by_its_cpu_use_and_state(procs: ProcessTracke
 
 @needs("py-spy")
 def test_stacks_name_the_function_each_process_is_stuck_in(procs: ProcessTracker) -> None:
-    blocked, spinning, stopped = _blocked(procs), _start(procs, SPINNING), _stopped(procs)
+    blocked, spinning, stopped = rank_children.blocked(procs), start(procs, SPINNING), rank_children.stopped(procs)
     identities = [capture_identity(rank, proc.pid) for rank, proc in enumerate((blocked, spinning, stopped))]
     diagnosis = _diagnosis.diagnose(identities, stacks_timeout_s=10 * WAIT_SCALE)
     for rank, function in zip(diagnosis.ranks, ["wait_for_peer_that_never_comes", "spin_on_a_flag_nobody_sets",
@@ -112,7 +70,7 @@ def _recording_py_spy(tmp_path: Path) -> tuple[str, Path]:
 @needs("py-spy")
 def test_a_rank_in_d_gets_no_py_spy_run_and_the_snapshot_returns(
         procs: ProcessTracker, stuck_child: StuckChild, tmp_path: Path) -> None:
-    healthy = _blocked(procs)
+    healthy = rank_children.blocked(procs)
     py_spy, log = _recording_py_spy(tmp_path)
     wedged = stuck_child.popen.pid
     diagnosis = _diagnosis.diagnose([healthy.pid, wedged], py_spy=py_spy, stacks_timeout_s=10 * WAIT_SCALE)
@@ -129,7 +87,7 @@ def test_a_rank_in_d_gets_no_py_spy_run_and_the_snapshot_returns(
 
 @needs("py-spy")
 def test_the_spinning_rank_among_sleepers_is_named_the_odd_rank_out(procs: ProcessTracker) -> None:
-    ranks = [_blocked(procs), _blocked(procs), _blocked(procs), _start(procs, SPINNING)]
+    ranks = [*(rank_children.blocked(procs) for _ in range(3)), start(procs, SPINNING)]
     diagnosis = _diagnosis.diagnose([capture_identity(rank, proc.pid) for rank, proc in enumerate(ranks)],
                                     stacks_timeout_s=10 * WAIT_SCALE)
     odd = diagnosis.odd_rank_out
@@ -152,7 +110,7 @@ wait_for_a_message_nobody_sends()
 
 
 def test_the_rank_sleeping_on_another_wait_channel_is_named(procs: ProcessTracker) -> None:
-    ranks = [_blocked(procs), _blocked(procs), _blocked(procs), _start(procs, PIPE_READER)]
+    ranks = [*(rank_children.blocked(procs) for _ in range(3)), start(procs, PIPE_READER)]
     assert wait_until(lambda: _procfs.read_stat(ranks[3].pid).state == "S", 10)
     diagnosis = _diagnosis.diagnose([proc.pid for proc in ranks], stacks=False)
     assert [rank.activity for rank in diagnosis.ranks] == [Activity.SLEEPING] * 4, diagnosis.summary()
@@ -164,14 +122,14 @@ def test_the_rank_sleeping_on_another_wait_channel_is_named(procs: ProcessTracke
 
 
 def test_no_odd_rank_out_when_all_ranks_do_the_same(procs: ProcessTracker) -> None:
-    ranks = [_blocked(procs) for _ in range(3)]
+    ranks = [rank_children.blocked(procs) for _ in range(3)]
     diagnosis = _diagnosis.diagnose([proc.pid for proc in ranks], stacks=False)
     assert [rank.activity for rank in diagnosis.ranks] == [Activity.SLEEPING] * 3
     assert diagnosis.odd_ranks == ()
 
 
 def test_an_identity_whose_pid_was_reused_is_reported_gone_and_not_scanned(procs: ProcessTracker) -> None:
-    proc = _blocked(procs)
+    proc = rank_children.blocked(procs)
     identity = capture_identity(0, proc.pid)._replace(start_time=1)
     diagnosis = _diagnosis.diagnose([identity], stacks=True)
     (rank,) = diagnosis.ranks
@@ -188,7 +146,7 @@ def _fake_py_spy(tmp_path: Path, body: str) -> str:
 
 
 def test_a_py_spy_that_never_answers_is_killed_at_the_deadline(procs: ProcessTracker, tmp_path: Path) -> None:
-    proc = _blocked(procs)
+    proc = rank_children.blocked(procs)
     pid_file = tmp_path / "pid"
     fake = _fake_py_spy(tmp_path, f"echo $$ > {pid_file}\nexec sleep 3600")
     result = take_stacks([proc.pid], timeout_s=0.5, py_spy=fake)[proc.pid]
@@ -200,7 +158,7 @@ def test_a_py_spy_that_never_answers_is_killed_at_the_deadline(procs: ProcessTra
 
 def test_a_py_spy_stuck_in_d_is_left_behind_and_reported(
         procs: ProcessTracker, fuse_stall: FuseStall, tmp_path: Path) -> None:
-    proc = _blocked(procs)
+    proc = rank_children.blocked(procs)
     pid_file = tmp_path / "pid"
     stuck = " ".join(f"'{arg}'" for arg in fuse_stall.stuck_child_cmd())
     fake = _fake_py_spy(tmp_path, f"echo $$ > {pid_file}\nexec {stuck}")
@@ -214,7 +172,7 @@ def test_a_py_spy_stuck_in_d_is_left_behind_and_reported(
 
 
 def test_a_py_spy_that_cannot_start_is_reported(procs: ProcessTracker, tmp_path: Path) -> None:
-    proc = _blocked(procs)
+    proc = rank_children.blocked(procs)
     missing = str(tmp_path / "no-such-py-spy")
     result = take_stacks([proc.pid], py_spy=missing)[proc.pid]
     assert result.status is StackStatus.FAILED and "could not start" in result.detail
@@ -234,7 +192,7 @@ def test_text_dump_of_an_older_py_spy_is_parsed() -> None:
 @needs("py-spy")
 def test_scan_stacks_prints_the_stacks_and_the_classification(
         procs: ProcessTracker, capsys: pytest.CaptureFixture[str]) -> None:
-    proc = _blocked(procs)
+    proc = rank_children.blocked(procs)
     assert cli_main(["scan", "--stacks", str(proc.pid)]) == 0
     out = capsys.readouterr().out
     assert "rank 0: sleeping; main thread in wait_for_peer_that_never_comes" in out, out

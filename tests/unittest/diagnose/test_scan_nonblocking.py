@@ -24,7 +24,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import SLEEPER, WAIT_SCALE, ProcessTracker, require_facility, state_of, wait_until
+from tests.support.facilities import require_facility
+from tests.support.process_tracker import SLEEPER, ProcessTracker, state_of
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo._fuse_stall import MEM_FAULT_TARGET_CODE, FuseStall
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._mm_read import MmReader, SkippedRead, SkipReason

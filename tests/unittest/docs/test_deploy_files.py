@@ -16,7 +16,8 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, wait_until
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness._config import parse_value
 
 pytestmark = [pytest.mark.timeout(60)]

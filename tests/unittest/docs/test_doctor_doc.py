@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, needs
+from tests.support.facilities import needs
+from tests.support.waits import WAIT_SCALE
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60), needs("console-script")]
 

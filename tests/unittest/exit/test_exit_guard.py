@@ -83,8 +83,8 @@ def test_disarmed_guard_never_acts() -> None:
 
 
 def test_two_guards_of_one_process_send_one_sigint() -> None:
-    """Issue 10 point 10: two engines (each with its guard) in one server start ONE graceful
-    shutdown; a second SIGINT makes uvicorn skip its graceful shutdown."""
+    """Two engines (each with its guard) in one server start ONE graceful shutdown: a second
+    SIGINT would make uvicorn skip its graceful shutdown."""
     result = run_script(
         """
         got = []

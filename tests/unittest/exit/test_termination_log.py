@@ -10,7 +10,6 @@ from pathlib import Path
 import pytest
 
 from trtllm_liveness._config import LivenessConfig
-from trtllm_liveness.exit import _termination_log as termination_log
 from trtllm_liveness.exit._termination_log import (
     MESSAGE_LIMIT_BYTES,
     TERMINATION_LOG_DEFAULT,
@@ -19,12 +18,6 @@ from trtllm_liveness.exit._termination_log import (
 )
 
 pytestmark = pytest.mark.timeout(30)
-
-
-@pytest.fixture(autouse=True)
-def fresh_process_claim(monkeypatch: pytest.MonkeyPatch) -> None:
-    # One message per process: each test stands for a process of its own.
-    monkeypatch.setattr(termination_log, "_claimed", False)
 
 
 def _written(path: Path, message: str, **kwargs: bool) -> None:

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProcessTracker, needs, require_facility
+from tests.support.facilities import needs, require_facility
+from tests.support.process_tracker import ProcessTracker
 
 ROOT = Path(__file__).resolve().parents[3]
 RULES = ROOT / "docs" / "alerts.yml"

@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, needs
+from tests.support.facilities import needs
+from tests.support.waits import WAIT_SCALE
 from trtllm_liveness.integrations import trtllm_autoload as autoload
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(120)]

@@ -1,4 +1,4 @@
-"""``trtllm-liveness doctor`` and the loud degraded modes (issue 10: "Degraded modes are loud").
+"""``trtllm-liveness doctor`` and the degraded modes, each of which says so (a WARNING, once).
 
 The command runs in child processes (the installed console script, and ``python -m
 trtllm_liveness.cli``) with ``PYTHONPATH`` set to one ``tensorrt_llm``: the two fakes of
@@ -23,8 +23,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, require_facility
 from tests.support.children import HelperProcess
+from tests.support.facilities import needs, require_facility
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE
 from tests.unittest.integrations.test_trtllm_classes import (
     UpstreamProxy,  # its constructor runs _start_executor_workers
 )
@@ -302,9 +304,9 @@ def test_help_does_not_import_the_integration(procs: ProcessTracker) -> None:
 @needs("mpi")
 @pytest.mark.parametrize("tree", ["v12", "main"])
 def test_llm_executor_cls_builds_the_liveness_proxy_watching_both_ranks(tree: str) -> None:
-    """The regression behind point 2: with the fakes' layout (``_create_ipc_executor`` on a base of
-    ``GenerationExecutor``) ``LLM(executor_cls=liveness_executor_class())`` built upstream's plain
-    proxy, silently. Upstream's LLM API, real MPI ranks, both trees."""
+    """With the fakes' layout (``_create_ipc_executor`` on a base of ``GenerationExecutor``),
+    ``LLM(executor_cls=liveness_executor_class())`` builds the liveness proxy, not upstream's plain
+    one. Upstream's LLM API, real MPI ranks, both trees."""
     with HelperProcess("executor_cls_child", {"tree": tree}, {"TRTLLM_WORKER_LIVENESS": ""}) as child:
         record = child.read_record(60 * WAIT_SCALE, "built")
         child.read_record(30 * WAIT_SCALE, "done")
@@ -334,7 +336,7 @@ def _warnings(caplog: pytest.LogCaptureFixture, needle: str) -> list[str]:
 
 
 def test_no_create_ipc_executor_in_the_mro_warns_once(fresh_warnings: None, caplog: pytest.LogCaptureFixture) -> None:
-    """Point 2: ``_install_create_hook`` returned silently when nothing defines ``_create_ipc_executor``."""
+    """``_install_create_hook`` warns (once) when nothing defines ``_create_ipc_executor``."""
 
     class GenerationExecutor:
         @staticmethod
@@ -426,7 +428,7 @@ class _MainShapedProxy(_FatalInInit, UpstreamProxy):
 
 
 def test_fatal_error_probe_sees_the_instance_attribute_main_sets_in_init() -> None:
-    """Point 3: ``hasattr(cls, "_fatal_error")`` is False on main, where ``__init__`` sets it."""
+    """The probe sees ``_fatal_error`` on main, where ``__init__`` sets it (``hasattr(cls, ...)`` is False)."""
     assert _features.detect_features(_MainShapedProxy).fatal_error
     assert not _features.detect_features(UpstreamProxy).fatal_error
     assert _features.has_attribute(_StateInHelper, "_engine_dead")  # one level of self.helper()
@@ -452,7 +454,7 @@ def test_fatal_error_is_none_after_construction_either_way(base: type) -> None:
 
 def test_missing_hooks_warn_once_per_process_not_per_engine(fresh_warnings: None,
                                                             caplog: pytest.LogCaptureFixture) -> None:
-    """Point 4: several engines, and several liveness classes of one upstream class, warn once per hook."""
+    """Several engines, and several liveness classes of one upstream class, warn once per hook."""
 
     class Bare:  # no _start_executor_workers, no submit
         def __init__(self, worker_kwargs: Any, *args: Any, **kwargs: Any) -> None:

@@ -14,8 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProcessTracker, require_facility, wait_until
 from tests.support.children import free_port
+from tests.support.facilities import require_facility
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import wait_until
 
 require_facility("dynamo", allow_module_level=True)
 

@@ -8,7 +8,9 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ProcessTracker, StuckChild, wait_until
+from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import wait_until
 from trtllm_liveness import WorkerProcessMonitor, capture_identity
 from trtllm_liveness.integrations.dynamo import DynamoLivenessBridge, attach_to_dynamo, liveness_monitor_of
 

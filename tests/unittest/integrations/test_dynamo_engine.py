@@ -20,9 +20,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, needs, wait_until
 from tests.support.children import HelperProcess, free_port, http_get, identities_of
+from tests.support.facilities import needs
 from tests.support.ref_engine import kill_rank, signal_rank
+from tests.support.waits import WAIT_SCALE, wait_until
 
 pytestmark = [
     pytest.mark.timeout(180),

@@ -1,4 +1,4 @@
-"""Hardening the fault matrix exposed: a dead watcher, concurrent health checks, descriptor leaks.
+"""The engine under adverse conditions: a dead watcher, concurrent health checks, descriptor leaks.
 
 The executor-level tests run the reference executor on real MPI workers in a child process in
 its own session (``run_scenario``, which kills and reports whatever it left behind). The monitor
@@ -14,9 +14,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, wait_until
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import WorkerProcessMonitor, capture_identity
-from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
 
 needs_mpi = needs("mpi")

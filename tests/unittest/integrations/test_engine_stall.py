@@ -15,8 +15,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, facility_unavailable
 from tests.support.children import HelperProcess
+from tests.support.facilities import MPI_MARKS, facility_unavailable
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE
 
 pytestmark = [pytest.mark.timeout(120), *MPI_MARKS]
 
@@ -106,3 +108,12 @@ def test_without_iteration_reports_a_long_non_streaming_request_is_reported(proc
                             "max_tokens": 300, "requests": 1, "expect": "stall", "watch_s": 60.0},
                     "stall_timeout_s=1")
     assert out["stall"] is not None and out["fatal"] is None, out
+
+
+def test_a_fatal_stall_names_the_stopped_rank_not_the_leader(procs: ProcessTracker) -> None:
+    # Rank 1 is SIGSTOPped; the leader then waits on it. The evidence (a stopped rank) names rank 1.
+    out = run_child(procs, {"tree": "main", "engine": {"step_acks": True, "stall": {"rank": 1, "kind": "stop",
+                                                                                  "after_tokens": 3}}},
+                    "stall_timeout_s=3,stall_action=fatal")
+    assert out["fatal_kind"] == "stalled", out
+    assert "(named: MPI worker rank 1 " in out["fatal"] and "rank 1 is stopped" in out["fatal"], out["fatal"]

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProcessTracker, needs
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker
 
 FAKES = Path(__file__).resolve().parents[2] / "fakes"
 TREES = {"v12": FAKES / "trtllm_v12", "main": FAKES / "trtllm_main"}
@@ -287,3 +288,65 @@ def test_create_routes_give_distinct_classes(procs: ProcessTracker, tree: str) -
     assert _result(lines, err, "OTHER") == ["ValueError"]
     # None of them is the MPI proxy the extension wraps (the default route; built in the exit test).
     assert all("GenerationExecutorProxy" not in r[0] for r in (rpc, ray, logits))
+
+
+# ----------------------------------------------------------------------------- (f) dispatch of a late response
+
+_LATE_RESPONSE = """
+import logging
+import queue
+import weakref
+from _trtllm_fake_common import Response
+from tensorrt_llm.executor.ipc import ZeroMqQueue
+from tensorrt_llm.executor.proxy import GenerationExecutorProxy
+from tensorrt_llm.llmapi.utils import ManagedThread
+
+records = []
+class Records(logging.Handler):
+    def emit(self, record):
+        records.append((record.levelname, record.threadName, record.getMessage()))
+upstream_logger = logging.getLogger("tensorrt_llm")
+upstream_logger.addHandler(Records())
+upstream_logger.setLevel(logging.DEBUG)
+
+class Pending:                                           # a GenerationResult, as the dispatch loop sees it
+    def __init__(self):
+        self.queue = queue.Queue()
+server = ZeroMqQueue(is_server=True, name="proxy_result_queue")    # the proxy's end
+client = ZeroMqQueue(server.address, is_server=False, name="worker_result_queue")
+proxy = GenerationExecutorProxy.__new__(GenerationExecutorProxy)  # only the dispatch loop runs
+known = Pending()
+proxy._results = {7: known}
+proxy.result_queue = server
+errors = queue.Queue()
+thread = ManagedThread(weakref.WeakMethod(proxy.dispatch_result_task), error_queue=errors,
+                       name="proxy_dispatch_result_thread")
+thread.start()
+client.put(Response(99, 1, False))                        # its request was failed and forgotten
+client.put(Response(7, 1, True))                          # a pending request's final response
+client.put(None)                                          # the leader's end marker
+thread.join(10)
+report("ALIVE", thread.is_alive())
+report("DELIVERED", known.queue.qsize(), 7 in proxy._results)
+report("ERRORS", errors.qsize(), *(type(error).__name__ for error in list(errors.queue)))
+logged = [message for level, name, message in records if level == "ERROR" and name == thread.name]
+report("LOGGED", len(logged), sum(message.count("Traceback") for message in logged))
+os._exit(0)
+"""
+
+
+@pytest.mark.parametrize("tree", ["main", "v12"])
+def test_a_response_for_a_forgotten_request(procs: ProcessTracker, tree: str) -> None:
+    """1.2-era ``proxy.py`` indexes its result table: a response whose request is no longer in it
+    raises ``KeyError`` in the dispatch thread, which ``ManagedThread`` logs at ERROR with its
+    traceback and puts on the error queue, and the thread goes on; main's drops the response."""
+    status, lines, err = run_child(procs, tree, _LATE_RESPONSE)
+    assert status == 0, err[-3000:]
+    assert _result(lines, err, "ALIVE") == ["False"]  # the end marker ended it either way
+    assert _result(lines, err, "DELIVERED") == ["1", "False"]  # the known request: delivered and removed
+    if tree == "v12":
+        assert _result(lines, err, "ERRORS") == ["1", "KeyError"]
+        assert _result(lines, err, "LOGGED") == ["1", "1"]
+    else:
+        assert _result(lines, err, "ERRORS") == ["0"]
+        assert _result(lines, err, "LOGGED") == ["0", "0"]

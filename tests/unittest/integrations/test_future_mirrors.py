@@ -14,12 +14,14 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, needs
 from tests.support.children import HelperProcess
+from tests.support.facilities import needs
+from tests.support.waits import WAIT_SCALE
 from trtllm_liveness import LivenessConfig
 from trtllm_liveness.demo._cgroup_faults import remove_leftover_groups
 from trtllm_liveness.integrations._futures import fail_pending, mirror_future
 from trtllm_liveness.integrations.trtllm import liveness_proxy_class
+from trtllm_liveness.integrations.trtllm._engine_shutdown import release
 
 
 def test_mirror_follows_the_real_future() -> None:
@@ -79,7 +81,7 @@ def test_proxy_stores_mirrors_only_with_liveness_on() -> None:
         real.set_result(7)
         assert on.mpi_futures[0].result(timeout=0) == 7
     finally:
-        on._liveness_release()
+        release(on.liveness_state)
 
 
 GROUP_PREFIX = "trtllm-liveness-test-frozen-rank"

@@ -19,8 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProcessTracker, require_facility, wait_until
 from tests.support.children import free_port
+from tests.support.facilities import require_facility
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import wait_until
 from trtllm_liveness.process._identity import local_hostname
 
 require_facility("prometheus", allow_module_level=True)

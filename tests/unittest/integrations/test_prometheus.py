@@ -14,7 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProcessTracker, StuckChild, require_facility, state_of, wait_until
+from tests.support.facilities import require_facility
+from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
 
 require_facility("prometheus", allow_module_level=True)

@@ -1,4 +1,4 @@
-"""Issue 10 point 12: when the proxy process dies, every rank of its engine exits within a bound.
+"""When the proxy process dies, every rank of its engine exits within a bound.
 
 The ranks' proxy-death watch (``integrations/trtllm/_worker_entry.py``) holds a pidfd on the
 proxy, verified by start time. Tested with real processes on both session kinds of the
@@ -38,8 +38,10 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, ProcessTracker, needs, wait_until
 from tests.support.children import HelperProcess
+from tests.support.facilities import MPI_MARKS, needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness._errors import AccessDenied
 from trtllm_liveness.integrations.trtllm import _worker_entry
 from trtllm_liveness.integrations.trtllm._worker_entry import PROXY_DIED_EXIT_STATUS, start_proxy_death_watch
@@ -159,7 +161,7 @@ def test_mpirun_ranks_exit_when_the_proxy_is_killed(procs: ProcessTracker, tree:
     and mpirun, which reaps them, ends with their status 75.
 
     ``v12-subcomm``: the session runs on a sub-communicator of ranks 0-2 and world rank 3 never
-    takes part (issue point 4c): the engine starts (on 1.2.x the workers gather identities over
+    takes part: the engine starts (on 1.2.x the workers gather identities over
     the session's communicator, never ``COMM_WORLD``), the watch works, and the outsider, no rank
     of the session, is left alone (the test kills it)."""
     with _comm_job(tree, True, n=4 if outsider else 3, outsider=outsider) as job:

@@ -13,8 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, Freezer, needs, state_of, wait_until
 from tests.support.children import HelperProcess, identities_of
+from tests.support.facilities import needs
+from tests.support.process_tracker import state_of
+from tests.support.stuck_processes import Freezer
+from tests.support.waits import WAIT_SCALE, wait_until
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.mpi, pytest.mark.real_process, needs("mpi", "freezer")]
 

@@ -13,9 +13,10 @@ import time
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, needs, wait_until
 from tests.support.children import HelperProcess, http_get, identities_of
+from tests.support.facilities import needs
 from tests.support.ref_engine import kill_rank
+from tests.support.waits import WAIT_SCALE, wait_until
 
 pytestmark = [
     pytest.mark.timeout(150),

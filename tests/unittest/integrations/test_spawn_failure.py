@@ -12,8 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE
 from tests.support.children import HelperProcess
+from tests.support.facilities import MPI_MARKS
+from tests.support.waits import WAIT_SCALE
 from trtllm_liveness.demo._mpi_env import PRTE_TMPDIR_VAR
 
 pytestmark = [

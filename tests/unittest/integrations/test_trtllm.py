@@ -4,7 +4,7 @@ Unit checks run in this process (feature detection, payload validation, the side
 everything that spawns MPI workers or imports a fake ``tensorrt_llm`` runs in a child process in
 its own session (``run_scenario``, which also kills and reports whatever it left behind). The
 end-to-end checks build the executor through upstream's own ``GenerationExecutor.create(engine,
-model_world_size=N)`` of the fake, with a ``FakeEngine`` (``reference._scenario._build``).
+model_world_size=N)`` of the fake, with a ``FakeEngine`` (the scenario option ``engine``).
 """
 
 from __future__ import annotations
@@ -20,23 +20,24 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, wait_until
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.upstream_fakes import FAKE_ENGINE, tree
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import ProcessIdentity, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.demo import GenerationExecutorProxy, MainGenerationExecutorProxy
-from trtllm_liveness.demo._scenario import run_scenario
+from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
 from trtllm_liveness.integrations import trtllm as integ
 from trtllm_liveness.integrations.trtllm._mixin import _subscriber
 from trtllm_liveness.integrations.trtllm._shim import MonitorShim
 from trtllm_liveness.integrations.trtllm._side_channel import IdentityChannel
 
-FAKES = os.path.join(os.path.dirname(__file__), "..", "..", "fakes")
-
 pytestmark = [pytest.mark.timeout(120), needs("mpi")]
 
 
 def fake_path(version: str) -> str:
-    return os.path.abspath(os.path.join(FAKES, f"trtllm_{version}"))
+    return str(tree(version))
 
 
 # ----------------------------------------------------------------------------- unit
@@ -78,8 +79,9 @@ def test_shim_rejects_a_payload_that_is_no_list_without_crashing(payload: Any,
 
 
 def test_shim_rejects_per_element_and_keeps_the_rest(procs: ProcessTracker, caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 10 point 4: one bad element (or None fields, or the proxy's own pid) used to reject
-    the whole payload, leaving every rank unwatched."""
+    """One bad element (or None fields, or the proxy's own pid) is rejected on its own, with a
+    log line: the rest of the payload is watched (rejecting it whole would leave every rank
+    unwatched)."""
     a, b = procs.sleeper(), procs.sleeper()
     good_a, good_b = capture_identity(1, a.pid), capture_identity(2, b.pid)
     unverified = (good_b.rank, good_b.pid, None, good_b.hostname, None)  # upstream's Optional fields
@@ -98,7 +100,7 @@ def test_shim_rejects_per_element_and_keeps_the_rest(procs: ProcessTracker, capl
 
 
 def test_shim_close_marks_expected_exits_not_deaths(procs: ProcessTracker) -> None:
-    """Issue 10 point 3: upstream main's pre_shutdown() closes its monitor when expected exits begin."""
+    """Upstream main's pre_shutdown() closes its monitor when expected exits begin: no death then."""
     child = procs.sleeper()
     closes: list[int] = []
     with WorkerProcessMonitor() as monitor:
@@ -227,6 +229,7 @@ def test_lazy_executor_class_attribute_imports_tensorrt_llm_only_on_use() -> Non
 def run_fake(version: str, env: dict[str, str] | None = None, **options: Any) -> ScenarioResult:
     """One scenario iteration on the fake tree ``trtllm_<version>``; nothing may be left behind."""
     options.setdefault("observe_s", 15 * WAIT_SCALE)
+    options.setdefault("engine", FAKE_ENGINE)
     run = run_scenario(options, 60 * WAIT_SCALE, env={"PYTHONPATH": fake_path(version), **(env or {})})
     assert run.survivors == (), f"processes left behind: {run.survivors}"
     assert run.results and run.done, f"scenario failed: {run.problems()}"
@@ -249,7 +252,7 @@ def test_fake_trtllm_sigkill_end_to_end(version: str, mode: str, via: str, rank:
     assert d is not None and sh is not None
     assert d.health_false_ms is not None and d.requests_failed_ms is not None
     assert out.names_a_victim(out.fatal_error), out.fatal_error
-    assert [(e.kind, e.rank, e.pid) for e in out.events][:1] == [("died", rank, out.victim.pid)]
+    assert [(e.kind, e.identity.rank, e.identity.pid) for e in out.events][:1] == [("died", rank, out.victim.pid)]
     # Upstream's pre_shutdown() body runs once (its once-flag, serialized by the mixin); the fatal
     # path's helper and the harness's shutdown() may both call it, so up to two entries.
     assert sh.pre_shutdown_runs == 1 and 1 <= sh.pre_shutdown_calls <= 2

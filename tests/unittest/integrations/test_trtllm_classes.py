@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.support.waits import wait_until
 from trtllm_liveness import LivenessConfig
 from trtllm_liveness.integrations import trtllm as integ
 from trtllm_liveness.integrations.trtllm import _features
@@ -93,7 +93,7 @@ def _shutdown(executor: Any) -> None:
 
 
 def test_two_engines_built_at_once_each_get_what_they_asked_for(upstream: types.ModuleType) -> None:
-    """Issue 10 point 7: the liveness class must not leak to an engine built meanwhile."""
+    """The liveness class does not leak to an engine built meanwhile."""
     liveness_cls = integ.liveness_executor_class(GenerationExecutor, UpstreamProxy,
                                                  config=LivenessConfig(enabled=True, scan_interval_s=0.1))
     gate = threading.Barrier(2)
@@ -141,7 +141,7 @@ def test_nested_build_in_the_same_thread_gets_upstreams_class(upstream: types.Mo
                                                ({"return_logits": True}, "single-process")])
 def test_uncovered_routes_warn_once_naming_the_route(upstream: types.ModuleType, kwargs: dict[str, Any],
                                                      route: str, caplog: pytest.LogCaptureFixture) -> None:
-    """Issue 10 point 8: the rpc, ray and single-process routes got no liveness, silently."""
+    """The rpc, ray and single-process routes get no liveness: each warns once, naming the route."""
     liveness_cls = integ.liveness_executor_class(GenerationExecutor, UpstreamProxy)
     with caplog.at_level(logging.WARNING, logger="trtllm_liveness"):
         first = liveness_cls.create(**kwargs)

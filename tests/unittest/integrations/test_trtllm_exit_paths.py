@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE
 from tests.support.children import HelperProcess
+from tests.support.facilities import MPI_MARKS
+from tests.support.waits import WAIT_SCALE
 
 pytestmark = [pytest.mark.timeout(90), *MPI_MARKS]
 
@@ -32,7 +33,7 @@ def _atexit_record(log: str) -> dict[str, object]:
 @pytest.mark.parametrize("wait", ["wakeup", "event"])
 @pytest.mark.parametrize("rank", [0, 1])
 def test_leader_death_with_requests_pending_exits_nonzero_with_one_sigint(rank: int, wait: str, tmp_path: Path) -> None:
-    """Issue 10 point 1: upstream's pre_shutdown() blocks (PAIR send per pending request to a dead
+    """Upstream's pre_shutdown() blocks (PAIR send per pending request to a dead
     peer); the error is published, the requests failed and the guard fires anyway, once, and its
     SIGINT reaches the main thread's handler: ``wait="wakeup"`` waits as an asyncio server
     (uvicorn) does, on a wakeup fd; ``wait="event"`` in a lock wait, which only a signal taken by
@@ -62,7 +63,7 @@ def test_leader_death_with_requests_pending_exits_nonzero_with_one_sigint(rank: 
 
 @pytest.mark.parametrize("guard", [False, True])
 def test_script_ending_without_shutdown_is_not_a_death(guard: bool) -> None:
-    """Issue 10 point 3: upstream's atexit pre_shutdown() stops the ranks; that is no fatal error,
+    """Upstream's atexit pre_shutdown() stops the ranks; that is no fatal error,
     and the exit status stays 0 even with exit_on_fatal."""
     env = {"TRTLLM_WORKER_LIVENESS": f"{COMMON},exit_on_fatal={int(guard)},exit_code=3,exit_delay_s=0.1"}
     with HelperProcess("fatal_path_child", {"scenario": "clean_exit"}, env) as child:

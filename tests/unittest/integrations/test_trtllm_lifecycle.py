@@ -18,8 +18,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import MPI_MARKS, WAIT_SCALE, Freezer, ProcessTracker, state_of, wait_until
 from tests.support.children import HelperProcess
+from tests.support.facilities import MPI_MARKS
+from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.stuck_processes import Freezer
+from tests.support.waits import WAIT_SCALE, wait_until
 
 pytestmark = [pytest.mark.timeout(120), *MPI_MARKS]
 
@@ -87,14 +90,14 @@ def _hold_in_d(freezer: Freezer, pid: int, seconds: float) -> float:
     return time.monotonic()
 
 
-# ----------------------------------------------------------------------------- wedge timer at READY (point 11)
+# ----------------------------------------------------------------------------- wedge timer at READY
 
 
 @pytest.mark.freezer
 @pytest.mark.parametrize("tree", TREES)
 def test_d_state_during_startup_is_no_wedge_and_the_timer_starts_at_ready(child_factory: Any, freezer: Freezer,
                                                                           tree: str) -> None:
-    """Issue 10 point 11: a slow cold-mount weight load (the leader in D during the model build)
+    """A slow cold-mount weight load (the leader in D during the model build)
     must not be called a wedge; after READY the same D state is one."""
     child = child_factory({"scenario": "startup", "tree": tree, "init_delay_s": 4.0}, "d_state_timeout_s=0.2")
     leader = _pids(child.record("identities"))[0]
@@ -121,7 +124,7 @@ def test_d_state_during_startup_is_no_wedge_and_the_timer_starts_at_ready(child_
 @pytest.mark.freezer
 @pytest.mark.parametrize("tree", TREES)
 def test_startup_keeps_its_own_bound(child_factory: Any, freezer: Freezer, tree: str) -> None:
-    """Issue 10 point 11: with ``startup_d_state_timeout_s`` a leader stuck in D during the build is
+    """With ``startup_d_state_timeout_s`` a leader stuck in D during the build is
     a wedge (the READY bound, 30 s, is not what applies before READY); ``create()`` raises it."""
     child = child_factory({"scenario": "startup", "tree": tree, "init_delay_s": 4.0},
                           "d_state_timeout_s=30,startup_d_state_timeout_s=0.2")
@@ -136,12 +139,12 @@ def test_startup_keeps_its_own_bound(child_factory: Any, freezer: Freezer, tree:
     assert survivors == []
 
 
-# ----------------------------------------------------------------------------- sessions (point 6)
+# ----------------------------------------------------------------------------- sessions
 
 
 @pytest.mark.parametrize("passed_in", [True, False])
 def test_a_session_the_proxy_does_not_own_is_never_abandoned(child_factory: Any, passed_in: bool) -> None:
-    """Issue 10 point 6 (main): after a death, ``abandon()`` only for the session the proxy created
+    """On main, after a death, ``abandon()`` only for the session the proxy created
     (upstream's ``shutdown()`` does so when ``_owns_mpi_session``; the extension's bounded shutdown,
     when upstream's is still blocked, must keep to the same rule)."""
     child = child_factory({"scenario": "session", "tree": "main", "passed_in": passed_in})
@@ -161,7 +164,7 @@ def test_a_session_the_proxy_does_not_own_is_never_abandoned(child_factory: Any,
 @pytest.mark.parametrize("tree", TREES)
 def test_interpreter_exits_after_a_wedged_world_without_exit_on_fatal(child_factory: Any, freezer: Freezer,
                                                                       tree: str) -> None:
-    """Issue 10 point 6 (1.2.x; main's ``_mark_engine_dead`` does it itself): after a fatal error
+    """On 1.2.x (main's ``_mark_engine_dead`` does it itself), after a fatal error
     mpi4py's exit join of its manager thread is released, so the process exits within a bound
     although no rank will ever answer that thread (both ranks stay frozen until after the exit).
     A SIGKILLed rank does not show it on Open MPI 5 with ULFM: the manager thread then dies of
@@ -182,11 +185,11 @@ def test_interpreter_exits_after_a_wedged_world_without_exit_on_fatal(child_fact
     assert survivors == []
 
 
-# ----------------------------------------------------------------------------- sends (point 5)
+# ----------------------------------------------------------------------------- sends
 
 
 def test_no_extension_send_from_a_thread_that_does_not_own_the_socket(child_factory: Any) -> None:
-    """Issue 10 point 5: upstream's ZMQ sockets have no lock and, with ``TLLM_LLMAPI_ZMQ_DEBUG=1``,
+    """Upstream's ZMQ sockets have no lock and, with ``TLLM_LLMAPI_ZMQ_DEBUG=1``,
     raise on use from any thread but the first that used them. A death with requests in flight
     while the owner keeps submitting: no ownership error from any send (the extension's fatal path
     and its shutdown included)."""
@@ -218,11 +221,11 @@ def test_a_healthy_shutdown_sends_from_the_owning_thread_in_zmq_debug_mode(child
     assert survivors == []
 
 
-# ----------------------------------------------------------------------------- submit re-check (point 9)
+# ----------------------------------------------------------------------------- submit re-check
 
 
 def test_request_registered_after_the_fatal_sweep_is_failed(child_factory: Any) -> None:
-    """Issue 10 point 9 (1.2.x): a request that passed the fatal check and registered after the
+    """On 1.2.x, a request that passed the fatal check and registered after the
     sweep of pending results must not stay pending forever. 16 threads submit back to back against
     a SIGKILL of rank 1 (upstream's making of each result takes 20 ms, so the death mostly falls
     between a submit's check and its registration): every request ``submit()`` returned ends with

@@ -13,11 +13,15 @@ import threading
 
 import pytest
 
-from tests.conftest import ProcessTracker, needs, require_or_skip, start_time_or_none, state_of, wait_until
+from tests.support.facilities import needs, require_or_skip
+from tests.support.process_tracker import ProcessTracker, start_time_or_none, state_of
+from tests.support.waits import wait_until
 from trtllm_liveness import (
     EventKind,
     InvalidIdentityError,
+    MonitorMethod,
     ProcessIdentity,
+    RankStatus,
     WorkerEvent,
     WorkerProcessMonitor,
     WorkerState,
@@ -337,6 +341,26 @@ def test_raising_subscriber_is_logged_and_watcher_keeps_going(
     assert any("subscriber bug" in (r.exc_text or "") or "raised" in r.getMessage() for r in caplog.records)
 
 
+@pytest.mark.parametrize("reports", [False, True])
+def test_a_death_is_logged_by_the_monitor_unless_a_subscriber_reports_it(
+    procs: ProcessTracker, caplog: pytest.LogCaptureFixture, reports: bool
+) -> None:
+    """One failure, one line at WARNING or above: the monitor's own, or (``reports=True``) none
+    from the monitor, whose subscriber writes the engine's fatal line itself."""
+    child = procs.sleeper()
+    rec = Recorder()
+    caplog.set_level(logging.DEBUG, logger="trtllm_liveness.monitor")
+    with WorkerProcessMonitor() as monitor:
+        monitor.subscribe(rec, reports=reports)
+        monitor.register([capture_identity(0, child.pid)])
+        monitor.start()
+        os.kill(child.pid, signal.SIGKILL)
+        assert rec.wait(1)
+    lines = [r for r in caplog.records if "exited unexpectedly" in r.getMessage()]
+    assert len(lines) == 1, caplog.text
+    assert lines[0].levelno == (logging.DEBUG if reports else logging.WARNING), caplog.text
+
+
 def test_late_subscriber_gets_the_failure_at_once(procs: ProcessTracker) -> None:
     child = procs.sleeper()
     identity = capture_identity(0, child.pid)
@@ -428,3 +452,35 @@ def test_register_validates_and_replaces(procs: ProcessTracker) -> None:
         a.wait(10)
         assert monitor.find_dead_worker() is None  # the replaced process is no longer watched
         assert monitor.check() is None
+
+
+def test_the_method_reads_as_its_plain_name_wherever_it_is_written(procs: ProcessTracker) -> None:
+    """The method is an enum, but JSON, ``str()``, f-strings, log lines and ``to_dict()`` read the
+    same plain names they always did (``str()`` of a str-mixin enum is ``Class.MEMBER`` on 3.11+)."""
+    child = procs.sleeper()
+    with WorkerProcessMonitor() as monitor:
+        monitor.register([capture_identity(0, child.pid)])
+        status = monitor.statuses()[0]
+    assert status.method is MonitorMethod.PIDFD
+    logged = logging.LogRecord("x", logging.INFO, "", 0, "method %s", (status.method,), None).getMessage()
+    assert (str(status.method), f"{status.method}", f"{status.method:>6}", logged) == \
+        ("pidfd", "pidfd", " pidfd", "method pidfd")
+    assert json.dumps(status.method) == '"pidfd"' and json.loads(json.dumps(status.to_dict()))["method"] == "pidfd"
+    assert type(status.to_dict()["method"]) is str and status.method == "pidfd"
+    assert [m.value for m in MonitorMethod] == ["pidfd", "procfs", "none", "agent"]
+    assert RankStatus(status.identity, status.state, 0.0, 0.0, "agent").method is MonitorMethod.AGENT  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        RankStatus(status.identity, status.state, 0.0, 0.0, "ptrace")  # type: ignore[arg-type]
+
+
+def test_a_remote_report_cannot_make_a_rank_a_signal_target() -> None:
+    """A report about another host's rank is hearsay: shown ``via`` a method that observes on this
+    host (pidfd, procfs), that rank's pid (another host's number) would be a signal target here."""
+    remote = ProcessIdentity(4, os.getpid(), start_time_or_none(os.getpid()), "fakehostB", 1)
+    with WorkerProcessMonitor() as monitor:
+        for via in ("pidfd", MonitorMethod.PROCFS, "ptrace"):
+            with pytest.raises(ValueError):
+                monitor.apply_remote(remote, WorkerState.ALIVE, "hearsay", via=via)
+        assert monitor.statuses() == [] and monitor.verified_identities() == []
+        assert monitor.apply_remote(remote, WorkerState.ALIVE, "ok", via="agent")
+        assert monitor.statuses()[0].method is MonitorMethod.AGENT and monitor.verified_identities() == []

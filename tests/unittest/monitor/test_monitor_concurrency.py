@@ -27,7 +27,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from tests.conftest import Freezer, ProcessTracker, state_of, wait_until
+from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.stuck_processes import Freezer
+from tests.support.waits import wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, capture_identity
 from trtllm_liveness.demo._fuse_stall import FuseStall
 
@@ -153,7 +155,7 @@ class Tally:
 def test_probe_right_after_register_does_not_switch_wedge_detection_off(
     procs: ProcessTracker, d_source: Callable[[], StuckChild]
 ) -> None:
-    """A health check racing the watcher's wakeup used to eat it; the wedge was then never seen."""
+    """A health check racing the watcher's wakeup must not eat it: the wedge is still seen."""
     for attempt in range(6):
         stuck = d_source()
         monitor = WorkerProcessMonitor(d_state_timeout_s=0.2, scan_interval_s=0.05)

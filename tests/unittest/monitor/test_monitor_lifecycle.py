@@ -11,7 +11,9 @@ import time
 
 import pytest
 
-from tests.conftest import Freezer, ProcessTracker, wait_until
+from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import Freezer
+from tests.support.waits import wait_until
 from trtllm_liveness import (
     EventKind,
     InvalidIdentityError,

@@ -17,7 +17,8 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from tests.conftest import state_of, wait_until
+from tests.support.process_tracker import state_of
+from tests.support.waits import wait_until
 from trtllm_liveness import ProcessIdentity, WorkerProcessMonitor, capture_identity
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(300)]

@@ -16,10 +16,11 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ProcessTracker, wait_until
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import wait_until
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.monitor._monitor import WorkerProcessMonitor
-from trtllm_liveness.monitor._stall_timer import ProgressSource, StallDetector, StallInfo
+from trtllm_liveness.monitor._stall_timer import ProgressSource, StallDetector, StalledSince, StallInfo
 from trtllm_liveness.process._identity import capture_identity
 
 pytestmark = pytest.mark.timeout(60)
@@ -222,16 +223,21 @@ def test_adversary_progress_and_submissions_race_the_timer() -> None:
 
 
 def test_monitor_shows_stalled_ranks_and_clears(procs: ProcessTracker) -> None:
+    """Only a rank otherwise alive shows the stall; one not watched here keeps its own state."""
     child = procs.sleeper()
+    remote = capture_identity(1, child.pid)._replace(hostname="other-host.example")
     with WorkerProcessMonitor() as monitor:
-        monitor.register([capture_identity(0, child.pid)])
+        monitor.register([capture_identity(0, child.pid), remote])
+        assert monitor.stalled is None
         since = time.monotonic() - 2
-        monitor.set_stalled(since, "engine stalled: test")
-        (status,) = monitor.statuses()
+        monitor.set_stalled(since, "engine stalled: test", since_wall=1000.0)
+        assert monitor.stalled == StalledSince(since, 1000.0, "engine stalled: test")
+        status, other = monitor.statuses()
         assert status.state is WorkerState.STALLED and status.detail == "engine stalled: test"
-        assert status.since == since
+        assert (status.since, status.since_wall) == (since, 1000.0)
+        assert other.state is WorkerState.UNMONITORED_REMOTE and "other-host.example" in other.detail
         monitor.set_stalled(None)
-        assert monitor.statuses()[0].state is WorkerState.ALIVE
+        assert monitor.stalled is None and monitor.statuses()[0].state is WorkerState.ALIVE
         assert monitor.failure is None  # a reported stall is no failure
 
 
@@ -311,7 +317,7 @@ def test_progress_channel_takes_beats_and_rejects_bad_messages(caplog: pytest.Lo
 
 
 def test_engine_stall_ignores_replayed_beats() -> None:
-    from trtllm_liveness.integrations.trtllm._engine_stall import Diagnoser, EngineStall
+    from trtllm_liveness.integrations.trtllm._engine_stall import Diagnoser, EngineStall, RankIterations
     from trtllm_liveness.integrations.trtllm._progress import IterationBeat
 
     with WorkerProcessMonitor() as monitor:
@@ -320,9 +326,9 @@ def test_engine_stall_ignores_replayed_beats() -> None:
         stall._on_beat(IterationBeat(0, 5, 100.0))
         stall._on_beat(IterationBeat(0, 5, 200.0))  # replayed count: ignored
         stall._on_beat(IterationBeat(0, 4, 300.0))  # older count: ignored
-        assert stall.iterations() == {0: (5, 100.0)}
+        assert stall.iterations() == {0: RankIterations(5, 100.0)}
         stall._on_beat(IterationBeat(0, 6, 150.0))
-        assert stall.iterations() == {0: (6, 150.0)}
+        assert stall.iterations() == {0: RankIterations(6, 150.0)}
         stall.close()
 
 
@@ -349,6 +355,29 @@ def test_a_rank_reporter_follows_a_new_engine() -> None:
     finally:
         one.close()
         two.close()
+
+
+def test_adversary_every_tick_reaches_the_proxy_whatever_the_sender_is_doing() -> None:
+    """Bursts of iterations with pauses shorter and longer than the beat interval catch the
+    reporter's sender waiting, sleeping after a beat and between clearing its flag and reading the
+    count: after each burst the proxy must get a beat carrying every iteration so far."""
+    pytest.importorskip("zmq")
+    from trtllm_liveness.integrations.trtllm._progress import IterationReporter, ProgressChannel
+
+    beats: list[Any] = []
+    channel = ProgressChannel(beats.append, 0.002)
+    rng = random.Random(7)
+    try:
+        reporter = IterationReporter(channel.spec, 0)
+        ticks = 0
+        for _burst in range(60):
+            for _ in range(rng.choice((1, 2, 50, 500))):
+                reporter.tick()
+                ticks += 1
+            assert wait_until(lambda ticks=ticks: beats and beats[-1].count == ticks, 10), (ticks, beats[-1:])
+            time.sleep(rng.choice((0.0, 0.0005, 0.002, 0.004)))
+    finally:
+        channel.close()
 
 
 def test_progress_channel_falls_back_to_a_short_directory_for_a_long_tmpdir(

@@ -9,7 +9,9 @@ import sys
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, Freezer, ProcessTracker, StuckChild, state_of, wait_until
+from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.stuck_processes import Freezer, StuckChild
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, capture_identity
 from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.monitor._wedge import WedgeTracker

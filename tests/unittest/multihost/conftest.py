@@ -9,12 +9,12 @@ removed by namespace; a leftover namespace, process, veth or work directory fail
 from __future__ import annotations
 
 import os
-import subprocess
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator, Mapping
 
 import pytest
 
-from tests.conftest import ProcessTracker, require_facility
+from tests.support.facilities import require_facility
+from tests.support.process_tracker import ProcessTracker
 from tests.support.testhosts import TestHosts
 
 
@@ -22,21 +22,14 @@ def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "multihost: runs real MPI jobs across namespace test hosts")
 
 
-def tracked_by(procs: ProcessTracker) -> Callable[[subprocess.Popen[bytes]], None]:
-    """An ``on_start`` for :class:`TestHosts` that hands each process it starts to ``procs``."""
-    def track(popen: subprocess.Popen[bytes]) -> None:
-        procs.popens.append(popen)
-        procs.track(popen.pid)
-
-    return track
+# What sshd gives a login: a fresh environment (the tests' agent otherwise passes the head's through).
+LOGIN_ENV = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 
 
-@pytest.fixture
-def test_hosts(procs: ProcessTracker) -> Iterator[TestHosts]:
-    """hostA, hostB, hostC and the head, up; removed at teardown (a leftover fails the test)."""
+def _hosts(procs: ProcessTracker, **options: Mapping[str, str]) -> Iterator[TestHosts]:
     require_facility("testhosts")
     tmp_mode = os.stat("/tmp").st_mode  # PRRTE chmods the directory of an --output file: never /tmp's
-    hosts = TestHosts(on_start=tracked_by(procs))
+    hosts = TestHosts(on_start=procs.adopt, **options)
     try:
         hosts.start()
         yield hosts
@@ -44,3 +37,16 @@ def test_hosts(procs: ProcessTracker) -> Iterator[TestHosts]:
         left = hosts.close()
     assert not left, f"test hosts left behind: {left}"
     assert os.stat("/tmp").st_mode == tmp_mode, f"/tmp's mode changed to {oct(os.stat('/tmp').st_mode)}"
+
+
+@pytest.fixture
+def test_hosts(procs: ProcessTracker) -> Iterator[TestHosts]:
+    """hostA, hostB, hostC and the head, up; removed at teardown (a leftover fails the test)."""
+    yield from _hosts(procs)
+
+
+@pytest.fixture
+def login_hosts(procs: ProcessTracker) -> Iterator[TestHosts]:
+    """:func:`test_hosts` whose ranks get only what the launcher forwards, as over ssh: the agent
+    starts each host's command with :data:`LOGIN_ENV` alone."""
+    yield from _hosts(procs, login_env=LOGIN_ENV)

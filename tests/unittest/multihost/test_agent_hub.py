@@ -21,11 +21,14 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, start_time_or_none, state_of, wait_until
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker, start_time_or_none, state_of
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import WorkerProcessMonitor
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.multihost import _wire
 from trtllm_liveness.multihost._hub import AgentHub
+from trtllm_liveness.multihost._hub_records import StopCommand
 from trtllm_liveness.multihost._placement import plan
 from trtllm_liveness.process._identity import ProcessIdentity, capture_identity, parse_identities
 
@@ -178,8 +181,8 @@ def test_when_the_hub_goes_away_the_agent_stops_its_ranks_and_ends_its_own(procs
 def test_after_a_clean_stop_the_hubs_going_away_leaves_the_ranks_alone(procs: ProcessTracker, engine: Engine,
                                                                       slow_poll: bool) -> None:
     """``expect`` then the hub's close: the agent must read the ``expect`` before it acts on the
-    close. A busy agent (slow polls) finds both in one round; before the fix it saw the close first,
-    killed its host's ranks and ended its own with 75."""
+    close. A busy agent (slow polls) finds both in one round; acting on the close first would kill
+    its host's ranks and end its own with 75."""
     agent = start_agent(procs, engine, ranks=1, slow_poll=slow_poll)
     engine.hub.expect_exits()
     engine.hub.close()
@@ -217,8 +220,8 @@ class StillRoutedOnce(AgentHub):
 
 
 def test_an_unmatched_connection_is_probed_again_until_found(procs: ProcessTracker) -> None:
-    """Before the fix one probe was all: when it still reached the routing id, the session stayed
-    "connected" forever and its rank's death was never reported."""
+    """One probe is not enough: when it still reaches the routing id, the session would stay
+    "connected" forever and its rank's death never be reported; the hub probes again until found."""
     engine = Engine()
     engine.hub.close()
     engine.hub = StillRoutedOnce(engine.monitor, bind="127.0.0.1", heartbeat_timeout_s=1.0).start()
@@ -249,7 +252,7 @@ class SlowAfterStop(AgentHub):
     report and the close of its connection arrive together, in one poll round."""
 
     def _flush_commands_locked(self) -> None:
-        stopping = any(kind == "stop" for kind, _fields in self._commands)
+        stopping = any(isinstance(command, StopCommand) for command in self._commands)
         super()._flush_commands_locked()
         if stopping:
             time.sleep(0.5)
@@ -257,8 +260,8 @@ class SlowAfterStop(AgentHub):
 
 def test_a_report_that_arrives_with_the_close_of_its_connection_counts(procs: ProcessTracker) -> None:
     """The agent sends its report, then ends its rank: the report and the connection's close reach
-    the hub together when it is busy. Before the fix the close was handled first: the host was
-    reported lost and the agent's rank "exited unexpectedly"."""
+    the hub together when it is busy. The report counts: handling the close first would report the
+    host lost and the agent's rank "exited unexpectedly"."""
     engine = Engine()
     engine.hub.close()
     engine.hub = SlowAfterStop(engine.monitor, bind="127.0.0.1", heartbeat_timeout_s=1.0, grace_s=0.5,
@@ -297,6 +300,41 @@ def _raw_dealer(endpoint: str, identity: bytes | None = None) -> Any:
         sock.setsockopt(zmq.ROUTING_ID, identity)
     sock.connect(endpoint)
     return sock
+
+
+def _next_command(sock: Any, secret: bytes) -> _wire.Message:
+    """The next message the hub sent this raw agent (within the bound)."""
+    assert sock.poll(int(BOUND_S * 1000)), "no message from the hub"
+    return _wire.decode(secret, _wire.TO_AGENT, sock.recv())
+
+
+def test_the_lasting_commands_reach_a_late_agent_once_each_in_order(engine: Engine) -> None:
+    """arm, expect and stop are queued as typed commands: repeats are dropped (a second stop_hosts
+    asks no second stop), a later agent gets the lasting ones after its welcome, and each is on
+    the wire as the agents read it (``d``; ``grace``, ``kill``, ``req``). A marker command sent
+    last shows nothing else came in between."""
+    hub = engine.hub
+    hub.arm(5.0)
+    hub.arm(5.0)
+    hub.expect_exits()
+    hub.expect_exits()
+    sid = "56" * 16
+    sock = _raw_dealer(hub.endpoint, sid.encode())
+    try:
+        sock.send(_wire.encode(hub.secret, _wire.TO_HUB, "hello", sid, 1, host="fakehostW", rank=50, port=0,
+                               ranks=[[50, 4646, 1, "fakehostW", 1]]))
+        got = [_next_command(sock, hub.secret) for _ in range(3)]
+        assert [(m.kind, m.body.get("d")) for m in got] == [("welcome", None), ("arm", 5.0), ("expect", None)]
+        assert [m.seq for m in got] == [1, 2, 3]
+        for _ in range(2):
+            stops = hub.stop_hosts(0.0)
+            assert [(s.host, s.outcome) for s in stops] == [("fakehostW", "no-answer")]
+        hub.arm(9.0)  # the marker
+        stop, marker = _next_command(sock, hub.secret), _next_command(sock, hub.secret)
+        assert (stop.kind, stop.body["grace"], stop.body["kill"], stop.body["req"]) == ("stop", 0.5, 1.0, 1)
+        assert (marker.kind, marker.body["d"]) == ("arm", 9.0)
+    finally:
+        sock.close(0)
 
 
 def test_bad_messages_are_rejected_and_logged_and_the_hub_keeps_working(

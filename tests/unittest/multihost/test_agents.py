@@ -1,4 +1,4 @@
-"""Issue 12: the engine's per-host agents, on real mpirun jobs across namespace test hosts.
+"""The engine's per-host agents, on real mpirun jobs across namespace test hosts.
 
 Each test runs the upstream-shaped engine (``tests/programs/proxy_death_child.py``, comm session:
 the fake TensorRT-LLM main tree, ``MpiCommSession`` under ``mpirun``, liveness on, one long
@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, Freezer, ProcessTracker, needs, require_facility, wait_until
+from tests.support.facilities import needs, require_facility
 from tests.support.multihost_engine import (
     AGENT_EXIT_STATUS,
     FATAL_S,
@@ -34,7 +34,10 @@ from tests.support.multihost_engine import (
     TWO_ON_B,
     Engine,
 )
+from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import Freezer
 from tests.support.testhosts import TestHosts
+from tests.support.waits import WAIT_SCALE, wait_until
 
 pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi")]
 
@@ -350,8 +353,9 @@ def test_no_false_alarm_in_60s_with_both_cores_busy(test_hosts: TestHosts, procs
 
 @pytest.mark.timeout(180)
 def test_the_multihost_demo_reports_a_remote_kill(procs: ProcessTracker) -> None:
-    """``scripts/demo_hosts.py --hosts 3 --fault remote-kill --json`` (the README's command): the
-    killed rank of hostB named, the request failed, every host's shutdown reported."""
+    """``scripts/demo_hosts.py --hosts 3 --fault remote-kill --json`` (the README's command; ``bash
+    scripts/demo.sh --hosts 3 ...`` runs it after its set-up): the killed rank of hostB named, the
+    request failed, every host's shutdown reported."""
     require_facility("testhosts")
     script = Path(__file__).resolve().parents[3] / "scripts" / "demo_hosts.py"
     demo = subprocess.Popen([sys.executable, str(script), "--hosts", "3", "--fault", "remote-kill", "--json"],

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from tests.conftest import needs
 from tests.support import netem
+from tests.support.facilities import needs
 from tests.support.multihost_engine import DEFAULTS, Engine, timed_fatal
 from tests.support.testhosts import TestHosts
 

@@ -1,5 +1,5 @@
-"""Issue 12 foundation: real multi-host Open MPI jobs across namespace test hosts, and the
-baselines (no fault tolerance, no extension) that the multi-host agent work builds on.
+"""Real multi-host Open MPI jobs across namespace test hosts, and the baselines (no fault
+tolerance, no extension) that the multi-host agents are measured against.
 
 Each test starts ``mpirun --host hostA:2,hostB:1,hostC:1 -n 4 --map-by slot`` in the head of the
 ``test_hosts`` fixture, running ``tests/programs/multihost_rank.py`` (ranks 0, 1 on hostA, 2 on
@@ -8,7 +8,7 @@ hostB, 3 on hostC), and asserts what Open MPI 5 / PRRTE do by themselves:
 * placement: three hostnames, three PID namespaces, the ranks where the host list put them;
 * a SIGKILLed rank on hostB: mpirun reports it and ends the job with a non-zero status;
 * a crash of hostC (its PID 1 SIGKILLed): PRRTE ends the job, but mpirun exits with status 0
-  when its daemon connection is what tells it (the hole issue 12 must close: a launcher's status
+  when its daemon connection is what tells it (what the agents are for: a launcher's status
   cannot be trusted after a host loss); with an ssh-like session to the host as well, the status
   is 0 or 255, whichever notice PRRTE handles first;
 * a partition of hostB (its link down): nothing reacts within a bounded observation window;
@@ -30,8 +30,9 @@ import sys
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker, needs, require_facility, start_time_or_none, state_of, wait_until
 from tests.support import multihost_engine
+from tests.support.facilities import needs, require_facility
+from tests.support.process_tracker import ProcessTracker, start_time_or_none, state_of
 from tests.support.testhosts import (
     INHERITED_MCA_PREFIXES,
     NS_PREFIX,
@@ -42,7 +43,7 @@ from tests.support.testhosts import (
     rank_lines,
     remove_orphaned_namespaces,
 )
-from tests.unittest.multihost.conftest import tracked_by
+from tests.support.waits import WAIT_SCALE, wait_until
 
 pytestmark = [pytest.mark.timeout(45), pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi,
               needs("testhosts", "mpi")]
@@ -121,7 +122,7 @@ def test_host_crash_ends_the_job_with_status_zero(test_hosts: TestHosts) -> None
     output = job.output()
     assert status is not None, f"mpirun still runs {END_S} s after hostC's crash:\n{output}"
     assert "lost communication with a remote daemon" in output and "on node hostC" in output, output
-    # The hole issue 12 must close: the job was ended by a host's loss, yet mpirun reports success.
+    # What the agents are for: the job was ended by a host's loss, yet mpirun reports success.
     assert status == 0, output
     assert wait_until(lambda: not any(alive(pid, start) for pid, start in survivors.values()), END_S), survivors
 
@@ -165,7 +166,7 @@ def _links() -> set[str]:
 def test_cleanup_leaves_nothing_also_on_failure(procs: ProcessTracker) -> None:
     require_facility("testhosts")
     links_before = _links()
-    hosts = TestHosts(on_start=tracked_by(procs))
+    hosts = TestHosts(on_start=procs.adopt)
     with pytest.raises(RuntimeError, match="test failed on purpose"), hosts:
         job = hosts.rank_job()
         started(job)

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import WAIT_SCALE, ProcessTracker
 from tests.support.autoload_site import PACKAGE, REPORT, AutoloadSite, StartupReport, throwaway_site
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE
 from trtllm_liveness import LivenessConfig, _config, _switch
 from trtllm_liveness.integrations.trtllm_autoload import PTH_LINE
 

@@ -10,9 +10,11 @@ import threading
 
 import pytest
 
-from tests.conftest import MemoryCgroup, ProcessTracker, require_or_skip
+from tests.support.facilities import require_or_skip
+from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import MemoryCgroup
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
-from trtllm_liveness.process._oom import OomProbe
+from trtllm_liveness.process._oom import OomCounters, OomProbe, memory_cgroup_counter_file
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
 
@@ -81,3 +83,50 @@ def test_probe_of_a_missing_process_never_raises_and_falls_back_to_the_machine_c
     probe.machine_kills -= 1  # as if one OOM kill happened on the machine since registration
     verdict = probe.verdict()
     assert verdict is not None and verdict.startswith("likely killed by the kernel OOM killer")
+
+
+def test_workers_registered_together_keep_each_its_own_memory_cgroup(
+    procs: ProcessTracker, memory_cgroup: MemoryCgroup
+) -> None:
+    """One registration shares its cgroup reads among its workers; a worker outside the memory
+    cgroup of the others must still be judged by its own counter: registered in one call with an
+    OOM-killed worker, its plain SIGKILL after that OOM kill is not called OOM."""
+    hog = start_hog(procs)
+    memory_cgroup.add(hog.pid)
+    outside = procs.sleeper()
+    got = threading.Event()
+    events: list[WorkerEvent] = []
+    with WorkerProcessMonitor() as monitor:
+        monitor.subscribe(lambda event: (events.append(event), got.set()))
+        monitor.register([capture_identity(0, hog.pid), capture_identity(1, outside.pid)])
+        monitor.start()
+        assert hog.stdin is not None
+        hog.stdin.write(b"go\n")
+        hog.stdin.flush()
+        assert got.wait(30)
+        got.clear()
+        os.kill(outside.pid, signal.SIGKILL)
+        assert got.wait(30)
+    by_rank = {event.identity.rank: event for event in events}
+    assert "OOM killer" in by_rank[0].cause and memory_cgroup.path in by_rank[0].cause
+    assert "OOM" not in by_rank[1].cause
+
+
+def test_shared_counters_give_each_worker_the_file_of_its_own_cgroup(
+    procs: ProcessTracker, memory_cgroup: MemoryCgroup
+) -> None:
+    """One registration lists the members of the memory cgroups it meets (this process's, and one
+    where a second worker was found) instead of reading each worker's cgroup file: the answers must
+    be those of reading each one's file, inside the test cgroup (met by reading, then listed) and
+    outside it (listed from the start)."""
+    inside = [procs.sleeper(), procs.sleeper(), procs.sleeper()]
+    outside = [procs.sleeper(), procs.sleeper()]
+    for child in inside:
+        memory_cgroup.add(child.pid)
+    counters = OomCounters()
+    order = [inside[0], outside[0], inside[1], outside[1], inside[2]]
+    probes = {child.pid: OomProbe.capture(child.pid, counters) for child in order}
+    for child in order:
+        assert probes[child.pid].counter_file == memory_cgroup_counter_file(child.pid), child.pid
+    assert memory_cgroup.path in str(probes[inside[0].pid].counter_file)
+    assert probes[outside[0].pid].counter_file != probes[inside[0].pid].counter_file

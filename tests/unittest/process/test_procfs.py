@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import ProcessTracker
+from tests.support.process_tracker import ProcessTracker
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._thread_sampler import ThreadSampler, sample_d_state
@@ -43,12 +43,15 @@ def test_parse_stat_survives_hostile_comm() -> None:
     assert info.start_time == 987654
     assert _procfs.parse_state_and_threads(_stat_line(77, "x) R 1 2 (y", "D", 5, threads=4)) == ("D", 4)
     assert _procfs.thread_state_of(_stat_line(77, ") ) )", "Z", 5)) == "Z"
+    assert _procfs.parse_state_and_start_time(_stat_line(77, "x) Z 1 2 (y", "S", 987654)) == ("S", 987654)
 
 
 @pytest.mark.parametrize("data", [b"", b"garbage", b"12 (comm", b"12 (comm) S 1 2"])
 def test_parse_stat_rejects_malformed_content(data: bytes) -> None:
     with pytest.raises(ValueError):
         _procfs.parse_stat(data)
+    with pytest.raises(ValueError):
+        _procfs.parse_state_and_start_time(data)
     assert _procfs.thread_state_of(data) in ("", "S")
 
 

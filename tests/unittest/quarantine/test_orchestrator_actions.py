@@ -25,9 +25,12 @@ from typing import Any, ClassVar
 
 import pytest
 
-from tests.conftest import ProcessTracker, StuckChild, needs, require_facility, wait_until
+from tests.support.facilities import needs, require_facility
+from tests.support.process_tracker import ProcessTracker
 from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
 from tests.support.slurm_cluster import SlurmCluster
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import wait_until
 from trtllm_liveness import LivenessConfig
 from trtllm_liveness._events import EventKind, WorkerEvent
 from trtllm_liveness.exit._exit_guard import DEFAULT_EXIT_CODE_UNRESTARTABLE

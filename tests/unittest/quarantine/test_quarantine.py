@@ -22,8 +22,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import D_STATE_SOURCES, WAIT_SCALE, Freezer, ProcessTracker, StuckChild, state_of, wait_until
+from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
+from tests.support.stuck_processes import D_STATE_SOURCES, Freezer, StuckChild
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import LivenessConfig
 from trtllm_liveness._events import EventKind, WorkerEvent
 from trtllm_liveness.demo._fuse_stall import FuseStall

@@ -17,7 +17,10 @@ from typing import IO
 
 import pytest
 
-from tests.conftest import SLEEPER, WAIT_SCALE, ProcessTracker, StuckChild, require_facility, state_of, wait_until
+from tests.support.facilities import require_facility
+from tests.support.process_tracker import SLEEPER, ProcessTracker, state_of
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.process import _pidfd, _procfs
 from trtllm_liveness.stop._bounded_stop import stop_processes

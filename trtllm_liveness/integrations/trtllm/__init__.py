@@ -7,24 +7,29 @@ when it is missing). ``tensorrt_llm`` is never imported at module import time.
 Where each part lives::
 
     _features.py      what the installed TensorRT-LLM offers; one WARNING per missing hook/route
+    _worker_spec.py   WorkerSpec: what the proxy hands every rank with its task, checked on the rank
     _worker_entry.py  every rank's entry: proxy-death watch, identities (1.2.x), then worker_main
     _side_channel.py  the proxy's end of the 1.2.x identity side channel
     _identities.py    per-element validation of identity payloads
     _shim.py          what upstream main sees as its _worker_process_monitor
     _state.py         EngineLiveness: the per-engine state, one attribute on the proxy
     _mixin.py         LivenessProxyMixin: the overrides of upstream's GenerationExecutorProxy
-    _startup.py       an engine's start: its monitor, metrics on trtllm-serve's page, the "on" line
+    _startup.py       an engine's start: its monitor, metrics on trtllm-serve's page, the "on" line,
+                      the session's submit wrapped so every rank runs liveness_worker_entry
+    _engine_shutdown.py  the bounded shutdown; the exit guard's graceful action and last resort
     _request_socket.py  who owns upstream's request socket; keeping the extension from sending on it
     _engine_stall.py  stall detection of an engine (progress in, stall out) and its diagnoses
     _progress.py      executor iterations as progress: the ranks' counter and the proxy's listener
     _fatal.py         the fatal path (publish, fail, guard, then pre_shutdown in a helper)
+    _upstream_teardown.py  upstream's own teardown left nothing to wait for: its dispatch thread's
+                      gate, the worker futures after the bounded stop, running upstream's shutdown
     _classes.py       liveness_proxy_class, liveness_executor_class, patch_tensorrt_llm
     _doctor.py        what ``trtllm-liveness doctor`` reports
 
 Data flow::
 
     proxy __init__ -> EngineLiveness(monitor started, wedge verdicts held until READY)
-    _start_executor_workers -> mpi_session.submit(liveness_worker_entry, fn=worker_main, ...)
+    _start_executor_workers -> mpi_session.submit(liveness_worker_entry, ..., spec=WorkerSpec(worker_main, ...))
         rank: proxy-death watch (pidfd on the proxy) ; 1.2.x: gather identities -> side channel
         main: upstream's identities message -> shim.register -> monitor
     READY -> arm the wedge timer (and, with stall_timeout_s, the stall timer)
@@ -32,7 +37,9 @@ Data flow::
     output (dispatch_result_task) / rank iterations (HangDetector.checkpoint) -> stall timer
         -> stalled: statuses + WARNING with diagnosis (report) or the fatal path (fatal)
     pre_shutdown() / shim.close() / healthy shutdown() -> expected exits (not deaths)
-    shutdown() -> upstream's in a daemon thread, then stop_processes (bounded)
+    fatal path / bounded stop -> DispatchGate closed: upstream's dispatch thread ends
+    shutdown() -> upstream's in a daemon thread, then stop_processes (bounded), then upstream's
+        futures failed: upstream's shutdown() has nothing left to wait for (_engine_shutdown.py)
 
 **Exit on fatal** (``exit_on_fatal``, off by default, for servers such as ``trtllm-serve`` whose
 ``/health`` never restarts them after a killed rank, TensorRT-LLM #18663): ``exit_delay_s`` after

@@ -12,8 +12,10 @@
   fatal path a death takes.
 
 :class:`Diagnoser` takes the bounded snapshot of the local ranks (``_diagnosis.diagnose``, with
-Python stacks where ``py-spy`` is installed) in a daemon thread at a stall, a wedge and every fatal
-error, keeps the latest for ``liveness_diagnosis()`` and logs it. One diagnosis runs at a time;
+Python stacks from ``py-spy`` or the ranks' own faulthandler dumps, and their iteration counts) in
+a daemon thread at a stall, a wedge and every fatal error (that one quick, and before the bounded
+stop signals a rank: the stop waits for it, ``diagnosis_before_stop_s`` at most), keeps the latest
+for ``liveness_diagnosis()`` and logs it. One diagnosis runs at a time;
 a request while one runs is dropped (the running one is as fresh).
 """
 
@@ -23,10 +25,13 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._events import EventKind, WorkerEvent
+from ...diagnose._stalled_rank import stalled_rank_now  # procfs reads only: ready before the first stall
+from ...exit._process_ending import OwnedThreads
 from ...monitor._stall_timer import ProgressSource, StallDetector, StallInfo
 from ...process._identity import ProcessIdentity
 
@@ -34,13 +39,30 @@ if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
     from ...monitor._monitor import WorkerProcessMonitor
     from ._progress import IterationBeat, ProgressChannel
+    from ._state import EngineLiveness
+    from ._worker_spec import ProgressSpec
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
 BEAT_INTERVAL_MAX_S = 1.0
+DIAGNOSIS_BOUND_S = 5.0
+"""How long a diagnosis may run before its owner stops waiting for it: the thread window and
+py-spy's deadline (2 s, plus its kill), and py-spy's one-time probe."""
+SNAPSHOT_CPU_WINDOW_S = 0.1
+"""The fatal verdict's snapshot measures each thread's CPU over this long (10 ticks at 100 Hz)."""
+SNAPSHOT_STACKS_S = 0.15
+"""The fatal verdict's snapshot gives the ranks' Python stacks this long (py-spy or their dumps)."""
 AFTER_FATAL_DELAY_S = 0.05
 """A diagnosis after a fatal error starts this much later: the threads that observe the failure
 (health probes, the readers of the failed requests) get the interpreter first."""
+
+
+@dataclass(frozen=True)
+class RankIterations:
+    """What one rank reported last: ``count`` executor iterations, the last at ``at`` (monotonic)."""
+
+    count: int
+    at: float
 
 
 def pending_count(proxy: Any) -> int:
@@ -65,44 +87,70 @@ def beat_interval(stall_timeout_s: float) -> float:
 
 
 class Diagnoser:
-    """Bounded snapshots of the engine's local ranks, one at a time, in a daemon thread."""
+    """Bounded snapshots of the engine's local ranks, one at a time, each in a thread it owns and
+    joins (:meth:`close`)."""
 
-    def __init__(self, identities: Callable[[], list[ProcessIdentity]]) -> None:
+    def __init__(self, identities: Callable[[], list[ProcessIdentity]],
+                 iterations: Callable[[], Mapping[int, int]] | None = None) -> None:
         self._identities = identities
+        self._iterations = iterations
         self._lock = threading.Lock()
         self._running = False
+        self._snapshot_on_finish = False
+        self._threads = OwnedThreads()
         self.latest: Diagnosis | None = None
         self.reason = ""
         self.done = threading.Event()  # set after each finished diagnosis (tests wait on it)
+        self.snapshot_taken = threading.Event()
+        """Set once the snapshot of a fatal verdict (``request(..., snapshot=True)``) ended: the
+        bounded stop waits for it before it signals a rank."""
 
     def request(self, reason: str, on_done: Callable[[Diagnosis], None] | None = None,
-                delay_s: float = 0.0) -> bool:
+                delay_s: float = 0.0, *, snapshot: bool = False) -> bool:
         """Start a diagnosis for ``reason`` (after ``delay_s``) unless one runs; True if started.
-        Never blocks."""
+        ``snapshot``: the fatal verdict's, taken quickly (one sample, 0.1 s of CPU time, stacks
+        within ``SNAPSHOT_STACKS_S``) and announced through :attr:`snapshot_taken` (by the one
+        running, where one runs). Never blocks."""
         with self._lock:
             if self._running:
+                self._snapshot_on_finish |= snapshot
                 return False
             self._running = True
-        try:
-            threading.Thread(target=self._run, args=(reason, on_done, delay_s), name="trtllm-liveness-diagnosis",
-                             daemon=True).start()
-        except RuntimeError:
+            self._snapshot_on_finish = snapshot
+        if self._threads.start(self._run, name="trtllm-liveness-diagnosis", bound_s=delay_s + DIAGNOSIS_BOUND_S,
+                               args=(reason, on_done, delay_s, snapshot)) is None:
             with self._lock:
                 self._running = False
+            if snapshot:
+                self.snapshot_taken.set()
             logger.warning("liveness: could not start a diagnosis thread (%s)", reason)
             return False
         return True
 
-    def _run(self, reason: str, on_done: Callable[[Diagnosis], None] | None, delay_s: float) -> None:
+    def await_snapshot(self, timeout: float) -> bool:
+        """Wait at most ``timeout`` seconds for the fatal verdict's snapshot; True once it ended."""
+        return self.snapshot_taken.wait(timeout) if timeout > 0 else self.snapshot_taken.is_set()
+
+    def close(self) -> list[str]:
+        """Join the diagnosis under way, if any, until its deadline; the names of threads left."""
+        return self._threads.join()
+
+    def _run(self, reason: str, on_done: Callable[[Diagnosis], None] | None, delay_s: float,
+             snapshot: bool) -> None:
         try:
             if delay_s > 0:
                 time.sleep(delay_s)
-            from ...diagnose._diagnosis import diagnose, find_py_spy
+            from ...diagnose._diagnosis import diagnose
 
             identities = [identity for identity in self._identities() if identity.pid > 1]
             if not identities:
                 return
-            diagnosis = diagnose(identities, stacks=find_py_spy() is not None)
+            iterations = dict(self._iterations()) if self._iterations is not None else None
+            if snapshot:  # before the bounded stop signals the ranks: quick
+                diagnosis = diagnose(identities, stacks=True, window_s=0.0, cpu_window_s=SNAPSHOT_CPU_WINDOW_S,
+                                     stacks_timeout_s=SNAPSHOT_STACKS_S, iterations=iterations)
+            else:
+                diagnosis = diagnose(identities, stacks=True, iterations=iterations)
             self.latest, self.reason = diagnosis, reason
             if on_done is not None:
                 on_done(diagnosis)
@@ -113,6 +161,9 @@ class Diagnoser:
         finally:
             with self._lock:
                 self._running = False
+                announce, self._snapshot_on_finish = self._snapshot_on_finish, False
+            if announce:
+                self.snapshot_taken.set()
             self.done.set()
 
 
@@ -127,14 +178,14 @@ class EngineStall:
         self._pending = pending
         self._diagnoser = diagnoser
         self._lock = threading.Lock()
-        self._iterations: dict[int, tuple[int, float]] = {}  # rank -> (count, monotonic time)
+        self._iterations: dict[int, RankIterations] = {}
         self.channel: ProgressChannel | None = None
         self.detector: StallDetector | None = None
         self._closed = False
 
     # -- progress ------------------------------------------------------------------------
 
-    def open_channel(self) -> dict[str, Any] | None:
+    def open_channel(self) -> ProgressSpec | None:
         """Listen for the ranks' iteration beats; the spec to pass to them (None on failure)."""
         from ._progress import ProgressChannel
 
@@ -149,9 +200,9 @@ class EngineStall:
     def _on_beat(self, beat: IterationBeat) -> None:
         with self._lock:
             known = self._iterations.get(beat.rank)
-            if known is not None and known[0] >= beat.count:
+            if known is not None and known.count >= beat.count:
                 return  # stale or replayed
-            self._iterations[beat.rank] = (beat.count, beat.at)
+            self._iterations[beat.rank] = RankIterations(beat.count, beat.at)
         detector = self.detector
         if detector is not None:
             detector.note_progress(ProgressSource.ITERATION, beat.at)
@@ -166,8 +217,8 @@ class EngineStall:
         if detector is not None:
             detector.note_submitted(was_idle=was_idle)
 
-    def iterations(self) -> dict[int, tuple[int, float]]:
-        """rank -> (iterations reported, monotonic time of the last one)."""
+    def iterations(self) -> dict[int, RankIterations]:
+        """Each rank's last report, by rank."""
         with self._lock:
             return dict(self._iterations)
 
@@ -204,7 +255,9 @@ class EngineStall:
                            info.ended_at - info.last_progress_at)
 
     def _event(self, info: StallInfo) -> WorkerEvent | None:
-        """The stall as one event, naming the rank whose iterations stopped first (else rank 0)."""
+        """The stall as one event, naming the rank the evidence singles out (gone, stopped or in D,
+        then behind in iterations, then spinning: diagnose/_stalled_rank.py); without evidence, the
+        rank whose iterations stopped first (else the first identity)."""
         identities = self._monitor.identities
         if not identities:
             logger.error("liveness: engine stalled but no rank identity is known: not turned into a fatal error")
@@ -212,9 +265,18 @@ class EngineStall:
         iterations = self.iterations()
         by_rank = {identity.rank: identity for identity in identities}
         named = identities[0]
-        known = [(at, rank) for rank, (_count, at) in iterations.items() if rank in by_rank]
+        known = [(last.at, rank) for rank, last in iterations.items() if rank in by_rank]
         cause = info.describe()
-        if known:
+        try:  # the ranks' thread states, read now (microseconds per thread)
+            counts = {rank: last.count for rank, last in iterations.items()}
+            verdict = stalled_rank_now(identities, iterations=counts)
+        except Exception:
+            logger.debug("liveness: naming the stalled rank failed", exc_info=True)
+            verdict = None
+        if verdict is not None and verdict.rank in by_rank:
+            named = by_rank[verdict.rank]
+            cause += f"; {verdict.evidence}"
+        elif known:
             at, rank = min(known)
             named = by_rank[rank]
             cause += f"; rank {rank}'s last executor iteration was {time.monotonic() - at:.2f}s ago"
@@ -229,3 +291,12 @@ class EngineStall:
             detector.close()
         if self.channel is not None:
             self.channel.close()
+
+
+def iteration_counts(state: EngineLiveness) -> Callable[[], Mapping[int, int]]:
+    """Each rank's last reported executor iteration count (empty without stall detection)."""
+    def counts() -> Mapping[int, int]:
+        stall = state.stall
+        return {} if stall is None else {rank: last.count for rank, last in stall.iterations().items()}
+
+    return counts

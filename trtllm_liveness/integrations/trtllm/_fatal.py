@@ -9,18 +9,20 @@
    :func:`~trtllm_liveness.exit._exit_guard.interrupt_self_once` makes the guard's process-wide
    single. Where the latch lives on the frontend object (PR #19029 as read), ``/health`` may
    send its one SIGINT first; the guard then skips its own once the executor's ``shutdown()``
-   began (what that SIGINT leads to), see ``_mixin._graceful``;
+   began (what that SIGINT leads to), see ``_engine_shutdown.graceful``;
 2. publish: upstream's ``_set_fatal_error`` where present, ``_fatal_error`` in any case (Dynamo
    reads it); the one-line reason goes to the termination log (Kubernetes'
    ``terminationMessagePath``, config ``termination_log``) from a daemon thread;
-3. fail pending work: every pending request (upstream's ``_mark_engine_dead`` where present, an
-   ``ErrorResponse`` per request otherwise), then removed from ``_results`` so that upstream's
-   ``pre_shutdown()`` sends no ``CancellingRequest`` for it; on 1.2.x mpi4py's exit join of the
-   pool thread is released (main's ``_mark_engine_dead`` does that itself) when the proxy owns
-   the session;
-4. trigger the exit guard (``exit_on_fatal``), after ``exit_delay_s``, from its own thread;
-5. upstream's ``pre_shutdown()`` in a daemon helper thread: where a hang (a blocking send to a
-   dead peer) stops nothing. Nobody waits on it without a bound. The helper thread does not own
+3. end upstream's dispatch thread (its :class:`~._upstream_teardown.DispatchGate` closes; a batch it
+   holds is dispatched first, nothing after), then fail pending work: every pending request
+   (upstream's ``_mark_engine_dead`` where present, an ``ErrorResponse`` per request otherwise),
+   then removed from ``_results`` so that upstream's ``pre_shutdown()`` sends no
+   ``CancellingRequest`` for it; on 1.2.x mpi4py's exit join of the pool thread is released
+   (main's ``_mark_engine_dead`` does that itself) when the proxy owns the session;
+4. trigger the exit guard (``exit_on_fatal``), after ``exit_delay_s`` (or at once when the engine's
+   liveness is released first: its shutdown ran), from its own thread;
+5. upstream's ``pre_shutdown()`` in a helper thread: where a hang (a blocking send to a dead peer)
+   stops nothing. Nobody waits on it without a bound. The helper thread does not own
    upstream's request socket once a caller's ``submit()`` used it (ZMQ sockets are not
    thread-safe; upstream's debug mode raises on such a send), so then the worker futures (the
    mirrors) are failed *before* it, and upstream, seeing no pending future, sends no stop sentinel
@@ -29,8 +31,11 @@
    guard on, step 1 set ``doing_shutdown``, so upstream's ``pre_shutdown()`` returns at its first
    check: the send that may hang exists only without ``exit_on_fatal``.)
 
-Steps 1-3 never block (no socket send, no join); they run in the thread that saw the event (the
-monitor's watcher or a ``check_health()`` caller).
+Steps 1-3 never block (no socket send, no join; step 3 waits at most for one dispatch of a batch
+already received); they run in the thread that delivered the event (the monitor's watcher, or a
+``check_health()`` caller that found it). The threads of steps 4 and 5 are the engine's
+(``EngineLiveness.threads``), joined with their bounds when it is released; the records' writes
+and the quarantine are the process's ending's (:mod:`trtllm_liveness.exit`).
 """
 
 from __future__ import annotations
@@ -44,7 +49,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..._config import LivenessConfig
-from ..._events import WorkerEvent, WorkerFailedError
+from ..._events import EventKind, WorkerEvent, WorkerFailedError
 from ...exit._outcome import record_outcome
 from ...exit._termination_log import write_termination_message
 from .._futures import fail_pending
@@ -59,6 +64,17 @@ OBSERVERS_FIRST_S = 0.002
 PRE_SHUTDOWN_WAIT_S = 0.5
 """How long any caller waits for another thread's run of upstream's ``pre_shutdown()``."""
 
+THREAD_END_S = 1.0
+"""What a fatal-path thread may take beyond its own waits before its owner stops waiting for it."""
+
+FATAL_HELPER_BOUND_S = OBSERVERS_FIRST_S + 3 * PRE_SHUTDOWN_WAIT_S + THREAD_END_S
+"""The ``pre_shutdown()`` helper: the send lock (``PRE_SHUTDOWN_WAIT_S``), then upstream's
+``pre_shutdown()`` (twice that), then the futures failed."""
+
+DELIVERY_WAIT_S = 0.5
+"""How long a health check or a clean stop waits for the delivery of a known failure that another
+thread (the monitor's watcher, another health check) is making: the fatal path's first steps."""
+
 
 def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) -> None:
     """Steps 1-5 of the module docstring. Never blocks; never raises."""
@@ -70,13 +86,31 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
         mark_shutdown_signalled(proxy)
     publish_fatal(proxy, error)
     write_termination_message(state.config.termination_log, f"trtllm-liveness: fatal engine error: {error}\n")
+    if state.dispatch_gate is not None:
+        # Before the requests are failed and forgotten: upstream's dispatch thread finishes the
+        # batch it holds, then ends, and dispatches no response in flight for a forgotten request.
+        state.dispatch_gate.close()
     fail_requests(proxy, error)
     release_exit_joins(proxy, state)
     if state.exit_guard is not None:
-        threading.Thread(target=_trigger_exit_guard, args=(state, error),
-                         name="trtllm-liveness-exit", daemon=True).start()
-    threading.Thread(target=_pre_shutdown_helper, args=(proxy, state, error),
-                     name="trtllm-liveness-fatal", daemon=True).start()
+        state.threads.start(_trigger_exit_guard, name="trtllm-liveness-exit",
+                            bound_s=state.config.exit_delay_s + THREAD_END_S, args=(state, error))
+    state.threads.start(_pre_shutdown_helper, name="trtllm-liveness-fatal", bound_s=FATAL_HELPER_BOUND_S,
+                        args=(proxy, state, error))
+
+
+def report_later_event(state: EngineLiveness, event: WorkerEvent) -> None:
+    """Log an event that is not the engine's failure (the monitor leaves that to this engine): a
+    death once the engine has failed or is stopping is a consequence (INFO); a death otherwise is a
+    WARNING, and a wedge or an unkillable rank, a fact about the host, an ERROR."""
+    if event.kind is not EventKind.DIED:
+        logger.error("liveness: %s", event.message)
+    elif state.fatal is not None or state.shutdown_started or state.expected_exits:
+        who = event.identity
+        logger.info("liveness: MPI worker rank %d (pid %d) on host %s exited after the engine's failure or stop "
+                    "began: %s", who.rank, who.pid, who.hostname, event.cause)
+    else:
+        logger.warning("liveness: %s", event.message)
 
 
 def check_host(config: LivenessConfig) -> None:
@@ -93,7 +127,7 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
     """Any event of ``events`` that is not restartable (a wedge, an unkillable rank, also one the
     bounded stop reports after a death) makes the exit status ``exit_code_unrestartable`` and
     quarantines the host (marker, actions: :func:`~trtllm_liveness.quarantine._host_policy.quarantine_host`,
-    in a daemon thread). Never blocks; never raises."""
+    in a thread the process's ending awaits). Never blocks; never raises."""
     unrestartable = [event for event in events if not event.restartable]
     if not unrestartable:
         return
@@ -105,22 +139,6 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
         quarantine_host(state.config, unrestartable)
     except Exception:
         logger.exception("liveness: could not quarantine the host")
-
-
-def wait_for_quarantine() -> None:
-    """Before an ``os._exit``: let a quarantine just started (marker, actions) finish, bounded.
-    Nothing to wait for (and nothing imported) if no failure was ever unrestartable."""
-    module = sys.modules.get("trtllm_liveness.quarantine._host_policy")
-    wait = getattr(module, "wait_for_quarantine", None)
-    if callable(wait):
-        wait()
-
-
-def exit_status(state: EngineLiveness, code: int) -> int:
-    """The status for the exit guard's last resort, which stops the workers after the status was
-    chosen: ``exit_code_unrestartable`` once that stop (or anything) left a rank unkillable."""
-    guard = state.exit_guard
-    return guard.exit_code if guard is not None and guard.unrestartable else code
 
 
 def mark_shutdown_signalled(proxy: Any) -> None:
@@ -177,17 +195,22 @@ def fail_request(proxy: Any, client_id: Any, error: BaseException) -> None:
         logger.exception("liveness: could not fail request %r", client_id)
 
 
-def release_exit_joins(proxy: Any, state: EngineLiveness) -> None:
-    """Let the interpreter exit although the dead world never ends mpi4py's pool thread.
+def release_exit_joins(proxy: Any, state: EngineLiveness) -> bool:
+    """Let the interpreter exit although the dead world never ends mpi4py's pool thread; True when
+    nothing of that thread is left in the exit joins (released now or before), False otherwise.
 
     main: ``_mark_engine_dead`` calls ``mpi_session.release_exit_joins()``. 1.2.x: nothing does,
     so the pool thread is removed from mpi4py's exit-join table here, feature-detected, only for
-    a session the proxy owns (created itself)."""
+    a session the proxy owns (created itself). Idempotent: logs at INFO when it released something;
+    once it succeeded, ``state.exit_join_released`` says so (the pool's thread may no longer be
+    reachable later: mpi4py drops it from the executor when its shutdown begins)."""
+    if state.exit_join_released:
+        return True
     session = getattr(proxy, "mpi_session", None)
     if session is None or callable(getattr(session, "release_exit_joins", None)):
-        return
+        return True
     if not _owns_session(proxy, state):
-        return
+        return False
     core = sys.modules.get("mpi4py.futures._core")
     table = getattr(core, "THREADS_QUEUES", None)
     thread = getattr(getattr(getattr(session, "mpi_pool", None), "_pool", None), "thread", None)
@@ -195,24 +218,35 @@ def release_exit_joins(proxy: Any, state: EngineLiveness) -> None:
         warn_once("exit-join", type(session).__qualname__, "liveness: no mpi4py exit-join table to release for "
                   "%s (another mpi4py layout): the interpreter's exit may wait for the dead world's pool thread "
                   "unless exit_on_fatal", type(session).__qualname__)
-        return
-    with contextlib.suppress(Exception):
-        table.pop(thread, None)
+        return False
+    try:
+        released = table.pop(thread, None) is not None
         # mpi4py's manager thread is not a daemon where threading has _register_atexit, so
         # threading's own shutdown joins it too (through _shutdown_locks): a wedged world never
         # lets it end. Upstream main's _abandon_mpi_pool_threads drops that lock the same way.
-        lock = getattr(thread, "_tstate_lock", None)
         locks = getattr(threading, "_shutdown_locks", None)
         locks_lock = getattr(threading, "_shutdown_locks_lock", None)
-        if lock is None or locks is None or locks_lock is None:
+        if locks is None or locks_lock is None:
+            if not thread.is_alive():
+                state.exit_join_released = True  # an ended thread is joined at once
+                return True
             # CPython 3.13+ tracks non-daemon threads in C: nothing here can release that join.
             warn_once("exit-join", "threading", "liveness: this Python joins mpi4py's pool thread at exit in a way "
                       "the extension cannot release: after a death the interpreter may wait for the dead world "
                       "at exit unless exit_on_fatal")
-            return
-        with locks_lock:  # threading's own lock for that set (Thread.start adds to it)
-            locks.discard(lock)
+            return False
+        lock = getattr(thread, "_tstate_lock", None)  # None once the thread ended
+        if lock is not None:
+            with locks_lock:  # threading's own lock for that set (Thread.start adds to it)
+                released = lock in locks or released
+                locks.discard(lock)
+    except Exception:
+        logger.debug("liveness: releasing mpi4py's exit join failed", exc_info=True)
+        return False
+    if released:
         logger.info("liveness: released mpi4py's exit join of %s (the world is dead)", thread.name)
+    state.exit_join_released = True
+    return True
 
 
 def _owns_session(proxy: Any, state: EngineLiveness) -> bool:
@@ -225,8 +259,9 @@ def _owns_session(proxy: Any, state: EngineLiveness) -> bool:
 def _trigger_exit_guard(state: EngineLiveness, error: WorkerFailedError) -> None:
     guard = state.exit_guard
     if guard is not None:
-        # Let health endpoints answer 503 (and logs say why) before the server goes away.
-        time.sleep(state.config.exit_delay_s)
+        # Let health endpoints answer 503 (and logs say why) before the server goes away; no
+        # longer once the engine's shutdown released it (the server is going away already).
+        state.closing.wait(state.config.exit_delay_s)
         guard.trigger(error)
 
 
@@ -254,12 +289,12 @@ def _pre_shutdown_helper(proxy: Any, state: EngineLiveness, error: WorkerFailedE
         finally:
             state.send_lock.release()
 
-    worker = threading.Thread(target=run, name="trtllm-liveness-pre-shutdown", daemon=True)
-    worker.start()
-    worker.join(2 * PRE_SHUTDOWN_WAIT_S)
-    if worker.is_alive():
-        logger.warning("liveness: upstream pre_shutdown() still blocked after %.1fs (a send to a dead peer?); "
-                       "left in its daemon thread", PRE_SHUTDOWN_WAIT_S)
+    worker = state.threads.start(run, name="trtllm-liveness-pre-shutdown", bound_s=2 * PRE_SHUTDOWN_WAIT_S)
+    if worker is not None:
+        worker.join(2 * PRE_SHUTDOWN_WAIT_S)
+        if worker.is_alive():
+            logger.warning("liveness: upstream pre_shutdown() still blocked after %.1fs (a send to a dead peer?); "
+                           "left in its daemon thread", 2 * PRE_SHUTDOWN_WAIT_S)
     fail_pending(state.mpi_futures if isinstance(state.mpi_futures, list) else [], error)
     state.fatal_done.set()
 

@@ -140,11 +140,16 @@ def detect_features(proxy_cls: type) -> UpstreamFeatures:
 
 def warn_once(key: str, subject: str, message: str, *args: Any, exc_info: bool = False) -> bool:
     """Log ``message`` as a WARNING once per ``(key, subject)`` in this process; True if logged."""
+    return log_once(logging.WARNING, key, subject, message, *args, exc_info=exc_info)
+
+
+def log_once(level: int, key: str, subject: str, message: str, *args: Any, exc_info: bool = False) -> bool:
+    """Log ``message`` at ``level`` once per ``(key, subject)`` in this process; True if logged."""
     with _WARNED_LOCK:
         if (key, subject) in _WARNED:
             return False
         _WARNED.add((key, subject))
-    logger.warning(message, *args, exc_info=exc_info)
+    logger.log(level, message, *args, exc_info=exc_info)
     return True
 
 
@@ -238,3 +243,11 @@ def find_symbol(names: Sequence[str], modules: Sequence[str], *, import_missing:
             if value is not None:
                 return value
     return None
+
+
+# Session kinds whose ranks upstream main does not register (docs/upstream-contract.md, "Sessions").
+UNREGISTERED_SESSION_KINDS = frozenset({"MpiCommSession", "RemoteMpiCommSessionClient"})
+
+
+def upstream_skips_registration(session: Any) -> bool:
+    return any(cls.__name__ in UNREGISTERED_SESSION_KINDS for cls in type(session).__mro__)

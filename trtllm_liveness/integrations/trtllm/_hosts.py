@@ -2,9 +2,9 @@
 
 A session whose ranks ``mpirun``/``srun`` launched (``MpiCommSession``, ``RemoteMpiCommSessionClient``)
 may span hosts; upstream's monitor skips every rank of another host. With ``hosts=auto`` (the
-default) such an engine runs an :class:`~trtllm_liveness.multihost.AgentHub`; its spec travels to
-every rank with the task (:data:`~._worker_entry.HUB_KWARG`), as upstream's HMAC key does, and the
-lowest rank of each other host runs that host's agent. With ``hosts=on`` every session gets one
+default) such an engine runs an :class:`~trtllm_liveness.multihost.AgentHub`; its settings travel
+to every rank with the task (``hub`` of the :class:`~._worker_spec.WorkerSpec`), as upstream's HMAC
+key does, and the lowest rank of each other host runs that host's agent. With ``hosts=on`` every session gets one
 (a spawned pool placed on other hosts), with ``off`` none. pyzmq is imported only then.
 """
 
@@ -12,11 +12,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._config import LivenessConfig
 from ...monitor._monitor import WorkerProcessMonitor
-from ._startup import upstream_skips_registration
+from ._features import upstream_skips_registration
+
+if TYPE_CHECKING:  # pyzmq and the hub are imported only where an engine runs one
+    from ...multihost._agent import AgentSettings
+    from ...multihost._hub import AgentHub
+    from ...multihost._hub_records import HostStop
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -27,7 +32,7 @@ def wants_hub(config: LivenessConfig, session: Any) -> bool:
     return config.hosts == "on" or (upstream_skips_registration(session) and not single_host_launch())
 
 
-def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> Any:
+def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> AgentHub | None:
     """A started hub, or None (logged) when it cannot bind: the engine then runs without it."""
     from ...multihost import AgentHub
 
@@ -44,6 +49,19 @@ def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> Any:
         hub.close()
         logger.error("liveness: could not start the agent hub (hosts_bind=%r, hosts_port=%d): ranks on other hosts "
                      "are not watched", bind, config.hosts_port, exc_info=True)
+        return None
+
+
+def agent_settings(hub: AgentHub) -> AgentSettings | None:
+    """What every rank's agent needs from ``hub`` (its spec, parsed as the agents' settings), or
+    None (logged) when it does not parse: then no rank joins the hub."""
+    from ...multihost._placement import settings_of
+
+    try:
+        return settings_of(hub.worker_spec())
+    except ValueError as exc:
+        logger.error("liveness: the agent hub's settings are not usable by the ranks (%s): ranks on other hosts "
+                     "are not watched", exc)
         return None
 
 
@@ -67,10 +85,10 @@ def default_bind(advertise: str) -> tuple[str, str]:
     return "*", advertise or name
 
 
-def stop_remote_hosts(hub: Any, config: LivenessConfig) -> tuple[threading.Thread, list[Any]]:
+def stop_remote_hosts(hub: AgentHub, config: LivenessConfig) -> tuple[threading.Thread, list[HostStop]]:
     """Ask every remote agent to stop its host's ranks, in a thread (the local stop runs meanwhile);
     the list fills with the :class:`~trtllm_liveness.multihost.HostStop` reports when it ends."""
-    reports: list[Any] = []
+    reports: list[HostStop] = []
     bound = config.shutdown_term_s + config.shutdown_kill_s + 1.0
 
     def run() -> None:

@@ -22,6 +22,7 @@ from typing import Any
 
 from ...process._identity import ProcessIdentity
 from ._identities import validate_identities
+from ._worker_spec import IdentityChannelSpec
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -55,8 +56,9 @@ class IdentityChannel:
         self._thread.start()
 
     @property
-    def spec(self) -> dict[str, str]:
-        return {"address": self.address, "token": self.token}
+    def spec(self) -> IdentityChannelSpec:
+        """Where the leader rank sends the identities, and the token; travels in the worker spec."""
+        return IdentityChannelSpec(self.address, self.token)
 
     def _run(self) -> None:
         try:

@@ -1,6 +1,8 @@
 """What an engine's start needs besides upstream's constructor: its monitor, its metrics on
-trtllm-serve's page, the one line saying liveness is on, and which session kinds upstream main
-leaves unregistered. Called by :class:`._mixin.LivenessProxyMixin`; none of it runs when disabled.
+trtllm-serve's page, the one line saying liveness is on, and the session's ``submit`` wrapped so
+that every rank runs :func:`~._worker_entry.liveness_worker_entry` with what it needs (identity side
+channel, proxy identity, progress channel, agent hub). Called by
+:class:`._mixin.LivenessProxyMixin`; none of it runs when disabled.
 """
 
 from __future__ import annotations
@@ -9,12 +11,19 @@ import contextlib
 import logging
 import os
 import sys
+import weakref
+from collections.abc import Callable
 from typing import Any
 
 from ..._config import LivenessConfig
 from ...monitor._monitor import WorkerProcessMonitor
-from ._features import warn_once
-from ._state import EngineLiveness
+from ...process._identity import ProcessIdentity
+from ._features import upstream_skips_registration, warn_once, warn_session_hooks
+from ._hosts import agent_settings, start_hub, wants_hub
+from ._side_channel import IdentityChannel
+from ._state import EngineLiveness, state_of
+from ._worker_entry import liveness_worker_entry, proxy_identity
+from ._worker_spec import SPEC_KWARG, ProxyIdentity, WorkerSpec
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -72,9 +81,62 @@ def announce(base: type, config: LivenessConfig) -> None:
         sys.stderr.flush()
 
 
-# Session kinds whose ranks upstream main does not register (docs/upstream-contract.md, "Sessions").
-UNREGISTERED_SESSION_KINDS = frozenset({"MpiCommSession", "RemoteMpiCommSessionClient"})
+def wrap_session(proxy: object, state: EngineLiveness) -> Callable[[], None] | None:
+    """Wrap ``proxy.mpi_session.submit`` so that every rank's task runs in
+    :func:`~._worker_entry.liveness_worker_entry`; opens the identity side channel where upstream
+    registers no identities, the progress channel and the agent hub where wanted. Returns the
+    function that restores the session's own ``submit`` (None when there is nothing to wrap)."""
+    session = getattr(proxy, "mpi_session", None)
+    warn_session_hooks(session, owned=state.owns_session)
+    submit = getattr(session, "submit", None)
+    if session is None or not callable(submit):
+        return None
+    channel: IdentityChannel | None = None
+    assert state.features is not None
+    # main sends the ranks' identities itself, but registers them only for sessions it spawned:
+    # for an mpirun-launched (MpiCommSession) or remote session it skips them, so the side
+    # channel serves there too (as on 1.2.x, which sends none).
+    if not state.features.identities_signal or upstream_skips_registration(session):
+        ref = weakref.ref(proxy)
+
+        def on_identities(identities: list[ProcessIdentity]) -> None:
+            owner = ref()
+            if owner is not None and register_identities(state_of(owner), identities):
+                logger.info("liveness: watching %d worker ranks", len(identities))
+
+        channel = IdentityChannel(on_identities, state.config.identities_timeout_s,
+                                  exclude_pids=frozenset({os.getpid()}))
+        state.channel = channel
+    try:
+        me: ProxyIdentity | None = ProxyIdentity.from_sequence(proxy_identity())
+    except Exception:
+        logger.warning("liveness: could not read the proxy's own identity: no proxy-death watch", exc_info=True)
+        me = None
+    progress = state.stall.open_channel() if state.stall is not None else None
+    if state.hub is None and state.monitor is not None and wants_hub(state.config, session):
+        state.hub = start_hub(state.config, state.monitor)
+    hub = agent_settings(state.hub) if state.hub is not None else None
+
+    def wrapped_submit(task: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        kwargs[SPEC_KWARG] = WorkerSpec(task, me, channel.spec if channel is not None else None, progress, hub)
+        return submit(liveness_worker_entry, *args, **kwargs)
+
+    session.submit = wrapped_submit
+
+    def restore() -> None:
+        with contextlib.suppress(AttributeError):
+            del session.submit  # back to the class's method
+
+    return restore
 
 
-def upstream_skips_registration(session: Any) -> bool:
-    return any(cls.__name__ in UNREGISTERED_SESSION_KINDS for cls in type(session).__mro__)
+def register_identities(state: EngineLiveness, identities: list[ProcessIdentity]) -> bool:
+    """Hand the ranks' identities to the engine's monitor; False when it is gone or closed."""
+    monitor = state.monitor
+    if monitor is None:
+        return False
+    try:
+        monitor.register(identities)
+    except RuntimeError:  # closed meanwhile
+        return False
+    return True

@@ -7,14 +7,18 @@ extension lands on the upstream object (besides what upstream itself reads: ``_f
 
 from __future__ import annotations
 
+import enum
 import threading
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 from ..._config import LivenessConfig
 from ..._events import WorkerEvent, WorkerFailedError
 from ...exit._exit_guard import FatalExitGuard
+from ...exit._process_ending import OwnedThreads
+from ...monitor._delivery import Subscriber
 from ...monitor._monitor import WorkerProcessMonitor
 from ...stop._bounded_stop import StopReport
 from ._engine_stall import Diagnoser, EngineStall
@@ -22,8 +26,28 @@ from ._features import UpstreamFeatures
 from ._shim import MonitorShim
 from ._side_channel import IdentityChannel
 
+if TYPE_CHECKING:  # optional extras: imported only where an engine uses them
+    from ...multihost._hub import AgentHub
+    from ...multihost._hub_records import HostStop
+    from ..prometheus import LivenessMetrics
+    from ._upstream_teardown import DispatchGate
+
 STATE_ATTR = "_liveness"
-MISSING: Any = object()
+
+
+class Missing(enum.Enum):
+    """The value of an upstream attribute upstream has not set yet."""
+
+    MISSING = "missing"
+
+
+MISSING: Final = Missing.MISSING
+
+
+def state_of(proxy: object) -> EngineLiveness:
+    """The :class:`EngineLiveness` a liveness proxy holds (see the module docstring)."""
+    state: EngineLiveness = proxy.__dict__[STATE_ATTR]
+    return state
 
 
 @dataclass(eq=False)
@@ -35,6 +59,7 @@ class EngineLiveness:
         features: what the upstream class offers.
         monitor / shim / exit_guard: the engine's monitor, what upstream main sees as its monitor,
             and the exit guard (``exit_on_fatal`` only).
+        subscriber: the engine's subscription to the monitor (the reaction's only caller).
         channel: the 1.2.x identity side channel, while start-up runs.
         fatal: the ONE fatal error, once a fatal event arrived.
         events: every event seen (the first is the fatal error's).
@@ -44,6 +69,10 @@ class EngineLiveness:
         owns_session: the proxy created its MPI session (none was passed in).
         shutdown_started / shutdown_report: ``shutdown()`` ran, and what its bounded stop did.
         fatal_done: set when the fatal path's helper finished upstream's ``pre_shutdown()``.
+        threads: the fatal path's threads (the exit guard's trigger, the ``pre_shutdown()``
+            helper), joined, each until its deadline, when the engine's liveness is released.
+        closing: set when it is released: the exit guard's trigger no longer waits ``exit_delay_s``.
+        stop_at_exit: the engine's STOP cleanup of the process's ending (``exit_on_fatal`` only).
         pre_shutdown_entries: calls of upstream's ``pre_shutdown()`` the extension made or passed on.
         real_mpi_futures: mpi4py's own futures (upstream holds mirrors, see ``_futures.py``).
         request_socket_owner: the thread (ident) that owns upstream's request socket as its
@@ -51,15 +80,23 @@ class EngineLiveness:
             ``submit()``'s (``abort_request()`` follows a submit; ``pre_shutdown()`` sends last).
         stall: the engine's stall detection (``stall_timeout_s`` > 0), else None.
         diagnoser: the bounded snapshots of the local ranks (at a stall, a wedge, a fatal error).
+        dispatch_gate: where upstream's dispatch thread waits for responses; closed by the fatal
+            path and after the bounded stop, which ends that thread (liveness on only).
+        exit_join_released: the extension released mpi4py's exit join of the owned pool's thread
+            (1.2.x, after a death; main's session does it itself).
         metrics: the engine's ``LivenessMetrics`` when the extension exported them itself
             (trtllm-serve's multiprocess Prometheus page), else None.
+        hub / host_stops: the multi-host agent hub, where one runs, and its ``HostStop`` reports
+            after a fatal shutdown.
         mpi_futures / upstream_monitor: storage behind upstream's ``mpi_futures`` and
-            ``_worker_process_monitor`` attributes (MISSING until upstream sets them).
+            ``_worker_process_monitor`` attributes (``MISSING`` until upstream sets them; what
+            upstream stores there is its own: the extension only looks for a list of futures).
     """
 
     config: LivenessConfig
     features: UpstreamFeatures | None = None
     monitor: WorkerProcessMonitor | None = None
+    subscriber: Subscriber | None = None
     shim: MonitorShim | None = None
     exit_guard: FatalExitGuard | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -78,16 +115,21 @@ class EngineLiveness:
     shutdown_started: bool = False
     shutdown_report: StopReport | None = None
     fatal_done: threading.Event = field(default_factory=threading.Event)
+    threads: OwnedThreads = field(default_factory=OwnedThreads)
+    closing: threading.Event = field(default_factory=threading.Event)
+    stop_at_exit: Callable[[], None] | None = None
     pre_shutdown_entries: int = 0
     real_mpi_futures: list[Future[Any]] | None = None
     request_socket_owner: int | None = None
-    metrics: Any = None
+    metrics: LivenessMetrics | None = None
     stall: EngineStall | None = None
     diagnoser: Diagnoser | None = None
-    hub: Any = None  # the multi-host agent hub (trtllm_liveness.multihost.AgentHub), where one runs
-    host_stops: list[Any] = field(default_factory=list)  # its HostStop reports after a fatal shutdown
-    mpi_futures: Any = MISSING
-    upstream_monitor: Any = MISSING
+    dispatch_gate: DispatchGate | None = None
+    exit_join_released: bool = False
+    hub: AgentHub | None = None
+    host_stops: list[HostStop] = field(default_factory=list)
+    mpi_futures: object = MISSING
+    upstream_monitor: object = MISSING
 
     @property
     def enabled(self) -> bool:
@@ -100,7 +142,6 @@ class EngineLiveness:
         Thread-safe; never blocks beyond the state lock.
         """
         with self.lock:
-            # The same event may arrive twice: from the watcher and from a synchronous check.
             if not any(seen is event for seen in self.events):
                 self.events.append(event)
             if self.fatal is not None or self.shutdown_started or self.expected_exits:

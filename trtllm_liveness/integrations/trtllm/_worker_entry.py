@@ -2,7 +2,8 @@
 
 The proxy wraps ``mpi_session.submit`` while it starts the workers, so each rank runs
 :func:`liveness_worker_entry` (it travels by reference to this module: workers need no import
-hook), which
+hook) with one keyword of its own, a :class:`~._worker_spec.WorkerSpec` (checked here before any
+part of it is used), which
 
 1. starts the **proxy-death watch** (all versions; :class:`ProxyDeathWatch`): a daemon thread
    holding a pidfd on the proxy process, opened at the rank's start and verified against the
@@ -26,9 +27,12 @@ hook), which
    host other than the proxy's runs that host's agent (:mod:`trtllm_liveness.multihost._placement`);
 4. with stall detection on (``stall_timeout_s``), **counts executor iterations** and reports them
    to the proxy (:mod:`._progress`), so a long non-streaming generation is progress;
-5. calls the real ``worker_main`` with exactly the arguments upstream gave.
+5. first of all, registers the rank's **stack dump** (``diagnose/_faulthandler_stacks.py``): a
+   snapshot then gets its Python stacks without ptrace rights;
+6. calls the real ``worker_main`` with exactly the arguments upstream gave.
 
-Nothing here raises into upstream: a failure is logged and the rank runs unmonitored.
+Nothing here raises into upstream: a failure is logged and the rank runs unmonitored (a spec
+without a callable task is the one exception: nothing could run, so its error is the task's).
 """
 
 from __future__ import annotations
@@ -42,18 +46,15 @@ import select
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..._events import MonitorMethod
 from ...process._identity import capture_identity, local_hostname, local_pid_namespace
+from ._worker_spec import SPEC_KWARG, IdentityChannelSpec, ProxyIdentity, WorkerSpec, WorkerSpecError
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
-FN_KWARG = "_trtllm_liveness_fn"
-CHANNEL_KWARG = "_trtllm_liveness_channel"
-PROXY_KWARG = "_trtllm_liveness_proxy"
-PROGRESS_KWARG = "_trtllm_liveness_progress"
-HUB_KWARG = "_trtllm_liveness_hub"
 PROXY_DIED_EXIT_STATUS = 75
 """Exit status of a rank ended by the proxy-death watch (EX_TEMPFAIL: the job may be restarted)."""
 
@@ -70,39 +71,58 @@ _LAST_WORDS_S = 1.0  # the most the rank waits for its last log line and flushes
 def liveness_worker_entry(*args: Any, **kwargs: Any) -> Any:
     """Every rank's entry when liveness is on; see the module docstring.
 
-    Pops its own keyword arguments and calls the wrapped ``worker_main`` with the rest.
+    Pops its own keyword (:data:`~._worker_spec.SPEC_KWARG`, a :class:`~._worker_spec.WorkerSpec`)
+    and calls upstream's task with the rest. A spec this rank cannot use is logged (one ERROR naming
+    this process, its host and what is wrong) and the task runs without liveness on this rank;
+    only a spec without a callable task raises its :class:`~._worker_spec.WorkerSpecError` (nothing
+    could run: the task's future carries the error back to the proxy).
     """
-    target = kwargs.pop(FN_KWARG)
-    channel = kwargs.pop(CHANNEL_KWARG, None)
-    proxy = kwargs.pop(PROXY_KWARG, None)
-    progress = kwargs.pop(PROGRESS_KWARG, None)
-    hub = kwargs.pop(HUB_KWARG, None)
-    if proxy is not None and os.environ.get(WATCH_ENV_VAR, "1") != "0":
+    raw = kwargs.pop(SPEC_KWARG, None)
+    try:
+        spec = WorkerSpec.from_wire(raw)
+    except WorkerSpecError as exc:
+        task = WorkerSpec.task_of(raw)
+        logger.error("liveness: the worker process (pid %d) on host %s rejected the proxy's worker spec: %s; %s",
+                     os.getpid(), local_hostname(), exc,
+                     "the task cannot run" if task is None else "its task runs without liveness on this rank")
+        if task is None:
+            raise
+        return task(*args, **kwargs)
+    start_liveness(spec)
+    return spec.fn(*args, **kwargs)
+
+
+def start_liveness(spec: WorkerSpec) -> None:
+    """This rank's part of liveness, as ``spec`` asks (steps 1 to 4 of the module docstring); each
+    step that fails is logged and skipped: the rank then runs that part unmonitored."""
+    from ...diagnose._faulthandler_stacks import register_stack_dump_or_warn
+
+    register_stack_dump_or_warn()
+    if spec.proxy is not None and os.environ.get(WATCH_ENV_VAR, "1") != "0":
         try:
-            start_proxy_death_watch(proxy)
+            start_proxy_death_watch(spec.proxy)
         except Exception:
             logger.warning("liveness: could not start the proxy-death watch", exc_info=True)
-    if channel is not None:
+    if spec.channel is not None:
         try:
-            announce_identities(channel)
+            announce_identities(spec.channel)
         except Exception:
             logger.warning("liveness: could not announce worker identities", exc_info=True)
-    if isinstance(hub, Mapping):
+    if spec.hub is not None:
         try:
             from ...multihost._placement import start_for_rank
 
-            start_for_rank(hub, session_comm(), proxy)
+            start_for_rank(spec.hub, session_comm(), spec.proxy.as_list() if spec.proxy is not None else None)
         except Exception:
             logger.warning("liveness: could not start this host's agent; its ranks are not watched", exc_info=True)
-    if isinstance(progress, Mapping):
+    if spec.progress is not None:
         try:
             from ._progress import start_iteration_reporter
 
-            start_iteration_reporter(progress, session_comm().Get_rank())
+            start_iteration_reporter(spec.progress, session_comm().Get_rank())
         except Exception:
             logger.warning("liveness: could not report executor iterations; only output counts as progress",
                            exc_info=True)
-    return target(*args, **kwargs)
 
 
 def proxy_identity() -> list[Any]:
@@ -131,7 +151,7 @@ class ProxyDeathWatch:
         self.pid = pid
         self.start_time = start_time
         self.fd = fd  # closed by the thread once the proxy is gone
-        self.method = "pidfd" if fd is not None else "procfs"
+        self.method = MonitorMethod.PIDFD if fd is not None else MonitorMethod.PROCFS
         self._on_gone = on_gone
         self.thread = threading.Thread(target=self._run, name="trtllm-liveness-proxy-watch", daemon=True)
 
@@ -176,40 +196,12 @@ def _note_exit_hook() -> None:
         _EXITING.set()
 
 
-def _is_pid_1_here(proxy: Sequence[Any]) -> bool:
-    if isinstance(proxy, (str, bytes)) or not isinstance(proxy, Sequence) or len(proxy) not in (4, 5):
-        return False
-    pid, _start, hostname, namespace = proxy[:4]
-    return bool(pid == 1 and hostname == local_hostname() and namespace == local_pid_namespace())
-
-
-def _parse_proxy(proxy: Sequence[Any]) -> tuple[int, int | None, str, int | None, str | None]:
-    if isinstance(proxy, (str, bytes)) or not isinstance(proxy, Sequence) or len(proxy) not in (4, 5):
-        raise ValueError(f"bad proxy identity {proxy!r}: want [pid, start_time, hostname, pid_namespace(, boot_id)]")
-    pid, start_time, hostname, namespace = proxy[:4]
-    boot = proxy[4] if len(proxy) == 5 else None
-
-    def is_int(value: Any) -> bool:
-        return isinstance(value, int) and not isinstance(value, bool)
-
-    if not is_int(pid) or pid <= 1:
-        raise ValueError(f"bad proxy pid {pid!r}")
-    if start_time is not None and (not is_int(start_time) or start_time < 0):
-        raise ValueError(f"bad proxy start time {start_time!r}")
-    if not isinstance(hostname, str):
-        raise ValueError(f"bad proxy hostname {hostname!r}")
-    if namespace is not None and not is_int(namespace):
-        raise ValueError(f"bad proxy PID namespace {namespace!r}")
-    if boot is not None and not isinstance(boot, str):
-        raise ValueError(f"bad proxy boot id {boot!r}")
-    return pid, start_time, hostname, namespace, boot
-
-
-def start_proxy_death_watch(proxy: Sequence[Any], *,
+def start_proxy_death_watch(proxy: ProxyIdentity | Sequence[Any], *,
                             on_gone: Callable[[int], None] | None = None) -> ProxyDeathWatch | None:
     """Start the daemon thread that ends this rank when the proxy process ``proxy`` ends.
 
-    ``proxy`` is :func:`proxy_identity`'s list, made in the proxy process. The proxy is watched
+    ``proxy`` is the proxy's :class:`~._worker_spec.ProxyIdentity` (or :func:`proxy_identity`'s
+    list), made in the proxy process. The proxy is watched
     through a pidfd opened here and verified against its start time after opening (so the watch
     can never follow a later process that reuses the pid; an identity without a start time, which
     upstream may send, is watched through the pidfd opened now, unverified); where this kernel or Python has no
@@ -227,12 +219,15 @@ def start_proxy_death_watch(proxy: Sequence[Any], *,
     from ...process import _pidfd
     from ...process._procfs import boot_id
 
-    if _is_pid_1_here(proxy):
+    ref = proxy if isinstance(proxy, ProxyIdentity) else ProxyIdentity.from_sequence(proxy)
+    pid, start_time, hostname, namespace, boot = ref.pid, ref.start_time, ref.hostname, ref.pid_namespace, ref.boot_id
+    if pid == 1 and hostname == local_hostname() and namespace == local_pid_namespace():
         # A server that is PID 1 of this (container's) PID namespace: when it exits, the kernel
         # ends every process of the namespace, these ranks included. Nothing to watch.
         logger.info("liveness: the proxy is PID 1 of this PID namespace; its exit ends the ranks (no watch needed)")
         return None
-    pid, start_time, hostname, namespace, boot = _parse_proxy(proxy)
+    if pid <= 1:
+        raise ValueError(f"bad proxy pid {pid!r}: PID 1 of another PID namespace or host")
     end = _end_rank if on_gone is None else on_gone
     if pid == os.getpid():
         return None  # rank 0 of MpiCommSession runs in the proxy process
@@ -339,7 +334,7 @@ def session_comm() -> Any:
     return MPI.COMM_WORLD
 
 
-def announce_identities(channel: Mapping[str, str], comm: Any = None) -> None:
+def announce_identities(channel: IdentityChannelSpec, comm: Any = None) -> None:
     """Gather every rank's identity over ``comm`` (default :func:`session_comm`); the leader sends them."""
     comm = session_comm() if comm is None else comm
     rank = comm.Get_rank()
@@ -354,13 +349,13 @@ def announce_identities(channel: Mapping[str, str], comm: Any = None) -> None:
         return
     import zmq
 
-    payload = json.dumps({"token": channel["token"], "identities": [g for g in gathered if g is not None]})
+    payload = json.dumps({"token": channel.token, "identities": [g for g in gathered if g is not None]})
     context: Any = zmq.Context.instance()
     sock = context.socket(zmq.PUSH)
     try:
         sock.setsockopt(zmq.LINGER, _SEND_TIMEOUT_MS)
         sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
-        sock.connect(channel["address"])
+        sock.connect(channel.address)
         sock.send(payload.encode())
     finally:
         sock.close()

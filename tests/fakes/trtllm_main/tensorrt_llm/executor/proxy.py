@@ -5,7 +5,8 @@ its ACK, gated by session kind; ``check_health``; the ``proxy_error_monitor`` th
 ``_worker_process_monitor``; a sticky ``_engine_dead`` with an idempotent ``_mark_engine_dead`` that
 keeps ``_results`` and calls ``mpi_session.release_exit_joins()``; ``pre_shutdown`` closing the
 monitor and sending the sentinel if ``not futures or any(not f.done())``; a bounded ``shutdown``
-once dead (one 5 s grace for the futures, 5 s join, ``abandon()`` only if ``_owns_mpi_session``).
+once dead (one 5 s grace for the futures, 5 s join, ``abandon()`` only if ``_owns_mpi_session``); a
+dispatch loop that drops a response whose id is no longer in ``_results`` (1.2.x indexes the table).
 """
 
 from __future__ import annotations
@@ -26,8 +27,7 @@ from .worker import worker_main
 from .worker_process_monitor import WorkerProcessMonitor
 
 __all__ = ["GenerationExecutorProxy"]
-_IMPORTED = (CancellingRequest, ErrorResponse, GenerationResult, IpcQueue, MpiPoolSession, Response,
-             worker_main)  # module globals, looked up at call time
+_IMPORTED = (CancellingRequest, GenerationResult, IpcQueue, MpiPoolSession, worker_main)  # looked up at call time
 
 ERROR_MONITOR_INTERVAL_S = 5.0  # upstream's literal ``_shutdown_event.wait(5)``
 DEAD_SHUTDOWN_GRACE_S = 5.0
@@ -165,6 +165,23 @@ class GenerationExecutorProxy(ProxyCore, GenerationExecutor):
         while not self._shutdown_event.wait(ERROR_MONITOR_INTERVAL_S):
             if self.doing_shutdown or not self.check_health():
                 return
+
+    # ------------------------------------------------------------------ results
+
+    def dispatch_result_task(self) -> bool:
+        """main: a response for an id no longer in ``_results`` is dropped (``.get()``), not a KeyError."""
+        if (res := self.result_queue.get()) is None:
+            return False
+        for item in res if isinstance(res, list) else [res]:
+            if item is None:
+                return False
+            result = self._results.get(item.client_id)
+            if result is None:
+                continue
+            result.queue.put(item)
+            if isinstance(item, ErrorResponse) or (isinstance(item, Response) and item.is_final):
+                self._results.pop(item.client_id, None)
+        return True
 
     # ------------------------------------------------------------------ requests
 

@@ -1,0 +1,73 @@
+"""``scripts/bench_overhead.py --quick --json`` runs to its end and reports every figure.
+
+The smoke test of the overhead benchmark: real runs (the fake ``tensorrt_llm`` over real MPI ranks,
+the extension off and on), one pair per configuration with small counts. It checks the JSON's keys
+and types, and that the extension's threads were found where they run; never a figure against its
+target (speed is the benchmark's, on a quiet machine).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import WAIT_SCALE
+
+pytestmark = [pytest.mark.real_process, pytest.mark.timeout(900), needs("mpi")]
+
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "scripts" / "bench_overhead.py"
+FIGURES = ("throughput_ratio", "added_latency_p50_us", "added_latency_p99_us", "tick_ns", "tick_mean_ns",
+           "proxy_cpu_ms_per_s_idle", "rank_cpu_ms_per_s_idle", "threads_added_proxy", "threads_added_rank",
+           "rss_added_kib_proxy", "rss_added_kib_rank", "added_proxy_cpu_us_per_request",
+           "added_leader_cpu_us_per_request")
+CONFIGS = ("ranks2_final", "ranks2_streaming", "ranks8_final", "ranks8_streaming")
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def test_quick_json_reports_every_figure_of_every_configuration(procs: ProcessTracker) -> None:
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--quick", "--json"], cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, start_new_session=True)
+    procs.popens.append(proc)
+    procs.track(proc.pid)
+    out, err = proc.communicate(timeout=600 * WAIT_SCALE)
+    # 1: a target missed (this machine may be loaded); a crash prints no JSON.
+    assert proc.returncode in (0, 1), err.decode()[-3000:]
+    last = out.decode().strip().splitlines()[-1]
+    result = json.loads(last)
+
+    for key in FIGURES:
+        assert _number(result[key]), (key, result[key])
+        assert result[f"{key}_config"] in CONFIGS
+    assert result["survivors"] == 0
+    assert result["pairs"] == 1 and result["requests_per_run"] > 0
+    assert "hub" in result and isinstance(result["hub"], str)
+    assert set(result["configs"]) == set(CONFIGS)
+    for name, config in result["configs"].items():
+        for key in FIGURES:
+            assert _number(config[key]), (name, key, config[key])
+            spread = config[f"{key}_spread"]
+            assert isinstance(spread, list) and len(spread) == 2 and all(_number(v) for v in spread), (name, key)
+            assert spread[0] <= config[key] <= spread[1], (name, key)
+        # The extension's threads were found where they run, and none without it.
+        threads = config["extension_threads"]
+        assert {"trtllm-liveness-watcher", "trtllm-liveness-stall", "trtllm-liveness-progress",
+                "trtllm-liveness-agent-hub", "trtllm-liveness-metrics"} <= set(threads["proxy"]), threads
+        for names in threads["rank"]:
+            assert {"trtllm-liveness-proxy-watch", "trtllm-liveness-iterations"} <= set(names), threads
+        assert threads["rank_off"] == [[]], threads
+        assert config["threads_added_proxy"] >= 5 and config["threads_added_rank"] >= 2
+        by_thread = config["proxy_cpu_ms_per_s_idle_by_thread"]
+        assert "trtllm-liveness-watcher" in by_thread and all(_number(v) for v in by_thread.values())
+        added = config["added_proxy_cpu_us_per_request_by_thread"]
+        assert "MainThread" in added and all(_number(v) for v in added.values())

@@ -1,0 +1,71 @@
+"""``trtllm-liveness launch -- mpirun ...``: the one wrapper puts the hook into every Python on every
+host, with nothing installed in the image (no ``.pth``).
+
+The hosts are the ``login_hosts`` fixture: each host's command starts with a fresh environment, as
+over ssh, so a rank gets only what ``mpirun`` forwards (Open MPI: ``OMPI_*`` variables and those
+named with ``-x``). The engine is the trtllm-serve shape: upstream's own executor class
+(``tests/programs/proxy_death_child.py`` without ``executor_cls``), which only the import hook makes
+the liveness one. No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+import pytest
+
+from tests.support.facilities import needs
+from tests.support.multihost_engine import Engine
+from tests.support.testhosts import TestHosts
+from tests.support.waits import WAIT_SCALE
+from trtllm_liveness.integrations.trtllm_autoload import SITE_DIR
+
+pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi")]
+
+LAUNCH = [sys.executable, "-m", "trtllm_liveness.cli", "launch"]
+# Prints, from every rank, its host and whether the hook's finder is first on sys.meta_path.
+HOOKED = ("import socket, sys; print('HOOK', socket.gethostname(), "
+          "type(sys.meta_path[0]).__name__ == '_Finder', flush=True)")
+PLACEMENT = (("hostA", 1), ("hostB", 1), ("hostC", 1))
+
+
+def _hooks(output: str) -> dict[str, bool]:
+    return {words[1]: words[2] == "True" for words in (line.split() for line in output.splitlines())
+            if len(words) == 3 and words[0] == "HOOK"}
+
+
+@pytest.mark.timeout(120)
+def test_every_python_on_every_host_gets_the_hook(login_hosts: TestHosts) -> None:
+    """Under the wrapper every rank is hooked. The README's former line (``mpirun -x
+    TRTLLM_WORKER_LIVENESS``, the site directory on the launching shell's ``PYTHONPATH``) leaves
+    every rank of another host without it: what the wrapper is for."""
+    bare = login_hosts.mpirun(PLACEMENT, [sys.executable, "-c", HOOKED], mpirun_args=["-x", "TRTLLM_WORKER_LIVENESS"],
+                              env={"TRTLLM_WORKER_LIVENESS": "1", "PYTHONPATH": SITE_DIR})
+    assert bare.wait_exit(60 * WAIT_SCALE) == 0, bare.output()
+    assert _hooks(bare.output()) == {"hostA": False, "hostB": False, "hostC": False}, bare.output()
+
+    wrapped = login_hosts.mpirun(PLACEMENT, [sys.executable, "-c", HOOKED],
+                                 wrapper=[*LAUNCH, "--outcome-dir", login_hosts.shared, "--"])
+    assert wrapped.wait_exit(60 * WAIT_SCALE) == 0, wrapped.output()
+    output = wrapped.output()
+    assert _hooks(output) == {"hostA": True, "hostB": True, "hostC": True}, output
+    on = [line for line in output.splitlines() if "worker liveness" in line]
+    assert len(on) == 1 and "worker liveness on (" in on[0], output
+    assert "mpirun -x PYTHONPATH -x TRTLLM_WORKER_LIVENESS -x TRTLLM_LIVENESS_OUTCOME" in on[0], on
+
+
+@pytest.mark.timeout(150)
+def test_the_readme_line_watches_every_rank_and_reports_a_remote_kill(login_hosts: TestHosts) -> None:
+    """``trtllm-liveness launch -- mpirun ... <trtllm-serve-shaped engine>``: every rank watched (the
+    proxy's own by pidfd, the others by their host's agent); SIGKILL of rank 3 on hostC is the
+    engine's fatal error naming it, the pending request failed, health False, a bounded shutdown."""
+    engine = Engine(login_hosts, executor_cls=False, wrapper=[*LAUNCH, "--outcome-dir", login_hosts.shared, "--"])
+    for rank, (state, host, _pid, method) in engine.ready["hosts"].items():
+        assert state == "alive", engine.ready
+        assert method == ("pidfd" if host == "hostA" else "agent"), (rank, engine.ready)
+    assert engine.host_of(3) == "hostC"
+    login_hosts.kill("hostC", engine.pid_of(3), signal.SIGKILL)
+    fatal = engine.wait_fatal()
+    engine.assert_fatal(fatal, ["died"], 3)
+    engine.assert_shutdown()

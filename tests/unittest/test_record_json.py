@@ -1,0 +1,146 @@
+"""The core records' JSON forms: ``from_dict`` reads back exactly what ``to_dict`` writes, and
+rejects anything else with a ``ValueError`` that names the record and the field.
+
+The records come from real runs: a monitor's event for a real SIGKILL, a stop report of a real
+stop with a real unkillable process (``D`` from the freezer or FUSE).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import signal
+from typing import Any
+
+import pytest
+
+from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import wait_until
+from trtllm_liveness import WorkerProcessMonitor, capture_identity
+from trtllm_liveness._events import EventKind, WorkerEvent
+from trtllm_liveness.stop._bounded_stop import stop_processes
+from trtllm_liveness.stop._stop_report import StopOutcome, StoppedWorker, StopReport, UnkillableWorker
+
+pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
+
+
+def _through_json(data: dict[str, Any]) -> Any:
+    return json.loads(json.dumps(data))
+
+
+@pytest.fixture
+def died(procs: ProcessTracker) -> WorkerEvent:
+    """The monitor's event for a real SIGKILL of a watched child."""
+    child = procs.sleeper()
+    events: list[WorkerEvent] = []
+    with WorkerProcessMonitor() as monitor:
+        monitor.subscribe(events.append)
+        monitor.register([capture_identity(3, child.pid)])
+        monitor.start()
+        child.send_signal(signal.SIGKILL)
+        assert wait_until(lambda: events, 10), "the death was never reported"
+    return events[0]
+
+
+def test_a_worker_event_reads_back_what_it_wrote(died: WorkerEvent) -> None:
+    data = died.to_dict()
+    back = WorkerEvent.from_dict(_through_json(data))
+    assert back.to_dict() == data
+    assert (back.kind, back.cause, back.wall_time, back.tid, back.wchan) == (
+        EventKind.DIED, died.cause, died.wall_time, died.tid, died.wchan)
+    assert back.identity[:2] == died.identity[:2] and back.identity.hostname == died.identity.hostname
+    # What the form does not carry is unknown, never made up: no start time (never signalled), no
+    # monotonic stamps.
+    assert back.identity.start_time is None and back.identity.pid_namespace is None
+    assert math.isnan(back.detected_at) and back.fault_at is None
+    assert WorkerEvent.from_dict({k: v for k, v in data.items() if k not in ("restartable", "message")}) == back
+
+
+@pytest.mark.parametrize(("change", "complaint"), [
+    ({"kind": "exploded"}, "field 'kind' must be one of 'died', 'wedged'"),
+    ({"pid": "42"}, "field 'pid' must be an int, got '42'"),
+    ({"pid": True}, "field 'pid' must be an int, got True"),
+    ({"pid": 0}, "pid=0 is outside"),
+    ({"rank": -1}, "rank=-1 is outside"),
+    ({"hostname": ""}, "hostname must be a non-empty str"),
+    ({"tid": 1.5}, "field 'tid' must be an int"),
+    ({"wall_time": float("inf")}, "field 'wall_time' must be a finite number"),
+    ({"restartable": False}, "field 'restartable' is False, but the record's other fields give True"),
+    ({"restartable": 1}, "field 'restartable' is 1, but the record's other fields give True"),
+    ({"message": "all is well"}, "field 'message' is 'all is well', but the record's other fields give 'MPI worker"),
+    ({"colour": "red"}, "unknown field(s) colour"),
+    ({"cause": None}, "field 'cause' must be a string, got None"),
+])
+def test_a_bad_worker_event_is_refused_naming_the_field(died: WorkerEvent, change: dict[str, Any],
+                                                         complaint: str) -> None:
+    with pytest.raises(ValueError, match=r"^WorkerEvent: .*") as raised:
+        WorkerEvent.from_dict({**died.to_dict(), **change})
+    assert complaint in str(raised.value)
+
+
+def test_a_worker_event_needs_a_json_object_with_every_field(died: WorkerEvent) -> None:
+    with pytest.raises(ValueError, match="WorkerEvent: expected a JSON object, got list"):
+        WorkerEvent.from_dict([died.to_dict()])
+    data = died.to_dict()
+    del data["wall_time"], data["kind"]
+    with pytest.raises(ValueError, match="WorkerEvent: missing field"):
+        WorkerEvent.from_dict(data)
+
+
+def test_a_stop_report_with_an_unkillable_worker_reads_back_what_it_wrote(
+        procs: ProcessTracker, stuck_child: StuckChild) -> None:
+    healthy = procs.sleeper()
+    identities = [capture_identity(0, healthy.pid), capture_identity(1, stuck_child.popen.pid)]
+    assert wait_until(lambda: state_of(stuck_child.popen.pid) == "D", 10)
+    report = stop_processes(identities, grace_s=0.2, kill_s=0.5)
+    stuck_child.release()
+    assert [w.outcome for w in report.workers] == [StopOutcome.EXITED_AFTER_TERM, StopOutcome.UNKILLABLE]
+    data = report.to_dict()
+    back = StopReport.from_dict(_through_json(data))
+    assert back.to_dict() == data
+    assert back.workers == report.workers  # every field of a stopped worker is in its form
+    # An unkillable worker's form has no identity: the rest is all there.
+    assert back.unkillable == tuple(dataclasses.replace(item, identity=None) for item in report.unkillable)
+    assert back.outcome_of(stuck_child.popen.pid) is StopOutcome.UNKILLABLE and back.outcome_of(1) is None
+    assert not back.restartable and [event.kind for event in back.events()] == [EventKind.UNKILLABLE]
+
+
+@pytest.fixture
+def report_form() -> dict[str, Any]:
+    report = StopReport(
+        workers=(StoppedWorker(0, 41, "h", StopOutcome.EXITED_AFTER_TERM, signals_sent=("SIGTERM",),
+                               exited_after_s=0.01),
+                 StoppedWorker(1, 42, "h", StopOutcome.UNKILLABLE, signals_sent=("SIGTERM", "SIGKILL"))),
+        unkillable=(UnkillableWorker(1, 42, "h", "D", "", (42, 43), "request_wait_answer", True, "SIGKILL", 0.5),),
+        grace_s=0.2, kill_s=0.5, term_signal="SIGTERM", elapsed_s=0.71, started_wall=1.0e9)
+    return report.to_dict()
+
+
+@pytest.mark.parametrize(("path", "value", "complaint"), [
+    ((), {"restartable": True}, "StopReport: field 'restartable' is True, but the record's other fields give False"),
+    ((), {"all_stopped": True}, "StopReport: field 'all_stopped' is True"),
+    ((), {"workers": {}}, "StopReport: field 'workers' must be an array"),
+    ((), {"grace_s": "0.2"}, "StopReport: field 'grace_s' must be a finite number"),
+    (("workers", 0), {"outcome": "vanished"}, "StoppedWorker: field 'outcome' must be one of 'already-gone'"),
+    (("workers", 0), {"signals_sent": ["SIGTERM", 15]}, "StoppedWorker: field 'signals_sent' must be an array of str"),
+    (("workers", 1), {"pid": None, "why": "x"}, "StoppedWorker: unknown field(s) why"),
+    (("unkillable", 0), {"d_tids": [42, "43"]}, "UnkillableWorker: field 'd_tids' must be an array of ints"),
+    (("unkillable", 0), {"kill_pending": 1}, "UnkillableWorker: field 'kill_pending' must be a bool"),
+    (("unkillable", 0), {"message": "fine"}, "UnkillableWorker: field 'message' is 'fine'"),
+])
+def test_a_bad_stop_report_is_refused_naming_the_record_and_field(report_form: dict[str, Any], path: tuple[Any, ...],
+                                                                  value: dict[str, Any], complaint: str) -> None:
+    target: Any = report_form
+    for key in path:
+        target = target[key]
+    target.update(value)
+    with pytest.raises(ValueError) as raised:
+        StopReport.from_dict(report_form)
+    assert complaint in str(raised.value)
+
+
+def test_a_stopped_worker_without_a_pid_reads_back(report_form: dict[str, Any]) -> None:
+    report_form["workers"][1]["pid"] = None  # a target that had none (bad input, a Process never started)
+    assert StopReport.from_dict(report_form).workers[1].pid is None

@@ -1,0 +1,115 @@
+"""A scenario's faults outside serving: during the model build, at the spawn, during shutdown.
+
+Each runs the whole iteration for its phase (``fault_phase`` ``init`` and ``shutdown``, fault
+``spawn``; see :mod:`._scenario_child`) and fills the iteration's record: whether construction
+failed, and how fast (:class:`~._scenario_records.InitOutcome`), or whether ``shutdown()`` stayed
+bounded with a rank killed under it (:class:`~._scenario_records.ShutdownOutcome`). Every wait is
+bounded by the options; a build or shutdown that hangs is left to its daemon thread and its ranks
+are ended by the harness.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+from typing import Any
+
+from ..process._identity import ProcessIdentity
+from ..stop._bounded_stop import stop_processes
+from ._cgroup_faults import FreezerGroup
+from ._executor_worker import read_announced_identities
+from ._scenario_endings import emit
+from ._scenario_executor import (
+    bounded,
+    build_in_thread,
+    fatal_fields,
+    pre_shutdown_runs,
+    settled_fatal_error,
+    stop_report,
+)
+from ._scenario_faults import alive, inject, victims_of
+from ._scenario_observe import ThreadExceptions
+from ._scenario_records import InitOutcome, ResultInProgress, ScenarioOptions, ShutdownOutcome, Victim
+
+__all__ = ["run_init_fault", "run_shutdown_fault", "run_spawn_failure"]
+
+
+def run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announce: str, freezer: FreezerGroup | None,
+                   draft: ResultInProgress, identities: list[ProcessIdentity]) -> None:
+    """Inject the fault while the executor is being built (its ranks announced, READY not yet sent)."""
+    build = build_in_thread(opts, worker_kwargs)
+    assert build.thread is not None
+    identities.extend(read_announced_identities(announce, opts.workers, 10))
+    draft.update(pids=tuple(i.pid for i in identities))
+    emit({"pids": list(draft.result.pids), "iteration": draft.result.iteration})
+    time.sleep(min(0.2, opts.init_delay_s / 4))
+    victims = victims_of(opts, identities)
+    draft.update(victims=tuple(Victim(v.rank, v.pid) for v in victims))
+    t0, floor = inject(opts, victims, freezer, announce)
+    draft.update(fault_at=t0)
+    if floor is not None:
+        floor.close()
+    build.thread.join(opts.observe_s)
+    hung = build.thread.is_alive()
+    error = build.error
+    draft.update(init=InitOutcome(
+        hung=hung, error_ms=None if hung else round((time.monotonic() - t0) * 1e3, 3),
+        error_type=None if error is None else type(error).__name__, error=None if error is None else str(error),
+        restartable=getattr(error, "restartable", None)))
+    if hung or build.proxy is not None:
+        stop_processes(identities, grace_s=0.0, kill_s=2.0)
+    draft.update(survivors=tuple(i.pid for i in identities if alive(i)))
+
+
+def run_spawn_failure(opts: ScenarioOptions, worker_kwargs: dict[str, Any], draft: ResultInProgress,
+                      thread_exceptions: ThreadExceptions) -> None:
+    """Build while MPI_Comm_spawn fails (the child's ``main`` made PRRTE's session base unusable).
+    The latency is from the death of mpi4py's manager thread to the constructor's error."""
+    build = build_in_thread(opts, worker_kwargs)
+    assert build.thread is not None
+    build.thread.join(opts.observe_s)
+    error = build.error
+    spawn_died = next((t for t, m in zip(thread_exceptions.times, thread_exceptions.messages, strict=True)
+                       if "MPI_ERR" in m), None)
+    draft.update(phase="init", survivors=(), init=InitOutcome(  # no rank was ever started
+        hung=build.thread.is_alive(),
+        error_ms=None if build.at is None or spawn_died is None else round((build.at - spawn_died) * 1e3, 3),
+        error_type=None if error is None else type(error).__name__, error=None if error is None else str(error),
+        spawn_failed=spawn_died is not None))
+
+
+def run_shutdown_fault(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity], announce: str,
+                       draft: ResultInProgress) -> None:
+    """Kill ``fault_rank`` while ``shutdown()`` runs: shutdown must stay bounded and account for it."""
+    victims = victims_of(opts, identities)
+    draft.update(victims=tuple(Victim(v.rank, v.pid) for v in victims))
+    done = threading.Event()
+
+    def shut() -> None:
+        try:
+            proxy.shutdown()
+        finally:
+            done.set()
+
+    t_start = time.monotonic()
+    threading.Thread(target=shut, name="scenario-shutdown", daemon=True).start()
+    with contextlib.suppress(Exception):  # the rank may already be gone: that is the race
+        fault_at, floor = inject(opts, victims, None, announce)
+        draft.update(fault_at=fault_at)
+        if floor is not None:
+            floor.close()
+    finished = done.wait(opts.observe_s)
+    report = stop_report(proxy)
+    draft.update(shutdown=ShutdownOutcome(
+        shutdown_ms=round((time.monotonic() - t_start) * 1e3, 3) if finished else None, hung=not finished,
+        pre_shutdown_runs=pre_shutdown_runs(proxy), report=report,
+        unkillable=() if report is None else tuple(u.pid for u in report.unkillable)))
+    fatal = settled_fatal_error(proxy) if getattr(proxy, "liveness_events", []) else getattr(
+        proxy, "_fatal_error", None)
+    draft.update(**fatal_fields(proxy, fatal))
+    if not finished or os.path.isdir(getattr(proxy, "_ipc_dir", "")):
+        stop_processes(identities, grace_s=0.0, kill_s=2.0)
+        bounded(proxy._close_queues)
+    draft.update(survivors=tuple(i.pid for i in identities if alive(i)))

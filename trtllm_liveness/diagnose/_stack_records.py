@@ -1,0 +1,157 @@
+"""The records of a rank's Python stacks, whichever source took them.
+
+Two sources fill them: ``py-spy`` reading the rank's memory from outside (:mod:`._py_spy`: needs
+ptrace rights, gives OS thread ids, names and GIL flags) and the rank's own ``faulthandler``
+writing every thread's stack into a file on a signal (:mod:`._faulthandler_stacks`: needs no
+ptrace, only the hook registered at the rank's start). :class:`RankStacks` says which source
+gave the stacks (``source``) and why the other was not used (``other``).
+
+A frame's file is told to be the standard library's by its name alone (never a ``stat`` of a
+path the target gave: it may be on a stalled mount).
+"""
+
+from __future__ import annotations
+
+import enum
+import functools
+import os
+import re
+import sys
+import sysconfig
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["RankStacks", "StackFrame", "StackSource", "StackStatus", "ThreadStack"]
+
+
+class StackStatus(str, enum.Enum):
+    """Whether a rank's Python stacks were taken, and if not why."""
+
+    TAKEN = "taken"
+    SKIPPED_TASK_IN_D = "skipped-task-in-d"
+    SKIPPED_NOT_RUNNING = "skipped-not-running"  # zombie, gone, unreadable
+    SKIPPED_STOPPED = "skipped-stopped"  # stopped (T): its dump handler cannot run
+    NO_PY_SPY = "no-py-spy"
+    NOT_REGISTERED = "not-registered"  # no faulthandler dump registered in the rank
+    TIMED_OUT = "timed-out"
+    DID_NOT_EXIT = "did-not-exit"  # timed out, SIGKILLed, and still there (itself stuck in D)
+    FAILED = "failed"
+
+
+class StackSource(str, enum.Enum):
+    """Where a rank's stacks came from."""
+
+    PY_SPY = "py-spy"
+    FAULTHANDLER = "faulthandler"
+
+
+@dataclass(frozen=True)
+class StackFrame:
+    """One Python frame."""
+
+    function: str
+    file: str
+    line: int
+
+    def describe(self) -> str:
+        """``function (file:line)`` with the file's base name."""
+        return f"{self.function} ({os.path.basename(self.file)}:{self.line})"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"function": self.function, "file": self.file, "line": self.line}
+
+
+@dataclass(frozen=True)
+class ThreadStack:
+    """The Python stack of one thread, innermost frame first.
+
+    ``tid`` is the OS thread id (None where the source does not give it: ``faulthandler`` names
+    threads by their ``pthread`` id, which maps to an OS id only for the main thread). ``active``
+    and ``owns_gil`` are False where the source does not tell (``faulthandler``).
+    """
+
+    tid: int | None
+    name: str
+    active: bool
+    owns_gil: bool
+    frames: tuple[StackFrame, ...]
+
+    @property
+    def stuck_in(self) -> StackFrame | None:
+        """The innermost frame outside the standard library (``Event.wait`` says less than its
+        caller); the innermost frame when every frame is the standard library's."""
+        for frame in self.frames:
+            if not _is_stdlib(frame.file):
+                return frame
+        return self.frames[0] if self.frames else None
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        stuck = self.stuck_in
+        return {"tid": self.tid, "name": self.name, "active": self.active, "owns_gil": self.owns_gil,
+                "stuck_in": None if stuck is None else stuck.function,
+                "frames": [frame.to_dict() for frame in self.frames]}
+
+
+@dataclass(frozen=True)
+class RankStacks:
+    """The outcome of taking one rank's stacks; ``threads`` is empty unless ``status`` is TAKEN.
+
+    ``source`` is the source that gave the result (None when no source was tried, e.g. a rank
+    that is gone); ``other`` says why the other source was not used (empty when it was not
+    needed or not known).
+    """
+
+    status: StackStatus
+    detail: str = ""
+    threads: tuple[ThreadStack, ...] = ()
+    took_ms: float = 0.0
+    source: StackSource | None = None
+    other: str = ""
+
+    def main_thread(self, pid: int) -> ThreadStack | None:
+        """The stack of the thread whose id is ``pid`` (the main thread), else the first one."""
+        for thread in self.threads:
+            if thread.tid == pid:
+                return thread
+        return self.threads[0] if self.threads else None
+
+    def with_source(self, source: StackSource | None, other: str = "") -> RankStacks:
+        """This result, naming its source and why the other one was not used."""
+        return RankStacks(self.status, self.detail, self.threads, self.took_ms, source, other)
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"status": self.status.value, "detail": self.detail, "took_ms": round(self.took_ms, 1),
+                "source": None if self.source is None else self.source.value, "other_source": self.other,
+                "threads": [thread.to_dict() for thread in self.threads]}
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_dirs() -> tuple[str, ...]:
+    # This interpreter's own paths (local files, read once), as given and resolved.
+    paths = sysconfig.get_paths()
+    found: set[str] = set()
+    for key in ("stdlib", "platstdlib"):
+        if key in paths:
+            found.update({paths[key] + os.sep, os.path.realpath(paths[key]) + os.sep})
+    return tuple(sorted(found))
+
+
+@functools.lru_cache(maxsize=1)
+def _stdlib_module_files() -> frozenset[str]:
+    # Base names of this interpreter's stdlib modules, from the name list (no filesystem access).
+    return frozenset(f"{name}.py" for name in getattr(sys, "stdlib_module_names", ()))
+
+
+def _is_stdlib(filename: str) -> bool:
+    # By the string alone: the names come from the target (its mount namespace, perhaps a stalled
+    # NFS or FUSE path), and a stat or realpath of one could block this scan in D.
+    if filename.startswith("<frozen"):
+        return True
+    if "site-packages" in filename or "dist-packages" in filename:
+        return False
+    if "/" not in filename:  # py-spy's text dump shows base names
+        return filename in _stdlib_module_files()
+    return filename.startswith(_stdlib_dirs()) or bool(re.search(r"/lib/python3\.\d+/[^/]+\.py$", filename))

@@ -1,0 +1,206 @@
+"""Which rank a stall is named after, from evidence, and what the naming rests on.
+
+When an engine stalls, every rank waits on every other: the one to name is the one that stopped
+first. The evidence, strongest first:
+
+1. **gone, stopped or in D**: a rank whose process exited, that is stopped (``T``: SIGSTOP, a
+   tracer) or that has a thread in uninterruptible sleep cannot be the one waiting on the others;
+2. **behind in iterations**: the rank whose executor loop counted the fewest iterations (the
+   others did one more before they blocked on it);
+3. **spinning while the others sleep**: one rank on CPU while all the others sleep. Never above
+   the first two: a rank busy-polling in a collective whose peer is gone spins too, and the leader
+   (rank 0) busy-polls its request queue, so the leader is never named for spinning.
+
+Nothing names the leader by default: without evidence :func:`name_stalled_rank` returns None.
+Each rank comes in as a :class:`RankEvidence` (the diagnosis makes them from its ranks, with the
+CPU window that tells spinning from sleeping). :func:`stalled_rank_now` reads only the thread
+states (no CPU window, so no spinning evidence) for a caller that must not wait, such as the stall
+timer's fatal event; this module imports nothing heavier than procfs parsing for that.
+:func:`stalled_rank_of` takes the diagnosis's short snapshot and so has all the evidence.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ..process import _procfs
+from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
+
+__all__ = ["DEFAULT_CPU_WINDOW_S", "Condition", "NamingBasis", "RankEvidence", "StalledRank", "name_stalled_rank",
+           "stalled_rank_now", "stalled_rank_of"]
+
+DEFAULT_CPU_WINDOW_S = 0.1
+"""The CPU window of :func:`stalled_rank_of`: 10 ticks at ``CLK_TCK`` 100, enough to tell a
+spinning thread from a sleeping one."""
+
+
+class NamingBasis(str, enum.Enum):
+    """What a stalled rank's naming rests on, strongest first."""
+
+    GONE = "gone"
+    STOPPED = "stopped"
+    IN_D = "in-d"
+    BEHIND = "behind"
+    SPINNING = "spinning"
+
+
+class Condition(str, enum.Enum):
+    """What was seen of one rank."""
+
+    GONE = "gone"
+    STOPPED = "stopped"
+    IN_D = "in-d"
+    SPINNING = "spinning"
+    SLEEPING = "sleeping"
+    OTHER = "other"  # alive, neither spinning nor sleeping (some CPU), or not measured
+    UNKNOWN = "unknown"  # not seen: another host, unreadable
+
+
+@dataclass(frozen=True)
+class RankEvidence:
+    """One rank as the naming sees it; ``detail`` completes the evidence (the state letter, the
+    threads in ``D`` and where they wait, why it is gone)."""
+
+    rank: int
+    pid: int
+    condition: Condition
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class StalledRank:
+    """The rank a stall is named after, the kind of evidence and that evidence in a few words."""
+
+    rank: int
+    pid: int
+    basis: NamingBasis
+    evidence: str
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"rank": self.rank, "pid": self.pid, "basis": self.basis.value, "evidence": self.evidence}
+
+
+def _ranks(ranks: Sequence[int]) -> str:
+    return ", ".join(map(str, ranks))
+
+
+_STATE_ORDER = {Condition.GONE: (0, NamingBasis.GONE), Condition.STOPPED: (1, NamingBasis.STOPPED),
+                Condition.IN_D: (2, NamingBasis.IN_D)}
+
+
+def _state_evidence(ranks: Sequence[RankEvidence]) -> StalledRank | None:
+    found = sorted(((_STATE_ORDER[rank.condition][0], rank.rank, rank) for rank in ranks
+                    if rank.condition in _STATE_ORDER), key=lambda item: item[:2])
+    if not found:
+        return None
+    rank = found[0][2]
+    basis = _STATE_ORDER[rank.condition][1]
+    text = {NamingBasis.GONE: "is gone", NamingBasis.STOPPED: "is stopped", NamingBasis.IN_D: "has"}[basis]
+    evidence = f"rank {rank.rank} {text} ({rank.detail})" if basis is not NamingBasis.IN_D else \
+        f"rank {rank.rank} has {rank.detail}"
+    if len(found) > 1:
+        evidence += f"; also {_ranks([item[1] for item in found[1:]])}"
+    return StalledRank(rank.rank, rank.pid, basis, evidence)
+
+
+def _iteration_evidence(ranks: Sequence[RankEvidence], iterations: Mapping[int, int],
+                        leader: int | None) -> StalledRank | None:
+    known = {rank.rank: rank for rank in ranks if rank.rank in iterations}
+    counts = {number: iterations[number] for number in known}
+    if len(counts) < 2 or min(counts.values()) == max(counts.values()):
+        return None
+    lowest = min(counts.values())
+    behind = sorted(number for number, count in counts.items() if count == lowest)
+    ahead = sorted(number for number in counts if number not in behind)
+    named = next((number for number in behind if number != leader), behind[0])
+    who = f"rank {named}" if len(behind) == 1 else f"ranks {_ranks(behind)}"
+    evidence = (f"{who} at {lowest} executor iteration(s), ranks {_ranks(ahead)} at "
+                f"{_ranks(sorted({counts[number] for number in ahead}))}")
+    return StalledRank(named, known[named].pid, NamingBasis.BEHIND, evidence)
+
+
+def _spin_evidence(ranks: Sequence[RankEvidence], leader: int | None) -> StalledRank | None:
+    seen = [rank for rank in ranks if rank.condition not in (Condition.UNKNOWN, Condition.GONE)]
+    spinning = [rank for rank in seen if rank.condition is Condition.SPINNING and rank.rank != leader]
+    others = [rank for rank in seen if rank not in spinning and rank.rank != leader]
+    if len(spinning) != 1 or not others or any(rank.condition is not Condition.SLEEPING for rank in others):
+        return None
+    (named,) = spinning
+    return StalledRank(named.rank, named.pid, NamingBasis.SPINNING,
+                       f"rank {named.rank} spins while ranks {_ranks(sorted(rank.rank for rank in others))} sleep")
+
+
+def name_stalled_rank(ranks: Sequence[RankEvidence], *, iterations: Mapping[int, int] | None = None,
+                      leader: int | None = 0) -> StalledRank | None:
+    """The rank to name for a stall of ``ranks``, by the precedence of the module docstring.
+
+    ``iterations`` maps rank numbers to the executor iterations each reported (ranks missing
+    from it are not compared); ``leader`` is the rank never named for spinning (None: no leader).
+    Returns None when no evidence singles a rank out (never a default rank). Pure function.
+    """
+    return (_state_evidence(ranks)
+            or (_iteration_evidence(ranks, iterations, leader) if iterations else None)
+            or _spin_evidence(ranks, leader))
+
+
+def _states_only(rank: int, pid: int, start_time: int | None) -> RankEvidence:
+    """One rank from its thread states alone: gone, stopped, in D, or alive (not measured)."""
+    try:
+        info = _procfs.read_stat(pid)
+        states = _procfs.read_thread_states(pid)
+    except (OSError, ValueError):
+        return RankEvidence(rank, pid, Condition.GONE, "no such process")
+    if start_time is not None and info.start_time != start_time:
+        return RankEvidence(rank, pid, Condition.GONE, "its pid now belongs to another process")
+    if info.state in ("Z", "X"):
+        return RankEvidence(rank, pid, Condition.GONE, "exited, not reaped")
+    d_tids = sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES)
+    if d_tids:
+        try:
+            wchan = _procfs.read_wchan(pid, d_tids[0])
+        except OSError:
+            wchan = ""
+        return RankEvidence(rank, pid, Condition.IN_D, in_d_detail(len(d_tids), wchan))
+    if info.state in ("T", "t"):
+        return RankEvidence(rank, pid, Condition.STOPPED, info.state)
+    return RankEvidence(rank, pid, Condition.OTHER)
+
+
+def in_d_detail(count: int, wchan: str) -> str:
+    """``2 thread(s) in D in request_wait_answer``: the detail of a rank in ``D``."""
+    return f"{count} thread(s) in D" + (f" in {wchan}" if wchan else "")
+
+
+def stalled_rank_now(targets: Sequence[ProcessIdentity], *, iterations: Mapping[int, int] | None = None,
+                     leader: int | None = 0) -> StalledRank | None:
+    """:func:`name_stalled_rank` from the ranks' thread states read now (one ``stat`` per thread,
+    a wait channel for a rank in ``D``) and ``iterations``: no CPU window, so never by spinning.
+    Ranks of another host or PID namespace count only by their iterations. Blocks for those
+    procfs reads only; never raises for a process that is gone or unreadable. Thread-safe."""
+    ranks: list[RankEvidence] = []
+    for identity in targets:
+        if identity.hostname != local_hostname() or (
+                identity.pid_namespace is not None and identity.pid_namespace != local_pid_namespace()):
+            ranks.append(RankEvidence(identity.rank, identity.pid, Condition.UNKNOWN, "not local"))
+        else:
+            ranks.append(_states_only(identity.rank, identity.pid, identity.start_time))
+    return name_stalled_rank(ranks, iterations=iterations, leader=leader)
+
+
+def stalled_rank_of(targets: Sequence[ProcessIdentity | int], *, iterations: Mapping[int, int] | None = None,
+                    leader: int | None = 0, cpu_window_s: float = DEFAULT_CPU_WINDOW_S) -> StalledRank | None:
+    """Take the diagnosis's short procfs snapshot of ``targets`` (no stacks) and name the stalled
+    rank with all the evidence, spinning included.
+
+    Blocks about ``cpu_window_s`` plus procfs reads (one scan sample: a rank in ``D`` is not
+    confirmed over a window). Never raises for a process that is gone or unreadable. Thread-safe.
+    """
+    from ._diagnosis import diagnose
+
+    diagnosis = diagnose(targets, stacks=False, window_s=0.0, cpu_window_s=cpu_window_s, iterations=iterations,
+                         leader=leader)
+    return diagnosis.named

@@ -1,0 +1,208 @@
+"""The engine side of ``trtllm-liveness drill``: the user's model on the installed TensorRT-LLM.
+
+Run by the drill as ``python -m trtllm_liveness.drill._drill_engine '<DrillOptions>'``
+in a session of its own, with ``TRTLLM_WORKER_LIVENESS`` set by the drill::
+
+    LLM(model, tensor_parallel_size=tp, executor_cls=liveness_executor_class())
+      -> ``requests`` streaming requests (``generate_async(..., streaming=True)``), each read by a thread
+      -> once every request has tokens: {"ready": EngineReady} on stdout (the ranks, by verified identity)
+      <- one line on stdin: {"fault_at": <monotonic>} (the drill injected the fault), or EOF
+      -> watch for ``observe_s``: the monitor's event, check_health(), the requests' errors, tokens
+      -> llm.shutdown() (bounded by the extension) -> {"report": EngineReport}
+
+``{"error": "..."}`` replaces what cannot come (TensorRT-LLM not importable, the extension not
+attached, no tokens within ``stream_timeout_s``). The process ends with ``os._exit`` after its last
+line, so no MPI or atexit join can hold it; the drill bounds it and cleans up after it in any case.
+
+What of upstream's LLM API this relies on (TensorRT-LLM ``llmapi/llm.py``): ``LLM(model,
+tensor_parallel_size=..., executor_cls=...)``, ``generate_async(inputs, sampling_params=...,
+streaming=...)`` with ``SamplingParams(max_tokens=..., ignore_eos=...)`` (an API without a
+``sampling_params`` parameter is given ``max_tokens`` instead), the result's ``_result_step(timeout)``
+and ``outputs[0].token_ids`` (or ``token_ids``), ``llm._executor`` and ``llm.shutdown()``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import json
+import os
+import queue
+import select
+import sys
+import threading
+import time
+from typing import Any
+
+from ._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
+
+PROMPT = [1, 2, 3, 4]  # token ids: no tokenizer needed
+_TICK_S = 0.001
+_STOPPED_AFTER_S = 1.0  # tokens count as stopped after this long without one
+
+
+def emit(key: str, value: Any) -> None:
+    sys.stdout.write(json.dumps({key: value}) + "\n")
+    sys.stdout.flush()
+
+
+class _Stream:
+    """One streaming request, read by a daemon thread (upstream's result advances only while its
+    consumer reads it): its token count, its error, when it ended."""
+
+    def __init__(self, result: Any) -> None:
+        self._result = result
+        self.tokens = 0
+        self.error: BaseException | None = None
+        self.finished = False
+        self.ended_at: float | None = None
+        self.last_token_at: float | None = None
+        threading.Thread(target=self._read, name="drill-request", daemon=True).start()
+
+    def _count(self) -> int:
+        outputs = getattr(self._result, "outputs", None)
+        if outputs:
+            return len(getattr(outputs[0], "token_ids", None) or ())
+        return len(getattr(self._result, "token_ids", None) or ())
+
+    def _read(self) -> None:
+        while True:
+            try:
+                self._result._result_step(0.1)
+            except queue.Empty:
+                continue
+            except BaseException as exc:  # the engine's error for this request
+                self.error = exc
+                self.ended_at = time.monotonic()
+                return
+            count = self._count()
+            if count != self.tokens:
+                self.tokens, self.last_token_at = count, time.monotonic()
+            if self._result.finished:
+                self.finished = True
+                self.ended_at = time.monotonic()
+                return
+
+    @property
+    def done(self) -> bool:
+        return self.finished or self.error is not None
+
+
+def _model(options: DrillOptions) -> Any:
+    if not options.engine:
+        return options.model
+    module_name, _, attribute = options.engine.partition(":")
+    factory = getattr(importlib.import_module(module_name), attribute)
+    return factory(options.model)
+
+
+def _submit(llm: Any, max_tokens: int) -> Any:
+    parameters = inspect.signature(llm.generate_async).parameters
+    if "sampling_params" in parameters:
+        from tensorrt_llm import SamplingParams
+
+        return llm.generate_async(PROMPT, sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+                                  streaming=True)
+    return llm.generate_async(PROMPT, max_tokens=max_tokens, streaming=True)
+
+
+def _read_fault(timeout: float) -> float | None:
+    """The drill's fault time from stdin (None: EOF, garbage or nothing within ``timeout``)."""
+    ready, _, _ = select.select([sys.stdin], [], [], timeout)
+    if not ready:
+        return None
+    try:
+        value = json.loads(sys.stdin.readline()).get("fault_at")
+    except (ValueError, AttributeError):
+        return None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _ranks(executor: Any) -> tuple[DrillRank, ...]:
+    return tuple(DrillRank(rank=s.identity.rank, pid=s.identity.pid, start_time=s.identity.start_time,
+                           host=s.identity.hostname, pid_namespace=s.identity.pid_namespace, method=str(s.method))
+                 for s in executor.liveness_statuses())
+
+
+def _observe(executor: Any, streams: list[_Stream], t0: float, observe_s: float) -> dict[str, Any]:
+    deadline = t0 + observe_s
+    health_false = failed_all = None
+    while time.monotonic() < deadline:
+        now = time.monotonic()
+        if health_false is None and not executor.check_health():
+            health_false = now
+        if failed_all is None and all(stream.error is not None for stream in streams):
+            failed_all = max(stream.ended_at or now for stream in streams)
+        if health_false is not None and failed_all is not None:
+            break
+        if all(stream.done for stream in streams):
+            break
+        time.sleep(_TICK_S)
+    last = [stream.last_token_at for stream in streams if stream.last_token_at is not None]
+    stopped = max(last) if last and time.monotonic() - max(last) >= _STOPPED_AFTER_S else None
+    events = list(executor.liveness_events)
+    return {"detected_at": events[0].detected_at if events else None, "health_false_at": health_false,
+            "failed_all_at": failed_all, "tokens_stopped_at": stopped,
+            "pending": sum(1 for stream in streams if not stream.done)}
+
+
+def run(options: DrillOptions) -> int:
+    try:
+        import tensorrt_llm
+        from tensorrt_llm import LLM
+    except Exception as exc:  # ImportError, or the package failing at import (a CUDA library)
+        emit("error", f"tensorrt_llm cannot be imported by {sys.executable}: {type(exc).__name__}: {exc}")
+        return 4
+    from ..integrations.trtllm import liveness_executor_class
+
+    llm = LLM(_model(options), tensor_parallel_size=options.tp, executor_cls=liveness_executor_class())
+    executor = llm._executor
+    if not hasattr(executor, "liveness_statuses"):
+        emit("error", "the extension did not attach to this TensorRT-LLM's executor (run 'trtllm-liveness doctor')")
+        return 3
+    streams = [_Stream(_submit(llm, options.max_tokens)) for _ in range(options.requests)]
+    deadline = time.monotonic() + options.stream_timeout_s
+    while not all(stream.tokens or stream.done for stream in streams) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if not all(stream.tokens and not stream.done for stream in streams):
+        problems = sorted({repr(stream.error) for stream in streams if stream.error is not None})
+        emit("error", f"the requests did not all stream within {options.stream_timeout_s:g} s"
+                      + (f": {'; '.join(problems)}" if problems else ""))
+        return 1
+    emit("ready", EngineReady(ranks=_ranks(executor), proxy_pid=os.getpid(),
+                              version=str(getattr(tensorrt_llm, "__version__", "?")),
+                              streaming=len(streams)).to_dict())
+    t0 = _read_fault(options.fault_wait_s)
+    if t0 is None:
+        emit("error", f"no fault within {options.fault_wait_s:g} s")
+        return 1
+    seen = _observe(executor, streams, t0, options.observe_s)
+    started = time.monotonic()
+    llm.shutdown()
+    shutdown_s = time.monotonic() - started
+    fatal = executor.liveness_fatal_error
+    stop_report = executor.liveness_shutdown_report
+    emit("report", EngineReport(
+        **seen, fatal="" if fatal is None else str(fatal), fatal_kind="" if fatal is None else fatal.event.kind.value,
+        fatal_rank=None if fatal is None else fatal.event.identity.rank,
+        restartable=None if fatal is None else fatal.restartable and (stop_report is None or stop_report.restartable),
+        total=len(streams), shutdown_s=shutdown_s,
+        unkillable=() if stop_report is None else tuple(worker.pid for worker in stop_report.unkillable)).to_dict())
+    return 0
+
+
+def main(argv: list[str]) -> None:
+    code = 2
+    try:
+        code = run(DrillOptions.from_json(argv[0]))
+    except BaseException as exc:  # one line for the drill, never a hang in a half-built engine
+        emit("error", f"{type(exc).__name__}: {exc}")
+        code = 1
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

@@ -1,0 +1,246 @@
+"""Bounded shutdown of one engine: what the proxy's ``shutdown()`` runs, what a failed start runs,
+and the engine's part in the process's ending (the exit guard's graceful action; its ranks stopped
+before the process ends), all bounded.
+
+Data flow of :func:`shutdown_engine`::
+
+    expected exits (a death the monitor already knows is delivered first)
+    healthy: stop the watcher; (ZMQ debug, this thread owns the request socket) upstream pre_shutdown() here
+    failed: the fatal verdict's snapshot awaited (diagnosis_before_stop_s at most)
+    upstream shutdown() in a daemon thread
+      healthy: joined for shutdown_grace_s; own session: the ranks' exit awaited, then stop_workers
+      failed:  stop_workers at once
+      stop_workers: after a fatal verdict its snapshot first (diagnosis_before_stop_s at most);
+                    the stopped ranks' exits expected (no deaths), one INFO line each
+      after stop_workers: upstream's waits released (its futures failed: _upstream_teardown)
+    upstream still blocked 1 s later: the session abandoned
+    release (dispatch gate, hub, channel, stall timer, monitor, metrics; the fatal path's and the
+    diagnosis' threads joined, each until its deadline); the outcome marked clean, or the unkillable ranks
+    recorded as the fatal error
+
+    stop_workers: remote hosts' ranks (agent hub) in a thread, local ranks SIGTERM -> SIGKILL,
+                  both bounded; a rank left unkillable quarantines the host
+
+    the process's ending (exit_on_fatal): its STOP stage runs stop_workers for every engine not
+    yet released (the ranks are not our children: nobody else reaps them once we are gone)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from ..._errors import LivenessError
+from ..._events import WorkerFailedError
+from ...exit._exit_guard import interrupt_self_once
+from ...exit._outcome import mark_clean
+from ...exit._process_ending import Stage, process_ending
+from ...process._identity import ProcessIdentity, is_local
+from ...process._pidfd import verify_start_time
+from ...stop._bounded_stop import StopOutcome, StopReport
+from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
+from ._hosts import stop_remote_hosts
+from ._request_socket import owns_request_socket, zmq_debug
+from ._state import EngineLiveness, state_of
+from ._upstream_teardown import abandon_session, close_dispatch, release_upstream_waits
+
+if TYPE_CHECKING:
+    from ._mixin import LivenessProxyMixin
+
+logger = logging.getLogger(__name__.rpartition(".")[0])
+
+_UPSTREAM_SHUTDOWN_AFTER_STOP_S = 1.0
+
+
+def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_shutdown: Callable[[], None]) -> None:
+    """The data flow of the module docstring; ``upstream_shutdown`` runs upstream's ``shutdown()``
+    (never raises). Blocks for at most about ``shutdown_grace_s + shutdown_term_s +
+    shutdown_kill_s + 2`` seconds. Idempotent: only the first call does anything."""
+    proxy._liveness_expected_exits()  # a death already known is delivered first
+    with state.lock:
+        if state.shutdown_started:
+            return
+        state.shutdown_started = True
+        failed = state.fatal is not None
+    config = state.config
+    owned = owns_session(proxy, state)
+    assert state.monitor is not None
+    if failed:
+        state.fatal_done.wait(PRE_SHUTDOWN_WAIT_S)
+        snapshot_first(state)  # before upstream's shutdown too: its session's teardown ends the ranks
+    else:
+        # Workers exiting now are expected: stop the watcher so they are not reported dead.
+        state.monitor.stop()
+        if zmq_debug() and owns_request_socket(state):
+            # Upstream's debug mode raises on a send from a thread that does not own its
+            # request socket: this one does, so upstream's pre_shutdown() (stop sentinel,
+            # cancellations) runs here; the shutdown() below then finds it done. The engine is
+            # healthy, so these sends go to a live leader.
+            proxy.pre_shutdown()
+    upstream = threading.Thread(target=upstream_shutdown, name="trtllm-liveness-upstream-shutdown", daemon=True)
+    upstream.start()
+    report = None
+    if not failed:
+        # A healthy engine gets the grace period to stop by itself; a dead world does not.
+        deadline = time.monotonic() + config.shutdown_grace_s
+        upstream.join(config.shutdown_grace_s)
+        if owned:
+            wait_exit(state, deadline)
+            report = stop_workers(state)
+            release_upstream_waits(state, report)
+        # else: the ranks belong to the caller's session (mpirun's job): they keep serving it
+        # after this engine is gone, and are never signalled by a healthy shutdown.
+    else:
+        report = stop_workers(state)
+        release_upstream_waits(state, report)
+    upstream.join(_UPSTREAM_SHUTDOWN_AFTER_STOP_S)
+    if upstream.is_alive():
+        logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
+        abandon_session(proxy, state, owns_session(proxy, state))
+    release(state)
+    if state.fatal is None and not (report is not None and report.unkillable):
+        mark_clean()
+    if report is not None and report.unkillable:
+        events = report.events()
+        with state.lock:
+            if state.fatal is None and events:
+                state.fatal = WorkerFailedError(events[0])
+        if events and getattr(proxy, "_fatal_error", None) is None:
+            proxy._fatal_error = state.fatal
+
+
+def owns_session(proxy: object, state: EngineLiveness) -> bool:
+    """Whether the proxy created its MPI session (upstream's ``_owns_mpi_session`` where it has one)."""
+    owns = getattr(proxy, "_owns_mpi_session", None)
+    return owns if isinstance(owns, bool) else state.owns_session
+
+
+def wait_exit(state: EngineLiveness, deadline: float) -> None:
+    """Wait until every registered rank has exited, or until ``deadline`` (monotonic)."""
+    pending = state.monitor.identities if state.monitor is not None else []
+    while pending and time.monotonic() < deadline:
+        pending = [identity for identity in pending if _is_running(identity)]
+        if pending:
+            time.sleep(0.01)
+
+
+def stop_workers(state: EngineLiveness) -> StopReport | None:
+    """Stop the engine's ranks, bounded: the remote hosts' through the agent hub (in a thread), the
+    local ones with SIGTERM, then SIGKILL. None when there is nothing to stop. A rank the stop
+    leaves unkillable quarantines the host."""
+    from ...stop._bounded_stop import stop_processes
+
+    identities = state.monitor.identities if state.monitor is not None else []
+    # Never signal an identity whose start time was not verified (a recycled pid).
+    identities = [identity for identity in identities if identity.start_time is not None]
+    if not identities and state.hub is None:
+        return None
+    config = state.config
+    if not state.shutdown_started:  # shutdown() waited before it started upstream's shutdown
+        snapshot_first(state)
+    if state.monitor is not None:
+        state.monitor.mark_expected_exits()  # the ranks this stop ends are no deaths
+    remote = stop_remote_hosts(state.hub, config) if state.hub is not None else None
+    identities = [identity for identity in identities if is_local(identity)]
+    report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
+    if remote is not None:
+        remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
+        state.host_stops = list(remote[1])
+    state.shutdown_report = report
+    log_stopped(report)
+    note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
+    return report
+
+
+def snapshot_first(state: EngineLiveness) -> None:
+    """After a fatal verdict, wait ``diagnosis_before_stop_s`` at most for its diagnosis' snapshot:
+    it shows the ranks as the failure left them, not as the stop does."""
+    if state.fatal is not None and state.diagnoser is not None:
+        state.diagnoser.await_snapshot(state.config.diagnosis_before_stop_s)
+
+
+def log_stopped(report: StopReport) -> None:
+    """One INFO line per rank the stop ended: what the extension does itself is no failure."""
+    for worker in report.workers:
+        if worker.outcome in (StopOutcome.EXITED_AFTER_TERM, StopOutcome.EXITED_AFTER_KILL):
+            took = "" if worker.exited_after_s is None else f" after {worker.exited_after_s:.3f}s"
+            logger.info("liveness: stopped rank %d (pid %s) on host %s: %s, exited%s", worker.rank, worker.pid,
+                        worker.hostname, "+".join(worker.signals_sent) or "no signal", took)
+
+
+def release(state: EngineLiveness) -> None:
+    """Close what the engine's liveness holds (hub, side channel, stall timer, monitor, metrics),
+    leave the process's ending, and join the fatal path's threads and the diagnosis, each until its
+    deadline (the exit guard's trigger first stops waiting for ``exit_delay_s``). A thread still
+    running then (``pre_shutdown()`` blocked on a dead peer) is named in one WARNING."""
+    state.closing.set()
+    close_dispatch(state)
+    if state.stop_at_exit is not None:
+        process_ending().discard_cleanup(state.stop_at_exit, Stage.STOP)
+    if state.hub is not None:
+        with contextlib.suppress(Exception):
+            state.hub.close()
+    if state.channel is not None:
+        with contextlib.suppress(Exception):
+            state.channel.close()
+    if state.stall is not None:
+        with contextlib.suppress(Exception):
+            state.stall.close()
+    if state.monitor is not None:
+        with contextlib.suppress(Exception):
+            state.monitor.close()
+    if state.metrics is not None:
+        with contextlib.suppress(Exception):
+            state.metrics.close()
+    left = state.threads.join()
+    if state.diagnoser is not None:
+        left += state.diagnoser.close()
+    if left:
+        logger.warning("liveness: threads still running after their bound, left to end with the process: %s",
+                       ", ".join(left))
+
+
+def abort_start(state: EngineLiveness) -> None:
+    """The constructor fails, so nobody will call ``shutdown()``: stop what was started, bounded."""
+    with contextlib.suppress(Exception):
+        stop_workers(state)
+    release(state)
+
+
+def graceful(state: EngineLiveness) -> Callable[[], None]:
+    """The exit guard's graceful action: ONE SIGINT per process, and none once this executor's
+    ``shutdown()`` has begun (a SIGINT from trtllm-serve's ``/health`` got there first)."""
+    def interrupt() -> None:
+        if state.shutdown_started:
+            logger.info("liveness: the executor is already shutting down; the exit guard sends no SIGINT")
+            return
+        if not interrupt_self_once():
+            logger.info("liveness: graceful shutdown already requested by another exit guard of this process")
+
+    return interrupt
+
+
+def stop_at_exit(ref: weakref.ReferenceType[LivenessProxyMixin]) -> Callable[[], None]:
+    """The engine's STOP cleanup of the process's ending: its ranks are not our children (prte
+    spawned them), so nobody else reaps them once this process is gone; stop them first, bounded.
+    A rank the stop leaves unkillable quarantines the host (awaited by the ending) and makes the
+    exit status ``exit_code_unrestartable``. Holds the proxy by weakref."""
+    def stop() -> None:
+        proxy = ref()
+        if proxy is not None:
+            stop_workers(state_of(proxy))
+
+    return stop
+
+
+def _is_running(identity: ProcessIdentity) -> bool:
+    try:
+        verify_start_time(identity.pid, identity.start_time)
+    except (LivenessError, OSError):
+        return False
+    return True
