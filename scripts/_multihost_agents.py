@@ -1,8 +1,9 @@
 """The extension's side of scripts/bench_multihost.py: the engine with its agents, on test hosts.
 
 The fault trials are tests/support/multihost_engine.py's (fresh namespace test hosts per trial);
-here: the CPU figures (a hub with three real agents; a hub with 128 simulated agents) and the
-loaded no-fault control.
+here: the CPU figures (a hub with three real agents; a hub with 128 simulated agents), the loaded
+no-fault control and the lossy-network control (tests/support/netem.py), with the closest calls
+(the longest silence each side of every hub connection saw, sampled with ``ss`` in the hosts).
 """
 
 from __future__ import annotations
@@ -10,17 +11,22 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import NamedTuple
 
+from tests.support import netem
 from tests.support.multihost_engine import (
     DEFAULTS,
     Engine,
     Fatal,
+    StartFailed,
     host_fault,
     remote_kill,
     remote_wedge,
@@ -31,8 +37,8 @@ from trtllm_liveness.process import _procfs
 
 REPO = Path(__file__).resolve().parent.parent
 
-__all__ = ["Fatal", "false_alarms_loaded", "heartbeat_cpu", "host_fault", "proxy_cpu_simulated", "remote_kill",
-           "remote_wedge"]
+__all__ = ["Fatal", "NetemControl", "StartFailed", "false_alarms_loaded", "false_alarms_netem", "heartbeat_cpu",
+           "host_fault", "proxy_cpu_simulated", "remote_kill", "remote_wedge"]
 
 
 def heartbeat_cpu(window: float = 20.0) -> float:
@@ -93,7 +99,7 @@ SIM_HUB = r"""
 import sys, time, json
 from trtllm_liveness import WorkerProcessMonitor
 from trtllm_liveness.multihost import AgentHub
-hub = AgentHub(WorkerProcessMonitor(), bind="127.0.0.1", heartbeat_timeout_s=1.2).start()
+hub = AgentHub(WorkerProcessMonitor(), bind="127.0.0.1").start()  # the default heartbeat timeout
 print(json.dumps(hub.worker_spec()), flush=True)
 time.sleep(600)
 """
@@ -105,9 +111,7 @@ spec = json.loads(sys.argv[1]); n = int(sys.argv[2]); secret = bytes.fromhex(spe
 ctx = zmq.Context(io_threads=2); socks = []
 for i in range(n):
     sid = secrets.token_hex(16); s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.ROUTING_ID, sid.encode()); s.setsockopt(zmq.LINGER, 0)
-    s.setsockopt(zmq.HEARTBEAT_IVL, 2400); s.setsockopt(zmq.HEARTBEAT_TIMEOUT, 1200)
-    s.setsockopt(zmq.HEARTBEAT_TTL, 1200)  # as HostAgent does with the default timeout
+    s.setsockopt(zmq.ROUTING_ID, sid.encode()); s.setsockopt(zmq.LINGER, 0)  # no PINGs of its own: as HostAgent
     s.connect(spec["endpoint"])
     host = f"simhost{i}"
     s.send(_wire.encode(secret, _wire.TO_HUB, "hello", sid, 1, host=host, rank=1000 + 2 * i, port=0,
@@ -120,8 +124,8 @@ time.sleep(600)
 
 def proxy_cpu_simulated(agents: int, window: float = 10.0) -> float:
     """CPU ms per s of a process running only an AgentHub with ``agents`` simulated agents
-    connected (hello, then ZMTP PINGs every 2.4 s, as a real agent with the default 1.2 s timeout;
-    the hub PINGs each every 720 ms), over ``window`` s."""
+    connected (hello, then answering the hub's ZMTP PINGs, four per default timeout, 450 ms apart;
+    like a real agent they send none), over ``window`` s."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     hub = subprocess.Popen([sys.executable, "-c", SIM_HUB], stdout=subprocess.PIPE, env=env, start_new_session=True)
     sim = None
@@ -144,18 +148,113 @@ def proxy_cpu_simulated(agents: int, window: float = 10.0) -> float:
                 proc.wait(10)
 
 
-def false_alarms_loaded(window: float) -> tuple[int, str]:
+def false_alarms_loaded(window: float) -> tuple[int, str, float | None]:
     """Both cores busy (two spinning processes) for ``window`` s, the default heartbeat, every rank
-    alive: the number of fatal errors (0 expected) and the first one's message."""
+    alive: the number of fatal errors (0 expected), the first one's message, and the longest
+    silence the hub saw on an agent's connection (the closest call; :class:`SilenceSampler`)."""
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
                 for _ in range(os.cpu_count() or 2)]
     try:
         with TestHosts() as hosts:
             engine = Engine(hosts, liveness=DEFAULTS)  # the default heartbeat
-            fatal = timed_fatal(engine, time.monotonic(), window, shutdown=False)
+            sampler = SilenceSampler(hosts, engine.hub_port()).start()
+            try:
+                fatal = timed_fatal(engine, time.monotonic(), window, shutdown=False)
+            finally:
+                sampler.stop()
             engine.job.kill()
     finally:
         for spinner in spinners:
             spinner.kill()
             spinner.wait(10)
-    return (0, "") if fatal.ms is None else (1, fatal.message)
+    closest = round(sampler.hub_max, 3) if sampler.samples else None
+    return (0, "", closest) if fatal.ms is None else (1, fatal.message, closest)
+
+class NetemControl(NamedTuple):
+    """The lossy-network control: fatal errors in the window (0 expected), the path as measured
+    (UDP probes head -> hostB -> head before the engine starts), what the loss rules dropped, how
+    late the jitter relay let frames go, and the closest calls: the longest silence the hub saw on
+    an agent's connection and an agent on the hub's (sampled every 0.1 s with ``ss``), against the
+    hub's heartbeat timeout and the agent's own bound."""
+
+    window_s: float
+    alarms: int
+    alarm: str
+    rtt_ms: dict[str, float | None]
+    probes_lost_pct: float
+    frames_dropped: int
+    relay: dict[str, object]
+    hub_max_silence_s: float | None
+    agent_max_silence_s: float | None
+    samples: int
+
+
+class SilenceSampler:
+    """A thread sampling, every ``interval`` s, ``ss -ti`` of the hub's connections in hostA (local
+    port = the hub's) and of the agents' in hostB and hostC (peer port = the hub's): the longest
+    silence (min of ``lastrcv`` and ``lastack``, ms) each side saw. Owns its thread; ``stop()``
+    joins it (bounded)."""
+
+    _FIELDS = re.compile(r"lastrcv:(\d+).*?lastack:(\d+)|lastrcv:(\d+)")
+
+    def __init__(self, hosts: TestHosts, port: int, interval: float = 0.1) -> None:
+        self.hosts, self.port, self.interval = hosts, port, interval
+        self.hub_max = self.agent_max = 0.0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="silence-sampler", daemon=True)
+
+    def start(self) -> SilenceSampler:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _silences(self, host: str, side: str) -> list[float]:
+        argv = ["nsenter", f"--net=/run/netns/{self.hosts.host(host).netns}", "ss", "-tinH", "state", "established",
+                f"( {side} = :{self.port} )"]
+        try:
+            out = subprocess.run(argv, capture_output=True, text=True, timeout=5, check=False).stdout
+        except subprocess.TimeoutExpired:
+            return []
+        found = []
+        for match in self._FIELDS.finditer(out):
+            rcv, ack, alone = match.groups()
+            found.append((min(int(rcv), int(ack)) if alone is None else int(alone)) / 1000)
+        return found
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.hub_max = max([self.hub_max, *self._silences("hostA", "sport")])
+            self.agent_max = max([self.agent_max, *self._silences("hostB", "dport"), *self._silences("hostC", "dport")])
+            self.samples += 1
+
+
+def false_alarms_netem(window: float, loss_pct: float = netem.LOSS_PCT,
+                       jitter_s: float = netem.JITTER_S) -> NetemControl:
+    """hostB and hostC behind a link losing ``loss_pct`` % of the frames each way and delaying
+    each by uniform(0, ``jitter_s``) s each way; the engine at the default heartbeat, every rank
+    alive, for ``window`` s."""
+    with TestHosts() as hosts:
+        impairment = netem.impair(hosts, ("hostB", "hostC"), loss_pct=loss_pct, jitter_s=jitter_s)
+        path = netem.measure_path(hosts, "hostB")
+        engine = Engine(hosts, liveness=DEFAULTS)
+        sampler = SilenceSampler(hosts, engine.hub_port()).start()
+        try:
+            fatal = timed_fatal(engine, time.monotonic(), window, shutdown=False)
+        finally:
+            sampler.stop()
+        dropped = sum(netem.dropped(hosts, name) for name in ("hostB", "hostC"))
+        relay = impairment.relay_stats()
+        engine.job.kill()
+
+    def ms(q: float) -> float | None:
+        value = path.quantile(q)
+        return None if value is None else round(value * 1000, 1)
+
+    return NetemControl(window, 0 if fatal.ms is None else 1, fatal.message,
+                        {"p10": ms(0.1), "p50": ms(0.5), "p90": ms(0.9), "max": ms(1.0)}, round(path.lost_pct, 2),
+                        dropped, relay, round(sampler.hub_max, 3) if sampler.samples else None,
+                        round(sampler.agent_max, 3) if sampler.samples else None, sampler.samples)

@@ -22,19 +22,26 @@ upstream-shaped engine under mpirun across fresh test hosts, a request in flight
 
   remote kill     SIGKILL of rank 2 (hostB) -> the engine's fatal error, pending request failed;
                   p50/p99 of --agent-kills (>= 20)
-  host crash / partition / silent loss of hostB -> fatal, p50 of --agent-faults each (default
-                  heartbeat: 1 s)
+  host crash / partition / silent loss of hostB -> fatal, p50 of --agent-faults each (the default
+                  heartbeat timeout, 1.8 s: nothing heard from a host, not even a TCP acknowledgement)
   remote wedge    a non-agent rank on hostB frozen in D (cgroup v1 freezer), D timeout 2 s -> fatal
   heartbeat CPU   a hub and three real agents (8 ranks on 4 hosts), idle, 20 s
   128 hosts       a process with only the hub, 128 simulated agents (hello, ZMTP heartbeats), 10 s,
                   minus the same hub with none
   false alarms    --control s with both cores busy, every rank alive: fatal errors (0 expected)
+  lossy network   --netem s with hostB and hostC behind links losing 1% of the frames each way and
+                  delaying each by uniform(0, 0.2) s each way (tests/support/netem.py: nftables
+                  drops, a delaying relay), every rank alive: fatal errors (0 expected); the path as
+                  measured (UDP probes), the relay's lateness (a CPU-starved relay delays more than
+                  drawn) and the closest calls: the longest silence the hub saw on an agent's
+                  connection (timeout 1.8 s) and an agent on the hub's (bound 2.25 s)
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import os
 import re
 import select
@@ -42,12 +49,16 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NamedTuple
 
 import _bench
 import _multihost_agents as agents
 
+from tests.support import netem
+from tests.support.multihost_engine import StartFailed, start_hosts
+from tests.support.netem import unavailable as netem_unavailable
 from tests.support.testhosts import MpiJob, TestHosts, rank_lines, unavailable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -59,9 +70,10 @@ SURVIVORS = (0, 1, 3)  # hostB (rank 2) is partitioned
 
 
 class Exit(NamedTuple):
-    ms: float | None  # fault -> mpirun exited; None: still running at the deadline
+    ms: float | None  # fault -> mpirun exited; None: still running at the deadline (or no start)
     status: int | None
     report: str  # which PRRTE message ended the job
+    failed_start: str = ""  # why the hosts or the job did not start: no fault was injected (not a miss)
 
 
 class UlfmResult(NamedTuple):
@@ -71,10 +83,28 @@ class UlfmResult(NamedTuple):
     reason: str | None  # why there is no figure
 
 
+@contextlib.contextmanager
+def fresh_hosts() -> Iterator[TestHosts]:
+    """Started test hosts (:class:`StartFailed` if they do not start), removed after."""
+    hosts = TestHosts()
+    try:
+        start_hosts(hosts)
+        yield hosts
+    finally:
+        hosts.close()
+
+
 def started(job: MpiJob) -> dict[int, dict[str, str]]:
     if not job.wait_for(lambda lines: sum(line.startswith("READY ") for line in lines) == 4, START_S):
-        raise RuntimeError(f"the job did not start (status {job.popen.poll()}):\n{job.output()}")
+        raise StartFailed(f"the job did not start (status {job.popen.poll()}):\n{job.output()[-1500:]}")
     return rank_lines(line for _, line in job.lines)
+
+
+def exit_or_failed_start(trial: Callable[[], Exit]) -> Exit:
+    try:
+        return trial()
+    except StartFailed as exc:
+        return Exit(None, None, "", failed_start=str(exc)[-1500:])
 
 
 def report_of(output: str) -> str:
@@ -107,7 +137,7 @@ def time_exit(job: MpiJob, fault: object, timeout: float) -> Exit:
 
 
 def remote_kill() -> Exit:
-    with TestHosts() as hosts:
+    with fresh_hosts() as hosts:
         job = hosts.rank_job()
         ranks = started(job)
         fd, _pid = hosts.pidfd_of("hostB", int(ranks[2]["pid"]))  # opened and verified before the clock
@@ -118,7 +148,7 @@ def remote_kill() -> Exit:
 
 
 def host_crash(launcher_notices: bool) -> Exit:
-    with TestHosts() as hosts:
+    with fresh_hosts() as hosts:
         job = hosts.rank_job()
         started(job)
         return time_exit(job, lambda: hosts.crash("hostC", launcher_notices=launcher_notices), END_S)
@@ -126,7 +156,7 @@ def host_crash(launcher_notices: bool) -> Exit:
 
 def partition_hangs(window: float) -> tuple[bool, str]:
     """(still hanging after ``window`` s: mpirun running and every rank alive, what ended it)."""
-    with TestHosts() as hosts:
+    with fresh_hosts() as hosts:
         job = hosts.rank_job()
         ranks = started(job)
         pids = {rank: hosts.root_pid(info["host"], int(info["pid"])) for rank, info in ranks.items()}
@@ -163,7 +193,7 @@ def ulfm_detector(wait: float) -> UlfmResult:
     reason = ulfm_support()
     if reason is not None:
         return UlfmResult(None, None, [], reason)
-    with TestHosts() as hosts:
+    with fresh_hosts() as hosts:
         job = hosts.rank_job(ft=True, mpirun_args=ULFM_ARGS)
         started(job)
         t0 = time.monotonic()
@@ -200,6 +230,7 @@ def main() -> int:
     parser.add_argument("--agent-kills", type=int, default=20, help="remote kills with the extension (>= 20)")
     parser.add_argument("--agent-faults", type=int, default=5, help="crashes, partitions, silent losses each")
     parser.add_argument("--control", type=float, default=60.0, help="loaded no-fault control, s")
+    parser.add_argument("--netem", type=float, default=60.0, help="lossy, jittery network no-fault control, s")
     parser.add_argument("--baseline", action=argparse.BooleanOptionalAction, default=True,
                         help="also the extension-off baseline and ULFM (default on)")
     args = parser.parse_args()
@@ -212,11 +243,20 @@ def main() -> int:
     ext = extension(args)
     if not args.baseline:
         return finish_extension(args, ext, began)
-    kills = [remote_kill() for _ in range(args.kills)]
-    crashes = [host_crash(True) for _ in range(args.crashes)]
-    crashes_daemon = [host_crash(False) for _ in range(args.crashes)]
-    hanging, ended_by = partition_hangs(window)
-    ulfm = ulfm_detector(max(window, 20.0))  # its default detection takes ~10 s
+    kills = [exit_or_failed_start(remote_kill) for _ in range(args.kills)]
+    crashes = [exit_or_failed_start(lambda: host_crash(True)) for _ in range(args.crashes)]
+    crashes_daemon = [exit_or_failed_start(lambda: host_crash(False)) for _ in range(args.crashes)]
+    failed = [r.failed_start for r in kills + crashes + crashes_daemon if r.failed_start]
+    try:
+        hanging, ended_by = partition_hangs(window)
+    except StartFailed as exc:
+        hanging, ended_by = False, f"failed start: {str(exc)[-300:]}"
+        failed.append(str(exc)[-1500:])
+    try:
+        ulfm = ulfm_detector(max(window, 20.0))  # its default detection takes ~10 s
+    except StartFailed as exc:
+        ulfm = UlfmResult(None, None, [], f"failed start: {str(exc)[-300:]}")
+        failed.append(str(exc)[-1500:])
 
     def p50(results: list[Exit]) -> float | None:
         return _bench.percentile([r.ms for r in results if r.ms is not None], 0.5)
@@ -243,6 +283,7 @@ def main() -> int:
         "ulfm_detector_null_reason": ulfm.reason,
         "kills": sum(k.ms is not None for k in kills),
         "crashes": sum(c.ms is not None for c in crashes + crashes_daemon),
+        "baseline_failed_starts": len(failed), "baseline_failed_start_errors": failed[:3],
         "wall_s": time.monotonic() - began,
     }
     r.update(ext)
@@ -263,20 +304,40 @@ def main() -> int:
     extension_rows(ext)
     targets = [
         *extension_targets(args, ext),
-        (f"every remote kill ended the job ({r['kills']} of {args.kills})", r["kills"] == args.kills >= 5),
-        (f"every host crash ended the job ({r['crashes']} of {2 * args.crashes})", r["crashes"] == 2 * args.crashes),
+        (f"every remote kill ended the job ({r['kills']} of {sum(not k.failed_start for k in kills)} started)",
+         r["kills"] == sum(not k.failed_start for k in kills) >= 5),
+        (f"every host crash ended the job ({r['crashes']} of "
+         f"{sum(not c.failed_start for c in crashes + crashes_daemon)} started)",
+         r["crashes"] == sum(not c.failed_start for c in crashes + crashes_daemon)),
+        (f"every baseline trial started (failed starts: {len(failed)})", not failed),
     ]
     return _bench.finish(targets, r, as_json=args.json, wall_s=r["wall_s"])
 
 
 def extension(args: argparse.Namespace) -> dict[str, object]:
-    kills = [agents.remote_kill() for _ in range(args.agent_kills)]
-    faults = {kind: [agents.host_fault(kind) for _ in range(args.agent_faults)]
-              for kind in ("crash", "partition", "silent")}
+    """The extension's figures. A trial whose hosts or engine did not start is a failed start:
+    left out of the detection counts (and their denominators) and reported on its own."""
+    all_kills = [agents.remote_kill() for _ in range(args.agent_kills)]
+    all_faults = {kind: [agents.host_fault(kind) for _ in range(args.agent_faults)]
+                  for kind in ("crash", "partition", "silent")}
     wedge = agents.remote_wedge()
+    failed_starts = {kind: [f.failed_start for f in trials if f.failed_start]
+                     for kind, trials in {"remote_kill": all_kills, **all_faults, "remote_wedge": [wedge]}.items()}
+    kills = [f for f in all_kills if not f.failed_start]
+    faults = {kind: [f for f in trials if not f.failed_start] for kind, trials in all_faults.items()}
     heartbeats = agents.heartbeat_cpu()
     sim_128, sim_0 = agents.proxy_cpu_simulated(128, 30.0), agents.proxy_cpu_simulated(0, 30.0)
-    alarms, alarm = agents.false_alarms_loaded(args.control)
+    try:
+        alarms, alarm, loaded_closest = agents.false_alarms_loaded(args.control)
+    except agents.StartFailed as exc:
+        alarms, alarm, loaded_closest = None, "", None
+        failed_starts["loaded_control"] = [str(exc)[-1500:]]
+    lossy = None
+    if netem_unavailable() is None:
+        try:
+            lossy = agents.false_alarms_netem(args.netem)
+        except agents.StartFailed as exc:
+            failed_starts["netem_control"] = [str(exc)[-1500:]]
 
     def ms(results: list[agents.Fatal], q: float) -> float | None:
         return _bench.percentile([f.ms for f in results if f.ms is not None], q)
@@ -295,18 +356,33 @@ def extension(args: argparse.Namespace) -> dict[str, object]:
         "remote_kill_exit_p50_ms": _bench.percentile([f.exit_ms for f in kills if f.exit_ms is not None], 0.5),
         "remote_kill_exit_p99_ms": _bench.percentile([f.exit_ms for f in kills if f.exit_ms is not None], 0.99),
         "remote_kills_detected": named(kills, ("died",)), "remote_kills": len(kills),
+        "failed_starts": {kind: len(errors) for kind, errors in failed_starts.items()},
+        "failed_start_errors": [error for errors in failed_starts.values() for error in errors][:3],
         "host_crash_ms": ms(faults["crash"], 0.5), "host_crashes_detected": named(faults["crash"], ("died", "lost")),
         "host_crash_trials": trials(faults["crash"]), "partition_trials": trials(faults["partition"]),
         "silent_loss_trials": trials(faults["silent"]),
         "partition_ms": ms(faults["partition"], 0.5), "partitions_detected": named(faults["partition"], ("lost",)),
         "silent_loss_ms": ms(faults["silent"], 0.5), "silent_losses_detected": named(faults["silent"], ("lost",)),
         "agent_faults": args.agent_faults,
+        "host_crashes": len(faults["crash"]), "partitions": len(faults["partition"]),
+        "silent_losses": len(faults["silent"]),
         "remote_wedge_ms": wedge.ms, "remote_wedge_kind": wedge.kind, "remote_wedge_rank": wedge.rank,
         "remote_wedge_d_state_timeout_s": 2.0,
         "heartbeat_cpu_ms_per_s": heartbeats,
         "proxy_cpu_ms_per_s_128_hosts": sim_128 - sim_0, "proxy_cpu_ms_per_s_128_hosts_raw": sim_128,
         "proxy_cpu_ms_per_s_no_hosts": sim_0,
         "false_alarms_loaded_60s": alarms, "false_alarm_control_s": args.control, "false_alarm": alarm,
+        "loaded_hub_max_silence_s": loaded_closest,
+        "false_alarms_netem_60s": None if lossy is None else lossy.alarms,
+        "netem_control_s": args.netem, "netem_false_alarm": None if lossy is None else lossy.alarm,
+        "netem_null_reason": netem_unavailable(),
+        "netem_loss_pct_each_way": netem.LOSS_PCT, "netem_jitter_s_each_way": netem.JITTER_S,
+        "netem_rtt_ms": None if lossy is None else lossy.rtt_ms,
+        "netem_probes_lost_pct": None if lossy is None else lossy.probes_lost_pct,
+        "netem_frames_dropped": None if lossy is None else lossy.frames_dropped,
+        "netem_relay": None if lossy is None else lossy.relay,
+        "netem_hub_max_silence_s": None if lossy is None else lossy.hub_max_silence_s,
+        "netem_agent_max_silence_s": None if lossy is None else lossy.agent_max_silence_s,
         "example_messages": {"remote_kill": kills[0].message if kills else "",
                              "partition": faults["partition"][0].message if faults["partition"] else "",
                              "remote_wedge": wedge.message},
@@ -318,7 +394,8 @@ def extension_rows(ext: dict[str, object]) -> None:
     for key in ("remote_kill_p50_ms", "remote_kill_p99_ms", "remote_kill_exit_p50_ms", "remote_kill_exit_p99_ms",
                 "host_crash_ms", "partition_ms", "silent_loss_ms",
                 "remote_wedge_ms", "heartbeat_cpu_ms_per_s", "proxy_cpu_ms_per_s_128_hosts",
-                "false_alarms_loaded_60s"):
+                "false_alarms_loaded_60s", "loaded_hub_max_silence_s", "false_alarms_netem_60s",
+                "netem_probes_lost_pct", "netem_hub_max_silence_s", "netem_agent_max_silence_s"):
         value = ext[key]
         print(f"{key:42} {'':10} {fmt(value, '') if isinstance(value, float) or value is None else value!s:22}")
 
@@ -328,22 +405,30 @@ def extension_targets(args: argparse.Namespace, ext: dict[str, object]) -> list[
         value = ext[key]
         return isinstance(value, (int, float)) and value <= bound
 
-    n = args.agent_faults
+    failed = ext["failed_starts"]
+    assert isinstance(failed, dict)
     return [
-        (f"remote kills detected, named, request failed: {ext['remote_kills_detected']} of {args.agent_kills} "
-         "(>= 20)", ext["remote_kills_detected"] == args.agent_kills >= 20),
+        (f"every trial started (failed starts: {sum(failed.values())}, {failed})", not any(failed.values())),
+        (f"remote kills detected, named, request failed: {ext['remote_kills_detected']} of {ext['remote_kills']} "
+         "started (>= 20)", ext["remote_kills_detected"] == ext["remote_kills"] >= 20),
         (f"remote kill p99 {fmt(ext['remote_kill_p99_ms'])} <= 20 ms", le("remote_kill_p99_ms", 20)),
-        (f"host crashes detected {ext['host_crashes_detected']} of {n}", ext["host_crashes_detected"] == n),
-        (f"partitions detected {ext['partitions_detected']} of {n}, p50 {fmt(ext['partition_ms'])} <= 2000 ms",
-         ext["partitions_detected"] == n and le("partition_ms", 2000)),
-        (f"silent losses detected {ext['silent_losses_detected']} of {n}, p50 {fmt(ext['silent_loss_ms'])} <= 2000 ms",
-         ext["silent_losses_detected"] == n and le("silent_loss_ms", 2000)),
+        (f"host crashes detected {ext['host_crashes_detected']} of {ext['host_crashes']} started",
+         ext["host_crashes_detected"] == ext["host_crashes"]),
+        (f"partitions detected {ext['partitions_detected']} of {ext['partitions']} started, p50 "
+         f"{fmt(ext['partition_ms'])} <= 2000 ms", ext["partitions_detected"] == ext["partitions"]
+         and le("partition_ms", 2000)),
+        (f"silent losses detected {ext['silent_losses_detected']} of {ext['silent_losses']} started, p50 "
+         f"{fmt(ext['silent_loss_ms'])} <= 2000 ms", ext["silent_losses_detected"] == ext["silent_losses"]
+         and le("silent_loss_ms", 2000)),
         (f"remote wedge {fmt(ext['remote_wedge_ms'])} <= D timeout + one scan (3000 ms), kind "
          f"{ext['remote_wedge_kind']}", ext["remote_wedge_kind"] == "wedged" and le("remote_wedge_ms", 3000)),
         (f"proxy CPU, 128 hosts {fmt(ext['proxy_cpu_ms_per_s_128_hosts'], 'ms/s')} <= 5",
          le("proxy_cpu_ms_per_s_128_hosts", 5)),
         (f"false alarms, loaded {ext['false_alarm_control_s']:.0f} s: {ext['false_alarms_loaded_60s']}",
          ext["false_alarms_loaded_60s"] == 0),
+        (f"false alarms, lossy network (1% loss, 0-0.2 s delay each way) {ext['netem_control_s']:.0f} s: "
+         f"{ext['false_alarms_netem_60s']}" + (f" ({ext['netem_null_reason']})" if ext["netem_null_reason"] else ""),
+         ext["false_alarms_netem_60s"] == 0),
     ]
 
 

@@ -19,6 +19,11 @@ The stall (env ``TRTLLM_LIVENESS_STALL_SCENARIO``), on rank ``fault_rank``:
   whose first step comes at 80% of the timeout (a slow first token), then stream. Any stall is a
   false alarm.
 
+With ``ending="serve_until_sigint"`` (and ``exit_on_fatal``) the program ends as a server does: after
+the stall's fatal error it waits (up to ``observe_s``) for the exit guard's SIGINT, counted by a
+handler as uvicorn's, prints the record, shuts down and leaves through a normal interpreter exit, so
+the parent sees the guard's exit status (``scripts/exit_statuses.py``).
+
 ``fault_at`` is the stall's start: the harness's SIGSTOP, or, for the in-rank stalls, the engine's
 last progress as the stall detector saw it. ``detected_ms`` is the stall event's detection from
 there (about the timeout plus the timer's overshoot); ``health_false_ms`` and
@@ -38,6 +43,7 @@ from trtllm_liveness.demo._mpi_env import configure_mpi_env
 from trtllm_liveness.demo._scenario_child import LIVENESS_ENV_VAR, liveness_env
 from trtllm_liveness.demo._scenario_records import (
     Detection,
+    EndingOutcome,
     ScenarioOptions,
     ScenarioResult,
     ShutdownOutcome,
@@ -92,6 +98,9 @@ def main(argv: list[str]) -> int:
     timeout = float(os.environ.get(TIMEOUT_ENV, "1"))
     os.environ[LIVENESS_ENV_VAR] = f"{liveness_env(opts)},stall_timeout_s={timeout:g},stall_action=fatal"
     configure_mpi_env()
+    sigints: list[float] = []
+    if opts.ending == "serve_until_sigint":
+        signal.signal(signal.SIGINT, lambda signum, frame: sigints.append(time.monotonic()))
     import importlib
 
     from tensorrt_llm import LLM  # type: ignore[import-not-found]  # the fake on PYTHONPATH
@@ -139,33 +148,45 @@ def main(argv: list[str]) -> int:
     def ms(at: float | None) -> float | None:
         return None if at is None or t0 is None else round((at - t0) * 1e3, 3)
 
+    ending = None
+    if opts.ending == "serve_until_sigint":
+        _until(lambda: bool(sigints), max(0.0, opts.observe_s - (time.monotonic() - (t0 or time.monotonic()))))
+        ending = EndingOutcome(ending=opts.ending, sigints=len(sigints),
+                               sigint_ms=ms(sigints[0]) if sigints else None)
     detected = ms(first.detected_at) if first is not None else None
     detection = Detection(detected_ms=detected, health_false_ms=ms(health_false), requests_failed_ms=ms(failed),
                           e2e_ms=None if health_false is None or failed is None else ms(max(health_false, failed)),
                           stall_detected_ms=detected, floor_ms=None, pending_errors=(), new_request_error=None,
                           window_s=opts.observe_s)
+    serving = ending is not None  # a server prints its record first: shutting down may end the process
+
+    def record(shutdown: ShutdownOutcome | None) -> dict[str, Any]:
+        fatal = proxy.liveness_fatal_error
+        return ScenarioResult(
+            iteration=0, options=opts, phase="serving", proxy_class=type(proxy).__name__,
+            pids=tuple(i.pid for i in identities), victims=(Victim(victim.rank, victim.pid),),
+            in_flight=len(results) or batches, fault_at=t0,
+            events=tuple(events),
+            fatal_error=None if fatal is None else str(fatal),
+            fatal_error_type=None if fatal is None else type(fatal).__name__,
+            pending_not_done=None, detection=detection, shutdown=shutdown, ending=ending).to_dict()
+
+    if serving:
+        emit(record(None))
     started = time.monotonic()
     llm.shutdown()
-    shutdown_ms = round((time.monotonic() - started) * 1e3, 3)
-    fatal = proxy.liveness_fatal_error
-    result = ScenarioResult(
-        iteration=0, options=opts, phase="serving", proxy_class=type(proxy).__name__,
-        pids=tuple(i.pid for i in identities), victims=(Victim(victim.rank, victim.pid),),
-        in_flight=len(results) or batches, fault_at=t0,
-        events=tuple(events),
-        fatal_error=None if fatal is None else str(fatal),
-        fatal_error_type=None if fatal is None else type(fatal).__name__,
-        pending_not_done=None, detection=detection, shutdown=ShutdownOutcome(shutdown_ms=shutdown_ms))
-    emit(result.to_dict())
+    if not serving:
+        emit(record(ShutdownOutcome(shutdown_ms=round((time.monotonic() - started) * 1e3, 3))))
     emit({"done": True})
     return 0
 
 
 if __name__ == "__main__":
     try:
-        sys.exit(main(sys.argv[1:]))
+        status = main(sys.argv[1:])
     except BaseException:
         import traceback
 
         emit({"error": traceback.format_exc()})
-        sys.exit(1)
+        status = 1
+    sys.exit(status)  # a real interpreter exit: upstream's and the exit guard's hooks run

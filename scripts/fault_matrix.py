@@ -472,6 +472,7 @@ def run_matrix(args: argparse.Namespace, prefix: str) -> int:
         "executor": args.executor, "runs_per_fault": runs, "control_s": control_s, "rows": rows,
         "targets": {
             "every_fault_detected_every_run": all(r["missed"] == 0 for r in faults),
+            "every_run_started": all(r.get("failed_starts", 0) == 0 for r in measured),  # the host rows count them
             "zero_false_alarms": all(r["false_alarms"] == 0 for r in measured),
             "shutdown_bounded_every_run": all(r["shutdown_bounded"] for r in measured),
             "zero_leftover_processes": all(r["leftover_processes"] == 0 for r in measured),

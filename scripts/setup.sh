@@ -60,6 +60,8 @@ command -v promtool >/dev/null 2>&1 || apt_packages+=(prometheus)
 # the demo's setup, --demo, installs no system package).
 { command -v slurmctld && command -v slurmd && command -v scontrol; } >/dev/null 2>&1 || apt_packages+=(slurm-wlm)
 command -v munged >/dev/null 2>&1 || [ -x /usr/sbin/munged ] || apt_packages+=(munge)
+# nftables: nft, which drops a share of a test host's packets for the lossy-network trials (facility "nftables").
+command -v nft >/dev/null 2>&1 || [ -x /usr/sbin/nft ] || apt_packages+=(nftables)
 if [ ${#apt_packages[@]} -gt 0 ]; then
   if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     apt_install() { DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends "${apt_packages[@]}" >>"$log" 2>&1; }

@@ -124,11 +124,13 @@ class LivenessConfig:
             their task). Fix it where a firewall must open it.
         hosts_advertise: the host name or address the ranks connect to, when it differs from
             ``hosts_bind`` (e.g. ``hosts_bind=*``); empty: ``hosts_bind``, or this host's name.
-        heartbeat_timeout_s: a remote host whose agent is silent this long is lost: fatal, naming
-            the host and its ranks; on its side the agent then stops the host's ranks. The hub PINGs
-            (ZMTP) every 0.6 of it, so a silent host is lost 1 to 1.6 times it after it went silent
-            (1.2-1.9 s by default); an agent finds a silent hub within 3 times it. Raise it where
-            networks pause longer than that.
+        heartbeat_timeout_s: a remote host from which nothing at all came this long (its agent's
+            answers to the hub's PINGs, TCP acknowledgements) is lost: fatal, naming the host and
+            its ranks; on its side the agent then stops the host's ranks (after 1.25 times it). The
+            hub PINGs every quarter of it, so a host that went silent is lost 0.75 to 1 times it
+            later (1.35-1.8 s by default) and a network losing 1% of its segments and delaying each
+            by up to 0.2 s raises no false alarm; an agent whose process answers no PING for twice
+            it is lost too. Raise it where networks pause longer than that.
     """
 
     enabled: bool = False
@@ -160,7 +162,7 @@ class LivenessConfig:
     hosts_bind: str = ""
     hosts_port: int = 0
     hosts_advertise: str = ""
-    heartbeat_timeout_s: float = 1.2
+    heartbeat_timeout_s: float = 1.8
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):

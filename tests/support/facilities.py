@@ -136,6 +136,11 @@ FACILITIES: dict[str, Callable[[], str | None]] = {
     "unshare": lambda: _run_ok(["unshare", "--pid", "--fork", "--mount-proc", "true"], "unshare --pid"),
     "netns": lambda: _run_ok(["unshare", "--net", "true"], "unshare --net"),
     "testhosts": _testhosts,  # several "hosts" on one machine for multi-host MPI runs
+    # nft (Debian's nftables): a lossy link for test hosts (tests/support/netem.py), tried for real
+    # in a throwaway network namespace: a netdev table, the hook the loss rules use.
+    "nftables": lambda: _run_ok(["unshare", "--net", "sh", "-c", "ip link add v0 type veth peer name v1 && "
+                                 "nft add table netdev probe && nft add chain netdev probe c "
+                                 "'{ type filter hook ingress device v0 priority 0; }'"], "an nftables netdev chain"),
     "pidfd-group": _pidfd_group,  # Linux 6.9+
     "console-script": _console_script,
     "ns-last-pid": _ns_last_pid,  # placing the next pid (CAP_SYS_ADMIN)

@@ -36,21 +36,34 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import select
 import signal
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from tests.support.testhosts import MpiJob, TestHosts, wait_for
+from tests.support.testhosts import MpiJob, TestHosts, TestHostsError, wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 
 
 class EngineError(RuntimeError):
     """The engine did not start, or a line it should print did not come (output in the message)."""
+
+
+class StartFailed(EngineError):
+    """The test hosts or the engine did not start: nothing was measured (a failed start, not a miss)."""
+
+
+def start_hosts(hosts: TestHosts) -> None:
+    """``hosts.start()``, its failure raised as :class:`StartFailed`."""
+    try:
+        hosts.start()
+    except TestHostsError as exc:
+        raise StartFailed(f"the test hosts did not start: {exc}") from exc
 
 
 START_S = 60.0  # the engine across 3 hosts starts in ~2 s; 2 shared cores under load
@@ -70,7 +83,14 @@ class Engine:
     """One engine job across the test hosts; rank 0's (the proxy's) output read from its file."""
 
     def __init__(self, hosts: TestHosts, layout: Sequence[tuple[str, int]] = LAYOUT, liveness: str = LIVENESS, *,
-                 request: bool = True, wrapper: Sequence[str] = (), executor_cls: bool = True) -> None:
+                 request: bool = True, wrapper: Sequence[str] = (), executor_cls: bool = True,
+                 fault_tolerant: bool = True, env: Mapping[str, str] | None = None,
+                 exit_statuses: bool = False) -> None:
+        """``fault_tolerant=False``: Open MPI's default error handling (the engine may then be
+        aborted by MPI, see the module docstring); ``env``: more of the ranks' environment;
+        ``exit_statuses``: a shell in front of each rank writes its exit status where the head
+        reads it (:meth:`exit_status`; mpirun's own status says little: it is 0 after a host
+        crash, and the runtime options below keep the job going when a rank ends)."""
         self.hosts = hosts
         # PRRTE writes <out>.<job>.<rank>.out|err, making (and chmod-ing to 0750!) the directory of
         # <out> where it runs, mpirun's head included: never a directory shared with anybody else,
@@ -80,14 +100,19 @@ class Engine:
         # only the import hook (the autoload) can make the liveness one: a trtllm-serve.
         options = {"session": "comm", "tree": "trtllm_main", "liveness": executor_cls, "watch_fatal": True,
                    "no_request": not request}
+        program = [sys.executable, "-u", "-m", "tests.programs.proxy_death_child", json.dumps(options)]
+        if exit_statuses:
+            status = os.path.join(os.path.dirname(self.out), "status-$OMPI_COMM_WORLD_RANK")
+            program = ["/bin/sh", "-c", f'"$@"; echo $? > "{status}"', "rank", *program]
         self.job: MpiJob = hosts.mpirun(
-            layout, [sys.executable, "-u", "-m", "tests.programs.proxy_death_child", json.dumps(options)],
-            mpirun_args=[*RUNTIME_OPTIONS, "--output", f"file={self.out}"], fault_tolerant=True, wrapper=wrapper,
-            env={"TRTLLM_WORKER_LIVENESS": liveness, "PYTHONPATH": str(REPO), "OMPI_MCA_mpi_yield_when_idle": "1"})
+            layout, program, mpirun_args=[*RUNTIME_OPTIONS, "--output", f"file={self.out}"],
+            fault_tolerant=fault_tolerant, wrapper=wrapper,
+            env={"TRTLLM_WORKER_LIVENESS": liveness, "PYTHONPATH": str(REPO), "OMPI_MCA_mpi_yield_when_idle": "1",
+                 **(env or {})})
         ready = self.wait_record("ready", START_S)
         if ready is None:
             self.job.kill()
-            raise EngineError(f"the engine did not start:\n{self.diagnostics()}")
+            raise StartFailed(f"the engine did not start:\n{self.diagnostics()}")
         self.ready: dict[str, Any] = ready
 
     def _file(self, host: str, suffix: str) -> str:
@@ -147,6 +172,20 @@ class Engine:
                 return handle.read()
         except OSError:
             return ""
+
+    def exit_status(self, rank: int) -> int | None:
+        """Rank ``rank``'s exit status (128 + N: killed by signal N), or None while it runs (or
+        without ``exit_statuses``)."""
+        try:
+            with open(os.path.join(os.path.dirname(self.out), f"status-{rank}")) as handle:
+                return int(handle.read().strip())
+        except (OSError, ValueError):
+            return None
+
+    def hub_port(self) -> int:
+        """The agent hub's TCP port, as hostB's agent logged it (0 if it did not)."""
+        match = re.search(r"reporting to tcp://[^:\s]+:(\d+)", self.rank_log("hostB", 2))
+        return int(match.group(1)) if match else 0
 
     def diagnostics(self) -> str:
         return (f"mpirun status {self.job.popen.poll()}\n--- mpirun:\n{self.job.output()[-3000:]}\n"
@@ -220,6 +259,12 @@ class Fatal(NamedTuple):
     exit_ms: float | None = None  # remote kill: fault -> the victim's exit seen from here (the kernel's floor)
     statuses: dict[str, Any] | None = None  # the monitor's per-rank view when the fatal error was printed
     leftovers: tuple[str, ...] = ()  # what the test hosts' removal found left (processes, namespaces)
+    failed_start: str = ""  # why the hosts or the engine did not start: no fault was injected (never a miss)
+
+
+def failed_start(exc: Exception) -> Fatal:
+    """The trial whose hosts or engine did not start: a failed start, reported as such."""
+    return Fatal(None, "", "", None, False, "", [], failed_start=f"{type(exc).__name__}: {str(exc)[-1500:]}")
 
 
 def timed_fatal(engine: Engine, t0: float, wait: float = FATAL_S, *, shutdown: bool = True) -> Fatal:
@@ -240,7 +285,7 @@ def remote_kill(layout: Sequence[tuple[str, int]] = LAYOUT, victim: int = 2) -> 
     """SIGKILL of rank ``victim`` on hostB (rank 2 runs hostB's agent) on fresh test hosts."""
     hosts = TestHosts(tuple(name for name, _count in layout))
     try:
-        hosts.start()
+        start_hosts(hosts)
         engine = Engine(hosts, layout, DEFAULTS)
         fd, _pid = hosts.pidfd_of("hostB", engine.pid_of(victim))  # opened and verified before the clock
         try:
@@ -253,6 +298,8 @@ def remote_kill(layout: Sequence[tuple[str, int]] = LAYOUT, victim: int = 2) -> 
             os.close(fd)
         fatal = timed_fatal(engine, t0)
         fatal = fatal._replace(exit_ms=None if exited is None else (exited - t0) * 1000)
+    except StartFailed as exc:
+        fatal = failed_start(exc)
     finally:
         left = hosts.close()
     return fatal._replace(leftovers=tuple(left))
@@ -272,7 +319,7 @@ def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC"),
     engine's reaction, not PRRTE's (``trtllm-liveness launch`` deals with PRRTE's status 0)."""
     hosts = TestHosts(tuple(names))
     try:
-        hosts.start()
+        start_hosts(hosts)
         if layout is None:
             layout = LAYOUT if tuple(names) == ("hostA", "hostB", "hostC") else layout_of(names)
         engine = Engine(hosts, layout, DEFAULTS)
@@ -291,6 +338,8 @@ def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC"),
         finally:
             if kind == "crash":
                 os.kill(mpirun, signal.SIGCONT)
+    except StartFailed as exc:
+        fatal = failed_start(exc)
     finally:
         left = hosts.close()
     return fatal._replace(leftovers=tuple(left))
@@ -304,7 +353,7 @@ def remote_wedge(d_state_timeout_s: float = 2.0, scan_interval_s: float = 1.0,
 
     hosts = TestHosts(tuple(names))
     try:
-        hosts.start()
+        start_hosts(hosts)
         engine = Engine(hosts, layout_of(names), liveness=f"{DEFAULTS},d_state_timeout_s={d_state_timeout_s},"
                                                  f"scan_interval_s={scan_interval_s}")
         victim = hosts.root_pid("hostB", engine.pid_of(3))
@@ -317,6 +366,8 @@ def remote_wedge(d_state_timeout_s: float = 2.0, scan_interval_s: float = 1.0,
             fatal = timed_fatal(engine, t0, FATAL_S + d_state_timeout_s)
         finally:
             group.remove()  # thawed first: a frozen process would keep its host's PID 1 from ending
+    except StartFailed as exc:
+        fatal = failed_start(exc)
     finally:
         left = hosts.close()
     return fatal._replace(leftovers=tuple(left))

@@ -62,6 +62,7 @@ NS_PREFIX = "tlh"  # netns names: tlh<owner pid>-<n>-<role>
 SUBNET = "10.213.77"  # <SUBNET>.0/24, only inside our namespaces; .1 is the head
 HEAD = "head"
 DEFAULT_HOSTS = ("hostA", "hostB", "hostC")
+INHERITED_MCA_PREFIXES = ("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_")  # never passed on to the rig's jobs
 
 _NS_RE = re.compile(rf"^{NS_PREFIX}(\d+)-\d+-[A-Za-z0-9]+$")
 _counter = 0
@@ -602,6 +603,13 @@ class TestHosts:
 
     # ------------------------------------------------------------------ running things
 
+    def adopt(self, popen: subprocess.Popen[bytes]) -> None:
+        """Track a long-lived process started for these hosts (``on_start`` sees it; :meth:`close`
+        waits for it after ending every process of the hosts' namespaces)."""
+        self._popens.append(popen)
+        if self.on_start is not None:
+            self.on_start(popen)
+
     def host(self, name: str) -> TestHost:
         if name == HEAD and self.head is not None:
             return self.head
@@ -616,19 +624,24 @@ class TestHosts:
     def mpi_env(self, *, fault_tolerant: bool = False, extra: Mapping[str, str] | None = None) -> dict[str, str]:
         """Environment for mpirun in the head: the project's Open MPI settings (configure_mpi_env),
         a fresh PRRTE session base per job (removed with the work directory), TCP between the
-        hosts on our /24, the agent, no tree spawn, the venv's prefixes and bin first on PATH."""
-        env = dict(os.environ)
-        env.update(extra or {})
-        base = tempfile.mkdtemp(prefix="prte-", dir=self.workdir)
-        env[PRTE_TMPDIR_VAR] = base
-        env.setdefault("OMPI_MCA_btl_tcp_if_include", f"{SUBNET}.0/24")
-        if not fault_tolerant:
-            env.setdefault("OMPI_MCA_mpi_ft_enable", "0")
-        configure_mpi_env(env, fault_tolerant=fault_tolerant)
+        hosts on our /24, the agent, no tree spawn, the venv's prefixes and bin first on PATH.
+
+        The rig owns MPI's parameters: every ``OMPI_MCA_*``, ``PRTE_MCA_*`` and ``PMIX_MCA_*``
+        variable of the caller's environment is left out (:data:`INHERITED_MCA_PREFIXES`), so a
+        setting exported for single-node work cannot reach these jobs: with
+        ``OMPI_MCA_btl_tcp_if_include=lo`` each rank would reach its own host's loopback for a
+        peer on another host ("received unexpected process identifier", and the start fails).
+        Only ``extra``, this job's own settings, overrides the rig's."""
+        env = {key: value for key, value in os.environ.items() if not key.startswith(INHERITED_MCA_PREFIXES)}
+        env[PRTE_TMPDIR_VAR] = tempfile.mkdtemp(prefix="prte-", dir=self.workdir)
+        env["OMPI_MCA_btl_tcp_if_include"] = f"{SUBNET}.0/24"
+        env["OMPI_MCA_mpi_ft_enable"] = "1" if fault_tolerant else "0"
+        configure_mpi_env(env, fault_tolerant=fault_tolerant)  # btl, pml, root, mapping: the rest
         env["PRTE_MCA_plm_ssh_agent"] = self.agent
         env["PRTE_MCA_plm_ssh_no_tree_spawn"] = "1"
         for var in ("PRTE_PREFIX", "PMIX_PREFIX", "OPAL_PREFIX"):
             env[var] = sys.prefix
+        env.update(extra or {})
         return env
 
     def mpirun(self, placement: Sequence[tuple[str, int]], program: Sequence[str], *,

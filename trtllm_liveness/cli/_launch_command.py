@@ -17,7 +17,11 @@ never restart it. The wrapper sets :data:`~trtllm_liveness.exit._outcome.OUTCOME
 0, must run there: the file is local), forwards SIGTERM and SIGHUP to it, and SIGINT and SIGQUIT
 unless they came from the terminal, waits for it, and exits with:
 
-- the launcher's status when it is not 0 (128 + N when a signal N ended it);
+- the launcher's status when it is not 0 (128 + N when a signal N ended it), except Open MPI's
+  abort (14, ``MPI_ERRORS_ARE_FATAL``) after a recorded fatal error: under Open MPI's default
+  error handling MPI ends the engine with 14 at its next operation with a dead (or stopped) worker,
+  before the exit guard could choose the status; the recorded status (``exit_code_unrestartable``
+  after a wedge: "do not restart here") is the one that says why;
 - else the recorded fatal error's status (``exit_code``, or ``exit_code_unrestartable`` for a
   wedged or unkillable worker), with one line on stderr saying so;
 - else ``exit_code`` when an engine started and never ended cleanly (its process was killed with
@@ -48,6 +52,9 @@ from ._launcher_env import Forwarding, forwarding_for
 
 EXIT_INVALID_SETTING = 78  # sysexits' EX_CONFIG, as the autoload launcher's: the command never ran
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+MPI_ABORT_STATUS = 14
+"""What Open MPI's default error handler (``MPI_ERRORS_ARE_FATAL``) exits with (MPI_ERR_UNKNOWN): the
+engine's process after a worker died or was stopped, under ``OMPI_MCA_mpi_ft_enable`` off."""
 
 # The --help text: the module docstring's content in plain words (no reST roles on a terminal).
 DESCRIPTION = f"""\
@@ -69,7 +76,8 @@ restart it. The wrapper sets {OUTCOME_ENV} for the launcher (mpirun and srun pas
 the environment to the ranks of the launching host; the server process, rank 0, must run there,
 or --outcome-dir must be shared), forwards SIGTERM and SIGHUP to it, and SIGINT and SIGQUIT
 unless they came from the terminal, waits for it, and exits with:
-  - the launcher's status when it is not 0 (128 + N when a signal N ended it);
+  - the launcher's status when it is not 0 (128 + N when a signal N ended it), except Open MPI's
+    abort (14) after a recorded fatal error: then the recorded status;
   - else the recorded fatal error's status (exit_code, or exit_code_unrestartable for a wedged or
     unkillable worker), with one line on stderr saying so;
   - else exit_code when an engine started and never ended cleanly (its process was killed with
@@ -127,9 +135,13 @@ def run_launch(args: argparse.Namespace) -> int:
             outcomes = []
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+    failed = [outcome for outcome in outcomes if outcome.state == "failed"]
+    if status == MPI_ABORT_STATUS and failed:
+        print(f"trtllm-liveness launch: {argv[0]} exited {status} (Open MPI's abort) after the engine failed: "
+              f"{failed[0].message}; exiting {failed[0].exit_code}", file=sys.stderr)
+        return failed[0].exit_code
     if status != 0:
         return status
-    failed = [outcome for outcome in outcomes if outcome.state == "failed"]
     if failed:
         print(f"trtllm-liveness launch: {argv[0]} exited 0, but the engine failed: {failed[0].message}; "
               f"exiting {failed[0].exit_code}", file=sys.stderr)

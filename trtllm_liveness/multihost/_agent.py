@@ -6,10 +6,13 @@ the rank's; and its connection then doubles as the liveness of the rank that hos
 per host (the host's lowest rank, :mod:`._placement`), not one per rank: one connection and one
 set of pidfds per host, 18 connections for an 18-host rack instead of 72.
 
-The thread owns everything it uses: a ZMQ DEALER connected to the proxy's hub (ZMTP heartbeats
-on, so a silent proxy or a partition closes the connection within ``heartbeat_timeout_s``), that
-socket's monitor, a wakeup pipe, and a :class:`~trtllm_liveness.WorkerProcessMonitor` over the
-host's other ranks (pidfds, per-thread ``D`` state, OOM cause). It sends:
+The thread owns everything it uses: a ZMQ DEALER connected to the proxy's hub, that socket's
+monitor, a duplicate of its TCP connection's descriptor (to read when the hub was last heard,
+:mod:`._tcp`), a wakeup pipe, and a :class:`~trtllm_liveness.WorkerProcessMonitor` over the host's
+other ranks (pidfds, per-thread ``D`` state, OOM cause). The hub PINGs it a few times per heartbeat
+timeout (ZMQ answers); when nothing at all came from the hub's host for
+:attr:`AgentSettings.hub_silence_s` (a partition, the proxy's host lost, the proxy frozen), the agent
+cuts the connection and acts as if the hub had closed it. It sends:
 
 - ``hello`` once connected: the host, the agent's rank and the identities of the host's ranks;
 - ``event`` for each fatal event of the monitor (death, wedge, unkillable) as it happens;
@@ -33,6 +36,7 @@ import contextlib
 import logging
 import os
 import secrets
+import socket
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -43,7 +47,7 @@ from .._events import WorkerEvent, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import ProcessIdentity
 from . import _wire
-from ._tcp import duplicate
+from ._tcp import cut, duplicate, silence_s
 
 logger = logging.getLogger(__name__)
 
@@ -67,11 +71,11 @@ class AgentSettings:
     kill_s: float = 3.0
 
     @property
-    def heartbeat_interval_s(self) -> float:
-        """How often the agent PINGs (ZMTP): every 2 timeouts. The hub PINGs every 0.6 timeout and
-        bounds the proxy's detection; the agent's own bound on a silent hub is 3 timeouts (its
-        PING, then the timeout), which keeps the hub's heartbeat work small at 128 hosts."""
-        return 2 * self.heartbeat_timeout_s
+    def hub_silence_s(self) -> float:
+        """Nothing from the hub's host this long (its PINGs, acknowledgements) and the hub is gone:
+        the timeout plus one PING interval, so that in a partition the hub, whose bound is the
+        timeout, decides first; the agent sends no PINGs of its own."""
+        return self.heartbeat_timeout_s * (1 + 1 / _wire.PINGS_PER_TIMEOUT)
 
 
 def end_rank(reason: str) -> None:
@@ -117,6 +121,8 @@ class HostAgent:
         self._ending_set = threading.Event()
         self._stopped = threading.Event()  # the host's other ranks were stopped
         self.rejected = 0
+        self._link: socket.socket | None = None  # a duplicate of the connection's descriptor (the thread's)
+        self._silent_for: float | None = None  # the hub's silence the agent cut the connection at
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-host-agent", daemon=True)
 
     # ----------------------------------------------------------------- public
@@ -135,7 +141,7 @@ class HostAgent:
         agent (clean stop) or a closed one lets the exit go on at once."""
         if self._released or self._closing or not self._welcomed.is_set():
             return
-        if not self._ending_set.wait(self.settings.heartbeat_timeout_s + 0.5):
+        if not self._ending_set.wait(self.settings.hub_silence_s + _TICK_S + 0.5):
             return
         self._stopped.wait(self.settings.grace_s + self.settings.kill_s + 1.0)
         self._on_proxy_lost(self._ending or "the proxy is gone")
@@ -175,15 +181,10 @@ class HostAgent:
                                        scan_interval_s=self.settings.scan_interval_s, wedge_armed=False)
         ending: tuple[Callable[[str], None], str] | None = None
         try:
-            interval_ms = max(1, int(self.settings.heartbeat_interval_s * 1000))
-            timeout_ms = max(100, int(self.settings.heartbeat_timeout_s * 1000))  # the TTL counts in 0.1 s
             sock.setsockopt(zmq.ROUTING_ID, self.sid.encode())
             sock.setsockopt(zmq.LINGER, 500)  # bounds how long a last report may take to leave
             sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
             sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
-            sock.setsockopt(zmq.HEARTBEAT_IVL, interval_ms)
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
-            sock.setsockopt(zmq.HEARTBEAT_TTL, timeout_ms)
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             monitor_sock = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             monitor.register(self.identities)
@@ -194,6 +195,9 @@ class HostAgent:
         except Exception:
             logger.exception("liveness: the host agent failed; this host's ranks are no longer watched")
         finally:
+            if self._link is not None:
+                self._link.close()
+                self._link = None
             monitor.close()
             if monitor_sock is not None:
                 with contextlib.suppress(Exception):
@@ -243,7 +247,10 @@ class HostAgent:
                         break
                     if event["event"] == zmq.EVENT_CONNECTED:
                         connected_once = True
-                        self._send(sock, "hello", **self._hello(int(event["value"])))
+                        if self._link is not None:
+                            self._link.close()
+                        self._link = duplicate(int(event["value"]))
+                        self._send(sock, "hello", **self._hello())
                     elif event["event"] == zmq.EVENT_DISCONNECTED and connected_once:
                         # What the hub sent before it closed (an "expect" of a clean stop, a
                         # stop) is already queued: read it first, or a clean stop would look
@@ -254,11 +261,17 @@ class HostAgent:
                         if self._released or action == "refused":
                             logger.info("liveness: the proxy's hub closed after a clean stop; agent ends")
                             return None
-                        reason = (f"the connection to the proxy's hub at {self.settings.endpoint} dropped "
-                                  "(proxy gone, or this host cut off)")
+                        if self._silent_for is not None:
+                            reason = (f"nothing from the proxy's hub at {self.settings.endpoint} for "
+                                      f"{self._silent_for:.2f} s, not even a TCP acknowledgement (this host cut "
+                                      "off, the proxy's host lost, or the proxy frozen)")
+                        else:
+                            reason = (f"the connection to the proxy's hub at {self.settings.endpoint} dropped "
+                                      "(proxy gone, or this host cut off)")
                         self._proxy_lost(monitor, reason)
                         self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
                         return None
+            self._check_hub_silence()
             if not self._welcomed.is_set():
                 # Events wait for the welcome: the hub takes nothing before it has the hello.
                 if not warned and time.monotonic() - started > max(30.0, 10 * self.settings.heartbeat_timeout_s):
@@ -282,12 +295,21 @@ class HostAgent:
                     self._send(sock, "state", rank=status.identity.rank, state=status.state.value,
                                detail=status.detail[:2000])
 
-    def _hello(self, fd: int) -> dict[str, Any]:
+    def _check_hub_silence(self) -> None:
+        """Cut the connection when nothing came from the hub's host for ``hub_silence_s``: ZMQ then
+        reports it dropped, and the loop ends the host's ranks as for a hub that went away."""
+        if self._link is None or self._silent_for is not None or not self._welcomed.is_set():
+            return
+        silence = silence_s(self._link)
+        if silence is not None and silence >= self.settings.hub_silence_s:
+            self._silent_for = silence
+            cut(self._link)
+
+    def _hello(self) -> dict[str, Any]:
         port = 0
-        conn = duplicate(fd)
-        if conn is not None:
-            with conn, contextlib.suppress(OSError):
-                port = int(conn.getsockname()[1])  # lets the hub match its connection to this hello
+        if self._link is not None:
+            with contextlib.suppress(OSError):
+                port = int(self._link.getsockname()[1])  # lets the hub match its connection to this hello
         return {"host": self.own.hostname, "rank": self.own.rank, "port": port,
                 "ranks": [list(identity) for identity in (self.own, *self.identities)]}
 

@@ -1,6 +1,6 @@
 """The proxy's agent hub: remote hosts' agents feed one per-rank view and one fatal path.
 
-One thread owns a ZMQ ROUTER bound where the ranks can reach it (TCP, ZMTP heartbeats on), the
+One thread owns a ZMQ ROUTER bound where the ranks can reach it (TCP, the hub's ZMTP PINGs on), the
 socket's monitor, a :class:`~._tcp.ConnectionTable`, a wakeup pipe and every agent session. It
 merges what the agents report into the engine's own :class:`~trtllm_liveness.WorkerProcessMonitor`
 (:meth:`~trtllm_liveness.WorkerProcessMonitor.apply_remote`), so remote ranks have real states in
@@ -12,10 +12,14 @@ What ends a remote host's session, and what the proxy then reports:
 - an ``event`` from its agent: that rank died, wedged or is unkillable (the agent's own monitor);
 - its connection **closed** (FIN/RST, milliseconds): the agent's rank exited (or its host went
   down with it); that rank is reported dead, the host's other ranks lost;
-- its connection **silent** for ``heartbeat_timeout_s`` (ZMTP heartbeats, sent and answered by
-  ZMQ's I/O threads, so a busy rank still answers): the host is lost or cut off, or the agent's rank
-  is stuck (frozen in ``D`` with all its threads); every rank of the host is reported lost, naming
-  the host and its ranks. On its side the agent sees the same silence and ends its host's ranks.
+- its connection **silent**: nothing at all, not even a TCP acknowledgement, came from the host for
+  ``heartbeat_timeout_s`` (the hub PINGs every quarter of it; the kernel's own "last heard" of the
+  connection, :mod:`._tcp`): the host is lost or cut off. One lost segment costs a PING interval,
+  so a lossy, jittery network does not look like a lost host. Or its agent's process answered no
+  PING (ZMTP, answered by ZMQ's I/O thread, so a busy rank still answers) for twice the timeout
+  while its kernel still acknowledges: the agent's rank is stuck (frozen in ``D`` with all its
+  threads). Every rank of the host is reported lost, naming the host and its ranks. On its side the
+  agent hears nothing either and ends its host's ranks (:mod:`._agent`).
 
 Nothing from the network is trusted: each message is authenticated (:mod:`._wire`), size-capped,
 checked for replay and for fields of the right type and range; a bad one costs a rate-limited
@@ -56,7 +60,7 @@ from ._hub_records import (
     parse_state,
     refusal,
 )
-from ._tcp import ConnectionTable, Ending, Key
+from ._tcp import Closure, ConnectionTable, Ending, Key
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +83,15 @@ class AgentHub:
         port: the TCP port; 0 picks a free one.
         advertise: the host name or address the ranks connect to (default: ``bind``, or this
             host's name when ``bind`` is ``*``).
-        heartbeat_timeout_s: silence after which a host is lost (the hub PINGs every 0.6 of it: a
-            silent host is lost 1 to 1.6 times it after it went silent).
+        heartbeat_timeout_s: nothing heard from a host (data or TCP acknowledgement) this long and
+            it is lost: 0.75 to 1 times it after it went silent (the hub PINGs every quarter of
+            it); an agent whose process answers no PING for twice it is lost too.
         d_state_timeout_s: the agents' wedge bound (None: off), armed by :meth:`arm`;
             ``scan_interval_s`` how often they sample thread states.
     """
 
     def __init__(self, monitor: WorkerProcessMonitor, *, bind: str, port: int = 0, advertise: str | None = None,
-                 heartbeat_timeout_s: float = 1.0, d_state_timeout_s: float | None = None,
+                 heartbeat_timeout_s: float = 1.8, d_state_timeout_s: float | None = None,
                  scan_interval_s: float = 1.0, grace_s: float = 2.0, kill_s: float = 3.0) -> None:
         if not 0.01 <= heartbeat_timeout_s <= 3600:
             raise ValueError(f"heartbeat_timeout_s must be in [0.01, 3600], got {heartbeat_timeout_s}")
@@ -119,7 +124,8 @@ class AgentHub:
         self._req_ids = itertools.count(1)
         self._conns = ConnectionTable()
         self._probe_deadline: float | None = None  # an unmatched connection ended: probe until then
-        self._probe_ending = Ending.UNKNOWN
+        self._silence_due: float | None = None  # when a connection may next be silent for the timeout
+        self._probe_closure = Closure(None, Ending.UNKNOWN)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
@@ -143,15 +149,16 @@ class AgentHub:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a peer that never completes ZMTP holds its fds 5 s, not 30
-            # The hub PINGs every 0.6 timeout and closes a connection that answers nothing for the
-            # timeout: a silent host is lost 1 to 1.6 timeouts after it went silent. (The agents'
-            # PINGs carry the timeout as TTL too, but that alone did not close a partitioned
-            # connection: in 5 of 5 partitions on the test hosts only the hub's own PINGs did.) The
-            # agents PING every 2 timeouts, so the hub answers few PONGs: its ZMQ I/O thread's whole
-            # heartbeat work, measured at 128 hosts by scripts/bench_multihost.py.
-            timeout_ms = max(100, int(self.heartbeat_timeout_s * 1000))
-            sock.setsockopt(zmq.HEARTBEAT_IVL, max(60, timeout_ms * 3 // 5))
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms)
+            # The hub PINGs every agent PINGS_PER_TIMEOUT times per timeout: each makes the agent's
+            # kernel acknowledge and its ZMQ answer, what the hub's own silence check reads
+            # (_check_silence). ZMQ's timeout is only the stuck-process bound, MUTE_TIMEOUTS: a PING
+            # waiting for its own PONG waits, when a segment is lost, for TCP to send it again (a
+            # retransmission timeout plus a round trip on a jittery network): too slow and too
+            # variable to be the host's bound. The agents send no PINGs: these are the hub's whole
+            # heartbeat work (its ZMQ I/O thread's), measured at 128 hosts by scripts/bench_multihost.py.
+            timeout_ms = max(20, int(self.heartbeat_timeout_s * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_IVL, max(5, timeout_ms // _wire.PINGS_PER_TIMEOUT))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms * _wire.MUTE_TIMEOUTS)
             self._monitor_sock = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             host = "*" if self.bind in ("*", "0.0.0.0") else self.bind
             if self.port:
@@ -271,7 +278,10 @@ class AgentHub:
                     if self._closing:
                         self._flush_commands_locked()
                         return
-                ready = dict(poller.poll(_PROBE_POLL_MS if self._probe_deadline is not None else _POLL_MS))
+                wait_ms = _PROBE_POLL_MS if self._probe_deadline is not None else _POLL_MS
+                if self._silence_due is not None:
+                    wait_ms = max(0, min(wait_ms, int((self._silence_due - time.monotonic()) * 1000) + 1))
+                ready = dict(poller.poll(wait_ms))
                 if self._wake_r in ready:
                     with contextlib.suppress(BlockingIOError):
                         os.read(self._wake_r, 4096)
@@ -285,13 +295,15 @@ class AgentHub:
                             break
                         if event["event"] == zmq.EVENT_ACCEPTED:
                             self._conns.accepted(int(event["value"]))
+                            self._silence_due = time.monotonic()
                         elif event["event"] == zmq.EVENT_DISCONNECTED:
                             # What the peer sent before it closed (a stop's report, its last event)
                             # is already queued: read it first, or its session would end as lost.
                             self._drain(zmq, _DRAIN_BEFORE_CLOSE)
-                            self._disconnected(*self._conns.disconnected(int(event["value"])))
+                            self._disconnected(self._conns.disconnected(int(event["value"])))
                 if self._sock in ready:
                     self._drain(zmq, _DRAIN_PER_ROUND)
+                self._check_silence()
                 with self._cond:
                     self._flush_commands_locked()
                     self._probe_again_locked()
@@ -465,7 +477,19 @@ class AgentHub:
         finally:
             self._cond.acquire()
 
-    def _disconnected(self, key: Key | None, ending: Ending) -> None:
+    def _check_silence(self) -> None:
+        """Cut every connection nothing came from for the timeout (ZMQ then drops it, and its end
+        reads ``SILENT``); read the connections again when the next one may be due."""
+        if self._silence_due is None or time.monotonic() < self._silence_due:
+            return
+        late, next_s = self._conns.overdue(self.heartbeat_timeout_s)
+        for fd, silence in late:
+            logger.debug("liveness: agent hub: nothing from connection %d for %.2f s; cutting it", fd, silence)
+            self._conns.cut(fd, silence)
+        self._silence_due = time.monotonic() + next_s if len(self._conns) else None
+
+    def _disconnected(self, closure: Closure) -> None:
+        key, ending = closure.key, closure.ending
         with self._cond:
             sid = self._by_key.pop(key, None) if key is not None else None
             session = self._sessions.get(sid) if sid is not None else None
@@ -474,8 +498,8 @@ class AgentHub:
                 # Maybe an unmatched session's: probe now, and again each round for a while (the
                 # ROUTER may still route to it for a moment after the event).
                 self._probe_deadline = time.monotonic() + _PROBE_S
-                self._probe_ending = ending
-                if self._probe_unbound_locked(ending):
+                self._probe_closure = closure
+                if self._probe_unbound_locked(closure):
                     self._probe_deadline = None
                     return
             if session is None:
@@ -490,15 +514,15 @@ class AgentHub:
                     while len(self._closed_keys) > 4 * MAX_RANKS_PER_HOST:
                         self._closed_keys.pop(next(iter(self._closed_keys)))
                 return
-            self._lost_locked(session, ending)
+            self._lost_locked(session, ending, closure.silent_s)
 
     def _probe_again_locked(self) -> None:
         if self._probe_deadline is None:
             return
-        if self._probe_unbound_locked(self._probe_ending) or time.monotonic() >= self._probe_deadline:
+        if self._probe_unbound_locked(self._probe_closure) or time.monotonic() >= self._probe_deadline:
             self._probe_deadline = None
 
-    def _probe_unbound_locked(self, ending: Ending) -> bool:
+    def _probe_unbound_locked(self, closure: Closure) -> bool:
         """A connection the hub cannot match to a session ended: a session whose key is unknown
         may be its. A message to a routing id whose connection is gone fails at once (the ROUTER is
         ``ROUTER_MANDATORY``): each unbound session gets a probe, and those unreachable are lost."""
@@ -515,10 +539,10 @@ class AgentHub:
             except zmq.ZMQError as exc:
                 if exc.errno == zmq.EHOSTUNREACH:
                     found = True
-                    self._lost_locked(session, ending)
+                    self._lost_locked(session, closure.ending, closure.silent_s)
         return found
 
-    def _lost_locked(self, session: Session, ending: Ending) -> None:
+    def _lost_locked(self, session: Session, ending: Ending, silent_s: float | None = None) -> None:
         if session.connection != "connected":
             return
         session.since = time.monotonic()
@@ -536,20 +560,24 @@ class AgentHub:
                                 for r in others])
             self._cond.notify_all()
             return
-        if self._expecting and ending is not Ending.SILENT:
+        if self._expecting and not ending.is_silence:
             # A clean stop: the agent's rank exited (its connection closed) as the others do.
             session.connection = "closed"
             self._apply_many([(r, WorkerState.EXITED_EXPECTED, f"ended with the clean stop (host {session.host}; "
                                "its agent's connection closed)") for r in session.ranks])
             self._cond.notify_all()
             return
-        if ending is Ending.SILENT:
+        if ending.is_silence:
             session.connection = "lost"
+            bound = self.heartbeat_timeout_s * (_wire.MUTE_TIMEOUTS if ending is Ending.MUTE else 1)
+            silent = silent_s if silent_s is not None else bound
+            why = ("its host still acknowledges, its process answers nothing: the agent's rank is stuck"
+                   if ending is Ending.MUTE else "not even a TCP acknowledgement from its host: the host is lost "
+                   "or cut off, or the agent's rank is stuck")
             cause = (f"no heartbeat from host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) for "
-                     f"{self.heartbeat_timeout_s:.2f} s: the host is lost or cut off, or the agent's rank is stuck; "
-                     f"unreachable ranks: {ranks}")
+                     f"{silent:.2f} s ({why}); unreachable ranks: {ranks}")
             self._apply_many([(identity, WorkerState.LOST, cause) for identity in (agent, *others)],
-                             fault_at=time.monotonic() - self.heartbeat_timeout_s)
+                             fault_at=time.monotonic() - silent)
         else:
             session.connection = "closed"
             how = "closed (FIN/RST)" if ending is Ending.CLOSED else "ended"

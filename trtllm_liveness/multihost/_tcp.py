@@ -1,12 +1,24 @@
-"""Why a hub connection ended: closed by the peer (FIN/RST) or timed out in silence.
+"""What the kernel knows of a hub connection: when the peer was last heard, and why it ended.
 
 ZMQ tells a ROUTER only *that* a connection ended (socket monitor ``EVENT_DISCONNECTED`` with the
 descriptor), the same event whether the peer's process died (its kernel closes the connection:
-milliseconds) or the heartbeat timed out (a partition, a lost host, a stopped agent). The kernel
-knows the difference: this table keeps a duplicate of each accepted connection's descriptor (taken
-at ``EVENT_ACCEPTED``) and reads its TCP state when ZMQ drops it. ``ESTABLISHED`` means nothing
-came from the peer: ZMQ timed it out. ``CLOSE_WAIT``/``CLOSE``/``LAST_ACK`` mean the peer closed or
-reset it. The duplicate is closed right after, so the connection then ends as ZMQ meant it to.
+milliseconds) or the heartbeat timed out (a stopped agent). The kernel knows more: this table
+keeps a duplicate of each accepted connection's descriptor (taken at ``EVENT_ACCEPTED``) and reads
+the connection's ``TCP_INFO``:
+
+- **silence** (:func:`silence_s`): how long ago anything came from the peer, a data segment or
+  a bare acknowledgement (``tcpi_last_data_recv``, ``tcpi_last_ack_recv``: the kernel's own
+  "last heard", the one TCP keepalive uses). The hub's PINGs make the peer's kernel acknowledge
+  (and its ZMQ answer) a few times per timeout, so on a lossy, jittery network one lost segment
+  costs one PING interval of silence, not a retransmission timeout of TCP plus a round trip, as a
+  PING waiting for its own PONG does. :meth:`ConnectionTable.overdue` lists the connections silent
+  for the hub's timeout; :meth:`ConnectionTable.cut` ends one (``shutdown``): ZMQ then drops it and
+  its end reads ``SILENT``.
+- **how it ended** (:meth:`ConnectionTable.disconnected`): ``ESTABLISHED`` when ZMQ drops it means
+  nothing came from the peer's process: ZMQ's own heartbeat timed out while its kernel may still
+  acknowledge (``MUTE``: a stopped or frozen agent) or not (``SILENT``). ``CLOSE_WAIT``/``CLOSE``/
+  ``LAST_ACK`` mean the peer closed or reset it. The duplicate is closed right after, so the
+  connection then ends as ZMQ meant it to.
 
 A descriptor's number can be reused between ZMQ's accept and our duplicate (the connection died
 within microseconds and another was accepted): that connection then gets the other's key, and its
@@ -19,9 +31,16 @@ import contextlib
 import enum
 import os
 import socket
+import struct
+from typing import NamedTuple
 
 _TCP_ESTABLISHED = 1
 _TCP_CLOSED_BY_PEER = frozenset({7, 8, 9})  # CLOSE (after RST), CLOSE_WAIT (FIN received), LAST_ACK
+# struct tcp_info (linux/tcp.h) up to tcpi_last_ack_recv: u32 tcpi_last_data_recv at byte 52, then
+# tcpi_last_ack_recv, both milliseconds ago (jiffies); stable since Linux 2.6.
+_TCP_INFO_BYTES = 60
+_LAST_RECV = struct.Struct("=II")
+_LAST_RECV_AT = 52
 
 Key = tuple[str, int]  # the peer's (address, port)
 MAX_CONNECTIONS = 8192  # duplicates kept at most (each holds one descriptor)
@@ -31,8 +50,23 @@ class Ending(str, enum.Enum):
     """How a connection ended, as far as the kernel tells."""
 
     CLOSED = "closed"  # the peer closed or reset it: its process is gone (or its host rebooted)
-    SILENT = "silent"  # nothing came for the heartbeat timeout: partition, lost host, stuck peer
+    SILENT = "silent"  # nothing at all came from the peer's host: partition, lost host
+    MUTE = "mute"  # its kernel still acknowledges, its process answers no heartbeat: a stuck agent
     UNKNOWN = "unknown"
+
+    @property
+    def is_silence(self) -> bool:
+        """The peer went quiet without closing anything (partition, lost host, stuck agent)."""
+        return self in (Ending.SILENT, Ending.MUTE)
+
+
+class Closure(NamedTuple):
+    """A connection ZMQ dropped: its peer key (None: unknown), how it ended, and how long nothing
+    had come from the peer then (None: unreadable)."""
+
+    key: Key | None
+    ending: Ending
+    silent_s: float | None = None
 
 
 def duplicate(fd: int) -> socket.socket | None:
@@ -49,11 +83,41 @@ def duplicate(fd: int) -> socket.socket | None:
         return None
 
 
+def last_heard(conn: socket.socket) -> tuple[float, float] | None:
+    """(seconds since the last data segment, since the last acknowledgement) came from the peer
+    of TCP connection ``conn``, per the kernel; None if unreadable (closed, not TCP)."""
+    try:
+        raw = conn.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_BYTES)
+    except OSError:
+        return None
+    if len(raw) < _TCP_INFO_BYTES:
+        return None
+    data_ms, ack_ms = _LAST_RECV.unpack_from(raw, _LAST_RECV_AT)
+    return data_ms / 1000, ack_ms / 1000
+
+
+def silence_s(conn: socket.socket) -> float | None:
+    """Seconds since anything (data or an acknowledgement) came from ``conn``'s peer; None if unreadable."""
+    heard = last_heard(conn)
+    return None if heard is None else min(heard)
+
+
+def cut(conn: socket.socket) -> None:
+    """End TCP connection ``conn`` (a duplicate of another owner's descriptor) for its owner too:
+    ``shutdown`` both ways (its owner's next read sees the end) and no lingering on close (the
+    connection is reset, not kept retrying a peer that answers nothing)."""
+    with contextlib.suppress(OSError):
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RDWR)
+
+
 class ConnectionTable:
     """fd -> (peer key, duplicate socket) for the hub's accepted TCP connections."""
 
     def __init__(self) -> None:
         self._by_fd: dict[int, tuple[Key, socket.socket]] = {}
+        self._cut: dict[int, float] = {}  # fd -> the silence it was cut at
 
     def accepted(self, fd: int) -> Key | None:
         """Note connection ``fd`` (ZMQ's); returns its peer key, or None if it is gone already."""
@@ -72,26 +136,63 @@ class ConnectionTable:
         self._by_fd[fd] = (key, dup)
         return key
 
-    def disconnected(self, fd: int) -> tuple[Key | None, Ending]:
-        """Connection ``fd`` was dropped by ZMQ: its key and how it ended; the duplicate is closed."""
+    def overdue(self, limit_s: float) -> tuple[list[tuple[int, float]], float]:
+        """The connections nothing came from for ``limit_s`` or more, as (fd, silence), and the
+        seconds until the next one may be (``limit_s`` when none is open)."""
+        late: list[tuple[int, float]] = []
+        next_s = limit_s
+        for fd, (_key, dup) in self._by_fd.items():
+            if fd in self._cut:
+                continue
+            silence = silence_s(dup)
+            if silence is None:
+                continue
+            if silence >= limit_s:
+                late.append((fd, silence))
+            else:
+                next_s = min(next_s, limit_s - silence)
+        return late, next_s
+
+    def cut(self, fd: int, silence: float) -> None:
+        """End connection ``fd`` (its peer was silent for ``silence`` s): ZMQ drops it next, and
+        :meth:`disconnected` then says ``SILENT``."""
+        entry = self._by_fd.get(fd)
+        if entry is not None and fd not in self._cut:
+            self._cut[fd] = silence
+            cut(entry[1])
+
+    def disconnected(self, fd: int) -> Closure:
+        """Connection ``fd`` was dropped by ZMQ: its key, how it ended and how long its peer had
+        been silent; the duplicate is closed."""
         entry = self._by_fd.pop(fd, None)
+        silence_cut = self._cut.pop(fd, None)
         if entry is None:
-            return None, Ending.UNKNOWN
+            return Closure(None, Ending.UNKNOWN)
         key, dup = entry
+        if silence_cut is not None:
+            dup.close()
+            return Closure(key, Ending.SILENT, silence_cut)
         ending = Ending.UNKNOWN
+        silent: float | None = None
         try:
             state = dup.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
-            if state == _TCP_ESTABLISHED:
-                ending = Ending.SILENT
+            heard = last_heard(dup)
+            if state == _TCP_ESTABLISHED:  # ZMQ's heartbeat timed out: its process answered nothing
+                ending = Ending.MUTE
+                if heard is not None:
+                    silent = heard[0]
+                    if heard[1] >= heard[0]:  # not even an acknowledgement since
+                        ending = Ending.SILENT
             elif state in _TCP_CLOSED_BY_PEER:
                 ending = Ending.CLOSED
         except OSError:
             pass
         finally:
             dup.close()
-        return key, ending
+        return Closure(key, ending, silent)
 
     def _drop(self, fd: int) -> None:
+        self._cut.pop(fd, None)
         entry = self._by_fd.pop(fd, None)
         if entry is not None:
             with contextlib.suppress(OSError):

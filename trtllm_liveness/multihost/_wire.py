@@ -29,6 +29,17 @@ TO_AGENT = b"H"
 MAC_BYTES = 32
 SECRET_BYTES = 32
 MAX_MESSAGE_BYTES = 64 << 10  # a hello of 72 ranks is ~10 KiB; anything near this is not ours
+PINGS_PER_TIMEOUT = 4
+"""The hub PINGs (ZMTP) every agent this many times per heartbeat timeout; the agents send none.
+Each PING makes the agent's kernel acknowledge and its ZMQ answer: the traffic both sides' silence
+checks read (:mod:`._tcp`). One lost segment then costs one PING interval of silence, not a
+retransmission timeout of TCP: a host is lost only when three or four PINGs in a row got nothing
+back, which on a link losing 1% of the segments each way and delaying each by up to 0.2 s happens
+about once in 30 hours of such a link (docs/reliability.md); more PINGs per timeout cost the hub
+CPU (scripts/bench_multihost.py, 128 hosts)."""
+MUTE_TIMEOUTS = 2
+"""An agent whose kernel still acknowledges but whose process answers no PING for this many
+heartbeat timeouts is lost (its rank is stuck): ZMQ's own heartbeat timeout on the hub."""
 _SID_RE = re.compile(r"[0-9a-f]{32}")
 _KIND_RE = re.compile(r"[a-z]{1,16}")
 _MAX_SEQ = 1 << 62

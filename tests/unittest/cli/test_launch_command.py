@@ -38,6 +38,11 @@ def engine(then: str, status: int = 0, code: int = 1) -> subprocess.CompletedPro
     ("o.record_outcome('rank 2 on hostB died', True, 1).join(5)", 0, 1, "the engine failed: rank 2 on hostB died"),
     ("o.record_outcome('rank 3 wedged', False, 69).join(5)", 0, 69, "the engine failed: rank 3 wedged"),
     ("o.record_outcome('rank 2 died', True, 1).join(5)", 3, 3, ""),  # the launcher's own failure stands
+    # Open MPI's abort (14) after the fatal error was recorded (its default error handler ends the
+    # engine at its next operation with a dead or stopped worker): the recorded status says why
+    ("o.record_outcome('rank 3 wedged', False, 69).join(5)", 14, 69, "exited 14 (Open MPI's abort)"),
+    ("o.record_outcome('rank 2 died', True, 3).join(5)", 14, 3, "after the engine failed: rank 2 died"),
+    ("pass", 14, 14, ""),  # no failure recorded: MPI's abort is the launcher's own status
     # killed with its job before it could record why (PRRTE's teardown after a host crash)
     ("os.kill(os.getpid(), signal.SIGKILL)", 0, 1, "never ended cleanly"),
     ("o.mark_clean()", 0, 0, ""),  # a healthy shutdown

@@ -55,7 +55,7 @@ def test_readme_opens_with_the_two_commands_and_the_system_packages_the_setup_ad
     assert "bash scripts/demo.sh" in opening and "bash scripts/test.sh" in opening
     setup = (ROOT / "scripts" / "setup.sh").read_text()
     packages = set(re.findall(r"apt_packages\+=\((\S+)\)", setup))
-    assert packages == {"prometheus", "slurm-wlm", "munge"}, packages
+    assert packages == {"prometheus", "slurm-wlm", "munge", "nftables"}, packages
     for package in packages:
         assert f"`{package}`" in opening, f"the README's opening does not name {package}"
 

@@ -36,6 +36,7 @@ pytestmark = [needs("mpi", "testhosts"), pytest.mark.real_process, pytest.mark.t
 
 REPO = str(Path(__file__).resolve().parents[3])
 BOUND_S = 10.0 * WAIT_SCALE
+QUIET_S = 1.0
 
 
 class Engine:
@@ -149,6 +150,23 @@ def test_a_silent_agent_is_a_lost_host_naming_every_rank(procs: ProcessTracker, 
     assert all(f"{rank} (pid {pid})" in cause for rank, pid in agent.ranks)
     assert engine.events[0].fault_at is not None and engine.events[0].fault_at < engine.events[0].detected_at
     assert engine.hub.hosts()[0].connection == "lost"
+
+
+def test_an_agent_whose_host_still_acknowledges_is_not_lost_for_a_pause_under_two_timeouts(
+        procs: ProcessTracker, engine: Engine) -> None:
+    """The agent's process stopped for 1.6 timeouts, then continued (a pause: CPU starvation, a long
+    collection): its kernel acknowledged the hub's PINGs all along, so the host was reachable, and
+    its process answered within the stuck-process bound (2 timeouts). No event; the host stays
+    connected. (A PING waiting for its own PONG for one timeout would have called it lost.)"""
+    agent = start_agent(procs, engine, ranks=1)
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        time.sleep(1.6 * engine.hub.heartbeat_timeout_s)
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+    time.sleep(QUIET_S)  # bounded observation: an answer now ends the pause
+    assert engine.kinds() == [], [event.message for event in engine.events]
+    assert engine.hub.hosts()[0].connection == "connected"
 
 
 def test_when_the_hub_goes_away_the_agent_stops_its_ranks_and_ends_its_own(procs: ProcessTracker,

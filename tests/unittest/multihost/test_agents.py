@@ -112,9 +112,9 @@ def test_host_crash(test_hosts: TestHosts) -> None:
 
 @pytest.mark.timeout(120)
 def test_partition_is_a_lost_host_and_its_ranks_end(test_hosts: TestHosts) -> None:
-    """hostB's link down: nothing is closed, the hub hears nothing for heartbeat_timeout_s and
-    reports the host lost, naming it and its ranks; on hostB the agent hears nothing either and
-    ends the host's ranks (its own with status 75)."""
+    """hostB's link down: nothing is closed, the hub hears nothing (not even a TCP acknowledgement)
+    for heartbeat_timeout_s and reports the host lost, naming it and its ranks; on hostB the agent
+    hears nothing from the hub either and ends the host's ranks (its own with status 75)."""
     engine = Engine(test_hosts)
     _before(engine)
     on_b = engine.ranks_on("hostB")
@@ -122,6 +122,7 @@ def test_partition_is_a_lost_host_and_its_ranks_end(test_hosts: TestHosts) -> No
     fatal = engine.wait_fatal()
     engine.assert_fatal(fatal, ["lost"], 2)
     assert "host hostB" in fatal["fatal"] and "unreachable ranks: 2 (pid" in fatal["fatal"], fatal
+    assert "not even a TCP acknowledgement" in fatal["fatal"], fatal
     assert fatal["statuses"]["3"][0] == "alive", fatal  # hostC is not concerned
     done = engine.assert_shutdown()
     stops = {stop["host"]: stop for stop in done["host_stops"]}
@@ -130,7 +131,7 @@ def test_partition_is_a_lost_host_and_its_ranks_end(test_hosts: TestHosts) -> No
     left = engine.wait_gone(on_b)
     assert left == [], f"ranks of the partitioned hostB still run: {left}\n{engine.rank_log('hostB', 2)[-3000:]}"
     log = engine.rank_log("hostB", 2)
-    assert f"with status {AGENT_EXIT_STATUS}" in log and "dropped" in log, log[-3000:]
+    assert f"with status {AGENT_EXIT_STATUS}" in log and "nothing from the proxy's hub" in log, log[-3000:]
     test_hosts.heal("hostB")
 
 

@@ -11,7 +11,10 @@ hostB, 3 on hostC), and asserts what Open MPI 5 / PRRTE do by themselves:
   when its daemon connection is what tells it (what the agents are for: a launcher's status
   cannot be trusted after a host loss); with an ssh-like session to the host as well, the status
   is 0 or 255, whichever notice PRRTE handles first;
-* a partition of hostB (its link down): nothing reacts within a bounded observation window.
+* a partition of hostB (its link down): nothing reacts within a bounded observation window;
+* the rig owns its MPI parameters: a hostile ``OMPI_MCA_*``/``PRTE_MCA_*`` exported by the caller
+  (``btl_tcp_if_include=lo``, common for single-node work, makes every start fail) never reaches
+  its jobs, and an engine that does not start is a failed start, never a missed fault.
 
 Every wait has a deadline (``wait_until``/``MpiJob.wait_for``, scaled by WAIT_SCALE); no timing
 is asserted (the figures are measured by ``scripts/bench_multihost.py``). The fixture removes
@@ -27,10 +30,13 @@ import sys
 
 import pytest
 
+from tests.support import multihost_engine
 from tests.support.facilities import needs, require_facility
 from tests.support.process_tracker import ProcessTracker, start_time_or_none, state_of
 from tests.support.testhosts import (
+    INHERITED_MCA_PREFIXES,
     NS_PREFIX,
+    RANK_PROGRAM,
     MpiJob,
     TestHosts,
     netns_names,
@@ -206,3 +212,61 @@ def test_unknown_host_name_is_refused() -> None:
         TestHosts().host("hostZ")
     with pytest.raises(ValueError):
         TestHosts(["hostA", "hostA"])
+
+
+# --------------------------------------------------------------------------- the rig's own MPI settings
+
+HOSTILE_MCA = {
+    "OMPI_MCA_btl_tcp_if_include": "lo",  # single-node habit: ranks reach their own host's loopback
+    "OMPI_MCA_btl": "self,tcp",
+    "OMPI_MCA_mpi_ft_enable": "1",
+    "PRTE_MCA_oob_tcp_if_include": "lo",
+    "PMIX_MCA_ptl_tcp_if_include": "lo",
+}
+
+
+def test_mpi_env_leaves_out_inherited_mca_settings(monkeypatch: pytest.MonkeyPatch, tmp_path: object) -> None:
+    """What the rig hands mpirun: none of the caller's MCA variables, its own transport settings,
+    and a job's own explicit settings (``extra``) over them."""
+    for key, value in HOSTILE_MCA.items():
+        monkeypatch.setenv(key, value)
+    hosts = TestHosts()
+    hosts.workdir, hosts.agent = str(tmp_path), "/nonexistent/agent"
+    env = hosts.mpi_env()
+    assert env["OMPI_MCA_btl_tcp_if_include"] == "10.213.77.0/24", env
+    assert env["OMPI_MCA_btl"] == "self,sm,tcp" and env["OMPI_MCA_mpi_ft_enable"] == "0", env
+    assert "PRTE_MCA_oob_tcp_if_include" not in env and "PMIX_MCA_ptl_tcp_if_include" not in env, env
+    assert env["PRTE_MCA_plm_ssh_agent"] == "/nonexistent/agent"
+    assert all(key.startswith(INHERITED_MCA_PREFIXES) for key in HOSTILE_MCA)
+    own = hosts.mpi_env(fault_tolerant=True, extra={"OMPI_MCA_mpi_yield_when_idle": "1"})
+    assert own["OMPI_MCA_mpi_ft_enable"] == "1" and own["OMPI_MCA_mpi_yield_when_idle"] == "1", own
+
+
+@pytest.mark.timeout(90)
+def test_a_job_starts_across_the_hosts_whatever_mca_settings_the_caller_exported(
+        test_hosts: TestHosts, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control first: ``btl_tcp_if_include=lo`` given to a job as its own setting breaks its
+    start (so the value is really hostile: measured, status 14 within a second, "received
+    unexpected process identifier"). Then the same, and more, only exported by the caller: the
+    rig's job starts on the three hosts."""
+    broken = test_hosts.mpirun((("hostA", 2), ("hostB", 1), ("hostC", 1)), [sys.executable, "-u", RANK_PROGRAM],
+                               env={"OMPI_MCA_btl_tcp_if_include": "lo"})
+    status = broken.wait_exit(END_S * WAIT_SCALE)
+    assert status not in (None, 0), f"status {status}:\n{broken.output()}"
+    assert sum(line.startswith("READY ") for line in broken.output().splitlines()) < 4, broken.output()
+    for key, value in HOSTILE_MCA.items():
+        monkeypatch.setenv(key, value)
+    job = test_hosts.rank_job()
+    ranks = started(job)
+    assert {rank: info["host"] for rank, info in ranks.items()} == PLACEMENT
+
+
+def test_an_engine_that_does_not_start_is_a_failed_start(test_hosts: TestHosts,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """No ready line within the start bound (here: none at all): StartFailed, which the benchmark and
+    the fault matrix count as a failed start (``Fatal.failed_start``), never as a missed fault."""
+    monkeypatch.setattr(multihost_engine, "START_S", 0.0)
+    with pytest.raises(multihost_engine.StartFailed) as caught:
+        multihost_engine.Engine(test_hosts)
+    record = multihost_engine.failed_start(caught.value)
+    assert record.ms is None and record.failed_start.startswith("StartFailed: the engine did not start"), record
