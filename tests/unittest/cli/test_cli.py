@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,8 +21,8 @@ from typing import Any
 
 import pytest
 
-import trtllm_liveness
 from tests.support.facilities import needs, require_facility
+from tests.support.other_user import OTHER_USER, interpreter_for_others, package_readable_by_others
 from tests.support.process_tracker import SLEEPER, ProcessTracker, state_of
 from tests.support.stuck_processes import Freezer, StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
@@ -307,54 +306,6 @@ def test_scan_reports_a_gone_pid_as_gone_beside_the_live_ones(procs: ProcessTrac
     assert verdicts == {pid: "gone", live.pid: "ok"}
 
 
-OTHER_USER = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-
-
-def _reachable_by_others(path: str) -> bool:
-    """Whether every directory from / down to ``path`` lets any user through (o+x)."""
-    parts = Path(path).resolve().parts
-    return all(os.stat(os.path.join(*parts[:i])).st_mode & 0o001 for i in range(1, len(parts) + 1))
-
-
-def _interpreter_for_others() -> tuple[str | None, list[str]]:
-    """A Python (3.10+) that uid 65534 can run with a readable standard library, and what was tried."""
-    tried = []
-    for candidate in dict.fromkeys([os.path.realpath(sys.executable), getattr(sys, "_base_executable", ""),
-                                    shutil.which("python3") or "", "/usr/bin/python3"]):
-        if not candidate:
-            continue
-        tried.append(candidate)
-        with contextlib.suppress(OSError, subprocess.TimeoutExpired):
-            probe = subprocess.run([*OTHER_USER, candidate, "-E", "-s", "-c",
-                                    "import argparse, json, sys; print(sys.version_info >= (3, 10))"],
-                                   capture_output=True, text=True, timeout=RUN_TIMEOUT, check=False)
-            if probe.returncode == 0 and probe.stdout.strip() == "True":
-                return candidate, tried
-    return None, tried
-
-
-@contextlib.contextmanager
-def _package_readable_by_others() -> Iterator[Path]:
-    """A copy of this package in a fresh directory that every user can read, wherever the
-    checkout lives (a checkout under a 0700 directory is unreachable for another user); removed
-    at the end."""
-    base = next((d for d in (tempfile.gettempdir(), "/tmp", "/var/tmp", "/dev/shm")
-                 if os.path.isdir(d) and _reachable_by_others(d)), None)
-    if base is None:
-        pytest.skip("no temporary directory that another user can reach")
-    root = Path(tempfile.mkdtemp(prefix="trtllm-other-user-", dir=base))
-    try:
-        shutil.copytree(Path(trtllm_liveness.__file__).parent, root / "trtllm_liveness",
-                        ignore=shutil.ignore_patterns("__pycache__"))
-        for directory, _dirs, files in os.walk(root):
-            os.chmod(directory, 0o755)
-            for name in files:
-                os.chmod(os.path.join(directory, name), 0o644)
-        yield root
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
 def test_scan_as_another_user_reads_what_proc_shows_it(procs: ProcessTracker) -> None:
     # A process's stat and status are readable by every user, its ns/pid only by its owner (and
     # root): the scan of another user's process goes ahead on what /proc shows that user. The
@@ -362,11 +313,11 @@ def test_scan_as_another_user_reads_what_proc_shows_it(procs: ProcessTracker) ->
     # depend on where the checkout lives.
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to run the scan as another user")
-    python, tried = _interpreter_for_others()
+    python, tried = interpreter_for_others()
     if python is None:
         pytest.skip(f"no Python 3.10+ that uid 65534 can run with its standard library (tried {', '.join(tried)})")
     live = procs.sleeper()
-    with _package_readable_by_others() as root:
+    with package_readable_by_others() as root:
         result = subprocess.run([*OTHER_USER, python, "-E", "-s", "-m", "trtllm_liveness.cli", "scan", str(live.pid),
                                  "--window", "0", "--json"], capture_output=True, text=True, timeout=RUN_TIMEOUT,
                                 cwd=root)

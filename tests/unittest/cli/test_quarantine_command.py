@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.facilities import needs
+from tests.support.other_user import OTHER_USER, interpreter_for_others, package_readable_by_others
 from tests.support.process_tracker import ProcessTracker
 from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
 from tests.support.stuck_processes import StuckChild
@@ -106,14 +107,19 @@ def test_a_directory_that_cannot_answer_is_unknown_not_ok(tmp_path: Path) -> Non
 
 
 def test_a_directory_this_user_cannot_read_is_unknown(tmp_path: Path) -> None:
+    # The command runs from a copy of the package that the other user can read, so the test does
+    # not depend on where the checkout lives.
     if os.geteuid() != 0 or shutil.which("setpriv") is None:
         pytest.skip("needs root and setpriv to run the check as another user")
-    private = tmp_path / "private"
-    private.mkdir(mode=0o700)
-    tmp_path.chmod(0o755)  # the path to it is searchable; the directory itself is not
-    result = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", str(CLI), "quarantine",
-                             "status", "--dir", str(private), "--devices", ""],
-                            capture_output=True, text=True, timeout=30, start_new_session=True,
-                            env={"PATH": "/usr/bin:/bin"})
+    python, tried = interpreter_for_others()
+    if python is None:
+        pytest.skip(f"no Python 3.10+ that uid 65534 can run with its standard library (tried {', '.join(tried)})")
+    with package_readable_by_others() as root:
+        private = root / "private"
+        private.mkdir(mode=0o700)  # the path to it is searchable; the directory itself is not
+        result = subprocess.run([*OTHER_USER, python, "-E", "-s", "-m", "trtllm_liveness.cli", "quarantine",
+                                 "status", "--dir", str(private), "--devices", ""],
+                                capture_output=True, text=True, timeout=30, start_new_session=True, cwd=root,
+                                env={"PATH": "/usr/bin:/bin"})
     assert result.returncode == 2 and result.stdout.startswith("UNKNOWN: "), result
     assert "Permission denied" in result.stdout or "cannot be read" in result.stdout, result
