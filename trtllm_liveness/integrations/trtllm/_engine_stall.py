@@ -240,7 +240,10 @@ class EngineStall:
         if self.fatal:
             event = self._event(info)
             if event is not None:
-                monitor.report_stall(event)  # the mixin's subscriber takes the fatal path
+                # The mixin's subscriber takes the fatal path: its ERROR line and its snapshot's
+                # WARNING are this failure's two lines.
+                monitor.report_stall(event)
+                return
         # The line first, whatever the diagnosis does (it may be busy with another request, or
         # find no local rank); the diagnosis follows in a line of its own.
         logger.warning("liveness: %s%s", detail,
