@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import re
 import signal
-import sys
 import threading
 from pathlib import Path
 
