@@ -117,6 +117,10 @@ class EngineLiveness:
     owns_session: bool = True
     shutdown_started: bool = False
     shutdown_report: StopReport | None = None
+    # Held around the bounded stop of the engine's ranks: it runs once (``stopped``), whoever
+    # calls it (shutdown(), the process's ending, a failed start) and however many at once.
+    stop_lock: threading.Lock = field(default_factory=threading.Lock)
+    stopped: bool = False
     fatal_line: str = ""
     snapshot: FatalSnapshot | None = None
     fatal_done: threading.Event = field(default_factory=threading.Event)
