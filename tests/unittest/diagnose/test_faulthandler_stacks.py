@@ -313,11 +313,11 @@ def test_snapshots_of_one_rank_at_once_each_read_a_whole_dump(procs: ProcessTrac
         barrier = threading.Barrier(3, timeout=10 * WAIT_SCALE)
         results: list[object] = []
 
-        def snapshot() -> None:
+        def snapshot(barrier: threading.Barrier, results: list[object]) -> None:
             barrier.wait()
             results.append(take_faulthandler_stacks([(proc.pid, start_time)], timeout_s=10 * WAIT_SCALE)[proc.pid])
 
-        threads = [threading.Thread(target=snapshot) for _ in range(3)]
+        threads = [threading.Thread(target=snapshot, args=(barrier, results)) for _ in range(3)]
         for thread in threads:
             thread.start()
         for thread in threads:
