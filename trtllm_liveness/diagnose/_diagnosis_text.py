@@ -130,8 +130,24 @@ def snapshot_record(diagnosis: Diagnosis, reason: str, *, hosts: Mapping[int, st
     and the termination message carry. ``hosts`` maps rank numbers to host names; ``iterations``
     the executor iterations each rank reported."""
     counts = iterations or {}
-    named = diagnosis.named.evidence if diagnosis.named is not None else (
-        diagnosis.odd_rank_out.reason if diagnosis.odd_rank_out is not None else "")
+    odd = diagnosis.odd_rank_out
+    named, named_rank = ((diagnosis.named.evidence, diagnosis.named.rank) if diagnosis.named is not None else
+                         (odd.reason, odd.rank) if odd is not None else ("", None))
     return FatalSnapshot(reason, diagnosis.taken_at, diagnosis.elapsed_ms, named,
                          tuple(_rank_snapshot(rank, hosts.get(rank.rank, ""), counts.get(rank.rank))
-                               for rank in diagnosis.ranks))
+                               for rank in diagnosis.ranks), named_rank)
+
+
+def snapshot_lines(snapshot: FatalSnapshot | None) -> list[str]:
+    """``snapshot`` for a terminal (``trtllm-liveness demo``): the rank the evidence names, with its
+    host, then every rank (state, wait channel, CPU class, iterations, stack source)."""
+    if snapshot is None:
+        return ["  snapshot: none taken (liveness off, or the stall was not seen)"]
+    named = snapshot.rank(snapshot.named_rank) if snapshot.named_rank is not None else None
+    if named is not None:
+        head = f"  stalled rank: rank {named.rank} (pid {named.pid}) on host {named.hostname}: {snapshot.named}"
+    else:
+        head = "  stalled rank: none named by the evidence" + (f" ({snapshot.named})" if snapshot.named else "")
+    lines = [head, f"  snapshot ({snapshot.elapsed_ms:.0f} ms, before any stop):"]
+    lines += [f"    {rank.describe()}" for rank in snapshot.ranks]
+    return lines

@@ -71,14 +71,19 @@ class RankSnapshot:
 @dataclass(frozen=True)
 class FatalSnapshot:
     """Every rank at the fatal verdict (taken before the bounded stop signalled one): ``reason`` the
-    verdict (``died of rank 1``), ``named`` the evidence that singles a rank out (empty: none does),
-    ``taken_at`` wall clock, ``elapsed_ms`` what the snapshot took."""
+    verdict (``died of rank 1``), ``named`` the evidence that singles a rank out (empty: none does)
+    and ``named_rank`` that rank, ``taken_at`` wall clock, ``elapsed_ms`` what the snapshot took."""
 
     reason: str
     taken_at: float
     elapsed_ms: float
     named: str
     ranks: tuple[RankSnapshot, ...]
+    named_rank: int | None = None
+
+    def rank(self, number: int) -> RankSnapshot | None:
+        """The snapshot of rank ``number``, if it was seen."""
+        return next((rank for rank in self.ranks if rank.rank == number), None)
 
     def summary(self) -> str:
         """One line: every rank (:meth:`RankSnapshot.describe`), then the naming."""
@@ -88,7 +93,7 @@ class FatalSnapshot:
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (:meth:`from_dict` reads it back)."""
         return {"reason": self.reason, "taken_at": self.taken_at, "elapsed_ms": round(self.elapsed_ms, 1),
-                "named": self.named, "ranks": [rank.to_dict() for rank in self.ranks]}
+                "named": self.named, "named_rank": self.named_rank, "ranks": [rank.to_dict() for rank in self.ranks]}
 
     def to_json(self, limit: int) -> str:
         """The compact JSON form if it fits in ``limit`` bytes; otherwise the same without the
@@ -97,12 +102,10 @@ class FatalSnapshot:
         text = json.dumps(self.to_dict(), separators=(",", ":"))
         if len(text.encode()) <= limit:
             return text
-        lean = FatalSnapshot(self.reason, self.taken_at, self.elapsed_ms, self.named,
-                             tuple(RankSnapshot(**{**vars(rank), "main_frames": ()}) for rank in self.ranks))
-        ranks = list(lean.ranks)
+        ranks = [RankSnapshot(**{**vars(rank), "main_frames": ()}) for rank in self.ranks]
         while True:
-            text = json.dumps(FatalSnapshot(lean.reason, lean.taken_at, lean.elapsed_ms, lean.named,
-                                            tuple(ranks)).to_dict(), separators=(",", ":"))
+            text = json.dumps(FatalSnapshot(self.reason, self.taken_at, self.elapsed_ms, self.named, tuple(ranks),
+                                            self.named_rank).to_dict(), separators=(",", ":"))
             if len(text.encode()) <= limit or not ranks:
                 return text
             ranks.pop()
@@ -110,8 +113,10 @@ class FatalSnapshot:
     @classmethod
     def from_dict(cls, data: object) -> FatalSnapshot:
         """The record :meth:`to_dict` wrote; ``ValueError`` naming the field otherwise."""
-        fields = JsonFields("FatalSnapshot", data, required=("reason", "taken_at", "elapsed_ms", "named", "ranks"))
+        fields = JsonFields("FatalSnapshot", data, required=("reason", "taken_at", "elapsed_ms", "named", "ranks"),
+                            optional=("named_rank",))
         raw = fields.objects("ranks")
         return cls(reason=fields.text("reason"), taken_at=fields.number("taken_at"),
                    elapsed_ms=fields.number("elapsed_ms"), named=fields.text("named"),
-                   ranks=tuple(RankSnapshot.from_dict(item) for item in raw))
+                   ranks=tuple(RankSnapshot.from_dict(item) for item in raw),
+                   named_rank=fields.integer_or_none("named_rank") if fields.has("named_rank") else None)
