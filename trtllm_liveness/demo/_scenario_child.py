@@ -89,7 +89,7 @@ def liveness_env(opts: ScenarioOptions) -> str:
     settings: dict[str, Any] = {
         "d_state_timeout_s": opts.d_state_timeout_s, "scan_interval_s": opts.scan_interval_s,
         "shutdown_grace_s": opts.shutdown_grace_s, "shutdown_term_s": opts.shutdown_term_s,
-        "shutdown_kill_s": opts.shutdown_kill_s,
+        "shutdown_kill_s": opts.shutdown_kill_s, "diagnosis_before_stop_s": opts.diagnosis_before_stop_s,
     }
     if opts.exit_on_fatal:
         settings.update(exit_on_fatal=1, exit_code=opts.exit_code, exit_timeout_s=opts.exit_timeout_s)

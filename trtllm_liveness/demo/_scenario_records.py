@@ -123,6 +123,7 @@ class ScenarioOptions(_Record):
     shutdown_grace_s: float = 5.0
     shutdown_term_s: float = 0.5
     shutdown_kill_s: float = 1.0
+    diagnosis_before_stop_s: float = 0.3  # the package default: the stop waits this long for the snapshot
     exit_on_fatal: bool = False
     exit_code: int = 3
     exit_timeout_s: float = 10.0
