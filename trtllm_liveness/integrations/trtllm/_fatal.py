@@ -11,14 +11,16 @@
    send its one SIGINT first; the guard then skips its own once the executor's ``shutdown()``
    began (what that SIGINT leads to), see ``_engine_shutdown.graceful``;
 2. publish: upstream's ``_set_fatal_error`` where present, ``_fatal_error`` in any case (Dynamo
-   reads it); the one-line reason goes to the termination log (Kubernetes'
-   ``terminationMessagePath``, config ``termination_log``) from a daemon thread;
+   reads it);
 3. end upstream's dispatch thread (its :class:`~._upstream_teardown.DispatchGate` closes; a batch it
    holds is dispatched first, nothing after), then fail pending work: every pending request
    (upstream's ``_mark_engine_dead`` where present, an ``ErrorResponse`` per request otherwise),
    then removed from ``_results`` so that upstream's ``pre_shutdown()`` sends no
    ``CancellingRequest`` for it; on 1.2.x mpi4py's exit join of the pool thread is released
-   (main's ``_mark_engine_dead`` does that itself) when the proxy owns the session;
+   (main's ``_mark_engine_dead`` does that itself) when the proxy owns the session; then the one
+   ERROR line, with the evidence read from ``/proc`` now (:func:`fatal_evidence`), which also goes
+   to the termination log (Kubernetes' ``terminationMessagePath``, config ``termination_log``)
+   from a daemon thread; the snapshot that follows (:func:`report_snapshot`) adds itself there;
 4. trigger the exit guard (``exit_on_fatal``), after ``exit_delay_s`` (or at once when the engine's
    liveness is released first: its shutdown ran), from its own thread;
 5. upstream's ``pre_shutdown()`` in a helper thread: where a hang (a blocking send to a dead peer)
@@ -83,22 +85,24 @@ thread (the monitor's watcher, another health check) is making: the fatal path's
 
 def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) -> None:
     """Steps 1-5 of the module docstring. Never blocks; never raises."""
-    line = fatal_line(error.event, fatal_evidence(state))
-    logger.error("liveness: fatal: %s", line)
     # First: a launcher that reports success after a host crash kills this process within ms.
-    record_outcome(line, error.restartable,
+    record_outcome(str(error), error.restartable,
                    state.config.exit_code if error.restartable else state.config.exit_code_unrestartable)
     if state.exit_guard is not None:
         mark_shutdown_signalled(proxy)
     publish_fatal(proxy, error)
-    state.fatal_line = line
-    write_termination_message(state.config.termination_log, f"trtllm-liveness: fatal engine error: {line}\n")
     if state.dispatch_gate is not None:
         # Before the requests are failed and forgotten: upstream's dispatch thread finishes the
         # batch it holds, then ends, and dispatches no response in flight for a forgotten request.
         state.dispatch_gate.close()
     fail_requests(proxy, error)
     release_exit_joins(proxy, state)
+    # The line's evidence reads every rank's thread states (milliseconds for 8 ranks of 100
+    # threads): after the requests are failed, never before.
+    line = fatal_line(error.event, fatal_evidence(state))
+    logger.error("liveness: fatal: %s", line)
+    state.fatal_line = line
+    write_termination_message(state.config.termination_log, f"trtllm-liveness: fatal engine error: {line}\n")
     if state.exit_guard is not None:
         state.threads.start(_trigger_exit_guard, name="trtllm-liveness-exit",
                             bound_s=state.config.exit_delay_s + THREAD_END_S, args=(state, error))
