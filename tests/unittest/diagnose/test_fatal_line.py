@@ -116,3 +116,22 @@ def test_the_termination_message_is_amended_with_the_snapshot_and_never_by_anoth
     assert text == amended, text  # the first write, if it ran last, never overwrote its amendment
     assert FatalSnapshot.from_dict(json.loads(text.split("snapshot: ", 1)[1])) == SNAPSHOT
 
+
+
+def test_a_snapshot_asked_while_a_diagnosis_runs_is_reported_from_that_one(procs: ProcessTracker) -> None:
+    """A stall's diagnosis (0.2 s CPU window) is running when a fatal verdict asks for its snapshot:
+    the running one is the snapshot: it is announced and handed to the verdict's reporter once."""
+    from trtllm_liveness.integrations.trtllm._engine_stall import Diagnoser
+
+    ranks = [capture_identity(0, procs.sleeper().pid), capture_identity(1, procs.sleeper().pid)]
+    diagnoser = Diagnoser(lambda: ranks)
+    reported: list[object] = []
+    stall_done = threading.Event()
+    try:
+        assert diagnoser.request("stall 1", lambda diagnosis: stall_done.set())
+        assert not diagnoser.request("died of rank 1", reported.append, snapshot=True)  # one runs already
+        assert diagnoser.await_snapshot(30)
+        assert stall_done.is_set() and len(reported) == 1
+        assert {rank.rank for rank in getattr(reported[0], "ranks", ())} == {0, 1}
+    finally:
+        assert diagnoser.close() == []
