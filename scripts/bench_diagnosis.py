@@ -144,7 +144,7 @@ def main() -> int:
     parser.add_argument("--reps", type=int, default=7)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--threads", type=int, default=4, help="threads per rank (default 4)")
-    parser.add_argument("--stop-reps", type=int, default=5, help="stop-delay runs of each kind (0 skips them)")
+    parser.add_argument("--stop-reps", type=int, default=3, help="stop-delay runs of each kind (0 skips them)")
     parser.add_argument("--stop-workers", type=int, default=4, help="MPI ranks of the stop-delay runs (default 4)")
     args = parser.parse_args()
     py_spy = _py_spy.find_py_spy()
