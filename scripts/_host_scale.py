@@ -169,14 +169,22 @@ class Rig:
                 self.hub.wait(10)
         self.log.close()
 
-    def cpu_ms_per_s(self, window: float) -> tuple[float, float | None]:
-        """(the hub's CPU, the median agent's CPU), ms per s over ``window`` s of idle."""
+    def cpu_ms_per_s(self, window: float) -> tuple[float, float | None, dict[str, float]]:
+        """(the hub's CPU, the median agent's CPU, the hub's by thread name), ms per s over
+        ``window`` s of idle."""
         pids = [agent.pid for agent in self.agents]
+        tids = _bench.task_tids(self.hub_pid)
+        threads0 = {tid: _bench.thread_cpu_ns(self.hub_pid, tid) or 0 for tid in tids}
         hub0, agents0, t0 = process_cpu_ns(self.hub_pid), [process_cpu_ns(pid) for pid in pids], time.monotonic()
         time.sleep(window)
         hub1, agents1, t1 = process_cpu_ns(self.hub_pid), [process_cpu_ns(pid) for pid in pids], time.monotonic()
+        by_thread: dict[str, float] = {}
+        for tid, before in threads0.items():
+            name = _bench.thread_name(self.hub_pid, tid) or str(tid)
+            spent = ((_bench.thread_cpu_ns(self.hub_pid, tid) or before) - before) / 1e6 / (t1 - t0)
+            by_thread[name] = by_thread.get(name, 0.0) + round(spent, 3)
         per_agent = [(b - a) / 1e6 / (t1 - t0) for a, b in zip(agents0, agents1, strict=True)]
-        return (hub1 - hub0) / 1e6 / (t1 - t0), statistics.median(per_agent) if per_agent else None
+        return (hub1 - hub0) / 1e6 / (t1 - t0), statistics.median(per_agent) if per_agent else None, by_thread
 
     def kills(self, count: int) -> tuple[list[float], list[float]]:
         """SIGKILL ``count`` sleepers, round-robin over the hosts (at most every sleeper once):
@@ -242,7 +250,7 @@ def no_host_hub(window: float, settle: float) -> dict[str, float]:
     """The baseline, same run: the hub with no host, idle CPU over ``window`` s and RSS (KiB)."""
     with Rig(0) as rig:
         time.sleep(settle)
-        cpu, _ = rig.cpu_ms_per_s(window)
+        cpu, _, _ = rig.cpu_ms_per_s(window)
         return {"cpu_ms_per_s": cpu, "rss_kib": float(_bench.rss_kib(rig.hub_pid) or 0)}
 
 
@@ -250,7 +258,7 @@ def host_column(hosts: int, kills: int, window: float, settle: float, baseline: 
     """One column (see the module docstring): the figures of ``hosts`` hosts, keyed by metric."""
     with Rig(hosts) as rig:
         time.sleep(settle)
-        hub_cpu, agent_cpu = rig.cpu_ms_per_s(window)
+        hub_cpu, agent_cpu, by_thread = rig.cpu_ms_per_s(window)
         rss = _bench.rss_kib(rig.hub_pid)
         check = rig.ask({"cmd": "check", "calls": 2000})["us"]
         detect, exits = rig.kills(kills)
@@ -262,6 +270,7 @@ def host_column(hosts: int, kills: int, window: float, settle: float, baseline: 
         "check_us": check,
         "idle_cpu_ms_per_s": hub_cpu - baseline["cpu_ms_per_s"],
         "hub_cpu_ms_per_s_raw": hub_cpu,
+        "hub_cpu_ms_per_s_by_thread": by_thread,
         "agent_cpu_ms_per_s": agent_cpu,
         "memory_kib": rig.connected["heap_kib"],
         "fds": rig.connected["fds"],
@@ -298,7 +307,8 @@ def host_columns(counts: tuple[int, ...] = HOST_COUNTS, *, kills: int = 20, wind
 
 
 COLUMN_KEYS = ("detect_p50_us", "detect_p99_us", "exit_p50_us", "exit_p99_us", "kills", "check_us",
-               "idle_cpu_ms_per_s", "hub_cpu_ms_per_s_raw", "agent_cpu_ms_per_s", "memory_kib", "fds",
+               "idle_cpu_ms_per_s", "hub_cpu_ms_per_s_raw", "hub_cpu_ms_per_s_by_thread",
+               "agent_cpu_ms_per_s", "memory_kib", "fds",
                "rss_added_kib", "ranks", "hosts_connected_at_end")
 
 

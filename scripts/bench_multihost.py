@@ -512,13 +512,13 @@ def scale_targets(many: dict[str, object]) -> list[tuple[str, bool]]:
     failed = many.get("host_scale_failed_starts")
     reason = many.get("host_scale_null_reason")
     hosts = many.get("host_scale_hosts")
-    targets = [
-        (f"every many-hosts rig started (failed: {failed})" + (f" ({reason})" if reason else ""),
-         not failed and not reason),
-        (f"NVL72 (72 ranks, 18 hosts) hub idle CPU {fmt(num(many.get('nvl72_hub_cpu_ms_per_s')), 'ms/s')} <= 5 "
-         f"(the no-host hub's {fmt(num(many.get('hub_cpu_ms_per_s_no_hosts')), 'ms/s')} subtracted)",
-         at_most("nvl72_hub_cpu_ms_per_s", 5)),
-    ]
+    targets = [(f"every many-hosts rig started (failed: {failed})" + (f" ({reason})" if reason else ""),
+                not failed and not reason)]
+    if isinstance(hosts, list) and _host_scale.NVL72_HOSTS in hosts:
+        cpu = fmt(num(many.get("nvl72_hub_cpu_ms_per_s")), "ms/s")
+        base = fmt(num(many.get("hub_cpu_ms_per_s_no_hosts")), "ms/s")
+        targets.append((f"NVL72 (72 ranks, 18 hosts) hub idle CPU {cpu} <= 5 (the no-host hub's {base} subtracted)",
+                        at_most("nvl72_hub_cpu_ms_per_s", 5)))
     if isinstance(hosts, list) and 128 in hosts:
         targets.append((f"proxy CPU, 128 hosts {fmt(num(many.get('proxy_cpu_ms_per_s_128_hosts')), 'ms/s')} <= 5",
                         at_most("proxy_cpu_ms_per_s_128_hosts", 5)))
