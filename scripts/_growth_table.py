@@ -1,0 +1,70 @@
+"""The growth table of scripts/bench_detection.py: how each cost grows with the engine.
+
+Columns: 8, 64, 256 and 1024 ranks watched on one host (one monitor over local sleepers:
+``growth_<metric>_<n>``), then 4, 18 and 128 hosts of 4 ranks (scripts/_host_scale.py: the real
+agent code over sleeper ranks, one machine: ``growth_<metric>_hosts_<n>``). Printed as text, and
+with ``--markdown`` as the table docs/performance.md and the README show, so that regenerating
+those is one command.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+GROWTH_RANKS = (8, 64, 256, 1024)
+GROWTH_HOSTS = (4, 18, 128)
+GROWTH_METRICS = ("detect_p50_us", "detect_p99_us", "check_us", "idle_cpu_ms_per_s", "memory_kib", "fds")
+
+# (label, metrics shown in one cell, digits)
+ROWS: tuple[tuple[str, tuple[str, ...], int], ...] = (
+    ("a rank's SIGKILL -> its event, p50 / p99 µs", ("detect_p50_us", "detect_p99_us"), 0),
+    ("one check (`find_dead_worker()`), µs", ("check_us",), 1),
+    ("idle CPU, ms per s", ("idle_cpu_ms_per_s",), 2),
+    ("memory, KiB (Python heap)", ("memory_kib",), 0),
+    ("descriptors", ("fds",), 0),
+    ("each remote host's agent, idle CPU ms per s", ("agent_cpu_ms_per_s",), 2),
+)
+
+NOTES = (
+    "Ranks columns: one monitor over that many local sleeper processes (one thread each; a real rank has ten "
+    "or more, and the wedge scan reads each thread), wedge scan every 1 s; the event is the subscriber's call; "
+    "idle CPU is the watcher thread's.",
+    "Hosts columns: the real agent hub alone in a process and that many hosts of 4 ranks, each host the real "
+    "agent code (`HostAgent`) in a UTS namespace of its own over 3 sleeper ranks: simulated hosts, all on this "
+    "machine (loopback, its cores); 18 hosts are the 72 ranks of an NVL72 rack. The event is the hub's, through "
+    "the agent and its wire; idle CPU is the hub's process minus the same hub with no host in the same run; "
+    "memory and descriptors are what the hub added.",
+)
+
+
+def _cell(g: dict[str, Any], key: str, digits: int) -> str:
+    value = g.get(key)
+    return "-" if not isinstance(value, (int, float)) else f"{value:.{digits}f}"
+
+
+def _cells(g: dict[str, Any], metrics: tuple[str, ...], digits: int) -> list[str]:
+    keys = [[f"growth_{m}_{n}" for m in metrics] for n in GROWTH_RANKS]
+    keys += [[f"growth_{m}_hosts_{n}" for m in metrics] for n in GROWTH_HOSTS]
+    return [" / ".join(_cell(g, key, digits) for key in cell) for cell in keys]
+
+
+def print_text(g: dict[str, Any]) -> None:
+    """The table as text (``-`` where a column was not measured)."""
+    columns = [str(n) for n in GROWTH_RANKS] + [f"{h} hosts" for h in GROWTH_HOSTS]
+    print("growth with the engine: ranks watched on one host, then hosts (simulated: see the notes)")
+    print(f"{'':46}" + "".join(f"{c:>14}" for c in columns))
+    for label, metrics, digits in ROWS:
+        print(f"{label:46}" + "".join(f"{c:>14}" for c in _cells(g, metrics, digits)))
+    for note in NOTES:
+        print(f"  {note}")
+
+
+def markdown(g: dict[str, Any], command: str) -> str:
+    """The table in Markdown, with the command that produced it and the notes."""
+    head = ["cost", *(f"{n} ranks" for n in GROWTH_RANKS), *(f"{h} hosts" + (" (NVL72)" if h == 18 else "")
+                                                             for h in GROWTH_HOSTS)]
+    lines = [f"`{command}`:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, metrics, digits in ROWS:
+        lines.append("| " + " | ".join([label, *_cells(g, metrics, digits)]) + " |")
+    lines += ["", *NOTES]
+    return "\n".join(lines)
