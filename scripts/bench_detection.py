@@ -41,6 +41,7 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 
 import _bench
 import _growth_table
@@ -264,13 +265,14 @@ def _fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def bench_growth(spawner: Spawner, pool: list[int], kills: int, idle_seconds: float) -> dict[str, float | int | None]:
+def bench_growth(spawner: Spawner, pool: list[int], kills: int, idle_seconds: float,
+                 counts: tuple[int, ...] = GROWTH_RANKS) -> dict[str, float | int | None]:
     """The growth table: for each count of watched sleepers, one monitor as an engine runs it (wedge
     scan every 1 s), its memory after registering and a first scan, its check cost, its watcher's
     idle CPU, then ``kills`` deaths timed (each victim registered beside the others just before its
     SIGKILL, so the count watched stays the same)."""
     out: dict[str, float | int | None] = {}
-    for count in GROWTH_RANKS:
+    for count in counts:
         identities = [capture_identity(rank, pid) for rank, pid in enumerate(pool[:count])]
         victims = spawner.spawn(kills)
         settle(victims)
@@ -321,15 +323,25 @@ def bench_growth(spawner: Spawner, pool: list[int], kills: int, idle_seconds: fl
     return out
 
 
+def columns_of(allowed: tuple[int, ...]) -> Callable[[str], tuple[int, ...]]:
+    """An argparse type: a comma-separated subset of the table's ``allowed`` columns."""
+    def parse(text: str) -> tuple[int, ...]:
+        chosen = tuple(int(item) for item in text.split(",") if item)
+        if not set(chosen) <= set(allowed):
+            raise argparse.ArgumentTypeError(f"{text!r}: each must be one of {allowed}")
+        return chosen
+    return parse
+
+
 def host_columns(args: argparse.Namespace) -> dict[str, object]:
     """The growth table's host columns (scripts/_host_scale.py), null with the reason when
     ``--no-hosts`` or where this machine cannot make the rig's hosts."""
     reason = "--no-hosts" if args.no_hosts else _host_scale.unavailable()
     if reason is not None:
         return {**{f"growth_{metric}_hosts_{hosts}": None for metric in _host_scale.COLUMN_KEYS
-                   for hosts in GROWTH_HOSTS}, "host_scale_null_reason": reason, "host_scale_failed_starts": {}}
+                   for hosts in args.growth_hosts}, "host_scale_null_reason": reason, "host_scale_failed_starts": {}}
     logging.getLogger("trtllm_liveness").setLevel(logging.ERROR)
-    columns = _host_scale.host_columns(GROWTH_HOSTS, kills=5 if args.quick else 20,
+    columns = _host_scale.host_columns(args.growth_hosts, kills=5 if args.quick else 20,
                                        window=5.0 if args.quick else 20.0, settle=2.0 if args.quick else 3.0)
     return {**columns, "host_scale_null_reason": None}
 
@@ -346,6 +358,10 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true",
                         help="fewer kills (50, 10 per growth column, 5 per host column), 2 s idle windows (5 s hosts)")
     parser.add_argument("--markdown", action="store_true", help="also print the growth table in Markdown")
+    parser.add_argument("--growth-ranks", type=columns_of(GROWTH_RANKS), default=GROWTH_RANKS,
+                        help=f"the ranks columns measured, comma-separated, of {GROWTH_RANKS} (default all)")
+    parser.add_argument("--growth-hosts", type=columns_of(GROWTH_HOSTS), default=GROWTH_HOSTS,
+                        help=f"the hosts columns measured, comma-separated, of {GROWTH_HOSTS} (default all)")
     args = parser.parse_args()
     if args.quick:
         args.kills, args.growth_kills, args.idle_seconds = 50, 10, 2.0
@@ -370,7 +386,8 @@ def main() -> int:
             gc.freeze()
         floor, detect = bench_floor_and_detect(floor_pids, detect_pids)
         poll = bench_poll100ms(spawner.spawn(20))
-        growth = {} if args.no_growth else bench_growth(spawner, pool, args.growth_kills, args.idle_seconds)
+        growth = {} if args.no_growth else bench_growth(spawner, pool, args.growth_kills, args.idle_seconds,
+                                                        args.growth_ranks)
     finally:
         spawner.close()
     if growth:
