@@ -15,20 +15,23 @@ GROWTH_RANKS = (8, 64, 256, 1024)
 GROWTH_HOSTS = (4, 18, 128)
 GROWTH_METRICS = ("detect_p50_us", "detect_p99_us", "check_us", "idle_cpu_ms_per_s", "memory_kib", "fds")
 
-# (label, metrics shown in one cell, digits)
+# (label, metrics shown in one cell, digits); the Markdown table has the first MARKDOWN_ROWS, short
+# enough for the README (its words are counted, cells included).
 ROWS: tuple[tuple[str, tuple[str, ...], int], ...] = (
-    ("a rank's SIGKILL -> its event, p50 / p99 µs", ("detect_p50_us", "detect_p99_us"), 0),
-    ("one check (`find_dead_worker()`), µs", ("check_us",), 1),
-    ("idle CPU, ms per s", ("idle_cpu_ms_per_s",), 2),
-    ("memory, KiB (Python heap)", ("memory_kib",), 0),
+    ("kill -> event, p50/p99 µs", ("detect_p50_us", "detect_p99_us"), 0),
+    ("one check, µs", ("check_us",), 1),
+    ("idle CPU, ms/s", ("idle_cpu_ms_per_s",), 2),
+    ("memory, KiB", ("memory_kib",), 0),
     ("descriptors", ("fds",), 0),
-    ("each remote host's agent, idle CPU ms per s", ("agent_cpu_ms_per_s",), 2),
+    ("each host's agent, idle CPU ms/s", ("agent_cpu_ms_per_s",), 2),
 )
+MARKDOWN_ROWS = 4
 
 NOTES = (
     "Ranks columns: one monitor over that many local sleeper processes (one thread each; a real rank has ten "
     "or more, and the wedge scan reads each thread), wedge scan every 1 s; the event is the subscriber's call; "
-    "idle CPU is the watcher thread's.",
+    "a check is one `find_dead_worker()`; idle CPU is the watcher thread's; memory is the Python heap "
+    "(`tracemalloc`) the monitor added.",
     "Hosts columns: the real agent hub alone in a process and that many hosts of 4 ranks, each host the real "
     "agent code (`HostAgent`) in a UTS namespace of its own over 3 sleeper ranks: simulated hosts, all on this "
     "machine (loopback, its cores); 18 hosts are the 72 ranks of an NVL72 rack. The event is the hub's, through "
@@ -42,10 +45,10 @@ def _cell(g: dict[str, Any], key: str, digits: int) -> str:
     return "-" if not isinstance(value, (int, float)) else f"{value:.{digits}f}"
 
 
-def _cells(g: dict[str, Any], metrics: tuple[str, ...], digits: int) -> list[str]:
+def _cells(g: dict[str, Any], metrics: tuple[str, ...], digits: int, sep: str = " / ") -> list[str]:
     keys = [[f"growth_{m}_{n}" for m in metrics] for n in GROWTH_RANKS]
     keys += [[f"growth_{m}_hosts_{n}" for m in metrics] for n in GROWTH_HOSTS]
-    return [" / ".join(_cell(g, key, digits) for key in cell) for cell in keys]
+    return [sep.join(_cell(g, key, digits) for key in cell) for cell in keys]
 
 
 def print_text(g: dict[str, Any]) -> None:
@@ -60,11 +63,13 @@ def print_text(g: dict[str, Any]) -> None:
 
 
 def markdown(g: dict[str, Any], command: str) -> str:
-    """The table in Markdown, with the command that produced it and the notes."""
-    head = ["cost", *(f"{n} ranks" for n in GROWTH_RANKS), *(f"{h} hosts" + (" (NVL72)" if h == 18 else "")
-                                                             for h in GROWTH_HOSTS)]
+    """The table in Markdown (the first :data:`MARKDOWN_ROWS` rows), with the command that produced
+    it above and the notes below, each a paragraph."""
+    head = ["cost", f"{GROWTH_RANKS[0]} ranks", *map(str, GROWTH_RANKS[1:]), f"{GROWTH_HOSTS[0]} hosts",
+            *(f"{h} (NVL72)" if h == 18 else str(h) for h in GROWTH_HOSTS[1:])]
     lines = [f"`{command}`:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
-    for label, metrics, digits in ROWS:
-        lines.append("| " + " | ".join([label, *_cells(g, metrics, digits)]) + " |")
-    lines += ["", *NOTES]
+    for label, metrics, digits in ROWS[:MARKDOWN_ROWS]:
+        lines.append("| " + " | ".join([label, *_cells(g, metrics, digits, sep="/")]) + " |")
+    for note in NOTES:
+        lines += ["", note]
     return "\n".join(lines)
