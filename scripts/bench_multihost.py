@@ -417,6 +417,7 @@ def extension(args: argparse.Namespace) -> dict[str, object]:
 def extension_rows(ext: dict[str, object]) -> None:
     print(f"{'extension on':42} {'':10} {'value':22}")
     for key in ("remote_kill_p50_ms", "remote_kill_p99_ms", "remote_kill_exit_p50_ms", "remote_kill_exit_p99_ms",
+                "remote_kill_p99_bound_ms",
                 "host_crash_ms", "partition_ms", "silent_loss_ms",
                 "remote_wedge_ms", "heartbeat_cpu_ms_per_s",
                 "false_alarms_loaded_60s", "loaded_hub_max_silence_s", "false_alarms_netem_60s",
