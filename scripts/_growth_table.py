@@ -33,8 +33,10 @@ NOTES = (
     "a check is one `find_dead_worker()`; idle CPU is the watcher thread's; memory is the Python heap "
     "(`tracemalloc`) the monitor added.",
     "Hosts columns: the real agent hub alone in a process and that many hosts of 4 ranks, each host the real "
-    "agent code (`HostAgent`) in a UTS namespace of its own over 3 sleeper ranks: simulated hosts, all on this "
-    "machine (loopback, its cores); 18 hosts are the 72 ranks of an NVL72 rack. The event is the hub's, through "
+    "agent code (`HostAgent`) over 3 sleeper ranks. 4 hosts: real test hosts (a network, PID, UTS and mount "
+    "namespace each, on a bridge; the hub on a fifth) where the machine can make them (`growth_placement_hosts_4` "
+    "in the JSON says which); 18 and 128 hosts: simulated, a UTS namespace each on this machine's loopback. All "
+    "share this machine's cores. 18 hosts are the 72 ranks of an NVL72 rack. The event is the hub's, through "
     "the agent and its wire; idle CPU is the hub's process minus the same hub with no host in the same run; "
     "memory and descriptors are what the hub added.",
 )

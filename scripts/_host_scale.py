@@ -1,7 +1,9 @@
 """Many hosts' agents on one machine: the host columns of the growth table and the NVL72 shape.
 
-A host here is ``tests/programs/host_agent_child.py`` in a UTS namespace of its own (``unshare
---uts``; the hostname is the host's): the real :class:`~trtllm_liveness.multihost.HostAgent` (its
+A host here is ``tests/programs/host_agent_child.py``, either simulated, in a UTS namespace of its
+own (``unshare --uts``; the hostname is the host's), or on a real test host (tests/support/testhosts.py:
+a network, PID, UTS and mount namespace each on a private bridge, the hub on one more; the default for
+the 4-host column where this machine can make them): the real :class:`~trtllm_liveness.multihost.HostAgent` (its
 monitor's pidfds and per-thread ``D`` sampling, the authenticated wire, hello, ZMTP heartbeats) as
 its host's rank 0, over 3 real sleeper processes, the host's other ranks. So every host has 4
 ranks, and 18 hosts are the 72 ranks of an NVL72 rack (one agent more than a real rack, whose
@@ -10,8 +12,8 @@ proxy's own host needs none: the hub's side is counted high). The proxy's side i
 alone in its process. Nothing is canned: every hello, heartbeat and event comes from the agent code.
 
 What the hosts share with a real cluster: the hub, its wire and its work per host. What they do
-not: a network (loopback, no latency) and cores (every agent on this machine's; a real host's
-agent has its host's). Per column (``host_column``):
+not: cores (every agent on this machine's; a real host's agent has its host's) and, simulated, a
+network (loopback). Per column (``host_column``):
 
   detect     SIGKILL of a remote rank (a sleeper; pidfd opened and verified before the clock)
              -> the hub's monitor delivers its event (through the agent, the wire and the hub);
@@ -40,6 +42,8 @@ from typing import IO, Any
 
 import _bench
 
+from tests.support.testhosts import TestHosts, TestHostsError
+from tests.support.testhosts import unavailable as testhosts_unavailable
 from trtllm_liveness.process import _procfs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -72,13 +76,62 @@ def _line(stream: IO[bytes], timeout: float) -> bytes:
     return stream.readline() if ready else b""
 
 
+class Simulated:
+    """Hosts in UTS namespaces of their own, on this machine's network and PID namespace."""
+
+    kind = "simulated"
+    bind = "127.0.0.1"
+
+    def host(self, index: int) -> str:
+        return f"sim{index:03d}"
+
+    def hub_argv(self, argv: list[str]) -> list[str]:
+        return argv
+
+    def agent_argv(self, index: int, argv: list[str]) -> list[str]:
+        return ["unshare", "--uts", *argv]
+
+    def root_pid(self, host: str | None, pid: int) -> int | None:
+        return pid
+
+
+class OnTestHosts:
+    """Real test hosts (tests/support/testhosts.py: a network, PID, UTS and mount namespace each, on
+    a private bridge): the hub on the first, each agent on one of the others."""
+
+    kind = "test hosts"
+
+    def __init__(self, hosts: TestHosts) -> None:
+        self.hosts = hosts
+        self.hub_host = hosts.names[0]
+        self.bind = hosts.address_of(self.hub_host)
+
+    def host(self, index: int) -> str:
+        return self.hosts.names[1 + index]
+
+    def hub_argv(self, argv: list[str]) -> list[str]:
+        return self.hosts.host(self.hub_host).nsenter_argv(argv, wd=str(REPO))
+
+    def agent_argv(self, index: int, argv: list[str]) -> list[str]:
+        return self.hosts.host(self.host(index)).nsenter_argv(argv, wd=str(REPO))
+
+    def root_pid(self, host: str | None, pid: int) -> int | None:
+        return self.hosts.root_pid(host or self.hub_host, pid)
+
+
+Placement = Simulated | OnTestHosts
+
+
 class Rig:
     """A hub process and ``hosts`` agent processes (each with its 3 sleepers), as a context
     manager: everything it started is ended on exit (agents first: their sleepers die with them,
-    and are also killed by pid, verified against their start time; the hub last)."""
+    and are also killed by pid, verified against their start time; the hub last). Pids here are
+    this machine's root namespace's (``placement.root_pid``)."""
 
-    def __init__(self, hosts: int, start_timeout: float = 120.0) -> None:
+    def __init__(self, hosts: int, start_timeout: float = 120.0, placement: Placement | None = None) -> None:
         self.count = hosts
+        self.placement: Placement = placement or Simulated()
+        self.agent_pids: list[int] = []
         self.start_timeout = start_timeout
         self.log = tempfile.TemporaryFile(prefix="trtllm-host-scale-")
         self.env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -119,32 +172,36 @@ class Rig:
         return self.log.read().decode(errors="replace")
 
     def _start(self) -> None:
-        self.hub = subprocess.Popen([sys.executable, str(REPO / "scripts" / "_rig_hub.py")], stdin=subprocess.PIPE,
-                                    stdout=subprocess.PIPE, stderr=self.log, env=self.env, cwd=REPO,
-                                    start_new_session=True)
+        place = self.placement
+        self.hub = subprocess.Popen(place.hub_argv([sys.executable, str(REPO / "scripts" / "_rig_hub.py"), place.bind]),
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
+                                    cwd=REPO, start_new_session=True)
         assert self.hub.stdout is not None
         first = _line(self.hub.stdout, 30.0)
         if not first:
             raise RigFailed(f"the hub did not start:\n{self.log_tail()}")
         hello = json.loads(first)
-        self.spec, self.hub_pid = hello["spec"], int(hello["pid"])
+        self.spec = hello["spec"]
+        self.hub_pid = place.root_pid(None, int(hello["pid"])) or 0
         for index in range(self.count):
-            options = {"host": f"sim{index:03d}", "endpoint": self.spec["endpoint"], "secret": self.spec["secret"],
+            options = {"host": place.host(index), "endpoint": self.spec["endpoint"], "secret": self.spec["secret"],
                        "ranks": RANKS_PER_HOST - 1, "first_rank": RANKS_PER_HOST * index,
                        "heartbeat_timeout_s": self.spec["heartbeat_timeout_s"], "die_with_agent": True}
             self.agents.append(subprocess.Popen(
-                ["unshare", "--uts", sys.executable, "-m", "tests.programs.host_agent_child", json.dumps(options)],
+                place.agent_argv(index, [sys.executable, "-m", "tests.programs.host_agent_child", json.dumps(options)]),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, env=self.env, cwd=REPO,
                 start_new_session=True))
         deadline = time.monotonic() + self.start_timeout
-        for agent in self.agents:
+        for index, agent in enumerate(self.agents):
             assert agent.stdout is not None
             line = _line(agent.stdout, max(0.1, deadline - time.monotonic()))
             record = json.loads(line) if line else {"ready": False}
             if not record.get("ready"):
                 raise RigFailed(f"host {len(self.ranks)} of {self.count} was not welcomed by the hub "
                                 f"({record}):\n{self.log_tail()}")
-            self.ranks.append([(int(r), int(p), int(s)) for r, p, s in record["ranks"]])
+            host = place.host(index)
+            self.agent_pids.append(place.root_pid(host, int(record["pid"])) or 0)
+            self.ranks.append([(int(r), place.root_pid(host, int(p)) or 0, int(s)) for r, p, s in record["ranks"]])
         self.connected = self.ask({"cmd": "wait", "hosts": self.count, "timeout": 30})
         if self.connected["hosts"] != self.count:
             raise RigFailed(f"{self.connected['hosts']} of {self.count} hosts connected:\n{self.log_tail()}")
@@ -172,7 +229,7 @@ class Rig:
     def cpu_ms_per_s(self, window: float) -> tuple[float, float | None, dict[str, float]]:
         """(the hub's CPU, the median agent's CPU, the hub's by thread name), ms per s over
         ``window`` s of idle."""
-        pids = [agent.pid for agent in self.agents]
+        pids = self.agent_pids
         tids = _bench.task_tids(self.hub_pid)
         threads0 = {tid: _bench.thread_cpu_ns(self.hub_pid, tid) or 0 for tid in tids}
         hub0, agents0, t0 = process_cpu_ns(self.hub_pid), [process_cpu_ns(pid) for pid in pids], time.monotonic()
@@ -212,7 +269,7 @@ class Rig:
             while at is None and time.monotonic() < deadline:
                 events = self.ask({"cmd": "events", "since": seen})["events"]
                 seen += len(events)
-                at = next((event[4] for event in events if event[0] == rank and event[1] == pid), None)
+                at = next((event[4] for event in events if event[0] == rank), None)  # its pid is the host's
                 if at is None:
                     time.sleep(0.005)
             if at is not None and exited is not None:
@@ -254,9 +311,21 @@ def no_host_hub(window: float, settle: float) -> dict[str, float]:
         return {"cpu_ms_per_s": cpu, "rss_kib": float(_bench.rss_kib(rig.hub_pid) or 0)}
 
 
-def host_column(hosts: int, kills: int, window: float, settle: float, baseline: dict[str, float]) -> dict[str, Any]:
-    """One column (see the module docstring): the figures of ``hosts`` hosts, keyed by metric."""
-    with Rig(hosts) as rig:
+def host_column(hosts: int, kills: int, window: float, settle: float, baseline: dict[str, float],
+                real: bool = False) -> dict[str, Any]:
+    """One column (see the module docstring): the figures of ``hosts`` hosts, keyed by metric;
+    ``real``: on real test hosts (the hub on one more) instead of simulated ones."""
+    with contextlib.ExitStack() as stack:
+        placement: Placement = Simulated()
+        if real:
+            test_hosts = TestHosts(tuple(f"host{chr(ord('A') + index)}" for index in range(hosts + 1)))
+            stack.callback(test_hosts.close)  # removes everything in the hosts, also on failure
+            try:
+                test_hosts.start()
+            except TestHostsError as exc:
+                raise RigFailed(f"the test hosts did not start: {exc}") from exc
+            placement = OnTestHosts(test_hosts)
+        rig = stack.enter_context(Rig(hosts, placement=placement))
         time.sleep(settle)
         hub_cpu, agent_cpu, by_thread = rig.cpu_ms_per_s(window)
         rss = _bench.rss_kib(rig.hub_pid)
@@ -277,6 +346,7 @@ def host_column(hosts: int, kills: int, window: float, settle: float, baseline: 
         "rss_added_kib": None if rss is None else rss - baseline["rss_kib"],
         "ranks": hosts * RANKS_PER_HOST,
         "hosts_connected_at_end": still["connected"],
+        "placement": placement.kind,
     }
 
 
@@ -286,7 +356,7 @@ def us(ms: list[float], q: float) -> float | None:
 
 
 def host_columns(counts: tuple[int, ...] = HOST_COUNTS, *, kills: int = 20, window: float = 20.0,
-                 settle: float = 3.0) -> dict[str, Any]:
+                 settle: float = 3.0, real: tuple[int, ...] = (4,)) -> dict[str, Any]:
     """Every column and the no-host baseline, as flat keys: ``growth_<metric>_hosts_<n>`` (the
     growth table's), ``hub_cpu_ms_per_s_no_hosts``, ``hub_rss_kib_no_hosts``; a column whose rig
     did not start is null, with its error under ``host_scale_failed_starts``."""
@@ -296,7 +366,8 @@ def host_columns(counts: tuple[int, ...] = HOST_COUNTS, *, kills: int = 20, wind
     failed: dict[str, str] = {}
     for count in counts:
         try:
-            column: dict[str, Any] = host_column(count, kills, window, settle, baseline)
+            column: dict[str, Any] = host_column(count, kills, window, settle, baseline,
+                                                 real=count in real and testhosts_unavailable() is None)
         except RigFailed as exc:
             failed[str(count)] = str(exc)[-1500:]
             column = dict.fromkeys(COLUMN_KEYS)
@@ -309,7 +380,7 @@ def host_columns(counts: tuple[int, ...] = HOST_COUNTS, *, kills: int = 20, wind
 COLUMN_KEYS = ("detect_p50_us", "detect_p99_us", "exit_p50_us", "exit_p99_us", "kills", "check_us",
                "idle_cpu_ms_per_s", "hub_cpu_ms_per_s_raw", "hub_cpu_ms_per_s_by_thread",
                "agent_cpu_ms_per_s", "memory_kib", "fds",
-               "rss_added_kib", "ranks", "hosts_connected_at_end")
+               "rss_added_kib", "ranks", "hosts_connected_at_end", "placement")
 
 
 HOST_ROWS = (("remote rank SIGKILL -> hub event p50 ms", "detect_p50_us", 0.001, 2),
@@ -331,10 +402,12 @@ def print_host_table(result: dict[str, Any], hosts: list[int]) -> None:
         return "-" if not isinstance(value, (int, float)) else f"{value * scale:.{digits}f}"
 
     base = result.get("hub_cpu_ms_per_s_no_hosts")
-    print("many hosts, 4 ranks each (the real agent code over 3 sleeper ranks, a UTS namespace each; the real "
-          "hub alone in a process; one machine's cores and loopback); the hub with no host: "
+    print("many hosts, 4 ranks each (the real agent code over 3 sleeper ranks; the real hub alone in a process; "
+          "one machine's cores); the hub with no host: "
           + ("-" if not isinstance(base, (int, float)) else f"{base:.2f} ms/s"))
     print(f"{'':42}" + "".join(f"{f'{count} hosts':>14}" for count in hosts))
+    print(f"{'  on':42}" + "".join(f"{result.get(f'growth_placement_hosts_{count}') or '-'!s:>14}"
+                                   for count in hosts))
     for label, metric, scale, digits in HOST_ROWS:
         metrics = metric if isinstance(metric, tuple) else (metric,)
         cells = [" / ".join(cell(m, count, scale, digits) for m in metrics) for count in hosts]

@@ -1,7 +1,8 @@
 """The proxy's side of the host-scale rig (scripts/_host_scale.py): a real AgentHub alone, driven on stdin.
 
-``python scripts/_rig_hub.py`` binds a real :class:`~trtllm_liveness.multihost.AgentHub` (default
-heartbeat) over a real :class:`~trtllm_liveness.WorkerProcessMonitor` on 127.0.0.1, prints one JSON
+``python scripts/_rig_hub.py [ADDRESS]`` binds a real :class:`~trtllm_liveness.multihost.AgentHub`
+(default heartbeat) over a real :class:`~trtllm_liveness.WorkerProcessMonitor` on ADDRESS
+(default 127.0.0.1), prints one JSON
 line ``{"spec": <its worker_spec>, "pid": <this pid>}``, then answers each JSON command line on
 stdin with one JSON line (:data:`COMMANDS`). The monitor's subscriber stamps each event with
 ``time.monotonic()`` when it is delivered (the machine's one clock: comparable with the rig's own
@@ -29,12 +30,12 @@ from trtllm_liveness.multihost import AgentHub
 class RigHub:
     """The hub, its monitor and the events it delivered; one command at a time (the main thread)."""
 
-    def __init__(self) -> None:
+    def __init__(self, bind: str) -> None:
         self.monitor = WorkerProcessMonitor()
         self.events: list[list[Any]] = []
         self._lock = threading.Lock()
         self.monitor.subscribe(self._on_event)
-        self.hub = AgentHub(self.monitor, bind="127.0.0.1").start()
+        self.hub = AgentHub(self.monitor, bind=bind).start()
         import zmq.utils.monitor  # noqa: F401  (what the hub's thread imports as it starts: not the hosts')
 
         self.fds_before = len(os.listdir("/proc/self/fd"))
@@ -86,7 +87,7 @@ COMMANDS: dict[str, Callable[[RigHub, dict[str, Any]], dict[str, Any]]] = {
 
 
 def main() -> int:
-    rig = RigHub()
+    rig = RigHub(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1")
     print(json.dumps({"spec": rig.hub.worker_spec(), "pid": os.getpid()}), flush=True)
     try:
         for line in sys.stdin:

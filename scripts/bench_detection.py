@@ -20,7 +20,8 @@ reaps them), as MPI-spawned workers are for the TensorRT-LLM proxy. Measured sid
              idle CPU and memory (Python heap traced by tracemalloc, descriptors). Sleepers have
              one thread each; a real rank has ten or more, and the wedge scan reads each thread.
              Then 4, 18 (NVL72) and 128 hosts of 4 ranks (scripts/_host_scale.py: the real agent
-             code over sleeper ranks, simulated hosts on this machine; --no-hosts: null): a remote
+             code over sleeper ranks; 4 on real test hosts where this machine can make them, 18
+             and 128 simulated in UTS namespaces; --no-hosts: null): a remote
              rank's SIGKILL -> the hub's event, the hub's check cost, idle CPU (minus the hub with
              no host, same run) and memory. --markdown prints the table as docs show it.
 """

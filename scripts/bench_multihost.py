@@ -31,9 +31,9 @@ upstream-shaped engine under mpirun across fresh test hosts, a request in flight
   heartbeat CPU   a hub and three real agents (8 ranks on 4 hosts), idle, 20 s
   NVL72, 128 hosts  a real hub alone in a process and 18 (72 ranks) or 128 hosts of 4 ranks, each
                   host the real agent code in a UTS namespace of its own over 3 real sleeper ranks
-                  (scripts/_host_scale.py): the hub's idle CPU minus the same hub with no host (same
-                  run), a remote rank's SIGKILL -> the hub's event, check cost, memory
-                  (--scale-hosts; --scale-only runs just these)
+                  (scripts/_host_scale.py; a 4-host column runs on real test hosts): the hub's
+                  idle CPU minus the same hub with no host (same run), a remote rank's SIGKILL ->
+                  the hub's event, check cost, memory (--scale-hosts; --scale-only runs just these)
   false alarms    --control s with both cores busy, every rank alive: fatal errors (0 expected)
   lossy network   --netem s with hostB and hostC behind links losing 1% of the frames each way and
                   delaying each by uniform(0, 0.2) s each way (tests/support/netem.py: nftables
