@@ -43,7 +43,7 @@ from typing import Any
 
 from .._events import MonitorMethod, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
-from ..process._identity import ProcessIdentity
+from ..process._identity import ProcessIdentity, local_hostname
 from . import _wire
 from ._hub_records import (
     MAX_RANKS_PER_HOST,
@@ -60,6 +60,7 @@ from ._hub_records import (
     parse_state,
     refusal,
 )
+from ._hub_snapshots import HostSnapshot, IterationSink, SnapshotBook, SnapshotCommand
 from ._tcp import Closure, ConnectionTable, Ending, Key
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,8 @@ class AgentHub:
         self.send_failures = 0
         self.closed_without_hello = 0  # connections that ended before a valid hello (MAXMSGSIZE: oversized)
         self._cond = threading.Condition()
-        self._commands: collections.deque[HubCommand] = collections.deque()
+        self._commands: collections.deque[HubCommand | SnapshotCommand] = collections.deque()
+        self._book = SnapshotBook(self._cond)  # snapshot requests and replies, remote iterations
         self._sessions: dict[str, Session] = {}
         self._by_key: dict[Key, str] = {}
         self._closed_keys: dict[Key, Ending] = {}
@@ -149,13 +151,10 @@ class AgentHub:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a peer that never completes ZMTP holds its fds 5 s, not 30
-            # The hub PINGs every agent PINGS_PER_TIMEOUT times per timeout: each makes the agent's
-            # kernel acknowledge and its ZMQ answer, what the hub's own silence check reads
-            # (_check_silence). ZMQ's timeout is only the stuck-process bound, MUTE_TIMEOUTS: a PING
-            # waiting for its own PONG waits, when a segment is lost, for TCP to send it again (a
-            # retransmission timeout plus a round trip on a jittery network): too slow and too
-            # variable to be the host's bound. The agents send no PINGs: these are the hub's whole
-            # heartbeat work (its ZMQ I/O thread's), measured at 128 hosts by scripts/bench_multihost.py.
+            # PINGS_PER_TIMEOUT PINGs per timeout make each agent's kernel acknowledge and its ZMQ
+            # answer (what _check_silence reads). ZMQ's own timeout is only the stuck-process bound
+            # (MUTE_TIMEOUTS): a PONG behind a lost segment waits for TCP's retransmission, too slow
+            # and variable for the host's bound. The agents send no PINGs (scripts/bench_multihost.py).
             timeout_ms = max(20, int(self.heartbeat_timeout_s * 1000))
             sock.setsockopt(zmq.HEARTBEAT_IVL, max(5, timeout_ms // _wire.PINGS_PER_TIMEOUT))
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms * _wire.MUTE_TIMEOUTS)
@@ -172,7 +171,7 @@ class AgentHub:
             ctx.term()
             raise
         self._ctx, self._sock = ctx, sock
-        advertise = self.advertise or (self.bind if self.bind not in ("*", "0.0.0.0") else _hostname())
+        advertise = self.advertise or (self.bind if self.bind not in ("*", "0.0.0.0") else local_hostname())
         self.endpoint = f"tcp://{advertise}:{self.port}"
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-agent-hub", daemon=True)
         self._thread.start()
@@ -191,8 +190,7 @@ class AgentHub:
         self._command(ArmCommand(d_state_timeout_s if d_state_timeout_s is not None else self.d_state_timeout_s))
 
     def expect_exits(self) -> None:
-        """A clean stop began: agents treat exits as expected and no longer end their ranks when
-        the hub goes away."""
+        """A stop began: agents treat exits as expected and no longer end their ranks without a hub."""
         self._command(ExpectCommand())
 
     def hosts(self) -> list[HostView]:
@@ -220,6 +218,24 @@ class AgentHub:
             return [s.stop or HostStop(s.host, s.agent.rank, tuple(r.rank for r in s.ranks), "no-answer",
                                        detail=f"no report within {timeout_s:.1f} s")
                     for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
+
+    def snapshot(self, timeout_s: float, *, cpu_window_s: float = 0.1, stacks: bool = True,
+                 stacks_timeout_s: float = 0.3) -> list[HostSnapshot]:
+        """Ask every connected agent for a snapshot of its host's ranks (``cpu_window_s`` of CPU
+        time; ``stacks`` within ``stacks_timeout_s``) and wait at most ``timeout_s`` for the
+        replies: one :class:`~._hub_snapshots.HostSnapshot` per host that said hello, by agent
+        rank (lost hosts ``lost``, silent ones ``no-answer``, each with its verdict's snapshot
+        where its agent sent one). Thread-safe, any number of callers at once; never raises for
+        what the hosts do."""
+        with self._cond:
+            command = self._book.open_locked(cpu_window_s, stacks, stacks_timeout_s)
+            self._commands.append(command)
+        self._wake()
+        return self._book.wait(command.req, self._sessions.values, timeout_s, lambda: self._closing)
+
+    def feed_iterations(self, sink: IterationSink | None) -> None:
+        """Call ``sink(rank, count, at)`` (in the hub's thread) for each remote rank's iterations."""
+        self._book.iteration_sink = sink
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop the thread and close the socket (its LINGER lets a last ``expect`` leave)."""
@@ -401,14 +417,11 @@ class AgentHub:
         if message.seq <= session.seq_in:
             raise _wire.WireError(f"replayed or reordered message (n={message.seq})")
         session.seq_in = message.seq
-        if message.kind == "event":
-            self._event_locked(session, message)
-        elif message.kind == "state":
-            self._state_locked(session, message)
-        elif message.kind == "report":
-            self._report_locked(session, message)
-        else:
+        handler = {"event": self._update_locked, "state": self._update_locked, "report": self._report_locked,
+                   "snap": self._book.reply_locked, "iters": self._book.iterations_locked}.get(message.kind)
+        if handler is None:
             raise _wire.WireError(f"unknown kind {message.kind!r}")
+        handler(session, message)
 
     def _hello_locked(self, message: _wire.Message, peer: str) -> None:
         hello = parse_hello(message)
@@ -447,33 +460,24 @@ class AgentHub:
         with contextlib.suppress(zmq.ZMQError):
             self._sock.send_multipart([sid.encode(), frame], zmq.NOBLOCK)
 
-    def _event_locked(self, session: Session, message: _wire.Message) -> None:
-        update = parse_event(session, message)
+    def _update_locked(self, session: Session, message: _wire.Message) -> None:  # an event or a state
+        update = (parse_event if message.kind == "event" else parse_state)(session, message)
         self._apply(update.identity, update.state, update.detail, tid=update.tid, wchan=update.wchan,
                     fault_at=update.fault_at)
-
-    def _state_locked(self, session: Session, message: _wire.Message) -> None:
-        update = parse_state(session, message)
-        self._apply(update.identity, update.state, update.detail)
 
     def _report_locked(self, session: Session, message: _wire.Message) -> None:
         session.stop = parse_report(session, message)
         self._cond.notify_all()
 
     def _apply(self, identity: ProcessIdentity, state: WorkerState, detail: str, **extra: Any) -> None:
+        self._apply_many([(identity, state, detail)], **extra)
+
+    def _apply_many(self, updates: list[tuple[ProcessIdentity, WorkerState, str]], **extra: Any) -> None:
         # The monitor delivers to subscribers in this thread: release the hub's lock meanwhile, so
-        # a subscriber that asks the hub anything (hosts(), stop_hosts()) cannot deadlock.
+        # a subscriber that asks the hub anything (hosts(), stop_hosts(), snapshot()) cannot deadlock.
         self._cond.release()
         try:
-            self.monitor.apply_remote(identity, state, detail, via=MonitorMethod.AGENT, **extra)
-        finally:
-            self._cond.acquire()
-
-    def _apply_many(self, updates: list[tuple[ProcessIdentity, WorkerState, str]],
-                    fault_at: float | None = None) -> None:
-        self._cond.release()  # as _apply: subscribers run in this thread
-        try:
-            self.monitor.apply_remote_many(updates, via=MonitorMethod.AGENT, fault_at=fault_at)
+            self.monitor.apply_remote_many(updates, via=MonitorMethod.AGENT, **extra)
         finally:
             self._cond.acquire()
 
@@ -592,8 +596,3 @@ class AgentHub:
                                     detail=f"connection {session.connection} before its report")
         self._cond.notify_all()
 
-
-def _hostname() -> str:
-    from ..process._identity import local_hostname
-
-    return local_hostname()

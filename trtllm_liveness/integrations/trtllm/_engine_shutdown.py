@@ -145,6 +145,8 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
         snapshot_first(state)
     if state.monitor is not None:
         state.monitor.mark_expected_exits()  # the ranks this stop ends are no deaths
+    if state.hub is not None:
+        state.hub.expect_exits()  # nor are the remote ones: their hosts' agents end them
     remote = stop_remote_hosts(state.hub, config) if state.hub is not None else None
     identities = [identity for identity in identities if is_local(identity)]
     report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
@@ -161,7 +163,9 @@ def snapshot_first(state: EngineLiveness) -> None:
     """After a fatal verdict, wait ``diagnosis_before_stop_s`` at most for its diagnosis' snapshot:
     it shows the ranks as the failure left them, not as the stop does."""
     if state.fatal is not None and state.diagnoser is not None:
-        state.diagnoser.await_snapshot(state.config.diagnosis_before_stop_s)
+        config = state.config
+        state.diagnoser.await_snapshot(config.diagnosis_before_stop_hosts_s if state.hub is not None
+                                       else config.diagnosis_before_stop_s)
 
 
 def log_stopped(report: StopReport) -> None:

@@ -22,6 +22,11 @@ if TYPE_CHECKING:  # pyzmq and the hub are imported only where an engine runs on
     from ...multihost._agent import AgentSettings
     from ...multihost._hub import AgentHub
     from ...multihost._hub_records import HostStop
+    from ._state import EngineLiveness
+
+STALL_STATES_BOUND_S = 0.5
+"""At a stall, how long the naming waits for the remote hosts' thread states (no stacks, no CPU
+window: a scan each), so a stopped or ``D`` rank on another host is named as on this one."""
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -50,6 +55,21 @@ def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> AgentHub
         logger.error("liveness: could not start the agent hub (hosts_bind=%r, hosts_port=%d): ranks on other hosts "
                      "are not watched", bind, config.hosts_port, exc_info=True)
         return None
+
+
+def connect_hub(state: EngineLiveness, hub: AgentHub) -> None:
+    """Feed the engine's stall timer the remote ranks' iterations, its stall naming their thread
+    states, and its diagnoses every host's snapshot (:meth:`~trtllm_liveness.multihost.AgentHub.snapshot`)."""
+    from ...multihost._hub_snapshots import remote_evidence
+
+    if state.stall is not None:
+        stall = state.stall
+        hub.feed_iterations(stall.note_remote_iteration)
+        stall.remote_states = lambda: remote_evidence(hub.snapshot(STALL_STATES_BOUND_S, cpu_window_s=0.0,
+                                                                   stacks=False))
+    if state.diagnoser is not None:
+        state.diagnoser.remote = hub.snapshot
+        state.diagnoser.remote_bound_s = state.config.diagnosis_before_stop_hosts_s
 
 
 def agent_settings(hub: AgentHub) -> AgentSettings | None:
@@ -101,6 +121,8 @@ def stop_remote_hosts(hub: AgentHub, config: LivenessConfig) -> tuple[threading.
             log("liveness: host %s (agent rank %d): %s%s%s", report.host, report.agent_rank, report.outcome,
                 f"; unkillable: {[item[2] for item in report.unkillable]}" if report.unkillable else "",
                 f"; {report.detail}" if report.detail else "")
+            for rank, pid, outcome in report.stopped:  # what the extension ended itself: INFO, once
+                logger.info("liveness: stopped rank %d (pid %d) on host %s: %s", rank, pid, report.host, outcome)
 
     thread = threading.Thread(target=run, name="trtllm-liveness-remote-stop", daemon=True)
     thread.start()
