@@ -9,7 +9,11 @@ process (rank ``first_rank``; the children take the next ones), prints one JSON 
 ``on_proxy_lost``/``on_stop`` print ``{"ended": reason}`` and exit with 75.
 Options: ``endpoint``, ``secret`` (hex), ``heartbeat_timeout_s``, ``d_state_timeout_s``,
 ``slow_poll`` (each of the agent's polls returns 0.3 s late, as in a rank whose other threads hold
-the interpreter: what the hub sent and the close of its connection then arrive in one round).
+the interpreter: what the hub sent and the close of its connection then arrive in one round),
+``dumps`` (the sleepers register their stack dump at start, as every rank does: stacks without
+ptrace), ``beats`` (``[count, every_s]``: once welcomed, the agent is told ``count`` iterations of
+each rank, one every ``every_s``, as its host's progress channel would; then one line
+``{"beats_sent": count, "messages": n}``, n the iteration messages the agent sent).
 """
 
 from __future__ import annotations
@@ -44,7 +48,11 @@ def main(options: dict[str, object]) -> int:
 
         zmq.Poller.poll = slow  # type: ignore[method-assign]
     first = int(options.get("first_rank", 1))  # type: ignore[call-overload]
-    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    sleeper = "import time; time.sleep(600)"
+    if options.get("dumps"):
+        sleeper = ("from trtllm_liveness.diagnose._faulthandler_stacks import register_stack_dump; "
+                   f"register_stack_dump(); {sleeper}")
+    children = [subprocess.Popen([sys.executable, "-c", sleeper], start_new_session=True)
                 for _ in range(int(options.get("ranks", 1)))]  # type: ignore[call-overload]
     identities = [capture_identity(first + 1 + index, child.pid) for index, child in enumerate(children)]
     d = options.get("d_state_timeout_s")
@@ -61,6 +69,15 @@ def main(options: dict[str, object]) -> int:
     ready = agent.welcomed.wait(20)
     emit({"ready": ready, "pid": os.getpid(), "start": read_start_time(os.getpid()),
           "ranks": [[i.rank, i.pid, i.start_time] for i in identities]})
+    beats = options.get("beats")
+    if isinstance(beats, list):
+        count, every_s = int(beats[0]), float(beats[1])
+        for number in range(1, count + 1):
+            for identity in (capture_identity(first), *identities):
+                agent.note_iteration(identity.rank, number, time.monotonic())
+            time.sleep(every_s)
+        time.sleep(2.0)  # the last batch leaves
+        emit({"beats_sent": count, "messages": agent.iteration_messages})
     time.sleep(300)
     return 1
 

@@ -21,6 +21,7 @@ a request while one runs is dropped (the running one is as fresh).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -144,6 +145,32 @@ class Diagnoser:
         """Join the diagnosis under way, if any, until its deadline; the names of threads left."""
         return self._threads.join()
 
+    def take(self, *, snapshot: bool) -> Diagnosis | None:
+        """One diagnosis now, in this thread (:meth:`request` runs it in its own): every rank's,
+        the remote hosts' merged in; ``snapshot``: the fatal verdict's quick one. None without a
+        rank to look at. Blocks for the bounds of the module's constants (``remote_bound_s`` for
+        the remote part of a snapshot)."""
+        from ...diagnose._diagnosis import diagnose
+
+        started = time.monotonic()
+        identities = [identity for identity in self._identities() if identity.pid > 1]
+        if not identities and self.remote is None:
+            return None
+        iterations = dict(self._iterations()) if self._iterations is not None else None
+        remote = self._remote_start(snapshot, started)
+        if snapshot:  # before the bounded stop signals the ranks: quick
+            diagnosis = diagnose(identities, stacks=True, window_s=0.0, cpu_window_s=SNAPSHOT_CPU_WINDOW_S,
+                                 stacks_timeout_s=SNAPSHOT_STACKS_S, iterations=iterations)
+        else:
+            diagnosis = diagnose(identities, stacks=True, iterations=iterations)
+        if remote is not None:
+            from ...multihost._hub_snapshots import merge_hosts
+
+            remote[0].join(remote[2])
+            diagnosis = dataclasses.replace(merge_hosts(diagnosis, list(remote[1]), iterations),
+                                            elapsed_ms=(time.monotonic() - started) * 1000)
+        return diagnosis
+
     def _remote_start(self, snapshot: bool, started: float
                       ) -> tuple[threading.Thread, list[HostSnapshot], float] | None:
         """Ask every remote host for its snapshot, in a thread beside the local one: (the thread,
@@ -171,23 +198,9 @@ class Diagnoser:
         try:
             if delay_s > 0:
                 time.sleep(delay_s)
-            from ...diagnose._diagnosis import diagnose
-
-            identities = [identity for identity in self._identities() if identity.pid > 1]
-            if not identities:
+            diagnosis = self.take(snapshot=snapshot)
+            if diagnosis is None:
                 return
-            iterations = dict(self._iterations()) if self._iterations is not None else None
-            remote = self._remote_start(snapshot, time.monotonic())
-            if snapshot:  # before the bounded stop signals the ranks: quick
-                diagnosis = diagnose(identities, stacks=True, window_s=0.0, cpu_window_s=SNAPSHOT_CPU_WINDOW_S,
-                                     stacks_timeout_s=SNAPSHOT_STACKS_S, iterations=iterations)
-            else:
-                diagnosis = diagnose(identities, stacks=True, iterations=iterations)
-            if remote is not None:
-                from ...multihost._hub_snapshots import merge_hosts
-
-                remote[0].join(remote[2])
-                diagnosis = merge_hosts(diagnosis, remote[1], iterations)
             self.latest, self.reason = diagnosis, reason
             if on_done is not None:
                 on_done(diagnosis)
