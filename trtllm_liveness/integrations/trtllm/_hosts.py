@@ -105,6 +105,9 @@ def default_bind(advertise: str) -> tuple[str, str]:
     return "*", advertise or name
 
 
+_SIGNALS_OF = {"exited-after-term": "SIGTERM", "exited-after-kill": "SIGTERM+SIGKILL"}
+
+
 def stop_remote_hosts(hub: AgentHub, config: LivenessConfig) -> tuple[threading.Thread, list[HostStop]]:
     """Ask every remote agent to stop its host's ranks, in a thread (the local stop runs meanwhile);
     the list fills with the :class:`~trtllm_liveness.multihost.HostStop` reports when it ends."""
@@ -122,7 +125,10 @@ def stop_remote_hosts(hub: AgentHub, config: LivenessConfig) -> tuple[threading.
                 f"; unkillable: {[item[2] for item in report.unkillable]}" if report.unkillable else "",
                 f"; {report.detail}" if report.detail else "")
             for rank, pid, outcome in report.stopped:  # what the extension ended itself: INFO, once
-                logger.info("liveness: stopped rank %d (pid %d) on host %s: %s", rank, pid, report.host, outcome)
+                signals = _SIGNALS_OF.get(outcome)
+                if signals is not None:  # as the local stop's lines (log_stopped)
+                    logger.info("liveness: stopped rank %d (pid %d) on host %s: %s, exited", rank, pid, report.host,
+                                signals)
 
     thread = threading.Thread(target=run, name="trtllm-liveness-remote-stop", daemon=True)
     thread.start()
