@@ -100,6 +100,8 @@ import sys, time, json
 from trtllm_liveness import WorkerProcessMonitor
 from trtllm_liveness.multihost import AgentHub
 hub = AgentHub(WorkerProcessMonitor(), bind="127.0.0.1").start()  # the default heartbeat timeout
+latest = {}
+hub.feed_iterations(lambda rank, count, at: latest.__setitem__(rank, (count, at)))  # as the stall timer's
 print(json.dumps(hub.worker_spec()), flush=True)
 time.sleep(600)
 """
@@ -118,14 +120,31 @@ for i in range(n):
                         ranks=[[1000 + 2 * i, 100 + i, 1, host, 1], [1001 + 2 * i, 200 + i, 1, host, 1]]))
     socks.append(s)
 print("up", flush=True)
-time.sleep(600)
+# Progress flowing on every host: each agent's iterations message once per ITERATIONS_INTERVAL_S
+# (the most an agent sends), both its ranks' counts, at the first instant of each interval of the
+# wall clock, as HostAgent sends them (every host's clock synchronized). SPREAD=1 in the
+# environment spreads them evenly over the interval instead (unsynchronized clocks: the worst case).
+import os
+from trtllm_liveness.multihost._hub_snapshots import ITERATIONS_INTERVAL_S
+spread = os.environ.get("SPREAD") == "1"
+seq, count, deadline = 1, 0, time.monotonic() + 600
+while time.monotonic() < deadline:
+    seq += 1; count += 100
+    if not spread:
+        time.sleep(ITERATIONS_INTERVAL_S - time.time() % ITERATIONS_INTERVAL_S)
+    for i, s in enumerate(socks):
+        s.send(_wire.encode(secret, _wire.TO_HUB, "iters", s.getsockopt(zmq.ROUTING_ID).decode(), seq,
+                            it=[[1000 + 2 * i, count, 0.01], [1001 + 2 * i, count - 1, 0.02]]))
+        if spread:
+            time.sleep(ITERATIONS_INTERVAL_S / n)
 """
 
 
 def proxy_cpu_simulated(agents: int, window: float = 10.0) -> float:
     """CPU ms per s of a process running only an AgentHub with ``agents`` simulated agents
     connected (hello, then answering the hub's ZMTP PINGs, four per default timeout, 450 ms apart;
-    like a real agent they send none), over ``window`` s."""
+    like a real agent they send none) and progress flowing on every host (each agent's iterations
+    message once a second, the most an agent sends), over ``window`` s."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     hub = subprocess.Popen([sys.executable, "-c", SIM_HUB], stdout=subprocess.PIPE, env=env, start_new_session=True)
     sim = None

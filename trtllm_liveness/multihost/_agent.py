@@ -133,7 +133,7 @@ class HostAgent:
         self._silent_for: float | None = None  # the hub's silence the agent cut the connection at
         self._iterations: dict[int, tuple[int, float]] = {}  # rank -> (count, monotonic at); under _lock
         self._iterations_sent: dict[int, int] = {}  # the thread's: rank -> count last sent
-        self._iterations_due = 0.0  # the thread's: no iterations message before this (monotonic)
+        self._iterations_due = 0.0  # the thread's: no iterations message before this (wall clock)
         self.iteration_messages = 0
         self._closers: list[Callable[[], None]] = []  # what the agent owns beside its thread's (its beats' channel)
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-host-agent", daemon=True)
@@ -261,7 +261,7 @@ class HostAgent:
             with self._lock:
                 if self._closing:
                     return None
-            ready = dict(poller.poll(int(_TICK_S * 1000)))
+            ready = dict(poller.poll(self._poll_ms()))
             if self._wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
@@ -418,21 +418,33 @@ class HostAgent:
             ranks = []
         self._send(sock, "snap", req=request.req, el=round((time.monotonic() - started) * 1000, 1), ranks=ranks)
 
+    def _changed_iterations(self) -> list[tuple[int, int, float]]:
+        with self._lock:
+            return [(rank, count, at) for rank, (count, at) in self._iterations.items()
+                    if self._iterations_sent.get(rank) != count]
+
+    def _poll_ms(self) -> int:
+        """The loop's wait: a tick, or less when changed iterations are due sooner."""
+        if self._welcomed.is_set() and self._changed_iterations():
+            return max(0, min(int(_TICK_S * 1000), int((self._iterations_due - time.time()) * 1000) + 1))
+        return int(_TICK_S * 1000)
+
     def _send_iterations(self, sock: Any) -> None:
         """The ranks' iterations that changed since the last message, at most one message per
-        :data:`ITERATIONS_INTERVAL_S`; nothing when none changed."""
-        now = time.monotonic()
-        if now < self._iterations_due:
+        :data:`ITERATIONS_INTERVAL_S`, sent at the first instant of an interval of the wall clock
+        (every host's agent then sends at about the same instant, its clock synchronized: the hub
+        reads them in one wakeup, not one each); nothing when none changed."""
+        wall = time.time()
+        if wall < self._iterations_due:
             return
-        with self._lock:
-            changed = [(rank, count, at) for rank, (count, at) in self._iterations.items()
-                       if self._iterations_sent.get(rank) != count]
+        changed = self._changed_iterations()
         if not changed:
             return
         for rank, count, _at in changed:
             self._iterations_sent[rank] = count
-        self._iterations_due = now + ITERATIONS_INTERVAL_S
+        self._iterations_due = (wall // ITERATIONS_INTERVAL_S + 1) * ITERATIONS_INTERVAL_S
         self.iteration_messages += 1
+        now = time.monotonic()
         self._send(sock, "iters", it=[[rank, count, round(max(0.0, now - at), 3)] for rank, count, at in changed])
 
     def _stop_ranks(self, monitor: WorkerProcessMonitor, grace_s: float, kill_s: float) -> Any:

@@ -24,8 +24,8 @@ What ends a remote host's session, and what the proxy then reports:
 Nothing from the network is trusted: each message is authenticated (:mod:`._wire`), size-capped,
 checked for replay and for fields of the right type and range; a bad one costs a rate-limited
 WARNING, never an exception. The proxy never signals a remote pid: :meth:`AgentHub.stop_hosts`
-asks each agent to stop its own host's ranks with its own verified pidfds and waits, bounded, for
-the reports.
+asks each agent to stop its host's ranks (its own pidfds), :meth:`AgentHub.snapshot` to snapshot
+them (:mod:`._hub_snapshots`, which also feeds their iterations); each waits, bounded, for replies.
 """
 
 from __future__ import annotations
@@ -388,21 +388,18 @@ class AgentHub:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            peer = "?"
-            with contextlib.suppress(Exception):
-                peer = str(frames[-1].get("Peer-Address"))
             if len(frames) != 2:
-                self._reject(f"{len(frames) - 1} frames instead of 1", peer)
+                self._reject(f"{len(frames) - 1} frames instead of 1", _peer(frames[-1]))
                 continue
             routing_id, frame = frames[0].bytes, frames[1].bytes
             try:
                 message = _wire.decode(self.secret, _wire.TO_HUB, frame)
                 if routing_id != message.sid.encode():
                     raise _wire.WireError("session id differs from the connection's identity")
-                with self._cond:
-                    self._handle_locked(message, peer)
+                with self._cond:  # the peer's address only where used (a syscall per message)
+                    self._handle_locked(message, _peer(frames[-1]) if message.kind == "hello" else "?")
             except _wire.WireError as exc:
-                self._reject(str(exc), peer)
+                self._reject(str(exc), _peer(frames[-1]))
 
     def _handle_locked(self, message: _wire.Message, peer: str) -> None:
         session = self._sessions.get(message.sid)
@@ -450,8 +447,7 @@ class AgentHub:
         else:
             session.key = None  # found by a probe when an unmatched connection ends (_probe_unbound_locked)
             logger.warning("liveness: host %s's agent connection (%s, port %s) matches none the hub accepted "
-                           "(address or port translation between them?); its end is found by probing", host,
-                           peer, port)
+                           "(address or port translation between them?); its end is found by probing", host, peer, port)
 
     def _refuse(self, sid: str, why: str) -> None:
         import zmq
@@ -596,3 +592,8 @@ class AgentHub:
                                     detail=f"connection {session.connection} before its report")
         self._cond.notify_all()
 
+
+def _peer(frame: Any) -> str:
+    with contextlib.suppress(Exception):
+        return str(frame.get("Peer-Address"))
+    return "?"
