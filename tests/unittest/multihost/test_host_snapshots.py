@@ -78,6 +78,29 @@ def test_a_remote_rank_stopped_with_sigstop_is_the_one_a_stall_names_with_its_ho
         os.kill(victim, signal.SIGCONT)
 
 
+def test_an_agents_own_verdict_sends_its_snapshot_after_its_event(procs: ProcessTracker, engine: Engine) -> None:
+    """SIGKILL of a rank the agent watches: its event, then unasked its snapshot of the host, which
+    the hub keeps: when the agent answers nothing later (stopped), a snapshot call still gets the
+    host's ranks as they were at the verdict."""
+    agent = start_agent(procs, engine, host="fakehostB", ranks=2, first_rank=2, dumps=True)
+    victim_rank, victim = agent.ranks[0]
+    os.kill(victim, signal.SIGKILL)
+    assert wait_until(lambda: engine.events, BOUND_S)
+    assert wait_until(lambda: engine.hub._book._verdicts, BOUND_S)
+    os.kill(agent.pid, signal.SIGSTOP)
+    try:
+        (host,) = engine.hub.snapshot(0.3, cpu_window_s=0.0, stacks=False)
+    finally:
+        os.kill(agent.pid, signal.SIGCONT)
+    assert (host.host, host.outcome) == ("fakehostB", "verdict"), host
+    assert "no reply within" in host.detail and "its verdict" in host.detail, host
+    by_rank = {rank.rank: rank for rank in host.ranks}
+    assert sorted(by_rank) == [2, 3, 4], host
+    assert by_rank[victim_rank].verdict is not None and by_rank[victim_rank].verdict.is_dead, by_rank[victim_rank]
+    alive = by_rank[agent.ranks[1][0]]
+    assert alive.stacks is not None and alive.stacks.source is not None, alive
+
+
 def test_snapshot_callers_racing_a_lost_host_are_each_answered_within_their_bound(procs: ProcessTracker) -> None:
     engine = Engine(heartbeat_timeout_s=1.0)
     try:
