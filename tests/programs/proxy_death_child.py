@@ -15,7 +15,10 @@ the monitor's per-rank view; then the proxy waits for the engine's fatal error a
 fake engine's: every step waits for every rank's acknowledgement, so one stopped rank stalls the
 engine), ``snapshots`` (with ``watch_fatal``: after the ready line, that many whole-engine
 snapshots as the fatal verdict takes them, each printed as ``{"snapshot": {"ms": ..., "ranks":
-[[rank, host, activity, stack status, stack source, why not the other], ...], "hosts": [...]}}``).
+[[rank, host, activity, stack status, stack source, why not the other], ...], "hosts": [...],
+"iterations": {rank: count}}}``, the executor iterations the stall timer has of each rank),
+``iterations_wait_s`` (before those snapshots, wait at most that long until every rank's
+iterations reached the stall timer).
 
 - ``pool``: this process is the proxy. ``LLM`` spawns its ranks through a real
   ``MPIPoolExecutor`` (``MpiPoolSession``); they are grandchildren (this process -> prte -> ranks).
@@ -137,6 +140,11 @@ def serve_until_killed(llm: Any, ranks: list[list[int]], *, watch_fatal: bool = 
         time.sleep(0.01)  # every remote host's agent said hello (they do within milliseconds of the start)
     emit({"ready": True, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks, **extra,
           **({"hosts": hosts_of(llm)} if watch_fatal else {})})
+    wait_s = float(extra.pop("iterations_wait_s", 0) or 0)
+    stall = llm._executor.liveness_state.stall if wait_s else None
+    until = time.monotonic() + wait_s
+    while stall is not None and time.monotonic() < until and len(stall.iterations()) < comm.Get_size():
+        time.sleep(0.05)
     for _ in range(int(extra.pop("snapshots", 0) or 0)):
         emit({"snapshot": whole_engine_snapshot(llm)})
     if watch_fatal:
@@ -158,7 +166,9 @@ def whole_engine_snapshot(llm: Any) -> dict[str, Any]:
     t0 = time.monotonic()
     diagnosis = diagnoser.take(snapshot=True)
     ms = (time.monotonic() - t0) * 1000
-    return {"ms": ms, "ranks": snapshot_rows(diagnosis), "hosts": list(diagnosis.hosts)}
+    stall = llm._executor.liveness_state.stall
+    iterations = {} if stall is None else {rank: last.count for rank, last in stall.iterations().items()}
+    return {"ms": ms, "ranks": snapshot_rows(diagnosis), "hosts": list(diagnosis.hosts), "iterations": iterations}
 
 
 def hosts_of(llm: Any) -> dict[str, Any]:
@@ -256,7 +266,8 @@ def run_comm(options: dict[str, Any]) -> int:
               "watched": watched})
         return 0
     return serve_until_killed(llm, ranks, watch_fatal=bool(options.get("watch_fatal")), comm=comm,
-                              no_request=bool(options.get("no_request")), snapshots=options.get("snapshots", 0))
+                              no_request=bool(options.get("no_request")), snapshots=options.get("snapshots", 0),
+                              iterations_wait_s=options.get("iterations_wait_s", 0))
 
 
 def main(options: dict[str, Any]) -> int:

@@ -23,7 +23,10 @@ SIX_ON_THREE = (("hostA", 2), ("hostB", 2), ("hostC", 2))  # ranks 0, 1 | 2 (age
 
 @pytest.mark.timeout(150)
 def test_the_whole_engines_snapshot_has_every_ranks_stacks_and_their_source(test_hosts: TestHosts) -> None:
-    engine = Engine(test_hosts, SIX_ON_THREE, program={"snapshots": 1})
+    """Also: every remote rank's executor iterations reach the proxy's stall timer (through its
+    host's agent), as the proxy host's own ranks' do."""
+    engine = Engine(test_hosts, SIX_ON_THREE, LIVENESS + ",stall_timeout_s=60",
+                    program={"snapshots": 1, "iterations_wait_s": 20})
     found = engine.wait_record("snapshot", 60)
     assert found is not None, engine.diagnostics()
     snapshot = found["snapshot"]
@@ -36,6 +39,8 @@ def test_the_whole_engines_snapshot_has_every_ranks_stacks_and_their_source(test
     assert [line.split(":")[0] for line in snapshot["hosts"]] == ["host hostB (agent rank 2)",
                                                                   "host hostC (agent rank 4)"], snapshot
     assert all(": answered" in line for line in snapshot["hosts"]), snapshot
+    iterations = {int(rank): count for rank, count in snapshot["iterations"].items()}
+    assert sorted(iterations) == [0, 1, 2, 3, 4, 5] and all(count > 0 for count in iterations.values()), snapshot
 
 
 @pytest.mark.timeout(150)
