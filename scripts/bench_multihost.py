@@ -26,8 +26,9 @@ upstream-shaped engine under mpirun across fresh test hosts, a request in flight
                   heartbeat timeout, 1.8 s: nothing heard from a host, not even a TCP acknowledgement)
   remote wedge    a non-agent rank on hostB frozen in D (cgroup v1 freezer), D timeout 2 s -> fatal
   heartbeat CPU   a hub and three real agents (8 ranks on 4 hosts), idle, 20 s
-  128 hosts       a process with only the hub, 128 simulated agents (hello, ZMTP heartbeats), 10 s,
-                  minus the same hub with none
+  128 hosts       a process with only the hub, 128 simulated agents (hello, ZMTP heartbeats, their
+                  ranks' iterations once a second each, as progress flows), 10 s, minus the same hub
+                  with none
   false alarms    --control s with both cores busy, every rank alive: fatal errors (0 expected)
   lossy network   --netem s with hostB and hostC behind links losing 1% of the frames each way and
                   delaying each by uniform(0, 0.2) s each way (tests/support/netem.py: nftables
