@@ -79,7 +79,8 @@ class LivenessConfig:
         diagnosis_before_stop_hosts_s: the same bound where the engine spans hosts (an agent hub
             runs): every host's agent snapshots its own ranks (0.1 s of CPU time, 0.3 s for
             stacks) and the replies cross the network, so the whole engine's snapshot gets 1 s
-            (remote hosts not answered by then are reported as such).
+            (remote hosts not answered by then are reported as such); at a stall, the naming waits
+            as long at most for the remote ranks' thread states.
         exit_on_fatal: after a fatal error, start the serving process's graceful shutdown once
             (SIGINT to itself, what ``trtllm-serve``'s ``/health`` intends and never does after a
             killed rank) and make the process exit with ``exit_code`` (for servers whose health

@@ -18,7 +18,8 @@ snapshots as the fatal verdict takes them, each printed as ``{"snapshot": {"ms":
 [[rank, host, activity, stack status, stack source, why not the other], ...], "hosts": [...],
 "iterations": {rank: count}}}``, the executor iterations the stall timer has of each rank),
 ``iterations_wait_s`` (before those snapshots, wait at most that long until every rank's
-iterations reached the stall timer).
+iterations reached the stall timer), ``snapshot_full`` (those snapshots with the diagnosis' full
+bounds, not the fatal verdict's tight ones: a test of their content on a loaded machine).
 
 - ``pool``: this process is the proxy. ``LLM`` spawns its ranks through a real
   ``MPIPoolExecutor`` (``MpiPoolSession``); they are grandchildren (this process -> prte -> ranks).
@@ -145,8 +146,9 @@ def serve_until_killed(llm: Any, ranks: list[list[int]], *, watch_fatal: bool = 
     until = time.monotonic() + wait_s
     while stall is not None and time.monotonic() < until and len(stall.iterations()) < comm.Get_size():
         time.sleep(0.05)
+    full = bool(extra.pop("snapshot_full", False))
     for _ in range(int(extra.pop("snapshots", 0) or 0)):
-        emit({"snapshot": whole_engine_snapshot(llm)})
+        emit({"snapshot": whole_engine_snapshot(llm, full=full)})
     if watch_fatal:
         return report_fatal(llm, pending)
     time.sleep(LINGER_S)
@@ -160,11 +162,12 @@ def snapshot_rows(diagnosis: Any) -> list[list[Any]]:
             for r in diagnosis.ranks]
 
 
-def whole_engine_snapshot(llm: Any) -> dict[str, Any]:
-    """The fatal verdict's snapshot of every rank (local and remote), taken now, and its time."""
+def whole_engine_snapshot(llm: Any, *, full: bool = False) -> dict[str, Any]:
+    """The fatal verdict's snapshot of every rank (local and remote), taken now, and its time
+    (``full``: the diagnosis' full bounds instead)."""
     diagnoser = llm._executor.liveness_state.diagnoser
     t0 = time.monotonic()
-    diagnosis = diagnoser.take(snapshot=True)
+    diagnosis = diagnoser.take(snapshot=not full)
     ms = (time.monotonic() - t0) * 1000
     stall = llm._executor.liveness_state.stall
     iterations = {} if stall is None else {rank: last.count for rank, last in stall.iterations().items()}
@@ -267,7 +270,8 @@ def run_comm(options: dict[str, Any]) -> int:
         return 0
     return serve_until_killed(llm, ranks, watch_fatal=bool(options.get("watch_fatal")), comm=comm,
                               no_request=bool(options.get("no_request")), snapshots=options.get("snapshots", 0),
-                              iterations_wait_s=options.get("iterations_wait_s", 0))
+                              iterations_wait_s=options.get("iterations_wait_s", 0),
+                              snapshot_full=options.get("snapshot_full", False))
 
 
 def main(options: dict[str, Any]) -> int:

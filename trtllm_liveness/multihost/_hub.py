@@ -560,14 +560,12 @@ class AgentHub:
                                 for r in others])
             self._cond.notify_all()
             return
-        if self._expecting and not ending.is_silence:
-            # A clean stop: the agent's rank exited (its connection closed) as the others do.
+        if (self._expecting or self._stop is not None) and not ending.is_silence:
+            # A clean stop or the extension's own: the agent's rank exited (its connection closed).
             session.connection = "closed"
-            self._apply_many([(r, WorkerState.EXITED_EXPECTED, f"ended with the clean stop (host {session.host}; "
+            self._apply_many([(r, WorkerState.EXITED_EXPECTED, f"ended with the stop (host {session.host}; "
                                "its agent's connection closed)") for r in session.ranks])
-            self._cond.notify_all()
-            return
-        if ending.is_silence:
+        elif ending.is_silence:
             session.connection = "lost"
             bound = self.heartbeat_timeout_s * (_wire.MUTE_TIMEOUTS if ending is Ending.MUTE else 1)
             silent = silent_s if silent_s is not None else bound

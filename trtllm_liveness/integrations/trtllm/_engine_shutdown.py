@@ -145,8 +145,6 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
         snapshot_first(state)
     if state.monitor is not None:
         state.monitor.mark_expected_exits()  # the ranks this stop ends are no deaths
-    if state.hub is not None:
-        state.hub.expect_exits()  # nor are the remote ones: their hosts' agents end them
     remote = stop_remote_hosts(state.hub, config) if state.hub is not None else None
     identities = [identity for identity in identities if is_local(identity)]
     report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)

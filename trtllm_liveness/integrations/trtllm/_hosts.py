@@ -24,9 +24,6 @@ if TYPE_CHECKING:  # pyzmq and the hub are imported only where an engine runs on
     from ...multihost._hub_records import HostStop
     from ._state import EngineLiveness
 
-STALL_STATES_BOUND_S = 0.5
-"""At a stall, how long the naming waits for the remote hosts' thread states (no stacks, no CPU
-window: a scan each), so a stopped or ``D`` rank on another host is named as on this one."""
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -63,10 +60,12 @@ def connect_hub(state: EngineLiveness, hub: AgentHub) -> None:
     from ...multihost._hub_snapshots import remote_evidence
 
     if state.stall is not None:
-        stall = state.stall
+        # At a stall the naming waits for the remote hosts' thread states (a scan each: no stacks,
+        # no CPU window) as long as a fatal snapshot may, so a stopped or D rank on another host is
+        # named as one on this host is.
+        stall, bound = state.stall, state.config.diagnosis_before_stop_hosts_s
         hub.feed_iterations(stall.note_remote_iteration)
-        stall.remote_states = lambda: remote_evidence(hub.snapshot(STALL_STATES_BOUND_S, cpu_window_s=0.0,
-                                                                   stacks=False))
+        stall.remote_states = lambda: remote_evidence(hub.snapshot(bound, cpu_window_s=0.0, stacks=False))
     if state.diagnoser is not None:
         state.diagnoser.remote = hub.snapshot
         state.diagnoser.remote_bound_s = state.config.diagnosis_before_stop_hosts_s
