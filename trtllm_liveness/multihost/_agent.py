@@ -62,6 +62,7 @@ PROXY_LOST_EXIT_STATUS = 75
 
 _TICK_S = 0.5  # the loop wakes at least this often to send state changes; not a detection bound
 _SEND_TIMEOUT_MS = 1000  # a send to a hub whose host is gone must not hold the agent
+_MAX_ITERATIONS_PER_MESSAGE = 1000  # ~40 bytes each: well under the wire's cap
 VERDICT_SNAPSHOT = SnapshotRequest(0, 0.1, True, 0.3)
 """The snapshot an agent sends unasked after its own fatal verdict: as the proxy's own (request 0)."""
 
@@ -416,7 +417,12 @@ class HostAgent:
         except Exception:
             logger.exception("liveness: the host agent's snapshot failed")
             ranks = []
-        self._send(sock, "snap", req=request.req, el=round((time.monotonic() - started) * 1000, 1), ranks=ranks)
+        elapsed = round((time.monotonic() - started) * 1000, 1)
+        try:
+            self._send(sock, "snap", req=request.req, el=elapsed, ranks=ranks)
+        except ValueError as exc:  # over the wire's cap even with every stack cut: the ranks' states only
+            logger.warning("liveness: this host's snapshot does not fit one message (%s); sent without its ranks", exc)
+            self._send(sock, "snap", req=request.req, el=elapsed, ranks=[])
 
     def _changed_iterations(self) -> list[tuple[int, int, float]]:
         with self._lock:
@@ -437,7 +443,7 @@ class HostAgent:
         wall = time.time()
         if wall < self._iterations_due:
             return
-        changed = self._changed_iterations()
+        changed = self._changed_iterations()[:_MAX_ITERATIONS_PER_MESSAGE]  # the rest in the next one
         if not changed:
             return
         for rank, count, _at in changed:
