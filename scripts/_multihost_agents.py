@@ -100,6 +100,8 @@ import sys, time, json
 from trtllm_liveness import WorkerProcessMonitor
 from trtllm_liveness.multihost import AgentHub
 hub = AgentHub(WorkerProcessMonitor(), bind="127.0.0.1").start()  # the default heartbeat timeout
+latest = {}
+hub.feed_iterations(lambda rank, count, at: latest.__setitem__(rank, (count, at)))  # as the stall timer's
 print(json.dumps(hub.worker_spec()), flush=True)
 time.sleep(600)
 """

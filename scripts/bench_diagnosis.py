@@ -13,6 +13,12 @@ distinctively named function (a rank waiting in a collective), then times, inter
 - ``snapshot_ms_8_ranks_faulthandler``: the stacks of every rank without ptrace, from the dump each
   rank registered at its start (``take_faulthandler_stacks``: every rank signalled through its
   pidfd, the dumps read in parallel under one deadline, parsed).
+- ``snapshot_ms_8_ranks_4_hosts``: the whole engine's snapshot as a fatal verdict takes it
+  (``Diagnoser.take(snapshot=True)``: the proxy host's ranks here, every other host's by its agent,
+  on request, merged), stacks on, of the upstream-shaped engine with 8 ranks on 4 namespace test
+  hosts (tests/support/multihost_engine.py; 2 ranks each, rank 0 is the proxy's own process);
+  each run is checked to have every rank's stacks. Null where the test hosts are unavailable
+  (``--hosts-reps 0`` skips it).
 
 Each stacks run is checked to have named the function every rank sleeps in.
 
@@ -26,9 +32,10 @@ Each stacks run is checked to have named the function every rank sleeps in.
   snapshot). ``--stop-reps`` runs of each, interleaved (0 skips both).
 
 Targets: diagnosis_ms_8_ranks <= 300, diagnosis_stacks_ms_8_ranks <= 3000,
-snapshot_ms_8_ranks_faulthandler <= 300, stop_delay_ms <= 350.
+snapshot_ms_8_ranks_faulthandler <= 300, snapshot_ms_8_ranks_4_hosts <= 1000, stop_delay_ms <= 350.
 
 Usage: scripts/bench_diagnosis.py [--json] [--reps N] [--ranks N] [--threads N] [--stop-reps N]
+       [--hosts-reps N]
 """
 
 from __future__ import annotations
@@ -39,13 +46,17 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 from trtllm_liveness.diagnose import _diagnosis, _faulthandler_stacks, _py_spy
 from trtllm_liveness.process import _procfs
 
 TARGETS = {"diagnosis_ms_8_ranks": 300.0, "diagnosis_stacks_ms_8_ranks": 3000.0,
-           "snapshot_ms_8_ranks_faulthandler": 300.0, "stop_delay_ms": 350.0}
+           "snapshot_ms_8_ranks_faulthandler": 300.0, "snapshot_ms_8_ranks_4_hosts": 1000.0,
+           "stop_delay_ms": 350.0}
 STOP_RUN_TIMEOUT_S = 60.0
+FOUR_HOSTS = (("hostA", 2), ("hostB", 2), ("hostC", 2), ("hostD", 2))
 
 RANK = """\
 import sys, threading
@@ -138,6 +149,38 @@ def _stop_delay(workers: int, before_stop_s: float) -> float:
     return (report.started_wall - out.events[0].wall_time) * 1000.0
 
 
+def _hosts_snapshots(reps: int) -> tuple[list[float], str]:
+    """``reps`` whole-engine snapshots of 8 ranks on 4 test hosts, in ms; ([], why) where the test
+    hosts are unavailable."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from tests.support.multihost_engine import Engine, StartFailed
+    from tests.support.testhosts import TestHosts, unavailable, wait_for
+
+    why = unavailable()
+    if why:
+        return [], why
+    with TestHosts(names=[name for name, _count in FOUR_HOSTS]) as hosts:
+        try:
+            engine = Engine(hosts, FOUR_HOSTS, program={"snapshots": reps + 1})  # the first one warms up
+        except StartFailed as exc:
+            return [], str(exc)[:300]
+        def taken() -> list[dict[str, Any]]:
+            return [record["snapshot"] for record in engine.records() if "ms" in (record.get("snapshot") or {})]
+
+        if not wait_for(lambda: len(taken()) > reps, 30.0 + 10.0 * reps, 0.05):
+            raise RuntimeError(f"{reps + 1} snapshots did not come:\n{engine.diagnostics()}")
+        found: list[float] = []
+        for index, snapshot in enumerate(taken()):
+            ranks = {row[0]: row for row in snapshot["ranks"]}
+            missing = [rank for rank in range(1, 8) if rank not in ranks or ranks[rank][3] != "taken"]
+            if missing:
+                raise RuntimeError(f"snapshot without the stacks of ranks {missing}: {snapshot}")
+            if index:
+                found.append(float(snapshot["ms"]))
+        engine.job.kill()
+    return found, ""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -146,6 +189,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=4, help="threads per rank (default 4)")
     parser.add_argument("--stop-reps", type=int, default=3, help="stop-delay runs of each kind (0 skips them)")
     parser.add_argument("--stop-workers", type=int, default=4, help="MPI ranks of the stop-delay runs (default 4)")
+    parser.add_argument("--hosts-reps", type=int, default=5, help="whole-engine snapshots on 4 test hosts (0: skip)")
     args = parser.parse_args()
     py_spy = _py_spy.find_py_spy()
     procs = _start(args.ranks, args.threads)
@@ -167,6 +211,11 @@ def main() -> int:
     for _ in range(args.stop_reps):  # after the ranks above are gone: they would load the machine
         samples["stop_delay_baseline"].append(_stop_delay(args.stop_workers, 0.0))
         samples["stop_delay"].append(_stop_delay(args.stop_workers, 0.3))
+    hosts_skipped = "--hosts-reps 0"
+    if args.hosts_reps > 0:
+        samples["hosts"], hosts_skipped = _hosts_snapshots(args.hosts_reps)
+    else:
+        samples["hosts"] = []
 
     def med(name: str) -> float | None:
         return round(statistics.median(samples[name]), 1) if samples[name] else None
@@ -184,9 +233,14 @@ def main() -> int:
         "stop_reps": args.stop_reps, "stop_workers": args.stop_workers,
         "stop_delay_ms": med("stop_delay"), "stop_delay_max_ms": top("stop_delay"),
         "stop_delay_baseline_ms": med("stop_delay_baseline"), "stop_delay_baseline_max_ms": top("stop_delay_baseline"),
+        "snapshot_ms_8_ranks_4_hosts": med("hosts"), "snapshot_4_hosts_max_ms": top("hosts"),
+        "snapshot_4_hosts_skipped": hosts_skipped if not samples["hosts"] else "",
     }
+    skipped = {"stop_delay_ms"} if not args.stop_reps else set()
+    if not samples["hosts"]:
+        skipped.add("snapshot_ms_8_ranks_4_hosts")  # --hosts-reps 0, or no test hosts here (the reason is printed)
     verdicts = {name: (figures[name] is not None and float(figures[name] or 0) <= target)
-                for name, target in TARGETS.items() if not (name == "stop_delay_ms" and not args.stop_reps)}
+                for name, target in TARGETS.items() if name not in skipped}
     figures["targets_met"] = all(verdicts.values())
     if not args.json:
         print(f"{'figure':<34} {'median ms':>10} {'max ms':>10} {'target':>8}")
@@ -194,7 +248,8 @@ def main() -> int:
                               ("diagnosis_stacks_ms_8_ranks", "diagnosis_stacks_max_ms"),
                               ("snapshot_ms_8_ranks_faulthandler", "snapshot_faulthandler_max_ms"),
                               ("stop_delay_baseline_ms", "stop_delay_baseline_max_ms"),
-                              ("stop_delay_ms", "stop_delay_max_ms")):
+                              ("stop_delay_ms", "stop_delay_max_ms"),
+                              ("snapshot_ms_8_ranks_4_hosts", "snapshot_4_hosts_max_ms")):
             target = TARGETS.get(name) if name in verdicts else None
             shown = "-" if target is None else f"<= {target:g}" + ("" if verdicts[name] else " MISSED")
             print(f"{name:<34} {figures[name]!s:>10} {figures[maximum]!s:>10} {shown:>8}")

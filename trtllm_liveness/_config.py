@@ -76,6 +76,11 @@ class LivenessConfig:
         diagnosis_before_stop_s: after a fatal verdict, how long the bounded stop waits for the
             diagnosis' snapshot of the ranks before it signals one (0: no wait; the snapshot may
             then show ranks the stop ended).
+        diagnosis_before_stop_hosts_s: the same bound where the engine spans hosts (an agent hub
+            runs): every host's agent snapshots its own ranks (0.1 s of CPU time, 0.3 s for
+            stacks) and the replies cross the network, so the whole engine's snapshot gets 1 s
+            (remote hosts not answered by then are reported as such); at a stall, the naming waits
+            as long at most for the remote ranks' thread states.
         exit_on_fatal: after a fatal error, start the serving process's graceful shutdown once
             (SIGINT to itself, what ``trtllm-serve``'s ``/health`` intends and never does after a
             killed rank) and make the process exit with ``exit_code`` (for servers whose health
@@ -144,6 +149,7 @@ class LivenessConfig:
     shutdown_term_s: float = 2.0
     shutdown_kill_s: float = 3.0
     diagnosis_before_stop_s: float = 0.3
+    diagnosis_before_stop_hosts_s: float = 1.0
     exit_on_fatal: bool = False
     exit_code: int = 1
     exit_delay_s: float = 1.0

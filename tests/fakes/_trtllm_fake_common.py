@@ -811,10 +811,13 @@ def _subordinate_loop(engine: FakeEngine, comm: Any, rank: int) -> None:
         os.kill(os.getpid(), signal.SIGSTOP)
     if engine.die_rank == rank and engine.die_after_s is not None:
         threading.Timer(engine.die_after_s, os.kill, (os.getpid(), signal.SIGKILL)).start()
+    hang_detector = _hang_detector()  # every rank's executor loop checkpoints, as upstream's
     while True:
         kind, tokens = comm.bcast(None, root=0)
         if kind == "stop":
             return
+        if hang_detector is not None:
+            hang_detector.checkpoint()
         _maybe_fault(engine, rank, tokens + 1)
         _maybe_stall(engine, rank, tokens + 1)
         if engine.step_acks:

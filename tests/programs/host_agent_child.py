@@ -11,7 +11,11 @@ Options: ``endpoint``, ``secret`` (hex), ``heartbeat_timeout_s``, ``d_state_time
 ``slow_poll`` (each of the agent's polls returns 0.3 s late, as in a rank whose other threads hold
 the interpreter: what the hub sent and the close of its connection then arrive in one round),
 ``die_with_agent`` (each sleeper gets SIGKILL when this process ends, ``PR_SET_PDEATHSIG``: a rig
-of many hosts leaves nothing behind even when it is itself killed).
+of many hosts leaves nothing behind even when it is itself killed),
+``dumps`` (the sleepers register their stack dump at start, as every rank does: stacks without
+ptrace), ``beats`` (``[count, every_s]``: once welcomed, the agent is told ``count`` iterations of
+each rank, one every ``every_s``, as its host's progress channel would; then one line
+``{"beats_sent": count, "messages": n}``, n the iteration messages the agent sent).
 """
 
 from __future__ import annotations
@@ -55,7 +59,11 @@ def main(options: dict[str, object]) -> int:
         zmq.Poller.poll = slow  # type: ignore[method-assign]
     first = int(options.get("first_rank", 1))  # type: ignore[call-overload]
     with_agent = die_with_parent if options.get("die_with_agent") else None
-    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+    sleeper = "import time; time.sleep(600)"
+    if options.get("dumps"):
+        sleeper = ("from trtllm_liveness.diagnose._faulthandler_stacks import register_stack_dump; "
+                   f"register_stack_dump(); {sleeper}")
+    children = [subprocess.Popen([sys.executable, "-c", sleeper], start_new_session=True,
                                  preexec_fn=with_agent)  # before the agent starts any thread
                 for _ in range(int(options.get("ranks", 1)))]  # type: ignore[call-overload]
     identities = [capture_identity(first + 1 + index, child.pid) for index, child in enumerate(children)]
@@ -73,6 +81,15 @@ def main(options: dict[str, object]) -> int:
     ready = agent.welcomed.wait(20)
     emit({"ready": ready, "pid": os.getpid(), "start": read_start_time(os.getpid()),
           "ranks": [[i.rank, i.pid, i.start_time] for i in identities]})
+    beats = options.get("beats")
+    if isinstance(beats, list):
+        count, every_s = int(beats[0]), float(beats[1])
+        for number in range(1, count + 1):
+            for identity in (capture_identity(first), *identities):
+                agent.note_iteration(identity.rank, number, time.monotonic())
+            time.sleep(every_s)
+        time.sleep(2.0)  # the last batch leaves
+        emit({"beats_sent": count, "messages": agent.iteration_messages})
     time.sleep(300)
     return 1
 

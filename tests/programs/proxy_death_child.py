@@ -11,7 +11,15 @@ runs on a sub-communicator of the others, as with ``MpiCommSession(comm=sub_comm
 ends normally; prints ``{"done": true, ...}`` instead of waiting to be killed), ``watch_fatal``
 (comm; multi-host tests, tests/support/multihost_engine.py: the ready line also has ``hosts``,
 the monitor's per-rank view; then the proxy waits for the engine's fatal error and prints it, see
-:func:`report_fatal`), ``no_request`` (no request is started: idle figures).
+:func:`report_fatal`), ``no_request`` (no request is started: idle figures), ``step_acks`` (the
+fake engine's: every step waits for every rank's acknowledgement, so one stopped rank stalls the
+engine), ``snapshots`` (with ``watch_fatal``: after the ready line, that many whole-engine
+snapshots as the fatal verdict takes them, each printed as ``{"snapshot": {"ms": ..., "ranks":
+[[rank, host, activity, stack status, stack source, why not the other], ...], "hosts": [...],
+"iterations": {rank: count}}}``, the executor iterations the stall timer has of each rank),
+``iterations_wait_s`` (before those snapshots, wait at most that long until every rank's
+iterations reached the stall timer), ``snapshot_full`` (those snapshots with the diagnosis' full
+bounds, not the fatal verdict's tight ones: a test of their content on a loaded machine).
 
 - ``pool``: this process is the proxy. ``LLM`` spawns its ranks through a real
   ``MPIPoolExecutor`` (``MpiPoolSession``); they are grandchildren (this process -> prte -> ranks).
@@ -104,7 +112,7 @@ def build_llm(options: dict[str, Any], world: int, session: Any = None) -> Any:
         from trtllm_liveness.integrations.trtllm import liveness_executor_class
 
         kwargs["executor_cls"] = liveness_executor_class()
-    return LLM(fake.FakeEngine(token_delay_s=0.05), **kwargs)
+    return LLM(fake.FakeEngine(token_delay_s=0.05, step_acks=bool(options.get("step_acks"))), **kwargs)
 
 
 def children_named(name: str) -> list[list[int]]:
@@ -133,10 +141,37 @@ def serve_until_killed(llm: Any, ranks: list[list[int]], *, watch_fatal: bool = 
         time.sleep(0.01)  # every remote host's agent said hello (they do within milliseconds of the start)
     emit({"ready": True, "proxy": [os.getpid(), start_time_of(os.getpid())], "ranks": ranks, **extra,
           **({"hosts": hosts_of(llm)} if watch_fatal else {})})
+    wait_s = float(extra.pop("iterations_wait_s", 0) or 0)
+    stall = llm._executor.liveness_state.stall if wait_s else None
+    until = time.monotonic() + wait_s
+    while stall is not None and time.monotonic() < until and len(stall.iterations()) < comm.Get_size():
+        time.sleep(0.05)
+    full = bool(extra.pop("snapshot_full", False))
+    for _ in range(int(extra.pop("snapshots", 0) or 0)):
+        emit({"snapshot": whole_engine_snapshot(llm, full=full)})
     if watch_fatal:
         return report_fatal(llm, pending)
     time.sleep(LINGER_S)
     return 1  # never killed: the parent's deadline has long passed
+
+
+def snapshot_rows(diagnosis: Any) -> list[list[Any]]:
+    """``[rank, host, activity, stack status, stack source, why not the other]`` of each rank."""
+    return [[r.rank, r.host, r.activity.value, r.stacks.status.value if r.stacks else None,
+             r.stacks.source.value if r.stacks and r.stacks.source else None, r.stacks.other if r.stacks else ""]
+            for r in diagnosis.ranks]
+
+
+def whole_engine_snapshot(llm: Any, *, full: bool = False) -> dict[str, Any]:
+    """The fatal verdict's snapshot of every rank (local and remote), taken now, and its time
+    (``full``: the diagnosis' full bounds instead)."""
+    diagnoser = llm._executor.liveness_state.diagnoser
+    t0 = time.monotonic()
+    diagnosis = diagnoser.take(snapshot=not full)
+    ms = (time.monotonic() - t0) * 1000
+    stall = llm._executor.liveness_state.stall
+    iterations = {} if stall is None else {rank: last.count for rank, last in stall.iterations().items()}
+    return {"ms": ms, "ranks": snapshot_rows(diagnosis), "hosts": list(diagnosis.hosts), "iterations": iterations}
 
 
 def hosts_of(llm: Any) -> dict[str, Any]:
@@ -170,7 +205,10 @@ def report_fatal(llm: Any, pending: Any) -> int:
     t0 = time.monotonic()
     llm.shutdown()
     state = executor.liveness_state
-    emit({"shutdown_s": time.monotonic() - t0, "host_stops": [stop.to_dict() for stop in state.host_stops]})
+    latest = state.diagnoser.latest if state.diagnoser is not None else None
+    emit({"shutdown_s": time.monotonic() - t0, "host_stops": [stop.to_dict() for stop in state.host_stops],
+          "snapshot": None if latest is None else {"ranks": snapshot_rows(latest), "hosts": list(latest.hosts),
+                                                   "named": None if latest.named is None else latest.named.to_dict()}})
     time.sleep(LINGER_S)
     return 1
 
@@ -231,7 +269,9 @@ def run_comm(options: dict[str, Any]) -> int:
               "watched": watched})
         return 0
     return serve_until_killed(llm, ranks, watch_fatal=bool(options.get("watch_fatal")), comm=comm,
-                              no_request=bool(options.get("no_request")))
+                              no_request=bool(options.get("no_request")), snapshots=options.get("snapshots", 0),
+                              iterations_wait_s=options.get("iterations_wait_s", 0),
+                              snapshot_full=options.get("snapshot_full", False))
 
 
 def main(options: dict[str, Any]) -> int:

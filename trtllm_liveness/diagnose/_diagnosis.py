@@ -109,7 +109,8 @@ class RankDiagnosis:
     """One rank: its scan verdict, its threads, its activity and (maybe) its Python stacks.
 
     ``stacks`` is None when stacks were not asked for. ``report`` is the scan's report (None for a
-    rank that was not scanned: remote, or its PID reused before the snapshot).
+    rank that was not scanned: remote, or its PID reused before the snapshot). ``host`` names the
+    rank's host when its host's agent took it (multi-host), else is empty.
     """
 
     rank: int
@@ -120,6 +121,7 @@ class RankDiagnosis:
     threads: tuple[ThreadDiagnosis, ...]
     stacks: RankStacks | None
     report: _scan.ProcessReport | None = None
+    host: str = ""  # the rank's host where its snapshot was taken by that host's agent; "" here
 
     @property
     def main_thread(self) -> ThreadDiagnosis | None:
@@ -138,7 +140,7 @@ class RankDiagnosis:
         """JSON-ready form."""
         stuck = self.stuck_in
         verdict = None if self.verdict is None else self.verdict.value
-        return {"rank": self.rank, "pid": self.pid, "verdict": verdict, "detail": self.detail,
+        return {"rank": self.rank, "pid": self.pid, "host": self.host, "verdict": verdict, "detail": self.detail,
                 "activity": self.activity.value, "stuck_in": None if stuck is None else stuck.describe(),
                 "threads": [thread.to_dict() for thread in self.threads],
                 "stacks": None if self.stacks is None else self.stacks.to_dict()}
@@ -184,6 +186,7 @@ class Diagnosis:
     scan: _scan.ScanResult
     py_spy: str  # the py-spy used, "" when none (or stacks not asked for)
     named: StalledRank | None = None  # the rank a stall of these ranks is named after, if any
+    hosts: tuple[str, ...] = ()  # one line per remote host whose agent was asked (multi-host)
 
     @property
     def odd_rank_out(self) -> OddRankOut | None:
@@ -196,7 +199,7 @@ class Diagnosis:
 
     def summary(self) -> str:
         """One line per finding, for a log record."""
-        parts = [f"rank {r.rank} (pid {r.pid}) {r.activity.value}"
+        parts = [f"rank {r.rank} (pid {r.pid}{f' on host {r.host}' if r.host else ''}) {r.activity.value}"
                  + (f" in {r.stuck_in.describe()}" if r.stuck_in is not None else "") for r in self.ranks]
         odd = self.odd_rank_out
         named = f"; stalled rank: {self.named.evidence}" if self.named is not None else ""
@@ -209,7 +212,7 @@ class Diagnosis:
             "py_spy": self.py_spy, "ranks": [rank.to_dict() for rank in self.ranks],
             "odd_ranks": [odd.to_dict() for odd in self.odd_ranks],
             "odd_rank_out": None if self.odd_rank_out is None else self.odd_rank_out.reason,
-            "named": None if self.named is None else self.named.to_dict(),
+            "named": None if self.named is None else self.named.to_dict(), "hosts": list(self.hosts),
         }
         if include_scan:
             data["scan"] = self.scan.to_dict()
@@ -466,7 +469,7 @@ def diagnose(
 
 def _replace_stacks(rank: RankDiagnosis, stacks: RankStacks) -> RankDiagnosis:
     return RankDiagnosis(rank.rank, rank.pid, rank.verdict, rank.detail, rank.activity, rank.threads, stacks,
-                         rank.report)
+                         rank.report, rank.host)
 
 
 def _with_stacks(ranks: list[RankDiagnosis], starts: Mapping[int, int | None], timeout_s: float,

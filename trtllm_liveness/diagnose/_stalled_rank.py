@@ -176,14 +176,17 @@ def in_d_detail(count: int, wchan: str) -> str:
 
 
 def stalled_rank_now(targets: Sequence[ProcessIdentity], *, iterations: Mapping[int, int] | None = None,
-                     leader: int | None = 0) -> StalledRank | None:
+                     leader: int | None = 0, remote: Mapping[int, RankEvidence] | None = None) -> StalledRank | None:
     """:func:`name_stalled_rank` from the ranks' thread states read now (one ``stat`` per thread,
     a wait channel for a rank in ``D``) and ``iterations``: no CPU window, so never by spinning.
-    Ranks of another host or PID namespace count only by their iterations. Blocks for those
-    procfs reads only; never raises for a process that is gone or unreadable. Thread-safe."""
+    Ranks of another host or PID namespace count by ``remote`` (rank -> evidence, as their hosts'
+    agents saw them) where given, else only by their iterations. Blocks for those procfs reads
+    only; never raises for a process that is gone or unreadable. Thread-safe."""
     ranks: list[RankEvidence] = []
     for identity in targets:
-        if identity.hostname != local_hostname() or (
+        if remote is not None and identity.rank in remote:
+            ranks.append(remote[identity.rank])
+        elif identity.hostname != local_hostname() or (
                 identity.pid_namespace is not None and identity.pid_namespace != local_pid_namespace()):
             ranks.append(RankEvidence(identity.rank, identity.pid, Condition.UNKNOWN, "not local"))
         else:

@@ -18,10 +18,15 @@ cuts the connection and acts as if the hub had closed it. It sends:
 - ``event`` for each fatal event of the monitor (death, wedge, unkillable) as it happens;
 - ``state`` for each other change of a rank's state (e.g. an expected exit);
 - ``report`` after a ``stop`` request: the bounded stop of the host's other ranks (verified by its
-  own pidfds: the proxy never signals a remote pid), then the agent ends its own rank.
+  own pidfds: the proxy never signals a remote pid), then the agent ends its own rank;
+- ``snap``: the snapshot of the host's ranks (its own too) taken with the proxy's own
+  :func:`~trtllm_liveness.diagnose._diagnosis.diagnose`, on a ``snapreq`` and, unasked, right after
+  the events of its own fatal verdicts (:mod:`._hub_snapshots`);
+- ``iters``: the host's ranks' executor iterations (:meth:`HostAgent.note_iteration`, fed by the
+  host's own progress channel), at most one message a second while they change, none while idle.
 
 and takes ``welcome``, ``arm`` (wedge verdicts from now on), ``expect`` (exits are expected: a clean
-stop) and ``stop``. When the connection to the hub drops before ``expect`` (the proxy died, or the
+stop), ``stop`` and ``snapreq``. When the connection to the hub drops before ``expect`` (the proxy died, or the
 host is cut off and the proxy has declared it lost), the agent stops the host's other ranks and
 ends its own (``on_proxy_lost``): no rank keeps serving a proxy that is gone or has given it up.
 
@@ -47,6 +52,7 @@ from .._events import WorkerEvent, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import ProcessIdentity
 from . import _wire
+from ._hub_snapshots import ITERATIONS_INTERVAL_S, SnapshotRequest, encode_ranks, parse_snapshot_request
 from ._tcp import cut, duplicate, silence_s
 
 logger = logging.getLogger(__name__)
@@ -56,6 +62,9 @@ PROXY_LOST_EXIT_STATUS = 75
 
 _TICK_S = 0.5  # the loop wakes at least this often to send state changes; not a detection bound
 _SEND_TIMEOUT_MS = 1000  # a send to a hub whose host is gone must not hold the agent
+_MAX_ITERATIONS_PER_MESSAGE = 1000  # ~40 bytes each: well under the wire's cap
+VERDICT_SNAPSHOT = SnapshotRequest(0, 0.1, True, 0.3)
+"""The snapshot an agent sends unasked after its own fatal verdict: as the proxy's own (request 0)."""
 
 
 @dataclass(frozen=True)
@@ -123,6 +132,11 @@ class HostAgent:
         self.rejected = 0
         self._link: socket.socket | None = None  # a duplicate of the connection's descriptor (the thread's)
         self._silent_for: float | None = None  # the hub's silence the agent cut the connection at
+        self._iterations: dict[int, tuple[int, float]] = {}  # rank -> (count, monotonic at); under _lock
+        self._iterations_sent: dict[int, int] = {}  # the thread's: rank -> count last sent
+        self._iterations_due = 0.0  # the thread's: no iterations message before this (wall clock)
+        self.iteration_messages = 0
+        self._closers: list[Callable[[], None]] = []  # what the agent owns beside its thread's (its beats' channel)
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-host-agent", daemon=True)
 
     # ----------------------------------------------------------------- public
@@ -139,12 +153,30 @@ class HostAgent:
         process: the agent's own ending would then never come. So here, first, wait a bounded while
         for the agent's verdict and end the rank with status 75 if the proxy is gone. A released
         agent (clean stop) or a closed one lets the exit go on at once."""
+        self._close_owned()
         if self._released or self._closing or not self._welcomed.is_set():
             return
         if not self._ending_set.wait(self.settings.hub_silence_s + _TICK_S + 0.5):
             return
         self._stopped.wait(self.settings.grace_s + self.settings.kill_s + 1.0)
         self._on_proxy_lost(self._ending or "the proxy is gone")
+
+    def adopt(self, closer: Callable[[], None]) -> None:
+        """Call ``closer`` when the agent ends (or its rank exits): e.g. its progress channel's close."""
+        self._closers.append(closer)
+
+    def _close_owned(self) -> None:
+        while self._closers:
+            with contextlib.suppress(Exception):
+                self._closers.pop()()
+
+    def note_iteration(self, rank: int, count: int, at: float) -> None:
+        """Rank ``rank`` of this host did ``count`` executor iterations, the last at ``at``
+        (monotonic, this host's clock). Any thread; the agent's thread forwards them batched."""
+        with self._lock:
+            known = self._iterations.get(rank)
+            if known is None or count > known[0]:
+                self._iterations[rank] = (count, at)
 
     @property
     def welcomed(self) -> threading.Event:
@@ -199,6 +231,7 @@ class HostAgent:
                 self._link.close()
                 self._link = None
             monitor.close()
+            self._close_owned()
             if monitor_sock is not None:
                 with contextlib.suppress(Exception):
                     sock.disable_monitor()
@@ -229,7 +262,7 @@ class HostAgent:
             with self._lock:
                 if self._closing:
                     return None
-            ready = dict(poller.poll(int(_TICK_S * 1000)))
+            ready = dict(poller.poll(self._poll_ms()))
             if self._wake_r in ready:
                 with contextlib.suppress(BlockingIOError):
                     os.read(self._wake_r, 4096)
@@ -280,11 +313,15 @@ class HostAgent:
                                    "(check hosts_bind/hosts_advertise/hosts_port and firewalls); its ranks are not "
                                    "watched until it does", self.settings.endpoint)
                 continue
+            verdict = bool(self._pending)
             while self._pending:
                 fatal = self._pending.popleft()
                 self._send(sock, "event", what=fatal.kind.value, rank=fatal.identity.rank, pid=fatal.identity.pid,
                            cause=fatal.cause[:2000], tid=fatal.tid, wchan=fatal.wchan[:200],
                            age=max(0.0, time.monotonic() - (fatal.fault_at or fatal.detected_at)))
+            if verdict:  # right after its events, so the hub has it before its stop
+                self._snapshot(sock, VERDICT_SNAPSHOT)
+            self._send_iterations(sock)
             for status in monitor.statuses():
                 # Fatal states travel as events only (with their thread and wait channel).
                 if status.state.is_fatal or status.state is WorkerState.ALIVE:
@@ -352,10 +389,69 @@ class HostAgent:
             elif message.kind == "stop":
                 self._stop_requested(sock, monitor, message)
                 return "stop"
+            elif message.kind == "snapreq":
+                try:
+                    request = parse_snapshot_request(message)
+                except _wire.WireError as exc:
+                    logger.warning("liveness: the host agent rejected a snapshot request: %s", exc)
+                    continue
+                self._snapshot(sock, request)
             elif message.kind == "reject":
                 logger.error("liveness: the proxy's hub refused this host agent: %s", message.body.get("why"))
                 self._released = True  # never act on a proxy that does not count this host
                 return "refused"
+
+    def _snapshot(self, sock: Any, request: SnapshotRequest) -> None:
+        """Take the snapshot of this host's ranks (the agent's own first) and send it as one
+        ``snap`` message (stacks cut to fit the wire, which the records say)."""
+        from ..diagnose._diagnosis import diagnose
+
+        started = time.monotonic()
+        with self._lock:
+            counts = {rank: count for rank, (count, _at) in self._iterations.items()}
+        try:
+            diagnosis = diagnose([self.own, *self.identities], stacks=request.stacks, window_s=0.0,
+                                 cpu_window_s=request.cpu_window_s, stacks_timeout_s=request.stacks_timeout_s,
+                                 iterations=counts)
+            ranks = encode_ranks(diagnosis.ranks, counts)
+        except Exception:
+            logger.exception("liveness: the host agent's snapshot failed")
+            ranks = []
+        elapsed = round((time.monotonic() - started) * 1000, 1)
+        try:
+            self._send(sock, "snap", req=request.req, el=elapsed, ranks=ranks)
+        except ValueError as exc:  # over the wire's cap even with every stack cut: the ranks' states only
+            logger.warning("liveness: this host's snapshot does not fit one message (%s); sent without its ranks", exc)
+            self._send(sock, "snap", req=request.req, el=elapsed, ranks=[])
+
+    def _changed_iterations(self) -> list[tuple[int, int, float]]:
+        with self._lock:
+            return [(rank, count, at) for rank, (count, at) in self._iterations.items()
+                    if self._iterations_sent.get(rank) != count]
+
+    def _poll_ms(self) -> int:
+        """The loop's wait: a tick, or less when changed iterations are due sooner."""
+        if self._welcomed.is_set() and self._changed_iterations():
+            return max(0, min(int(_TICK_S * 1000), int((self._iterations_due - time.time()) * 1000) + 1))
+        return int(_TICK_S * 1000)
+
+    def _send_iterations(self, sock: Any) -> None:
+        """The ranks' iterations that changed since the last message, at most one message per
+        :data:`ITERATIONS_INTERVAL_S`, sent at the first instant of an interval of the wall clock
+        (every host's agent then sends at about the same instant, its clock synchronized: the hub
+        reads them in one wakeup, not one each); nothing when none changed."""
+        wall = time.time()
+        if wall < self._iterations_due:
+            return
+        changed = self._changed_iterations()[:_MAX_ITERATIONS_PER_MESSAGE]  # the rest in the next one
+        if not changed:
+            return
+        for rank, count, _at in changed:
+            self._iterations_sent[rank] = count
+        self._iterations_due = (wall // ITERATIONS_INTERVAL_S + 1) * ITERATIONS_INTERVAL_S
+        self.iteration_messages += 1
+        now = time.monotonic()
+        self._send(sock, "iters", it=[[rank, count, round(max(0.0, now - at), 3)] for rank, count, at in changed])
 
     def _stop_ranks(self, monitor: WorkerProcessMonitor, grace_s: float, kill_s: float) -> Any:
         from ..stop._bounded_stop import stop_processes

@@ -24,8 +24,8 @@ What ends a remote host's session, and what the proxy then reports:
 Nothing from the network is trusted: each message is authenticated (:mod:`._wire`), size-capped,
 checked for replay and for fields of the right type and range; a bad one costs a rate-limited
 WARNING, never an exception. The proxy never signals a remote pid: :meth:`AgentHub.stop_hosts`
-asks each agent to stop its own host's ranks with its own verified pidfds and waits, bounded, for
-the reports.
+asks each agent to stop its host's ranks (its own pidfds), :meth:`AgentHub.snapshot` to snapshot
+them (:mod:`._hub_snapshots`, which also feeds their iterations); each waits, bounded, for replies.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from typing import Any
 
 from .._events import MonitorMethod, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
-from ..process._identity import ProcessIdentity
+from ..process._identity import ProcessIdentity, local_hostname
 from . import _wire
 from ._hub_records import (
     MAX_RANKS_PER_HOST,
@@ -60,6 +60,7 @@ from ._hub_records import (
     parse_state,
     refusal,
 )
+from ._hub_snapshots import HostSnapshot, IterationSink, SnapshotBook, SnapshotCommand
 from ._tcp import Closure, ConnectionTable, Ending, Key
 
 logger = logging.getLogger(__name__)
@@ -112,7 +113,8 @@ class AgentHub:
         self.send_failures = 0
         self.closed_without_hello = 0  # connections that ended before a valid hello (MAXMSGSIZE: oversized)
         self._cond = threading.Condition()
-        self._commands: collections.deque[HubCommand] = collections.deque()
+        self._commands: collections.deque[HubCommand | SnapshotCommand] = collections.deque()
+        self._book = SnapshotBook(self._cond)  # snapshot requests and replies, remote iterations
         self._sessions: dict[str, Session] = {}
         self._by_key: dict[Key, str] = {}
         self._closed_keys: dict[Key, Ending] = {}
@@ -149,13 +151,10 @@ class AgentHub:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a peer that never completes ZMTP holds its fds 5 s, not 30
-            # The hub PINGs every agent PINGS_PER_TIMEOUT times per timeout: each makes the agent's
-            # kernel acknowledge and its ZMQ answer, what the hub's own silence check reads
-            # (_check_silence). ZMQ's timeout is only the stuck-process bound, MUTE_TIMEOUTS: a PING
-            # waiting for its own PONG waits, when a segment is lost, for TCP to send it again (a
-            # retransmission timeout plus a round trip on a jittery network): too slow and too
-            # variable to be the host's bound. The agents send no PINGs: these are the hub's whole
-            # heartbeat work (its ZMQ I/O thread's), measured at 128 hosts by scripts/bench_multihost.py.
+            # PINGS_PER_TIMEOUT PINGs per timeout make each agent's kernel acknowledge and its ZMQ
+            # answer (what _check_silence reads). ZMQ's own timeout is only the stuck-process bound
+            # (MUTE_TIMEOUTS): a PONG behind a lost segment waits for TCP's retransmission, too slow
+            # and variable for the host's bound. The agents send no PINGs (scripts/bench_multihost.py).
             timeout_ms = max(20, int(self.heartbeat_timeout_s * 1000))
             sock.setsockopt(zmq.HEARTBEAT_IVL, max(5, timeout_ms // _wire.PINGS_PER_TIMEOUT))
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms * _wire.MUTE_TIMEOUTS)
@@ -172,7 +171,7 @@ class AgentHub:
             ctx.term()
             raise
         self._ctx, self._sock = ctx, sock
-        advertise = self.advertise or (self.bind if self.bind not in ("*", "0.0.0.0") else _hostname())
+        advertise = self.advertise or (self.bind if self.bind not in ("*", "0.0.0.0") else local_hostname())
         self.endpoint = f"tcp://{advertise}:{self.port}"
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-agent-hub", daemon=True)
         self._thread.start()
@@ -191,8 +190,7 @@ class AgentHub:
         self._command(ArmCommand(d_state_timeout_s if d_state_timeout_s is not None else self.d_state_timeout_s))
 
     def expect_exits(self) -> None:
-        """A clean stop began: agents treat exits as expected and no longer end their ranks when
-        the hub goes away."""
+        """A stop began: agents treat exits as expected and no longer end their ranks without a hub."""
         self._command(ExpectCommand())
 
     def hosts(self) -> list[HostView]:
@@ -220,6 +218,24 @@ class AgentHub:
             return [s.stop or HostStop(s.host, s.agent.rank, tuple(r.rank for r in s.ranks), "no-answer",
                                        detail=f"no report within {timeout_s:.1f} s")
                     for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
+
+    def snapshot(self, timeout_s: float, *, cpu_window_s: float = 0.1, stacks: bool = True,
+                 stacks_timeout_s: float = 0.3) -> list[HostSnapshot]:
+        """Ask every connected agent for a snapshot of its host's ranks (``cpu_window_s`` of CPU
+        time; ``stacks`` within ``stacks_timeout_s``) and wait at most ``timeout_s`` for the
+        replies: one :class:`~._hub_snapshots.HostSnapshot` per host that said hello, by agent
+        rank (lost hosts ``lost``, silent ones ``no-answer``, each with its verdict's snapshot
+        where its agent sent one). Thread-safe, any number of callers at once; never raises for
+        what the hosts do."""
+        with self._cond:
+            command = self._book.open_locked(cpu_window_s, stacks, stacks_timeout_s)
+            self._commands.append(command)
+        self._wake()
+        return self._book.wait(command.req, self._sessions.values, timeout_s, lambda: self._closing)
+
+    def feed_iterations(self, sink: IterationSink | None) -> None:
+        """Call ``sink(rank, count, at)`` (in the hub's thread) for each remote rank's iterations."""
+        self._book.iteration_sink = sink
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop the thread and close the socket (its LINGER lets a last ``expect`` leave)."""
@@ -372,21 +388,18 @@ class AgentHub:
                 frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            peer = "?"
-            with contextlib.suppress(Exception):
-                peer = str(frames[-1].get("Peer-Address"))
             if len(frames) != 2:
-                self._reject(f"{len(frames) - 1} frames instead of 1", peer)
+                self._reject(f"{len(frames) - 1} frames instead of 1", _peer(frames[-1]))
                 continue
             routing_id, frame = frames[0].bytes, frames[1].bytes
             try:
                 message = _wire.decode(self.secret, _wire.TO_HUB, frame)
                 if routing_id != message.sid.encode():
                     raise _wire.WireError("session id differs from the connection's identity")
-                with self._cond:
-                    self._handle_locked(message, peer)
+                with self._cond:  # the peer's address only where used (a syscall per message)
+                    self._handle_locked(message, _peer(frames[-1]) if message.kind == "hello" else "?")
             except _wire.WireError as exc:
-                self._reject(str(exc), peer)
+                self._reject(str(exc), _peer(frames[-1]))
 
     def _handle_locked(self, message: _wire.Message, peer: str) -> None:
         session = self._sessions.get(message.sid)
@@ -401,14 +414,11 @@ class AgentHub:
         if message.seq <= session.seq_in:
             raise _wire.WireError(f"replayed or reordered message (n={message.seq})")
         session.seq_in = message.seq
-        if message.kind == "event":
-            self._event_locked(session, message)
-        elif message.kind == "state":
-            self._state_locked(session, message)
-        elif message.kind == "report":
-            self._report_locked(session, message)
-        else:
+        handler = {"event": self._update_locked, "state": self._update_locked, "report": self._report_locked,
+                   "snap": self._book.reply_locked, "iters": self._book.iterations_locked}.get(message.kind)
+        if handler is None:
             raise _wire.WireError(f"unknown kind {message.kind!r}")
+        handler(session, message)
 
     def _hello_locked(self, message: _wire.Message, peer: str) -> None:
         hello = parse_hello(message)
@@ -437,8 +447,7 @@ class AgentHub:
         else:
             session.key = None  # found by a probe when an unmatched connection ends (_probe_unbound_locked)
             logger.warning("liveness: host %s's agent connection (%s, port %s) matches none the hub accepted "
-                           "(address or port translation between them?); its end is found by probing", host,
-                           peer, port)
+                           "(address or port translation between them?); its end is found by probing", host, peer, port)
 
     def _refuse(self, sid: str, why: str) -> None:
         import zmq
@@ -447,33 +456,24 @@ class AgentHub:
         with contextlib.suppress(zmq.ZMQError):
             self._sock.send_multipart([sid.encode(), frame], zmq.NOBLOCK)
 
-    def _event_locked(self, session: Session, message: _wire.Message) -> None:
-        update = parse_event(session, message)
+    def _update_locked(self, session: Session, message: _wire.Message) -> None:  # an event or a state
+        update = (parse_event if message.kind == "event" else parse_state)(session, message)
         self._apply(update.identity, update.state, update.detail, tid=update.tid, wchan=update.wchan,
                     fault_at=update.fault_at)
-
-    def _state_locked(self, session: Session, message: _wire.Message) -> None:
-        update = parse_state(session, message)
-        self._apply(update.identity, update.state, update.detail)
 
     def _report_locked(self, session: Session, message: _wire.Message) -> None:
         session.stop = parse_report(session, message)
         self._cond.notify_all()
 
     def _apply(self, identity: ProcessIdentity, state: WorkerState, detail: str, **extra: Any) -> None:
+        self._apply_many([(identity, state, detail)], **extra)
+
+    def _apply_many(self, updates: list[tuple[ProcessIdentity, WorkerState, str]], **extra: Any) -> None:
         # The monitor delivers to subscribers in this thread: release the hub's lock meanwhile, so
-        # a subscriber that asks the hub anything (hosts(), stop_hosts()) cannot deadlock.
+        # a subscriber that asks the hub anything (hosts(), stop_hosts(), snapshot()) cannot deadlock.
         self._cond.release()
         try:
-            self.monitor.apply_remote(identity, state, detail, via=MonitorMethod.AGENT, **extra)
-        finally:
-            self._cond.acquire()
-
-    def _apply_many(self, updates: list[tuple[ProcessIdentity, WorkerState, str]],
-                    fault_at: float | None = None) -> None:
-        self._cond.release()  # as _apply: subscribers run in this thread
-        try:
-            self.monitor.apply_remote_many(updates, via=MonitorMethod.AGENT, fault_at=fault_at)
+            self.monitor.apply_remote_many(updates, via=MonitorMethod.AGENT, **extra)
         finally:
             self._cond.acquire()
 
@@ -560,14 +560,12 @@ class AgentHub:
                                 for r in others])
             self._cond.notify_all()
             return
-        if self._expecting and not ending.is_silence:
-            # A clean stop: the agent's rank exited (its connection closed) as the others do.
+        if (self._expecting or self._stop is not None) and not ending.is_silence:
+            # A clean stop or the extension's own: the agent's rank exited (its connection closed).
             session.connection = "closed"
-            self._apply_many([(r, WorkerState.EXITED_EXPECTED, f"ended with the clean stop (host {session.host}; "
+            self._apply_many([(r, WorkerState.EXITED_EXPECTED, f"ended with the stop (host {session.host}; "
                                "its agent's connection closed)") for r in session.ranks])
-            self._cond.notify_all()
-            return
-        if ending.is_silence:
+        elif ending.is_silence:
             session.connection = "lost"
             bound = self.heartbeat_timeout_s * (_wire.MUTE_TIMEOUTS if ending is Ending.MUTE else 1)
             silent = silent_s if silent_s is not None else bound
@@ -593,7 +591,7 @@ class AgentHub:
         self._cond.notify_all()
 
 
-def _hostname() -> str:
-    from ..process._identity import local_hostname
-
-    return local_hostname()
+def _peer(frame: Any) -> str:
+    with contextlib.suppress(Exception):
+        return str(frame.get("Peer-Address"))
+    return "?"

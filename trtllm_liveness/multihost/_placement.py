@@ -3,13 +3,16 @@
 Each rank contributes its identity and its kernel's boot id; ranks with the same (hostname, boot
 id, PID namespace) share a host. The proxy's host needs no agent (the proxy's own monitor watches
 its ranks through pidfds). On every other host the lowest rank runs the agent, over the host's
-other ranks: the choice needs no further message and every rank makes the same one.
+other ranks: the choice needs no further message and every rank makes the same one. With stall
+detection, a second ``allgather`` tells every rank where its host's agent takes the host's executor
+iterations (the agent's own local progress channel): the proxy's channel is local IPC, out of
+reach of another host.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from ..process._identity import ProcessIdentity, capture_identity, coerce_identity
@@ -38,6 +41,19 @@ def plan(everyone: Sequence[tuple[ProcessIdentity, str]], rank: int,
     return me, sorted((identity for identity in host if identity.rank != rank), key=lambda identity: identity.rank)
 
 
+def host_agent_rank(everyone: Sequence[tuple[ProcessIdentity, str]], rank: int,
+                    proxy_host: HostKey | None) -> int | None:
+    """The rank that runs the agent of ``rank``'s host (None on the proxy's host, or unknown)."""
+    mine = next(((identity, boot) for identity, boot in everyone if identity.rank == rank), None)
+    if mine is None:
+        return None
+    key: HostKey = (mine[0].hostname, mine[1], mine[0].pid_namespace)
+    if proxy_host is not None and _same_host(key, proxy_host):
+        return None
+    return min(identity.rank for identity, boot in everyone
+               if _same_host((identity.hostname, boot, identity.pid_namespace), key))
+
+
 def _same_host(a: HostKey, b: HostKey) -> bool:
     # A boot id unknown on one side ("") is not held against it; hostname and namespace still decide.
     return a[0] == b[0] and a[2] == b[2] and (not a[1] or not b[1] or a[1] == b[1])
@@ -59,10 +75,19 @@ def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
                          kill_s=float(kill) if isinstance(kill, (int, float)) else 3.0)
 
 
-def start_for_rank(settings: AgentSettings, comm: Any, proxy: Sequence[Any] | None) -> HostAgent | None:
-    """Every rank of the session calls this (one ``allgather`` on ``comm``); the lowest rank of
-    each host other than the proxy's starts that host's agent and gets it back. ``settings`` come
-    from the hub's spec (:func:`settings_of`, in the proxy), checked on the rank before."""
+BeatsOpener = Callable[[HostAgent], "tuple[str, str] | None"]
+"""Opens a host agent's local progress channel, feeding :meth:`HostAgent.note_iteration`; returns
+its ``(address, token)`` (None: none)."""
+
+
+def start_for_rank(settings: AgentSettings, comm: Any, proxy: Sequence[Any] | None, *,
+                   open_beats: BeatsOpener | None = None) -> tuple[HostAgent | None, tuple[str, str] | None]:
+    """Every rank of the session calls this (one ``allgather`` on ``comm``, two with
+    ``open_beats``); the lowest rank of each host other than the proxy's starts that host's agent.
+    Returns ``(the agent this rank runs or None, where this rank reports its iterations: its host
+    agent's channel's (address, token), None on the proxy's host or without ``open_beats``)``.
+    ``settings`` come from the hub's spec (:func:`settings_of`, in the proxy), checked on the rank
+    before."""
     from ..process._procfs import boot_id
 
     rank = comm.Get_rank()
@@ -80,9 +105,24 @@ def start_for_rank(settings: AgentSettings, comm: Any, proxy: Sequence[Any] | No
         proxy_host = (str(proxy[2]), str(proxy[4]) if len(proxy) > 4 else "",
                       proxy[3] if isinstance(proxy[3], int) else None)
     chosen = plan(everyone, rank, proxy_host)
-    if chosen is None:
-        return None
-    me, others = chosen
-    logger.info("liveness: rank %d runs host %s's agent over ranks %s, reporting to %s", rank, me.hostname,
-                [identity.rank for identity in others], settings.endpoint)
-    return HostAgent(settings, me, others).start()
+    agent: HostAgent | None = None
+    if chosen is not None:
+        me, others = chosen
+        logger.info("liveness: rank %d runs host %s's agent over ranks %s, reporting to %s", rank, me.hostname,
+                    [identity.rank for identity in others], settings.endpoint)
+        agent = HostAgent(settings, me, others).start()
+    if open_beats is None:
+        return agent, None
+    beats: tuple[str, str] | None = None
+    if agent is not None:
+        try:
+            beats = open_beats(agent)
+        except Exception:
+            logger.warning("liveness: host %s's agent could not open its progress channel: its ranks' iterations "
+                           "are not counted", agent.own.hostname, exc_info=True)
+    channels = comm.allgather(beats)  # every rank takes part, also where the channel failed
+    agent_rank = host_agent_rank(everyone, rank, proxy_host)
+    found = channels[agent_rank] if agent_rank is not None and 0 <= agent_rank < len(channels) else None
+    if isinstance(found, (list, tuple)) and len(found) == 2 and all(isinstance(part, str) for part in found):
+        return agent, (found[0], found[1])
+    return agent, None

@@ -83,10 +83,12 @@ class Agent:
 
 
 def start_agent(procs: ProcessTracker, engine: Engine, *, host: str = "fakehostB", ranks: int = 1,
-                first_rank: int = 2, slow_poll: bool = False) -> Agent:
+                first_rank: int = 2, slow_poll: bool = False, **more: Any) -> Agent:
+    """An agent child (``more``: its other options, tests/programs/host_agent_child.py)."""
     spec = engine.hub.worker_spec()
     options = {"host": host, "endpoint": spec["endpoint"], "secret": spec["secret"], "ranks": ranks,
-               "first_rank": first_rank, "heartbeat_timeout_s": spec["heartbeat_timeout_s"], "slow_poll": slow_poll}
+               "first_rank": first_rank, "heartbeat_timeout_s": spec["heartbeat_timeout_s"], "slow_poll": slow_poll,
+               **more}
     popen = subprocess.Popen(["unshare", "--uts", sys.executable, "-m", "tests.programs.host_agent_child",
                               json.dumps(options)], stdout=subprocess.PIPE, start_new_session=True, cwd=REPO)
     procs.popens.append(popen)

@@ -186,7 +186,9 @@ def snapshot_first(state: EngineLiveness) -> None:
     """After a fatal verdict, wait ``diagnosis_before_stop_s`` at most for its diagnosis' snapshot:
     it shows the ranks as the failure left them, not as the stop does."""
     if state.fatal is not None and state.diagnoser is not None:
-        state.diagnoser.await_snapshot(state.config.diagnosis_before_stop_s)
+        config = state.config
+        state.diagnoser.await_snapshot(config.diagnosis_before_stop_hosts_s if state.hub is not None
+                                       else config.diagnosis_before_stop_s)
 
 
 def log_stopped(report: StopReport) -> None:

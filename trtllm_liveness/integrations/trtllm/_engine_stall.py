@@ -21,6 +21,7 @@ a request while one runs is dropped (the running one is as fresh).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
@@ -37,7 +38,9 @@ from ...process._identity import ProcessIdentity
 
 if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
+    from ...diagnose._stalled_rank import RankEvidence
     from ...monitor._monitor import WorkerProcessMonitor
+    from ...multihost._hub_snapshots import HostSnapshot
     from ._progress import IterationBeat, ProgressChannel
     from ._state import EngineLiveness
     from ._worker_spec import ProgressSpec
@@ -52,6 +55,8 @@ SNAPSHOT_CPU_WINDOW_S = 0.1
 """The fatal verdict's snapshot measures each thread's CPU over this long (10 ticks at 100 Hz)."""
 SNAPSHOT_STACKS_S = 0.15
 """The fatal verdict's snapshot gives the ranks' Python stacks this long (py-spy or their dumps)."""
+REMOTE_STACKS_S = 0.3
+"""Each remote host's agent gives its ranks' stacks this long in the fatal verdict's snapshot."""
 AFTER_FATAL_DELAY_S = 0.05
 """A diagnosis after a fatal error starts this much later: the threads that observe the failure
 (health probes, the readers of the failed requests) get the interpreter first."""
@@ -88,7 +93,10 @@ def beat_interval(stall_timeout_s: float) -> float:
 
 class Diagnoser:
     """Bounded snapshots of the engine's local ranks, one at a time, each in a thread it owns and
-    joins (:meth:`close`)."""
+    joins (:meth:`close`). With ``remote`` (the agent hub's
+    :meth:`~trtllm_liveness.multihost.AgentHub.snapshot`), every remote host's snapshot is taken at
+    the same time (within ``remote_bound_s`` for the fatal verdict's) and merged into the one
+    :class:`~trtllm_liveness.diagnose.Diagnosis`."""
 
     def __init__(self, identities: Callable[[], list[ProcessIdentity]],
                  iterations: Callable[[], Mapping[int, int]] | None = None) -> None:
@@ -99,6 +107,8 @@ class Diagnoser:
         self._snapshot_on_finish = False
         self._snapshot_done: Callable[[Diagnosis], None] | None = None
         self._threads = OwnedThreads()
+        self.remote: Callable[..., list[HostSnapshot]] | None = None
+        self.remote_bound_s = 1.0
         self.latest: Diagnosis | None = None
         self.reason = ""
         self.done = threading.Event()  # set after each finished diagnosis (tests wait on it)
@@ -139,23 +149,63 @@ class Diagnoser:
         """Join the diagnosis under way, if any, until its deadline; the names of threads left."""
         return self._threads.join()
 
+    def take(self, *, snapshot: bool) -> Diagnosis | None:
+        """One diagnosis now, in this thread (:meth:`request` runs it in its own): every rank's,
+        the remote hosts' merged in; ``snapshot``: the fatal verdict's quick one. None without a
+        rank to look at. Blocks for the bounds of the module's constants (``remote_bound_s`` for
+        the remote part of a snapshot)."""
+        from ...diagnose._diagnosis import diagnose
+
+        started = time.monotonic()
+        identities = [identity for identity in self._identities() if identity.pid > 1]
+        if not identities and self.remote is None:
+            return None
+        iterations = dict(self._iterations()) if self._iterations is not None else None
+        remote = self._remote_start(snapshot, started)
+        if snapshot:  # before the bounded stop signals the ranks: quick
+            diagnosis = diagnose(identities, stacks=True, window_s=0.0, cpu_window_s=SNAPSHOT_CPU_WINDOW_S,
+                                 stacks_timeout_s=SNAPSHOT_STACKS_S, iterations=iterations)
+        else:
+            diagnosis = diagnose(identities, stacks=True, iterations=iterations)
+        if remote is not None:
+            from ...multihost._hub_snapshots import merge_hosts
+
+            remote[0].join(remote[2])
+            diagnosis = dataclasses.replace(merge_hosts(diagnosis, list(remote[1]), iterations),
+                                            elapsed_ms=(time.monotonic() - started) * 1000)
+        return diagnosis
+
+    def _remote_start(self, snapshot: bool, started: float
+                      ) -> tuple[threading.Thread, list[HostSnapshot], float] | None:
+        """Ask every remote host for its snapshot, in a thread beside the local one: (the thread,
+        the list its answer fills, how long to join it). None without a hub."""
+        remote = self.remote
+        if remote is None:
+            return None
+        bound = self.remote_bound_s - 0.05 if snapshot else DIAGNOSIS_BOUND_S / 2
+        found: list[HostSnapshot] = []
+        window, stacks_s = (SNAPSHOT_CPU_WINDOW_S, REMOTE_STACKS_S) if snapshot else (0.2, 1.0)
+
+        def ask() -> None:
+            try:
+                found.extend(remote(max(0.0, bound - (time.monotonic() - started)), cpu_window_s=window,
+                                    stacks=True, stacks_timeout_s=stacks_s))
+            except Exception:
+                logger.warning("liveness: the remote hosts' snapshot failed", exc_info=True)
+
+        thread = threading.Thread(target=ask, name="trtllm-liveness-remote-snapshot", daemon=True)
+        thread.start()
+        return thread, found, bound + 0.1
+
     def _run(self, reason: str, on_done: Callable[[Diagnosis], None] | None, delay_s: float,
              snapshot: bool) -> None:
         diagnosis: Diagnosis | None = None
         try:
             if delay_s > 0:
                 time.sleep(delay_s)
-            from ...diagnose._diagnosis import diagnose
-
-            identities = [identity for identity in self._identities() if identity.pid > 1]
-            if not identities:
+            diagnosis = self.take(snapshot=snapshot)
+            if diagnosis is None:
                 return
-            iterations = dict(self._iterations()) if self._iterations is not None else None
-            if snapshot:  # before the bounded stop signals the ranks: quick
-                diagnosis = diagnose(identities, stacks=True, window_s=0.0, cpu_window_s=SNAPSHOT_CPU_WINDOW_S,
-                                     stacks_timeout_s=SNAPSHOT_STACKS_S, iterations=iterations)
-            else:
-                diagnosis = diagnose(identities, stacks=True, iterations=iterations)
             self.latest, self.reason = diagnosis, reason
             if on_done is not None:
                 on_done(diagnosis)
@@ -192,6 +242,7 @@ class EngineStall:
         self._iterations: dict[int, RankIterations] = {}
         self.channel: ProgressChannel | None = None
         self.detector: StallDetector | None = None
+        self.remote_states: Callable[[], Mapping[int, RankEvidence]] | None = None  # the remote ranks' (hub)
         self._closed = False
 
     # -- progress ------------------------------------------------------------------------
@@ -217,6 +268,12 @@ class EngineStall:
         detector = self.detector
         if detector is not None:
             detector.note_progress(ProgressSource.ITERATION, beat.at)
+
+    def note_remote_iteration(self, rank: int, count: int, at: float) -> None:
+        """A remote rank's iterations as its host's agent forwarded them (``at`` on this clock)."""
+        from ._progress import IterationBeat
+
+        self._on_beat(IterationBeat(rank, count, at))
 
     def note_output(self) -> None:
         detector = self.detector
@@ -283,7 +340,8 @@ class EngineStall:
         cause = info.describe()
         try:  # the ranks' thread states, read now (microseconds per thread)
             counts = {rank: last.count for rank, last in iterations.items()}
-            verdict = stalled_rank_now(identities, iterations=counts)
+            remote = self.remote_states() if self.remote_states is not None else None  # bounded (the hub)
+            verdict = stalled_rank_now(identities, iterations=counts, remote=remote)
         except Exception:
             logger.debug("liveness: naming the stalled rank failed", exc_info=True)
             verdict = None

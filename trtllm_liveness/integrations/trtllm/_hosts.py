@@ -22,6 +22,8 @@ if TYPE_CHECKING:  # pyzmq and the hub are imported only where an engine runs on
     from ...multihost._agent import AgentSettings
     from ...multihost._hub import AgentHub
     from ...multihost._hub_records import HostStop
+    from ._state import EngineLiveness
+
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -50,6 +52,23 @@ def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> AgentHub
         logger.error("liveness: could not start the agent hub (hosts_bind=%r, hosts_port=%d): ranks on other hosts "
                      "are not watched", bind, config.hosts_port, exc_info=True)
         return None
+
+
+def connect_hub(state: EngineLiveness, hub: AgentHub) -> None:
+    """Feed the engine's stall timer the remote ranks' iterations, its stall naming their thread
+    states, and its diagnoses every host's snapshot (:meth:`~trtllm_liveness.multihost.AgentHub.snapshot`)."""
+    from ...multihost._hub_snapshots import remote_evidence
+
+    if state.stall is not None:
+        # At a stall the naming waits for the remote hosts' thread states (a scan each: no stacks,
+        # no CPU window) as long as a fatal snapshot may, so a stopped or D rank on another host is
+        # named as one on this host is.
+        stall, bound = state.stall, state.config.diagnosis_before_stop_hosts_s
+        hub.feed_iterations(stall.note_remote_iteration)
+        stall.remote_states = lambda: remote_evidence(hub.snapshot(bound, cpu_window_s=0.0, stacks=False))
+    if state.diagnoser is not None:
+        state.diagnoser.remote = hub.snapshot
+        state.diagnoser.remote_bound_s = state.config.diagnosis_before_stop_hosts_s
 
 
 def agent_settings(hub: AgentHub) -> AgentSettings | None:
@@ -85,6 +104,9 @@ def default_bind(advertise: str) -> tuple[str, str]:
     return "*", advertise or name
 
 
+_SIGNALS_OF = {"exited-after-term": "SIGTERM", "exited-after-kill": "SIGTERM+SIGKILL"}
+
+
 def stop_remote_hosts(hub: AgentHub, config: LivenessConfig) -> tuple[threading.Thread, list[HostStop]]:
     """Ask every remote agent to stop its host's ranks, in a thread (the local stop runs meanwhile);
     the list fills with the :class:`~trtllm_liveness.multihost.HostStop` reports when it ends."""
@@ -101,6 +123,11 @@ def stop_remote_hosts(hub: AgentHub, config: LivenessConfig) -> tuple[threading.
             log("liveness: host %s (agent rank %d): %s%s%s", report.host, report.agent_rank, report.outcome,
                 f"; unkillable: {[item[2] for item in report.unkillable]}" if report.unkillable else "",
                 f"; {report.detail}" if report.detail else "")
+            for rank, pid, outcome in report.stopped:  # what the extension ended itself: INFO, once
+                signals = _SIGNALS_OF.get(outcome)
+                if signals is not None:  # as the local stop's lines (log_stopped)
+                    logger.info("liveness: stopped rank %d (pid %d) on host %s: %s, exited", rank, pid, report.host,
+                                signals)
 
     thread = threading.Thread(target=run, name="trtllm-liveness-remote-stop", daemon=True)
     thread.start()

@@ -19,7 +19,7 @@ from ..._config import LivenessConfig
 from ...monitor._monitor import WorkerProcessMonitor
 from ...process._identity import ProcessIdentity
 from ._features import upstream_skips_registration, warn_once, warn_session_hooks
-from ._hosts import agent_settings, start_hub, wants_hub
+from ._hosts import agent_settings, connect_hub, start_hub, wants_hub
 from ._side_channel import IdentityChannel
 from ._state import EngineLiveness, state_of
 from ._worker_entry import liveness_worker_entry, proxy_identity
@@ -115,6 +115,8 @@ def wrap_session(proxy: object, state: EngineLiveness) -> Callable[[], None] | N
     progress = state.stall.open_channel() if state.stall is not None else None
     if state.hub is None and state.monitor is not None and wants_hub(state.config, session):
         state.hub = start_hub(state.config, state.monitor)
+        if state.hub is not None:
+            connect_hub(state, state.hub)
     hub = agent_settings(state.hub) if state.hub is not None else None
 
     def wrapped_submit(task: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

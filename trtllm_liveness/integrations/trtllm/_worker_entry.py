@@ -26,7 +26,8 @@ part of it is used), which
    hosts' agents**: one ``allgather`` over the session's communicator, then the lowest rank of each
    host other than the proxy's runs that host's agent (:mod:`trtllm_liveness.multihost._placement`);
 4. with stall detection on (``stall_timeout_s``), **counts executor iterations** and reports them
-   to the proxy (:mod:`._progress`), so a long non-streaming generation is progress;
+   to the proxy (:mod:`._progress`), so a long non-streaming generation is progress; a rank of
+   another host reports them to its host's agent (:func:`agent_beats`), which forwards them;
 5. first of all, registers the rank's **stack dump** (``diagnose/_faulthandler_stacks.py``): a
    snapshot then gets its Python stacks without ptrace rights;
 6. calls the real ``worker_main`` with exactly the arguments upstream gave.
@@ -47,11 +48,14 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._events import MonitorMethod
 from ...process._identity import capture_identity, local_hostname, local_pid_namespace
-from ._worker_spec import SPEC_KWARG, IdentityChannelSpec, ProxyIdentity, WorkerSpec, WorkerSpecError
+from ._worker_spec import SPEC_KWARG, IdentityChannelSpec, ProgressSpec, ProxyIdentity, WorkerSpec, WorkerSpecError
+
+if TYPE_CHECKING:
+    from ...multihost._agent import HostAgent
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -108,21 +112,39 @@ def start_liveness(spec: WorkerSpec) -> None:
             announce_identities(spec.channel)
         except Exception:
             logger.warning("liveness: could not announce worker identities", exc_info=True)
+    progress = spec.progress
     if spec.hub is not None:
         try:
             from ...multihost._placement import start_for_rank
 
-            start_for_rank(spec.hub, session_comm(), spec.proxy.as_list() if spec.proxy is not None else None)
+            _agent, beats = start_for_rank(spec.hub, session_comm(), spec.proxy.as_list() if spec.proxy else None,
+                                           open_beats=None if progress is None else agent_beats(progress.interval_s))
+            if beats is not None and progress is not None:  # a remote host's rank: to its host's agent
+                progress = ProgressSpec(beats[0], beats[1], progress.interval_s)
         except Exception:
             logger.warning("liveness: could not start this host's agent; its ranks are not watched", exc_info=True)
-    if spec.progress is not None:
+    if progress is not None:
         try:
             from ._progress import start_iteration_reporter
 
-            start_iteration_reporter(spec.progress, session_comm().Get_rank())
+            start_iteration_reporter(progress, session_comm().Get_rank())
         except Exception:
             logger.warning("liveness: could not report executor iterations; only output counts as progress",
                            exc_info=True)
+
+
+def agent_beats(interval_s: float) -> Callable[[HostAgent], tuple[str, str]]:
+    """Opens a remote host's agent's own progress channel (the proxy's is local IPC, out of that
+    host's reach): the host's ranks report there, the agent forwards batched to the hub. The agent
+    owns the channel (closed when it ends)."""
+    def open_beats(agent: HostAgent) -> tuple[str, str]:
+        from ._progress import ProgressChannel
+
+        channel = ProgressChannel(lambda beat: agent.note_iteration(beat.rank, beat.count, beat.at), interval_s)
+        agent.adopt(channel.close)
+        return channel.address, channel.token
+
+    return open_beats
 
 
 def proxy_identity() -> list[Any]:

@@ -1,0 +1,384 @@
+"""Every host's snapshot and iterations on the wire, and the hub's book of them.
+
+The hub asks every connected agent for a snapshot of its host's ranks (``snapreq``: a request id,
+the CPU window, whether to take stacks and their bound); each agent answers with one ``snap``
+message of typed per-rank records (:func:`encode_ranks`, taken with the proxy's own
+:func:`~trtllm_liveness.diagnose._diagnosis.diagnose`), and sends one unasked (request id 0)
+right after the event of its own fatal verdict. Agents also send ``iters``: their ranks' executor
+iterations, at most one message per :data:`ITERATIONS_INTERVAL_S` while progress flows, none while
+idle. Every field is checked (:func:`parse_snapshot`, :func:`parse_iterations`; a bad one raises
+:class:`~._wire.WireError`); a reply is kept under the wire's cap by cutting stacks, which its
+records say. :class:`SnapshotBook` (guarded by the hub's lock) matches replies to requests and
+answers :meth:`~._hub.AgentHub.snapshot` with one :class:`HostSnapshot` per host.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..diagnose._diagnosis import Activity, Diagnosis, RankDiagnosis, ThreadDiagnosis, find_odd_ranks, rank_evidence
+from ..diagnose._scan import Verdict
+from ..diagnose._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack
+from ..diagnose._stalled_rank import RankEvidence, name_stalled_rank
+from . import _wire
+from ._hub_records import Session
+
+ITERATIONS_INTERVAL_S = 1.0
+"""An agent sends its ranks' iterations at most this often (and only when one changed)."""
+MAX_THREADS = 256  # per rank in a reply
+MAX_FRAMES = 64  # per thread in a reply
+_TEXT = 300
+_ENVELOPE_BYTES = 1024  # the reply's own fields, beside its ranks
+
+IterationSink = Callable[[int, int, float], None]
+"""``(rank, iteration count, monotonic time of its last iteration on the hub's clock)``."""
+
+
+@dataclass(frozen=True)
+class SnapshotCommand:
+    """Snapshot your host's ranks now: ``cpu_window_s`` of CPU time, ``stacks`` within
+    ``stacks_timeout_s``. ``req`` numbers the request (set by :meth:`SnapshotBook.open`)."""
+
+    req: int
+    cpu_window_s: float
+    stacks: bool
+    stacks_timeout_s: float
+    kind: ClassVar[str] = "snapreq"
+
+    def fields(self) -> dict[str, Any]:
+        """The message's fields on the wire."""
+        return {"req": self.req, "cpu": self.cpu_window_s, "stacks": self.stacks, "st": self.stacks_timeout_s}
+
+
+@dataclass(frozen=True)
+class SnapshotRequest:
+    """A ``snapreq`` as the agent reads it (bounds checked)."""
+
+    req: int
+    cpu_window_s: float
+    stacks: bool
+    stacks_timeout_s: float
+
+
+@dataclass(frozen=True)
+class HostSnapshot:
+    """One remote host's answer to :meth:`~._hub.AgentHub.snapshot`.
+
+    ``outcome``: ``answered`` (its agent's reply to this request), ``verdict`` (no reply, but the
+    snapshot its agent took at its own fatal verdict), ``lost`` (its connection is gone: nothing
+    could be asked), ``no-answer`` (nothing within the bound). ``ranks`` holds one
+    :class:`~trtllm_liveness.diagnose.RankDiagnosis` per rank of the host (``host`` set; empty
+    without an answer); ``iterations`` each rank's executor iterations as its agent counted them;
+    ``truncated`` the ranks whose stacks were cut to fit the wire (their stacks' detail says so).
+    """
+
+    host: str
+    agent_rank: int
+    outcome: str
+    ranks: tuple[RankDiagnosis, ...] = ()
+    iterations: tuple[tuple[int, int], ...] = ()
+    truncated: tuple[int, ...] = ()
+    elapsed_ms: float = 0.0
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form."""
+        return {"host": self.host, "agent_rank": self.agent_rank, "outcome": self.outcome,
+                "ranks": [rank.to_dict() for rank in self.ranks], "iterations": [list(i) for i in self.iterations],
+                "truncated": list(self.truncated), "elapsed_ms": round(self.elapsed_ms, 1), "detail": self.detail}
+
+
+# ----------------------------------------------------------------------------- agent side: encode
+
+
+def _thread_record(thread: ThreadDiagnosis) -> list[Any]:
+    return [thread.tid, thread.name[:64], thread.state[:2], thread.activity.value,
+            None if thread.cpu_fraction is None else round(thread.cpu_fraction, 3), thread.wchan[:64],
+            round(thread.d_seconds, 3), thread.kill_pending]
+
+
+def _stack_record(stacks: RankStacks, frames: int, threads: int) -> dict[str, Any]:
+    return {"status": stacks.status.value, "detail": stacks.detail[:_TEXT], "ms": round(stacks.took_ms, 1),
+            "source": None if stacks.source is None else stacks.source.value, "other": stacks.other[:_TEXT],
+            "threads": [[t.tid, t.name[:64], t.active, t.owns_gil,
+                         [[f.function[:128], f.file[-200:], f.line] for f in t.frames[:frames]]]
+                        for t in stacks.threads[:threads]]}
+
+
+def _rank_record(rank: RankDiagnosis, iterations: int | None, frames: int, threads: int,
+                 states: int) -> dict[str, Any]:
+    stacks = rank.stacks
+    cut = len(rank.threads) > states or (stacks is not None and (
+        len(stacks.threads) > threads or any(len(t.frames) > frames for t in stacks.threads[:threads])))
+    # The threads that tell most first (the main thread, then those in D, stopped, spinning).
+    telling = sorted(rank.threads, key=lambda t: (t.tid != rank.pid, _TELLING.get(t.activity, 9), t.tid))
+    return {"rank": rank.rank, "pid": rank.pid, "verdict": None if rank.verdict is None else rank.verdict.value,
+            "detail": rank.detail[:_TEXT], "activity": rank.activity.value,
+            "threads": [_thread_record(thread) for thread in telling[:states]], "it": iterations,
+            "stacks": None if stacks is None else _stack_record(stacks, frames, threads), "cut": cut}
+
+
+_TELLING = {Activity.IN_D: 0, Activity.STOPPED: 1, Activity.SPINNING: 2, Activity.RUNNING: 3}
+
+
+def encode_ranks(ranks: Sequence[RankDiagnosis], iterations: dict[int, int], *,
+                 max_bytes: int = _wire.MAX_MESSAGE_BYTES) -> list[dict[str, Any]]:
+    """The ranks' records for one ``snap`` message of at most ``max_bytes``: each rank's stacks
+    are cut (fewer frames per thread, then fewer threads) until the whole fits; a rank whose stacks
+    were cut says so (``cut``). Pure function."""
+    budget = max_bytes - _ENVELOPE_BYTES
+    frames, threads, states = MAX_FRAMES, MAX_THREADS, MAX_THREADS
+    while True:
+        records = [_rank_record(rank, iterations.get(rank.rank), frames, threads, states) for rank in ranks]
+        if len(json.dumps(records, separators=(",", ":"))) <= budget or states == 0:
+            return records
+        if frames > 4:
+            frames //= 2
+        elif threads > 1:
+            threads //= 2
+        elif frames or threads:
+            frames = threads = 0
+        else:
+            states //= 2  # thread states too: the telling ones stay
+
+
+# ----------------------------------------------------------------------------- hub side: parse
+
+
+def _int(value: Any, low: int, high: int, what: str) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise _wire.WireError(f"snap: bad {what} {str(value)[:40]!r}")
+    return value
+
+
+def _num(value: Any, low: float, high: float, what: str) -> float:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or not low <= value <= high:
+        raise _wire.WireError(f"snap: bad {what} {str(value)[:40]!r}")
+    return float(value)
+
+
+def _text(value: Any, what: str, max_len: int = _TEXT) -> str:
+    if not isinstance(value, str) or len(value) > max_len:
+        raise _wire.WireError(f"snap: bad {what} (a string of at most {max_len} wanted)")
+    return value
+
+
+def _list(value: Any, what: str, max_len: int) -> list[Any]:
+    if not isinstance(value, list) or len(value) > max_len:
+        raise _wire.WireError(f"snap: bad {what} (a list of at most {max_len} wanted)")
+    return value
+
+
+def _enum(kind: Any, value: Any, what: str) -> Any:
+    try:
+        return kind(value)
+    except ValueError:
+        raise _wire.WireError(f"snap: unknown {what} {str(value)[:40]!r}") from None
+
+
+def _thread(item: Any) -> ThreadDiagnosis:
+    tid, name, state, activity, cpu, wchan, d, kill = _list(item, "thread", 8) + [None] * (8 - len(item))
+    if not isinstance(kill, bool):
+        raise _wire.WireError("snap: bad thread record")
+    return ThreadDiagnosis(_int(tid, 1, 1 << 22, "tid"), _text(name, "thread name", 64), _text(state, "state", 2),
+                           _enum(Activity, activity, "activity"),
+                           None if cpu is None else _num(cpu, 0, 1e3, "cpu fraction"), _text(wchan, "wchan", 64),
+                           _num(d, 0, 1e9, "time in D"), kill)
+
+
+def _thread_stack(item: Any) -> ThreadStack:
+    tid, name, active, gil, frames = _list(item, "stack", 5) + [None] * (5 - len(item))
+    if not isinstance(active, bool) or not isinstance(gil, bool):
+        raise _wire.WireError("snap: bad stack record")
+    parsed = []
+    for frame in _list(frames, "frames", MAX_FRAMES):
+        function, file, line = _list(frame, "frame", 3) + [None] * (3 - len(frame))
+        parsed.append(StackFrame(_text(function, "function", 128), _text(file, "file", 200),
+                                 _int(line, 0, 1 << 30, "line")))
+    return ThreadStack(None if tid is None else _int(tid, 0, 1 << 62, "stack tid"), _text(name, "thread name", 64),
+                       active, gil, tuple(parsed))
+
+
+def _stacks(item: Any, cut: bool) -> RankStacks:
+    if not isinstance(item, dict):
+        raise _wire.WireError("snap: stacks are not an object")
+    source = item.get("source")
+    detail = _text(item.get("detail"), "stacks detail")
+    if cut:
+        detail = (detail + "; " if detail else "") + "stacks or thread list cut to fit the hub's message size"
+    return RankStacks(_enum(StackStatus, item.get("status"), "stack status"), detail,
+                      tuple(_thread_stack(t) for t in _list(item.get("threads"), "stack threads", MAX_THREADS)),
+                      _num(item.get("ms"), 0, 1e7, "stacks time"),
+                      None if source is None else _enum(StackSource, source, "stack source"),
+                      _text(item.get("other"), "other source"))
+
+
+def parse_snapshot(session: Session, message: _wire.Message) -> tuple[int, HostSnapshot]:
+    """``(request id, the host's snapshot)`` from a ``snap`` message. Raises :class:`~._wire.WireError`."""
+    req = _wire.field(message, "req", int, low=0, high=1 << 62)
+    elapsed = _wire.field(message, "el", float, low=0, high=1e7)
+    own = {identity.rank: identity for identity in session.ranks}
+    ranks, iterations, truncated = [], [], []
+    for item in _list(message.body.get("ranks"), "ranks", len(own)):
+        if not isinstance(item, dict):
+            raise _wire.WireError("snap: a rank record is not an object")
+        rank = _int(item.get("rank"), 0, 1 << 24, "rank")
+        identity = own.get(rank)
+        if identity is None:
+            raise _wire.WireError(f"snap: rank {rank} is not one of host {session.host}'s")
+        if _int(item.get("pid"), 1, 1 << 22, "pid") != identity.pid:
+            raise _wire.WireError(f"snap: rank {rank}'s pid differs from its hello's")
+        verdict = item.get("verdict")
+        cut = item.get("cut")
+        it = item.get("it")
+        if not isinstance(cut, bool):
+            raise _wire.WireError("snap: bad cut flag")
+        stacks = item.get("stacks")
+        ranks.append(RankDiagnosis(rank, identity.pid, None if verdict is None else _enum(Verdict, verdict, "verdict"),
+                                   _text(item.get("detail"), "detail"),
+                                   _enum(Activity, item.get("activity"), "activity"),
+                                   tuple(_thread(t) for t in _list(item.get("threads"), "threads", MAX_THREADS)),
+                                   None if stacks is None else _stacks(stacks, cut), None, session.host))
+        if it is not None:
+            iterations.append((rank, _int(it, 0, 1 << 62, "iterations")))
+        if cut:
+            truncated.append(rank)
+    if len({rank.rank for rank in ranks}) != len(ranks):
+        raise _wire.WireError("snap: a rank twice")
+    return req, HostSnapshot(session.host, session.agent.rank, "answered" if req else "verdict",
+                             tuple(sorted(ranks, key=lambda r: r.rank)), tuple(iterations), tuple(truncated), elapsed)
+
+
+def parse_snapshot_request(message: _wire.Message) -> SnapshotRequest:
+    """A ``snapreq`` as the agent takes it. Raises :class:`~._wire.WireError`."""
+    stacks = message.body.get("stacks")
+    if not isinstance(stacks, bool):
+        raise _wire.WireError("snapreq: bad stacks flag")
+    return SnapshotRequest(_wire.field(message, "req", int, low=1, high=1 << 62),
+                           _wire.field(message, "cpu", float, low=0, high=1.0), stacks,
+                           _wire.field(message, "st", float, low=0, high=5.0))
+
+
+def parse_iterations(session: Session, message: _wire.Message) -> list[tuple[int, int, float]]:
+    """``(rank, count, seconds since its last iteration)`` of an ``iters`` message. Raises
+    :class:`~._wire.WireError`."""
+    own = {identity.rank for identity in session.ranks}
+    found: dict[int, tuple[int, int, float]] = {}
+    for item in _list(message.body.get("it"), "iterations", len(own)):
+        rank, count, age = _list(item, "iteration entry", 3) + [None] * (3 - len(item))
+        rank = _int(rank, 0, 1 << 24, "rank")
+        if rank not in own or rank in found:
+            raise _wire.WireError(f"iters: rank {rank} is not one of host {session.host}'s, or twice")
+        found[rank] = (rank, _int(count, 0, 1 << 62, "iteration count"), _num(age, 0, 1e6, "iteration age"))
+    return list(found.values())
+
+
+# ----------------------------------------------------------------------------- the hub's book
+
+
+class SnapshotBook:
+    """The hub's pending snapshot requests and the replies; every method runs under the hub's
+    condition ``cond`` (``*_locked``) except :meth:`wait`, which takes it."""
+
+    def __init__(self, cond: threading.Condition) -> None:
+        self._cond = cond
+        self._next = 0
+        self._replies: dict[int, dict[str, HostSnapshot]] = {}  # request id -> sid -> reply
+        self._verdicts: dict[str, HostSnapshot] = {}  # sid -> the snapshot at its agent's own verdict
+        self.iteration_sink: IterationSink | None = None
+        self.iteration_messages = 0
+
+    def open_locked(self, cpu_window_s: float, stacks: bool, stacks_timeout_s: float) -> SnapshotCommand:
+        self._next += 1
+        self._replies[self._next] = {}
+        while len(self._replies) > 64:  # requests nobody waits for any more
+            self._replies.pop(next(iter(self._replies)))
+        return SnapshotCommand(self._next, cpu_window_s, stacks, stacks_timeout_s)
+
+    def reply_locked(self, session: Session, message: _wire.Message) -> None:
+        req, snapshot = parse_snapshot(session, message)
+        if req == 0:
+            self._verdicts[session.sid] = snapshot
+        elif req in self._replies:
+            self._replies[req][session.sid] = snapshot
+        self._cond.notify_all()
+
+    def iterations_locked(self, session: Session, message: _wire.Message) -> None:
+        """Feed an ``iters`` message to the sink (outside the hub's lock, as the monitor's deliveries)."""
+        entries = parse_iterations(session, message)
+        self.iteration_messages += 1
+        sink = self.iteration_sink
+        if sink is None or not entries:
+            return
+        now = time.monotonic()
+        self._cond.release()
+        try:
+            for rank, count, age in entries:
+                sink(rank, count, now - age)
+        finally:
+            self._cond.acquire()
+
+    def wait(self, req: int, sessions: Callable[[], Iterable[Session]], timeout_s: float,
+             closing: Callable[[], bool]) -> list[HostSnapshot]:
+        """Wait at most ``timeout_s`` for every connected session's reply to ``req``; one
+        :class:`HostSnapshot` per session that said hello, by agent rank."""
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self._cond:
+            while True:
+                replies = self._replies.get(req, {})
+                pending = [s for s in sessions() if s.connection == "connected" and s.sid not in replies]
+                left = deadline - time.monotonic()
+                if not pending or left <= 0 or closing():
+                    break
+                self._cond.wait(left)
+            replies = self._replies.pop(req, replies)
+            return [self._answer(session, replies.get(session.sid), timeout_s)
+                    for session in sorted(sessions(), key=lambda s: s.agent.rank)]
+
+    def _answer(self, session: Session, reply: HostSnapshot | None, timeout_s: float) -> HostSnapshot:
+        if reply is not None:
+            return reply
+        verdict = self._verdicts.get(session.sid)
+        why = (f"connection {session.connection}" if session.connection != "connected"
+               else f"no reply within {timeout_s:.2f} s")
+        if verdict is not None:
+            return HostSnapshot(verdict.host, verdict.agent_rank, "verdict", verdict.ranks, verdict.iterations,
+                                verdict.truncated, verdict.elapsed_ms, f"{why}; its agent's snapshot at its verdict")
+        outcome = "lost" if session.connection != "connected" else "no-answer"
+        return HostSnapshot(session.host, session.agent.rank, outcome, detail=why)
+
+
+# ----------------------------------------------------------------------------- the engine's one view
+
+
+def remote_evidence(hosts: Sequence[HostSnapshot]) -> dict[int, RankEvidence]:
+    """What the stalled-rank naming reads of each remote rank a host's agent saw, by rank."""
+    return {rank.rank: rank_evidence(rank) for host in hosts for rank in host.ranks}
+
+
+def merge_hosts(diagnosis: Diagnosis, hosts: Sequence[HostSnapshot], iterations: Mapping[int, int] | None = None,
+                *, leader: int | None = 0) -> Diagnosis:
+    """``diagnosis`` (the proxy's own snapshot, remote ranks in it unscanned) with each remote rank
+    as its host's agent saw it, the odd ranks out and the stalled rank named again over every
+    rank (``iterations``, then each host's own counts, which are fresher), and one line per host
+    in ``hosts``. Pure function."""
+    remote = {rank.rank: rank for host in hosts for rank in host.ranks}
+    counts = dict(iterations or {})
+    for host in hosts:
+        counts.update(host.iterations)
+    ranks = tuple(sorted([rank for rank in diagnosis.ranks if rank.rank not in remote] + list(remote.values()),
+                         key=lambda rank: rank.rank))
+    lines = tuple(f"host {host.host} (agent rank {host.agent_rank}): {host.outcome}"
+                  + (f" in {host.elapsed_ms:.0f} ms" if host.ranks else "")
+                  + (f"; stacks cut for ranks {list(host.truncated)}" if host.truncated else "")
+                  + (f" ({host.detail})" if host.detail else "") for host in hosts)
+    return dataclasses.replace(diagnosis, ranks=ranks, odd_ranks=find_odd_ranks(ranks, leader=leader),
+                               named=name_stalled_rank([rank_evidence(rank) for rank in ranks],
+                                                       iterations=counts or None, leader=leader),
+                               hosts=lines)
