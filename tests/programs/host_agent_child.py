@@ -15,7 +15,8 @@ of many hosts leaves nothing behind even when it is itself killed),
 ``dumps`` (the sleepers register their stack dump at start, as every rank does: stacks without
 ptrace), ``beats`` (``[count, every_s]``: once welcomed, the agent is told ``count`` iterations of
 each rank, one every ``every_s``, as its host's progress channel would; then one line
-``{"beats_sent": count, "messages": n}``, n the iteration messages the agent sent).
+``{"beats_sent": count, "messages": n}``, n the iteration messages the agent sent),
+``iterations_interval_s`` (the agent's interval between two iteration messages, default 1 s).
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def main(options: dict[str, object]) -> int:
     settings = AgentSettings(str(options["endpoint"]), bytes.fromhex(str(options["secret"])),
                              float(options.get("heartbeat_timeout_s", 1.0)),  # type: ignore[arg-type]
                              float(d) if d is not None else None,  # type: ignore[arg-type]
-                             grace_s=0.5, kill_s=1.0)
+                             grace_s=0.5, kill_s=1.0,
+                             iterations_interval_s=float(options.get("iterations_interval_s", 1.0)))  # type: ignore[arg-type]
 
     def ended(reason: str) -> None:
         emit({"ended": reason})
@@ -88,7 +90,7 @@ def main(options: dict[str, object]) -> int:
             for identity in (capture_identity(first), *identities):
                 agent.note_iteration(identity.rank, number, time.monotonic())
             time.sleep(every_s)
-        time.sleep(2.0)  # the last batch leaves
+        time.sleep(settings.iterations_interval_s + 1.0)  # the last batch leaves
         emit({"beats_sent": count, "messages": agent.iteration_messages})
     time.sleep(300)
     return 1

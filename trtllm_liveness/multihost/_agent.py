@@ -78,6 +78,7 @@ class AgentSettings:
     scan_interval_s: float = 1.0
     grace_s: float = 2.0
     kill_s: float = 3.0
+    iterations_interval_s: float = ITERATIONS_INTERVAL_S
 
     @property
     def hub_silence_s(self) -> float:
@@ -437,7 +438,7 @@ class HostAgent:
 
     def _send_iterations(self, sock: Any) -> None:
         """The ranks' iterations that changed since the last message, at most one message per
-        :data:`ITERATIONS_INTERVAL_S`, sent at the first instant of an interval of the wall clock
+        :attr:`AgentSettings.iterations_interval_s`, sent at the first instant of an interval of the wall clock
         (every host's agent then sends at about the same instant, its clock synchronized: the hub
         reads them in one wakeup, not one each); nothing when none changed."""
         wall = time.time()
@@ -448,7 +449,8 @@ class HostAgent:
             return
         for rank, count, _at in changed:
             self._iterations_sent[rank] = count
-        self._iterations_due = (wall // ITERATIONS_INTERVAL_S + 1) * ITERATIONS_INTERVAL_S
+        every = self.settings.iterations_interval_s
+        self._iterations_due = (wall // every + 1) * every
         self.iteration_messages += 1
         now = time.monotonic()
         self._send(sock, "iters", it=[[rank, count, round(max(0.0, now - at), 3)] for rank, count, at in changed])

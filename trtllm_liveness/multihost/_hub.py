@@ -60,7 +60,7 @@ from ._hub_records import (
     parse_state,
     refusal,
 )
-from ._hub_snapshots import HostSnapshot, IterationSink, SnapshotBook, SnapshotCommand
+from ._hub_snapshots import ITERATIONS_INTERVAL_S, HostSnapshot, IterationSink, SnapshotBook, SnapshotCommand
 from ._tcp import Closure, ConnectionTable, Ending, Key
 
 logger = logging.getLogger(__name__)
@@ -89,11 +89,13 @@ class AgentHub:
             it); an agent whose process answers no PING for twice it is lost too.
         d_state_timeout_s: the agents' wedge bound (None: off), armed by :meth:`arm`;
             ``scan_interval_s`` how often they sample thread states.
+        iterations_interval_s: agents forward iterations once per this (>= 1 s) while progress flows.
     """
 
     def __init__(self, monitor: WorkerProcessMonitor, *, bind: str, port: int = 0, advertise: str | None = None,
                  heartbeat_timeout_s: float = 1.8, d_state_timeout_s: float | None = None,
-                 scan_interval_s: float = 1.0, grace_s: float = 2.0, kill_s: float = 3.0) -> None:
+                 scan_interval_s: float = 1.0, grace_s: float = 2.0, kill_s: float = 3.0,
+                 iterations_interval_s: float = ITERATIONS_INTERVAL_S) -> None:
         if not 0.01 <= heartbeat_timeout_s <= 3600:
             raise ValueError(f"heartbeat_timeout_s must be in [0.01, 3600], got {heartbeat_timeout_s}")
         if not 0 <= port <= 65535:
@@ -107,6 +109,7 @@ class AgentHub:
         self.scan_interval_s = scan_interval_s
         self.grace_s = grace_s
         self.kill_s = kill_s
+        self.iterations_interval_s = min(3600.0, max(ITERATIONS_INTERVAL_S, iterations_interval_s))
         self.secret = secrets.token_bytes(_wire.SECRET_BYTES)
         self.endpoint = ""
         self.rejected = 0
@@ -183,7 +186,7 @@ class AgentHub:
         """What travels to every rank with its task (plain JSON types)."""
         return {"endpoint": self.endpoint, "secret": self.secret.hex(), "heartbeat_timeout_s": self.heartbeat_timeout_s,
                 "d_state_timeout_s": self.d_state_timeout_s, "scan_interval_s": self.scan_interval_s,
-                "grace_s": self.grace_s, "kill_s": self.kill_s}
+                "grace_s": self.grace_s, "kill_s": self.kill_s, "iterations_interval_s": self.iterations_interval_s}
 
     def arm(self, d_state_timeout_s: float | None = None) -> None:
         """Tell every agent (and every later one) to make wedge verdicts from now on."""

@@ -30,6 +30,8 @@ from . import _wire
 from ._hub_records import Session
 
 ITERATIONS_INTERVAL_S = 1.0
+"""The shortest interval between two ``iters`` messages of one agent (the hub's
+``iterations_interval_s`` may be longer: a stall timer of minutes needs no finer progress)."""
 """An agent sends its ranks' iterations at most this often (and only when one changed)."""
 MAX_THREADS = 256  # per rank in a reply
 MAX_FRAMES = 64  # per thread in a reply

@@ -17,6 +17,7 @@ from typing import Any
 
 from ..process._identity import ProcessIdentity, capture_identity, coerce_identity
 from ._agent import AgentSettings, HostAgent
+from ._hub_snapshots import ITERATIONS_INTERVAL_S
 from ._wire import parse_secret
 
 logger = logging.getLogger(__name__)
@@ -68,11 +69,14 @@ def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
         raise ValueError(f"bad heartbeat timeout {timeout!r}")
     d = spec.get("d_state_timeout_s")
     grace, kill, scan = spec.get("grace_s", 2.0), spec.get("kill_s", 3.0), spec.get("scan_interval_s", 1.0)
+    every = spec.get("iterations_interval_s", ITERATIONS_INTERVAL_S)
     return AgentSettings(endpoint, parse_secret(spec.get("secret")), float(timeout),
                          float(d) if isinstance(d, (int, float)) and d > 0 else None,
                          scan_interval_s=float(scan) if isinstance(scan, (int, float)) and 0.01 <= scan <= 60 else 1.0,
                          grace_s=float(grace) if isinstance(grace, (int, float)) else 2.0,
-                         kill_s=float(kill) if isinstance(kill, (int, float)) else 3.0)
+                         kill_s=float(kill) if isinstance(kill, (int, float)) else 3.0,
+                         iterations_interval_s=float(every) if isinstance(every, (int, float))
+                         and ITERATIONS_INTERVAL_S <= every <= 3600 else ITERATIONS_INTERVAL_S)
 
 
 BeatsOpener = Callable[[HostAgent], "tuple[str, str] | None"]

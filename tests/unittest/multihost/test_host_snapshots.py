@@ -140,13 +140,17 @@ def test_snapshot_callers_racing_a_lost_host_are_each_answered_within_their_boun
         engine.close()
 
 
-def test_iterations_reach_the_hub_at_most_once_a_second_per_host_and_not_while_idle(procs: ProcessTracker,
-                                                                                  engine: Engine) -> None:
+@pytest.mark.parametrize("interval_s", [ITERATIONS_INTERVAL_S, 2.5])
+def test_iterations_reach_the_hub_at_most_once_per_interval_per_host_and_not_while_idle(
+        procs: ProcessTracker, engine: Engine, interval_s: float) -> None:
     seen: dict[int, int] = {}
     engine.hub.feed_iterations(lambda rank, count, at: seen.__setitem__(rank, count))
-    count, every_s = 150, 0.02  # 150 beats of each rank, one each 20 ms: progress flowing for >= 3 s
+    # Beats of each rank every 20 ms: progress flowing for >= 3 s (>= 7.5 s at the longer interval,
+    # three intervals of it: an agent sending once a second would exceed its bound).
+    count, every_s = (150 if interval_s == ITERATIONS_INTERVAL_S else 375), 0.02
     started = time.monotonic()
-    agent = start_agent(procs, engine, host="fakehostB", ranks=2, first_rank=2, beats=[count, every_s])
+    agent = start_agent(procs, engine, host="fakehostB", ranks=2, first_rank=2, beats=[count, every_s],
+                        iterations_interval_s=interval_s)
     done = agent.line(BOUND_S * 3)
     assert done is not None and done["beats_sent"] == count, done
     elapsed = time.monotonic() - started  # covers the whole time the agent could send
@@ -154,7 +158,7 @@ def test_iterations_reach_the_hub_at_most_once_a_second_per_host_and_not_while_i
     messages = engine.hub._book.iteration_messages
     assert messages == done["messages"]
     # The bound, counted: 3 x 150 beats in at most one message per interval (plus the first).
-    assert 1 <= messages <= math.ceil(elapsed / ITERATIONS_INTERVAL_S) + 1, (messages, elapsed)
+    assert 1 <= messages <= math.ceil(elapsed / interval_s) + 1, (messages, elapsed)
     assert messages < 3 * count / 10
     # Idle: no iteration changes, no message.
     time.sleep(2 * ITERATIONS_INTERVAL_S)

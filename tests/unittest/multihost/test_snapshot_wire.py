@@ -169,3 +169,27 @@ def test_merging_names_a_remote_rank_behind_in_iterations_with_its_host() -> Non
     assert [(r.rank, r.host) for r in merged.ranks] == [(2, "hostB"), (3, "hostB")]
     assert merged.named is not None and merged.named.rank == 3 and merged.named.pid == 5003
     assert merged.hosts and "hostB" in merged.hosts[0] and "on host hostB" in merged.summary()
+
+
+@pytest.mark.parametrize(("stall_timeout_s", "expected_s"), [(0.0, 15.0), (120.0, 15.0), (16.0, 2.0), (4.0, 1.0)])
+def test_agents_forward_iterations_once_per_an_eighth_of_the_stall_timeout_and_carry_it_in_the_spec(
+        stall_timeout_s: float, expected_s: float) -> None:
+    from trtllm_liveness import LivenessConfig
+    from trtllm_liveness.integrations.trtllm._hosts import iterations_interval_s
+    from trtllm_liveness.monitor._monitor import WorkerProcessMonitor
+    from trtllm_liveness.multihost import AgentHub
+    from trtllm_liveness.multihost._placement import settings_of
+
+    every = iterations_interval_s(LivenessConfig(enabled=True, stall_timeout_s=stall_timeout_s))
+    assert every == expected_s
+    hub = AgentHub(WorkerProcessMonitor(), bind="127.0.0.1", iterations_interval_s=every)
+    hub.endpoint = "tcp://127.0.0.1:1"  # as start() sets it; nothing is bound
+    try:
+        assert settings_of(hub.worker_spec()).iterations_interval_s == expected_s
+    finally:
+        hub.close()
+    # A spec without it (an older proxy) or with a value out of range: the one-second floor.
+    spec = {**hub.worker_spec(), "iterations_interval_s": 0.001}
+    assert settings_of(spec).iterations_interval_s == 1.0
+    del spec["iterations_interval_s"]
+    assert settings_of(spec).iterations_interval_s == 1.0

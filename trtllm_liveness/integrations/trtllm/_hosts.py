@@ -34,6 +34,19 @@ def wants_hub(config: LivenessConfig, session: Any) -> bool:
     return config.hosts == "on" or (upstream_skips_registration(session) and not single_host_launch())
 
 
+ITERATIONS_INTERVAL_MAX_S = 15.0
+
+
+def iterations_interval_s(config: LivenessConfig) -> float:
+    """How often each remote host's agent forwards its ranks' iterations while progress flows: an
+    eighth of the stall timeout (the stall timer then hears of remote progress within an eighth of
+    its bound), between once a second and once per :data:`ITERATIONS_INTERVAL_MAX_S`; the latter
+    without a stall timer (the snapshot of a fatal verdict asks every host for fresh counts)."""
+    if config.stall_timeout_s <= 0:
+        return ITERATIONS_INTERVAL_MAX_S
+    return min(ITERATIONS_INTERVAL_MAX_S, max(1.0, config.stall_timeout_s / 8))
+
+
 def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> AgentHub | None:
     """A started hub, or None (logged) when it cannot bind: the engine then runs without it."""
     from ...multihost import AgentHub
@@ -44,7 +57,7 @@ def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> AgentHub
     hub = AgentHub(monitor, bind=bind, port=config.hosts_port, advertise=advertise or None,
                    heartbeat_timeout_s=config.heartbeat_timeout_s, d_state_timeout_s=config.d_state_timeout_s or None,
                    scan_interval_s=config.scan_interval_s, grace_s=config.shutdown_term_s,
-                   kill_s=config.shutdown_kill_s)
+                   kill_s=config.shutdown_kill_s, iterations_interval_s=iterations_interval_s(config))
     try:
         return hub.start()
     except Exception:
