@@ -47,6 +47,7 @@ from .._events import WorkerEvent, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import ProcessIdentity
 from . import _wire
+from ._drill_faults import AgentFaults
 from ._tcp import cut, duplicate, silence_s
 
 logger = logging.getLogger(__name__)
@@ -69,6 +70,7 @@ class AgentSettings:
     scan_interval_s: float = 1.0
     grace_s: float = 2.0
     kill_s: float = 3.0
+    drill: bool = False  # the engine is a drill's: the agent makes the faults its hub asks for (._drill_faults)
 
     @property
     def hub_silence_s(self) -> float:
@@ -123,6 +125,7 @@ class HostAgent:
         self.rejected = 0
         self._link: socket.socket | None = None  # a duplicate of the connection's descriptor (the thread's)
         self._silent_for: float | None = None  # the hub's silence the agent cut the connection at
+        self._faults = AgentFaults(settings.drill, own, self.identities)  # the thread's: a drill's faults
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-host-agent", daemon=True)
 
     # ----------------------------------------------------------------- public
@@ -198,6 +201,7 @@ class HostAgent:
             if self._link is not None:
                 self._link.close()
                 self._link = None
+            self._faults.release()
             monitor.close()
             if monitor_sock is not None:
                 with contextlib.suppress(Exception):
@@ -349,6 +353,8 @@ class HostAgent:
             elif message.kind == "expect":
                 self._released = True
                 monitor.mark_expected_exits()
+            elif message.kind == "fault":  # a drill's: checked, verified and made by ._drill_faults
+                self._send(sock, "faulted", **self._faults.handle(message))
             elif message.kind == "stop":
                 self._stop_requested(sock, monitor, message)
                 return "stop"
@@ -360,6 +366,7 @@ class HostAgent:
     def _stop_ranks(self, monitor: WorkerProcessMonitor, grace_s: float, kill_s: float) -> Any:
         from ..stop._bounded_stop import stop_processes
 
+        self._faults.release()  # a rank a drill froze takes its SIGKILL only once thawed
         monitor.mark_expected_exits()
         targets = [identity for identity in self.identities if identity.start_time is not None]
         return stop_processes(targets, grace_s=grace_s, kill_s=kill_s)

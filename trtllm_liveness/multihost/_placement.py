@@ -56,7 +56,8 @@ def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
                          float(d) if isinstance(d, (int, float)) and d > 0 else None,
                          scan_interval_s=float(scan) if isinstance(scan, (int, float)) and 0.01 <= scan <= 60 else 1.0,
                          grace_s=float(grace) if isinstance(grace, (int, float)) else 2.0,
-                         kill_s=float(kill) if isinstance(kill, (int, float)) else 3.0)
+                         kill_s=float(kill) if isinstance(kill, (int, float)) else 3.0,
+                         drill=spec.get("drill") is True)
 
 
 def start_for_rank(settings: AgentSettings, comm: Any, proxy: Sequence[Any] | None) -> HostAgent | None:
