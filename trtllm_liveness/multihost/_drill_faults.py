@@ -111,6 +111,21 @@ class FaultReply:
         return {"req": self.req, "rank": self.rank, "fault": self.fault, "outcome": self.outcome, "host": self.host,
                 "pid": self.pid, "detail": self.detail, "at": self.at}
 
+    @classmethod
+    def from_dict(cls, document: Any) -> FaultReply:
+        """The :meth:`to_dict` form back (the drill's engine prints it). Raises ``ValueError``."""
+        if not isinstance(document, dict):
+            raise ValueError(f"fault reply: expected an object, got {type(document).__name__}")
+        ints: list[Any] = [document.get(key) for key in ("req", "rank", "pid")]
+        texts: list[Any] = [document.get(key) for key in ("fault", "outcome", "host", "detail")]
+        at = document.get("at")
+        if any(not isinstance(value, int) or isinstance(value, bool) for value in ints) \
+                or any(not isinstance(value, str) for value in texts) \
+                or not (at is None or (isinstance(at, (int, float)) and not isinstance(at, bool))):
+            raise ValueError(f"fault reply: malformed {str(document)[:300]}")
+        (req, rank, pid), (fault, outcome, host, detail) = ints, texts
+        return cls(req, rank, fault, outcome, host, pid, detail, None if at is None else float(at))
+
     def wire_fields(self, age: float | None) -> dict[str, Any]:
         """The agent's ``faulted`` message: ``age`` (seconds since the fault) instead of ``at``."""
         return {"req": self.req, "rank": self.rank, "fault": self.fault, "outcome": self.outcome,

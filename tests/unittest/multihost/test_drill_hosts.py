@@ -1,0 +1,121 @@
+"""``trtllm-liveness drill --hosts``: the drill across the test hosts, on the fakes of both versions.
+
+The drill runs in the head as a user runs it on a login node: ``trtllm-liveness launch -- mpirun
+--host hostA:2,hostB:2 -n 4 ... <launcher> python -m trtllm_liveness.drill._drill_engine``, the
+README's multi-host line, with the fakes' stand-in for ``trtllm-llmapi-launch``
+(tests/programs/fake_llmapi_launch.py). The proxy (rank 0) is on hostA; rank 2 runs hostB's agent;
+the fault goes to rank 3 on hostB, made by that agent (the drill and the proxy never signal it).
+Afterwards nothing of the drill may be left on any host (only each host's PID 1), nor a freezer
+group. ULFM and PRRTE's recoverable mode keep the proxy alive when a remote rank dies
+(tests/support/multihost_engine.py says why). No timing is asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.facilities import needs
+from tests.support.process_tracker import ProcessTracker
+from tests.support.testhosts import REPO_ROOT, TestHosts, netns_pids
+from tests.support.waits import WAIT_SCALE, wait_until
+from trtllm_liveness.demo._cgroup_faults import FREEZER_ROOT
+
+pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi"),
+              pytest.mark.timeout(240)]
+
+REPO = Path(__file__).resolve().parents[3]
+CLI = Path(sys.executable).parent / "trtllm-liveness"
+LIVENESS = "heartbeat_timeout_s=1,shutdown_term_s=1,shutdown_kill_s=1,d_state_timeout_s=2,scan_interval_s=0.5"
+MPIRUN_ARGS = "--map-by slot --runtime-options recoverable,error-nonzero-status=false"
+DRILL_S = 180.0
+
+
+def run_drill(test_hosts: TestHosts, procs: ProcessTracker, tree: str, fault: str,
+              *extra: str) -> tuple[int, str, str]:
+    """The drill in the head, to its end; (status, stdout, stderr)."""
+    tmpdir = tempfile.mkdtemp(prefix="d", dir=test_hosts.shared)  # every host sees it; short (ZMQ ipc paths)
+    env = test_hosts.mpi_env(fault_tolerant=True, extra={
+        "TRTLLM_WORKER_LIVENESS": LIVENESS, "TMPDIR": tmpdir, "OMPI_MCA_mpi_yield_when_idle": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "fakes" / tree), str(REPO)])})
+    argv = [str(CLI), "drill", "/models/drill-test", "--engine", "tests.support.drill_engine:fake_engine",
+            "--session", "tests.support.drill_engine:comm_session", "--hosts", "hostA:2,hostB:2",
+            "--mpirun", os.path.join(sys.prefix, "bin", "mpirun"), "--mpirun-args", MPIRUN_ARGS,
+            "--launcher", f"{sys.executable} -m tests.programs.fake_llmapi_launch", "--fault", fault,
+            "--timeout", "150", *extra]
+    assert test_hosts.head is not None
+    popen = subprocess.Popen(test_hosts.head.nsenter_argv(argv, wd=REPO_ROOT), stdin=subprocess.DEVNULL,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
+    test_hosts.adopt(popen)
+    try:
+        out, err = popen.communicate(timeout=DRILL_S * WAIT_SCALE)
+    except subprocess.TimeoutExpired:
+        popen.kill()
+        out, err = popen.communicate(timeout=30)
+    return popen.returncode, out.decode(errors="replace"), err.decode(errors="replace")
+
+
+def assert_nothing_left(test_hosts: TestHosts) -> None:
+    for name in ("hostA", "hostB"):
+        host = test_hosts.host(name)
+        assert wait_until(lambda: set(netns_pids(host.netns)) <= {host.pid1}, 20 * WAIT_SCALE), \
+            (name, netns_pids(host.netns), host.pid1)
+    groups = os.listdir(FREEZER_ROOT) if os.path.isdir(FREEZER_ROOT) else []
+    assert [name for name in groups if name.startswith("trtllm-liveness-drill")] == []
+
+
+def outcome(stdout: str, stderr: str) -> dict[str, Any]:
+    lines = [line for line in stdout.splitlines() if line.startswith("{")]
+    assert len(lines) == 1, (stdout, stderr)
+    document: dict[str, Any] = json.loads(lines[0])
+    return document
+
+
+@pytest.mark.parametrize("tree", ["trtllm_main", "trtllm_v12"])
+def test_kill_of_a_rank_of_another_host_is_made_by_its_agent_and_caught(test_hosts: TestHosts,
+                                                                       procs: ProcessTracker, tree: str) -> None:
+    status, out, err = run_drill(test_hosts, procs, tree, "kill", "--json")
+    result = outcome(out, err)
+    assert (result["rank"], result["host"], result["fault"]) == (3, "hostB", "kill"), result
+    assert isinstance(result["pid"], int) and result["pid"] > 0
+    assert result["verdict"]["kind"] == "detected", (result, err)
+    assert "rank 3" in result["verdict"]["text"] and result["fatal"] and "hostB" in result["fatal"]
+    assert result["would_exit_status"] is None and "exit_on_fatal=0" in result["would_exit"]
+    assert status == 0 and result["ok"], (result, err)
+    assert_nothing_left(test_hosts)
+
+
+@pytest.mark.parametrize("tree", ["trtllm_main", "trtllm_v12"])
+def test_stop_of_a_rank_of_another_host_is_caught_by_the_stall_bound(test_hosts: TestHosts, procs: ProcessTracker,
+                                                                     tree: str) -> None:
+    status, out, err = run_drill(test_hosts, procs, tree, "stop", "--json")
+    result = outcome(out, err)
+    assert (result["rank"], result["host"], result["fault"]) == (3, "hostB", "stop"), result
+    # Without stall_timeout_s a stopped rank is alive: the drill says so and how to catch it.
+    assert result["verdict"]["kind"] == "not_detected" and "stall_timeout_s" in result["verdict"]["text"], result
+    assert status == 1
+    assert_nothing_left(test_hosts)
+
+
+@needs("freezer")
+def test_wedge_of_a_rank_of_another_host_is_real_d_and_thawed_after(test_hosts: TestHosts,
+                                                                    procs: ProcessTracker) -> None:
+    status, out, err = run_drill(test_hosts, procs, "trtllm_main", "wedge")
+    assert "fault 'wedge' on rank 3 (pid " in out and ", host hostB)" in out, (out, err)
+    assert "verdict: detected: wedged of rank 3" in out, (out, err)
+    assert status == 0, (out, err)
+    assert_nothing_left(test_hosts)
+
+
+def test_the_agents_own_rank_is_refused_with_what_can_be_hit(test_hosts: TestHosts, procs: ProcessTracker) -> None:
+    status, out, err = run_drill(test_hosts, procs, "trtllm_main", "kill", "--rank", "2")
+    assert status == 1 and out == "", (out, err)
+    assert "rank 2 is not a rank of another host outside its agent's own (hittable: [3]" in err, err
+    assert_nothing_left(test_hosts)
