@@ -43,6 +43,7 @@ from ._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
 PROMPT = [1, 2, 3, 4]  # token ids: no tokenizer needed
 _TICK_S = 0.001
 _STOPPED_AFTER_S = 1.0  # tokens count as stopped after this long without one
+_WATCHED_S = 30.0  # the agents' hellos come within a second or two of the ranks' start
 _INJECT_S = 15.0  # the remote agent's answer to a fault request (a freeze waits at most 2 s)
 
 
@@ -144,8 +145,12 @@ def _inject_remote(executor: Any, rank: Any, fault: Any) -> float | None:
 
 
 def _wait_watched(executor: Any, tp: int, deadline: float) -> None:
-    """Across hosts: until every one of the ``tp`` ranks is watched (the agents said hello), bounded."""
-    while len(executor.liveness_statuses()) < tp and time.monotonic() < deadline:
+    """Across hosts: until every rank but the proxy's own (rank 0) is watched, here or by its host's
+    agent (a rank of another host is ``none`` until its agent's hello), bounded."""
+    wanted = set(range(1, tp))
+    while time.monotonic() < deadline:
+        if wanted <= {status.identity.rank for status in executor.liveness_statuses() if str(status.method) != "none"}:
+            return
         time.sleep(0.05)
 
 
@@ -209,7 +214,7 @@ def run(options: DrillOptions) -> int:
                       + (f": {'; '.join(problems)}" if problems else ""))
         return 1
     if options.hosts:
-        _wait_watched(executor, options.tp, deadline)
+        _wait_watched(executor, options.tp, min(deadline, time.monotonic() + _WATCHED_S))
     emit("ready", EngineReady(ranks=_ranks(executor), proxy_pid=os.getpid(),
                               version=str(getattr(tensorrt_llm, "__version__", "?")),
                               streaming=len(streams), agents=_agents(executor)).to_dict())

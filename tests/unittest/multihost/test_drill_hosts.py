@@ -5,7 +5,9 @@ The drill runs in the head as a user runs it on a login node: ``trtllm-liveness 
 README's multi-host line, with the fakes' stand-in for ``trtllm-llmapi-launch``
 (tests/programs/fake_llmapi_launch.py). The proxy (rank 0) is on hostA; rank 2 runs hostB's agent;
 the fault goes to rank 3 on hostB, made by that agent (the drill and the proxy never signal it).
-Afterwards nothing of the drill may be left on any host (only each host's PID 1), nor a freezer
+The fake engine's leader waits for every rank's acknowledgement each step (``step_acks``), as a
+tensor-parallel step waits for every rank.
+Afterwards nothing of the drill may be left on any host (only each host's PID 1 and its holder), nor a freezer
 group. ULFM and PRRTE's recoverable mode keep the proxy alive when a remote rank dies
 (tests/support/multihost_engine.py says why). No timing is asserted.
 """
@@ -16,12 +18,12 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.support import tmpdir_runs as runs
 from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker
 from tests.support.testhosts import REPO_ROOT, TestHosts, netns_pids
@@ -38,18 +40,23 @@ MPIRUN_ARGS = "--map-by slot --runtime-options recoverable,error-nonzero-status=
 DRILL_S = 180.0
 
 
-def run_drill(test_hosts: TestHosts, procs: ProcessTracker, tree: str, fault: str,
-              *extra: str) -> tuple[int, str, str]:
+def run_drill(test_hosts: TestHosts, procs: ProcessTracker, tree: str, fault: str, *extra: str,
+              liveness: str = LIVENESS) -> tuple[int, str, str]:
     """The drill in the head, to its end; (status, stdout, stderr)."""
-    tmpdir = tempfile.mkdtemp(prefix="d", dir=test_hosts.shared)  # every host sees it; short (ZMQ ipc paths)
+    with runs.short_tmpdir("tdrillh-") as tmpdir:  # the head's /tmp is this one; each host makes it in its own
+        return _run(test_hosts, str(tmpdir), tree, fault, liveness, *extra)
+
+
+def _run(test_hosts: TestHosts, tmpdir: str, tree: str, fault: str, liveness: str,
+         *extra: str) -> tuple[int, str, str]:
     env = test_hosts.mpi_env(fault_tolerant=True, extra={
-        "TRTLLM_WORKER_LIVENESS": LIVENESS, "TMPDIR": tmpdir, "OMPI_MCA_mpi_yield_when_idle": "1",
+        "TRTLLM_WORKER_LIVENESS": liveness, "TMPDIR": tmpdir, "OMPI_MCA_mpi_yield_when_idle": "1",
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "fakes" / tree), str(REPO)])})
-    argv = [str(CLI), "drill", "/models/drill-test", "--engine", "tests.support.drill_engine:fake_engine",
+    argv = [str(CLI), "drill", "/models/drill-test", "--engine", "tests.support.drill_engine:fake_tp_engine",
             "--session", "tests.support.drill_engine:comm_session", "--hosts", "hostA:2,hostB:2",
             "--mpirun", os.path.join(sys.prefix, "bin", "mpirun"), "--mpirun-args", MPIRUN_ARGS,
             "--launcher", f"{sys.executable} -m tests.programs.fake_llmapi_launch", "--fault", fault,
-            "--timeout", "150", *extra]
+            "--timeout", "90", *extra]
     assert test_hosts.head is not None
     popen = subprocess.Popen(test_hosts.head.nsenter_argv(argv, wd=REPO_ROOT), stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
@@ -65,8 +72,9 @@ def run_drill(test_hosts: TestHosts, procs: ProcessTracker, tree: str, fault: st
 def assert_nothing_left(test_hosts: TestHosts) -> None:
     for name in ("hostA", "hostB"):
         host = test_hosts.host(name)
-        assert wait_until(lambda: set(netns_pids(host.netns)) <= {host.pid1}, 20 * WAIT_SCALE), \
-            (name, netns_pids(host.netns), host.pid1)
+        own = {host.pid1, host.holder.pid}  # the host's PID 1 and the unshare that holds its namespaces
+        assert wait_until(lambda: set(netns_pids(host.netns)) <= own, 20 * WAIT_SCALE), \
+            (name, netns_pids(host.netns), own)  # noqa: B023
     groups = os.listdir(FREEZER_ROOT) if os.path.isdir(FREEZER_ROOT) else []
     assert [name for name in groups if name.startswith("trtllm-liveness-drill")] == []
 
@@ -95,10 +103,20 @@ def test_kill_of_a_rank_of_another_host_is_made_by_its_agent_and_caught(test_hos
 @pytest.mark.parametrize("tree", ["trtllm_main", "trtllm_v12"])
 def test_stop_of_a_rank_of_another_host_is_caught_by_the_stall_bound(test_hosts: TestHosts, procs: ProcessTracker,
                                                                      tree: str) -> None:
-    status, out, err = run_drill(test_hosts, procs, tree, "stop", "--json")
+    """A SIGSTOPped rank of hostB stops the tensor-parallel step: the stall bound catches it; the
+    agents' stop (SIGKILL reaches a stopped process) leaves nothing."""
+    status, out, err = run_drill(test_hosts, procs, tree, "stop", "--json",
+                                 liveness=f"{LIVENESS},stall_timeout_s=2,stall_action=fatal")
     result = outcome(out, err)
     assert (result["rank"], result["host"], result["fault"]) == (3, "hostB", "stop"), result
-    # Without stall_timeout_s a stopped rank is alive: the drill says so and how to catch it.
+    assert result["verdict"]["kind"] == "detected" and "stalled" in result["verdict"]["text"], (result, err)
+    assert status == 0 and result["ok"], (result, err)
+    assert_nothing_left(test_hosts)
+
+
+def test_a_stop_without_a_stall_bound_is_said_not_to_be_caught(test_hosts: TestHosts, procs: ProcessTracker) -> None:
+    status, out, err = run_drill(test_hosts, procs, "trtllm_main", "stop", "--json")
+    result = outcome(out, err)
     assert result["verdict"]["kind"] == "not_detected" and "stall_timeout_s" in result["verdict"]["text"], result
     assert status == 1
     assert_nothing_left(test_hosts)
