@@ -366,10 +366,9 @@ class HostAgent:
     def _stop_ranks(self, monitor: WorkerProcessMonitor, grace_s: float, kill_s: float) -> Any:
         from ..stop._bounded_stop import stop_processes
 
-        self._faults.release()  # a rank a drill froze takes its SIGKILL only once thawed
         monitor.mark_expected_exits()
         targets = [identity for identity in self.identities if identity.start_time is not None]
-        return stop_processes(targets, grace_s=grace_s, kill_s=kill_s)
+        return self._faults.after_stop(stop_processes(targets, grace_s=grace_s, kill_s=kill_s))  # a drill's: thaw
 
     def _stop_requested(self, sock: Any, monitor: WorkerProcessMonitor, message: _wire.Message) -> None:
         grace = message.body.get("grace")

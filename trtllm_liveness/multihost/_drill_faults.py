@@ -14,9 +14,10 @@ engine process before it builds its LLM), and only its spec carries ``"drill": t
 request with a logged, rate-limited WARNING and a ``refused`` answer; so does any agent for a rank
 that is not one of those it watches (its own rank included: it could not report, nor thaw itself).
 
-Clean-up is the agent's: :meth:`AgentFaults.release` thaws and removes its freezer group; the
-agent calls it before it stops its host's ranks (a frozen rank then takes its SIGKILL) and when
-its thread ends. Every wait here is bounded.
+Clean-up is the agent's: after it stopped its host's ranks (a frozen rank is then reported
+unkillable to the hub, as a real wedge's would be), :meth:`AgentFaults.after_stop` thaws and
+removes its freezer group (the rank's pending SIGKILL then ends it) and SIGKILLs what is left by
+verified pidfd; its thread's end releases the group too. Every wait here is bounded.
 """
 
 from __future__ import annotations
@@ -31,12 +32,15 @@ import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity
 from . import _wire
 from ._hub import AgentHub
+
+if TYPE_CHECKING:
+    from ..stop._stop_report import StopReport
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +51,7 @@ REPLY_KIND = "faulted"
 _SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 _FREEZE_S = 2.0  # the agent's thread waits at most this long for FROZEN
 _FREEZER_PREFIX = "trtllm-liveness-drill"
+_AFTER_THAW_KILL_S = 3.0
 _REJECT_LOG_EVERY = 1000
 _drill = threading.Event()
 
@@ -225,6 +230,24 @@ class AgentFaults:
             return at
         finally:
             os.close(fd)
+
+    def after_stop(self, report: StopReport) -> StopReport:
+        """The agent's stop of its host's ranks is over: ``report`` is what a server's would be (a
+        frozen rank unkillable), and goes to the hub as it is. Then the drill's own clean-up: thaw
+        (a frozen rank's pending SIGKILL then ends it) and SIGKILL, bounded and by verified pidfd,
+        whatever the stop left."""
+        if self._freezer is None:
+            return report
+        self.release()
+        left = [self.identities[worker.rank] for worker in report.unkillable if worker.rank in self.identities]
+        if left:
+            from ..stop._bounded_stop import stop_processes
+
+            again = stop_processes(left, grace_s=0.0, kill_s=_AFTER_THAW_KILL_S)
+            logger.info("liveness: drill: thawed ranks %s on host %s after the stop (%s)", [i.rank for i in left],
+                        self.own.hostname, f"still there: {[w.pid for w in again.unkillable]}" if again.unkillable
+                        else "all gone")
+        return report
 
     def release(self) -> None:
         """Thaw and remove the freezer group, if any (bounded; never raises)."""
