@@ -14,6 +14,13 @@ cordon or taint, hook) are off; they are named instead.
 Refuses to run on a quarantined host (the check an engine start makes, read only). Bounded by
 ``--timeout`` (model load included); on every way out it stops every rank it started (by verified
 pid), kills what is left of the engine's session and removes its files.
+
+``--hosts H1:N1,H2:N2`` runs the engine across hosts as the README's multi-host line does
+(``trtllm-liveness launch -- mpirun --host ... trtllm-llmapi-launch ...``, :mod:`trtllm_liveness.drill._drill_hosts`)
+and has the fault made in a rank of another host than the proxy's by that host's agent, which
+verifies the rank by its own pidfd (:mod:`trtllm_liveness.multihost._drill_faults`): the drill never
+signals a pid of another host. Each agent stops its host's ranks (and thaws a wedge) when the engine
+stops or goes.
 """
 
 from __future__ import annotations
@@ -73,6 +80,12 @@ off; they are named instead.
 Refuses to run on a quarantined host. Bounded by --timeout (model load included); on every way out
 it stops every rank it started (by verified pid), kills what is left of its engine's session and
 removes its files.
+
+--hosts H1:N1,H2:N2 runs the engine across hosts as the README's multi-host line does
+(trtllm-liveness launch -- mpirun --host ... trtllm-llmapi-launch ...) and has the fault made in a
+rank of another host than the proxy's by that host's agent, which verifies the rank by its own
+pidfd: the drill never signals a pid of another host. Each agent stops its host's ranks (and thaws
+a wedge) when the engine stops or goes.
 """
 _FAULT_WAIT_S = 60.0
 _SLACK_S = 5.0
@@ -240,7 +253,7 @@ def _would_exit(config: LivenessConfig, report: EngineReport | None) -> tuple[st
             f"would exit with status {status} ({why})"), None
 
 
-def _would_mark(config: LivenessConfig, marker: Any) -> str:
+def _would_mark(config: LivenessConfig, marker: Any, remote_host: str = "") -> str:
     from ..quarantine._marker import MARKER_NAME, QuarantineMarker, resolve_directory
 
     if not config.quarantine_dir:
@@ -251,6 +264,9 @@ def _would_mark(config: LivenessConfig, marker: Any) -> str:
         return f"{where}: {processes}: {marker.reason}"
     if isinstance(marker, str):
         return f"{where}: the drill's copy is {marker}"
+    if remote_host:  # docs/multihost.md: the marker is written on the proxy's host only
+        return (f"none at {where} on the proxy's host (its own ranks are restartable); host {remote_host}, whose "
+                "rank was hit, gets none from the extension: its node health check decides")
     return f"none at {where} (the failure is restartable on this host)"
 
 
@@ -385,7 +401,8 @@ def run_drill(args: argparse.Namespace) -> int:
         _err("terminated (SIGTERM); its processes and files are removed")
         return 143
     outcome = dataclasses.replace(outcome, left=tuple(session.survivors),
-                                  would_mark=_would_mark(user, session.marker),
+                                  would_mark=_would_mark(user, session.marker, outcome.victim.host
+                                                         if hosts and outcome.victim is not None else ""),
                                   would_act=_would_act(user, session.marker))
     if outcome.t0 is None:  # nothing was injected: say why, with the engine's last words
         _err(f"{outcome.verdict}\n--- the engine's log (last lines):\n{session.last_log}")
