@@ -16,8 +16,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ import pytest
 
 from tests.support import tmpdir_runs as runs
 from tests.support.facilities import needs
-from tests.support.process_tracker import ProcessTracker
+from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.testhosts import REPO_ROOT, TestHosts, netns_pids
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo._cgroup_faults import FREEZER_ROOT
@@ -40,15 +42,15 @@ MPIRUN_ARGS = "--map-by slot --runtime-options recoverable,error-nonzero-status=
 DRILL_S = 180.0
 
 
-def run_drill(test_hosts: TestHosts, procs: ProcessTracker, tree: str, fault: str, *extra: str,
-              liveness: str = LIVENESS) -> tuple[int, str, str]:
-    """The drill in the head, to its end; (status, stdout, stderr)."""
+def run_drill(test_hosts: TestHosts, tree: str, fault: str, *extra: str, liveness: str = LIVENESS,
+              midway: Callable[[subprocess.Popen[bytes]], None] | None = None) -> tuple[int, str, str]:
+    """The drill in the head, to its end; (status, stdout, stderr). ``midway`` runs while it does."""
     with runs.short_tmpdir("tdrillh-") as tmpdir:  # the head's /tmp is this one; each host makes it in its own
-        return _run(test_hosts, str(tmpdir), tree, fault, liveness, *extra)
+        return _run(test_hosts, str(tmpdir), tree, fault, liveness, *extra, midway=midway)
 
 
-def _run(test_hosts: TestHosts, tmpdir: str, tree: str, fault: str, liveness: str,
-         *extra: str) -> tuple[int, str, str]:
+def _run(test_hosts: TestHosts, tmpdir: str, tree: str, fault: str, liveness: str, *extra: str,
+         midway: Callable[[subprocess.Popen[bytes]], None] | None = None) -> tuple[int, str, str]:
     env = test_hosts.mpi_env(fault_tolerant=True, extra={
         "TRTLLM_WORKER_LIVENESS": liveness, "TMPDIR": tmpdir, "OMPI_MCA_mpi_yield_when_idle": "1",
         "PYTHONPATH": os.pathsep.join([str(REPO / "tests" / "fakes" / tree), str(REPO)])})
@@ -61,6 +63,8 @@ def _run(test_hosts: TestHosts, tmpdir: str, tree: str, fault: str, liveness: st
     popen = subprocess.Popen(test_hosts.head.nsenter_argv(argv, wd=REPO_ROOT), stdin=subprocess.DEVNULL,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, start_new_session=True)
     test_hosts.adopt(popen)
+    if midway is not None:
+        midway(popen)
     try:
         out, err = popen.communicate(timeout=DRILL_S * WAIT_SCALE)
     except subprocess.TimeoutExpired:
@@ -89,7 +93,7 @@ def outcome(stdout: str, stderr: str) -> dict[str, Any]:
 @pytest.mark.parametrize("tree", ["trtllm_main", "trtllm_v12"])
 def test_kill_of_a_rank_of_another_host_is_made_by_its_agent_and_caught(test_hosts: TestHosts,
                                                                        procs: ProcessTracker, tree: str) -> None:
-    status, out, err = run_drill(test_hosts, procs, tree, "kill", "--json")
+    status, out, err = run_drill(test_hosts, tree, "kill", "--json")
     result = outcome(out, err)
     assert (result["rank"], result["host"], result["fault"]) == (3, "hostB", "kill"), result
     assert isinstance(result["pid"], int) and result["pid"] > 0
@@ -105,7 +109,7 @@ def test_stop_of_a_rank_of_another_host_is_caught_by_the_stall_bound(test_hosts:
                                                                      tree: str) -> None:
     """A SIGSTOPped rank of hostB stops the tensor-parallel step: the stall bound catches it; the
     agents' stop (SIGKILL reaches a stopped process) leaves nothing."""
-    status, out, err = run_drill(test_hosts, procs, tree, "stop", "--json",
+    status, out, err = run_drill(test_hosts, tree, "stop", "--json",
                                  liveness=f"{LIVENESS},stall_timeout_s=2,stall_action=fatal")
     result = outcome(out, err)
     assert (result["rank"], result["host"], result["fault"]) == (3, "hostB", "stop"), result
@@ -115,7 +119,7 @@ def test_stop_of_a_rank_of_another_host_is_caught_by_the_stall_bound(test_hosts:
 
 
 def test_a_stop_without_a_stall_bound_is_said_not_to_be_caught(test_hosts: TestHosts, procs: ProcessTracker) -> None:
-    status, out, err = run_drill(test_hosts, procs, "trtllm_main", "stop", "--json")
+    status, out, err = run_drill(test_hosts, "trtllm_main", "stop", "--json")
     result = outcome(out, err)
     assert result["verdict"]["kind"] == "not_detected" and "stall_timeout_s" in result["verdict"]["text"], result
     assert status == 1
@@ -125,15 +129,34 @@ def test_a_stop_without_a_stall_bound_is_said_not_to_be_caught(test_hosts: TestH
 @needs("freezer")
 def test_wedge_of_a_rank_of_another_host_is_real_d_and_thawed_after(test_hosts: TestHosts,
                                                                     procs: ProcessTracker) -> None:
-    status, out, err = run_drill(test_hosts, procs, "trtllm_main", "wedge")
+    status, out, err = run_drill(test_hosts, "trtllm_main", "wedge")
     assert "fault 'wedge' on rank 3 (pid " in out and ", host hostB)" in out, (out, err)
     assert "verdict: detected: wedged of rank 3" in out, (out, err)
     assert status == 0, (out, err)
     assert_nothing_left(test_hosts)
 
 
+@needs("freezer")
+def test_sigterm_after_a_remote_wedge_thaws_and_ends_every_rank_on_every_host(test_hosts: TestHosts,
+                                                                              procs: ProcessTracker) -> None:
+    """The drill ended while hostB's rank 3 is frozen in ``D`` and the watch runs: status 143; the
+    engine's end makes hostB's agent stop its ranks, thaw the frozen one and remove its group."""
+    host_b = test_hosts.host("hostB")
+
+    def frozen_then_term(popen: subprocess.Popen[bytes]) -> None:
+        in_d = wait_until(lambda: popen.poll() is not None
+                          or any(state_of(pid) == "D" for pid in netns_pids(host_b.netns)), 120 * WAIT_SCALE)
+        assert in_d and popen.poll() is None, "no rank of hostB was ever frozen while the drill ran"
+        popen.send_signal(signal.SIGTERM)
+
+    slow_verdict = "heartbeat_timeout_s=1,shutdown_term_s=1,shutdown_kill_s=1,d_state_timeout_s=60"
+    status, out, err = run_drill(test_hosts, "trtllm_main", "wedge", liveness=slow_verdict, midway=frozen_then_term)
+    assert status == 143 and "terminated (SIGTERM)" in err, (status, out, err)
+    assert_nothing_left(test_hosts)
+
+
 def test_the_agents_own_rank_is_refused_with_what_can_be_hit(test_hosts: TestHosts, procs: ProcessTracker) -> None:
-    status, out, err = run_drill(test_hosts, procs, "trtllm_main", "kill", "--rank", "2")
+    status, out, err = run_drill(test_hosts, "trtllm_main", "kill", "--rank", "2")
     assert status == 1 and out == "", (out, err)
     assert "rank 2 is not a rank of another host outside its agent's own (hittable: [3]" in err, err
     assert_nothing_left(test_hosts)
