@@ -46,7 +46,9 @@ class Proxy:
         self.events: list[WorkerEvent] = []
         self.monitor.subscribe(self.events.append)
         kind = DrillHub if drill else AgentHub
-        self.hub = kind(self.monitor, bind="127.0.0.1", heartbeat_timeout_s=1.0, d_state_timeout_s=None,
+        # A long heartbeat bound: no test here is about a lost host, and a loaded machine must not
+        # make one (a lost host's session takes no fault request).
+        self.hub = kind(self.monitor, bind="127.0.0.1", heartbeat_timeout_s=5.0, d_state_timeout_s=None,
                         grace_s=0.5, kill_s=1.0).start()
 
     def close(self) -> None:
