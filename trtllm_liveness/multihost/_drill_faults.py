@@ -17,7 +17,9 @@ that is not one of those it watches (its own rank included: it could not report,
 Clean-up is the agent's: after it stopped its host's ranks (a frozen rank is then reported
 unkillable to the hub, as a real wedge's would be), :meth:`AgentFaults.after_stop` thaws and
 removes its freezer group (the rank's pending SIGKILL then ends it) and SIGKILLs what is left by
-verified pidfd; its thread's end releases the group too. Every wait here is bounded.
+verified pidfd; its thread's end releases the group too. And should the agent's process end
+without either (a launcher's SIGKILL), the group's guard, a small process the agent started with
+the group, sees its pipe close and thaws and removes the group. Every wait here is bounded.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import itertools
 import logging
 import os
 import signal
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -50,8 +54,9 @@ FAULTS = ("kill", "stop", "wedge")
 REPLY_KIND = "faulted"
 _SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 _FREEZE_S = 2.0  # the agent's thread waits at most this long for FROZEN
-_FREEZER_PREFIX = "trtllm-liveness-drill"
+_FREEZER_PREFIX = "trtllm-liveness-drill-agent"  # the local drill's groups are trtllm-liveness-drill-*
 _AFTER_THAW_KILL_S = 3.0
+_GUARD_WAIT_S = 2.0
 _REJECT_LOG_EVERY = 1000
 _drill = threading.Event()
 
@@ -153,6 +158,46 @@ class FaultReply:
                    None if age is None else time.monotonic() - float(age))
 
 
+# The freezer group's guard: waits for EOF on stdin (the agent released the group, or its process
+# ended, however: then nobody else would thaw), thaws the group, moves what is still in it back to
+# the root group, removes it and ends; bounded. Standard library only (-I: nothing of the rank's).
+_GUARD = """
+import os, sys, time
+sys.stdin.buffer.read()
+group = sys.argv[1]
+try:
+    with open(os.path.join(group, "freezer.state"), "w") as handle:
+        handle.write("THAWED")
+except OSError:
+    pass
+deadline = time.monotonic() + 10.0
+while time.monotonic() < deadline:
+    try:
+        os.rmdir(group)
+        break
+    except FileNotFoundError:
+        break
+    except OSError:
+        time.sleep(0.05)
+    try:
+        with open(os.path.join(group, "tasks")) as handle:
+            tids = handle.read().split()
+        for tid in tids:
+            with open(os.path.join(os.path.dirname(group), "tasks"), "w") as handle:
+                handle.write(tid)
+    except OSError:
+        pass
+"""
+
+
+def _start_guard(group: str) -> subprocess.Popen[bytes]:
+    """The freezer group's guard (:data:`_GUARD`), in a session of its own: a launcher that ends the
+    rank's process group or session leaves it to thaw what the agent froze."""
+    return subprocess.Popen([sys.executable, "-I", "-c", _GUARD, group], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            close_fds=True)
+
+
 class AgentFaults:
     """The agent's side: check a fault request, verify the rank on this host, make the fault, and
     undo what can be undone (:meth:`release`). Used by the agent's thread only."""
@@ -163,6 +208,7 @@ class AgentFaults:
         self.identities = {identity.rank: identity for identity in identities}
         self.rejected = 0
         self._freezer: Any = None
+        self._guard: subprocess.Popen[bytes] | None = None
 
     def handle(self, message: _wire.Message) -> dict[str, Any]:
         """The ``faulted`` answer's fields for one ``fault`` message (never raises)."""
@@ -219,6 +265,7 @@ class AgentFaults:
 
             if self._freezer is None:
                 self._freezer = FreezerGroup(prefix=_FREEZER_PREFIX)
+                self._guard = _start_guard(self._freezer.path)
             at = time.monotonic()
             frozen = self._freezer.freeze([victim.pid], timeout=_FREEZE_S)
             if _pidfd.is_exited(fd):  # the pid may have named another process by the time it was added
@@ -255,6 +302,12 @@ class AgentFaults:
         if freezer is not None:
             with contextlib.suppress(Exception):
                 freezer.remove(timeout=5.0)
+        guard, self._guard = self._guard, None
+        if guard is not None:  # its group is gone: it finds nothing to do and ends
+            with contextlib.suppress(Exception):
+                assert guard.stdin is not None
+                guard.stdin.close()
+                guard.wait(_GUARD_WAIT_S)
 
     def _answer(self, req: Any, rank: Any, fault: Any, outcome: str, detail: str, *, pid: int = 0,
                 age: float | None = None) -> dict[str, Any]:

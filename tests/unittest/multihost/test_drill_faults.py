@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -25,8 +26,8 @@ from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import WorkerProcessMonitor
 from trtllm_liveness._events import EventKind, WorkerEvent
-from trtllm_liveness.demo._cgroup_faults import FREEZER_ROOT
-from trtllm_liveness.multihost._drill_faults import DrillHub, FaultReply
+from trtllm_liveness.demo._cgroup_faults import FREEZER_ROOT, remove_leftover_groups
+from trtllm_liveness.multihost._drill_faults import _FREEZER_PREFIX, DrillHub, FaultReply
 from trtllm_liveness.multihost._hub import AgentHub
 
 pytestmark = [needs("mpi", "testhosts"), pytest.mark.real_process, pytest.mark.timeout(60)]
@@ -102,7 +103,18 @@ class Agent:
 def drill_groups() -> list[str]:
     if not os.path.isdir(FREEZER_ROOT):
         return []
-    return sorted(name for name in os.listdir(FREEZER_ROOT) if name.startswith("trtllm-liveness-drill"))
+    return sorted(name for name in os.listdir(FREEZER_ROOT) if name.startswith(_FREEZER_PREFIX))
+
+
+@pytest.fixture(autouse=True)
+def no_group_left(procs: ProcessTracker) -> Iterator[None]:
+    """Every agent's freezer group is gone after each test; one left is thawed, removed, and fails it
+    (before ``procs`` ends the test's processes: a frozen one could not die)."""
+    del procs
+    yield
+    left = drill_groups()
+    remove_leftover_groups(_FREEZER_PREFIX)
+    assert left == [], f"freezer groups left: {left}"
 
 
 def stop_and_check(proxy: Proxy, agent: Agent, unkillable: tuple[int, ...] = ()) -> None:
@@ -170,6 +182,25 @@ def test_wedge_is_real_d_state_reported_unkillable_at_the_stop_then_thawed(procs
         assert state_of(agent.ranks[4]) == "D"  # the freezer reached FROZEN before the answer
         assert len(drill_groups()) == 1
         stop_and_check(proxy, agent, unkillable=(4,))
+    finally:
+        proxy.close()
+
+
+@needs("freezer")
+def test_an_agent_killed_while_its_rank_is_frozen_leaves_its_guard_to_thaw_it(procs: ProcessTracker,
+                                                                             tmp_path: Path) -> None:
+    """The agent's own process SIGKILLed (as a launcher's teardown may) while the rank it froze is in
+    ``D``: nobody asks it to clean up, and the group's guard thaws the rank and removes the group."""
+    proxy = Proxy()
+    try:
+        agent = Agent(procs, proxy, tmp_path / "agent.log")
+        assert isinstance(proxy.hub, DrillHub)
+        assert_injected(proxy.hub.inject_fault(4, "wedge", BOUND_S), agent, "wedge")
+        assert state_of(agent.ranks[4]) == "D" and len(drill_groups()) == 1
+        os.kill(agent.popen.pid, signal.SIGKILL)
+        assert agent.popen.wait(BOUND_S) == -signal.SIGKILL
+        assert wait_until(lambda: drill_groups() == [], BOUND_S), drill_groups()
+        assert state_of(agent.ranks[4]) in RUNNING  # thawed, alive: the procs fixture ends it
     finally:
         proxy.close()
 

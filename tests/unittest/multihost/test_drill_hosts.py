@@ -19,7 +19,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,8 @@ from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.testhosts import REPO_ROOT, TestHosts, netns_pids
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness.demo._cgroup_faults import FREEZER_ROOT
+from trtllm_liveness.demo._cgroup_faults import FREEZER_ROOT, remove_leftover_groups
+from trtllm_liveness.multihost._drill_faults import _FREEZER_PREFIX
 
 pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi"),
               pytest.mark.timeout(240)]
@@ -74,6 +75,15 @@ def _run(test_hosts: TestHosts, tmpdir: str, tree: str, fault: str, liveness: st
     return popen.returncode, out.decode(errors="replace"), err.decode(errors="replace")
 
 
+@pytest.fixture(autouse=True)
+def no_group_left(test_hosts: TestHosts) -> Iterator[None]:
+    """A drill's freezer group left after a test (a failure) is thawed and removed before the test
+    hosts end their processes (a frozen one could not die)."""
+    del test_hosts
+    yield
+    remove_leftover_groups(_FREEZER_PREFIX)  # the agents' groups: never another test's local drill
+
+
 def assert_nothing_left(test_hosts: TestHosts) -> None:
     for name in ("hostA", "hostB"):
         host = test_hosts.host(name)
@@ -81,7 +91,7 @@ def assert_nothing_left(test_hosts: TestHosts) -> None:
         assert wait_until(lambda: set(netns_pids(host.netns)) <= own, 20 * WAIT_SCALE), \
             (name, netns_pids(host.netns), own)  # noqa: B023
     groups = os.listdir(FREEZER_ROOT) if os.path.isdir(FREEZER_ROOT) else []
-    assert [name for name in groups if name.startswith("trtllm-liveness-drill")] == []
+    assert [name for name in groups if name.startswith(_FREEZER_PREFIX)] == []
 
 
 def outcome(stdout: str, stderr: str) -> dict[str, Any]:
