@@ -1,7 +1,7 @@
 """The extension's side of scripts/bench_multihost.py: the engine with its agents, on test hosts.
 
 The fault trials are tests/support/multihost_engine.py's (fresh namespace test hosts per trial);
-here: the CPU figures (a hub with three real agents; a hub with 128 simulated agents), the loaded
+here: the CPU figure of a hub with three real agents (many hosts: scripts/_host_scale.py), the loaded
 no-fault control and the lossy-network control (tests/support/netem.py), with the closest calls
 (the longest silence each side of every hub connection saw, sampled with ``ss`` in the hosts).
 """
@@ -38,7 +38,7 @@ from trtllm_liveness.process import _procfs
 REPO = Path(__file__).resolve().parent.parent
 
 __all__ = ["Fatal", "NetemControl", "StartFailed", "false_alarms_loaded", "false_alarms_netem", "heartbeat_cpu",
-           "host_fault", "proxy_cpu_simulated", "remote_kill", "remote_wedge"]
+           "host_fault", "remote_kill", "remote_wedge"]
 
 
 def heartbeat_cpu(window: float = 20.0) -> float:
@@ -103,50 +103,6 @@ hub = AgentHub(WorkerProcessMonitor(), bind="127.0.0.1").start()  # the default 
 print(json.dumps(hub.worker_spec()), flush=True)
 time.sleep(600)
 """
-
-SIM_AGENTS = r"""
-import json, sys, time, zmq, secrets
-from trtllm_liveness.multihost import _wire
-spec = json.loads(sys.argv[1]); n = int(sys.argv[2]); secret = bytes.fromhex(spec["secret"])
-ctx = zmq.Context(io_threads=2); socks = []
-for i in range(n):
-    sid = secrets.token_hex(16); s = ctx.socket(zmq.DEALER)
-    s.setsockopt(zmq.ROUTING_ID, sid.encode()); s.setsockopt(zmq.LINGER, 0)  # no PINGs of its own: as HostAgent
-    s.connect(spec["endpoint"])
-    host = f"simhost{i}"
-    s.send(_wire.encode(secret, _wire.TO_HUB, "hello", sid, 1, host=host, rank=1000 + 2 * i, port=0,
-                        ranks=[[1000 + 2 * i, 100 + i, 1, host, 1], [1001 + 2 * i, 200 + i, 1, host, 1]]))
-    socks.append(s)
-print("up", flush=True)
-time.sleep(600)
-"""
-
-
-def proxy_cpu_simulated(agents: int, window: float = 10.0) -> float:
-    """CPU ms per s of a process running only an AgentHub with ``agents`` simulated agents
-    connected (hello, then answering the hub's ZMTP PINGs, four per default timeout, 450 ms apart;
-    like a real agent they send none), over ``window`` s."""
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    hub = subprocess.Popen([sys.executable, "-c", SIM_HUB], stdout=subprocess.PIPE, env=env, start_new_session=True)
-    sim = None
-    try:
-        assert hub.stdout is not None
-        spec = first_line(hub).decode()
-        if agents:
-            sim = subprocess.Popen([sys.executable, "-c", SIM_AGENTS, spec, str(agents)], stdout=subprocess.PIPE,
-                                   env=env, start_new_session=True)
-            assert first_line(sim) == b"up\n"
-        time.sleep(3.0)
-        before, t0 = cpu_ticks(hub.pid), time.monotonic()
-        time.sleep(window)
-        after, t1 = cpu_ticks(hub.pid), time.monotonic()
-        return (after - before) * 1000 / os.sysconf("SC_CLK_TCK") / (t1 - t0)
-    finally:
-        for proc in (sim, hub):
-            if proc is not None:
-                proc.kill()
-                proc.wait(10)
-
 
 def false_alarms_loaded(window: float) -> tuple[int, str, float | None]:
     """Both cores busy (two spinning processes) for ``window`` s, the default heartbeat, every rank

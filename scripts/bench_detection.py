@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Benchmark: how fast and how cheaply WorkerProcessMonitor notices a dead worker.
 
-Usage: scripts/bench_detection.py [--json] [--kills N]
+Usage: scripts/bench_detection.py [--json] [--kills N] [--quick] [--markdown] [--no-growth] [--no-hosts]
 
 All measured processes are non-children (grandchildren: a helper process forks the sleepers and
 reaps them), as MPI-spawned workers are for the TensorRT-LLM proxy. Measured side by side:
@@ -19,7 +19,11 @@ reaps them), as MPI-spawned workers are for the TensorRT-LLM proxy. Measured sid
              wedge scan on): detection latency (SIGKILL -> subscriber), check cost, the watcher's
              idle CPU and memory (Python heap traced by tracemalloc, descriptors). Sleepers have
              one thread each; a real rank has ten or more, and the wedge scan reads each thread.
-             The 4/18/128-host columns are bench_multihost.py's: their keys are here, null.
+             Then 4, 18 (NVL72) and 128 hosts of 4 ranks (scripts/_host_scale.py: the real agent
+             code over sleeper ranks; 4 on real test hosts where this machine can make them, 18
+             and 128 simulated in UTS namespaces; --no-hosts: null): a remote
+             rank's SIGKILL -> the hub's event, the hub's check cost, idle CPU (minus the hub with
+             no host, same run) and memory. --markdown prints the table as docs show it.
 """
 
 from __future__ import annotations
@@ -38,15 +42,15 @@ import sys
 import threading
 import time
 import tracemalloc
+from collections.abc import Callable
 
 import _bench
+import _growth_table
+import _host_scale
+from _growth_table import GROWTH_HOSTS, GROWTH_RANKS
 
 from trtllm_liveness import ProcessIdentity, WorkerEvent, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.process import _procfs
-
-GROWTH_RANKS = (8, 64, 256, 1024)
-GROWTH_HOSTS = (4, 18, 128)  # bench_multihost.py's columns: keys left null here
-GROWTH_METRICS = ("detect_p50_us", "detect_p99_us", "check_us", "idle_cpu_ms_per_s", "memory_kib", "fds")
 
 # Forks sleepers on request ("N\n" -> one line of N pids); SIGCHLD ignored so the kernel reaps
 # them; each sleeper dies with the spawner (PR_SET_PDEATHSIG), so nothing outlives the benchmark.
@@ -262,13 +266,14 @@ def _fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
-def bench_growth(spawner: Spawner, pool: list[int], kills: int, idle_seconds: float) -> dict[str, float | int | None]:
+def bench_growth(spawner: Spawner, pool: list[int], kills: int, idle_seconds: float,
+                 counts: tuple[int, ...] = GROWTH_RANKS) -> dict[str, float | int | None]:
     """The growth table: for each count of watched sleepers, one monitor as an engine runs it (wedge
     scan every 1 s), its memory after registering and a first scan, its check cost, its watcher's
     idle CPU, then ``kills`` deaths timed (each victim registered beside the others just before its
     SIGKILL, so the count watched stays the same)."""
     out: dict[str, float | int | None] = {}
-    for count in GROWTH_RANKS:
+    for count in counts:
         identities = [capture_identity(rank, pid) for rank, pid in enumerate(pool[:count])]
         victims = spawner.spawn(kills)
         settle(victims)
@@ -316,28 +321,30 @@ def bench_growth(spawner: Spawner, pool: list[int], kills: int, idle_seconds: fl
             if tracemalloc.is_tracing():
                 tracemalloc.stop()
             monitor.close()
-    for metric in GROWTH_METRICS:
-        for hosts in GROWTH_HOSTS:
-            out[f"growth_{metric}_hosts_{hosts}"] = None
     return out
 
 
-def print_growth(g: dict[str, float | int | None]) -> None:
-    def cell(key: str, digits: int) -> str:
-        value = g.get(key)
-        return "-" if value is None else f"{value:.{digits}f}"
+def columns_of(allowed: tuple[int, ...]) -> Callable[[str], tuple[int, ...]]:
+    """An argparse type: a comma-separated subset of the table's ``allowed`` columns."""
+    def parse(text: str) -> tuple[int, ...]:
+        chosen = tuple(int(item) for item in text.split(",") if item)
+        if not set(chosen) <= set(allowed):
+            raise argparse.ArgumentTypeError(f"{text!r}: each must be one of {allowed}")
+        return chosen
+    return parse
 
-    columns = [str(n) for n in GROWTH_RANKS] + [f"{h} hosts" for h in GROWTH_HOSTS]
-    print("growth with the ranks watched: local sleepers (one thread each), wedge scan every 1 s; the host "
-          "columns are bench_multihost.py's (null here)")
-    print(f"{'':30}" + "".join(f"{c:>11}" for c in columns))
-    rows = [("detect p50 us", "detect_p50_us", 0), ("detect p99 us", "detect_p99_us", 0),
-            ("check (find_dead_worker) us", "check_us", 1), ("watcher idle CPU ms/s", "idle_cpu_ms_per_s", 3),
-            ("memory KiB (Python heap)", "memory_kib", 0), ("descriptors", "fds", 0)]
-    for label, metric, digits in rows:
-        cells = [cell(f"growth_{metric}_{n}", digits) for n in GROWTH_RANKS]
-        cells += [cell(f"growth_{metric}_hosts_{h}", digits) for h in GROWTH_HOSTS]
-        print(f"{label:30}" + "".join(f"{c:>11}" for c in cells))
+
+def host_columns(args: argparse.Namespace) -> dict[str, object]:
+    """The growth table's host columns (scripts/_host_scale.py), null with the reason when
+    ``--no-hosts`` or where this machine cannot make the rig's hosts."""
+    reason = "--no-hosts" if args.no_hosts else _host_scale.unavailable()
+    if reason is not None:
+        return {**{f"growth_{metric}_hosts_{hosts}": None for metric in _host_scale.COLUMN_KEYS
+                   for hosts in args.growth_hosts}, "host_scale_null_reason": reason, "host_scale_failed_starts": {}}
+    logging.getLogger("trtllm_liveness").setLevel(logging.ERROR)
+    columns = _host_scale.host_columns(args.growth_hosts, kills=5 if args.quick else 20,
+                                       window=5.0 if args.quick else 20.0, settle=2.0 if args.quick else 3.0)
+    return {**columns, "host_scale_null_reason": None}
 
 
 def main() -> int:
@@ -348,7 +355,17 @@ def main() -> int:
     parser.add_argument("--no-gc-freeze", action="store_true", help="do not gc.freeze() setup objects first")
     parser.add_argument("--growth-kills", type=int, default=40, help="kills timed per column of the growth table")
     parser.add_argument("--no-growth", action="store_true", help="skip the growth table")
+    parser.add_argument("--no-hosts", action="store_true", help="leave the growth table's host columns null")
+    parser.add_argument("--quick", action="store_true",
+                        help="fewer kills (50, 10 per growth column, 5 per host column), 2 s idle windows (5 s hosts)")
+    parser.add_argument("--markdown", action="store_true", help="also print the growth table in Markdown")
+    parser.add_argument("--growth-ranks", type=columns_of(GROWTH_RANKS), default=GROWTH_RANKS,
+                        help=f"the ranks columns measured, comma-separated, of {GROWTH_RANKS} (default all)")
+    parser.add_argument("--growth-hosts", type=columns_of(GROWTH_HOSTS), default=GROWTH_HOSTS,
+                        help=f"the hosts columns measured, comma-separated, of {GROWTH_HOSTS} (default all)")
     args = parser.parse_args()
+    if args.quick:
+        args.kills, args.growth_kills, args.idle_seconds = 50, 10, 2.0
     logging.getLogger("trtllm_liveness").setLevel(logging.ERROR)  # 1 warning per kill otherwise
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 8192)), hard))
@@ -370,9 +387,12 @@ def main() -> int:
             gc.freeze()
         floor, detect = bench_floor_and_detect(floor_pids, detect_pids)
         poll = bench_poll100ms(spawner.spawn(20))
-        growth = {} if args.no_growth else bench_growth(spawner, pool, args.growth_kills, args.idle_seconds)
+        growth = {} if args.no_growth else bench_growth(spawner, pool, args.growth_kills, args.idle_seconds,
+                                                        args.growth_ranks)
     finally:
         spawner.close()
+    if growth:
+        growth.update(host_columns(args))
     r: dict[str, float | int | None] = {
         "floor_p50_us": pct(floor, 50), "floor_p99_us": pct(floor, 99),
         "detect_p50_us": pct(detect, 50), "detect_p99_us": pct(detect, 99),
@@ -401,7 +421,10 @@ def main() -> int:
     for name, unit, value in rows:
         print(f"{name:42} {unit:12} {value}")
     if growth:
-        print_growth(growth)
+        _growth_table.print_text(growth)
+        if args.markdown:
+            print(_growth_table.markdown(growth, " ".join([".venv/bin/python", "scripts/bench_detection.py",
+                                                            *sys.argv[1:]])))
     targets = [
         ("detect_p99 <= 5 x floor_p99", r["detect_p99_us"] <= 5 * r["floor_p99_us"]),
         ("detect_p99 <= 2000 us", r["detect_p99_us"] <= 2000),
@@ -410,6 +433,10 @@ def main() -> int:
         ("idle_cpu <= 1 ms/s", r["idle_cpu_ms_per_s"] <= 1),
         (f"kills >= 200 ({len(detect)}, floor {len(floor)})", min(len(detect), len(floor)) >= 200),
     ]
+    if growth and not args.no_hosts:
+        failed, reason = growth.get("host_scale_failed_starts"), growth.get("host_scale_null_reason")
+        targets.append((f"every host column measured (failed starts: {failed})" + (f" ({reason})" if reason else ""),
+                        not failed and not reason))
     return _bench.finish(targets, r, as_json=args.json, wall_s=r["wall_s"])
 
 

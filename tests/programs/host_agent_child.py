@@ -10,7 +10,9 @@ process (rank ``first_rank``; the children take the next ones), prints one JSON 
 Options: ``endpoint``, ``secret`` (hex), ``heartbeat_timeout_s``, ``d_state_timeout_s``,
 ``drill`` (the agent's engine is a drill's: it makes the faults its hub asks for), ``slow_poll``
 (each of the agent's polls returns 0.3 s late, as in a rank whose other threads hold the
-interpreter: what the hub sent and the close of its connection then arrive in one round).
+interpreter: what the hub sent and the close of its connection then arrive in one round),
+``die_with_agent`` (each sleeper gets SIGKILL when this process ends, ``PR_SET_PDEATHSIG``: a rig
+of many hosts leaves nothing behind even when it is itself killed).
 """
 
 from __future__ import annotations
@@ -26,6 +28,14 @@ import time
 def emit(record: dict[str, object]) -> None:
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
+
+
+def die_with_parent() -> None:
+    """In a sleeper before its exec: SIGKILL when its parent (this agent) ends."""
+    import ctypes
+    import signal
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def main(options: dict[str, object]) -> int:
@@ -45,7 +55,9 @@ def main(options: dict[str, object]) -> int:
 
         zmq.Poller.poll = slow  # type: ignore[method-assign]
     first = int(options.get("first_rank", 1))  # type: ignore[call-overload]
-    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True)
+    with_agent = die_with_parent if options.get("die_with_agent") else None
+    children = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                                 preexec_fn=with_agent)  # before the agent starts any thread
                 for _ in range(int(options.get("ranks", 1)))]  # type: ignore[call-overload]
     identities = [capture_identity(first + 1 + index, child.pid) for index, child in enumerate(children)]
     d = options.get("d_state_timeout_s")

@@ -10,7 +10,9 @@ Usage: ``python -m tests.programs.stack_dump_rank [--no-register] [--not-dumpabl
 
 - ``stat PATH``: the main thread stats ``PATH`` (a FUSE stall: the main thread in ``D``);
 - ``thread-stat PATH``: a new thread stats ``PATH`` (a helper thread in ``D``; the main one waits on);
-- ``spin``: the main thread spins in ``spin_on_a_flag_nobody_sets``.
+- ``spin``: the main thread spins in ``spin_on_a_flag_nobody_sets``;
+- ``threads N``: starts N more threads, each waiting 60 frames deep (a long dump: about N * 60
+  lines written by the handler), then prints ``threads N``.
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ def spin_on_a_flag_nobody_sets() -> None:
         pass
 
 
+def wait_deep(depth: int, never: threading.Event) -> None:
+    if depth:
+        wait_deep(depth - 1, never)
+    else:
+        never.wait()
+
+
 def wait_for_a_peer_that_never_comes() -> None:
     for line in sys.stdin:
         order, _, argument = line.strip().partition(" ")
@@ -42,6 +51,12 @@ def wait_for_a_peer_that_never_comes() -> None:
             threading.Thread(target=os.stat, args=(argument,), name="stat-in-fuse", daemon=True).start()
         elif order == "spin":
             spin_on_a_flag_nobody_sets()
+        elif order == "threads":
+            never = threading.Event()
+            for number in range(int(argument)):
+                threading.Thread(target=wait_deep, args=(60, never), name=f"deep-{number}", daemon=True).start()
+            sys.stdout.write(f"threads {argument}\n")
+            sys.stdout.flush()
 
 
 def main() -> None:

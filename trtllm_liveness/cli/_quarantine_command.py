@@ -171,7 +171,8 @@ def _check_dict(check: QuarantineCheck) -> dict[str, Any]:
         "error": None if status is None else status.error or None,
         "marker": None if status is None or status.marker is None else status.marker.to_dict(),
         "processes": [] if status is None else [
-            {"pid": item.process.pid, "verdict": item.verdict.value, "state": item.state, "wchan": item.wchan}
+            {"pid": item.process.pid, "verdict": item.verdict.value, "state": item.state, "wchan": item.wchan,
+             "kernel_stack": list(item.kernel_stack)}
             for item in status.checks],
         "device_holders": [vars(holder) for holder in check.device_holders],
     }

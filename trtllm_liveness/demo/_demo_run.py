@@ -55,6 +55,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from ..diagnose._diagnosis_text import snapshot_lines
 from ._cgroup_faults import FREEZER_ROOT
 from ._mpi_env import FT_ENABLE_VAR
 from ._scenario_launcher import run_scenario
@@ -372,6 +373,7 @@ def _single_lines(args: argparse.Namespace, rank: int, out: ScenarioResult, run:
     lines.append(f"      shutdown() took            {_fmt(_shutdown_ms(out))}")
     if args.fault == "stop":
         lines.append("  (SIGSTOP: alive and killable, not a liveness failure; health stays as it is)")
+        lines += snapshot_lines(out.snapshot)
     else:
         lines.append(_STAMPS_NOTE)
     if out.fatal_error:

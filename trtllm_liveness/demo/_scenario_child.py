@@ -75,7 +75,7 @@ from ._scenario_executor import (
     upstream_api,
 )
 from ._scenario_faults import alive, inject, kill_watcher, victims_of
-from ._scenario_observe import CriticalLog, HealthHammer, ThreadExceptions, observe, run_control
+from ._scenario_observe import CriticalLog, HealthHammer, ThreadExceptions, observe, run_control, snapshot_of_ranks
 from ._scenario_phases import run_init_fault, run_shutdown_fault, run_spawn_failure
 from ._scenario_records import ResultInProgress, ScenarioOptions, ScenarioResult, ShutdownOutcome, Victim
 
@@ -89,7 +89,7 @@ def liveness_env(opts: ScenarioOptions) -> str:
     settings: dict[str, Any] = {
         "d_state_timeout_s": opts.d_state_timeout_s, "scan_interval_s": opts.scan_interval_s,
         "shutdown_grace_s": opts.shutdown_grace_s, "shutdown_term_s": opts.shutdown_term_s,
-        "shutdown_kill_s": opts.shutdown_kill_s,
+        "shutdown_kill_s": opts.shutdown_kill_s, "diagnosis_before_stop_s": opts.diagnosis_before_stop_s,
     }
     if opts.exit_on_fatal:
         settings.update(exit_on_fatal=1, exit_code=opts.exit_code, exit_timeout_s=opts.exit_timeout_s)
@@ -172,6 +172,8 @@ def _run_once(opts: ScenarioOptions, thread_exceptions: ThreadExceptions, draft:
                 emit({"fault_at": t0, "iteration": iteration})
                 detection, fatal, pending = observe(opts, proxy, results, t0, floor)
                 draft.update(detection=detection, pending_not_done=pending, **fatal_fields(proxy, fatal))
+                if opts.fault == "stop" and detection.stall_detected_ms is not None:
+                    draft.update(snapshot=snapshot_of_ranks(proxy, f"stall after SIGSTOP of rank {victims[0].rank}"))
                 # Before anything that may end the process (the harness's kill of the ranks after a
                 # wedge or stop without liveness can make MPI abort it): what was seen, for the demo.
                 emit({"observed": {"pending_not_done": pending, "in_flight": draft.result.in_flight,

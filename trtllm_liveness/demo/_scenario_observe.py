@@ -14,11 +14,14 @@ import itertools
 import logging
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._scenario_executor import expected_tokens, health, settled_fatal_error, submit
 from ._scenario_faults import PidfdFloor
 from ._scenario_records import ControlOutcome, Detection, HealthProbeOutcome, ScenarioOptions
+
+if TYPE_CHECKING:
+    from ..exit._snapshot_record import FatalSnapshot
 
 __all__ = ["CriticalLog", "HealthHammer", "ThreadExceptions", "observe", "run_control"]
 
@@ -176,3 +179,31 @@ def run_control(opts: ScenarioOptions, proxy: Any, results: list[Any],
         control_s=opts.control_s, requests_completed=completed, request_errors=errors, wrong_tokens=wrong,
         health_checks=checks, health_false=health_false, alarms=health_false + events + (fatal is not None) + errors)
     return control, fatal, sum(1 for r in active if not r.done)
+
+
+SNAPSHOT_WAIT_S = 5.0
+"""How long a scenario waits for the extension's snapshot of its ranks (its own bound is shorter)."""
+
+
+def snapshot_of_ranks(proxy: Any, reason: str) -> FatalSnapshot | None:
+    """The extension's bounded snapshot of the executor's ranks now (its ``Diagnoser``, as a fatal
+    verdict takes it: a short CPU window, the stacks), as the typed record the fatal path logs:
+    each rank's host, state, wait channel, CPU class, stack source, and the rank the evidence names
+    (a stopped one first). None without liveness, or when it did not end within ``SNAPSHOT_WAIT_S``."""
+    state = getattr(proxy, "liveness_state", None)
+    diagnoser = getattr(state, "diagnoser", None)
+    if diagnoser is None:
+        return None
+    from ..diagnose._diagnosis_text import snapshot_record
+
+    taken: list[Any] = []
+    done = threading.Event()
+
+    def keep(diagnosis: Any) -> None:
+        taken.append(diagnosis)
+        done.set()
+
+    if not diagnoser.request(reason, keep, snapshot=True) or not done.wait(SNAPSHOT_WAIT_S):
+        return None
+    hosts = {identity.rank: identity.hostname for identity in proxy.liveness_identities()}
+    return snapshot_record(taken[0], reason, hosts=hosts)

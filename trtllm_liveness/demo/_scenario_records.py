@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from .._events import WorkerEvent
+from ..exit._snapshot_record import FatalSnapshot
 from ..stop._stop_report import StopReport
 
 __all__ = [
@@ -70,7 +71,7 @@ def _flat(cls: type[_T], data: Mapping[str, Any]) -> _T:
 def _json(value: Any) -> Any:
     if isinstance(value, _Record):
         return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value)}  # type: ignore[arg-type]
-    if isinstance(value, (WorkerEvent, StopReport)):  # the package's own records: their own JSON form
+    if isinstance(value, (WorkerEvent, StopReport, FatalSnapshot)):  # the package's own records: their own JSON form
         return value.to_dict()
     if isinstance(value, (list, tuple)):
         return [_json(item) for item in value]
@@ -122,6 +123,7 @@ class ScenarioOptions(_Record):
     shutdown_grace_s: float = 5.0
     shutdown_term_s: float = 0.5
     shutdown_kill_s: float = 1.0
+    diagnosis_before_stop_s: float = 0.3  # the package default: the stop waits this long for the snapshot
     exit_on_fatal: bool = False
     exit_code: int = 3
     exit_timeout_s: float = 10.0
@@ -300,6 +302,7 @@ class ScenarioResult(_Record):
     ending: EndingOutcome | None = None
     survivors: tuple[int, ...] = ()  # ranks alive after the iteration (after any release)
     survivors_while_frozen: tuple[int, ...] = ()  # ranks alive before the freezer/FUSE stall let go
+    snapshot: FatalSnapshot | None = None  # fault "stop": the extension's snapshot of the ranks at the stall
     oom_kills: int | None = None
     freezer_path: str | None = None
     memory_cgroup_path: str | None = None
@@ -324,6 +327,7 @@ class ScenarioResult(_Record):
             "options": ScenarioOptions.from_dict(data["options"]),
             "victims": tuple(_flat(Victim, v) for v in data.get("victims", ())),
             "events": tuple(WorkerEvent.from_dict(e) for e in data.get("events", ())),
+            "snapshot": None if data.get("snapshot") is None else FatalSnapshot.from_dict(data["snapshot"]),
         }
         for name, section in (("detection", Detection), ("init", InitOutcome), ("control", ControlOutcome),
                               ("health_probe", HealthProbeOutcome), ("watcher", WatcherFaultOutcome),
@@ -356,7 +360,8 @@ class ResultInProgress:
 
 
 _SCALAR_FIELDS = frozenset(f.name for f in dataclasses.fields(ScenarioResult)) - {
-    "options", "victims", "events", "detection", "shutdown", "init", "control", "health_probe", "watcher", "ending"}
+    "options", "victims", "events", "snapshot", "detection", "shutdown", "init", "control", "health_probe", "watcher",
+    "ending"}
 
 
 @dataclass(frozen=True)

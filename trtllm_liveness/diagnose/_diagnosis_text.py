@@ -1,15 +1,32 @@
-"""Plain-text rendering of a :class:`._diagnosis.Diagnosis` for ``trtllm-liveness scan --stacks``.
+"""Text of a diagnosis: the scan's table (``trtllm-liveness scan --stacks``), the fatal ERROR line
+with its evidence, and the fatal verdict's snapshot as one WARNING line and as a typed record.
 
 Kept apart from the CLI so that the CLI only wires it in. Text chosen by the target (thread names,
 file names) goes through the caller's ``clean`` function before it reaches a terminal.
+
+**The fatal line and the snapshot.** The ERROR line is due at detection, before the pending
+requests are failed; the snapshot (a CPU window and the ranks' stacks) takes a fraction of a
+second and must come before the bounded stop. So the line never waits for it: it carries the
+evidence known at once, the ranks' thread states read from ``/proc`` now
+(:func:`~._stalled_rank.stalled_rank_now`: gone, stopped, in ``D``, behind in iterations), and says
+so; the snapshot follows in one WARNING line (:func:`snapshot_record` then
+:meth:`~trtllm_liveness.exit._snapshot_record.FatalSnapshot.summary`) and, whole, in the outcome
+record, the termination message and Dynamo's ``/engine/liveness``. Imports nothing heavy: the
+fatal path loads it at the engine's start.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
 
-from ._diagnosis import Diagnosis, RankDiagnosis
+from .._events import EventKind, WorkerEvent
+from ..exit._snapshot_record import MAIN_FRAMES, FatalSnapshot, RankSnapshot
 from ._stack_records import StackStatus
+from ._stalled_rank import StalledRank
+
+if TYPE_CHECKING:
+    from ._diagnosis import Diagnosis, RankDiagnosis
 
 MAX_FRAMES = 12
 """Innermost frames shown per thread; the JSON form has them all."""
@@ -58,3 +75,79 @@ def summary_lines(diagnosis: Diagnosis) -> list[str]:
         return [f"diagnosis: {len(diagnosis.ranks)} rank(s) over {diagnosis.window_s:.2f}s CPU window, "
                 "no odd rank out", *named]
     return [f"ODD RANK OUT ({odd.aspect}): {odd.reason}" for odd in diagnosis.odd_ranks] + named
+
+
+STATES_ONLY = "from the ranks' thread states now; the snapshot follows"
+"""What the fatal line says of its evidence: read from ``/proc`` at once, not the snapshot's."""
+
+
+def instant_evidence(verdict: StalledRank | None) -> str:
+    """The fatal line's evidence from :func:`~._stalled_rank.stalled_rank_now`'s verdict."""
+    if verdict is None:
+        return f"no local rank is gone, stopped, in D or behind ({STATES_ONLY})"
+    return f"{verdict.evidence} ({STATES_ONLY})"
+
+
+def fatal_line(event: WorkerEvent, evidence: str) -> str:
+    """The fatal ERROR line's text: the event's message in today's form with ``evidence``
+    appended: ``engine stalled (named: MPI worker rank R (pid P) on host H; evidence: ...): cause``
+    for a stall (the evidence the stall's cause already carried is not repeated), and
+    ``<message>; evidence: ...`` for a death, a wedge, a lost host and an unkillable rank."""
+    if event.kind is EventKind.STALLED:
+        who = event.identity
+        named = f"MPI worker rank {who.rank} (pid {who.pid}) on host {who.hostname}; evidence: {evidence}"
+        cause = event.cause
+        head = evidence.partition(f" ({STATES_ONLY})")[0]
+        if head and f"; {head}" in cause:
+            cause = cause.replace(f"; {head}", "", 1)
+        return WorkerEvent(event.kind, event.identity, cause, event.detected_at, event.wall_time, event.tid,
+                           event.wchan, event.fault_at).describe(named)
+    return f"{event.message}; evidence: {evidence}"
+
+
+def _rank_snapshot(rank: RankDiagnosis, hostname: str, iterations: int | None) -> RankSnapshot:
+    main = rank.main_thread
+    stacks = rank.stacks
+    if stacks is None:
+        source = "not asked"
+    elif stacks.status is StackStatus.TAKEN and stacks.source is not None:
+        source = stacks.source.value
+    else:
+        source = stacks.status.value
+    frames: tuple[str, ...] = ()
+    if stacks is not None:
+        main_stack = stacks.main_thread(rank.pid)
+        if main_stack is not None:
+            frames = tuple(frame.describe() for frame in main_stack.frames[:MAIN_FRAMES])
+    state = main.state if main is not None else ("" if rank.report is None else rank.report.state)
+    return RankSnapshot(rank.rank, rank.pid, hostname, state, main.wchan if main is not None else "",
+                        rank.activity.value, iterations, source, frames)
+
+
+def snapshot_record(diagnosis: Diagnosis, reason: str, *, hosts: Mapping[int, str],
+                    iterations: Mapping[int, int] | None = None) -> FatalSnapshot:
+    """The fatal verdict's ``diagnosis`` as the typed record the WARNING line, the outcome record
+    and the termination message carry. ``hosts`` maps rank numbers to host names; ``iterations``
+    the executor iterations each rank reported."""
+    counts = iterations or {}
+    odd = diagnosis.odd_rank_out
+    named, named_rank = ((diagnosis.named.evidence, diagnosis.named.rank) if diagnosis.named is not None else
+                         (odd.reason, odd.rank) if odd is not None else ("", None))
+    return FatalSnapshot(reason, diagnosis.taken_at, diagnosis.elapsed_ms, named,
+                         tuple(_rank_snapshot(rank, hosts.get(rank.rank, ""), counts.get(rank.rank))
+                               for rank in diagnosis.ranks), named_rank)
+
+
+def snapshot_lines(snapshot: FatalSnapshot | None) -> list[str]:
+    """``snapshot`` for a terminal (``trtllm-liveness demo``): the rank the evidence names, with its
+    host, then every rank (state, wait channel, CPU class, iterations, stack source)."""
+    if snapshot is None:
+        return ["  snapshot: none taken (liveness off, or the stall was not seen)"]
+    named = snapshot.rank(snapshot.named_rank) if snapshot.named_rank is not None else None
+    if named is not None:
+        head = f"  stalled rank: rank {named.rank} (pid {named.pid}) on host {named.hostname}: {snapshot.named}"
+    else:
+        head = "  stalled rank: none named by the evidence" + (f" ({snapshot.named})" if snapshot.named else "")
+    lines = [head, f"  snapshot ({snapshot.elapsed_ms:.0f} ms, before any stop):"]
+    lines += [f"    {rank.describe()}" for rank in snapshot.ranks]
+    return lines

@@ -38,6 +38,10 @@ signal blocked in the thread that runs it (no ``SA_NODEFER``), so the dump is co
 file has grown and the signal is neither pending nor blocked in any thread that had it unblocked
 before the signal was sent.
 
+**Concurrent snapshots of one rank** (the engine's and a CLI scan, two threads) take the dump
+file's exclusive ``flock`` around truncate, signal, wait and read: one dump is never truncated or
+read from its middle by another; the second waits for the first, within its own deadline.
+
 **Who cannot dump.** A stopped rank (``T``) runs no handler until it is continued; a rank whose
 main thread is in ``D`` holds a signal sent to the process until it leaves ``D`` (the kernel
 delivers it to the main thread first). Neither is signalled: the result says so at once.
@@ -51,6 +55,7 @@ import atexit
 import contextlib
 import errno
 import faulthandler
+import fcntl
 import logging
 import os
 import re
@@ -419,9 +424,26 @@ class _DumpRequest:
                                "a dump signal would wait for it to leave D; not signalled")
         fd, header, signum = _open_dump_file(pid, self.start_time)
         try:
+            self._lock(fd, signum)
             return self._signal_and_read(fd, len(header), signum, started)
         finally:
-            os.close(fd)
+            os.close(fd)  # releases the lock too
+
+    def _lock(self, fd: int, signum: int) -> None:
+        """Take the dump file's exclusive ``flock`` before anything is truncated, signalled or read:
+        another snapshot of the same rank (another thread, another process: a CLI scan beside the
+        engine's) would otherwise truncate this one's dump while it is read, or read from the middle
+        of it. Waits for the other snapshot until this one's deadline; released by the ``close``."""
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                pass
+            if time.monotonic() >= self.deadline:
+                raise _Unavailable(StackStatus.TIMED_OUT, "another snapshot of this rank held its dump file until the "
+                                                          f"deadline ({signal_name(signum)} not sent)")
+            time.sleep(_POLL_S)
 
     def _signal_and_read(self, fd: int, header_len: int, signum: int, started: float) -> RankStacks:
         pid = self.pid

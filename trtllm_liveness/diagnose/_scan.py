@@ -5,9 +5,12 @@ reports, per process and per thread: the state letter, how long a thread was see
 (uninterruptible sleep) without interruption, whether SIGKILL is pending, the kernel wait channel,
 and whether the process is a zombie. From those it gives a verdict and the action to take:
 
-- ``unkillable``: a thread in ``D`` with SIGKILL pending on two consecutive samples (the same rule
-  as the monitor's :class:`~trtllm_liveness.monitor._wedge.WedgeTracker`). Nothing in user space can end
-  it; it still holds its GPU/NIC, so the host must be drained and recycled.
+- ``unkillable``: SIGKILL pending on two consecutive samples, whatever the state: a thread in ``D``
+  (the monitor's :class:`~trtllm_liveness.monitor._wedge.WedgeTracker` rule) or a task running in the
+  kernel in ``R`` that never returns to user space, where the signal would act (a driver's spin
+  loop). A SIGKILL pending for a moment (a normal kill) is gone by the next sample. Nothing in user
+  space can end it; it still holds its GPU/NIC, so the host must be drained and recycled. The
+  detail says its state, wait channel and, where readable (root), kernel stack.
 - ``d-state``: a thread in ``D`` on every sample of the window: probably wedged in a driver, NCCL
   or RDMA. A single sample in ``D`` is normal (disk I/O) and is not flagged.
 - ``stopped``: ``T``/``t`` (SIGSTOP or a tracer): alive, stuck, but killable.
@@ -198,6 +201,7 @@ class _ProcessSampler:
     denied: bool = False
     samples: int = 0
     d_every_sample: bool = True
+    kill_pending_samples: int = 0  # consecutive samples with SIGKILL pending, in any state
     last_now: float = 0.0
     wedge: WedgeTracker = field(default_factory=lambda: WedgeTracker(math.inf))
     threads: dict[int, _ThreadTrack] = field(default_factory=dict)
@@ -224,6 +228,7 @@ class _ProcessSampler:
                 return
             states = _procfs.read_thread_states(self.pid)
             d_sample = sample_d_state(self.pid) if info.state not in _ZOMBIE_STATES else None
+            pending = info.state not in _ZOMBIE_STATES and _procfs.sigkill_pending(self.pid)
         except (FileNotFoundError, ProcessLookupError):
             self.gone = "no such process" if self.samples == 0 else "exited during the scan"
             return
@@ -238,6 +243,7 @@ class _ProcessSampler:
         # one the monitor uses; its WEDGED timeout is infinite here because the scan judges "D on
         # every sample" itself.
         self.wedge.observe(d_sample, now)
+        self.kill_pending_samples = self.kill_pending_samples + 1 if pending else 0
         if d_sample is None:
             self.d_every_sample = False
         for tid, state in states.items():
@@ -290,8 +296,13 @@ class _ProcessSampler:
             )
             return ProcessReport(*base, Verdict.ZOMBIE, detail, advice, kill_pending, 0.0, self.samples,
                                  exit_status=status, threads=threads, skipped=skipped)
-        if self.wedge.kill_pending_scans >= 2 and first_d is not None:
-            detail = f"in D with SIGKILL pending for at least {d_seconds:.1f}s: {where}"
+        if (self.wedge.kill_pending_scans >= 2 and first_d is not None) or self.kill_pending_samples >= 2:
+            from ..stop._survivor import sample_survivor  # state, wait channel, kernel stack (root)
+
+            seen = sample_survivor(self.pid, reader=reader).describe()
+            detail = (f"in D with SIGKILL pending for at least {d_seconds:.1f}s: {where} ({seen})"
+                      if first_d is not None else
+                      f"SIGKILL pending on {self.kill_pending_samples} consecutive samples, not in D: {seen}")
             return ProcessReport(*base, Verdict.UNKILLABLE, detail, RECYCLE_ADVICE, kill_pending, d_seconds,
                                  self.samples, threads=threads, skipped=skipped)
         if self.d_every_sample and first_d is not None and (self.samples >= 2 or window_s <= 0):
@@ -365,7 +376,7 @@ def scan(
     ``skipped``. ``reader`` (default: a fresh :class:`MmReader` with ``read_timeout_s``) lets a
     caller share one bound on stuck helpers with :func:`select`. ``window_s <= 0`` or
     ``samples == 1`` takes one sample, which cannot confirm a wedge or an unkillable process.
-    When the first sample sees no thread in D in any process, the scan ends there (nothing is
+    When the first sample sees no thread in D and no SIGKILL pending in any process, the scan ends there (nothing is
     left to confirm; a healthy scan then takes milliseconds): ``ScanResult.samples`` is 1 and
     ``window_s`` 0.
     Never raises for a process that is gone or unreadable: that is its verdict. Raises
@@ -386,11 +397,11 @@ def scan(
         for sampler in samplers:
             sampler.sample(now)
         taken += 1
-        # The window only confirms what a sample saw in D (D on every sample; D with SIGKILL
-        # pending twice): when the first sample sees no thread in D, no later one can make a
-        # d-state verdict, and every other verdict is read from one sample. Ending here keeps a
-        # healthy scan well under a probe's timeout (Kubernetes: 1 s).
-        if index == 0 and not any(sampler.saw_d for sampler in samplers):
+        # The window only confirms what a sample saw in D (D on every sample) or with SIGKILL
+        # pending (twice, in any state): when the first sample sees neither, no later one can make
+        # a d-state or unkillable verdict, and every other verdict is read from one sample. Ending
+        # here keeps a healthy scan well under a probe's timeout (Kubernetes: 1 s).
+        if index == 0 and not any(sampler.saw_d or sampler.kill_pending_samples for sampler in samplers):
             break
         if index + 1 < samples:
             remaining = start + interval * (index + 1) - clock()

@@ -8,7 +8,8 @@ directory; every engine process writes its own ``outcome.<pid>.json`` there:
 
 - ``running`` when its engine starts (with the status a failure calls for);
 - ``failed`` at its first fatal error (from a thread the process's ending awaits, first thing on
-  the fatal path; sticky: nothing overwrites it);
+  the fatal path; sticky: nothing overwrites it but the same failure with its snapshot, the typed
+  :class:`~._snapshot_record.FatalSnapshot` of every rank taken before the bounded stop, once);
 - ``clean`` when its engine shut down healthy, or its interpreter exits normally with no failure.
 
 A process that PRRTE killed before it could record its failure is still ``running``: the race
@@ -29,12 +30,15 @@ import threading
 from dataclasses import dataclass
 
 from ._process_ending import Stage, process_ending
+from ._snapshot_record import FatalSnapshot
 
 logger = logging.getLogger(__name__)
 
 OUTCOME_ENV = "TRTLLM_LIVENESS_OUTCOME"
 """The directory of the outcome files, set by ``trtllm-liveness launch`` for the launcher it runs."""
-_LIMIT = 8192
+_LIMIT = 65536
+_SNAPSHOT_LIMIT = _LIMIT - 8192
+"""Room for the snapshot in a record (8 ranks with their main threads' frames take about 6 KiB)."""
 _STATES = ("running", "failed", "clean")
 WRITE_BOUND_S = 2.0
 """How long the process's ending waits for the failure record's write (one small local file)."""
@@ -50,6 +54,7 @@ class Outcome:
     restartable: bool
     exit_code: int
     pid: int
+    snapshot: FatalSnapshot | None = None
 
 
 def _directory(environ: dict[str, str] | None) -> str:
@@ -124,12 +129,37 @@ def record_outcome(message: str, restartable: bool, exit_code: int,
             return None
         ledger.failed = True
 
+        ledger.failure = {"state": "failed", "message": message[:4000], "restartable": restartable,
+                          "exit_code": exit_code}
+
     def write() -> None:
         with ledger.lock:
-            _write(directory, {"state": "failed", "message": message[:4000], "restartable": restartable,
-                               "exit_code": exit_code})
+            if not ledger.snapshot_recorded:  # else the record with the snapshot is there already
+                _write(directory, dict(ledger.failure))
 
     return ending.threads.start(write, name="trtllm-liveness-outcome", bound_s=WRITE_BOUND_S)
+
+
+def record_snapshot(snapshot: FatalSnapshot, environ: dict[str, str] | None = None) -> threading.Thread | None:
+    """Add the failure's snapshot to this process's failure record, once, in a thread of the
+    process's ending; None when no wrapper asked, no failure was recorded or a snapshot was added."""
+    directory = _directory(environ)
+    if not directory:
+        return None
+    ending = process_ending()
+    ledger = ending.outcome
+    with ledger.lock:
+        if not ledger.failed or ledger.snapshot_recorded or not ledger.failure:
+            return None
+
+    def write() -> None:
+        with ledger.lock:
+            if ledger.snapshot_recorded:
+                return
+            ledger.snapshot_recorded = True
+            _write(directory, {**ledger.failure, "snapshot": json.loads(snapshot.to_json(_SNAPSHOT_LIMIT))})
+
+    return ending.threads.start(write, name="trtllm-liveness-outcome-snapshot", bound_s=WRITE_BOUND_S)
 
 
 def read_outcomes(directory: str) -> list[Outcome]:
@@ -142,10 +172,17 @@ def read_outcomes(directory: str) -> list[Outcome]:
         finally:
             os.close(fd)
         data = json.loads(raw) if len(raw) <= _LIMIT else None
+        snapshot = None
+        if isinstance(data, dict) and data.get("snapshot") is not None:
+            try:
+                snapshot = FatalSnapshot.from_dict(data["snapshot"])
+            except ValueError as exc:
+                raise ValueError(f"outcome file {path} is malformed: {exc}") from None
         if not isinstance(data, dict) or data.get("state") not in _STATES or not isinstance(data.get("message"), str) \
                 or not isinstance(data.get("restartable"), bool) or not isinstance(data.get("exit_code"), int) \
                 or isinstance(data.get("exit_code"), bool) or not 1 <= data["exit_code"] <= 255 \
                 or not isinstance(data.get("pid"), int):
             raise ValueError(f"outcome file {path} is malformed")
-        outcomes.append(Outcome(data["state"], data["message"], data["restartable"], data["exit_code"], data["pid"]))
+        outcomes.append(Outcome(data["state"], data["message"], data["restartable"], data["exit_code"], data["pid"],
+                                snapshot))
     return outcomes

@@ -131,6 +131,8 @@ class OutcomeLedger:
     failed: bool = False  # this process recorded a failure: sticky
     running: int = 0  # engines started and not yet shut down healthy
     clean_at_exit: bool = False  # the NORMAL_EXIT cleanup that records "clean" is registered
+    failure: dict[str, object] = field(default_factory=dict)  # the failure record written (its fields)
+    snapshot_recorded: bool = False  # the failure's snapshot was added to it: once
 
 
 @dataclass(eq=False)
@@ -150,6 +152,12 @@ class ProcessEnding:
         self._guards: list[FatalExitGuard] = []  # triggered, in order
         self._sigint_sent = False
         self._termination_claimed = False
+        self._termination_first = ""
+        self._termination_writes = 0
+        self.termination_lock = threading.Lock()
+        """Held around each termination-message write (the first, then its amendment)."""
+        self.termination_written = 0
+        """The sequence number of the last termination-message write made (under that lock)."""
         self._cleanups: dict[Stage, list[Callable[[], None]]] = {stage: [] for stage in Stage}
         self._ran: set[Stage] = set()
         self._ending = False
@@ -180,13 +188,26 @@ class ProcessEnding:
             self._sigint_sent = True
             return True
 
-    def claim_termination_message(self) -> bool:
-        """True for the first caller of the process: its fatal error is the termination message."""
+    def claim_termination_message(self, message: str = "") -> int:
+        """The write's sequence number (1) for the first caller of the process, whose fatal error
+        (``message``) is the termination message; 0 for every later caller."""
         with self._lock:
             if self._termination_claimed:
-                return False
+                return 0
             self._termination_claimed = True
-            return True
+            self._termination_first = message
+            self._termination_writes = 1
+            return 1
+
+    def claim_termination_amendment(self, message: str) -> int:
+        """A later write's sequence number where ``message`` extends the message the claim wrote
+        (the same fatal error, with what was learnt since: its snapshot); 0 otherwise."""
+        with self._lock:
+            first = self._termination_first
+            if not self._termination_claimed or not first or not message.startswith(first.rstrip("\n")):
+                return 0
+            self._termination_writes += 1
+            return self._termination_writes
 
     # ------------------------------------------------------------------ cleanups
 

@@ -12,7 +12,9 @@ The write never blocks the caller: it runs in a thread of its own, which the pro
 write to a regular file on a stalled mount could still leave that thread in ``D``, which the
 kernel would then wait for at the process's exit: the path Kubernetes mounts is a local file.
 Outside a container (no such file) the default path is left alone: only a path the user set is
-created. One message per process: the first fatal error's.
+created. One message per process: the first fatal error's; once the fatal verdict's snapshot is
+taken, :func:`amend_termination_message` rewrites it with the snapshot after the same first line
+(writes are serialized and numbered: an older one never overwrites a newer).
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from ._process_ending import process_ending
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["MESSAGE_LIMIT_BYTES", "TERMINATION_LOG_DEFAULT", "WRITE_BOUND_S", "write_termination_message"]
+__all__ = ["MESSAGE_LIMIT_BYTES", "TERMINATION_LOG_DEFAULT", "WRITE_BOUND_S", "amend_termination_message",
+           "write_termination_message"]
 
 WRITE_BOUND_S = 2.0
 """How long the process's ending waits for the write (a local file, one ``write``)."""
@@ -54,14 +57,45 @@ def write_termination_message(path: str, message: str, *, create: bool | None = 
         logger.debug("no %s: termination message not written", path)
         return None
     ending = process_ending()
-    if not ending.claim_termination_message():  # the first fatal error of the process is the reason
+    sequence = ending.claim_termination_message(message)
+    if not sequence:  # the first fatal error of the process is the reason
         logger.debug("termination message already written by this process; %r not written", message[:80])
         return None
-    writer = ending.threads.start(_write, name="trtllm-liveness-termination-log", bound_s=WRITE_BOUND_S,
-                                  args=(path, message, create))
+    return _start_write(path, message, create, sequence)
+
+
+def amend_termination_message(path: str, message: str, *, create: bool | None = None) -> threading.Thread | None:
+    """Rewrite the termination message with ``message``, which must begin with the message this
+    process wrote (the same fatal error, with its snapshot after it); otherwise nothing. As
+    :func:`write_termination_message`: in a thread of the process's ending, never raises."""
+    if not path:
+        return None
+    if create is None:
+        create = path != TERMINATION_LOG_DEFAULT
+    if not create and not os.path.lexists(path):
+        return None
+    sequence = process_ending().claim_termination_amendment(message)
+    if not sequence:
+        logger.debug("termination message not amended: %r extends no message of this process", message[:80])
+        return None
+    return _start_write(path, message, create, sequence)
+
+
+def _start_write(path: str, message: str, create: bool, sequence: int) -> threading.Thread | None:
+    writer = process_ending().threads.start(_write_once, name="trtllm-liveness-termination-log",
+                                            bound_s=WRITE_BOUND_S, args=(path, message, create, sequence))
     if writer is None:  # no thread left (interpreter shutting down, thread limit)
         logger.warning("termination message not written to %s", path)
     return writer
+
+
+def _write_once(path: str, message: str, create: bool, sequence: int) -> None:
+    ending = process_ending()
+    with ending.termination_lock:
+        if ending.termination_written > sequence:
+            return  # a newer message (the amendment) is already there
+        _write(path, message, create)
+        ending.termination_written = sequence
 
 
 def bounded_message(message: str, limit: int = MESSAGE_LIMIT_BYTES) -> bytes:

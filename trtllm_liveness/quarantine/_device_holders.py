@@ -1,4 +1,4 @@
-"""Processes stuck in ``D`` while holding the host's accelerator device files.
+"""Processes stuck in ``D``, or unkillable in any state, while holding the host's accelerator device files.
 
 A worker wedged in the GPU driver keeps ``/dev/nvidia*`` open; a fresh server on that host would
 collide with it even when no quarantine marker was left (the marker directory was not mounted, or
@@ -17,6 +17,13 @@ otherwise):
    stays. So a healthy host pays one sampling pass and no wait. A single uninterrupted ``D``
    sleep longer than ``resample_s`` on a healthy neighbour (one slow read) still counts: the
    refusal names the process and its wait channel, and ``quarantine_override`` starts anyway.
+
+**Unkillable in any state.** A process with SIGKILL pending in both samples, ``resample_s``
+apart, is stuck whatever its state: asleep in ``D``, or running in the kernel in ``R`` (a driver's
+spin loop never returns to user space, where the signal would act; it is not in ``D`` at all, and
+its context switches change). A SIGKILL pending for a moment (a process being killed normally)
+is gone by the second sample. Such a holder is reported with its state, wait channel and, where
+readable (root), kernel stack.
 
 Nothing here sends a signal.
 """
@@ -55,13 +62,16 @@ class DeviceHolder:
     wchan: str
     kill_pending: bool
     switches: tuple[int, ...] = ()  # context switches of each of d_tids when sampled
+    state: str = "D"  # the main thread's state (a process SIGKILL does not end: any)
+    kernel_stack: tuple[str, ...] = ()  # where readable (root), for a process SIGKILL does not end
 
     def describe(self) -> str:
         """One phrase for messages."""
         devices = ", ".join(self.devices[:4]) + (", ..." if len(self.devices) > 4 else "")
-        what = "unkillable (SIGKILL pending)" if self.kill_pending else "in D"
-        return (f"pid {self.pid} ({self.comm}) is {what} in {self.wchan or '?'} holding {devices} "
-                f"(threads {', '.join(map(str, self.d_tids[:8]))})")
+        what = f"unkillable (SIGKILL pending, state {self.state})" if self.kill_pending else "in D"
+        stack = f", kernel stack {' < '.join(self.kernel_stack[:6])}" if self.kernel_stack else ""
+        threads = f" (threads {', '.join(map(str, self.d_tids[:8]))})" if self.d_tids else ""
+        return f"pid {self.pid} ({self.comm}) is {what} in {self.wchan or '?'} holding {devices}{threads}{stack}"
 
 
 def parse_patterns(spec: str) -> tuple[str, ...]:
@@ -73,9 +83,10 @@ def find_stuck_device_holders(patterns: tuple[str, ...], *, resample_s: float = 
                               between: Callable[[], None] | None = None) -> tuple[DeviceHolder, ...]:
     """The visible processes (not this one) that hold a file matching ``patterns`` and have a
     thread in ``D`` in two samples ``resample_s`` apart (the same thread, the same process by
-    start time). Blocks for one pass over ``/proc``, plus ``resample_s`` only when a suspect was
-    found. Unreadable processes are skipped (logged at debug level). Never raises ``OSError``.
-    ``between`` (tests) is called after a first sample that found suspects, before the second."""
+    start time), or SIGKILL pending in both, whatever their state. Blocks for one pass over
+    ``/proc``, plus ``resample_s`` only when a suspect was found. Unreadable processes are skipped
+    (logged at debug level). Never raises ``OSError``. ``between`` (tests) is called after a first
+    sample that found suspects, before the second."""
     if not patterns:
         return ()
     try:
@@ -92,6 +103,11 @@ def find_stuck_device_holders(patterns: tuple[str, ...], *, resample_s: float = 
     confirmed = []
     for before in first:
         for after in _sample(before.pid, patterns):
+            if after.start_time != before.start_time:
+                continue
+            if before.kill_pending and after.kill_pending:  # unkillable, whatever its state
+                confirmed.append(_unkillable(after))
+                continue
             was = dict(zip(before.d_tids, before.switches, strict=True))
             now = dict(zip(after.d_tids, after.switches, strict=True))
             # The same thread, asleep in D all along: it never ran between the samples.
@@ -102,23 +118,34 @@ def find_stuck_device_holders(patterns: tuple[str, ...], *, resample_s: float = 
     return tuple(confirmed)
 
 
+def _unkillable(holder: DeviceHolder) -> DeviceHolder:
+    """``holder`` with its state, wait channel and kernel stack as a process SIGKILL does not end."""
+    from ..stop._survivor import sample_survivor  # only for such a process
+
+    sample = sample_survivor(holder.pid)
+    return DeviceHolder(holder.pid, holder.start_time, holder.comm, holder.devices, sample.d_tids or holder.d_tids,
+                        sample.d_wchan or sample.wchan or holder.wchan, True, holder.switches,
+                        sample.state or holder.state, sample.kernel_stack)
+
+
 def _sample(pid: int, patterns: tuple[str, ...]) -> list[DeviceHolder]:
     try:
         info = _procfs.read_stat(pid)
         states = _procfs.read_thread_states(pid)
         d_tids = tuple(sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES))
-        if not d_tids:
+        pending = info.state not in ("Z", "X") and (
+            _procfs.sigkill_pending(pid) or (bool(d_tids) and _procfs.sigkill_pending(pid, d_tids[0])))
+        if not d_tids and not pending:
             return []
         devices = _open_devices(pid, patterns)
         if not devices:
             return []
-        wchan = _procfs.read_wchan(pid, d_tids[0])
-        pending = _procfs.sigkill_pending(pid) or _procfs.sigkill_pending(pid, d_tids[0])
+        wchan = _procfs.read_wchan(pid, d_tids[0] if d_tids else None)
         switches = tuple(_procfs.read_context_switches(pid, tid) for tid in d_tids)
     except (OSError, ValueError) as exc:  # gone meanwhile, EACCES, a malformed stat
         logger.debug("device check skips pid %d: %s", pid, exc)
         return []
-    return [DeviceHolder(pid, info.start_time, info.comm, devices, d_tids, wchan, pending, switches)]
+    return [DeviceHolder(pid, info.start_time, info.comm, devices, d_tids, wchan, pending, switches, info.state)]
 
 
 def _open_devices(pid: int, patterns: tuple[str, ...]) -> tuple[str, ...]:

@@ -131,7 +131,7 @@ class ProcessVerdict(str, enum.Enum):
     GONE = "gone"  # no such pid, or a zombie with no thread left in D
     PID_REUSED = "pid-reused"  # the pid belongs to a process of another start time
     WEDGED = "wedged"  # still exists, a thread in D
-    UNKILLABLE = "unkillable"  # in D with SIGKILL pending
+    UNKILLABLE = "unkillable"  # SIGKILL pending, whatever its state (D, R in the kernel, other)
     ALIVE = "alive"  # still exists, not in D: still holds its devices
     UNVERIFIABLE = "unverifiable"  # another PID namespace, or /proc denied
 
@@ -149,6 +149,7 @@ class RecordedProcessCheck:
     verdict: ProcessVerdict
     state: str
     wchan: str
+    kernel_stack: tuple[str, ...] = ()  # where readable (root), for a process SIGKILL does not end
 
     def describe(self) -> str:
         """One phrase for messages."""
@@ -156,8 +157,9 @@ class RecordedProcessCheck:
             return f"{self.process.describe()}: cannot be verified from here (recorded in PID namespace " \
                    f"{self.process.pid_namespace}, this is {_own_namespace()})"
         if self.verdict.blocks:
+            stack = f", kernel stack {' < '.join(self.kernel_stack[:6])}" if self.kernel_stack else ""
             return f"pid {self.process.pid} is still {self.verdict.value} (state {self.state or '?'}, " \
-                   f"wchan {self.wchan or '?'})"
+                   f"wchan {self.wchan or '?'}{stack})"
         return f"pid {self.process.pid}: {self.verdict.value}"
 
 
@@ -514,14 +516,20 @@ def check_process(process: QuarantinedProcess) -> RecordedProcessCheck:
             return RecordedProcessCheck(process, ProcessVerdict.PID_REUSED, info.state, "")
         states = _procfs.read_thread_states(process.pid)
         d_tids = sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES)
+        if info.state in ("Z", "X") and not d_tids:
+            return RecordedProcessCheck(process, ProcessVerdict.GONE, info.state, "")
+        # Unkillable in any state: a recorded process (it outlived the stop's kill grace) that still
+        # has SIGKILL pending, asleep in D or running in the kernel in R (a driver spin loop).
+        if _procfs.sigkill_pending(process.pid) or (d_tids and _procfs.sigkill_pending(process.pid, d_tids[0])):
+            from ..stop._survivor import sample_survivor  # the state, wait channel and kernel stack
+
+            sample = sample_survivor(process.pid)
+            state = "D" if d_tids else sample.state or info.state
+            return RecordedProcessCheck(process, ProcessVerdict.UNKILLABLE, state, sample.d_wchan or sample.wchan,
+                                        sample.kernel_stack)
         if not d_tids:
-            if info.state in ("Z", "X"):
-                return RecordedProcessCheck(process, ProcessVerdict.GONE, info.state, "")
             return RecordedProcessCheck(process, ProcessVerdict.ALIVE, info.state, _procfs.read_wchan(process.pid))
-        wchan = _procfs.read_wchan(process.pid, d_tids[0])
-        pending = _procfs.sigkill_pending(process.pid) or _procfs.sigkill_pending(process.pid, d_tids[0])
-        verdict = ProcessVerdict.UNKILLABLE if pending else ProcessVerdict.WEDGED
-        return RecordedProcessCheck(process, verdict, "D", wchan)
+        return RecordedProcessCheck(process, ProcessVerdict.WEDGED, "D", _procfs.read_wchan(process.pid, d_tids[0]))
     except (FileNotFoundError, ProcessLookupError):
         return RecordedProcessCheck(process, ProcessVerdict.GONE, "", "")
     except (OSError, ValueError):  # EACCES (hidepid), a malformed stat: cannot tell

@@ -88,6 +88,26 @@ class SurvivorSample:
     threads: tuple[StuckThread, ...] = ()
 
     @property
+    def kernel_stack(self) -> tuple[str, ...]:
+        """The kernel stack of the first thread in ``D``, else of the main thread (empty where unread)."""
+        chosen = next((thread for thread in self.threads if thread.tid in self.d_tids), None) or next(
+            iter(self.threads), None)
+        return chosen.kernel_stack if chosen is not None else ()
+
+    def describe(self) -> str:
+        """``state R, wchan -, SIGKILL pending, kernel stack uvm_spin_loop < uvm_tracker_wait``: what
+        a report of a process that SIGKILL does not end says of it (the kernel stack where readable:
+        root; otherwise why not)."""
+        chosen = next((thread for thread in self.threads if thread.tid in self.d_tids), None) or next(
+            iter(self.threads), None)
+        stack = self.kernel_stack
+        where = (f"kernel stack {' < '.join(stack[:6])}" if stack else
+                 f"kernel stack {chosen.kernel_stack_note if chosen is not None and chosen.kernel_stack_note else '-'}")
+        wchan = self.d_wchan or self.wchan
+        return (f"state {self.state or '?'}, wchan {wchan or '-'}, "
+                f"{'SIGKILL pending' if self.kill_pending else 'no SIGKILL pending'}, {where}")
+
+    @property
     def basis(self) -> UnkillableBasis:
         """Why it is unkillable (see the module docstring)."""
         if self.kill_pending:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -306,3 +307,20 @@ def test_the_compare_default_is_a_fault_upstream_does_not_catch(writable: bool, 
         assert "try --mode 1.2" in why
     else:
         assert "nothing but the extension" in why or "no worker monitor of its own" in why
+
+
+@_real_mpi
+@pytest.mark.skipif(_cli_missing(), reason="console script not installed next to sys.executable")
+def test_a_stop_prints_the_snapshot_and_names_the_stopped_rank_and_its_host(procs: ProcessTracker,
+                                                                             short_tmpdir: Path) -> None:
+    """``demo --fault stop``: rank 1 SIGSTOPped; once its tokens stopped, the extension's snapshot of
+    the ranks names rank 1 (stopped, ``T``) with its host, and shows every rank's state."""
+    proc = _start_demo(procs, short_tmpdir, "--fault", "stop")
+    status, out, err = _assert_nothing_left(proc, short_tmpdir)
+    assert status == 0, (out, err)
+    victim = re.search(r"fault 'stop' on rank 1 \(pid (\d+)\)", out)
+    assert victim is not None, out
+    pid = victim.group(1)
+    assert re.search(rf"stalled rank: rank 1 \(pid {pid}\) on host \S+: rank 1 is stopped \(T\)", out), out
+    assert re.search(rf"    rank 1 \(pid {pid}\) on host \S+: T, wchan \S+, stopped, ", out), out
+    assert re.search(r"    rank 0 \(pid \d+\) on host \S+: [A-Z], wchan \S+, ", out), out

@@ -71,7 +71,7 @@ RESULT_FORM = {
                  "unkillable": [], "restartable": True, "fatal_restartable": None},
     "init": None, "control": None, "health_probe": None, "watcher": None,
     "ending": {"ending": "shutdown", "sigints": 0, "sigint_ms": None, "graceful_ms": None, "at_exit": False},
-    "survivors": [], "survivors_while_frozen": [], "oom_kills": None, "freezer_path": None,
+    "survivors": [], "survivors_while_frozen": [], "snapshot": None, "oom_kills": None, "freezer_path": None,
     "memory_cgroup_path": None, "critical_logs": [], "thread_exceptions": ["x: MPI_ERR_PROC_FAILED"],
     "pidfds_open": 0, "fds_open": 19,
 }

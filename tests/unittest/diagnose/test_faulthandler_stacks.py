@@ -288,3 +288,41 @@ def test_many_ranks_are_signalled_together_under_one_deadline(procs: ProcessTrac
     ranks = [_rank(procs)[0] for _ in range(4)]
     results = take_faulthandler_stacks([(proc.pid, _start(proc.pid)) for proc in ranks], timeout_s=10 * WAIT_SCALE)
     assert all(results[proc.pid].status is StackStatus.TAKEN for proc in ranks), results
+
+
+def test_snapshots_of_one_rank_at_once_each_read_a_whole_dump(procs: ProcessTracker) -> None:
+    """Three snapshots of the same rank (the engine's and a scan's) race: each must read a complete
+    dump of every thread. Half the rounds start with a dump file past the size at which a reader
+    truncates it first (an older run's dumps, appended here to the rank's own file): a reader that
+    truncates while the other reads its dump, or reads from the middle of the other's, loses
+    threads or the whole dump."""
+    import threading
+
+    proc, path = _rank(procs)
+    _order(proc, "threads 60")  # a long dump: the window in which the other reader acts is wide
+    assert proc.stdout is not None and proc.stdout.readline().decode().strip() == "threads 60"
+    start_time = _start(proc.pid)
+    solo = take_faulthandler_stacks([(proc.pid, start_time)], timeout_s=10 * WAIT_SCALE)[proc.pid]
+    assert solo.status is StackStatus.TAKEN
+    from trtllm_liveness.diagnose._faulthandler_stacks import TRUNCATE_AT
+
+    for round_number in range(16):
+        if round_number % 2:
+            with open(path, "ab") as dump:  # the rank's file: 0600, ours
+                dump.write(b"#" * (TRUNCATE_AT + 1))
+        barrier = threading.Barrier(3, timeout=10 * WAIT_SCALE)
+        results: list[object] = []
+
+        def snapshot(barrier: threading.Barrier, results: list[object]) -> None:
+            barrier.wait()
+            results.append(take_faulthandler_stacks([(proc.pid, start_time)], timeout_s=10 * WAIT_SCALE)[proc.pid])
+
+        threads = [threading.Thread(target=snapshot, args=(barrier, results)) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30 * WAIT_SCALE)
+        assert len(results) == 3, f"round {round_number}: a snapshot never returned"
+        for result in results:
+            assert getattr(result, "status", None) is StackStatus.TAKEN, (round_number, result)
+            assert len(getattr(result, "threads", ())) == len(solo.threads), (round_number, result)

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fake_procfs import SIGKILL_PENDING, SPIN_STACK, fake_process
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import wait_until
@@ -24,43 +25,6 @@ from trtllm_liveness.stop._survivor import UnkillableBasis, sample_survivor
 
 pytestmark = [pytest.mark.timeout(60)]
 
-SIGKILL_PENDING = f"{1 << 8:016x}"  # bit of signal 9
-SPIN_STACK = (
-    "[<0>] uvm_spin_loop+0x6b/0x140 [nvidia_uvm]\n"
-    "[<0>] uvm_tracker_wait+0x9e/0x1d0 [nvidia_uvm]\n"
-    "[<0>] uvm_va_block_make_resident+0x2a1/0x9c0 [nvidia_uvm]\n"
-)
-
-
-def _stat(pid: int, comm: str, state: str, flags: int = 0x400040) -> str:
-    # pid (comm) state ppid pgrp session tty tpgid flags ... starttime (field 22) ...
-    rest = ["1", str(pid), str(pid), "0", "-1", str(flags)] + ["0"] * 12 + ["4"] + ["0"] + ["12345"] + ["0"] * 30
-    return f"{pid} ({comm}) {state} {' '.join(rest)}\n"
-
-
-def _status(pending: str = "0" * 16, shared: str = "0" * 16) -> str:
-    return (f"Name:\tpython\nState:\tR (running)\nUid:\t0\t0\t0\t0\nGid:\t0\t0\t0\t0\n"
-            f"SigPnd:\t{pending}\nShdPnd:\t{shared}\nSigBlk:\t{'0' * 16}\nSigIgn:\t{'0' * 16}\nSigCgt:\t{'0' * 16}\n")
-
-
-def _fake_process(root: Path, pid: int, threads: dict[int, tuple[str, str, str, str, str]], *,
-                  shared: str = "0" * 16, flags: int = 0x400040) -> None:
-    """``threads``: tid -> (state, wchan, SigPnd, kernel stack, comm)."""
-    proc = root / str(pid)
-    (proc / "task").mkdir(parents=True)
-    main_state, main_wchan, main_pending, _stack, comm = threads[pid]
-    (proc / "stat").write_text(_stat(pid, comm, main_state, flags))
-    (proc / "status").write_text(_status(main_pending, shared))
-    (proc / "wchan").write_text(main_wchan)
-    for tid, (state, wchan, pending, stack, name) in threads.items():
-        task = proc / "task" / str(tid)
-        task.mkdir()
-        (task / "stat").write_text(_stat(tid, name, state, flags))
-        (task / "status").write_text(_status(pending, shared))
-        (task / "wchan").write_text(wchan)
-        (task / "stack").write_text(stack)
-
-
 def _unkillable(pid: int) -> UnkillableWorker:
     sample = sample_survivor(pid)
     return UnkillableWorker(rank=1, pid=pid, hostname=local_hostname(), state=sample.state, wchan=sample.wchan,
@@ -72,7 +36,7 @@ def _unkillable(pid: int) -> UnkillableWorker:
 def test_a_process_spinning_in_the_kernel_in_r_with_sigkill_pending_is_unkillable(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # An engine core looping in the GPU driver: every thread R, SIGKILL pending, no thread in D.
-    _fake_process(tmp_path, 4242, {
+    fake_process(tmp_path, 4242, {
         4242: ("R", "0", SIGKILL_PENDING, SPIN_STACK, "EngineCore"),
         4243: ("S", "futex_wait_queue", SIGKILL_PENDING, "[<0>] futex_wait_queue+0x60/0x90\n", "pt_main"),
     }, shared=SIGKILL_PENDING)
@@ -93,7 +57,7 @@ def test_a_process_spinning_in_the_kernel_in_r_with_sigkill_pending_is_unkillabl
 
 def test_only_a_helper_thread_with_sigkill_pending_still_counts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_process(tmp_path, 4300, {
+    fake_process(tmp_path, 4300, {
         4300: ("S", "do_wait", "0" * 16, "[<0>] do_wait+0x1/0x2\n", "python"),
         4301: ("R", "0", SIGKILL_PENDING, SPIN_STACK, "uvm-worker"),
     })
@@ -107,7 +71,7 @@ def test_only_a_helper_thread_with_sigkill_pending_still_counts(
 def test_a_process_whose_exit_is_stuck_is_unkillable_for_that_reason(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # SIGKILL taken (no longer pending), PF_EXITING set, stuck in D in a driver's release.
-    _fake_process(tmp_path, 4400, {4400: ("D", "nv_release", "0" * 16, "[<0>] nvidia_close+0x1/0x2\n", "python")},
+    fake_process(tmp_path, 4400, {4400: ("D", "nv_release", "0" * 16, "[<0>] nvidia_close+0x1/0x2\n", "python")},
                   flags=0x400044)
     monkeypatch.setattr(_procfs, "PROCFS_PATH", str(tmp_path))
     worker = _unkillable(4400)
@@ -116,7 +80,7 @@ def test_a_process_whose_exit_is_stuck_is_unkillable_for_that_reason(
 
 
 def test_an_unreadable_kernel_stack_is_said_not_invented(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_process(tmp_path, 4500, {4500: ("D", "rdma_wait", SIGKILL_PENDING, "", "python")})
+    fake_process(tmp_path, 4500, {4500: ("D", "rdma_wait", SIGKILL_PENDING, "", "python")})
     (tmp_path / "4500" / "task" / "4500" / "stack").unlink()
     monkeypatch.setattr(_procfs, "PROCFS_PATH", str(tmp_path))
     (thread,) = sample_survivor(4500).threads

@@ -55,6 +55,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
 _UPSTREAM_SHUTDOWN_AFTER_STOP_S = 1.0
+STOP_MARGIN_S = 2.0
+"""What a second caller of :func:`stop_workers` allows beyond the stop's own waits before it stops
+waiting for the first (the kernel-stack reads of unkillable ranks, a loaded host)."""
 
 
 def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_shutdown: Callable[[], None]) -> None:
@@ -130,9 +133,32 @@ def wait_exit(state: EngineLiveness, deadline: float) -> None:
 
 
 def stop_workers(state: EngineLiveness) -> StopReport | None:
-    """Stop the engine's ranks, bounded: the remote hosts' through the agent hub (in a thread), the
-    local ones with SIGTERM, then SIGKILL. None when there is nothing to stop. A rank the stop
-    leaves unkillable quarantines the host."""
+    """Stop the engine's ranks, bounded, exactly once per engine: the remote hosts' through the
+    agent hub (in a thread), the local ones with SIGTERM, then SIGKILL. None when there is nothing
+    to stop. A rank the stop leaves unkillable quarantines the host.
+
+    ``shutdown()``, the process's ending (the exit guard's watchdog, the STOP stage) and a failed
+    start may all call it, from different threads at the same time: the first runs the stop under
+    the engine's ``stop_lock``; every other caller waits for it (at most the stop's own bound) and
+    gets the same report, so no rank is signalled twice, no unkillable rank is noted twice and
+    ``shutdown_report`` is never overwritten."""
+    config = state.config
+    bound = (config.diagnosis_before_stop_s + config.shutdown_term_s + config.shutdown_kill_s
+             + STOP_MARGIN_S + (config.shutdown_term_s + config.shutdown_kill_s + 2.0 if state.hub is not None else 0))
+    if not state.stop_lock.acquire(timeout=bound):
+        logger.warning("liveness: the engine's bounded stop, under way in another thread, did not end within "
+                       "%.1fs; not waiting for it", bound)
+        return state.shutdown_report
+    try:
+        if not state.stopped:
+            state.shutdown_report = _stop_workers_once(state)
+            state.stopped = True
+        return state.shutdown_report
+    finally:
+        state.stop_lock.release()
+
+
+def _stop_workers_once(state: EngineLiveness) -> StopReport | None:
     from ...stop._bounded_stop import stop_processes
 
     identities = state.monitor.identities if state.monitor is not None else []
@@ -151,7 +177,6 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
     if remote is not None:
         remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
         state.host_stops = list(remote[1])
-    state.shutdown_report = report
     log_stopped(report)
     note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
     return report

@@ -97,6 +97,7 @@ class Diagnoser:
         self._lock = threading.Lock()
         self._running = False
         self._snapshot_on_finish = False
+        self._snapshot_done: Callable[[Diagnosis], None] | None = None
         self._threads = OwnedThreads()
         self.latest: Diagnosis | None = None
         self.reason = ""
@@ -109,11 +110,14 @@ class Diagnoser:
                 delay_s: float = 0.0, *, snapshot: bool = False) -> bool:
         """Start a diagnosis for ``reason`` (after ``delay_s``) unless one runs; True if started.
         ``snapshot``: the fatal verdict's, taken quickly (one sample, 0.1 s of CPU time, stacks
-        within ``SNAPSHOT_STACKS_S``) and announced through :attr:`snapshot_taken` (by the one
-        running, where one runs). Never blocks."""
+        within ``SNAPSHOT_STACKS_S``) and announced through :attr:`snapshot_taken`; where one
+        runs already, that one is the snapshot: it is announced, and handed to ``on_done`` too,
+        when it ends. Never blocks."""
         with self._lock:
             if self._running:
                 self._snapshot_on_finish |= snapshot
+                if snapshot and on_done is not None:
+                    self._snapshot_done = on_done
                 return False
             self._running = True
             self._snapshot_on_finish = snapshot
@@ -137,6 +141,7 @@ class Diagnoser:
 
     def _run(self, reason: str, on_done: Callable[[Diagnosis], None] | None, delay_s: float,
              snapshot: bool) -> None:
+        diagnosis: Diagnosis | None = None
         try:
             if delay_s > 0:
                 time.sleep(delay_s)
@@ -162,6 +167,12 @@ class Diagnoser:
             with self._lock:
                 self._running = False
                 announce, self._snapshot_on_finish = self._snapshot_on_finish, False
+                late, self._snapshot_done = self._snapshot_done, None
+            if late is not None and diagnosis is not None:
+                try:  # a fatal verdict's, asked while this one ran: this one is its snapshot
+                    late(diagnosis)
+                except Exception:
+                    logger.exception("liveness: reporting the snapshot failed (%s)", reason)
             if announce:
                 self.snapshot_taken.set()
             self.done.set()
@@ -240,7 +251,10 @@ class EngineStall:
         if self.fatal:
             event = self._event(info)
             if event is not None:
-                monitor.report_stall(event)  # the mixin's subscriber takes the fatal path
+                # The mixin's subscriber takes the fatal path: its ERROR line and its snapshot's
+                # WARNING are this failure's two lines.
+                monitor.report_stall(event)
+                return
         # The line first, whatever the diagnosis does (it may be busy with another request, or
         # find no local rank); the diagnosis follows in a line of its own.
         logger.warning("liveness: %s%s", detail,

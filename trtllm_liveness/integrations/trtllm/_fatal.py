@@ -11,14 +11,16 @@
    send its one SIGINT first; the guard then skips its own once the executor's ``shutdown()``
    began (what that SIGINT leads to), see ``_engine_shutdown.graceful``;
 2. publish: upstream's ``_set_fatal_error`` where present, ``_fatal_error`` in any case (Dynamo
-   reads it); the one-line reason goes to the termination log (Kubernetes'
-   ``terminationMessagePath``, config ``termination_log``) from a daemon thread;
+   reads it);
 3. end upstream's dispatch thread (its :class:`~._upstream_teardown.DispatchGate` closes; a batch it
    holds is dispatched first, nothing after), then fail pending work: every pending request
    (upstream's ``_mark_engine_dead`` where present, an ``ErrorResponse`` per request otherwise),
    then removed from ``_results`` so that upstream's ``pre_shutdown()`` sends no
    ``CancellingRequest`` for it; on 1.2.x mpi4py's exit join of the pool thread is released
-   (main's ``_mark_engine_dead`` does that itself) when the proxy owns the session;
+   (main's ``_mark_engine_dead`` does that itself) when the proxy owns the session; then the one
+   ERROR line, with the evidence read from ``/proc`` now (:func:`fatal_evidence`), which also goes
+   to the termination log (Kubernetes' ``terminationMessagePath``, config ``termination_log``)
+   from a daemon thread; the snapshot that follows (:func:`report_snapshot`) adds itself there;
 4. trigger the exit guard (``exit_on_fatal``), after ``exit_delay_s`` (or at once when the engine's
    liveness is released first: its shutdown ran), from its own thread;
 5. upstream's ``pre_shutdown()`` in a helper thread: where a hang (a blocking send to a dead peer)
@@ -46,15 +48,20 @@ import sys
 import threading
 import time
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..._config import LivenessConfig
 from ..._events import EventKind, WorkerEvent, WorkerFailedError
-from ...exit._outcome import record_outcome
-from ...exit._termination_log import write_termination_message
+from ...diagnose._diagnosis_text import fatal_line, instant_evidence, snapshot_record
+from ...diagnose._stalled_rank import stalled_rank_now
+from ...exit._outcome import record_outcome, record_snapshot
+from ...exit._termination_log import MESSAGE_LIMIT_BYTES, amend_termination_message, write_termination_message
 from .._futures import fail_pending
 from ._features import find_symbol, warn_once
 from ._state import EngineLiveness
+
+if TYPE_CHECKING:
+    from ...diagnose._diagnosis import Diagnosis
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -78,25 +85,65 @@ thread (the monitor's watcher, another health check) is making: the fatal path's
 
 def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) -> None:
     """Steps 1-5 of the module docstring. Never blocks; never raises."""
-    logger.error("liveness: fatal: %s", error)
     # First: a launcher that reports success after a host crash kills this process within ms.
     record_outcome(str(error), error.restartable,
                    state.config.exit_code if error.restartable else state.config.exit_code_unrestartable)
     if state.exit_guard is not None:
         mark_shutdown_signalled(proxy)
     publish_fatal(proxy, error)
-    write_termination_message(state.config.termination_log, f"trtllm-liveness: fatal engine error: {error}\n")
     if state.dispatch_gate is not None:
         # Before the requests are failed and forgotten: upstream's dispatch thread finishes the
         # batch it holds, then ends, and dispatches no response in flight for a forgotten request.
         state.dispatch_gate.close()
     fail_requests(proxy, error)
     release_exit_joins(proxy, state)
+    # The line's evidence reads every rank's thread states (milliseconds for 8 ranks of 100
+    # threads): after the requests are failed, never before.
+    line = fatal_line(error.event, fatal_evidence(state))
+    logger.error("liveness: fatal: %s", line)
+    state.fatal_line = line
+    write_termination_message(state.config.termination_log, f"trtllm-liveness: fatal engine error: {line}\n")
     if state.exit_guard is not None:
         state.threads.start(_trigger_exit_guard, name="trtllm-liveness-exit",
                             bound_s=state.config.exit_delay_s + THREAD_END_S, args=(state, error))
     state.threads.start(_pre_shutdown_helper, name="trtllm-liveness-fatal", bound_s=FATAL_HELPER_BOUND_S,
                         args=(proxy, state, error))
+
+
+def fatal_evidence(state: EngineLiveness) -> str:
+    """The fatal line's evidence, known at once: the ranks' thread states read from ``/proc`` now
+    and their reported iterations (:func:`~trtllm_liveness.diagnose._stalled_rank.stalled_rank_now`,
+    microseconds per thread; a rank in ``D`` is read without touching its memory). The snapshot,
+    which takes a CPU window and the stacks, follows in its own line (:func:`report_snapshot`)."""
+    try:
+        identities = state.monitor.identities if state.monitor is not None else []
+        stall = state.stall
+        counts = {rank: last.count for rank, last in stall.iterations().items()} if stall is not None else None
+        return instant_evidence(stalled_rank_now(identities, iterations=counts or None))
+    except Exception:  # the line goes out whatever the evidence does
+        logger.debug("liveness: the fatal line's evidence could not be read", exc_info=True)
+        return "none read"
+
+
+def report_snapshot(state: EngineLiveness, reason: str, diagnosis: Diagnosis) -> None:
+    """The fatal verdict's snapshot, taken before the bounded stop: one WARNING line with every
+    rank (state, wait channel, CPU class, iterations, stack source), and the whole record in the
+    outcome record and the termination message (after the fatal line). Never raises."""
+    try:
+        identities = state.monitor.identities if state.monitor is not None else []
+        stall = state.stall
+        counts = {rank: last.count for rank, last in stall.iterations().items()} if stall is not None else {}
+        record = snapshot_record(diagnosis, reason, hosts={who.rank: who.hostname for who in identities},
+                                 iterations=counts)
+        state.snapshot = record
+        logger.warning("liveness: diagnosis (%s): %s", reason, record.summary())
+        record_snapshot(record)
+        if state.fatal_line:
+            head = f"trtllm-liveness: fatal engine error: {state.fatal_line}\nsnapshot: "
+            room = MESSAGE_LIMIT_BYTES - len(head.encode()) - 1
+            amend_termination_message(state.config.termination_log, f"{head}{record.to_json(room)}\n")
+    except Exception:
+        logger.exception("liveness: reporting the fatal verdict's snapshot failed (%s)", reason)
 
 
 def report_later_event(state: EngineLiveness, event: WorkerEvent) -> None:

@@ -25,6 +25,7 @@ The fatal path itself is :mod:`._fatal`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import threading
 import weakref
@@ -60,6 +61,7 @@ from ._fatal import (
     fail_request,
     note_unrestartable,
     report_later_event,
+    report_snapshot,
     run_fatal_path,
 )
 from ._features import detect_features, warn_missing_hooks
@@ -304,8 +306,9 @@ class LivenessProxyMixin:
             note_unrestartable(state, [event])  # quarantine: a wedge's status, marker and actions
         if state.diagnoser is not None and (error is not None or event.kind is EventKind.WEDGED):
             # After the fatal path, never before it: the snapshot takes a fraction of a second.
-            state.diagnoser.request(f"{event.kind.value} of rank {event.identity.rank}",
-                                    delay_s=AFTER_FATAL_DELAY_S if error is not None else 0.0,
+            reason = f"{event.kind.value} of rank {event.identity.rank}"
+            on_done = None if error is None else functools.partial(report_snapshot, state, reason)
+            state.diagnoser.request(reason, on_done, delay_s=AFTER_FATAL_DELAY_S if error is not None else 0.0,
                                     snapshot=error is not None)
 
     def _liveness_deliver(self, state: EngineLiveness) -> tuple[WorkerEvent | None, bool]:

@@ -18,6 +18,7 @@ from ..._config import LivenessConfig
 from ..._events import WorkerEvent, WorkerFailedError
 from ...exit._exit_guard import FatalExitGuard
 from ...exit._process_ending import OwnedThreads
+from ...exit._snapshot_record import FatalSnapshot
 from ...monitor._delivery import Subscriber
 from ...monitor._monitor import WorkerProcessMonitor
 from ...stop._bounded_stop import StopReport
@@ -68,6 +69,8 @@ class EngineLiveness:
         ready: the engine reported READY (the wedge timer is armed from then on).
         owns_session: the proxy created its MPI session (none was passed in).
         shutdown_started / shutdown_report: ``shutdown()`` ran, and what its bounded stop did.
+        fatal_line / snapshot: the fatal ERROR line's text (with its evidence) and the typed
+            record of the fatal verdict's snapshot, once taken (``_fatal.report_snapshot``).
         fatal_done: set when the fatal path's helper finished upstream's ``pre_shutdown()``.
         threads: the fatal path's threads (the exit guard's trigger, the ``pre_shutdown()``
             helper), joined, each until its deadline, when the engine's liveness is released.
@@ -114,6 +117,12 @@ class EngineLiveness:
     owns_session: bool = True
     shutdown_started: bool = False
     shutdown_report: StopReport | None = None
+    # Held around the bounded stop of the engine's ranks: it runs once (``stopped``), whoever
+    # calls it (shutdown(), the process's ending, a failed start) and however many at once.
+    stop_lock: threading.Lock = field(default_factory=threading.Lock)
+    stopped: bool = False
+    fatal_line: str = ""
+    snapshot: FatalSnapshot | None = None
     fatal_done: threading.Event = field(default_factory=threading.Event)
     threads: OwnedThreads = field(default_factory=OwnedThreads)
     closing: threading.Event = field(default_factory=threading.Event)

@@ -1,0 +1,109 @@
+"""The proxy's side of the host-scale rig (scripts/_host_scale.py): a real AgentHub alone, driven on stdin.
+
+``python scripts/_rig_hub.py [ADDRESS]`` binds a real :class:`~trtllm_liveness.multihost.AgentHub`
+(default heartbeat) over a real :class:`~trtllm_liveness.WorkerProcessMonitor` on ADDRESS
+(default 127.0.0.1), prints one JSON
+line ``{"spec": <its worker_spec>, "pid": <this pid>}``, then answers each JSON command line on
+stdin with one JSON line (:data:`COMMANDS`). The monitor's subscriber stamps each event with
+``time.monotonic()`` when it is delivered (the machine's one clock: comparable with the rig's own
+stamps). The Python heap is traced (``tracemalloc``) from the hub's start until the first ``wait`` has
+answered, so that the CPU windows after it run untraced. It ends at the end of its stdin (the rig
+went away) or on ``{"cmd": "exit"}``; bad input is answered ``{"error": ...}``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import threading
+import time
+import tracemalloc
+from collections.abc import Callable
+from typing import Any
+
+from trtllm_liveness import WorkerEvent, WorkerProcessMonitor
+from trtllm_liveness.multihost import AgentHub
+
+
+class RigHub:
+    """The hub, its monitor and the events it delivered; one command at a time (the main thread)."""
+
+    def __init__(self, bind: str) -> None:
+        self.monitor = WorkerProcessMonitor()
+        self.events: list[list[Any]] = []
+        self._lock = threading.Lock()
+        self.monitor.subscribe(self._on_event)
+        self.hub = AgentHub(self.monitor, bind=bind).start()
+        import zmq.utils.monitor  # noqa: F401  (what the hub's thread imports as it starts: not the hosts')
+
+        self.fds_before = len(os.listdir("/proc/self/fd"))
+        tracemalloc.start()
+        self.heap_before = tracemalloc.get_traced_memory()[0]
+
+    def _on_event(self, event: WorkerEvent) -> None:
+        at = time.monotonic()
+        with self._lock:
+            self.events.append([event.identity.rank, event.identity.pid, event.kind.value, event.identity.hostname, at])
+
+    def wait(self, command: dict[str, Any]) -> dict[str, Any]:
+        """Until ``hosts`` hosts are connected (at most ``timeout`` s): how many are, and the heap
+        and descriptors the hub added for them (the trace then stops)."""
+        want, deadline = int(command["hosts"]), time.monotonic() + float(command.get("timeout", 60))
+        while self._connected() < want and time.monotonic() < deadline:
+            time.sleep(0.05)
+        out: dict[str, Any] = {"hosts": self._connected(), "fds": len(os.listdir("/proc/self/fd")) - self.fds_before}
+        if tracemalloc.is_tracing():
+            out["heap_kib"] = (tracemalloc.get_traced_memory()[0] - self.heap_before) / 1024
+            tracemalloc.stop()
+        return out
+
+    def _connected(self) -> int:
+        return sum(view.connection == "connected" for view in self.hub.hosts())
+
+    def hosts(self, _command: dict[str, Any]) -> dict[str, Any]:
+        views = self.hub.hosts()
+        return {"connected": sum(v.connection == "connected" for v in views), "hosts": len(views),
+                "ranks": sum(len(v.ranks) for v in views)}
+
+    def check(self, command: dict[str, Any]) -> dict[str, Any]:
+        """The median cost of one ``find_dead_worker()`` over every rank the hub merged, in us."""
+        samples = []
+        for _ in range(int(command.get("calls", 2000))):
+            t0 = time.perf_counter_ns()
+            self.monitor.find_dead_worker()
+            samples.append(time.perf_counter_ns() - t0)
+        return {"us": statistics.median(samples) / 1000}
+
+    def events_since(self, command: dict[str, Any]) -> dict[str, Any]:
+        with self._lock:
+            return {"events": self.events[int(command.get("since", 0)):]}
+
+
+COMMANDS: dict[str, Callable[[RigHub, dict[str, Any]], dict[str, Any]]] = {
+    "wait": RigHub.wait, "hosts": RigHub.hosts, "check": RigHub.check, "events": RigHub.events_since,
+}
+
+
+def main() -> int:
+    rig = RigHub(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1")
+    print(json.dumps({"spec": rig.hub.worker_spec(), "pid": os.getpid()}), flush=True)
+    try:
+        for line in sys.stdin:
+            try:
+                command = json.loads(line)
+                if command.get("cmd") == "exit":
+                    break
+                answer = COMMANDS[command["cmd"]](rig, command)
+            except (ValueError, KeyError, TypeError) as exc:
+                answer = {"error": f"{type(exc).__name__}: {exc}"}
+            print(json.dumps(answer), flush=True)
+    finally:
+        rig.hub.close()
+        rig.monitor.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,124 @@
+"""One bounded stop per engine, however many callers race it.
+
+``shutdown()`` (a server's SIGINT handler, its ``finally``, a frontend's own call) and the
+process's ending (the exit guard's watchdog runs the engine's STOP cleanup,
+``_engine_shutdown.stop_at_exit``, i.e. ``stop_workers``) may reach the bounded stop at the same
+time after a fatal event. Here several threads call ``shutdown()`` and several the ending's stop
+at once, right after a real death (SIGKILL) of one rank, while the other rank ignores SIGTERM (the
+stop must SIGKILL it) or is really stuck in ``D`` (freezer or FUSE: left unkillable). Exactly
+one stop runs: one INFO line for the rank it ended, one unrestartable note for the rank it could
+not end, and every caller gets the one report the engine keeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.bare_proxy import BareUpstreamProxy
+from tests.support.process_tracker import ProcessTracker
+from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import WAIT_SCALE, wait_until
+from trtllm_liveness._events import EventKind, WorkerEvent
+from trtllm_liveness.integrations.trtllm import _engine_shutdown, liveness_proxy_class
+from trtllm_liveness.integrations.trtllm._state import EngineLiveness
+from trtllm_liveness.process._identity import capture_identity
+
+pytestmark = [pytest.mark.timeout(90), pytest.mark.real_process]
+
+CALLERS = 4  # of each kind: shutdown() and the ending's stop
+
+
+def _engine(tmp_path: Path) -> Any:
+    config = config_for(tmp_path / "quarantine", d_state_timeout_s=30.0, scan_interval_s=0.02, termination_log="",
+                        shutdown_grace_s=0.1, shutdown_term_s=0.2, shutdown_kill_s=0.5)
+    return liveness_proxy_class(BareUpstreamProxy, config=config)({"llm_args": None})
+
+
+def _race(proxy: Any) -> list[Any]:
+    """``CALLERS`` threads call ``shutdown()`` and ``CALLERS`` the ending's stop, all released at once;
+    returns what each ending's stop returned."""
+    state: EngineLiveness = proxy.liveness_state
+    start = threading.Barrier(2 * CALLERS, timeout=10 * WAIT_SCALE)
+    reports: list[Any] = []
+    errors: list[BaseException] = []
+
+    def shut() -> None:
+        try:
+            start.wait()
+            proxy.shutdown()
+        except BaseException as exc:
+            errors.append(exc)
+
+    def ending_stop() -> None:
+        try:
+            start.wait()
+            reports.append(_engine_shutdown.stop_workers(state))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=shut, name=f"shutdown-{n}") for n in range(CALLERS)]
+    threads += [threading.Thread(target=ending_stop, name=f"ending-stop-{n}") for n in range(CALLERS)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60 * WAIT_SCALE)
+    assert not any(thread.is_alive() for thread in threads), "a caller never returned"
+    assert not errors, errors
+    return reports
+
+
+def _fail(proxy: Any, procs: ProcessTracker) -> None:
+    """A real death of rank 1, awaited as a server's health probe would."""
+    dead = procs.sleeper()
+    proxy.liveness_monitor.register([capture_identity(1, dead.pid)])
+    os.kill(dead.pid, signal.SIGKILL)
+    assert wait_until(lambda: not proxy.check_health(), 10 * WAIT_SCALE)
+
+
+def test_racing_shutdowns_and_the_endings_stop_run_one_stop(
+        procs: ProcessTracker, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    proxy = _engine(tmp_path)
+    stubborn = procs.sleeper(ignore_term=True)
+    proxy.liveness_monitor.register([capture_identity(0, stubborn.pid)])
+    _fail(proxy, procs)
+    with caplog.at_level(logging.INFO, logger="trtllm_liveness"):
+        reports = _race(proxy)
+    state: EngineLiveness = proxy.liveness_state
+    stopped = [record for record in caplog.records if record.getMessage().startswith(
+        f"liveness: stopped rank 0 (pid {stubborn.pid})")]
+    assert len(stopped) == 1, [record.getMessage() for record in stopped]
+    assert "SIGKILL" in stopped[0].getMessage()
+    report = state.shutdown_report
+    assert report is not None and all(found is report for found in reports), "a stop report was replaced"
+
+
+def test_a_rank_left_unkillable_is_noted_once_however_many_stops_race(
+        stuck_child: StuckChild, procs: ProcessTracker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    notes: list[WorkerEvent] = []
+    lock = threading.Lock()
+    note = _engine_shutdown.note_unrestartable
+
+    def counted(state: EngineLiveness, events: Any) -> None:
+        events = list(events)
+        with lock:
+            notes.extend(event for event in events if event.kind is EventKind.UNKILLABLE)
+        note(state, events)
+
+    monkeypatch.setattr(_engine_shutdown, "note_unrestartable", counted)
+    proxy = _engine(tmp_path)
+    proxy.liveness_monitor.register([capture_identity(0, stuck_child.popen.pid)])
+    _fail(proxy, procs)
+    reports = _race(proxy)
+    state: EngineLiveness = proxy.liveness_state
+    assert len(notes) == 1, f"the unkillable rank was noted {len(notes)} times"
+    report = state.shutdown_report
+    assert report is not None and all(found is report for found in reports)
+    assert [worker.pid for worker in report.unkillable] == [stuck_child.popen.pid]

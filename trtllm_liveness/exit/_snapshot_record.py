@@ -1,0 +1,122 @@
+"""The fatal verdict's snapshot as a typed record, for the records that outlive the process.
+
+The diagnosis (:class:`~trtllm_liveness.diagnose._diagnosis.Diagnosis`) is rich and imports the
+diagnosis package; the outcome record (:mod:`._outcome`) and the termination message
+(:mod:`._termination_log`) are written by the process's ending with the standard library only. A
+:class:`FatalSnapshot` is what they carry of it: per rank its host, state, wait channel, CPU class,
+iterations, where its stacks came from (or why none) and its main thread's innermost Python frames,
+plus the rank the evidence names and what that naming rests on. It round-trips through its JSON
+form (:meth:`FatalSnapshot.to_dict` / :meth:`FatalSnapshot.from_dict`), strictly checked.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from .._record_fields import JsonFields
+
+__all__ = ["FatalSnapshot", "RankSnapshot"]
+
+MAIN_FRAMES = 8
+"""Innermost Python frames of a rank's main thread kept in the record."""
+
+
+@dataclass(frozen=True)
+class RankSnapshot:
+    """One rank at the fatal verdict. ``state`` is its main thread's state letter (empty: gone or
+    not seen), ``cpu`` its CPU class over the window (``spinning``, ``sleeping``, ``in-d``, ...),
+    ``iterations`` its last reported executor iteration count (None: none reported),
+    ``stacks`` the stack source (``py-spy``, ``faulthandler``) or why there are none, and
+    ``main_frames`` its main thread's innermost Python frames (innermost first)."""
+
+    rank: int
+    pid: int
+    hostname: str
+    state: str
+    wchan: str
+    cpu: str
+    iterations: int | None
+    stacks: str
+    main_frames: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        """``rank 1 (pid 42) on host a: T, wchan do_signal_stop, stopped, 17 iterations, stacks
+        skipped-stopped``: one rank for the diagnosis line."""
+        parts = [self.state or "-", f"wchan {self.wchan or '-'}", self.cpu,
+                 f"{self.iterations} iterations" if self.iterations is not None else "iterations -",
+                 f"stacks {self.stacks}"]
+        where = f" in {self.main_frames[0]}" if self.main_frames else ""
+        return f"rank {self.rank} (pid {self.pid}) on host {self.hostname or '?'}: {', '.join(parts)}{where}"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (:meth:`from_dict` reads it back)."""
+        return {"rank": self.rank, "pid": self.pid, "hostname": self.hostname, "state": self.state,
+                "wchan": self.wchan, "cpu": self.cpu, "iterations": self.iterations, "stacks": self.stacks,
+                "main_frames": list(self.main_frames)}
+
+    @classmethod
+    def from_dict(cls, data: object) -> RankSnapshot:
+        """The record :meth:`to_dict` wrote; ``ValueError`` naming the field otherwise."""
+        fields = JsonFields("RankSnapshot", data, required=(
+            "rank", "pid", "hostname", "state", "wchan", "cpu", "iterations", "stacks", "main_frames"))
+        return cls(rank=fields.integer("rank"), pid=fields.integer("pid"), hostname=fields.text("hostname"),
+                   state=fields.text("state"), wchan=fields.text("wchan"), cpu=fields.text("cpu"),
+                   iterations=fields.integer_or_none("iterations"), stacks=fields.text("stacks"),
+                   main_frames=fields.texts("main_frames"))
+
+
+@dataclass(frozen=True)
+class FatalSnapshot:
+    """Every rank at the fatal verdict (taken before the bounded stop signalled one): ``reason`` the
+    verdict (``died of rank 1``), ``named`` the evidence that singles a rank out (empty: none does)
+    and ``named_rank`` that rank, ``taken_at`` wall clock, ``elapsed_ms`` what the snapshot took."""
+
+    reason: str
+    taken_at: float
+    elapsed_ms: float
+    named: str
+    ranks: tuple[RankSnapshot, ...]
+    named_rank: int | None = None
+
+    def rank(self, number: int) -> RankSnapshot | None:
+        """The snapshot of rank ``number``, if it was seen."""
+        return next((rank for rank in self.ranks if rank.rank == number), None)
+
+    def summary(self) -> str:
+        """One line: every rank (:meth:`RankSnapshot.describe`), then the naming."""
+        line = "; ".join(rank.describe() for rank in self.ranks) or "no rank seen"
+        return line + (f"; named: {self.named}" if self.named else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (:meth:`from_dict` reads it back)."""
+        return {"reason": self.reason, "taken_at": self.taken_at, "elapsed_ms": round(self.elapsed_ms, 1),
+                "named": self.named, "named_rank": self.named_rank, "ranks": [rank.to_dict() for rank in self.ranks]}
+
+    def to_json(self, limit: int) -> str:
+        """The compact JSON form if it fits in ``limit`` bytes; otherwise the same without the
+        ranks' frames, and if even that does not fit, without ranks past the first that fit (the
+        JSON stays whole, never cut)."""
+        text = json.dumps(self.to_dict(), separators=(",", ":"))
+        if len(text.encode()) <= limit:
+            return text
+        ranks = [RankSnapshot(**{**vars(rank), "main_frames": ()}) for rank in self.ranks]
+        while True:
+            text = json.dumps(FatalSnapshot(self.reason, self.taken_at, self.elapsed_ms, self.named, tuple(ranks),
+                                            self.named_rank).to_dict(), separators=(",", ":"))
+            if len(text.encode()) <= limit or not ranks:
+                return text
+            ranks.pop()
+
+    @classmethod
+    def from_dict(cls, data: object) -> FatalSnapshot:
+        """The record :meth:`to_dict` wrote; ``ValueError`` naming the field otherwise."""
+        fields = JsonFields("FatalSnapshot", data, required=("reason", "taken_at", "elapsed_ms", "named", "ranks"),
+                            optional=("named_rank",))
+        raw = fields.objects("ranks")
+        return cls(reason=fields.text("reason"), taken_at=fields.number("taken_at"),
+                   elapsed_ms=fields.number("elapsed_ms"), named=fields.text("named"),
+                   ranks=tuple(RankSnapshot.from_dict(item) for item in raw),
+                   named_rank=fields.integer_or_none("named_rank") if fields.has("named_rank") else None)
