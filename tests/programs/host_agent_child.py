@@ -8,8 +8,9 @@ process (rank ``first_rank``; the children take the next ones), prints one JSON 
 (or ``{"ready": false}`` after 20 s), then serves until its rank is ended:
 ``on_proxy_lost``/``on_stop`` print ``{"ended": reason}`` and exit with 75.
 Options: ``endpoint``, ``secret`` (hex), ``heartbeat_timeout_s``, ``d_state_timeout_s``,
-``slow_poll`` (each of the agent's polls returns 0.3 s late, as in a rank whose other threads hold
-the interpreter: what the hub sent and the close of its connection then arrive in one round),
+``drill`` (the agent's engine is a drill's: it makes the faults its hub asks for), ``slow_poll``
+(each of the agent's polls returns 0.3 s late, as in a rank whose other threads hold the
+interpreter: what the hub sent and the close of its connection then arrive in one round),
 ``die_with_agent`` (each sleeper gets SIGKILL when this process ends, ``PR_SET_PDEATHSIG``: a rig
 of many hosts leaves nothing behind even when it is itself killed),
 ``dumps`` (the sleepers register their stack dump at start, as every rank does: stacks without
@@ -73,6 +74,7 @@ def main(options: dict[str, object]) -> int:
                              float(options.get("heartbeat_timeout_s", 1.0)),  # type: ignore[arg-type]
                              float(d) if d is not None else None,  # type: ignore[arg-type]
                              grace_s=0.5, kill_s=1.0,
+                             drill=bool(options.get("drill")),
                              iterations_interval_s=float(options.get("iterations_interval_s", 1.0)))  # type: ignore[arg-type]
 
     def ended(reason: str) -> None:

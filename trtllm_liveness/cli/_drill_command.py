@@ -14,6 +14,13 @@ cordon or taint, hook) are off; they are named instead.
 Refuses to run on a quarantined host (the check an engine start makes, read only). Bounded by
 ``--timeout`` (model load included); on every way out it stops every rank it started (by verified
 pid), kills what is left of the engine's session and removes its files.
+
+``--hosts H1:N1,H2:N2`` runs the engine across hosts as the README's multi-host line does
+(``trtllm-liveness launch -- mpirun --host ... trtllm-llmapi-launch ...``, :mod:`trtllm_liveness.drill._drill_hosts`)
+and has the fault made in a rank of another host than the proxy's by that host's agent, which
+verifies the rank by its own pidfd (:mod:`trtllm_liveness.multihost._drill_faults`): the drill never
+signals a pid of another host. Each agent stops its host's ranks (and thaws a wedge) when the engine
+stops or goes.
 """
 
 from __future__ import annotations
@@ -29,8 +36,9 @@ from typing import Any
 from .._config import LivenessConfig, parse_value
 from .._errors import LivenessError
 from .._switch import ENV_VAR
+from ..drill._drill_hosts import launch_argv, parse_hosts, remote_victim
 from ..drill._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
-from ..drill._drill_session import DrillSession, EngineEnded
+from ..drill._drill_session import DrillSession, EngineEnded, FaultNotMade
 from ..exit._outcome import OUTCOME_ENV
 from ..process._identity import is_local
 from ._arg_types import int_arg, seconds_arg
@@ -72,6 +80,12 @@ off; they are named instead.
 Refuses to run on a quarantined host. Bounded by --timeout (model load included); on every way out
 it stops every rank it started (by verified pid), kills what is left of its engine's session and
 removes its files.
+
+--hosts H1:N1,H2:N2 runs the engine across hosts as the README's multi-host line does
+(trtllm-liveness launch -- mpirun --host ... trtllm-llmapi-launch ...) and has the fault made in a
+rank of another host than the proxy's by that host's agent, which verifies the rank by its own
+pidfd: the drill never signals a pid of another host. Each agent stops its host's ranks (and thaws
+a wedge) when the engine stops or goes.
 """
 _FAULT_WAIT_S = 60.0
 _SLACK_S = 5.0
@@ -84,11 +98,25 @@ def add_drill_parser(sub: Any) -> None:
                            description=DESCRIPTION, epilog=DRILL_STATUS_HELP,
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     drill.add_argument("model", metavar="MODEL", help="what you pass to tensorrt_llm.LLM: a model directory or name")
-    drill.add_argument("--tp", type=int_arg(1, 4096), default=1, metavar="N", help="tensor_parallel_size (default 1)")
+    drill.add_argument("--tp", type=int_arg(1, 4096), default=None, metavar="N",
+                       help="tensor_parallel_size (default 1; with --hosts, the hosts' slots)")
     drill.add_argument("--fault", choices=["kill", "stop", "wedge"], default="kill",
                        help="SIGKILL (default), SIGSTOP, or a rank frozen in D (cgroup v1 freezer; root)")
     drill.add_argument("--rank", type=int_arg(0, 1 << 24), default=None,
-                       help="rank to hit (default: the highest rank on this host outside the engine's own process)")
+                       help="rank to hit (default: the highest rank on this host outside the engine's own process; "
+                            "with --hosts, the highest rank of another host outside its agent's)")
+    drill.add_argument("--hosts", default="", metavar="H1:N1,H2:N2",
+                       help="run across these hosts (mpirun --host's form; the proxy on the first) as the README's "
+                            "multi-host line does, and have the fault made in a rank of another host by that "
+                            "host's agent")
+    drill.add_argument("--mpirun", default="mpirun", metavar="PATH", help="with --hosts: the mpirun (default mpirun)")
+    drill.add_argument("--mpirun-args", default="", metavar="ARGS",
+                       help="with --hosts: more arguments for mpirun, one string (e.g. '--map-by slot')")
+    drill.add_argument("--launcher", default="trtllm-llmapi-launch", metavar="COMMAND",
+                       help="with --hosts: what mpirun runs in front of the engine (default trtllm-llmapi-launch)")
+    drill.add_argument("--session", default="", metavar="MODULE:ATTRIBUTE",
+                       help="for testing: a callable whose result is passed to LLM as its MPI session (the test "
+                            "suite's fakes have no trtllm-llmapi-launch)")
     drill.add_argument("--requests", type=int_arg(1, 256), default=4, help="streaming requests (default 4)")
     drill.add_argument("--max-tokens", type=int_arg(1, 1 << 20), default=1024, metavar="N",
                        help="tokens per request (ignore_eos; default 1024): they must still stream at the fault")
@@ -225,7 +253,7 @@ def _would_exit(config: LivenessConfig, report: EngineReport | None) -> tuple[st
             f"would exit with status {status} ({why})"), None
 
 
-def _would_mark(config: LivenessConfig, marker: Any) -> str:
+def _would_mark(config: LivenessConfig, marker: Any, remote_host: str = "") -> str:
     from ..quarantine._marker import MARKER_NAME, QuarantineMarker, resolve_directory
 
     if not config.quarantine_dir:
@@ -236,6 +264,9 @@ def _would_mark(config: LivenessConfig, marker: Any) -> str:
         return f"{where}: {processes}: {marker.reason}"
     if isinstance(marker, str):
         return f"{where}: the drill's copy is {marker}"
+    if remote_host:  # docs/multihost.md: the marker is written on the proxy's host only
+        return (f"none at {where} on the proxy's host (its own ranks are restartable); host {remote_host}, whose "
+                "rank was hit, gets none from the extension: its node health check decides")
     return f"none at {where} (the failure is restartable on this host)"
 
 
@@ -263,12 +294,12 @@ def _drill(args: argparse.Namespace, config: LivenessConfig, options: DrillOptio
     except (EngineEnded, ValueError) as exc:
         return dataclasses.replace(outcome, verdict=f"the engine did not start streaming: {exc}")
     outcome = dataclasses.replace(outcome, version=ready.version)
-    victim = _victim(ready, args.rank)
+    victim = remote_victim(ready, args.rank) if args.hosts else _victim(ready, args.rank)
     if isinstance(victim, str):
         return dataclasses.replace(outcome, verdict=f"{victim}: nothing to inject the fault into")
     try:
-        t0 = session.inject(args.fault, victim)
-    except (LivenessError, OSError) as exc:
+        t0 = session.inject_remote(args.fault, victim, deadline) if args.hosts else session.inject(args.fault, victim)
+    except (LivenessError, OSError, FaultNotMade, EngineEnded, ValueError) as exc:
         return dataclasses.replace(outcome, victim=victim, verdict=f"could not inject the fault: {exc}")
     bound = options.observe_s + config.shutdown_grace_s + config.shutdown_term_s + config.shutdown_kill_s + 60.0
     report, ended = None, ""
@@ -325,7 +356,17 @@ def run_drill(args: argparse.Namespace) -> int:
     except ValueError as exc:
         _err(f"{exc}; nothing started")
         return EXIT_INVALID_SETTING
-    if args.fault == "wedge":
+    try:
+        hosts = parse_hosts(args.hosts) if args.hosts else ()
+    except ValueError as exc:
+        _err(str(exc))
+        return EXIT_USAGE
+    slots = sum(count for _, count in hosts)
+    if hosts and args.tp is not None and args.tp != slots:
+        _err(f"--tp {args.tp} differs from the {slots} slots of --hosts {args.hosts}")
+        return EXIT_USAGE
+    args.tp = slots or args.tp or 1
+    if args.fault == "wedge" and not hosts:  # across hosts the rank's own agent says whether it can
         from ..demo._cgroup_faults import freezer_available
 
         reason = freezer_available()
@@ -340,7 +381,8 @@ def run_drill(args: argparse.Namespace) -> int:
         return EXIT_QUARANTINED
     from ..demo._demo_run import _sigterm_unwinds, _Terminated
 
-    options = DrillOptions(model=args.model, tp=args.tp, engine=args.engine, requests=args.requests,
+    options = DrillOptions(model=args.model, tp=args.tp, engine=args.engine, session=args.session,
+                           hosts=bool(hosts), requests=args.requests,
                            max_tokens=args.max_tokens, stream_timeout_s=args.timeout, fault_wait_s=_FAULT_WAIT_S,
                            observe_s=_observe_s(args.fault, user))
     deadline = time.monotonic() + args.timeout
@@ -350,7 +392,8 @@ def run_drill(args: argparse.Namespace) -> int:
         with _sigterm_unwinds():
             try:
                 env[ENV_VAR] = _drill_config(user, session.quarantine_dir).to_env()
-                session.start(options, env)
+                session.start(options, env, launch_argv(hosts, args.mpirun, args.mpirun_args, args.launcher)
+                              if hosts else ())
                 outcome = _drill(args, user, options, session, deadline)
             finally:
                 session.close()
@@ -358,7 +401,8 @@ def run_drill(args: argparse.Namespace) -> int:
         _err("terminated (SIGTERM); its processes and files are removed")
         return 143
     outcome = dataclasses.replace(outcome, left=tuple(session.survivors),
-                                  would_mark=_would_mark(user, session.marker),
+                                  would_mark=_would_mark(user, session.marker, outcome.victim.host
+                                                         if hosts and outcome.victim is not None else ""),
                                   would_act=_would_act(user, session.marker))
     if outcome.t0 is None:  # nothing was injected: say why, with the engine's last words
         _err(f"{outcome.verdict}\n--- the engine's log (last lines):\n{session.last_log}")

@@ -5,8 +5,12 @@ in a session of its own, with ``TRTLLM_WORKER_LIVENESS`` set by the drill::
 
     LLM(model, tensor_parallel_size=tp, executor_cls=liveness_executor_class())
       -> ``requests`` streaming requests (``generate_async(..., streaming=True)``), each read by a thread
-      -> once every request has tokens: {"ready": EngineReady} on stdout (the ranks, by verified identity)
-      <- one line on stdin: {"fault_at": <monotonic>} (the drill injected the fault), or EOF
+      -> once every request has tokens (and, across hosts, every rank is watched):
+         {"ready": EngineReady} on stdout (the ranks, by verified identity; the agents' ranks)
+      <- one line on stdin: {"fault_at": <monotonic>} (the drill injected the fault), or
+         {"inject": {"rank": R, "fault": F}}: a rank of another host, whose agent makes the fault
+         (asked through the engine's DrillHub, multihost/_drill_faults.py; the engine never signals
+         a remote pid) -> {"injected": FaultReply} on stdout; or EOF
       -> watch for ``observe_s``: the monitor's event, check_health(), the requests' errors, tokens
       -> llm.shutdown() (bounded by the extension) -> {"report": EngineReport}
 
@@ -39,6 +43,8 @@ from ._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
 PROMPT = [1, 2, 3, 4]  # token ids: no tokenizer needed
 _TICK_S = 0.001
 _STOPPED_AFTER_S = 1.0  # tokens count as stopped after this long without one
+_WATCHED_S = 30.0  # the agents' hellos come within a second or two of the ranks' start
+_INJECT_S = 15.0  # the remote agent's answer to a fault request (a freeze waits at most 2 s)
 
 
 def emit(key: str, value: Any) -> None:
@@ -88,12 +94,13 @@ class _Stream:
         return self.finished or self.error is not None
 
 
+def _factory(name: str) -> Any:
+    module_name, _, attribute = name.partition(":")
+    return getattr(importlib.import_module(module_name), attribute)
+
+
 def _model(options: DrillOptions) -> Any:
-    if not options.engine:
-        return options.model
-    module_name, _, attribute = options.engine.partition(":")
-    factory = getattr(importlib.import_module(module_name), attribute)
-    return factory(options.model)
+    return _factory(options.engine)(options.model) if options.engine else options.model
 
 
 def _submit(llm: Any, max_tokens: int) -> Any:
@@ -106,16 +113,50 @@ def _submit(llm: Any, max_tokens: int) -> Any:
     return llm.generate_async(PROMPT, max_tokens=max_tokens, streaming=True)
 
 
-def _read_fault(timeout: float) -> float | None:
-    """The drill's fault time from stdin (None: EOF, garbage or nothing within ``timeout``)."""
+def _read_fault(timeout: float, executor: Any) -> float | None:
+    """The drill's fault time from stdin (None: EOF, garbage or nothing within ``timeout``), or
+    the time a remote host's agent made the fault the drill asked for (None: it did not)."""
     ready, _, _ = select.select([sys.stdin], [], [], timeout)
     if not ready:
         return None
     try:
-        value = json.loads(sys.stdin.readline()).get("fault_at")
+        line = json.loads(sys.stdin.readline())
+        value, inject = line.get("fault_at"), line.get("inject")
     except (ValueError, AttributeError):
         return None
+    if isinstance(inject, dict):
+        return _inject_remote(executor, inject.get("rank"), inject.get("fault"))
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _inject_remote(executor: Any, rank: Any, fault: Any) -> float | None:
+    from ..multihost._drill_faults import FAULTS, DrillHub
+
+    hub = getattr(getattr(executor, "liveness_state", None), "hub", None)
+    if not isinstance(hub, DrillHub):
+        emit("error", "this engine runs no drill's agent hub: no rank of another host can be hit")
+        return None
+    if not isinstance(rank, int) or isinstance(rank, bool) or fault not in FAULTS:
+        emit("error", f"bad inject request: rank {rank!r}, fault {fault!r}")
+        return None
+    reply = hub.inject_fault(rank, fault, _INJECT_S)
+    emit("injected", reply.to_dict())
+    return reply.at if reply.injected else None
+
+
+def _wait_watched(executor: Any, tp: int, deadline: float) -> None:
+    """Across hosts: until every rank but the proxy's own (rank 0) is watched, here or by its host's
+    agent (a rank of another host is ``none`` until its agent's hello), bounded."""
+    wanted = set(range(1, tp))
+    while time.monotonic() < deadline:
+        if wanted <= {status.identity.rank for status in executor.liveness_statuses() if str(status.method) != "none"}:
+            return
+        time.sleep(0.05)
+
+
+def _agents(executor: Any) -> tuple[int, ...]:
+    hub = getattr(getattr(executor, "liveness_state", None), "hub", None)
+    return () if hub is None else tuple(host.agent_rank for host in hub.hosts())
 
 
 def _ranks(executor: Any) -> tuple[DrillRank, ...]:
@@ -154,8 +195,11 @@ def run(options: DrillOptions) -> int:
         emit("error", f"tensorrt_llm cannot be imported by {sys.executable}: {type(exc).__name__}: {exc}")
         return 4
     from ..integrations.trtllm import liveness_executor_class
+    from ..multihost._drill_faults import enable_drill
 
-    llm = LLM(_model(options), tensor_parallel_size=options.tp, executor_cls=liveness_executor_class())
+    enable_drill()  # this engine's agent hub (across hosts) is a drill's: its agents make its faults
+    extra = {"_mpi_session": _factory(options.session)()} if options.session else {}
+    llm = LLM(_model(options), tensor_parallel_size=options.tp, executor_cls=liveness_executor_class(), **extra)
     executor = llm._executor
     if not hasattr(executor, "liveness_statuses"):
         emit("error", "the extension did not attach to this TensorRT-LLM's executor (run 'trtllm-liveness doctor')")
@@ -169,12 +213,14 @@ def run(options: DrillOptions) -> int:
         emit("error", f"the requests did not all stream within {options.stream_timeout_s:g} s"
                       + (f": {'; '.join(problems)}" if problems else ""))
         return 1
+    if options.hosts:
+        _wait_watched(executor, options.tp, min(deadline, time.monotonic() + _WATCHED_S))
     emit("ready", EngineReady(ranks=_ranks(executor), proxy_pid=os.getpid(),
                               version=str(getattr(tensorrt_llm, "__version__", "?")),
-                              streaming=len(streams)).to_dict())
-    t0 = _read_fault(options.fault_wait_s)
+                              streaming=len(streams), agents=_agents(executor)).to_dict())
+    t0 = _read_fault(options.fault_wait_s, executor)
     if t0 is None:
-        emit("error", f"no fault within {options.fault_wait_s:g} s")
+        emit("error", f"no fault made within {options.fault_wait_s:g} s")
         return 1
     seen = _observe(executor, streams, t0, options.observe_s)
     started = time.monotonic()

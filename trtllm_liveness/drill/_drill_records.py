@@ -34,11 +34,16 @@ class DrillOptions:
     tensor_parallel_size=tp)``; ``engine`` (``module:attribute``, for testing) names a callable that
     turns ``model`` into what is passed instead; ``requests`` streaming requests of up to
     ``max_tokens`` tokens; ``stream_timeout_s`` bounds the model load and the first tokens,
-    ``fault_wait_s`` the wait for the fault, ``observe_s`` the watch after it."""
+    ``fault_wait_s`` the wait for the fault, ``observe_s`` the watch after it. ``hosts``: the ranks
+    span hosts (``--hosts``): the engine waits until every one of the ``tp`` ranks is watched;
+    ``session`` (``module:attribute``, for testing) names a callable whose result is passed as the
+    LLM's ``_mpi_session`` (the fakes have no ``trtllm-llmapi-launch`` to make one)."""
 
     model: str
     tp: int = 1
     engine: str = ""
+    session: str = ""
+    hosts: bool = False
     requests: int = 4
     max_tokens: int = 1024
     stream_timeout_s: float = 600.0
@@ -52,7 +57,8 @@ class DrillOptions:
     def from_json(cls, text: str) -> DrillOptions:
         document = json.loads(text)
         return cls(model=_field(document, "model", str), tp=_field(document, "tp", int),
-                   engine=_field(document, "engine", str), requests=_field(document, "requests", int),
+                   engine=_field(document, "engine", str), session=_field(document, "session", str),
+                   hosts=_field(document, "hosts", bool), requests=_field(document, "requests", int),
                    max_tokens=_field(document, "max_tokens", int),
                    stream_timeout_s=float(_field(document, "stream_timeout_s", (int, float))),
                    fault_wait_s=float(_field(document, "fault_wait_s", (int, float))),
@@ -85,23 +91,27 @@ class DrillRank:
 @dataclass(frozen=True)
 class EngineReady:
     """The engine is up and every request streams: its ranks, the engine process, the TensorRT-LLM
-    that runs it."""
+    that runs it; ``agents``: the ranks that run a remote host's agent (none on one host)."""
 
     ranks: tuple[DrillRank, ...]
     proxy_pid: int
     version: str
     streaming: int
+    agents: tuple[int, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         return {"ranks": [asdict(rank) for rank in self.ranks], "proxy_pid": self.proxy_pid,
-                "version": self.version, "streaming": self.streaming}
+                "version": self.version, "streaming": self.streaming, "agents": list(self.agents)}
 
     @classmethod
     def from_dict(cls, document: Any) -> EngineReady:
         ranks = _field(document, "ranks", list)
+        agents = _field(document, "agents", list, optional=True) or []
+        if not all(isinstance(rank, int) and not isinstance(rank, bool) for rank in agents):
+            raise ValueError(f"drill record: agents must be a list of ranks, got {agents!r}")
         return cls(ranks=tuple(DrillRank.from_dict(rank) for rank in ranks),
                    proxy_pid=_field(document, "proxy_pid", int), version=_field(document, "version", str),
-                   streaming=_field(document, "streaming", int))
+                   streaming=_field(document, "streaming", int), agents=tuple(agents))
 
 
 @dataclass(frozen=True)

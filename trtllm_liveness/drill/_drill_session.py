@@ -4,9 +4,11 @@
 directory inside it), starts :mod:`trtllm_liveness.drill._drill_engine` in a session of
 its own, reads its lines in a thread, injects the fault into one rank of this host through a pidfd
 verified against the rank's start time (SIGKILL, SIGSTOP, or the cgroup v1 freezer: real ``D``
-state), and on :meth:`close` thaws the freezer, waits for the engine process (bounded), reads the
-marker it left, kills what is left of its session, stops every rank it was told of by verified
-identity, and removes the directory. Every wait has a deadline; :meth:`close` is idempotent and
+state), or asks the engine to have a remote rank's own host agent make it (``--hosts``: the agents
+undo it and stop their hosts' ranks when the engine stops or goes), and on :meth:`close` thaws the
+freezer, waits for the engine process (bounded), reads the marker it left, kills what is left of its
+session, stops every rank of this host it was told of by verified identity, and removes the
+directory. Every wait has a deadline; :meth:`close` is idempotent and
 never raises for a clean-up step.
 """
 
@@ -23,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from ..process import _pidfd
@@ -31,9 +33,10 @@ from ..process._identity import is_local
 from ._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
 
 if TYPE_CHECKING:
+    from ..multihost._drill_faults import FaultReply
     from ..quarantine._marker import QuarantineMarker
 
-__all__ = ["DrillSession", "EngineEnded"]
+__all__ = ["DrillSession", "EngineEnded", "FaultNotMade"]
 
 _EXIT_WAIT_S = 10.0
 _STOP_KILL_S = 2.0
@@ -43,6 +46,10 @@ _SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 class EngineEnded(Exception):
     """The engine process sent an error line, ended, or said nothing in time (``str`` says which)."""
+
+
+class FaultNotMade(Exception):
+    """The remote host's agent did not make the fault: its answer (refused, failed, no answer)."""
 
 
 class DrillSession:
@@ -62,12 +69,15 @@ class DrillSession:
         self._log_path = os.path.join(self.workdir, "engine.log")
         self._freezer: Any = None
         self._closed = False
+        self.remote_fault: FaultReply | None = None  # the remote agent's answer (--hosts)
         self.last_log = ""  # the end of the engine's stderr, kept by close() before the directory goes
 
-    def start(self, options: DrillOptions, env: Mapping[str, str]) -> None:
-        """Start the engine process with ``env`` (its ``TMPDIR`` is the working directory)."""
+    def start(self, options: DrillOptions, env: Mapping[str, str], launch: Sequence[str] = ()) -> None:
+        """Start the engine process with ``env`` (its ``TMPDIR`` is the working directory); ``launch``
+        goes in front of it (``--hosts``: ``trtllm-liveness launch -- mpirun ... trtllm-llmapi-launch``)."""
         with open(self._log_path, "wb") as log:
-            self.child = subprocess.Popen([sys.executable, "-m", _ENGINE, options.to_json()], stdin=subprocess.PIPE,
+            self.child = subprocess.Popen([*launch, sys.executable, "-m", _ENGINE, options.to_json()],
+                                          stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=log, start_new_session=True,
                                           env={**env, "TMPDIR": self.workdir})
         assert self.child.stdout is not None
@@ -134,12 +144,29 @@ class DrillSession:
                 _pidfd.send_signal(fd, _SIGNALS[fault])
         finally:
             os.close(fd)
+        self._tell({"fault_at": t0})
+        return t0
+
+    def inject_remote(self, fault: str, victim: DrillRank, deadline: float) -> float:
+        """Ask the engine to have ``victim``'s host's agent make ``fault`` (the drill never signals a
+        pid of another host); returns when it was made, on the engine's monotonic clock. Raises
+        :class:`FaultNotMade` with the agent's answer (e.g. "wedge not available on host H"), or
+        :class:`EngineEnded`."""
+        from ..multihost._drill_faults import FaultReply
+
+        self._tell({"inject": {"rank": victim.rank, "fault": fault}})
+        reply = FaultReply.from_dict(self._next("injected", deadline))
+        self.remote_fault = reply
+        if not reply.injected or reply.at is None:
+            raise FaultNotMade(f"{reply.outcome}: {reply.detail}")
+        return reply.at
+
+    def _tell(self, line: dict[str, Any]) -> None:
         stdin = self._engine().stdin
         assert stdin is not None
         with contextlib.suppress(OSError):
-            stdin.write(json.dumps({"fault_at": t0}).encode() + b"\n")
+            stdin.write(json.dumps(line).encode() + b"\n")
             stdin.flush()
-        return t0
 
     def release_fault(self) -> None:
         """Thaw and remove the freezer group (a frozen rank then takes its pending SIGKILL)."""

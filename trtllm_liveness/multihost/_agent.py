@@ -52,6 +52,7 @@ from .._events import WorkerEvent, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import ProcessIdentity
 from . import _wire
+from ._drill_faults import AgentFaults
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, SnapshotRequest, encode_ranks, parse_snapshot_request
 from ._tcp import cut, duplicate, silence_s
 
@@ -79,6 +80,7 @@ class AgentSettings:
     grace_s: float = 2.0
     kill_s: float = 3.0
     iterations_interval_s: float = ITERATIONS_INTERVAL_S
+    drill: bool = False  # the engine is a drill's: the agent makes the faults its hub asks for (._drill_faults)
 
     @property
     def hub_silence_s(self) -> float:
@@ -138,6 +140,7 @@ class HostAgent:
         self._iterations_due = 0.0  # the thread's: no iterations message before this (wall clock)
         self.iteration_messages = 0
         self._closers: list[Callable[[], None]] = []  # what the agent owns beside its thread's (its beats' channel)
+        self._faults = AgentFaults(settings.drill, own, self.identities)  # the thread's: a drill's faults
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-host-agent", daemon=True)
 
     # ----------------------------------------------------------------- public
@@ -231,6 +234,7 @@ class HostAgent:
             if self._link is not None:
                 self._link.close()
                 self._link = None
+            self._faults.release()
             monitor.close()
             self._close_owned()
             if monitor_sock is not None:
@@ -387,6 +391,8 @@ class HostAgent:
             elif message.kind == "expect":
                 self._released = True
                 monitor.mark_expected_exits()
+            elif message.kind == "fault":  # a drill's: checked, verified and made by ._drill_faults
+                self._send(sock, "faulted", **self._faults.handle(message))
             elif message.kind == "stop":
                 self._stop_requested(sock, monitor, message)
                 return "stop"
@@ -460,7 +466,7 @@ class HostAgent:
 
         monitor.mark_expected_exits()
         targets = [identity for identity in self.identities if identity.start_time is not None]
-        return stop_processes(targets, grace_s=grace_s, kill_s=kill_s)
+        return self._faults.after_stop(stop_processes(targets, grace_s=grace_s, kill_s=kill_s))  # a drill's: thaw
 
     def _stop_requested(self, sock: Any, monitor: WorkerProcessMonitor, message: _wire.Message) -> None:
         grace = message.body.get("grace")

@@ -76,7 +76,8 @@ def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
                          grace_s=float(grace) if isinstance(grace, (int, float)) else 2.0,
                          kill_s=float(kill) if isinstance(kill, (int, float)) else 3.0,
                          iterations_interval_s=float(every) if isinstance(every, (int, float))
-                         and ITERATIONS_INTERVAL_S <= every <= 3600 else ITERATIONS_INTERVAL_S)
+                         and ITERATIONS_INTERVAL_S <= every <= 3600 else ITERATIONS_INTERVAL_S,
+                         drill=spec.get("drill") is True)
 
 
 BeatsOpener = Callable[[HostAgent], "tuple[str, str] | None"]

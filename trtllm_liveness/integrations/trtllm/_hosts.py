@@ -50,14 +50,16 @@ def iterations_interval_s(config: LivenessConfig) -> float:
 def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> AgentHub | None:
     """A started hub, or None (logged) when it cannot bind: the engine then runs without it."""
     from ...multihost import AgentHub
+    from ...multihost._drill_faults import DrillHub, drill_enabled
 
     bind, advertise = config.hosts_bind, config.hosts_advertise
     if not bind:
         bind, advertise = default_bind(advertise)
-    hub = AgentHub(monitor, bind=bind, port=config.hosts_port, advertise=advertise or None,
-                   heartbeat_timeout_s=config.heartbeat_timeout_s, d_state_timeout_s=config.d_state_timeout_s or None,
-                   scan_interval_s=config.scan_interval_s, grace_s=config.shutdown_term_s,
-                   kill_s=config.shutdown_kill_s, iterations_interval_s=iterations_interval_s(config))
+    kind = DrillHub if drill_enabled() else AgentHub  # a drill's engine only (enable_drill)
+    hub = kind(monitor, bind=bind, port=config.hosts_port, advertise=advertise or None,
+               heartbeat_timeout_s=config.heartbeat_timeout_s, d_state_timeout_s=config.d_state_timeout_s or None,
+               scan_interval_s=config.scan_interval_s, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s,
+               iterations_interval_s=iterations_interval_s(config))
     try:
         return hub.start()
     except Exception:

@@ -1,0 +1,402 @@
+"""A drill's fault in a rank of another host: asked by the proxy's hub, made by that host's agent.
+
+The proxy never signals a remote pid. ``trtllm-liveness drill --hosts`` asks the engine, the engine
+asks its :class:`DrillHub` (:meth:`DrillHub.inject_fault`), the hub sends one ``fault`` request to
+the agent of the rank's host, and that agent (:class:`AgentFaults`) checks it, verifies the rank
+by its own pidfd against the start time it registered (never a recycled pid), makes the fault
+(``kill``: SIGKILL, ``stop``: SIGSTOP, ``wedge``: the rank's threads frozen by the host's cgroup v1
+freezer, real ``D`` state) and answers ``faulted`` with what it did, on which pid and host, and how
+long ago (the hub turns that into its own monotonic time, as it does for events).
+
+Only a drill's engine makes a :class:`DrillHub` (:func:`enable_drill`, called by the drill's
+engine process before it builds its LLM), and only its spec carries ``"drill": true`` to the ranks
+(:attr:`~._agent.AgentSettings.drill`). An agent whose engine is not a drill refuses every fault
+request with a logged, rate-limited WARNING and a ``refused`` answer; so does any agent for a rank
+that is not one of those it watches (its own rank included: it could not report, nor thaw itself).
+
+Clean-up is the agent's: after it stopped its host's ranks (a frozen rank is then reported
+unkillable to the hub, as a real wedge's would be), :meth:`AgentFaults.after_stop` thaws and
+removes its freezer group (the rank's pending SIGKILL then ends it) and SIGKILLs what is left by
+verified pidfd; its thread's end releases the group too. And should the agent's process end
+without either (a launcher's SIGKILL), the group's guard, a small process the agent started with
+the group, sees its pipe close and thaws and removes the group. Every wait here is bounded.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import itertools
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from ..process import _pidfd
+from ..process._identity import ProcessIdentity
+from . import _wire
+from ._hub import AgentHub
+
+if TYPE_CHECKING:
+    from ..stop._stop_report import StopReport
+
+logger = logging.getLogger(__name__)
+
+__all__ = ["FAULTS", "AgentFaults", "DrillHub", "FaultReply", "FaultRequest", "drill_enabled", "enable_drill"]
+
+FAULTS = ("kill", "stop", "wedge")
+REPLY_KIND = "faulted"
+_SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
+_FREEZE_S = 2.0  # the agent's thread waits at most this long for FROZEN
+_FREEZER_PREFIX = "trtllm-liveness-drill-agent"  # the local drill's groups are trtllm-liveness-drill-*
+_AFTER_THAW_KILL_S = 3.0
+_GUARD_WAIT_S = 2.0
+_REJECT_LOG_EVERY = 1000
+_drill = threading.Event()
+
+
+def enable_drill() -> None:
+    """Make every agent hub this process starts from now on a :class:`DrillHub`: only the drill's
+    engine process calls it (an in-process switch, so no setting or variable can turn a server's
+    agents into fault injectors)."""
+    _drill.set()
+
+
+def drill_enabled() -> bool:
+    """Whether :func:`enable_drill` was called in this process."""
+    return _drill.is_set()
+
+
+@dataclass(frozen=True)
+class FaultRequest:
+    """Hub -> agent: make ``fault`` in ``rank`` (one of the agent's host's ranks); ``req`` numbers it."""
+
+    req: int
+    rank: int
+    fault: str
+    kind: ClassVar[str] = "fault"
+
+    def fields(self) -> dict[str, Any]:
+        """The message's fields on the wire."""
+        return {"req": self.req, "rank": self.rank, "fault": self.fault}
+
+    @classmethod
+    def parse(cls, message: _wire.Message) -> FaultRequest:
+        """The request in an authenticated message. Raises :class:`~._wire.WireError`."""
+        fault = _wire.field(message, "fault", str, max_len=16)
+        if fault not in FAULTS:
+            raise _wire.WireError(f"fault: unknown fault {fault!r}")
+        return cls(_wire.field(message, "req", int, low=1, high=1 << 62),
+                   _wire.field(message, "rank", int, low=0, high=1 << 24), fault)
+
+
+@dataclass(frozen=True)
+class FaultReply:
+    """What became of one fault request. ``outcome``: ``injected`` (made, ``at`` is when, on the
+    proxy's monotonic clock), ``refused`` (not a drill, not a rank the agent watches, or the fault
+    is not available on that host: ``detail`` says which), ``failed`` (the rank is gone or its pid
+    was reused, or the freezer failed), ``no-answer`` (nothing from the agent within the bound)."""
+
+    req: int
+    rank: int
+    fault: str
+    outcome: str
+    host: str
+    pid: int = 0
+    detail: str = ""
+    at: float | None = None
+
+    @property
+    def injected(self) -> bool:
+        return self.outcome == "injected"
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (``at`` is the proxy's monotonic time)."""
+        return {"req": self.req, "rank": self.rank, "fault": self.fault, "outcome": self.outcome, "host": self.host,
+                "pid": self.pid, "detail": self.detail, "at": self.at}
+
+    @classmethod
+    def from_dict(cls, document: Any) -> FaultReply:
+        """The :meth:`to_dict` form back (the drill's engine prints it). Raises ``ValueError``."""
+        if not isinstance(document, dict):
+            raise ValueError(f"fault reply: expected an object, got {type(document).__name__}")
+        ints: list[Any] = [document.get(key) for key in ("req", "rank", "pid")]
+        texts: list[Any] = [document.get(key) for key in ("fault", "outcome", "host", "detail")]
+        at = document.get("at")
+        if any(not isinstance(value, int) or isinstance(value, bool) for value in ints) \
+                or any(not isinstance(value, str) for value in texts) \
+                or not (at is None or (isinstance(at, (int, float)) and not isinstance(at, bool))):
+            raise ValueError(f"fault reply: malformed {str(document)[:300]}")
+        (req, rank, pid), (fault, outcome, host, detail) = ints, texts
+        return cls(req, rank, fault, outcome, host, pid, detail, None if at is None else float(at))
+
+    def wire_fields(self, age: float | None) -> dict[str, Any]:
+        """The agent's ``faulted`` message: ``age`` (seconds since the fault) instead of ``at``."""
+        return {"req": self.req, "rank": self.rank, "fault": self.fault, "outcome": self.outcome,
+                "pid": self.pid, "detail": self.detail[:2000], "age": age}
+
+    @classmethod
+    def parse(cls, host: str, message: _wire.Message) -> FaultReply:
+        """The reply in an authenticated message from ``host``'s agent. Raises :class:`~._wire.WireError`."""
+        outcome = _wire.field(message, "outcome", str, max_len=16)
+        if outcome not in ("injected", "refused", "failed"):
+            raise _wire.WireError(f"faulted: unknown outcome {outcome!r}")
+        age = message.body.get("age")
+        if outcome == "injected":
+            age = _wire.field(message, "age", float, low=0, high=1e7)
+        return cls(_wire.field(message, "req", int, low=1, high=1 << 62),
+                   _wire.field(message, "rank", int, low=0, high=1 << 24),
+                   _wire.field(message, "fault", str, max_len=16), outcome, host,
+                   _wire.field(message, "pid", int, low=0, high=1 << 30),
+                   _wire.field(message, "detail", str, max_len=2000),
+                   None if age is None else time.monotonic() - float(age))
+
+
+# The freezer group's guard: waits for EOF on stdin (the agent released the group, or its process
+# ended, however: then nobody else would thaw), thaws the group, moves what is still in it back to
+# the root group, removes it and ends; bounded. Standard library only (-I: nothing of the rank's).
+_GUARD = """
+import os, sys, time
+sys.stdin.buffer.read()
+group = sys.argv[1]
+try:
+    with open(os.path.join(group, "freezer.state"), "w") as handle:
+        handle.write("THAWED")
+except OSError:
+    pass
+deadline = time.monotonic() + 10.0
+while time.monotonic() < deadline:
+    try:
+        os.rmdir(group)
+        break
+    except FileNotFoundError:
+        break
+    except OSError:
+        time.sleep(0.05)
+    try:
+        with open(os.path.join(group, "tasks")) as handle:
+            tids = handle.read().split()
+        for tid in tids:
+            with open(os.path.join(os.path.dirname(group), "tasks"), "w") as handle:
+                handle.write(tid)
+    except OSError:
+        pass
+"""
+
+
+def _start_guard(group: str) -> subprocess.Popen[bytes]:
+    """The freezer group's guard (:data:`_GUARD`), in a session of its own: a launcher that ends the
+    rank's process group or session leaves it to thaw what the agent froze."""
+    return subprocess.Popen([sys.executable, "-I", "-c", _GUARD, group], stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
+                            close_fds=True)
+
+
+class AgentFaults:
+    """The agent's side: check a fault request, verify the rank on this host, make the fault, and
+    undo what can be undone (:meth:`release`). Used by the agent's thread only."""
+
+    def __init__(self, drill: bool, own: ProcessIdentity, identities: Sequence[ProcessIdentity]) -> None:
+        self.drill = drill
+        self.own = own
+        self.identities = {identity.rank: identity for identity in identities}
+        self.rejected = 0
+        self._freezer: Any = None
+        self._guard: subprocess.Popen[bytes] | None = None
+
+    def handle(self, message: _wire.Message) -> dict[str, Any]:
+        """The ``faulted`` answer's fields for one ``fault`` message (never raises)."""
+        req = message.body.get("req")
+        rank = message.body.get("rank")
+        fault = message.body.get("fault")
+        host = self.own.hostname
+        if not self.drill:
+            self._reject(f"rank {rank!r}, fault {fault!r}: this engine was not started as a drill")
+            return self._answer(req, rank, fault, "refused", f"the agent on host {host} refuses faults: its engine "
+                                "was not started as a drill")
+        try:
+            request = FaultRequest.parse(message)
+        except _wire.WireError as exc:
+            self._reject(str(exc))
+            return self._answer(req, rank, fault, "refused", f"malformed fault request: {exc}")
+        victim = self.identities.get(request.rank)
+        if victim is None or victim.start_time is None:
+            why = ("the agent's own rank (it reports the fault; hit another rank of its host)"
+                   if request.rank == self.own.rank else "not a rank this agent watches")
+            return self._answer(request.req, request.rank, request.fault, "refused",
+                                f"rank {request.rank} on host {host}: {why} (hittable: {sorted(self.identities)})")
+        if request.fault == "wedge":
+            from ..demo._cgroup_faults import freezer_available
+
+            reason = freezer_available()
+            if reason is not None:
+                return self._answer(request.req, request.rank, request.fault, "refused",
+                                    f"wedge not available on host {host}: {reason}", pid=victim.pid)
+        try:
+            at = self._inject(request.fault, victim)
+        except Exception as exc:  # the rank is gone, its pid was reused, or the freezer failed
+            logger.warning("liveness: the drill's %s of rank %d (pid %d) on host %s failed: %s", request.fault,
+                           victim.rank, victim.pid, host, exc)
+            return self._answer(request.req, request.rank, request.fault, "failed", f"{type(exc).__name__}: {exc}",
+                                pid=victim.pid)
+        logger.info("liveness: drill: %s of rank %d (pid %d) on host %s, verified by its pidfd", request.fault,
+                    victim.rank, victim.pid, host)
+        what = {"kill": "SIGKILL sent", "stop": "SIGSTOP sent",
+                "wedge": f"frozen in D by the cgroup v1 freezer ({self._freezer.path if self._freezer else '?'})"}
+        return self._answer(request.req, request.rank, request.fault, "injected",
+                            f"{what[request.fault]} through a pidfd verified against its start time",
+                            pid=victim.pid, age=max(0.0, time.monotonic() - at))
+
+    def _inject(self, fault: str, victim: ProcessIdentity) -> float:
+        fd = _pidfd.open_verified_pidfd(victim.pid, victim.start_time)
+        try:
+            if fault != "wedge":
+                at = time.monotonic()
+                if not _pidfd.send_signal(fd, _SIGNALS[fault]):
+                    raise ProcessLookupError(f"rank {victim.rank} (pid {victim.pid}) exited before the signal")
+                return at
+            from ..demo._cgroup_faults import FreezerGroup
+
+            if self._freezer is None:
+                self._freezer = FreezerGroup(prefix=_FREEZER_PREFIX)
+                self._guard = _start_guard(self._freezer.path)
+            at = time.monotonic()
+            frozen = self._freezer.freeze([victim.pid], timeout=_FREEZE_S)
+            if _pidfd.is_exited(fd):  # the pid may have named another process by the time it was added
+                self.release()
+                raise ProcessLookupError(f"rank {victim.rank} (pid {victim.pid}) exited before it was frozen")
+            if not frozen:
+                self.release()
+                raise OSError(f"the freezer group did not reach FROZEN within {_FREEZE_S:g} s")
+            return at
+        finally:
+            os.close(fd)
+
+    def after_stop(self, report: StopReport) -> StopReport:
+        """The agent's stop of its host's ranks is over: ``report`` is what a server's would be (a
+        frozen rank unkillable), and goes to the hub as it is. Then the drill's own clean-up: thaw
+        (a frozen rank's pending SIGKILL then ends it) and SIGKILL, bounded and by verified pidfd,
+        whatever the stop left."""
+        if self._freezer is None:
+            return report
+        self.release()
+        left = [self.identities[worker.rank] for worker in report.unkillable if worker.rank in self.identities]
+        if left:
+            from ..stop._bounded_stop import stop_processes
+
+            again = stop_processes(left, grace_s=0.0, kill_s=_AFTER_THAW_KILL_S)
+            logger.info("liveness: drill: thawed ranks %s on host %s after the stop (%s)", [i.rank for i in left],
+                        self.own.hostname, f"still there: {[w.pid for w in again.unkillable]}" if again.unkillable
+                        else "all gone")
+        return report
+
+    def release(self) -> None:
+        """Thaw and remove the freezer group, if any (bounded; never raises)."""
+        freezer, self._freezer = self._freezer, None
+        if freezer is not None:
+            with contextlib.suppress(Exception):
+                freezer.remove(timeout=5.0)
+        guard, self._guard = self._guard, None
+        if guard is not None:  # its group is gone: it finds nothing to do and ends
+            with contextlib.suppress(Exception):
+                assert guard.stdin is not None
+                guard.stdin.close()
+                guard.wait(_GUARD_WAIT_S)
+
+    def _answer(self, req: Any, rank: Any, fault: Any, outcome: str, detail: str, *, pid: int = 0,
+                age: float | None = None) -> dict[str, Any]:
+        def number(value: Any, high: int) -> int:
+            return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high else 0
+
+        reply = FaultReply(number(req, 1 << 62) or 1, number(rank, 1 << 24),
+                           fault if isinstance(fault, str) and fault in FAULTS else "?", outcome,
+                           self.own.hostname, pid, detail)
+        return reply.wire_fields(age)
+
+    def _reject(self, why: str) -> None:
+        self.rejected += 1
+        if self.rejected <= 5 or self.rejected % _REJECT_LOG_EVERY == 0:
+            logger.warning("liveness: the host agent on %s rejected a fault request (%d so far): %s",
+                           self.own.hostname, self.rejected, why)
+
+
+class DrillHub(AgentHub):
+    """The agent hub of a drill's engine: an :class:`~._hub.AgentHub` whose spec tells the agents
+    they serve a drill, and which can ask one of them for a fault (:meth:`inject_fault`)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._fault_ids = itertools.count(1)
+        self._fault_out: collections.deque[tuple[str, FaultRequest]] = collections.deque()
+        self._fault_waiting: set[int] = set()
+        self._fault_replies: dict[int, FaultReply] = {}
+
+    def worker_spec(self) -> dict[str, Any]:
+        return {**super().worker_spec(), "drill": True}
+
+    def inject_fault(self, rank: int, fault: str, timeout_s: float) -> FaultReply:
+        """Ask the agent of ``rank``'s host to make ``fault`` in it; wait at most ``timeout_s`` for
+        its answer. Never raises for what the agent does."""
+        if fault not in FAULTS:
+            raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
+        with self._cond:
+            session = next((s for s in self._sessions.values() if s.connection == "connected"
+                            and any(identity.rank == rank for identity in s.ranks)), None)
+            if session is None:
+                hosts = {s.host: sorted(r.rank for r in s.ranks) for s in self._sessions.values()
+                         if s.connection == "connected"}
+                return FaultReply(0, rank, fault, "refused", "?", detail=f"rank {rank} is not a rank of a connected "
+                                  f"remote host (connected: {hosts or 'none'})")
+            request = FaultRequest(next(self._fault_ids), rank, fault)
+            host = session.host
+            self._fault_waiting.add(request.req)
+            self._fault_out.append((session.sid, request))
+        self._wake()
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        with self._cond:
+            try:
+                while request.req not in self._fault_replies and not self._closing:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        break
+                    self._cond.wait(left)
+                reply = self._fault_replies.pop(request.req, None)
+            finally:
+                self._fault_waiting.discard(request.req)
+        if reply is None:
+            return FaultReply(request.req, rank, fault, "no-answer", host,
+                              detail=f"no answer from host {host}'s agent within {timeout_s:g} s")
+        return reply
+
+    def _flush_commands_locked(self) -> None:
+        while self._fault_out:
+            sid, request = self._fault_out.popleft()
+            session = self._sessions.get(sid)
+            if session is not None and session.connection == "connected":
+                self._send(session, request.kind, **request.fields())
+        super()._flush_commands_locked()
+
+    def _handle_locked(self, message: _wire.Message, peer: str) -> None:
+        if message.kind != REPLY_KIND:
+            super()._handle_locked(message, peer)
+            return
+        session = self._sessions.get(message.sid)
+        if session is None:
+            raise _wire.WireError(f"{message.kind} before hello")
+        if message.seq <= session.seq_in:
+            raise _wire.WireError(f"replayed or reordered message (n={message.seq})")
+        session.seq_in = message.seq
+        reply = FaultReply.parse(session.host, message)
+        if reply.req not in self._fault_waiting:
+            raise _wire.WireError(f"faulted: no request {reply.req} is waiting")
+        log = logger.info if reply.injected else logger.warning
+        log("liveness: drill: host %s's agent: %s of rank %d (pid %d): %s: %s", session.host, reply.fault, reply.rank,
+            reply.pid, reply.outcome, reply.detail)
+        self._fault_replies[reply.req] = reply
+        self._cond.notify_all()
