@@ -37,7 +37,9 @@ NOTES = (
     "namespace each, on a bridge; the hub on a fifth) where the machine can make them (`growth_placement_hosts_4` "
     "in the JSON says which); 18 and 128 hosts: simulated, a UTS namespace each on this machine's loopback. All "
     "share this machine's cores. 18 hosts are the 72 ranks of an NVL72 rack. The event is the hub's, through "
-    "the agent and its wire; idle CPU is the hub's process minus the same hub with no host in the same run; "
+    "the agent and its wire; idle CPU is the hub's process, no request but progress flowing on every host (each "
+    "agent's iterations once per 15 s, the interval at `stall_timeout_s=120`), minus the same hub with no host "
+    "in the same run; "
     "memory and descriptors are what the hub added.",
 )
 

@@ -19,8 +19,12 @@ network (loopback). Per column (``host_column``):
              -> the hub's monitor delivers its event (through the agent, the wire and the hub);
              beside the victim's own exit seen through that pidfd (same kills)
   check      one ``find_dead_worker()`` of the hub's monitor, every host's ranks merged in it
-  idle CPU   the hub's process (all its threads, ZMQ's included), idle, minus the same hub with no
-             host in the same run; and each agent's process (median), which its own host pays
+  steady CPU the hub's process (all its threads, ZMQ's included) while progress flows on every host
+             (no request, no fault: heartbeats and each agent's iterations once per 15 s, the
+             interval at the recommended stall_timeout_s=120), minus the same hub with no host in
+             the same run; and each agent's process (median), which its own host pays
+  snapshot   the whole engine's snapshot, stacks on (AgentHub.snapshot: every agent diagnoses its
+             host's ranks, their stacks from py-spy or their own faulthandler dumps), the second of two
   memory     the hub's Python heap (``tracemalloc``) and descriptors added for the hosts, and its
              RSS beside the no-host hub's
 """
@@ -49,6 +53,12 @@ from trtllm_liveness.process import _procfs
 REPO = Path(__file__).resolve().parent.parent
 RANKS_PER_HOST = 4  # the agent's own rank and 3 sleepers
 NVL72_HOSTS = 18
+PROGRESS_EVERY_S = 0.5
+"""Progress flows on every host: each agent is told an iteration of each of its ranks this often
+(as its host's progress channel would) and forwards them at :data:`ITERATIONS_EVERY_S`."""
+ITERATIONS_EVERY_S = 15.0
+"""The agents' interval between two iteration messages at the recommended ``stall_timeout_s=120``
+(an eighth of it, at most 15 s: trtllm_liveness/integrations/trtllm/_hosts.py)."""
 HOST_COUNTS = (4, 18, 128)
 EVENT_WAIT_S = 10.0
 
@@ -186,7 +196,9 @@ class Rig:
         for index in range(self.count):
             options = {"host": place.host(index), "endpoint": self.spec["endpoint"], "secret": self.spec["secret"],
                        "ranks": RANKS_PER_HOST - 1, "first_rank": RANKS_PER_HOST * index,
-                       "heartbeat_timeout_s": self.spec["heartbeat_timeout_s"], "die_with_agent": True}
+                       "heartbeat_timeout_s": self.spec["heartbeat_timeout_s"], "die_with_agent": True,
+                       "dumps": True,  # every rank registers its stack dump at start, as the worker hook does
+                       "beats": [10**7, PROGRESS_EVERY_S], "iterations_interval_s": ITERATIONS_EVERY_S}
             self.agents.append(subprocess.Popen(
                 place.agent_argv(index, [sys.executable, "-m", "tests.programs.host_agent_child", json.dumps(options)]),
                 stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=self.log, env=self.env, cwd=REPO,
@@ -330,6 +342,8 @@ def host_column(hosts: int, kills: int, window: float, settle: float, baseline: 
         hub_cpu, agent_cpu, by_thread = rig.cpu_ms_per_s(window)
         rss = _bench.rss_kib(rig.hub_pid)
         check = rig.ask({"cmd": "check", "calls": 2000})["us"]
+        rig.ask({"cmd": "snapshot", "timeout": 5.0}, 30.0)  # the first warms up (imports, py-spy's probe)
+        snap = rig.ask({"cmd": "snapshot", "timeout": 5.0}, 30.0)
         detect, exits = rig.kills(kills)
         still = rig.ask({"cmd": "hosts"})
     return {
@@ -337,6 +351,8 @@ def host_column(hosts: int, kills: int, window: float, settle: float, baseline: 
         "exit_p50_us": us(exits, 0.5), "exit_p99_us": us(exits, 0.99),
         "kills": len(detect),
         "check_us": check,
+        "diagnosis_ms": snap["ms"], "diagnosis_ranks": snap["ranks"],
+        "diagnosis_ranks_with_stacks": snap["ranks_with_stacks"],
         "idle_cpu_ms_per_s": hub_cpu - baseline["cpu_ms_per_s"],
         "hub_cpu_ms_per_s_raw": hub_cpu,
         "hub_cpu_ms_per_s_by_thread": by_thread,
@@ -378,6 +394,7 @@ def host_columns(counts: tuple[int, ...] = HOST_COUNTS, *, kills: int = 20, wind
 
 
 COLUMN_KEYS = ("detect_p50_us", "detect_p99_us", "exit_p50_us", "exit_p99_us", "kills", "check_us",
+               "diagnosis_ms", "diagnosis_ranks", "diagnosis_ranks_with_stacks",
                "idle_cpu_ms_per_s", "hub_cpu_ms_per_s_raw", "hub_cpu_ms_per_s_by_thread",
                "agent_cpu_ms_per_s", "memory_kib", "fds",
                "rss_added_kib", "ranks", "hosts_connected_at_end", "placement")
@@ -387,7 +404,8 @@ HOST_ROWS = (("remote rank SIGKILL -> hub event p50 ms", "detect_p50_us", 0.001,
              ("  p99 ms", "detect_p99_us", 0.001, 2),
              ("  the victim's own exit p50 / p99 ms", ("exit_p50_us", "exit_p99_us"), 0.001, 2),
              ("find_dead_worker (hub's monitor) us", "check_us", 1, 1),
-             ("hub idle CPU ms/s (no-host hub's off)", "idle_cpu_ms_per_s", 1, 2),
+             ("whole-engine snapshot, stacks on, ms", "diagnosis_ms", 1, 0),
+             ("hub steady CPU ms/s (no-host hub's off)", "idle_cpu_ms_per_s", 1, 2),
              ("  as measured, ms/s", "hub_cpu_ms_per_s_raw", 1, 2),
              ("each agent's idle CPU ms/s (median)", "agent_cpu_ms_per_s", 1, 2),
              ("hub Python heap added KiB", "memory_kib", 1, 0),

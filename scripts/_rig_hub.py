@@ -81,8 +81,21 @@ class RigHub:
             return {"events": self.events[int(command.get("since", 0)):]}
 
 
+    def snapshot(self, command: dict[str, Any]) -> dict[str, Any]:
+        """The whole engine's snapshot (:meth:`AgentHub.snapshot`, stacks on, as a fatal verdict
+        takes it), timed: ms, the ranks whose stacks came back, and each host's outcome."""
+        t0 = time.perf_counter()
+        hosts = self.hub.snapshot(float(command.get("timeout", 5.0)))
+        ms = (time.perf_counter() - t0) * 1000
+        ranks = [rank for host in hosts for rank in host.ranks]
+        with_stacks = sum(rank.stacks is not None and rank.stacks.status.value == "taken" for rank in ranks)
+        return {"ms": ms, "ranks": len(ranks), "ranks_with_stacks": with_stacks,
+                "outcomes": sorted({host.outcome for host in hosts})}
+
+
 COMMANDS: dict[str, Callable[[RigHub, dict[str, Any]], dict[str, Any]]] = {
     "wait": RigHub.wait, "hosts": RigHub.hosts, "check": RigHub.check, "events": RigHub.events_since,
+    "snapshot": RigHub.snapshot,
 }
 
 

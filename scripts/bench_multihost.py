@@ -477,7 +477,6 @@ def scale(args: argparse.Namespace) -> dict[str, object]:
         return many.get(f"growth_{metric}_hosts_{hosts}")
 
     nvl72 = _host_scale.NVL72_HOSTS
-    # AgentHub.snapshot (the whole engine's diagnosis) adds nvl72_diagnosis_ms here, from the rig.
     return {**many, "nvl72_hosts": nvl72, "nvl72_ranks": nvl72 * _host_scale.RANKS_PER_HOST,
             "nvl72_hub_cpu_ms_per_s": column("idle_cpu_ms_per_s", nvl72),
             "nvl72_hub_cpu_ms_per_s_raw": column("hub_cpu_ms_per_s_raw", nvl72),
@@ -486,6 +485,9 @@ def scale(args: argparse.Namespace) -> dict[str, object]:
             "nvl72_detect_p50_ms": ms_of(column("detect_p50_us", nvl72)),
             "nvl72_detect_p99_ms": ms_of(column("detect_p99_us", nvl72)),
             "nvl72_exit_p99_ms": ms_of(column("exit_p99_us", nvl72)),
+            "nvl72_diagnosis_ms": column("diagnosis_ms", nvl72),
+            "nvl72_diagnosis_ranks": column("diagnosis_ranks", nvl72),
+            "nvl72_diagnosis_ranks_with_stacks": column("diagnosis_ranks_with_stacks", nvl72),
             "proxy_cpu_ms_per_s_128_hosts": column("idle_cpu_ms_per_s", 128),
             "proxy_cpu_ms_per_s_128_hosts_raw": column("hub_cpu_ms_per_s_raw", 128),
             "proxy_cpu_ms_per_s_no_hosts": many.get("hub_cpu_ms_per_s_no_hosts")}
@@ -520,6 +522,9 @@ def scale_targets(many: dict[str, object]) -> list[tuple[str, bool]]:
         base = fmt(num(many.get("hub_cpu_ms_per_s_no_hosts")), "ms/s")
         targets.append((f"NVL72 (72 ranks, 18 hosts) hub idle CPU {cpu} <= 5 (the no-host hub's {base} subtracted)",
                         at_most("nvl72_hub_cpu_ms_per_s", 5)))
+        ranks = many.get("nvl72_diagnosis_ranks_with_stacks")
+        targets.append((f"NVL72 whole-engine snapshot {fmt(num(many.get('nvl72_diagnosis_ms')), 'ms')} <= 2000, "
+                        f"stacks of {ranks} of 72 ranks", at_most("nvl72_diagnosis_ms", 2000) and ranks == 72))
     if isinstance(hosts, list) and 128 in hosts:
         targets.append((f"proxy CPU, 128 hosts {fmt(num(many.get('proxy_cpu_ms_per_s_128_hosts')), 'ms/s')} <= 5",
                         at_most("proxy_cpu_ms_per_s_128_hosts", 5)))

@@ -29,10 +29,11 @@ REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "bench_multihost.py"
 DETECTION = REPO / "scripts" / "bench_detection.py"
 HOSTS = (4, 18)
-METRICS = ("detect_p50_us", "detect_p99_us", "exit_p50_us", "exit_p99_us", "check_us", "idle_cpu_ms_per_s",
-           "hub_cpu_ms_per_s_raw", "agent_cpu_ms_per_s", "memory_kib", "fds", "rss_added_kib")
+METRICS = ("detect_p50_us", "detect_p99_us", "exit_p50_us", "exit_p99_us", "check_us", "diagnosis_ms",
+           "idle_cpu_ms_per_s", "hub_cpu_ms_per_s_raw", "agent_cpu_ms_per_s", "memory_kib", "fds", "rss_added_kib")
 NVL72 = ("nvl72_hub_cpu_ms_per_s", "nvl72_hub_cpu_ms_per_s_raw", "hub_cpu_ms_per_s_no_hosts",
-         "nvl72_agent_cpu_ms_per_s", "nvl72_detect_p50_ms", "nvl72_detect_p99_ms", "nvl72_exit_p99_ms")
+         "nvl72_agent_cpu_ms_per_s", "nvl72_detect_p50_ms", "nvl72_detect_p99_ms", "nvl72_exit_p99_ms",
+         "nvl72_diagnosis_ms")
 
 
 def _number(value: Any) -> bool:
@@ -70,6 +71,8 @@ def test_quick_scale_json_reports_the_nvl72_shape_and_every_host_column(procs: P
         assert result[f"growth_hosts_connected_at_end_hosts_{hosts}"] == hosts
         assert result[f"growth_kills_hosts_{hosts}"] == 5
         assert result[f"growth_ranks_hosts_{hosts}"] == 4 * hosts
+        # The whole engine's snapshot came back with every rank's stacks (the agents' real diagnosis).
+        assert result[f"growth_diagnosis_ranks_with_stacks_hosts_{hosts}"] == 4 * hosts, result
         # 4 hosts run on real test hosts where this machine can make them; 18 are always simulated.
         assert result[f"growth_placement_hosts_{hosts}"] in (("test hosts", "simulated") if hosts == 4
                                                              else ("simulated",))
