@@ -228,7 +228,7 @@ class _ProcessSampler:
                 return
             states = _procfs.read_thread_states(self.pid)
             d_sample = sample_d_state(self.pid) if info.state not in _ZOMBIE_STATES else None
-            pending = info.state not in _ZOMBIE_STATES and _procfs.sigkill_pending(self.pid)
+            pending = _procfs.sigkill_stuck(self.pid, info)  # the any-state rule; D is the tracker's
         except (FileNotFoundError, ProcessLookupError):
             self.gone = "no such process" if self.samples == 0 else "exited during the scan"
             return

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Sequence
 from typing import NamedTuple
 
 PROCFS_PATH = "/proc"
@@ -265,6 +266,21 @@ def sigkill_pending(pid: int, tid: int | None = None) -> bool:
     )
     thread_pending, shared_pending = parse_signal_masks(_read(path))
     return bool((thread_pending | shared_pending) & _SIGKILL_BIT)
+
+
+def sigkill_stuck(pid: int, info: StatInfo, d_tids: Sequence[int] = ()) -> bool:
+    """Whether SIGKILL is pending on a task that does not act on it: with a thread of ``d_tids``
+    (asleep in ``D``) holding it, or with the process in any other state holding it while not in
+    its exit path.
+
+    ``info`` is the process's :class:`StatInfo` from the same sample. A task with ``PF_EXITING``
+    keeps SIGKILL pending until it is reaped, also while it runs its exit (``exit_mmap``,
+    ``exit_files``) in ``R`` still holding its devices: that is a normal exit, not an unkillable
+    task. A zombie leader (its other threads may still run) is judged by its ``D`` threads only.
+    """
+    if d_tids and (sigkill_pending(pid) or sigkill_pending(pid, d_tids[0])):
+        return True
+    return info.state not in ("Z", "X") and not info.exiting and sigkill_pending(pid)
 
 
 def read_context_switches(pid: int, tid: int) -> int:

@@ -133,8 +133,7 @@ def _sample(pid: int, patterns: tuple[str, ...]) -> list[DeviceHolder]:
         info = _procfs.read_stat(pid)
         states = _procfs.read_thread_states(pid)
         d_tids = tuple(sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES))
-        pending = info.state not in ("Z", "X") and (
-            _procfs.sigkill_pending(pid) or (bool(d_tids) and _procfs.sigkill_pending(pid, d_tids[0])))
+        pending = _procfs.sigkill_stuck(pid, info, d_tids)
         if not d_tids and not pending:
             return []
         devices = _open_devices(pid, patterns)

@@ -519,8 +519,9 @@ def check_process(process: QuarantinedProcess) -> RecordedProcessCheck:
         if info.state in ("Z", "X") and not d_tids:
             return RecordedProcessCheck(process, ProcessVerdict.GONE, info.state, "")
         # Unkillable in any state: a recorded process (it outlived the stop's kill grace) that still
-        # has SIGKILL pending, asleep in D or running in the kernel in R (a driver spin loop).
-        if _procfs.sigkill_pending(process.pid) or (d_tids and _procfs.sigkill_pending(process.pid, d_tids[0])):
+        # has SIGKILL pending, asleep in D or running in the kernel in R (a driver spin loop), unless
+        # it is exiting (PF_EXITING): then the pending SIGKILL is its normal exit's.
+        if _procfs.sigkill_stuck(process.pid, info, d_tids):
             from ..stop._survivor import sample_survivor  # the state, wait channel and kernel stack
 
             sample = sample_survivor(process.pid)

@@ -89,3 +89,19 @@ def test_real_d_with_sigkill_pending_is_unkillable_for_the_marker_and_the_scan(
     (report,) = scan([pid], window_s=0.05, samples=2).processes
     assert report.verdict is Verdict.UNKILLABLE, report
     assert "SIGKILL pending" in report.detail and "kernel stack" in report.detail, report.detail
+
+
+@pytest.mark.parametrize("flags, unkillable", [(0x400044, False), (0x400040, True)], ids=["exiting", "not-exiting"])
+def test_a_process_in_r_with_sigkill_pending_is_unkillable_only_when_not_exiting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, flags: int, unkillable: bool) -> None:
+    # A SIGKILLed process keeps SIGKILL pending until it is reaped, also while its exit path
+    # (PF_EXITING) still runs in R holding /dev/nvidia*: a normal exit, not an unkillable task.
+    fake_process(tmp_path, PID, {PID: ("R", "0", SIGKILL_PENDING, "[<0>] exit_mmap+0x1/0x2\n", "EngineCore")},
+                 shared=SIGKILL_PENDING, flags=flags, devices=("/dev/nvidia0",))
+    monkeypatch.setattr(_procfs, "PROCFS_PATH", str(tmp_path))
+    holders = find_stuck_device_holders(("/dev/nvidia*",), resample_s=0.01)
+    assert [holder.pid for holder in holders] == ([PID] if unkillable else []), holders
+    check = check_process(QuarantinedProcess(PID, 4, 0, 1, "R", "", "unkillable", "survived SIGKILL"))
+    assert check.verdict is (ProcessVerdict.UNKILLABLE if unkillable else ProcessVerdict.ALIVE), check
+    (report,) = scan([PID], window_s=0.02, samples=2).processes
+    assert report.verdict is (Verdict.UNKILLABLE if unkillable else Verdict.OK), report
