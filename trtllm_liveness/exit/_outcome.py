@@ -61,13 +61,32 @@ def _directory(environ: dict[str, str] | None) -> str:
     return (os.environ if environ is None else environ).get(OUTCOME_ENV, "")
 
 
-def _write(directory: str, record: dict[str, object]) -> None:
+def _encode(record: dict[str, object], snapshot: FatalSnapshot | None) -> bytes:
+    """``record`` (with this pid) as compact JSON of at most :data:`_LIMIT` bytes, measured as
+    written: the message is shortened until the record fits, then ``snapshot`` gets the room left
+    (its frames and ranks go first; left out when not even its verdict fits). Always whole JSON."""
+    fields = {**record, "pid": os.getpid()}
+    while True:
+        data = json.dumps(fields, separators=(",", ":")).encode()
+        message = fields.get("message")
+        if len(data) <= _LIMIT or not isinstance(message, str) or not message:
+            break
+        fields["message"] = message[: len(message) // 2]
+    if snapshot is None:
+        return data
+    key = b',"snapshot":'
+    room = _LIMIT - len(data) - len(key)
+    text = snapshot.to_json(min(room, _SNAPSHOT_LIMIT)).encode()
+    return data if len(text) > room else data[:-1] + key + text + b"}"
+
+
+def _write(directory: str, record: dict[str, object], snapshot: FatalSnapshot | None = None) -> None:
     path = os.path.join(directory, f"outcome.{os.getpid()}.json")
     temporary = f"{path}.{threading.get_ident()}.tmp"
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_NONBLOCK, 0o600)
         try:
-            os.write(fd, json.dumps({**record, "pid": os.getpid()}).encode()[:_LIMIT])
+            os.write(fd, _encode(record, snapshot))
         finally:
             os.close(fd)
         os.rename(temporary, path)
@@ -157,13 +176,14 @@ def record_snapshot(snapshot: FatalSnapshot, environ: dict[str, str] | None = No
             if ledger.snapshot_recorded:
                 return
             ledger.snapshot_recorded = True
-            _write(directory, {**ledger.failure, "snapshot": json.loads(snapshot.to_json(_SNAPSHOT_LIMIT))})
+            _write(directory, dict(ledger.failure), snapshot)
 
     return ending.threads.start(write, name="trtllm-liveness-outcome-snapshot", bound_s=WRITE_BOUND_S)
 
 
 def read_outcomes(directory: str) -> list[Outcome]:
-    """Every process's record in ``directory`` (a malformed one is a ``ValueError``)."""
+    """Every process's record in ``directory`` (a malformed one is a ``ValueError``; a malformed
+    ``snapshot`` field alone reads as no snapshot, logged: the record's verdict stands)."""
     outcomes = []
     for path in sorted(glob.glob(os.path.join(directory, "outcome.*.json"))):
         fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
@@ -177,7 +197,7 @@ def read_outcomes(directory: str) -> list[Outcome]:
             try:
                 snapshot = FatalSnapshot.from_dict(data["snapshot"])
             except ValueError as exc:
-                raise ValueError(f"outcome file {path} is malformed: {exc}") from None
+                logger.warning("liveness: outcome file %s has a malformed snapshot, read without it: %s", path, exc)
         if not isinstance(data, dict) or data.get("state") not in _STATES or not isinstance(data.get("message"), str) \
                 or not isinstance(data.get("restartable"), bool) or not isinstance(data.get("exit_code"), int) \
                 or isinstance(data.get("exit_code"), bool) or not 1 <= data["exit_code"] <= 255 \

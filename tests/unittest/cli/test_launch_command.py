@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -219,3 +220,28 @@ def test_srun_never_rewrites_the_programs_own_arguments(argv: list[str]) -> None
     forwarding = forwarding_for(argv, {"SLURM_EXPORT_ENV": "FOO"})
     assert list(forwarding.argv) == argv
     assert forwarding.env["SLURM_EXPORT_ENV"].split(",")[0] == "FOO"
+
+
+# A failure whose message (up to 4000 characters) and snapshot are large and not ASCII: every
+# character escapes to 6 or 12 bytes in the record.
+HUGE_FAILURE = (
+    "from trtllm_liveness.exit._snapshot_record import FatalSnapshot as F, RankSnapshot as R; "
+    "ranks = tuple(R(n, 1000 + n, 'h\\u00f6st-\\U0001f600' * 20, 'R', 'w\\u00e4it', 'spinning', n, 'faulthandler', "
+    "tuple('fr\\u00e4me-\\U0001f600-%d (x.py:1)' % i for i in range(40))) for n in range(72)); "
+    "o.record_outcome('r\\u00e4nk 3 died: ' + '\\U0001f600' * 5000, True, 7).join(5); "
+    "o.record_snapshot(F('d\\u00efed of rank 3' * 50, 1.0, 2.0, 'rank 3 \\U0001f600 gone' * 100, ranks, 3)).join(5)")
+
+
+def test_a_huge_failure_record_stays_valid_json_and_the_launcher_honours_it() -> None:
+    done = engine(HUGE_FAILURE, 0)
+    assert done.returncode == 7, done.stderr
+    assert "ignoring the outcome files" not in done.stderr and "the engine failed: r\u00e4nk 3" in done.stderr
+
+
+def test_a_malformed_snapshot_field_leaves_the_record_honoured(tmp_path: Path) -> None:
+    directory = str(tmp_path)
+    with open(os.path.join(directory, "outcome.77.json"), "w", encoding="utf-8") as out:
+        out.write('{"state": "failed", "message": "rank 1 died", "restartable": true, "exit_code": 9, "pid": 77, '
+                  '"snapshot": {"reason": 5}}')
+    (outcome,) = read_outcomes(directory)
+    assert (outcome.state, outcome.exit_code, outcome.snapshot) == ("failed", 9, None)
