@@ -115,7 +115,11 @@ def start_for_rank(settings: AgentSettings, comm: Any, proxy: Sequence[Any] | No
         me, others = chosen
         logger.info("liveness: rank %d runs host %s's agent over ranks %s, reporting to %s", rank, me.hostname,
                     [identity.rank for identity in others], settings.endpoint)
-        agent = HostAgent(settings, me, others).start()
+        try:
+            agent = HostAgent(settings, me, others).start()
+        except Exception:  # this rank still takes part in the collective below: the others wait in it
+            logger.warning("liveness: host %s's agent could not start: its ranks go unwatched", me.hostname,
+                           exc_info=True)
     if open_beats is None:
         return agent, None
     beats: tuple[str, str] | None = None
