@@ -45,6 +45,7 @@ from .._events import MonitorMethod, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import ProcessIdentity, local_hostname
 from . import _wire
+from ._hub_endings import end_session
 from ._hub_records import (
     MAX_RANKS_PER_HOST,
     ArmCommand,
@@ -548,49 +549,10 @@ class AgentHub:
     def _lost_locked(self, session: Session, ending: Ending, silent_s: float | None = None) -> None:
         if session.connection != "connected":
             return
-        session.since = time.monotonic()
-        ranks = ", ".join(f"{r.rank} (pid {r.pid})" for r in session.ranks)
-        agent = session.agent
-        others = [r for r in session.ranks if r.rank != agent.rank]
-        if session.stop is not None and session.stop.outcome == "stopped":
-            session.connection = "stopped"
-            stuck = {rank: text for rank, _pid, text in session.stop.unkillable}
-            self._apply_many([(agent, WorkerState.EXITED_EXPECTED,
-                               f"ended after its host's stop, as asked (agent on host {session.host})")]
-                             + [(r, WorkerState.UNKILLABLE, f"{stuck[r.rank]} (reported by the agent on host "
-                                 f"{session.host})") if r.rank in stuck else
-                                (r, WorkerState.EXITED_EXPECTED, f"stopped by its host's agent (host {session.host})")
-                                for r in others])
-            self._cond.notify_all()
-            return
-        if (self._expecting or self._stop is not None) and not ending.is_silence:
-            # A clean stop or the extension's own: the agent's rank exited (its connection closed).
-            session.connection = "closed"
-            self._apply_many([(r, WorkerState.EXITED_EXPECTED, f"ended with the stop (host {session.host}; "
-                               "its agent's connection closed)") for r in session.ranks])
-        elif ending.is_silence:
-            session.connection = "lost"
-            bound = self.heartbeat_timeout_s * (_wire.MUTE_TIMEOUTS if ending is Ending.MUTE else 1)
-            silent = silent_s if silent_s is not None else bound
-            why = ("its host still acknowledges, its process answers nothing: the agent's rank is stuck"
-                   if ending is Ending.MUTE else "not even a TCP acknowledgement from its host: the host is lost "
-                   "or cut off, or the agent's rank is stuck")
-            cause = (f"no heartbeat from host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) for "
-                     f"{silent:.2f} s ({why}); unreachable ranks: {ranks}")
-            self._apply_many([(identity, WorkerState.LOST, cause) for identity in (agent, *others)],
-                             fault_at=time.monotonic() - silent)
-        else:
-            session.connection = "closed"
-            how = "closed (FIN/RST)" if ending is Ending.CLOSED else "ended"
-            gone = (f"host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) is gone: this rank is no "
-                    f"longer watched (ranks of the host: {ranks})")
-            self._apply_many([(agent, WorkerState.EXITED,
-                               f"its connection to the proxy {how}: the process exited or its host went down "
-                               f"(it hosted host {session.host}'s agent)"),
-                              *[(identity, WorkerState.LOST, gone) for identity in others]])
-        if session.stop is None and self._stop is not None:
-            session.stop = HostStop(session.host, agent.rank, tuple(r.rank for r in session.ranks), "lost",
-                                    detail=f"connection {session.connection} before its report")
+        updates, fault_at = end_session(session, ending, expecting=self._expecting, stopping=self._stop is not None,
+                                        heartbeat_timeout_s=self.heartbeat_timeout_s, silent_s=silent_s)
+        self._cond.notify_all()  # its stop, where one runs, is there now
+        self._apply_many(updates, **({} if fault_at is None else {"fault_at": fault_at}))
         self._cond.notify_all()
 
 

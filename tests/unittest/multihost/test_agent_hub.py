@@ -280,6 +280,26 @@ def test_a_report_that_arrives_with_the_close_of_its_connection_counts(procs: Pr
         engine.close()
 
 
+def test_a_host_whose_connection_closes_during_the_stop_before_its_report(procs: ProcessTracker,
+                                                                          engine: Engine) -> None:
+    """The agent's rank ended during the extension's stop (its connection closed), before its
+    report: that rank ended with the stop; the host's other ranks were not verified stopped (lost),
+    and stop_hosts has this host's answer at once (lost, closed before its report)."""
+    agent = start_agent(procs, engine, ranks=1)
+    os.kill(agent.pid, signal.SIGSTOP)  # the stop reaches it, no report leaves it
+    results: list[Any] = []
+    stopper = threading.Thread(target=lambda: results.append(engine.hub.stop_hosts(BOUND_S * 3)), daemon=True)
+    stopper.start()
+    assert wait_until(lambda: engine.hub._stop is not None, BOUND_S)
+    os.kill(agent.pid, signal.SIGKILL)
+    stopper.join(BOUND_S * 2)
+    ((stop,),) = results
+    assert (stop.outcome, stop.detail) == ("lost", "connection closed before its report"), stop
+    states = {s.identity.rank: s for s in engine.monitor.statuses()}
+    assert states[2].state is WorkerState.EXITED_EXPECTED, states[2]
+    assert states[3].state is WorkerState.LOST and "not verified" in states[3].detail, states[3]
+
+
 def test_stop_hosts_reports_a_lost_host_as_lost_and_returns(procs: ProcessTracker, engine: Engine) -> None:
     agent = start_agent(procs, engine, ranks=1)
     os.kill(agent.pid, signal.SIGSTOP)

@@ -1,0 +1,74 @@
+"""What the end of a remote host's session means for its ranks, and for a stop under way.
+
+The hub (:mod:`._hub`) calls :func:`end_session` under its lock when an agent's connection ends; it
+hands the rank updates to the monitor once its lock is released.
+"""
+
+from __future__ import annotations
+
+import time
+
+from .._events import WorkerState
+from ..process._identity import ProcessIdentity
+from . import _wire
+from ._hub_records import HostStop, Session
+from ._tcp import Ending
+
+Update = tuple[ProcessIdentity, WorkerState, str]
+
+
+def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: bool, heartbeat_timeout_s: float,
+                silent_s: float | None) -> tuple[list[Update], float | None]:
+    """End ``session`` (``connection`` and ``since`` set; ``stop`` set where a stop runs and the
+    host has not reported): the updates for its ranks, and when the fault began for a silent host
+    (else None). ``expecting``: a clean stop is under way; ``stopping``: the extension's own stop."""
+    session.since = time.monotonic()
+    ranks = ", ".join(f"{r.rank} (pid {r.pid})" for r in session.ranks)
+    agent = session.agent
+    others = [r for r in session.ranks if r.rank != agent.rank]
+    fault_at = None
+    if session.stop is not None and session.stop.outcome == "stopped":
+        session.connection = "stopped"
+        stuck = {rank: text for rank, _pid, text in session.stop.unkillable}
+        return [(agent, WorkerState.EXITED_EXPECTED, f"ended after its host's stop, as asked (agent on host "
+                 f"{session.host})")] + [
+            (r, WorkerState.UNKILLABLE, f"{stuck[r.rank]} (reported by the agent on host {session.host})")
+            if r.rank in stuck else
+            (r, WorkerState.EXITED_EXPECTED, f"stopped by its host's agent (host {session.host})")
+            for r in others], None
+    if stopping and not ending.is_silence:
+        # The extension's own stop: the agent's rank ended with it (its connection closed), before
+        # its report said what became of the host's other ranks.
+        session.connection = "closed"
+        updates = [(agent, WorkerState.EXITED_EXPECTED, f"ended with the stop (host {session.host}; its agent's "
+                    "connection closed)")] + [
+            (r, WorkerState.LOST, f"not verified stopped: host {session.host}'s agent (rank {agent.rank}, pid "
+             f"{agent.pid}) ended before its stop report") for r in others]
+    elif expecting and not ending.is_silence:
+        # A clean stop: the agent's rank exited (its connection closed).
+        session.connection = "closed"
+        updates = [(r, WorkerState.EXITED_EXPECTED, f"ended with the stop (host {session.host}; its agent's "
+                    "connection closed)") for r in session.ranks]
+    elif ending.is_silence:
+        session.connection = "lost"
+        bound = heartbeat_timeout_s * (_wire.MUTE_TIMEOUTS if ending is Ending.MUTE else 1)
+        silent = silent_s if silent_s is not None else bound
+        why = ("its host still acknowledges, its process answers nothing: the agent's rank is stuck"
+               if ending is Ending.MUTE else "not even a TCP acknowledgement from its host: the host is lost "
+               "or cut off, or the agent's rank is stuck")
+        cause = (f"no heartbeat from host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) for "
+                 f"{silent:.2f} s ({why}); unreachable ranks: {ranks}")
+        updates = [(identity, WorkerState.LOST, cause) for identity in (agent, *others)]
+        fault_at = time.monotonic() - silent
+    else:
+        session.connection = "closed"
+        how = "closed (FIN/RST)" if ending is Ending.CLOSED else "ended"
+        gone = (f"host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) is gone: this rank is no "
+                f"longer watched (ranks of the host: {ranks})")
+        updates = [(agent, WorkerState.EXITED, f"its connection to the proxy {how}: the process exited or its host "
+                    f"went down (it hosted host {session.host}'s agent)"),
+                   *[(identity, WorkerState.LOST, gone) for identity in others]]
+    if session.stop is None and stopping:
+        session.stop = HostStop(session.host, agent.rank, tuple(r.rank for r in session.ranks), "lost",
+                                detail=f"connection {session.connection} before its report")
+    return updates, fault_at
