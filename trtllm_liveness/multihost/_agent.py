@@ -448,6 +448,9 @@ class HostAgent:
         (every host's agent then sends at about the same instant, its clock synchronized: the hub
         reads them in one wakeup, not one each); nothing when none changed."""
         wall = time.time()
+        every = self.settings.iterations_interval_s
+        if self._iterations_due - wall > every:  # the wall clock was stepped back: the interval starts again
+            self._iterations_due = 0.0
         if wall < self._iterations_due:
             return
         changed = self._changed_iterations()[:_MAX_ITERATIONS_PER_MESSAGE]  # the rest in the next one
@@ -455,7 +458,6 @@ class HostAgent:
             return
         for rank, count, _at in changed:
             self._iterations_sent[rank] = count
-        every = self.settings.iterations_interval_s
         self._iterations_due = (wall // every + 1) * every
         self.iteration_messages += 1
         now = time.monotonic()
