@@ -362,11 +362,13 @@ class AgentHub:
                                                     tuple(r.rank for r in session.ranks), "lost",
                                                     detail=f"connection {session.connection}")
                     self._cond.notify_all()
-            for session in self._sessions.values():
-                if session.connection == "connected":
-                    self._send(session, command.kind, **command.fields())
+            sent = {session.sid for session in self._sessions.values()
+                    if session.connection == "connected" and self._send(session, command.kind, **command.fields())}
+            if isinstance(command, SnapshotCommand):
+                self._book.asked_locked(command.req, sent)  # its callers wait for those only
 
-    def _send(self, session: Session, kind: str, /, **fields: Any) -> None:
+    def _send(self, session: Session, kind: str, /, **fields: Any) -> bool:
+        """Whether the message left (never blocks)."""
         import zmq
 
         session.seq_out += 1
@@ -378,6 +380,8 @@ class AgentHub:
             if self.send_failures <= 5 or self.send_failures % _REJECT_LOG_EVERY == 0:
                 logger.warning("liveness: could not send %s to the agent on host %s (%d failed sends so far): %s",
                                kind, session.host, self.send_failures, exc)
+            return False
+        return True
 
     def _reject(self, why: str, peer: str = "?") -> None:
         self.rejected += 1

@@ -74,7 +74,8 @@ class HostSnapshot:
 
     ``outcome``: ``answered`` (its agent's reply to this request), ``verdict`` (no reply, but the
     snapshot its agent took at its own fatal verdict), ``lost`` (its connection is gone: nothing
-    could be asked), ``no-answer`` (nothing within the bound). ``ranks`` holds one
+    could be asked), ``no-answer`` (nothing within the bound), ``not-asked`` (its hello came after
+    the request went out, or the request could not be sent to it: nothing was waited for). ``ranks`` holds one
     :class:`~trtllm_liveness.diagnose.RankDiagnosis` per rank of the host (``host`` set; empty
     without an answer); ``iterations`` each rank's executor iterations as its agent counted them;
     ``truncated`` the ranks whose stacks were cut to fit the wire (their stacks' detail says so).
@@ -292,6 +293,7 @@ class SnapshotBook:
         self._cond = cond
         self._next = 0
         self._replies: dict[int, dict[str, HostSnapshot]] = {}  # request id -> sid -> reply
+        self._asked: dict[int, frozenset[str]] = {}  # request id -> the sessions it was sent to
         self._verdicts: dict[str, HostSnapshot] = {}  # sid -> the snapshot at its agent's own verdict
         self.iteration_sink: IterationSink | None = None
         self.iteration_messages = 0
@@ -300,8 +302,16 @@ class SnapshotBook:
         self._next += 1
         self._replies[self._next] = {}
         while len(self._replies) > 64:  # requests nobody waits for any more
-            self._replies.pop(next(iter(self._replies)))
+            old = next(iter(self._replies))
+            self._replies.pop(old)
+            self._asked.pop(old, None)
         return SnapshotCommand(self._next, cpu_window_s, stacks, stacks_timeout_s)
+
+    def asked_locked(self, req: int, sids: set[str]) -> None:
+        """Request ``req`` went out to the sessions ``sids`` (the hub's thread, at the flush)."""
+        if req in self._replies:
+            self._asked[req] = frozenset(sids)
+            self._cond.notify_all()
 
     def reply_locked(self, session: Session, message: _wire.Message) -> None:
         req, snapshot = parse_snapshot(session, message)
@@ -328,31 +338,38 @@ class SnapshotBook:
 
     def wait(self, req: int, sessions: Callable[[], Iterable[Session]], timeout_s: float,
              closing: Callable[[], bool]) -> list[HostSnapshot]:
-        """Wait at most ``timeout_s`` for every connected session's reply to ``req``; one
-        :class:`HostSnapshot` per session that said hello, by agent rank."""
+        """Wait at most ``timeout_s`` for the reply to ``req`` of every connected session it was
+        sent to (until it went out: of every connected session); one :class:`HostSnapshot` per
+        session that said hello, by agent rank."""
         deadline = time.monotonic() + max(0.0, timeout_s)
         with self._cond:
             while True:
                 replies = self._replies.get(req, {})
-                pending = [s for s in sessions() if s.connection == "connected" and s.sid not in replies]
+                asked = self._asked.get(req)
+                pending = [s for s in sessions() if s.connection == "connected" and s.sid not in replies
+                           and (asked is None or s.sid in asked)]
                 left = deadline - time.monotonic()
                 if not pending or left <= 0 or closing():
                     break
                 self._cond.wait(left)
             replies = self._replies.pop(req, replies)
-            return [self._answer(session, replies.get(session.sid), timeout_s)
+            asked = self._asked.pop(req, None)
+            return [self._answer(session, replies.get(session.sid), timeout_s, asked)
                     for session in sorted(sessions(), key=lambda s: s.agent.rank)]
 
-    def _answer(self, session: Session, reply: HostSnapshot | None, timeout_s: float) -> HostSnapshot:
+    def _answer(self, session: Session, reply: HostSnapshot | None, timeout_s: float,
+                asked: frozenset[str] | None) -> HostSnapshot:
         if reply is not None:
             return reply
         verdict = self._verdicts.get(session.sid)
+        unasked = asked is not None and session.sid not in asked and session.connection == "connected"
         why = (f"connection {session.connection}" if session.connection != "connected"
-               else f"no reply within {timeout_s:.2f} s")
+               else "not asked: its hello came after the request went out, or the request could not be sent"
+               if unasked else f"no reply within {timeout_s:.2f} s")
         if verdict is not None:
             return HostSnapshot(verdict.host, verdict.agent_rank, "verdict", verdict.ranks, verdict.iterations,
                                 verdict.truncated, verdict.elapsed_ms, f"{why}; its agent's snapshot at its verdict")
-        outcome = "lost" if session.connection != "connected" else "no-answer"
+        outcome = "lost" if session.connection != "connected" else "not-asked" if unasked else "no-answer"
         return HostSnapshot(session.host, session.agent.rank, outcome, detail=why)
 
 

@@ -359,6 +359,35 @@ def test_the_lasting_commands_reach_a_late_agent_once_each_in_order(engine: Engi
         sock.close(0)
 
 
+def test_a_snapshot_waits_only_for_the_hosts_it_asked(engine: Engine) -> None:
+    """A host whose hello comes after the snapshot request went out was never asked: the snapshot
+    ends with the replies of those asked, and says that host was not asked (not a no-answer)."""
+    hub = engine.hub
+    asked_sid, late_sid = "57" * 16, "58" * 16
+    asked, late = _raw_dealer(hub.endpoint, asked_sid.encode()), _raw_dealer(hub.endpoint, late_sid.encode())
+    try:
+        asked.send(_wire.encode(hub.secret, _wire.TO_HUB, "hello", asked_sid, 1, host="fakehostA", rank=60, port=0,
+                                ranks=[[60, 4660, 1, "fakehostA", 1]]))
+        assert _next_command(asked, hub.secret).kind == "welcome"
+        results: list[Any] = []
+        caller = threading.Thread(target=lambda: results.append(hub.snapshot(BOUND_S * 3, stacks=False)), daemon=True)
+        caller.start()
+        request = _next_command(asked, hub.secret)
+        assert request.kind == "snapreq"
+        late.send(_wire.encode(hub.secret, _wire.TO_HUB, "hello", late_sid, 1, host="fakehostL", rank=70, port=0,
+                               ranks=[[70, 4670, 1, "fakehostL", 1]]))
+        assert _next_command(late, hub.secret).kind == "welcome"
+        asked.send(_wire.encode(hub.secret, _wire.TO_HUB, "snap", asked_sid, 2, req=request.body["req"], el=1.0,
+                                ranks=[]))
+        caller.join(BOUND_S * 4)
+        ((first, second),) = results
+        assert (first.host, first.outcome) == ("fakehostA", "answered"), first
+        assert (second.host, second.outcome) == ("fakehostL", "not-asked"), second
+    finally:
+        asked.close(0)
+        late.close(0)
+
+
 def test_bad_messages_are_rejected_and_logged_and_the_hub_keeps_working(
         procs: ProcessTracker, engine: Engine, caplog: pytest.LogCaptureFixture) -> None:
     endpoint = engine.hub.endpoint
