@@ -63,6 +63,7 @@ PROXY_LOST_EXIT_STATUS = 75
 
 _TICK_S = 0.5  # the loop wakes at least this often to send state changes; not a detection bound
 _SEND_TIMEOUT_MS = 1000  # a send to a hub whose host is gone must not hold the agent
+_RECEIVE_BATCH = 64  # messages from the hub read ahead of handling them (each capped by the wire)
 _MAX_ITERATIONS_PER_MESSAGE = 1000  # ~40 bytes each: well under the wire's cap
 VERDICT_SNAPSHOT = SnapshotRequest(0, 0.1, True, 0.3)
 """The snapshot an agent sends unasked after its own fatal verdict: as the proxy's own (request 0)."""
@@ -139,6 +140,7 @@ class HostAgent:
         self._iterations_sent: dict[int, int] = {}  # the thread's: rank -> count last sent
         self._iterations_due = 0.0  # the thread's: no iterations message before this (wall clock)
         self.iteration_messages = 0
+        self._verdict_taken: object = None  # the thread's: the verdict (monitor.failure) its snapshot was taken at
         self._closers: list[Callable[[], None]] = []  # what the agent owns beside its thread's (its beats' channel)
         self._faults = AgentFaults(settings.drill, own, self.identities)  # the thread's: a drill's faults
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-host-agent", daemon=True)
@@ -318,14 +320,7 @@ class HostAgent:
                                    "(check hosts_bind/hosts_advertise/hosts_port and firewalls); its ranks are not "
                                    "watched until it does", self.settings.endpoint)
                 continue
-            verdict = bool(self._pending)
-            while self._pending:
-                fatal = self._pending.popleft()
-                self._send(sock, "event", what=fatal.kind.value, rank=fatal.identity.rank, pid=fatal.identity.pid,
-                           cause=fatal.cause[:2000], tid=fatal.tid, wchan=fatal.wchan[:200],
-                           age=max(0.0, time.monotonic() - (fatal.fault_at or fatal.detected_at)))
-            if verdict:  # right after its events, so the hub has it before its stop
-                self._snapshot(sock, VERDICT_SNAPSHOT)
+            self._send_events(sock, monitor)
             self._send_iterations(sock)
             for status in monitor.statuses():
                 # Fatal states travel as events only (with their thread and wait channel).
@@ -336,6 +331,18 @@ class HostAgent:
                     sent[status.identity.rank] = now
                     self._send(sock, "state", rank=status.identity.rank, state=status.state.value,
                                detail=status.detail[:2000])
+
+    def _send_events(self, sock: Any, monitor: WorkerProcessMonitor) -> None:
+        """Send the pending fatal events, then the snapshot of this host's ranks for the verdict."""
+        verdict = bool(self._pending) and monitor.failure is not self._verdict_taken
+        while self._pending:
+            fatal = self._pending.popleft()
+            self._send(sock, "event", what=fatal.kind.value, rank=fatal.identity.rank, pid=fatal.identity.pid,
+                       cause=fatal.cause[:2000], tid=fatal.tid, wchan=fatal.wchan[:200],
+                       age=max(0.0, time.monotonic() - (fatal.fault_at or fatal.detected_at)))
+        if verdict:  # right after its events, so the hub has it before its stop; once per verdict
+            self._verdict_taken = monitor.failure
+            self._snapshot(sock, VERDICT_SNAPSHOT)
 
     def _check_hub_silence(self) -> None:
         """Cut the connection when nothing came from the hub's host for ``hub_silence_s``: ZMQ then
@@ -368,11 +375,19 @@ class HostAgent:
     def _receive(self, zmq: Any, sock: Any, monitor: WorkerProcessMonitor) -> str | None:
         """Handle what the hub sent: ``"stop"`` (the host's ranks were stopped: end this rank),
         ``"refused"`` (the hub does not count this host: the agent ends), else None."""
+        # What is queued now is read at once, each with when it was taken: a snapshot request whose
+        # caller gave up meanwhile (the snapshots before it took that long) is skipped, not run
+        # ahead of a stop behind it.
+        queued: collections.deque[tuple[bytes, float]] = collections.deque()
         while True:
-            try:
-                frame = sock.recv(zmq.NOBLOCK)
-            except zmq.Again:
+            while len(queued) < _RECEIVE_BATCH:
+                try:
+                    queued.append((sock.recv(zmq.NOBLOCK), time.monotonic()))
+                except zmq.Again:
+                    break
+            if not queued:
                 return None
+            frame, taken_at = queued.popleft()
             try:
                 message = _wire.decode(self.settings.secret, _wire.TO_AGENT, frame)
                 if message.sid != self.sid or message.seq <= self._peer_seq:
@@ -401,6 +416,10 @@ class HostAgent:
                     request = parse_snapshot_request(message)
                 except _wire.WireError as exc:
                     logger.warning("liveness: the host agent rejected a snapshot request: %s", exc)
+                    continue
+                if request.expires_s is not None and time.monotonic() - taken_at > request.expires_s:
+                    logger.info("liveness: the host agent skips snapshot request %d: its caller waits no longer",
+                                request.req)
                     continue
                 self._snapshot(sock, request)
             elif message.kind == "reject":

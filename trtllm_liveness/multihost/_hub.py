@@ -232,7 +232,7 @@ class AgentHub:
         where its agent sent one). Thread-safe, any number of callers at once; never raises for
         what the hosts do."""
         with self._cond:
-            command = self._book.open_locked(cpu_window_s, stacks, stacks_timeout_s)
+            command = self._book.open_locked(cpu_window_s, stacks, stacks_timeout_s, timeout_s)
             self._commands.append(command)
         self._wake()
         return self._book.wait(command.req, self._sessions.values, timeout_s, lambda: self._closing)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -38,6 +39,7 @@ MAX_FRAMES = 64  # per thread in a reply
 _TEXT = 300
 _ENVELOPE_BYTES = 1024  # the reply's own fields, beside its ranks
 
+_MAX_EXPIRY_S = 3600.0  # a snapshot request's caller waits at most this long on the wire
 IterationSink = Callable[[int, int, float], None]
 """``(rank, iteration count, monotonic time of its last iteration on the hub's clock)``."""
 
@@ -45,27 +47,32 @@ IterationSink = Callable[[int, int, float], None]
 @dataclass(frozen=True)
 class SnapshotCommand:
     """Snapshot your host's ranks now: ``cpu_window_s`` of CPU time, ``stacks`` within
-    ``stacks_timeout_s``. ``req`` numbers the request (set by :meth:`SnapshotBook.open`)."""
+    ``stacks_timeout_s``. ``req`` numbers the request (set by :meth:`SnapshotBook.open`); its
+    callers wait until ``deadline`` (the hub's monotonic clock), sent as the seconds left (``exp``)."""
 
     req: int
     cpu_window_s: float
     stacks: bool
     stacks_timeout_s: float
+    deadline: float = math.inf
     kind: ClassVar[str] = "snapreq"
 
     def fields(self) -> dict[str, Any]:
         """The message's fields on the wire."""
-        return {"req": self.req, "cpu": self.cpu_window_s, "stacks": self.stacks, "st": self.stacks_timeout_s}
+        return {"req": self.req, "cpu": self.cpu_window_s, "stacks": self.stacks, "st": self.stacks_timeout_s,
+                "exp": round(min(_MAX_EXPIRY_S, max(0.0, self.deadline - time.monotonic())), 3)}
 
 
 @dataclass(frozen=True)
 class SnapshotRequest:
-    """A ``snapreq`` as the agent reads it (bounds checked)."""
+    """A ``snapreq`` as the agent reads it (bounds checked). ``expires_s``: how long after the
+    agent took it its caller still waits (None: no bound, the agent's own verdict snapshot)."""
 
     req: int
     cpu_window_s: float
     stacks: bool
     stacks_timeout_s: float
+    expires_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -265,7 +272,9 @@ def parse_snapshot_request(message: _wire.Message) -> SnapshotRequest:
         raise _wire.WireError("snapreq: bad stacks flag")
     return SnapshotRequest(_wire.field(message, "req", int, low=1, high=1 << 62),
                            _wire.field(message, "cpu", float, low=0, high=1.0), stacks,
-                           _wire.field(message, "st", float, low=0, high=5.0))
+                           _wire.field(message, "st", float, low=0, high=5.0),
+                           _wire.field(message, "exp", float, low=0, high=_MAX_EXPIRY_S)
+                           if "exp" in message.body else None)
 
 
 def parse_iterations(session: Session, message: _wire.Message) -> list[tuple[int, int, float]]:
@@ -298,14 +307,16 @@ class SnapshotBook:
         self.iteration_sink: IterationSink | None = None
         self.iteration_messages = 0
 
-    def open_locked(self, cpu_window_s: float, stacks: bool, stacks_timeout_s: float) -> SnapshotCommand:
+    def open_locked(self, cpu_window_s: float, stacks: bool, stacks_timeout_s: float,
+                    timeout_s: float = math.inf) -> SnapshotCommand:
         self._next += 1
         self._replies[self._next] = {}
         while len(self._replies) > 64:  # requests nobody waits for any more
             old = next(iter(self._replies))
             self._replies.pop(old)
             self._asked.pop(old, None)
-        return SnapshotCommand(self._next, cpu_window_s, stacks, stacks_timeout_s)
+        return SnapshotCommand(self._next, cpu_window_s, stacks, stacks_timeout_s,
+                               time.monotonic() + max(0.0, timeout_s))
 
     def asked_locked(self, req: int, sids: set[str]) -> None:
         """Request ``req`` went out to the sessions ``sids`` (the hub's thread, at the flush)."""

@@ -1,14 +1,18 @@
-"""The host agent's iterations messages, at the unit level (the agent's thread is not started; its
-socket is a recorder of what would be sent): a wall clock stepped back does not silence them."""
+"""The host agent's loop, at the unit level (the agent's thread is not started; its socket is a
+recorder of what would be sent, or frames already queued): a wall clock stepped back does not
+silence the iterations messages; a snapshot request whose caller gave up is skipped; the unasked
+verdict snapshot is taken once per verdict."""
 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 
+from trtllm_liveness._events import EventKind, WorkerEvent
 from trtllm_liveness.multihost import _agent
 from trtllm_liveness.multihost._agent import AgentSettings, HostAgent
 from trtllm_liveness.process._identity import ProcessIdentity
@@ -49,3 +53,67 @@ def test_a_wall_clock_stepped_back_does_not_silence_the_iterations(agent: HostAg
     agent.note_iteration(3, 2, 0.0)
     agent._send_iterations(sock)
     assert len(sock.sent) == 2, "no iterations message for as long as the clock was stepped back"
+
+
+class QueuedFrames:
+    """The agent's socket with frames already queued (as ZMQ holds them until read)."""
+
+    def __init__(self, frames: list[bytes]) -> None:
+        self.frames = frames
+
+    def recv(self, flags: int = 0) -> bytes:
+        import zmq
+
+        if not self.frames:
+            raise zmq.Again()
+        return self.frames.pop(0)
+
+
+def test_a_snapshot_request_whose_caller_gave_up_is_skipped_before_a_queued_stop(
+        agent: HostAgent, monkeypatch: pytest.MonkeyPatch) -> None:
+    import zmq
+
+    from trtllm_liveness.multihost import _wire
+
+    taken: list[int] = []
+
+    def slow_snapshot(sock: Any, request: Any) -> None:
+        taken.append(request.req)
+        time.sleep(0.5)  # longer than the next request's caller waits
+
+    monkeypatch.setattr(agent, "_snapshot", slow_snapshot)
+    stops: list[Any] = []
+    monkeypatch.setattr(agent, "_stop_requested", lambda sock, monitor, message: stops.append(message.kind))
+    secret = agent.settings.secret
+    frames = [_wire.encode(secret, _wire.TO_AGENT, "snapreq", agent.sid, seq, req=seq, cpu=0.0, stacks=False, st=0.1,
+                           exp=0.2) for seq in (1, 2)]
+    frames.append(_wire.encode(secret, _wire.TO_AGENT, "stop", agent.sid, 3, grace=0.1, kill=0.1, req=1))
+    assert agent._receive(zmq, QueuedFrames(frames), None) == "stop"  # type: ignore[arg-type]
+    assert taken == [1] and stops == ["stop"], (taken, stops)
+
+
+class Failing:
+    def __init__(self) -> None:
+        self.failure: Any = None
+
+
+def test_the_unasked_verdict_snapshot_is_taken_once_per_verdict(agent: HostAgent,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    taken: list[int] = []
+    monkeypatch.setattr(agent, "_snapshot", lambda sock, request: taken.append(request.req))
+    monitor = Failing()
+    sock = RecordingSocket()
+    first = object()
+    for event in ("died", "lost"):  # two batches of events of the same verdict
+        monitor.failure = first
+        agent._pending.append(_event(event))
+        agent._send_events(sock, monitor)  # type: ignore[arg-type]
+    assert taken == [0]
+    monitor.failure = object()  # another verdict
+    agent._pending.append(_event("died"))
+    agent._send_events(sock, monitor)  # type: ignore[arg-type]
+    assert taken == [0, 0]
+
+
+def _event(kind: str) -> WorkerEvent:
+    return WorkerEvent(EventKind(kind), OTHER, f"rank 3 {kind}", detected_at=time.monotonic())
