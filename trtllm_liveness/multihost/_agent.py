@@ -140,6 +140,7 @@ class HostAgent:
         self._iterations_sent: dict[int, int] = {}  # the thread's: rank -> count last sent
         self._iterations_due = 0.0  # the thread's: no iterations message before this (wall clock)
         self.iteration_messages = 0
+        self._ranks = frozenset(identity.rank for identity in (own, *self.identities))  # this host's
         self._verdict_taken: object = None  # the thread's: the verdict (monitor.failure) its snapshot was taken at
         self._closers: list[Callable[[], None]] = []  # what the agent owns beside its thread's (its beats' channel)
         self._faults = AgentFaults(settings.drill, own, self.identities)  # the thread's: a drill's faults
@@ -178,7 +179,10 @@ class HostAgent:
 
     def note_iteration(self, rank: int, count: int, at: float) -> None:
         """Rank ``rank`` of this host did ``count`` executor iterations, the last at ``at``
-        (monotonic, this host's clock). Any thread; the agent's thread forwards them batched."""
+        (monotonic, this host's clock). Any thread; the agent's thread forwards them batched. A
+        rank not of this host is dropped (the hub rejects a whole message for one foreign rank)."""
+        if rank not in self._ranks:
+            return
         with self._lock:
             known = self._iterations.get(rank)
             if known is None or count > known[0]:
@@ -440,8 +444,8 @@ class HostAgent:
                                  cpu_window_s=request.cpu_window_s, stacks_timeout_s=request.stacks_timeout_s,
                                  iterations=counts)
             ranks = encode_ranks(diagnosis.ranks, counts)
-        except Exception:
-            logger.exception("liveness: the host agent's snapshot failed")
+        except Exception as exc:  # the failure it is about has its one ERROR already
+            logger.warning("liveness: the host agent's snapshot failed: %s", exc, exc_info=True)
             ranks = []
         elapsed = round((time.monotonic() - started) * 1000, 1)
         try:

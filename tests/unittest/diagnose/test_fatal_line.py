@@ -9,6 +9,7 @@ Real processes give the evidence: a SIGSTOPped child is named stopped from ``/pr
 from __future__ import annotations
 
 import json
+import logging
 import re
 import signal
 import threading
@@ -116,6 +117,35 @@ def test_the_termination_message_is_amended_with_the_snapshot_and_never_by_anoth
     assert text == amended, text  # the first write, if it ran last, never overwrote its amendment
     assert FatalSnapshot.from_dict(json.loads(text.split("snapshot: ", 1)[1])) == SNAPSHOT
 
+
+
+def test_a_failing_snapshot_report_is_a_warning_not_a_second_error(procs: ProcessTracker,
+                                                                   caplog: pytest.LogCaptureFixture) -> None:
+    """The failure already has its one ERROR: a reporter of its snapshot that raises (the one asked
+    at the request, or the one asked while another diagnosis ran) adds a WARNING with its text."""
+    from trtllm_liveness.integrations.trtllm._engine_stall import Diagnoser
+
+    ranks = [capture_identity(0, procs.sleeper().pid)]
+    diagnoser = Diagnoser(lambda: ranks)
+    release = threading.Event()
+
+    def stall_reporter(diagnosis: object) -> None:
+        release.wait(30)
+        raise RuntimeError("reporter broke")
+
+    def late(diagnosis: object) -> None:
+        raise RuntimeError("late reporter broke")
+
+    try:
+        assert diagnoser.request("stall 1", stall_reporter)
+        assert not diagnoser.request("died of rank 0", late, snapshot=True)  # one runs already
+        release.set()
+        assert diagnoser.await_snapshot(30) and diagnoser.done.wait(30)
+    finally:
+        assert diagnoser.close() == []
+    assert [record.levelname for record in caplog.records if record.levelno >= logging.WARNING] == \
+        ["WARNING", "WARNING"], caplog.text
+    assert "reporter broke" in caplog.text and "late reporter broke" in caplog.text
 
 
 def test_a_snapshot_asked_while_a_diagnosis_runs_is_reported_from_that_one(procs: ProcessTracker) -> None:

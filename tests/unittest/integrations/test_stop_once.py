@@ -122,3 +122,33 @@ def test_a_rank_left_unkillable_is_noted_once_however_many_stops_race(
     report = state.shutdown_report
     assert report is not None and all(found is report for found in reports)
     assert [worker.pid for worker in report.unkillable] == [stuck_child.popen.pid]
+
+
+def test_a_second_caller_waits_as_long_as_the_stop_waits_for_the_hosts_snapshot(tmp_path: Path) -> None:
+    """Where an agent hub runs, the stop first waits ``diagnosis_before_stop_hosts_s`` for the
+    snapshot: a second caller's wait for the stop under way counts that, not the one-host bound, so
+    it gets the stop's report rather than giving up before the stop could end."""
+    config = config_for(tmp_path / "quarantine", d_state_timeout_s=30.0, termination_log="", shutdown_term_s=0.1,
+                        shutdown_kill_s=0.1, diagnosis_before_stop_s=0.0, diagnosis_before_stop_hosts_s=30.0)
+    proxy = liveness_proxy_class(BareUpstreamProxy, config=config)({"llm_args": None})
+    state: EngineLiveness = proxy.liveness_state
+    one_host_bound = 2 * (config.shutdown_term_s + config.shutdown_kill_s) + _engine_shutdown.STOP_MARGIN_S + 2.0
+    report = object()
+    held = threading.Event()
+
+    def first_stop() -> None:  # the stop under way: its snapshot wait is longer than the one-host bound
+        with state.stop_lock:
+            held.set()
+            threading.Event().wait(one_host_bound + 1.0)
+            state.shutdown_report, state.stopped = report, True  # type: ignore[assignment]
+
+    state.hub = object()  # type: ignore[assignment]  # only its presence matters for the bound
+    holder = threading.Thread(target=first_stop)
+    holder.start()
+    try:
+        assert held.wait(10 * WAIT_SCALE)
+        assert _engine_shutdown.stop_workers(state) is report
+    finally:
+        holder.join(60)
+        state.hub, state.shutdown_report, state.stopped = None, None, False  # the real stop (of no rank)
+        proxy.shutdown()

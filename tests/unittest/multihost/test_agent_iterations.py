@@ -5,6 +5,7 @@ verdict snapshot is taken once per verdict."""
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator
@@ -117,3 +118,25 @@ def test_the_unasked_verdict_snapshot_is_taken_once_per_verdict(agent: HostAgent
 
 def _event(kind: str) -> WorkerEvent:
     return WorkerEvent(EventKind(kind), OTHER, f"rank 3 {kind}", detected_at=time.monotonic())
+
+
+def test_a_failed_snapshot_is_a_warning_and_the_reply_still_goes(agent: HostAgent, monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    from trtllm_liveness.diagnose import _diagnosis
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("diagnosis broke")
+
+    monkeypatch.setattr(_diagnosis, "diagnose", broken)
+    sock = RecordingSocket()
+    agent._snapshot(sock, _agent.VERDICT_SNAPSHOT)
+    assert len(sock.sent) == 1  # the reply, without ranks
+    assert [record.levelname for record in caplog.records if record.levelno >= logging.WARNING] == ["WARNING"]
+    assert "diagnosis broke" in caplog.text
+
+
+def test_the_agent_forwards_only_its_own_ranks_iterations(agent: HostAgent) -> None:
+    agent.note_iteration(OWN.rank, 5, 0.0)
+    agent.note_iteration(OTHER.rank, 6, 0.0)
+    agent.note_iteration(99, 7, 0.0)  # not a rank of this host: the hub would reject the whole message
+    assert sorted(rank for rank, _count, _at in agent._changed_iterations()) == [OWN.rank, OTHER.rank]

@@ -6,11 +6,11 @@ Data flow of :func:`shutdown_engine`::
 
     expected exits (a death the monitor already knows is delivered first)
     healthy: stop the watcher; (ZMQ debug, this thread owns the request socket) upstream pre_shutdown() here
-    failed: the fatal verdict's snapshot awaited (diagnosis_before_stop_s at most)
+    failed: the fatal verdict's snapshot awaited (diagnosis_before_stop_s at most; _hosts_s with a hub)
     upstream shutdown() in a daemon thread
       healthy: joined for shutdown_grace_s; own session: the ranks' exit awaited, then stop_workers
       failed:  stop_workers at once
-      stop_workers: after a fatal verdict its snapshot first (diagnosis_before_stop_s at most);
+      stop_workers: after a fatal verdict its snapshot first (the same bound);
                     the stopped ranks' exits expected (no deaths), one INFO line each
       after stop_workers: upstream's waits released (its futures failed: _upstream_teardown)
     upstream still blocked 1 s later: the session abandoned
@@ -143,7 +143,7 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
     gets the same report, so no rank is signalled twice, no unkillable rank is noted twice and
     ``shutdown_report`` is never overwritten."""
     config = state.config
-    bound = (config.diagnosis_before_stop_s + config.shutdown_term_s + config.shutdown_kill_s
+    bound = (snapshot_bound_s(state) + config.shutdown_term_s + config.shutdown_kill_s
              + STOP_MARGIN_S + (config.shutdown_term_s + config.shutdown_kill_s + 2.0 if state.hub is not None else 0))
     if not state.stop_lock.acquire(timeout=bound):
         logger.warning("liveness: the engine's bounded stop, under way in another thread, did not end within "
@@ -183,12 +183,16 @@ def _stop_workers_once(state: EngineLiveness) -> StopReport | None:
 
 
 def snapshot_first(state: EngineLiveness) -> None:
-    """After a fatal verdict, wait ``diagnosis_before_stop_s`` at most for its diagnosis' snapshot:
+    """After a fatal verdict, wait :func:`snapshot_bound_s` at most for its diagnosis' snapshot:
     it shows the ranks as the failure left them, not as the stop does."""
     if state.fatal is not None and state.diagnoser is not None:
-        config = state.config
-        state.diagnoser.await_snapshot(config.diagnosis_before_stop_hosts_s if state.hub is not None
-                                       else config.diagnosis_before_stop_s)
+        state.diagnoser.await_snapshot(snapshot_bound_s(state))
+
+
+def snapshot_bound_s(state: EngineLiveness) -> float:
+    """How long :func:`snapshot_first` waits at most: longer where an agent hub asks other hosts."""
+    config = state.config
+    return config.diagnosis_before_stop_hosts_s if state.hub is not None else config.diagnosis_before_stop_s
 
 
 def log_stopped(report: StopReport) -> None:

@@ -211,8 +211,8 @@ class Diagnoser:
                 on_done(diagnosis)
             else:
                 logger.warning("liveness: diagnosis (%s): %s", reason, diagnosis.summary())
-        except Exception:
-            logger.exception("liveness: diagnosis failed (%s)", reason)
+        except Exception as exc:  # the failure it is about has its one ERROR already
+            logger.warning("liveness: diagnosis failed (%s): %s", reason, exc, exc_info=True)
         finally:
             with self._lock:
                 self._running = False
@@ -221,8 +221,8 @@ class Diagnoser:
             if late is not None and diagnosis is not None:
                 try:  # a fatal verdict's, asked while this one ran: this one is its snapshot
                     late(diagnosis)
-                except Exception:
-                    logger.exception("liveness: reporting the snapshot failed (%s)", reason)
+                except Exception as exc:
+                    logger.warning("liveness: reporting the snapshot failed (%s): %s", reason, exc, exc_info=True)
             if announce:
                 self.snapshot_taken.set()
             self.done.set()
