@@ -183,7 +183,9 @@ def hosts_of(llm: Any) -> dict[str, Any]:
 def report_fatal(llm: Any, pending: Any) -> int:
     """Multi-host tests: wait (bounded) for the engine's fatal error and print it with the time it
     was recorded, whether the pending request failed, the per-rank view; then a bounded shutdown
-    and what it reported of every host. Prints ``{"fatal": null}`` if none came."""
+    and what it reported of every host (with the fatal ERROR line's text, ``fatal_line``, and the fatal
+    verdict's snapshot taken before the stop, ``fatal_snapshot``: ``FatalSnapshot.to_dict()``).
+    Prints ``{"fatal": null}`` if none came."""
     executor = llm._executor
     deadline = time.monotonic() + LINGER_S
     while executor.liveness_fatal_error is None and time.monotonic() < deadline:
@@ -208,7 +210,9 @@ def report_fatal(llm: Any, pending: Any) -> int:
     latest = state.diagnoser.latest if state.diagnoser is not None else None
     emit({"shutdown_s": time.monotonic() - t0, "host_stops": [stop.to_dict() for stop in state.host_stops],
           "snapshot": None if latest is None else {"ranks": snapshot_rows(latest), "hosts": list(latest.hosts),
-                                                   "named": None if latest.named is None else latest.named.to_dict()}})
+                                                   "named": None if latest.named is None else latest.named.to_dict()},
+          "fatal_line": state.fatal_line,
+          "fatal_snapshot": None if state.snapshot is None else state.snapshot.to_dict()})
     time.sleep(LINGER_S)
     return 1
 

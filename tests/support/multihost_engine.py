@@ -261,6 +261,8 @@ class Fatal(NamedTuple):
     statuses: dict[str, Any] | None = None  # the monitor's per-rank view when the fatal error was printed
     leftovers: tuple[str, ...] = ()  # what the test hosts' removal found left (processes, namespaces)
     failed_start: str = ""  # why the hosts or the engine did not start: no fault was injected (never a miss)
+    fatal_line: str = ""  # the fatal ERROR line's text (named rank, host, evidence), as the shutdown record has it
+    snapshot: dict[str, Any] | None = None  # the fatal verdict's snapshot before the stop (FatalSnapshot.to_dict())
 
 
 def failed_start(exc: Exception) -> Fatal:
@@ -276,7 +278,9 @@ def timed_fatal(engine: Engine, t0: float, wait: float = FATAL_S, *, shutdown: b
     done = engine.wait_record("shutdown_s", SHUTDOWN_S) if shutdown else None
     return Fatal((fatal["detected_at"] - t0) * 1000, fatal["kind"], fatal["host"], fatal["rank"],
                  fatal["pending_failed"], fatal["fatal"], done["host_stops"] if done else [],
-                 done["shutdown_s"] if done else None, statuses=fatal.get("statuses"))
+                 done["shutdown_s"] if done else None, statuses=fatal.get("statuses"),
+                 fatal_line=(done.get("fatal_line") or "") if done else "",
+                 snapshot=done.get("fatal_snapshot") if done else None)
 
 
 
@@ -339,6 +343,27 @@ def host_fault(kind: str, names: Sequence[str] = ("hostA", "hostB", "hostC"),
         finally:
             if kind == "crash":
                 os.kill(mpirun, signal.SIGCONT)
+    except StartFailed as exc:
+        fatal = failed_start(exc)
+    finally:
+        left = hosts.close()
+    return fatal._replace(leftovers=tuple(left))
+
+
+def remote_stop(names: Sequence[str] = ("hostA", "hostB", "hostC"), stall_timeout_s: float = 3.0) -> Fatal:
+    """hostB runs ranks 2 (its agent) and 3; rank 3 SIGSTOPped (by its pid, verified on hostB)
+    while every step waits for every rank (``step_acks``): the engine stalls, and the fatal verdict
+    names rank 3 on hostB from the thread states hostB's agent reads, then snapshots every host
+    before the stop. Measured from the SIGSTOP; the bound is the stall timeout plus one tick. The
+    snapshot's bound before the stop is generous (5 s): the shared cores of a loaded machine."""
+    hosts = TestHosts(tuple(names))
+    try:
+        start_hosts(hosts)
+        engine = Engine(hosts, layout_of(names), f"{DEFAULTS},stall_timeout_s={stall_timeout_s},stall_action=fatal,"
+                                                 "diagnosis_before_stop_hosts_s=5", program={"step_acks": True})
+        t0 = time.monotonic()
+        hosts.kill("hostB", engine.pid_of(3), signal.SIGSTOP)
+        fatal = timed_fatal(engine, t0, FATAL_S + stall_timeout_s)
     except StartFailed as exc:
         fatal = failed_start(exc)
     finally:

@@ -92,8 +92,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                                             "partition", "remote-wedge"], default=None,
                         help="fault to inject: SIGKILL, SIGSTOP, the whole rank frozen in D (cgroup v1 "
                              "freezer), or one of its threads stuck in D in a FUSE lookup (default kill); with "
-                             "--hosts: a rank on hostB SIGKILLed, hostB crashed or cut off, or a rank of hostB "
-                             "frozen in D (default remote-kill)")
+                             "--hosts: a rank on hostB SIGKILLed or SIGSTOPped (stop), hostB crashed or cut off, or a "
+                             "rank of hostB frozen in D (default remote-kill)")
     parser.add_argument("--hosts", type=int, default=0, metavar="N",
                         help="run the engine under mpirun across N test hosts made of namespaces (2 to 6; root; "
                              "from a checkout): the multi-host agents")

@@ -351,20 +351,44 @@ def test_no_false_alarm_in_60s_with_both_cores_busy(test_hosts: TestHosts, procs
 # --------------------------------------------------------------------------- the demo
 
 
-@pytest.mark.timeout(180)
-def test_the_multihost_demo_reports_a_remote_kill(procs: ProcessTracker) -> None:
-    """``scripts/demo_hosts.py --hosts 3 --fault remote-kill --json`` (the README's command; ``bash
-    scripts/demo.sh --hosts 3 ...`` runs it after its set-up): the killed rank of hostB named, the
-    request failed, every host's shutdown reported."""
+def _run_demo(procs: ProcessTracker, *args: str) -> str:
+    """``scripts/demo_hosts.py --hosts 3 ARGS`` to its end (bounded); its output, its status checked 0."""
     require_facility("testhosts")
     script = Path(__file__).resolve().parents[3] / "scripts" / "demo_hosts.py"
-    demo = subprocess.Popen([sys.executable, str(script), "--hosts", "3", "--fault", "remote-kill", "--json"],
+    demo = subprocess.Popen([sys.executable, str(script), "--hosts", "3", *args],
                             stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, start_new_session=True)
     procs.popens.append(demo)
     procs.track(demo.pid)
     out, _ = demo.communicate(timeout=150 * WAIT_SCALE)
     assert demo.returncode == 0, out
-    result = json.loads(out.decode().strip().splitlines()[-1])
+    return out.decode()
+
+
+@pytest.mark.timeout(180)
+def test_the_multihost_demo_reports_a_remote_kill(procs: ProcessTracker) -> None:
+    """``scripts/demo_hosts.py --hosts 3 --fault remote-kill --json`` (the README's command; ``bash
+    scripts/demo.sh --hosts 3 ...`` runs it after its set-up): the killed rank of hostB named, the
+    request failed, every host's shutdown reported."""
+    result = json.loads(_run_demo(procs, "--fault", "remote-kill", "--json").strip().splitlines()[-1])
     assert (result["kind"], result["rank"], result["host"]) == ("died", 3, "hostB"), result
     assert result["pending_request_failed"] is True and "reported by the agent on host hostB" in result["message"]
     assert sorted(stop["host"] for stop in result["host_stops"]) == ["hostB", "hostC"], result
+
+
+@pytest.mark.timeout(180)
+def test_the_multihost_demo_names_a_stopped_remote_rank_and_its_host(procs: ProcessTracker) -> None:
+    """``scripts/demo_hosts.py --hosts 3 --fault stop``: rank 3, on hostB beside its agent, is
+    SIGSTOPped; the demo prints the fatal line naming rank 3 on hostB with its evidence (stopped),
+    the snapshot taken before the stop naming it again and showing every rank with its host, and
+    the timeline to each host's shutdown."""
+    out = _run_demo(procs, "--fault", "stop")
+    assert "fault: stop on hostB (rank 3 SIGSTOPped)" in out, out
+    fatal = re.search(r"ms  engine fatal error \(stalled, rank 3 on hostB\): engine stalled \(named: MPI worker "
+                      r"rank 3 \(pid (\d+)\) on host hostB; evidence: [^\n]*rank 3 is stopped", out)
+    assert fatal is not None, out
+    pid = fatal.group(1)
+    assert re.search(rf"\n  stalled rank: rank 3 \(pid {pid}\) on host hostB: [^\n]*rank 3 is stopped", out), out
+    assert re.search(rf"\n    rank 3 \(pid {pid}\) on host hostB: T, wchan \S+, stopped, ", out), out
+    for rank, host in ((2, "hostB"), (4, "hostC")):
+        assert re.search(rf"\n    rank {rank} \(pid \d+\) on host {host}: [A-Z], ", out), (rank, out)
+    assert "pending request failed: True" in out and "shutdown, host hostB: stopped" in out, out
