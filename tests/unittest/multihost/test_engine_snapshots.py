@@ -63,8 +63,11 @@ def test_a_stall_on_a_remote_rank_names_that_rank_and_its_host(test_hosts: TestH
     # The diagnosis WARNING of the snapshot taken before the stop: rank 3 as hostB's agent saw it.
     diagnosis = re.search(r"WARNING .*liveness: diagnosis \(stalled of rank 3\): (.*)", log)
     assert diagnosis is not None, log
-    assert f"rank 3 (pid {engine.pid_of(3)} on host hostB) stopped" in diagnosis.group(1), log
-    assert "stalled rank: rank 3 is stopped" in diagnosis.group(1), log
+    assert f"rank 3 (pid {engine.pid_of(3)}) on host hostB: T, wchan do_signal_stop, stopped" in diagnosis.group(1), log
+    # The fatal ERROR line's evidence is the naming's (hostB's agent saw rank 3 stopped), not "no local rank".
+    error = re.search(r"ERROR .*liveness: fatal: (engine stalled .*)", log)
+    assert error is not None and "evidence: rank 3 is stopped" in error.group(1), log
+    assert "named: rank 3 is stopped" in diagnosis.group(1), log
     loud = [line for line in log.splitlines() if " WARNING " in line and "diagnosis (" not in line]
     assert not [line for line in loud if re.search(r"rank [23]\b.*(exited|lost)", line)], log
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._events import EventKind, WorkerEvent
-from ...diagnose._stalled_rank import stalled_rank_now  # procfs reads only: ready before the first stall
+from ...diagnose._stalled_rank import StalledRank, stalled_rank_now  # procfs reads only: ready before the first stall
 from ...exit._process_ending import OwnedThreads
 from ...monitor._stall_timer import ProgressSource, StallDetector, StallInfo
 from ...process._identity import ProcessIdentity
@@ -243,6 +243,7 @@ class EngineStall:
         self.channel: ProgressChannel | None = None
         self.detector: StallDetector | None = None
         self.remote_states: Callable[[], Mapping[int, RankEvidence]] | None = None  # the remote ranks' (hub)
+        self.named: StalledRank | None = None  # the last stall's naming, remote ranks' evidence included
         self._closed = False
 
     # -- progress ------------------------------------------------------------------------
@@ -346,6 +347,7 @@ class EngineStall:
             logger.debug("liveness: naming the stalled rank failed", exc_info=True)
             verdict = None
         if verdict is not None and verdict.rank in by_rank:
+            self.named = verdict
             named = by_rank[verdict.rank]
             cause += f"; {verdict.evidence}"
         elif known:

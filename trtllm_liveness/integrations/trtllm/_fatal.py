@@ -99,7 +99,7 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
     release_exit_joins(proxy, state)
     # The line's evidence reads every rank's thread states (milliseconds for 8 ranks of 100
     # threads): after the requests are failed, never before.
-    line = fatal_line(error.event, fatal_evidence(state))
+    line = fatal_line(error.event, fatal_evidence(state, error.event))
     logger.error("liveness: fatal: %s", line)
     state.fatal_line = line
     write_termination_message(state.config.termination_log, f"trtllm-liveness: fatal engine error: {line}\n")
@@ -110,14 +110,19 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
                         args=(proxy, state, error))
 
 
-def fatal_evidence(state: EngineLiveness) -> str:
+def fatal_evidence(state: EngineLiveness, event: WorkerEvent | None = None) -> str:
     """The fatal line's evidence, known at once: the ranks' thread states read from ``/proc`` now
     and their reported iterations (:func:`~trtllm_liveness.diagnose._stalled_rank.stalled_rank_now`,
     microseconds per thread; a rank in ``D`` is read without touching its memory). The snapshot,
-    which takes a CPU window and the stacks, follows in its own line (:func:`report_snapshot`)."""
+    which takes a CPU window and the stacks, follows in its own line (:func:`report_snapshot`).
+    A stall's line keeps the evidence its naming read, other hosts' ranks included (their agents')."""
     try:
         identities = state.monitor.identities if state.monitor is not None else []
         stall = state.stall
+        named = stall.named if stall is not None else None
+        if event is not None and event.kind is EventKind.STALLED and named is not None \
+                and named.rank == event.identity.rank:
+            return instant_evidence(named)
         counts = {rank: last.count for rank, last in stall.iterations().items()} if stall is not None else None
         return instant_evidence(stalled_rank_now(identities, iterations=counts or None))
     except Exception:  # the line goes out whatever the evidence does
@@ -143,7 +148,7 @@ def report_snapshot(state: EngineLiveness, reason: str, diagnosis: Diagnosis) ->
             room = MESSAGE_LIMIT_BYTES - len(head.encode()) - 1
             amend_termination_message(state.config.termination_log, f"{head}{record.to_json(room)}\n")
     except Exception:
-        logger.exception("liveness: reporting the fatal verdict's snapshot failed (%s)", reason)
+        logger.warning("liveness: reporting the fatal verdict's snapshot failed (%s)", reason, exc_info=True)
 
 
 def report_later_event(state: EngineLiveness, event: WorkerEvent) -> None:
