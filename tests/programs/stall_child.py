@@ -11,7 +11,8 @@ at the end:
 
 - ``stall``: the first :class:`StallInfo` seen (``liveness_stall()``), or None;
 - ``statuses``: the rank states seen while stalled;
-- ``health``: ``check_health()`` (or ``not is_shutdown()`` on 1.2.x) once the stall was seen;
+- ``health``: ``check_health()`` (or ``not is_shutdown()`` on 1.2.x) once the stall was seen (with
+  the option ``fatal``: once the engine's fatal error is set);
 - ``fatal``: the fatal error's text, or None; ``errors``: how many requests ended with an error;
   ``finished``: how many finished with output;
 - ``diagnosis``: the latest diagnosis' ranks (activity, innermost function) and odd rank out,
@@ -94,7 +95,13 @@ def main(options: dict[str, Any]) -> int:
         if not expect_stall and "pending" not in _outcomes(results, seen).values():
             break
         time.sleep(0.01)
-    if health is None and proxy.liveness_fatal_error is not None:
+    if options.get("fatal"):
+        # A fatal stall: the stall is seen (the timer's record) a moment before its fatal path has
+        # failed the engine; health is read once that fatal error is set.
+        while time.monotonic() < deadline and proxy.liveness_fatal_error is None:
+            time.sleep(0.01)
+        health = _health(proxy) if proxy.liveness_fatal_error is not None else health
+    elif health is None and proxy.liveness_fatal_error is not None:
         health = _health(proxy)
     diagnosis = None
     diagnoser = proxy.liveness_state.diagnoser

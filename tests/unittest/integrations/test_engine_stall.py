@@ -75,8 +75,8 @@ def test_leader_blocked_in_user_space_is_a_stall(procs: ProcessTracker) -> None:
 
 @pytest.mark.parametrize("tree", ["main", "v12"])
 def test_fatal_stall_takes_the_fatal_path(procs: ProcessTracker, tree: str) -> None:
-    out = run_child(procs, {"tree": tree, "engine": {"step_acks": True, "stall": {"rank": 1, "kind": "silent",
-                                                                                  "after_tokens": 3}}},
+    out = run_child(procs, {"tree": tree, "fatal": True,
+                            "engine": {"step_acks": True, "stall": {"rank": 1, "kind": "silent", "after_tokens": 3}}},
                     "stall_timeout_s=1,stall_action=fatal")
     assert out["fatal_kind"] == "stalled" and out["events"] == ["stalled"], out
     assert "no progress for" in out["fatal"]
