@@ -48,6 +48,7 @@ import _bench
 
 from tests.support.testhosts import TestHosts, TestHostsError
 from tests.support.testhosts import unavailable as testhosts_unavailable
+from tests.support.waits import sigkill_and_time_exit
 from trtllm_liveness.process import _procfs
 
 REPO = Path(__file__).resolve().parent.parent
@@ -269,11 +270,7 @@ class Rig:
             if fd is None:
                 continue
             try:
-                poller = select.poll()
-                poller.register(fd, select.POLLIN)
-                t0 = time.monotonic()
-                signal.pidfd_send_signal(fd, signal.SIGKILL)
-                exited = time.monotonic() if poller.poll(int(EVENT_WAIT_S * 1000)) else None
+                t0, exited = sigkill_and_time_exit(fd, EVENT_WAIT_S)
             finally:
                 os.close(fd)
             at = None

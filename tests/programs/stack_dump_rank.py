@@ -26,7 +26,7 @@ PR_SET_DUMPABLE = 4
 
 
 def helper_waits_for_work(never: threading.Event) -> None:
-    never.wait()
+    never.wait(3600)  # a rank stuck here: its test ends it (by pid) long before
 
 
 def spin_on_a_flag_nobody_sets() -> None:
@@ -39,7 +39,7 @@ def wait_deep(depth: int, never: threading.Event) -> None:
     if depth:
         wait_deep(depth - 1, never)
     else:
-        never.wait()
+        never.wait(3600)  # as helper_waits_for_work
 
 
 def wait_for_a_peer_that_never_comes() -> None:

@@ -37,7 +37,6 @@ import glob
 import json
 import os
 import re
-import select
 import signal
 import sys
 import time
@@ -46,6 +45,7 @@ from pathlib import Path
 from typing import Any, NamedTuple
 
 from tests.support.testhosts import MpiJob, TestHosts, TestHostsError, wait_for
+from tests.support.waits import sigkill_and_time_exit
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -294,11 +294,7 @@ def remote_kill(layout: Sequence[tuple[str, int]] = LAYOUT, victim: int = 2) -> 
         engine = Engine(hosts, layout, DEFAULTS)
         fd, _pid = hosts.pidfd_of("hostB", engine.pid_of(victim))  # opened and verified before the clock
         try:
-            poller = select.poll()
-            poller.register(fd, select.POLLIN)
-            t0 = time.monotonic()
-            signal.pidfd_send_signal(fd, signal.SIGKILL)
-            exited = time.monotonic() if poller.poll(int(FATAL_S * 1000)) else None
+            t0, exited = sigkill_and_time_exit(fd, FATAL_S)
         finally:
             os.close(fd)
         fatal = timed_fatal(engine, t0)

@@ -21,3 +21,17 @@ def wait_until(predicate: object, timeout: float, interval: float = 0.005) -> bo
         if time.monotonic() >= deadline:
             return False
         time.sleep(interval)
+
+
+def sigkill_and_time_exit(pidfd: int, bound_s: float) -> tuple[float, float | None]:
+    """SIGKILL the process behind ``pidfd`` (opened and verified by the caller, who closes it) and
+    wait at most ``bound_s`` for its exit: ``(when the signal was sent, when the pidfd said the
+    process exited or None)``, both ``time.monotonic()``."""
+    import select
+    import signal
+
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    sent = time.monotonic()
+    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+    return sent, time.monotonic() if poller.poll(int(bound_s * 1000)) else None

@@ -37,7 +37,7 @@ from .._config import LivenessConfig, parse_value
 from .._errors import LivenessError
 from .._switch import ENV_VAR
 from ..drill._drill_hosts import launch_argv, parse_hosts, remote_victim
-from ..drill._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
+from ..drill._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport, choose_victim
 from ..drill._drill_session import DrillSession, EngineEnded, FaultNotMade
 from ..exit._outcome import OUTCOME_ENV
 from ..process._identity import is_local
@@ -154,15 +154,8 @@ def _victim(ready: EngineReady, wanted: int | None) -> DrillRank | str:
     """The rank to hit, or why there is none."""
     candidates = [rank for rank in ready.ranks if is_local(rank.identity()) and rank.start_time is not None
                   and rank.pid != ready.proxy_pid]
-    if wanted is not None:
-        chosen = [rank for rank in candidates if rank.rank == wanted]
-        if chosen:
-            return chosen[0]
-        return (f"rank {wanted} is not a rank of this host outside the engine's process "
-                f"(hittable here: {[rank.rank for rank in candidates] or 'none'})")
-    if not candidates:
-        return "no rank of this engine runs on this host outside the engine's own process"
-    return max(candidates, key=lambda rank: rank.rank)
+    return choose_victim(candidates, wanted, where="a rank of this host outside the engine's process",
+                         none="no rank of this engine runs on this host outside the engine's own process")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -15,7 +15,7 @@ import re
 import shlex
 import sys
 
-from ._drill_records import DrillRank, EngineReady
+from ._drill_records import DrillRank, EngineReady, choose_victim
 
 __all__ = ["launch_argv", "parse_hosts", "remote_victim"]
 
@@ -50,13 +50,8 @@ def remote_victim(ready: EngineReady, wanted: int | None) -> DrillRank | str:
     """The rank of another host to hit (``wanted``, or the highest such rank), or why there is none."""
     candidates = [rank for rank in ready.ranks if rank.method == "agent" and rank.rank not in ready.agents
                   and rank.start_time is not None]
-    if wanted is not None:
-        chosen = [rank for rank in candidates if rank.rank == wanted]
-        if chosen:
-            return chosen[0]
-        return (f"rank {wanted} is not a rank of another host outside its agent's own (hittable: "
-                f"{[rank.rank for rank in candidates] or 'none'}; the agents' ranks: {list(ready.agents)})")
-    if not candidates:
-        return ("no rank of a host other than the proxy's runs outside that host's agent: give such a host at "
-                "least 2 slots")
-    return max(candidates, key=lambda rank: rank.rank)
+    return choose_victim(candidates, wanted,
+                         where="a rank of another host outside its agent's own",
+                         also=f"; the agents' ranks: {list(ready.agents)}",
+                         none="no rank of a host other than the proxy's runs outside that host's agent: give such "
+                              "a host at least 2 slots")

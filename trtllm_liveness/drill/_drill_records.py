@@ -156,3 +156,18 @@ class EngineReport:
                    restartable=_field(document, "restartable", bool, optional=True),
                    pending=_field(document, "pending", int), total=_field(document, "total", int),
                    shutdown_s=stamp("shutdown_s"), unkillable=tuple(unkillable))
+
+
+def choose_victim(candidates: list[DrillRank], wanted: int | None, *, where: str, none: str,
+                  also: str = "") -> DrillRank | str:
+    """The rank to hit among ``candidates``: ``wanted``, or the highest; else why not (``where``
+    names the ranks that may be hit, ``also`` adds to the list of those, ``none`` says why there
+    are none)."""
+    if wanted is not None:
+        chosen = [rank for rank in candidates if rank.rank == wanted]
+        if chosen:
+            return chosen[0]
+        return f"rank {wanted} is not {where} (hittable: {[rank.rank for rank in candidates] or 'none'}{also})"
+    if not candidates:
+        return none
+    return max(candidates, key=lambda rank: rank.rank)

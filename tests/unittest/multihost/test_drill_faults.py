@@ -240,7 +240,7 @@ def test_racing_requests_each_get_their_own_answer(procs: ProcessTracker, proxy:
     assert isinstance(hub, DrillHub)
     asks = [(3, "stop"), (4, "stop"), (3, "stop"), (4, "stop")]
     replies: list[FaultReply | None] = [None] * len(asks)
-    start = threading.Barrier(len(asks))
+    start = threading.Barrier(len(asks), timeout=BOUND_S)
 
     def ask(index: int) -> None:
         start.wait()
