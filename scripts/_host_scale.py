@@ -24,7 +24,10 @@ network (loopback). Per column (``host_column``):
              interval at the recommended stall_timeout_s=120), minus the same hub with no host in
              the same run; and each agent's process (median), which its own host pays
   snapshot   the whole engine's snapshot, stacks on (AgentHub.snapshot: every agent diagnoses its
-             host's ranks, their stacks from py-spy or their own faulthandler dumps), the second of two
+             host's ranks, their stacks from py-spy or their own faulthandler dumps), the second of two,
+             and the ranks whose stacks came within the agents' default stacks bound (0.3 s); then
+             the same with that bound at SHARED_CORES_STACKS_S, since here every host's py-spy runs
+             share this machine's cores
   memory     the hub's Python heap (``tracemalloc``) and descriptors added for the hosts, and its
              RSS beside the no-host hub's
 """
@@ -54,6 +57,9 @@ from trtllm_liveness.process import _procfs
 REPO = Path(__file__).resolve().parent.parent
 RANKS_PER_HOST = 4  # the agent's own rank and 3 sleepers
 NVL72_HOSTS = 18
+SHARED_CORES_STACKS_S = 1.5
+"""The agents' stacks bound in the rig's second snapshot: every simulated host's py-spy runs share
+this machine's cores (each host of an NVL72 rack has its own)."""
 PROGRESS_EVERY_S = 0.5
 """Progress flows on every host: each agent is told an iteration of each of its ranks this often
 (as its host's progress channel would) and forwards them at :data:`ITERATIONS_EVERY_S`."""
@@ -139,8 +145,10 @@ class Rig:
     and are also killed by pid, verified against their start time; the hub last). Pids here are
     this machine's root namespace's (``placement.root_pid``)."""
 
-    def __init__(self, hosts: int, start_timeout: float = 120.0, placement: Placement | None = None) -> None:
+    def __init__(self, hosts: int, start_timeout: float = 120.0, placement: Placement | None = None,
+                 heartbeat_timeout_s: float | None = None) -> None:
         self.count = hosts
+        self.heartbeat_timeout_s = heartbeat_timeout_s  # the hub's; None: its default
         self.placement: Placement = placement or Simulated()
         self.agent_pids: list[int] = []
         self.start_timeout = start_timeout
@@ -184,7 +192,10 @@ class Rig:
 
     def _start(self) -> None:
         place = self.placement
-        self.hub = subprocess.Popen(place.hub_argv([sys.executable, str(REPO / "scripts" / "_rig_hub.py"), place.bind]),
+        argv = [sys.executable, str(REPO / "scripts" / "_rig_hub.py"), place.bind]
+        if self.heartbeat_timeout_s is not None:
+            argv.append(str(self.heartbeat_timeout_s))
+        self.hub = subprocess.Popen(place.hub_argv(argv),
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=self.env,
                                     cwd=REPO, start_new_session=True)
         assert self.hub.stdout is not None
@@ -320,6 +331,20 @@ def no_host_hub(window: float, settle: float) -> dict[str, float]:
         return {"cpu_ms_per_s": cpu, "rss_kib": float(_bench.rss_kib(rig.hub_pid) or 0)}
 
 
+def hub_cpu_by_heartbeat(hosts: int, timeouts: tuple[float, ...], window: float, settle: float,
+                         baseline: dict[str, float]) -> dict[str, float]:
+    """The hub's steady CPU (ms/s, the no-host hub's subtracted) with ``hosts`` simulated hosts at
+    each heartbeat timeout in ``timeouts``, keyed ``hub_cpu_ms_per_s_hosts_{hosts}_heartbeat_{t}``:
+    the hub PINGs every agent four times per timeout, so the cost follows hosts / timeout."""
+    out: dict[str, float] = {}
+    for timeout in timeouts:
+        with Rig(hosts, heartbeat_timeout_s=timeout) as rig:
+            time.sleep(settle)
+            cpu, _, _ = rig.cpu_ms_per_s(window)
+        out[f"hub_cpu_ms_per_s_hosts_{hosts}_heartbeat_{timeout:g}"] = cpu - baseline["cpu_ms_per_s"]
+    return out
+
+
 def host_column(hosts: int, kills: int, window: float, settle: float, baseline: dict[str, float],
                 real: bool = False) -> dict[str, Any]:
     """One column (see the module docstring): the figures of ``hosts`` hosts, keyed by metric;
@@ -341,6 +366,9 @@ def host_column(hosts: int, kills: int, window: float, settle: float, baseline: 
         check = rig.ask({"cmd": "check", "calls": 2000})["us"]
         rig.ask({"cmd": "snapshot", "timeout": 5.0}, 30.0)  # the first warms up (imports, py-spy's probe)
         snap = rig.ask({"cmd": "snapshot", "timeout": 5.0}, 30.0)
+        # The agents' default stacks bound (0.3 s) is for a host's own cores; here every host's
+        # py-spy runs share this machine's: the same snapshot with the bound widened to fit them.
+        wide = rig.ask({"cmd": "snapshot", "timeout": 5.0, "stacks_timeout": SHARED_CORES_STACKS_S}, 30.0)
         detect, exits = rig.kills(kills)
         still = rig.ask({"cmd": "hosts"})
     return {
@@ -350,6 +378,7 @@ def host_column(hosts: int, kills: int, window: float, settle: float, baseline: 
         "check_us": check,
         "diagnosis_ms": snap["ms"], "diagnosis_ranks": snap["ranks"],
         "diagnosis_ranks_with_stacks": snap["ranks_with_stacks"],
+        "diagnosis_wide_ms": wide["ms"], "diagnosis_wide_ranks_with_stacks": wide["ranks_with_stacks"],
         "idle_cpu_ms_per_s": hub_cpu - baseline["cpu_ms_per_s"],
         "hub_cpu_ms_per_s_raw": hub_cpu,
         "hub_cpu_ms_per_s_by_thread": by_thread,
@@ -369,10 +398,13 @@ def us(ms: list[float], q: float) -> float | None:
 
 
 def host_columns(counts: tuple[int, ...] = HOST_COUNTS, *, kills: int = 20, window: float = 20.0,
-                 settle: float = 3.0, real: tuple[int, ...] = (4,)) -> dict[str, Any]:
+                 settle: float = 3.0, real: tuple[int, ...] = (4,),
+                 heartbeats: tuple[float, ...] = ()) -> dict[str, Any]:
     """Every column and the no-host baseline, as flat keys: ``growth_<metric>_hosts_<n>`` (the
     growth table's), ``hub_cpu_ms_per_s_no_hosts``, ``hub_rss_kib_no_hosts``; a column whose rig
-    did not start is null, with its error under ``host_scale_failed_starts``."""
+    did not start is null, with its error under ``host_scale_failed_starts``. With ``heartbeats``,
+    the largest column's hub CPU again at each of those heartbeat timeouts
+    (:func:`hub_cpu_by_heartbeat`)."""
     baseline = no_host_hub(window, settle)
     out: dict[str, Any] = {"hub_cpu_ms_per_s_no_hosts": baseline["cpu_ms_per_s"],
                            "hub_rss_kib_no_hosts": baseline["rss_kib"], "host_scale_window_s": window}
@@ -386,12 +418,18 @@ def host_columns(counts: tuple[int, ...] = HOST_COUNTS, *, kills: int = 20, wind
             column = dict.fromkeys(COLUMN_KEYS)
         for metric, value in column.items():
             out[f"growth_{metric}_hosts_{count}"] = value
+    if heartbeats and counts:
+        try:
+            out.update(hub_cpu_by_heartbeat(max(counts), heartbeats, window, settle, baseline))
+        except RigFailed as exc:
+            failed[f"{max(counts)} (heartbeats {heartbeats})"] = str(exc)[-1500:]
     out["host_scale_failed_starts"] = failed
     return out
 
 
 COLUMN_KEYS = ("detect_p50_us", "detect_p99_us", "exit_p50_us", "exit_p99_us", "kills", "check_us",
-               "diagnosis_ms", "diagnosis_ranks", "diagnosis_ranks_with_stacks",
+               "diagnosis_ms", "diagnosis_ranks", "diagnosis_ranks_with_stacks", "diagnosis_wide_ms",
+               "diagnosis_wide_ranks_with_stacks",
                "idle_cpu_ms_per_s", "hub_cpu_ms_per_s_raw", "hub_cpu_ms_per_s_by_thread",
                "agent_cpu_ms_per_s", "memory_kib", "fds",
                "rss_added_kib", "ranks", "hosts_connected_at_end", "placement")
@@ -402,6 +440,9 @@ HOST_ROWS = (("remote rank SIGKILL -> hub event p50 ms", "detect_p50_us", 0.001,
              ("  the victim's own exit p50 / p99 ms", ("exit_p50_us", "exit_p99_us"), 0.001, 2),
              ("find_dead_worker (hub's monitor) us", "check_us", 1, 1),
              ("whole-engine snapshot, stacks on, ms", "diagnosis_ms", 1, 0),
+             ("  ranks with stacks", "diagnosis_ranks_with_stacks", 1, 0),
+             (f"  stacks bound {SHARED_CORES_STACKS_S} s (shared cores), ms", "diagnosis_wide_ms", 1, 0),
+             ("  ranks with stacks", "diagnosis_wide_ranks_with_stacks", 1, 0),
              ("hub steady CPU ms/s (no-host hub's off)", "idle_cpu_ms_per_s", 1, 2),
              ("  as measured, ms/s", "hub_cpu_ms_per_s_raw", 1, 2),
              ("each agent's idle CPU ms/s (median)", "agent_cpu_ms_per_s", 1, 2),

@@ -1,8 +1,8 @@
 """The proxy's side of the host-scale rig (scripts/_host_scale.py): a real AgentHub alone, driven on stdin.
 
-``python scripts/_rig_hub.py [ADDRESS]`` binds a real :class:`~trtllm_liveness.multihost.AgentHub`
-(default heartbeat) over a real :class:`~trtllm_liveness.WorkerProcessMonitor` on ADDRESS
-(default 127.0.0.1), prints one JSON
+``python scripts/_rig_hub.py [ADDRESS [HEARTBEAT_TIMEOUT_S]]`` binds a real
+:class:`~trtllm_liveness.multihost.AgentHub` (its default heartbeat timeout unless given) over a
+real :class:`~trtllm_liveness.WorkerProcessMonitor` on ADDRESS (default 127.0.0.1), prints one JSON
 line ``{"spec": <its worker_spec>, "pid": <this pid>}``, then answers each JSON command line on
 stdin with one JSON line (:data:`COMMANDS`). The monitor's subscriber stamps each event with
 ``time.monotonic()`` when it is delivered (the machine's one clock: comparable with the rig's own
@@ -30,12 +30,14 @@ from trtllm_liveness.multihost import AgentHub
 class RigHub:
     """The hub, its monitor and the events it delivered; one command at a time (the main thread)."""
 
-    def __init__(self, bind: str) -> None:
+    def __init__(self, bind: str, heartbeat_timeout_s: float | None = None) -> None:
         self.monitor = WorkerProcessMonitor()
         self.events: list[list[Any]] = []
         self._lock = threading.Lock()
         self.monitor.subscribe(self._on_event)
-        self.hub = AgentHub(self.monitor, bind=bind).start()
+        hub = AgentHub(self.monitor, bind=bind) if heartbeat_timeout_s is None else \
+            AgentHub(self.monitor, bind=bind, heartbeat_timeout_s=heartbeat_timeout_s)
+        self.hub = hub.start()
         import zmq.utils.monitor  # noqa: F401  (what the hub's thread imports as it starts: not the hosts')
 
         self.fds_before = len(os.listdir("/proc/self/fd"))
@@ -83,9 +85,14 @@ class RigHub:
 
     def snapshot(self, command: dict[str, Any]) -> dict[str, Any]:
         """The whole engine's snapshot (:meth:`AgentHub.snapshot`, stacks on, as a fatal verdict
-        takes it), timed: ms, the ranks whose stacks came back, and each host's outcome."""
+        takes it; ``stacks_timeout``: the agents' stacks bound, default the hub's), timed: ms, the
+        ranks whose stacks came back, and each host's outcome."""
+        bound = command.get("stacks_timeout")
         t0 = time.perf_counter()
-        hosts = self.hub.snapshot(float(command.get("timeout", 5.0)))
+        if bound is None:
+            hosts = self.hub.snapshot(float(command.get("timeout", 5.0)))
+        else:
+            hosts = self.hub.snapshot(float(command.get("timeout", 5.0)), stacks_timeout_s=float(bound))
         ms = (time.perf_counter() - t0) * 1000
         ranks = [rank for host in hosts for rank in host.ranks]
         with_stacks = sum(rank.stacks is not None and rank.stacks.status.value == "taken" for rank in ranks)
@@ -100,7 +107,8 @@ COMMANDS: dict[str, Callable[[RigHub, dict[str, Any]], dict[str, Any]]] = {
 
 
 def main() -> int:
-    rig = RigHub(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1")
+    rig = RigHub(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1",
+                 float(sys.argv[2]) if len(sys.argv) > 2 else None)
     print(json.dumps({"spec": rig.hub.worker_spec(), "pid": os.getpid()}), flush=True)
     try:
         for line in sys.stdin:

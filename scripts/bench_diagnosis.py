@@ -17,7 +17,8 @@ distinctively named function (a rank waiting in a collective), then times, inter
   (``Diagnoser.take(snapshot=True)``: the proxy host's ranks here, every other host's by its agent,
   on request, merged), stacks on, of the upstream-shaped engine with 8 ranks on 4 namespace test
   hosts (tests/support/multihost_engine.py; 2 ranks each, rank 0 is the proxy's own process);
-  each run is checked to have every rank's stacks. Null where the test hosts are unavailable
+  each run's ranks without stacks are counted (``snapshot_4_hosts_ranks_without_stacks``, target:
+  none; a bound that ran out is printed on stderr). Null where the test hosts are unavailable
   (``--hosts-reps 0`` skips it).
 
 Each stacks run is checked to have named the function every rank sleeps in.
@@ -149,36 +150,38 @@ def _stop_delay(workers: int, before_stop_s: float) -> float:
     return (report.started_wall - out.events[0].wall_time) * 1000.0
 
 
-def _hosts_snapshots(reps: int) -> tuple[list[float], str]:
-    """``reps`` whole-engine snapshots of 8 ranks on 4 test hosts, in ms; ([], why) where the test
-    hosts are unavailable."""
+def _hosts_snapshots(reps: int) -> tuple[list[float], list[int], str]:
+    """``reps`` whole-engine snapshots of 8 ranks on 4 test hosts: each one's ms and how many of
+    ranks 1-7 it has no stacks of; ([], [], why) where the test hosts are unavailable."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from tests.support.multihost_engine import Engine, StartFailed
     from tests.support.testhosts import TestHosts, unavailable, wait_for
 
     why = unavailable()
     if why:
-        return [], why
+        return [], [], why
     with TestHosts(names=[name for name, _count in FOUR_HOSTS]) as hosts:
         try:
             engine = Engine(hosts, FOUR_HOSTS, program={"snapshots": reps + 1})  # the first one warms up
         except StartFailed as exc:
-            return [], str(exc)[:300]
+            return [], [], str(exc)[:300]
         def taken() -> list[dict[str, Any]]:
             return [record["snapshot"] for record in engine.records() if "ms" in (record.get("snapshot") or {})]
 
         if not wait_for(lambda: len(taken()) > reps, 30.0 + 10.0 * reps, 0.05):
             raise RuntimeError(f"{reps + 1} snapshots did not come:\n{engine.diagnostics()}")
         found: list[float] = []
+        missed: list[int] = []
         for index, snapshot in enumerate(taken()):
             ranks = {row[0]: row for row in snapshot["ranks"]}
             missing = [rank for rank in range(1, 8) if rank not in ranks or ranks[rank][3] != "taken"]
             if missing:
-                raise RuntimeError(f"snapshot without the stacks of ranks {missing}: {snapshot}")
+                print(f"snapshot {index} without the stacks of ranks {missing}: {snapshot}", file=sys.stderr)
             if index:
                 found.append(float(snapshot["ms"]))
+                missed.append(len(missing))
         engine.job.kill()
-    return found, ""
+    return found, missed, ""
 
 
 def main() -> int:
@@ -212,8 +215,9 @@ def main() -> int:
         samples["stop_delay_baseline"].append(_stop_delay(args.stop_workers, 0.0))
         samples["stop_delay"].append(_stop_delay(args.stop_workers, 0.3))
     hosts_skipped = "--hosts-reps 0"
+    hosts_missed: list[int] = []
     if args.hosts_reps > 0:
-        samples["hosts"], hosts_skipped = _hosts_snapshots(args.hosts_reps)
+        samples["hosts"], hosts_missed, hosts_skipped = _hosts_snapshots(args.hosts_reps)
     else:
         samples["hosts"] = []
 
@@ -235,12 +239,15 @@ def main() -> int:
         "stop_delay_baseline_ms": med("stop_delay_baseline"), "stop_delay_baseline_max_ms": top("stop_delay_baseline"),
         "snapshot_ms_8_ranks_4_hosts": med("hosts"), "snapshot_4_hosts_max_ms": top("hosts"),
         "snapshot_4_hosts_skipped": hosts_skipped if not samples["hosts"] else "",
+        "snapshot_4_hosts_ranks_without_stacks": hosts_missed,
     }
     skipped = {"stop_delay_ms"} if not args.stop_reps else set()
     if not samples["hosts"]:
         skipped.add("snapshot_ms_8_ranks_4_hosts")  # --hosts-reps 0, or no test hosts here (the reason is printed)
     verdicts = {name: (figures[name] is not None and float(figures[name] or 0) <= target)
                 for name, target in TARGETS.items() if name not in skipped}
+    if samples["hosts"]:
+        verdicts["snapshot_4_hosts_every_rank_has_stacks"] = not any(hosts_missed)
     figures["targets_met"] = all(verdicts.values())
     if not args.json:
         print(f"{'figure':<34} {'median ms':>10} {'max ms':>10} {'target':>8}")
@@ -253,6 +260,8 @@ def main() -> int:
             target = TARGETS.get(name) if name in verdicts else None
             shown = "-" if target is None else f"<= {target:g}" + ("" if verdicts[name] else " MISSED")
             print(f"{name:<34} {figures[name]!s:>10} {figures[maximum]!s:>10} {shown:>8}")
+        if samples["hosts"]:
+            print(f"4 hosts: ranks without stacks, per snapshot: {hosts_missed} (target: none)")
     print(json.dumps(figures))
     return 0 if figures["targets_met"] else 1
 

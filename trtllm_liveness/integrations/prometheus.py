@@ -173,21 +173,27 @@ class _FileStateGauges:
                             multiprocess_mode="livemax")
         self._unkillable = Gauge(_UNKILLABLE_NAME, _UNKILLABLE_HELP, registry=None, multiprocess_mode="livemax")
         self._unkillable.set(0)
-        self._shown: set[tuple[str, str]] = set()
+        self._unkillable_written = 0
+        # Each series' last written state (None: 0 in every state). A gauge is written only when
+        # its value changes: each write takes the file's lock and mmap, and the refresh thread
+        # calls ``sync`` every ``refresh_interval_s`` on an engine whose states rarely change.
+        self._written: dict[tuple[str, str], WorkerState | None] = {}
 
     def sync(self, statuses: list[RankStatus]) -> None:
         with self._lock:
-            now: set[tuple[str, str]] = set()
+            wanted: dict[tuple[str, str], WorkerState | None] = dict.fromkeys(self._written)
             for status in statuses:
-                key = (str(status.identity.rank), status.identity.hostname)
-                now.add(key)
+                wanted[(str(status.identity.rank), status.identity.hostname)] = status.state
+            for key, state in wanted.items():
+                if key in self._written and self._written[key] is state:
+                    continue
                 for candidate in WorkerState:
-                    self._state.labels(*key, candidate.value).set(1.0 if status.state is candidate else 0.0)
-            for key in self._shown - now:
-                for candidate in WorkerState:
-                    self._state.labels(*key, candidate.value).set(0.0)
-            self._shown |= now
-            self._unkillable.set(_unkillable_count(statuses))
+                    self._state.labels(*key, candidate.value).set(1.0 if state is candidate else 0.0)
+                self._written[key] = state
+            unkillable = _unkillable_count(statuses)
+            if unkillable != self._unkillable_written:
+                self._unkillable.set(unkillable)
+                self._unkillable_written = unkillable
 
 
 class LivenessMetrics:

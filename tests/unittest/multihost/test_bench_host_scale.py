@@ -33,7 +33,7 @@ METRICS = ("detect_p50_us", "detect_p99_us", "exit_p50_us", "exit_p99_us", "chec
            "idle_cpu_ms_per_s", "hub_cpu_ms_per_s_raw", "agent_cpu_ms_per_s", "memory_kib", "fds", "rss_added_kib")
 NVL72 = ("nvl72_hub_cpu_ms_per_s", "nvl72_hub_cpu_ms_per_s_raw", "hub_cpu_ms_per_s_no_hosts",
          "nvl72_agent_cpu_ms_per_s", "nvl72_detect_p50_ms", "nvl72_detect_p99_ms", "nvl72_exit_p99_ms",
-         "nvl72_diagnosis_ms")
+         "nvl72_diagnosis_ms", "nvl72_diagnosis_shared_cores_ms")
 
 
 def _number(value: Any) -> bool:
@@ -75,6 +75,8 @@ def test_quick_scale_json_reports_the_nvl72_shape_and_every_host_column(procs: P
         # ranks' stacks came within the stacks bound depends on the cores the hosts share here.
         assert result[f"growth_diagnosis_ranks_hosts_{hosts}"] == 4 * hosts, result
         assert 0 <= result[f"growth_diagnosis_ranks_with_stacks_hosts_{hosts}"] <= 4 * hosts, result
+        assert 0 <= result[f"growth_diagnosis_wide_ranks_with_stacks_hosts_{hosts}"] <= 4 * hosts, result
+        assert _number(result[f"growth_diagnosis_wide_ms_hosts_{hosts}"]), result
         # 4 hosts run on real test hosts where this machine can make them; 18 are always simulated.
         assert result[f"growth_placement_hosts_{hosts}"] in (("test hosts", "simulated") if hosts == 4
                                                              else ("simulated",))

@@ -125,6 +125,8 @@ class DispatchGate:
                 self._polled = socket
             self._waiting = True
         try:
+            if socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+                return not self._closed  # a batch is waiting (the busy engine's case): no poll
             while True:
                 events = dict(self._poller.poll(_WAIT_TICK_MS))
                 if self._closed:
