@@ -197,6 +197,17 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         self.queue = _Tee(self.request_id)
 
     fake.GenerationResultBase.__init__ = init
+    # Upstream's dispatch, counted: how many response batches the result thread received (the
+    # per-request CPU of that thread follows how the leader batches its responses).
+    proxy_cls = importlib.import_module("tensorrt_llm.executor.proxy").GenerationExecutorProxy
+    original_dispatch = proxy_cls.dispatch_result_task
+    batches = [0]
+
+    def dispatch(self: Any) -> Any:
+        batches[0] += 1
+        return original_dispatch(self)
+
+    proxy_cls.dispatch_result_task = dispatch
     probe_dir = tempfile.mkdtemp(prefix="bench-overhead-")
     try:
         engine = _overhead_rank.ProbedEngine(token_delay_s=float(opts["token_delay_s"]), probe_dir=probe_dir)
@@ -218,9 +229,9 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         _drive(proxy, int(opts["warmup"]), window, tokens, streaming)
         leader = _read_json(ranks[0])["pid"]
         cpu0, leader0 = _process_cpu_s(os.getpid()), _process_cpu_s(leader)
-        threads0 = _threads_cpu_ns()
+        threads0, batches0 = _threads_cpu_ns(), batches[0]
         rps, latencies = _drive(proxy, int(opts["requests"]), window, tokens, streaming)
-        threads1 = _threads_cpu_ns()
+        threads1, batches1 = _threads_cpu_ns(), batches[0]
         cpu1, leader1 = _process_cpu_s(os.getpid()), _process_cpu_s(leader)
         time.sleep(1.0)  # the last responses' bookkeeping done: idle from here
         rank_info = [_read_json(path) for path in ranks]
@@ -229,7 +240,7 @@ def child(opts: dict[str, Any]) -> dict[str, Any]:
         ext_proxy += sorted(tid for tid in zmq_threads if _bench.thread_name("self", tid).startswith("ZMQbg"))
         record: dict[str, Any] = {
             "rps": rps, "p50_us": _bench.percentile(latencies, 0.5), "p99_us": _bench.percentile(latencies, 0.99),
-            "requests": len(latencies),
+            "requests": len(latencies), "batches_per_request": (batches1 - batches0) / len(latencies),
             "proxy_cpu_us_per_request": (cpu1 - cpu0) * 1e6 / len(latencies),
             "leader_cpu_us_per_request": (leader1 - leader0) * 1e6 / len(latencies),
             "proxy_cpu_us_per_request_by_thread": _per_request_by_name(threads0, threads1, len(latencies)),

@@ -147,6 +147,12 @@ def open_stat(pid: int) -> int:
     return os.open(f"{PROCFS_PATH}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
 
 
+def open_task_stat(pid: int, tid: int) -> int:
+    """Open ``/proc/<pid>/task/<tid>/stat`` for repeated :func:`pread_stat` calls (the caller owns
+    the fd); like :func:`open_stat`'s, reads fail once that thread is gone."""
+    return os.open(f"{PROCFS_PATH}/{pid}/task/{tid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+
+
 def pread_stat(fd: int) -> bytes:
     """Re-read a ``stat`` file opened by :func:`open_stat` (procfs regenerates it at offset 0)."""
     data = os.pread(fd, 4096, 0)

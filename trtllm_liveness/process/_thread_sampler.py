@@ -6,8 +6,8 @@ every thread of ``/proc/<pid>/task`` is sampled. A thread in ``D`` with SIGKILL 
 until the kernel lets go: that is "unkillable".
 
 Sampling is the watcher's only periodic cost, so :class:`ThreadSampler` keeps it small: one
-``pread`` of a kept ``/proc/<pid>/stat`` fd for a single-threaded process, plus one small read per
-extra thread, with the thread list cached between scans. :func:`sample_d_state` is the one-off
+``pread`` of a kept ``stat`` fd per thread (the process's and, within a per-process budget of
+descriptors, each other thread's), with the thread list cached between scans. :func:`sample_d_state` is the one-off
 form (a stop's report on a survivor, a scan). What a run of samples means (wedged after a timeout,
 unkillable) is :mod:`trtllm_liveness.monitor._wedge`'s job.
 """
@@ -21,6 +21,38 @@ from dataclasses import dataclass
 from . import _procfs
 
 __all__ = ["DStateSample", "ThreadSampler", "sample_d_state"]
+
+KEPT_THREAD_FDS_MAX = 1024
+"""How many other threads' ``stat`` fds all samplers of this process keep open at most (a kept
+fd's re-read costs about a third of an open-read-close); threads beyond it are read by path."""
+
+
+class _FdBudget:
+    """The process-wide count of kept thread fds, claimed and returned by the samplers."""
+
+    def __init__(self, limit: int) -> None:
+        self._lock = threading.Lock()
+        self.limit = limit
+        self.used = 0
+
+    def claim(self) -> bool:
+        with self._lock:
+            if self.used >= self.limit:
+                return False
+            self.used += 1
+            return True
+
+    def release(self, count: int) -> None:
+        with self._lock:
+            self.used = max(0, self.used - count)
+
+    def after_fork(self) -> None:
+        # A forked child has no sampling thread; the lock may have been copied while held.
+        self._lock = threading.Lock()
+
+
+_budget = _FdBudget(KEPT_THREAD_FDS_MAX)
+os.register_at_fork(after_in_child=_budget.after_fork)
 
 
 @dataclass(frozen=True)
@@ -37,7 +69,17 @@ def _d_sample(pid: int, states: dict[int, str]) -> DStateSample | None:
     if not d_tids:
         return None
     kill_pending = _procfs.sigkill_pending(pid) or any(_safe_thread_kill_pending(pid, tid) for tid in d_tids)
-    return DStateSample(d_tids, kill_pending, _procfs.read_wchan(pid, d_tids[0]))
+    return DStateSample(d_tids, kill_pending, _first_wchan(pid, d_tids))
+
+
+def _first_wchan(pid: int, d_tids: tuple[int, ...]) -> str:
+    # A thread seen in D a moment ago may have ended since (threads pass through D as they exit).
+    for tid in d_tids:
+        try:
+            return _procfs.read_wchan(pid, tid)
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return ""
 
 
 def sample_d_state(pid: int) -> DStateSample | None:
@@ -61,7 +103,9 @@ class ThreadSampler:
     """Samples one process's thread states scan after scan, as cheaply as procfs allows.
 
     Keeps ``/proc/<pid>/stat`` open (it pins the process: after a reap, reads fail instead of
-    showing a process that reused the PID) and caches the list of other threads. The cache is
+    showing a process that reused the PID), caches the list of other threads and keeps each one's
+    ``/proc/<pid>/task/<tid>/stat`` open while the process-wide budget
+    (:data:`KEPT_THREAD_FDS_MAX`) allows (such an fd pins its thread the same way). The cache is
     exact while the thread count in ``stat`` is unchanged and every cached thread still answers:
     a thread that vanished fails to read, and one that appeared without another vanishing changes
     the count; either forces a fresh ``listdir``.
@@ -77,6 +121,7 @@ class ThreadSampler:
         self._fd: int | None = None
         self._closed = False
         self._tids: list[int] = []  # threads other than the main one, from the last listing
+        self._thread_fds: dict[int, int] = {}  # kept stat fds of threads in _tids, by tid
 
     def sample(self) -> DStateSample | None:
         """Sample once; None when no thread is in ``D``.
@@ -124,12 +169,12 @@ class ThreadSampler:
         states: dict[int, str] = {}
         for attempt in range(2):
             if attempt or len(self._tids) != num_threads - 1:
-                self._tids = [tid for tid in _procfs.list_tids(self.pid) if tid != self.pid]
+                self._relist()
             states.clear()
             vanished = False
             for tid in self._tids:
                 try:
-                    data = _procfs.read_task_stat(self.pid, tid)
+                    data = self._read_thread(tid)
                 except (FileNotFoundError, ProcessLookupError):
                     vanished = True
                     continue
@@ -140,8 +185,45 @@ class ThreadSampler:
                 break
         return states
 
+    def _relist(self) -> None:
+        self._tids = [tid for tid in _procfs.list_tids(self.pid) if tid != self.pid]
+        listed = set(self._tids)
+        gone = [tid for tid in self._thread_fds if tid not in listed]
+        for tid in gone:
+            os.close(self._thread_fds.pop(tid))
+        _budget.release(len(gone))
+
+    def _read_thread(self, tid: int) -> bytes:
+        fd = self._thread_fds.get(tid)
+        if fd is not None:
+            try:
+                return _procfs.pread_stat(fd)
+            except (FileNotFoundError, ProcessLookupError):
+                del self._thread_fds[tid]
+                os.close(fd)
+                _budget.release(1)
+                raise
+        if not _budget.claim():
+            return _procfs.read_task_stat(self.pid, tid)
+        try:
+            fd = _procfs.open_task_stat(self.pid, tid)
+        except (FileNotFoundError, ProcessLookupError):
+            _budget.release(1)
+            raise
+        except OSError:
+            _budget.release(1)  # out of descriptors (EMFILE): read by path this time
+            return _procfs.read_task_stat(self.pid, tid)
+        try:
+            data = _procfs.pread_stat(fd)
+        except BaseException:
+            os.close(fd)
+            _budget.release(1)
+            raise
+        self._thread_fds[tid] = fd
+        return data
+
     def close(self, *, force: bool = False) -> None:
-        """Release the kept fd. Idempotent; waits for a sample in progress (microseconds).
+        """Release the kept fds. Idempotent; waits for a sample in progress (microseconds).
 
         ``force`` skips the lock: only for a forked child, where no sampling thread exists and a
         lock copied while held would never be released.
@@ -149,9 +231,12 @@ class ThreadSampler:
         if force:
             self._closed = True
             fd, self._fd = self._fd, None
+            thread_fds, self._thread_fds = self._thread_fds, {}
         else:
             with self._lock:
                 self._closed = True
                 fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)
+                thread_fds, self._thread_fds = self._thread_fds, {}
+        for kept in ([] if fd is None else [fd]) + list(thread_fds.values()):
+            os.close(kept)
+        _budget.release(len(thread_fds))

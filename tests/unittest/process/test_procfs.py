@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 import pytest
@@ -104,6 +105,124 @@ def test_thread_states_and_pending_signals_of_a_real_process(procs: ProcessTrack
     assert _procfs.pid_namespace_inode(proc.pid) == _procfs.pid_namespace_inode("self")
 
 
+# Keeps about ``n`` short-lived threads alive, each replaced as it ends (the thread list churns
+# under the sampler: same count, other tids); "ready" once the first ones run.
+CHURNER = """
+import random, sys, threading, time
+def short():
+    time.sleep(random.uniform(0.0005, 0.004))
+    threading.Thread(target=short, daemon=True).start()
+for _ in range(int(sys.argv[1])):
+    threading.Thread(target=short, daemon=True).start()
+sys.stdout.write("ready\\n"); sys.stdout.flush()
+time.sleep(3600)
+"""
+
+
+def _churner(procs: ProcessTracker, threads: int) -> subprocess.Popen[bytes]:
+    proc = subprocess.Popen([sys.executable, "-c", CHURNER, str(threads)], stdout=subprocess.PIPE,
+                            start_new_session=True)
+    procs.popens.append(proc)
+    procs.track(proc.pid)
+    assert proc.stdout is not None and proc.stdout.readline() == b"ready\n"
+    return proc
+
+
+def _kept_thread_stat_fds(pid: int) -> set[int]:
+    """The tids whose ``/proc/<pid>/task/<tid>/stat`` this process holds open."""
+    kept = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        parts = target.split("/")
+        if len(parts) == 6 and parts[2] == str(pid) and parts[3] == "task" and parts[5] == "stat":
+            kept.add(int(parts[4]))
+    return kept
+
+
+def test_sampler_keeps_one_fd_per_live_thread_within_the_budget(
+        procs: ProcessTracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtllm_liveness.process import _thread_sampler
+
+    budget = _thread_sampler._FdBudget(3)
+    monkeypatch.setattr(_thread_sampler, "_budget", budget)
+    code = ("import threading, time\n"
+            "for _ in range(5): threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
+            "print('ready', flush=True); time.sleep(3600)")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    procs.popens.append(proc)
+    procs.track(proc.pid)
+    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    fds_before = set(os.listdir("/proc/self/fd"))
+    sampler = ThreadSampler(proc.pid, capture_identity(0, proc.pid).start_time)
+    others = set(_procfs.list_tids(proc.pid)) - {proc.pid}
+    for _ in range(3):
+        assert sampler.sample() is None
+        kept = _kept_thread_stat_fds(proc.pid)
+        assert len(kept) == 3 and kept <= others  # the budget's 3; the other 2 threads read by path
+        assert budget.used == 3
+    sampler.close()
+    sampler.close()
+    assert budget.used == 0 and set(os.listdir("/proc/self/fd")) == fds_before
+
+
+def _sample_while_closing(pid: int, start_time: int, round_no: int) -> int:
+    """One sampler: one thread samples until the sampler is closed, three close it at once."""
+    from trtllm_liveness.process import _thread_sampler
+
+    used_before = _thread_sampler._budget.used
+    fds_before = set(os.listdir("/proc/self/fd"))
+    sampler = ThreadSampler(pid, start_time)
+    errors: list[str] = []
+    samples = [0]
+
+    def sample_until_closed() -> None:
+        try:
+            while True:
+                # A thread passes through D as it ends, and may be gone before its wait channel
+                # is read: a sample, never an error.
+                sample = sampler.sample()
+                assert sample is None or pid not in sample.d_tids
+                samples[0] += 1
+                # Every fd kept is a thread that was listed: none of a thread long gone piles up.
+                assert len(_kept_thread_stat_fds(pid)) <= 64
+        except ProcessLookupError:
+            return  # closed
+        except BaseException:
+            errors.append(traceback.format_exc())  # reported by the assertion below
+
+    barrier = threading.Barrier(4, timeout=30)
+
+    def closer() -> None:
+        barrier.wait()
+        threading.Event().wait(0.001 * (round_no % 7))
+        sampler.close()
+
+    sampling = threading.Thread(target=sample_until_closed)
+    closers = [threading.Thread(target=closer) for _ in range(3)]
+    sampling.start()
+    for thread in closers:
+        thread.start()
+    threading.Event().wait(0.002 * (round_no % 5))
+    barrier.wait()
+    for thread in [*closers, sampling]:
+        thread.join(30)
+    assert not any(thread.is_alive() for thread in [*closers, sampling])
+    assert not errors, errors[0]
+    assert _thread_sampler._budget.used == used_before  # every kept fd given back, once
+    assert set(os.listdir("/proc/self/fd")) == fds_before
+    return samples[0]
+
+
+def test_sampler_follows_churning_threads_and_close_races_sample(procs: ProcessTracker) -> None:
+    proc = _churner(procs, 6)
+    start_time = capture_identity(0, proc.pid).start_time
+    total_samples = sum(_sample_while_closing(proc.pid, start_time, round_no) for round_no in range(20))
+    assert total_samples > 0 and proc.poll() is None
+
+
 def test_sampler_of_reused_pid_reports_gone(procs: ProcessTracker) -> None:
     child = procs.sleeper()
     start = capture_identity(0, child.pid).start_time
@@ -132,6 +251,15 @@ def _make_task(root: Path, pid: int, tid: int, comm: str, state: str, threads: i
     (task / "wchan").write_text("__refrigerator" if state == "D" else "0")
 
 
+def _vanish(root: Path, pid: int, tid: int) -> None:
+    """A thread leaves the fake tree as it leaves procfs: a ``stat`` fd kept open on it reads
+    nothing from then on (procfs fails such a read with ESRCH), and its directory is gone."""
+    import shutil
+
+    (root / str(pid) / "task" / str(tid) / "stat").write_bytes(b"")
+    shutil.rmtree(root / str(pid) / "task" / str(tid))
+
+
 def test_fake_tree_d_thread_that_is_not_the_main_thread(fake_proc: Path) -> None:
     pid = 4242
     _make_task(fake_proc, pid, pid, HOSTILE_COMM, "S", 2)
@@ -145,16 +273,14 @@ def test_fake_tree_d_thread_that_is_not_the_main_thread(fake_proc: Path) -> None
     first = sampler.sample()
     assert first is not None and first.d_tids == (4243,)
     # A thread appears (count changes) and the old helper vanishes: the cache must follow.
-    import shutil
-
-    shutil.rmtree(fake_proc / str(pid) / "task" / "4243")
+    _vanish(fake_proc, pid, 4243)
     _make_task(fake_proc, pid, 4250, "late", "D", 3)
     _make_task(fake_proc, pid, 4251, "late2", "S", 3)
     (fake_proc / str(pid) / "stat").write_bytes(_stat_line(pid, HOSTILE_COMM, "S", 4000, 3))
     second = sampler.sample()
     assert second is not None and second.d_tids == (4250,) and not second.kill_pending
     # Same count, different thread (one vanished, one appeared): a failed read forces a relisting.
-    shutil.rmtree(fake_proc / str(pid) / "task" / "4250")
+    _vanish(fake_proc, pid, 4250)
     _make_task(fake_proc, pid, 4260, "swap", "D", 3)
     third = sampler.sample()
     assert third is not None and third.d_tids == (4260,)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import select
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -44,6 +45,11 @@ DISPATCH_WAIT_S = 0.5
 
 _WAIT_TICK_MS = 1000
 """The gate's poll timeout: the wakeup ends a wait at once; the tick only bounds each poll."""
+
+_ZMQ_EVENTS = 15
+_ZMQ_POLLIN = 1
+"""libzmq's ``ZMQ_EVENTS`` option and ``ZMQ_POLLIN`` bit (zmq.h), as plain ints: pyzmq's enums
+cost more per response batch than the check itself."""
 
 _SIGNALLED = (StopOutcome.EXITED_AFTER_TERM, StopOutcome.EXITED_AFTER_KILL, StopOutcome.UNKILLABLE)
 
@@ -68,8 +74,10 @@ class DispatchGate:
         self._closed = False
         self._pipe: tuple[int, int] | None = None
         self._waiting = False
-        self._poller: Any = None
+        self._poller: select.poll | None = None
         self._polled: Any = None
+        self._queue: Any = None
+        self._socket: Any = None
 
     @property
     def closed(self) -> bool:
@@ -79,7 +87,9 @@ class DispatchGate:
         """One call of upstream's ``dispatch_result_task``, made once a batch can be received
         without blocking; False (upstream's thread ends) once the gate is closed. Blocks until
         one of the two. A result queue without a ZMQ socket gets upstream's own blocking receive."""
-        socket = result_socket(result_queue)
+        if result_queue is not self._queue:
+            self._queue, self._socket = result_queue, result_socket(result_queue)
+        socket = self._socket
         if socket is None:
             log_once(logging.DEBUG, "dispatch-gate", type(result_queue).__qualname__,
                      "liveness: result queue %s has no ZMQ socket: its dispatch thread is ended only by "
@@ -110,29 +120,35 @@ class DispatchGate:
             logger.debug("liveness: upstream's dispatch of a response batch still runs after %.1fs", wait_s)
 
     def _wait_readable(self, socket: Any) -> bool:
-        """True once ``socket`` has a message; False once the gate is closed."""
+        """True once ``socket`` has a message; False once the gate is closed. The wait is a
+        ``poll()`` on the socket's ``ZMQ_FD`` and the wakeup pipe; ``ZMQ_FD`` only signals that the
+        socket's state may have changed (edge-triggered), so its ``ZMQ_EVENTS`` are read before
+        every wait, and a batch already waiting (the busy engine's case) needs no wait at all."""
         import zmq
 
+        if self._closed:
+            return False
+        if socket.getsockopt(_ZMQ_EVENTS) & _ZMQ_POLLIN:
+            return True
         with self._lock:
             if self._closed:
                 return False
             if self._pipe is None:
                 self._pipe = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            if self._polled is not socket:
-                self._poller = zmq.Poller()
-                self._poller.register(socket, zmq.POLLIN)
-                self._poller.register(self._pipe[0], zmq.POLLIN)
+            if self._polled is not socket or self._poller is None:
+                self._poller = select.poll()
+                self._poller.register(socket.getsockopt(zmq.FD), select.POLLIN)
+                self._poller.register(self._pipe[0], select.POLLIN)
                 self._polled = socket
+            poller = self._poller
             self._waiting = True
         try:
-            if socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-                return not self._closed  # a batch is waiting (the busy engine's case): no poll
             while True:
-                events = dict(self._poller.poll(_WAIT_TICK_MS))
+                if socket.getsockopt(_ZMQ_EVENTS) & _ZMQ_POLLIN:
+                    return not self._closed
+                poller.poll(_WAIT_TICK_MS)
                 if self._closed:
                     return False
-                if socket in events:
-                    return True
         finally:
             with self._lock:
                 self._waiting = False
