@@ -15,6 +15,7 @@ unkillable) is :mod:`trtllm_liveness.monitor._wedge`'s job.
 from __future__ import annotations
 
 import os
+import resource
 import threading
 from dataclasses import dataclass
 
@@ -24,27 +25,34 @@ __all__ = ["DStateSample", "ThreadSampler", "sample_d_state"]
 
 KEPT_THREAD_FDS_MAX = 1024
 """How many other threads' ``stat`` fds all samplers of this process keep open at most (a kept
-fd's re-read costs about a third of an open-read-close); threads beyond it are read by path."""
+fd's re-read costs about a third of an open-read-close), and never more than an eighth of the
+process's descriptor limit (the server's own sockets and files come first); threads beyond it
+are read by path."""
 
 
 class _FdBudget:
     """The process-wide count of kept thread fds, claimed and returned by the samplers."""
 
-    def __init__(self, limit: int) -> None:
+    def __init__(self, cap: int) -> None:
         self._lock = threading.Lock()
-        self.limit = limit
+        self.cap = cap
         self.used = 0
 
+    def limit(self) -> int:
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+        return self.cap if soft == resource.RLIM_INFINITY else min(self.cap, soft // 8)
+
     def claim(self) -> bool:
+        limit = self.limit()
         with self._lock:
-            if self.used >= self.limit:
+            if self.used >= limit:
                 return False
             self.used += 1
             return True
 
     def release(self, count: int) -> None:
         with self._lock:
-            self.used = max(0, self.used - count)
+            self.used -= count
 
     def after_fork(self) -> None:
         # A forked child has no sampling thread; the lock may have been copied while held.
@@ -137,6 +145,8 @@ class ThreadSampler:
             states = {self.pid: main_state}
             if num_threads > 1:
                 states.update(self._other_thread_states(num_threads))
+            elif self._tids:
+                self._forget_threads()
         return _d_sample(self.pid, states)
 
     def _read_main(self) -> bytes:
@@ -192,6 +202,14 @@ class ThreadSampler:
         for tid in gone:
             os.close(self._thread_fds.pop(tid))
         _budget.release(len(gone))
+
+    def _forget_threads(self) -> None:
+        # The process is down to its main thread: the others' fds pin threads that are gone.
+        for fd in self._thread_fds.values():
+            os.close(fd)
+        _budget.release(len(self._thread_fds))
+        self._thread_fds.clear()
+        self._tids = []
 
     def _read_thread(self, tid: int) -> bytes:
         fd = self._thread_fds.get(tid)

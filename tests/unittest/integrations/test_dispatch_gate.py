@@ -146,3 +146,47 @@ def test_a_queue_without_a_zmq_socket_gets_upstreams_own_receive_until_closed() 
     gate.close()
     assert gate.dispatch(object(), lambda: calls.append("upstream") or True) is False
     assert calls == ["upstream"]
+
+
+def test_an_idle_gate_wakes_for_each_message_without_its_tick(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait is on the socket's edge-triggered ZMQ_FD: each message sent to an idle gate (one
+    already waiting) must wake it by itself. The tick is made longer than the test's bound, so a
+    missed wakeup leaves the dispatcher waiting and fails the join below."""
+    from trtllm_liveness.integrations.trtllm import _upstream_teardown
+
+    monkeypatch.setattr(_upstream_teardown, "_WAIT_TICK_MS", 3_600_000)
+    context = zmq.Context()
+    server = context.socket(zmq.PAIR)
+    client = context.socket(zmq.PAIR)
+    for socket in (server, client):
+        socket.setsockopt(zmq.LINGER, 0)
+    server.bind("inproc://dispatch-gate-idle")
+    client.connect("inproc://dispatch-gate-idle")
+    gate = DispatchGate()
+    received: list[int] = []
+    dispatched = threading.Semaphore(0)
+
+    def upstream() -> bool:
+        received.append(server.recv_pyobj(zmq.NOBLOCK))
+        dispatched.release()
+        return True
+
+    def dispatcher() -> None:
+        while gate.dispatch(ResultQueue(server), upstream):
+            pass
+
+    thread = threading.Thread(target=dispatcher, name="proxy_dispatch_result_thread")
+    thread.start()
+    try:
+        for sent in range(20):
+            threading.Event().wait(0.01)  # the dispatcher is back in its wait: idle
+            client.send_pyobj(sent)
+            assert dispatched.acquire(timeout=30), f"message {sent} did not wake the idle gate"
+        assert received == list(range(20))
+    finally:
+        gate.close()
+        thread.join(30)
+        server.close(0)
+        client.close(0)
+        context.term()
+    assert not thread.is_alive()

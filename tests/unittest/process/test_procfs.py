@@ -148,13 +148,19 @@ def test_sampler_keeps_one_fd_per_live_thread_within_the_budget(
 
     budget = _thread_sampler._FdBudget(3)
     monkeypatch.setattr(_thread_sampler, "_budget", budget)
-    code = ("import threading, time\n"
-            "for _ in range(5): threading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
-            "print('ready', flush=True); time.sleep(3600)")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    code = ("import sys, threading\n"
+            "done = threading.Event()\n"
+            "threads = [threading.Thread(target=done.wait) for _ in range(5)]\n"
+            "for t in threads: t.start()\n"
+            "print('ready', flush=True); sys.stdin.readline(); done.set()\n"
+            "for t in threads: t.join()\n"
+            "print('alone', flush=True); sys.stdin.readline()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            start_new_session=True)
     procs.popens.append(proc)
     procs.track(proc.pid)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == b"ready"
+    assert proc.stdin is not None and proc.stdout is not None
+    assert proc.stdout.readline().strip() == b"ready"
     fds_before = set(os.listdir("/proc/self/fd"))
     sampler = ThreadSampler(proc.pid, capture_identity(0, proc.pid).start_time)
     others = set(_procfs.list_tids(proc.pid)) - {proc.pid}
@@ -163,16 +169,36 @@ def test_sampler_keeps_one_fd_per_live_thread_within_the_budget(
         kept = _kept_thread_stat_fds(proc.pid)
         assert len(kept) == 3 and kept <= others  # the budget's 3; the other 2 threads read by path
         assert budget.used == 3
+    proc.stdin.write(b"go\n")
+    proc.stdin.flush()
+    assert proc.stdout.readline().strip() == b"alone"
+    assert sampler.sample() is None  # down to the main thread: the others' fds are given back
+    assert _kept_thread_stat_fds(proc.pid) == set() and budget.used == 0
     sampler.close()
     sampler.close()
     assert budget.used == 0 and set(os.listdir("/proc/self/fd")) == fds_before
+    proc.stdin.close()
+
+
+def test_budget_is_an_eighth_of_the_descriptor_limit_at_most(monkeypatch: pytest.MonkeyPatch) -> None:
+    import resource
+
+    from trtllm_liveness.process import _thread_sampler
+
+    budget = _thread_sampler._FdBudget(1024)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (256, 4096))
+    assert budget.limit() == 32
+    assert all(budget.claim() for _ in range(32)) and not budget.claim()
+    budget.release(32)
+    monkeypatch.setattr(resource, "getrlimit", lambda which: (resource.RLIM_INFINITY, resource.RLIM_INFINITY))
+    assert budget.limit() == 1024 and budget.used == 0
 
 
 def _sample_while_closing(pid: int, start_time: int, round_no: int) -> int:
     """One sampler: one thread samples until the sampler is closed, three close it at once."""
     from trtllm_liveness.process import _thread_sampler
 
-    used_before = _thread_sampler._budget.used
+    used_before = _thread_sampler._budget.used  # the test preloads it: a double release shows
     fds_before = set(os.listdir("/proc/self/fd"))
     sampler = ThreadSampler(pid, start_time)
     errors: list[str] = []
@@ -189,7 +215,8 @@ def _sample_while_closing(pid: int, start_time: int, round_no: int) -> int:
                 # Every fd kept is a thread that was listed: none of a thread long gone piles up.
                 assert len(_kept_thread_stat_fds(pid)) <= 64
         except ProcessLookupError:
-            return  # closed
+            if not sampler._closed:  # the sampled process is alive: only the close may end this
+                errors.append(traceback.format_exc())
         except BaseException:
             errors.append(traceback.format_exc())  # reported by the assertion below
 
@@ -216,7 +243,13 @@ def _sample_while_closing(pid: int, start_time: int, round_no: int) -> int:
     return samples[0]
 
 
-def test_sampler_follows_churning_threads_and_close_races_sample(procs: ProcessTracker) -> None:
+def test_sampler_follows_churning_threads_and_close_races_sample(
+        procs: ProcessTracker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from trtllm_liveness.process import _thread_sampler
+
+    budget = _thread_sampler._FdBudget(1024)
+    budget.used = 5  # other samplers' fds: a release too many would show below
+    monkeypatch.setattr(_thread_sampler, "_budget", budget)
     proc = _churner(procs, 6)
     start_time = capture_identity(0, proc.pid).start_time
     total_samples = sum(_sample_while_closing(proc.pid, start_time, round_no) for round_no in range(20))
@@ -285,6 +318,21 @@ def test_fake_tree_d_thread_that_is_not_the_main_thread(fake_proc: Path) -> None
     third = sampler.sample()
     assert third is not None and third.d_tids == (4260,)
     sampler.close()
+
+
+def test_fake_tree_d_thread_gone_before_its_wait_channel_is_read(fake_proc: Path) -> None:
+    pid = 4270
+    _make_task(fake_proc, pid, pid, "w", "S", 3)
+    _make_task(fake_proc, pid, 4271, "exiting", "D", 3)
+    _make_task(fake_proc, pid, 4272, "nccl", "D", 3)
+    (fake_proc / str(pid) / "stat").write_bytes(_stat_line(pid, "w", "S", 4000, 3))
+    (fake_proc / str(pid) / "status").write_text("SigPnd:\t0\nShdPnd:\t0\n")
+    (fake_proc / str(pid) / "task" / "4271" / "wchan").unlink()  # ended between its stat and wchan reads
+    sample = ThreadSampler(pid, 4000).sample()
+    assert sample is not None and sample.d_tids == (4271, 4272) and sample.wchan == "__refrigerator"
+    (fake_proc / str(pid) / "task" / "4272" / "wchan").unlink()
+    sample = sample_d_state(pid)
+    assert sample is not None and sample.d_tids == (4271, 4272) and sample.wchan == ""
 
 
 def test_fake_tree_malformed_stat_raises_value_error_not_crash(fake_proc: Path) -> None:
