@@ -40,6 +40,9 @@ Figures, per configuration, each the median over the off/on pairs (spread: min..
   entry starts them all there; names in the JSON);
 - ``threads_added_proxy`` / ``threads_added_rank``, ``rss_added_kib_proxy`` / ``rss_added_kib_rank``:
   thread count and VmRSS on minus off, at the same point (idle, after the requests);
+- ``proxy_cpu_us_per_request_off``, ``batches_per_request_off`` / ``_on`` (per configuration): the
+  proxy's whole CPU per request without the extension, and the response batches its result thread
+  received per request (what the per-request figures scale with);
 - ``added_proxy_cpu_us_per_request`` / ``added_leader_cpu_us_per_request`` (no target): the CPU the
   proxy process / the leader rank spent per timed request (``stat``'s ticks), on minus off: less
   sensitive to a loaded machine than the wall-clock figures; per configuration also by proxy
@@ -469,6 +472,7 @@ def main() -> int:
     threads: dict[str, dict[str, Any]] = {}
     by_thread: dict[str, list[dict[str, float]]] = {c.name: [] for c in configs}
     request_cpu: dict[str, list[dict[str, float]]] = {c.name: [] for c in configs}
+    baseline: dict[str, list[dict[str, float]]] = {c.name: [] for c in configs}
     survivors = 0
     for index in range(pairs):
         for config in configs:
@@ -483,6 +487,10 @@ def main() -> int:
             by_thread[config.name].append(record[True].get("proxy_cpu_ms_per_s_idle_by_thread", {}))
             request_cpu[config.name].append(added_by_thread(record[False]["proxy_cpu_us_per_request_by_thread"],
                                                             record[True]["proxy_cpu_us_per_request_by_thread"]))
+            baseline[config.name].append({
+                "proxy_cpu_us_per_request_off": record[False]["proxy_cpu_us_per_request"],
+                "batches_per_request_off": record[False]["batches_per_request"],
+                "batches_per_request_on": record[True]["batches_per_request"]})
             threads.setdefault(config.name, {
                 "proxy": record[True]["ext_threads_proxy"],
                 # the distinct lists over the ranks (the same list on every rank, normally)
@@ -491,7 +499,8 @@ def main() -> int:
             print(f"pair {index + 1}/{pairs} {config.name}: {json.dumps(runs[config.name][-1])}", file=sys.stderr)
     per_config = {c.name: {**summarize(runs[c.name]), "extension_threads": threads[c.name],
                            "proxy_cpu_ms_per_s_idle_by_thread": median_by_key(by_thread[c.name]),
-                           "added_proxy_cpu_us_per_request_by_thread": median_by_key(request_cpu[c.name])}
+                           "added_proxy_cpu_us_per_request_by_thread": median_by_key(request_cpu[c.name]),
+                           **median_by_key(baseline[c.name])}
                   for c in configs}
     top = worst(per_config)
     result: dict[str, Any] = {

@@ -69,5 +69,7 @@ def test_quick_json_reports_every_figure_of_every_configuration(procs: ProcessTr
         assert config["threads_added_proxy"] >= 5 and config["threads_added_rank"] >= 2
         by_thread = config["proxy_cpu_ms_per_s_idle_by_thread"]
         assert "trtllm-liveness-watcher" in by_thread and all(_number(v) for v in by_thread.values())
+        assert config["proxy_cpu_us_per_request_off"] > 0
+        assert config["batches_per_request_off"] > 0 and config["batches_per_request_on"] > 0
         added = config["added_proxy_cpu_us_per_request_by_thread"]
         assert "MainThread" in added and all(_number(v) for v in added.values())
