@@ -69,6 +69,16 @@ class LivenessConfig:
             See :mod:`trtllm_liveness.monitor._stall_timer`.
         stall_action: ``report`` (a WARNING with the diagnosis once per stall, state ``stalled`` in
             the statuses and metrics; health stays True) or ``fatal`` (the fatal path a death takes).
+        stopped_timeout_s: a rank stopped by a signal (state ``T``: SIGSTOP, a terminal's Ctrl-Z)
+            on every scan for this long, while requests are pending and the engine made no
+            progress for as long, is a fatal verdict (restartable), whatever ``stall_timeout_s``
+            says; 0 turns it off. A debugger's stop (``t``) never counts, nor does a pause shorter
+            than this (py-spy's, a short SIGSTOP/SIGCONT), nor a scan gap (the proxy itself stopped).
+        observe: make every verdict (death, wedge, unkillable, stall with ``stall_action=fatal``,
+            stopped rank, lost host) one WARNING ``liveness: would fail: ...`` with its evidence
+            and snapshot, counted per kind, and nothing else: no request failed, health unchanged,
+            no rank stopped, no exit, no quarantine, no agent ending its host's ranks. For a
+            rollout: observe, read the counter, then enforce.
         shutdown_grace_s: how long ``shutdown()`` lets a healthy engine stop by itself before
             it stops the remaining workers.
         shutdown_term_s: after SIGTERM, how long to wait before SIGKILL.
@@ -129,13 +139,18 @@ class LivenessConfig:
             their task). Fix it where a firewall must open it.
         hosts_advertise: the host name or address the ranks connect to, when it differs from
             ``hosts_bind`` (e.g. ``hosts_bind=*``); empty: ``hosts_bind``, or this host's name.
-        heartbeat_timeout_s: a remote host from which nothing at all came this long (its agent's
-            answers to the hub's PINGs, TCP acknowledgements) is lost: fatal, naming the host and
-            its ranks; on its side the agent then stops the host's ranks (after 1.25 times it). The
-            hub PINGs every quarter of it, so a host that went silent is lost 0.75 to 1 times it
-            later (1.35-1.8 s by default) and a network losing 1% of its segments and delaying each
-            by up to 0.2 s raises no false alarm; an agent whose process answers no PING for twice
-            it is lost too. Raise it where networks pause longer than that.
+        heartbeat_timeout_s: a remote host from which nothing came this long (its agent PINGs the
+            hub twice per timeout; the hub reads the kernel's "last heard" of the connection) is
+            *suspect*: state ``suspect`` in the statuses, a metric, one WARNING once it lasts twice
+            this; requests keep flowing. Silence alone never ends an engine: a suspect host is
+            **lost** (fatal, naming the host and its ranks) when the engine also made no progress
+            (no output, no executor iteration) for this long with requests pending, since every
+            step needs every rank; a host whose connection closes is lost at once. Partition to
+            verdict: about 1 to 1.1 times it with requests in flight.
+        heartbeat_ceiling_s: a suspect host is lost anyway after this long without contact while the
+            engine shows no progress (idle, or ranks that report no iterations); its agent ends
+            the host's ranks on the same rule, from its side. An engine that keeps making progress
+            through a longer silence keeps its suspect host.
     """
 
     enabled: bool = False
@@ -145,6 +160,8 @@ class LivenessConfig:
     identities_timeout_s: float = 600.0
     stall_timeout_s: float = 0.0
     stall_action: str = "report"
+    stopped_timeout_s: float = 30.0
+    observe: bool = False
     shutdown_grace_s: float = 10.0
     shutdown_term_s: float = 2.0
     shutdown_kill_s: float = 3.0
@@ -168,7 +185,8 @@ class LivenessConfig:
     hosts_bind: str = ""
     hosts_port: int = 0
     hosts_advertise: str = ""
-    heartbeat_timeout_s: float = 1.8
+    heartbeat_timeout_s: float = 1.0
+    heartbeat_ceiling_s: float = 60.0
 
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
@@ -385,6 +403,8 @@ def _check_value(key: str, value: Any, source: str) -> None:
         raise ValueError(f"{source}: hosts_port must be in [0, 65535], got {value!r}")
     if key == "heartbeat_timeout_s" and not 0.05 <= value <= 3600:
         raise ValueError(f"{source}: heartbeat_timeout_s must be in [0.05, 3600], got {value!r}")
+    if key == "heartbeat_ceiling_s" and not 1 <= value <= 86400:
+        raise ValueError(f"{source}: heartbeat_ceiling_s must be in [1, 86400], got {value!r}")
     if key == "stall_action":
         if value not in STALL_ACTIONS:
             raise ValueError(f"{source}: stall_action must be one of {', '.join(STALL_ACTIONS)}, got {value!r}")

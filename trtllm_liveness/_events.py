@@ -28,6 +28,7 @@ class WorkerState(str, enum.Enum):
     UNKILLABLE = "unkillable"
     STALLED = "stalled"  # alive, not in D, but the engine makes no progress (see monitor/_stall_timer.py)
     LOST = "lost"  # on another host whose agent fell silent or dropped its connection (multihost/_hub.py)
+    SUSPECT = "suspect"  # on another host whose agent is silent while the engine still progresses (not fatal)
     UNMONITORED_REMOTE = "unmonitored-remote"
     UNMONITORED_OTHER_NAMESPACE = "unmonitored-other-namespace"
 

@@ -134,7 +134,7 @@ class DynamoLivenessBridge:
 
     def status(self) -> dict[str, Any]:
         """The JSON document served at ``/engine/<route>``."""
-        failure = self._monitor.failure
+        failure = None if self._observing() else self._monitor.failure
         document: dict[str, Any] = {
             "healthy": failure is None,
             "failure": None if failure is None else failure.to_dict(),
@@ -152,7 +152,14 @@ class DynamoLivenessBridge:
     async def _serve_status(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.status()
 
+    def _observing(self) -> bool:
+        """Whether the engine observes (``observe=1``): its verdicts are lines, not failures."""
+        config = getattr(self._executor, "liveness_config", None)
+        return bool(getattr(config, "observe", False))
+
     def _on_event(self, event: WorkerEvent) -> None:
+        if self._observing():
+            return  # the engine's own "would fail" line is the whole reaction
         # Health first: it is one call into the runtime and what the orchestrator acts on.
         try:
             self._runtime.set_health_status(False)

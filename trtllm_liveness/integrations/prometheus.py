@@ -22,6 +22,9 @@ docs/metrics.md has the same table.
     ranks, once per rank). A wedged rank that then becomes
     unkillable counts once as each. Keeps counting across :meth:`LivenessMetrics.attach` of a new
     monitor (an executor restart).
+``trtllm_liveness_would_fail_total{kind}`` (counter)
+    With ``observe=1`` (:class:`LivenessMetrics` ``observe``): the verdicts the engine did not act
+    on, by the same ``kind``s; the failures counter and the latency stay as they are.
 ``trtllm_liveness_detection_latency_seconds{kind, origin}`` (histogram)
     Seconds from the fault to the delivery of the monitor's event to these metrics. ``origin``
     says where the fault time came from, and so what the figure measures:
@@ -215,6 +218,8 @@ class LivenessMetrics:
         refresh_interval_s: in multiprocess mode, how often the file-backed state gauges are
             re-read from the monitor (transitions without an event: a rank leaving ``D``, exits
             after a shutdown began). Positive.
+        observe: the engine observes (``observe=1``): its verdicts count in
+            ``trtllm_liveness_would_fail_total``, not as failures (nothing failed).
 
     Raises ``ValueError`` (from prometheus_client) if the registry already has these metric names,
     or for a non-positive ``refresh_interval_s``. In one process, create at most one instance
@@ -229,6 +234,7 @@ class LivenessMetrics:
         use_default_registry: bool = False,
         fault_time: FaultTime | None = None,
         refresh_interval_s: float = 1.0,
+        observe: bool = False,
     ) -> None:
         if registry is not None and use_default_registry:
             raise ValueError("give either registry or use_default_registry, not both")
@@ -245,9 +251,16 @@ class LivenessMetrics:
         self._faults: dict[int, float] = {}
         self._counted: set[tuple[ProcessIdentity, EventKind]] = set()
         self._collector = _StateCollector(self)
+        self._observe = observe
         self._failures = Counter(
             "trtllm_liveness_worker_failures",
             "Fatal worker events by kind: died, wedged (D past the timeout), unkillable (SIGKILL pending in D)",
+            ["kind"],
+            registry=None,
+        )
+        self._would_fail = Counter(
+            "trtllm_liveness_would_fail",
+            "Verdicts an observing engine (observe=1) did not act on, by kind: what enforcing would have failed",
             ["kind"],
             registry=None,
         )
@@ -263,11 +276,12 @@ class LivenessMetrics:
             # Export zeroes from the start: a rate() over a series that appears at the first
             # failure misses that failure.
             self._failures.labels(kind.value)
+            self._would_fail.labels(kind.value)
             for origin in LATENCY_ORIGINS[kind]:
                 self._latency.labels(kind.value, origin)
         registered: list[Any] = []
         try:
-            for collector in (self._failures, self._latency, self._collector):
+            for collector in (self._failures, self._would_fail, self._latency, self._collector):
                 registry.register(collector)
                 registered.append(collector)
         except ValueError:
@@ -383,6 +397,10 @@ class LivenessMetrics:
             self._counted.add(key)
             noted = self._faults.pop(event.identity.rank, None)
             late = event.detected_at < self._attached_at
+        if self._observe:
+            self._would_fail.labels(event.kind.value).inc()
+            self._sync_files()
+            return
         self._failures.labels(event.kind.value).inc()
         self._sync_files()
         if late:

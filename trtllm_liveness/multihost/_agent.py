@@ -9,10 +9,14 @@ set of pidfds per host, 18 connections for an 18-host rack instead of 72.
 The thread owns everything it uses: a ZMQ DEALER connected to the proxy's hub, that socket's
 monitor, a duplicate of its TCP connection's descriptor (to read when the hub was last heard,
 :mod:`._tcp`), a wakeup pipe, and a :class:`~trtllm_liveness.WorkerProcessMonitor` over the host's
-other ranks (pidfds, per-thread ``D`` state, OOM cause). The hub PINGs it a few times per heartbeat
-timeout (ZMQ answers); when nothing at all came from the hub's host for
-:attr:`AgentSettings.hub_silence_s` (a partition, the proxy's host lost, the proxy frozen), the agent
-cuts the connection and acts as if the hub had closed it. It sends:
+other ranks (pidfds, per-thread ``D`` state, OOM cause). The agent PINGs the hub twice per heartbeat
+timeout (ZMQ sends them and reads the hub's answers). Nothing from the hub for the timeout makes the
+hub suspect (a line, nothing more): the management network may blip while the engine serves on. The
+agent ends its host's ranks on the hub's silence only past :attr:`AgentSettings.fence_silence_s` (the
+hub's ceiling plus a timeout, so the hub decides first) and only while its own ranks make no progress
+(no executor iteration for the timeout): an agent cannot tell an engine gone idle from a stalled
+one, so the engine's own progress (which the hub reads) decides sooner, never the agent alone. It
+sends:
 
 - ``hello`` once connected: the host, the agent's rank and the identities of the host's ranks;
 - ``event`` for each fatal event of the monitor (death, wedge, unkillable) as it happens;
@@ -54,7 +58,7 @@ from ..process._identity import ProcessIdentity
 from . import _wire
 from ._drill_faults import AgentFaults
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, SnapshotRequest, encode_ranks, parse_snapshot_request
-from ._tcp import cut, duplicate, silence_s
+from ._tcp import cut, duplicate, last_heard
 
 logger = logging.getLogger(__name__)
 
@@ -81,14 +85,21 @@ class AgentSettings:
     grace_s: float = 2.0
     kill_s: float = 3.0
     iterations_interval_s: float = ITERATIONS_INTERVAL_S
+    heartbeat_ceiling_s: float = 60.0
+    observe: bool = False  # the engine observes: the agent says what it would do and ends nothing
     drill: bool = False  # the engine is a drill's: the agent makes the faults its hub asks for (._drill_faults)
 
     @property
     def hub_silence_s(self) -> float:
-        """Nothing from the hub's host this long (its PINGs, acknowledgements) and the hub is gone:
-        the timeout plus one PING interval, so that in a partition the hub, whose bound is the
-        timeout, decides first; the agent sends no PINGs of its own."""
+        """Nothing from the hub (its answers to this agent's PINGs) this long and the hub is
+        suspect: the timeout plus one PING interval."""
         return self.heartbeat_timeout_s * (1 + 1 / _wire.PINGS_PER_TIMEOUT)
+
+    @property
+    def fence_silence_s(self) -> float:
+        """Nothing from the hub this long, and the agent ends its host's ranks (where they make no
+        progress either): the hub's ceiling plus a timeout, so that the hub decides first."""
+        return self.heartbeat_ceiling_s + self.heartbeat_timeout_s
 
 
 def end_rank(reason: str) -> None:
@@ -136,6 +147,9 @@ class HostAgent:
         self.rejected = 0
         self._link: socket.socket | None = None  # a duplicate of the connection's descriptor (the thread's)
         self._silent_for: float | None = None  # the hub's silence the agent cut the connection at
+        self._suspect_since: float | None = None  # the thread's: monotonic, since when the hub is silent
+        self._suspect_warned = False  # the thread's: this silence's WARNING was logged
+        self._observed_fence = False  # the thread's: observe mode said once what it would do
         self._iterations: dict[int, tuple[int, float]] = {}  # rank -> (count, monotonic at); under _lock
         self._iterations_sent: dict[int, int] = {}  # the thread's: rank -> count last sent
         self._iterations_due = 0.0  # the thread's: no iterations message before this (wall clock)
@@ -228,6 +242,13 @@ class HostAgent:
             sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
             sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
+            # This agent's PINGs are what the hub's silence check reads, and the hub's answers what
+            # this one's reads; ZMQ drops the connection on its own only well past the agent's own
+            # decision (fence_silence_s).
+            timeout_ms = max(20, int(self.settings.heartbeat_timeout_s * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_IVL, max(5, timeout_ms // _wire.PINGS_PER_TIMEOUT))
+            drop_s = self.settings.fence_silence_s + 2 * self.settings.heartbeat_timeout_s
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(drop_s * 1000))
             monitor_sock = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             monitor.register(self.identities)
             monitor.subscribe(self._on_event)
@@ -307,11 +328,16 @@ class HostAgent:
                             return None
                         if self._silent_for is not None:
                             reason = (f"nothing from the proxy's hub at {self.settings.endpoint} for "
-                                      f"{self._silent_for:.2f} s, not even a TCP acknowledgement (this host cut "
-                                      "off, the proxy's host lost, or the proxy frozen)")
+                                      f"{self._silent_for:.2f} s (beyond heartbeat_ceiling_s) while this host's "
+                                      "ranks made no progress (this host cut off, the proxy's host lost, or the "
+                                      "proxy frozen)")
                         else:
                             reason = (f"the connection to the proxy's hub at {self.settings.endpoint} dropped "
                                       "(proxy gone, or this host cut off)")
+                        if self.settings.observe:
+                            logger.warning("liveness: would end this host's ranks: %s (observe=1: nothing ended)",
+                                           reason)
+                            return None
                         self._proxy_lost(monitor, reason)
                         self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
                         return None
@@ -349,14 +375,48 @@ class HostAgent:
             self._snapshot(sock, VERDICT_SNAPSHOT)
 
     def _check_hub_silence(self) -> None:
-        """Cut the connection when nothing came from the hub's host for ``hub_silence_s``: ZMQ then
-        reports it dropped, and the loop ends the host's ranks as for a hub that went away."""
+        """Read how long nothing came from the hub: silent for the timeout, the hub is suspect (one
+        WARNING once it lasts twice that); heard again, it is not; silent past ``fence_silence_s``
+        while this host's ranks make no progress, the connection is cut: ZMQ then reports it
+        dropped, and the loop ends the host's ranks as for a hub that went away (observe mode:
+        one WARNING saying so instead)."""
         if self._link is None or self._silent_for is not None or not self._welcomed.is_set():
             return
-        silence = silence_s(self._link)
-        if silence is not None and silence >= self.settings.hub_silence_s:
-            self._silent_for = silence
-            cut(self._link)
+        heard = last_heard(self._link)
+        if heard is None:
+            return
+        silence, timeout = heard[0], self.settings.heartbeat_timeout_s
+        if silence < self.settings.hub_silence_s:
+            if self._suspect_since is not None:
+                logger.info("liveness: the proxy's hub heard again after %.2f s without contact",
+                            time.monotonic() - self._suspect_since - silence)
+                self._suspect_since = None
+            return
+        if self._suspect_since is None:
+            self._suspect_since, self._suspect_warned = time.monotonic() - silence, False
+        if not self._suspect_warned and silence >= 2 * timeout:
+            self._suspect_warned = True
+            logger.warning("liveness: nothing from the proxy's hub at %s for %.2f s; this host's ranks go on while "
+                           "they make progress (ended after %.0f s without contact if they make none)",
+                           self.settings.endpoint, silence, self.settings.fence_silence_s)
+        quiet = self._ranks_quiet_s()
+        if silence < self.settings.fence_silence_s or (quiet is not None and quiet < timeout):
+            return
+        if self.settings.observe:
+            if not self._observed_fence:
+                self._observed_fence = True
+                logger.warning("liveness: would end this host's ranks: nothing from the proxy's hub for %.2f s and "
+                               "%s (observe=1: nothing ended)", silence,
+                               "no iteration reported" if quiet is None else f"no iteration for {quiet:.2f} s")
+            return
+        self._silent_for = silence
+        cut(self._link)
+
+    def _ranks_quiet_s(self) -> float | None:
+        """Seconds since this host's ranks' last executor iteration; None when none ever reported one."""
+        with self._lock:
+            last = max((at for _count, at in self._iterations.values()), default=None)
+        return None if last is None else max(0.0, time.monotonic() - last)
 
     def _hello(self) -> dict[str, Any]:
         port = 0

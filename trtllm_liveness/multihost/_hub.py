@@ -12,14 +12,17 @@ What ends a remote host's session, and what the proxy then reports:
 - an ``event`` from its agent: that rank died, wedged or is unkillable (the agent's own monitor);
 - its connection **closed** (FIN/RST, milliseconds): the agent's rank exited (or its host went
   down with it); that rank is reported dead, the host's other ranks lost;
-- its connection **silent**: nothing at all, not even a TCP acknowledgement, came from the host for
-  ``heartbeat_timeout_s`` (the hub PINGs every quarter of it; the kernel's own "last heard" of the
-  connection, :mod:`._tcp`): the host is lost or cut off. One lost segment costs a PING interval,
-  so a lossy, jittery network does not look like a lost host. Or its agent's process answered no
-  PING (ZMTP, answered by ZMQ's I/O thread, so a busy rank still answers) for twice the timeout
-  while its kernel still acknowledges: the agent's rank is stuck (frozen in ``D`` with all its
-  threads). Every rank of the host is reported lost, naming the host and its ranks. On its side the
-  agent hears nothing either and ends its host's ranks (:mod:`._agent`).
+- its connection **silent**: no data came from the agent for ``heartbeat_timeout_s`` (its ZMTP
+  PINGs come twice per timeout, sent by ZMQ's I/O thread, so a busy rank still sends them; the
+  kernel's own "last heard" of the connection, :mod:`._tcp`). Silence alone proves nothing (the
+  management network may blip while the engine's own network serves on), so the host becomes
+  **suspect**: its ranks show ``suspect``, one WARNING once it lasts twice the timeout, and
+  requests keep flowing. It is **lost** (every rank of the host, naming the host and its ranks and
+  both signals) once the engine also made no progress for the timeout with requests pending (every
+  step needs every rank: :class:`~trtllm_liveness.monitor._progress_clock.ProgressClock`), or after
+  ``heartbeat_ceiling_s`` of silence while the engine showed no progress (idle). Heard again, it is
+  connected as before. On its side the agent ends its host's ranks on the same ceiling
+  (:mod:`._agent`).
 
 Nothing from the network is trusted: each message is authenticated (:mod:`._wire`), size-capped,
 checked for replay and for fields of the right type and range; a bad one costs a rate-limited
@@ -43,6 +46,7 @@ from typing import Any
 
 from .._events import MonitorMethod, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
+from ..monitor._progress_clock import ProgressClock
 from ..process._identity import ProcessIdentity, local_hostname
 from . import _wire
 from ._hub_endings import end_session
@@ -85,9 +89,15 @@ class AgentHub:
         port: the TCP port; 0 picks a free one.
         advertise: the host name or address the ranks connect to (default: ``bind``, or this
             host's name when ``bind`` is ``*``).
-        heartbeat_timeout_s: nothing heard from a host (data or TCP acknowledgement) this long and
-            it is lost: 0.75 to 1 times it after it went silent (the hub PINGs every quarter of
-            it); an agent whose process answers no PING for twice it is lost too.
+        heartbeat_timeout_s: no data from a host's agent (its PINGs come twice per timeout) this
+            long and the host is suspect; lost when the engine's ``progress`` also stopped for as
+            long with requests pending.
+        heartbeat_ceiling_s: a suspect host is lost after this long without contact while the
+            engine shows no progress.
+        progress: the engine's :class:`~trtllm_liveness.monitor._progress_clock.ProgressClock`
+            (None: nothing corroborates a silence, so only the ceiling loses a silent host).
+        observe: the engine's ``observe`` setting, passed on to the agents (they then only say
+            what they would do).
         d_state_timeout_s: the agents' wedge bound (None: off), armed by :meth:`arm`;
             ``scan_interval_s`` how often they sample thread states.
         iterations_interval_s: agents forward iterations once per this (>= 1 s) while progress flows.
@@ -96,7 +106,8 @@ class AgentHub:
     def __init__(self, monitor: WorkerProcessMonitor, *, bind: str, port: int = 0, advertise: str | None = None,
                  heartbeat_timeout_s: float = 1.8, d_state_timeout_s: float | None = None,
                  scan_interval_s: float = 1.0, grace_s: float = 2.0, kill_s: float = 3.0,
-                 iterations_interval_s: float = ITERATIONS_INTERVAL_S) -> None:
+                 iterations_interval_s: float = ITERATIONS_INTERVAL_S, heartbeat_ceiling_s: float = 60.0,
+                 progress: ProgressClock | None = None, observe: bool = False) -> None:
         if not 0.01 <= heartbeat_timeout_s <= 3600:
             raise ValueError(f"heartbeat_timeout_s must be in [0.01, 3600], got {heartbeat_timeout_s}")
         if not 0 <= port <= 65535:
@@ -106,6 +117,10 @@ class AgentHub:
         self.port = port
         self.advertise = advertise
         self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.heartbeat_ceiling_s = max(heartbeat_ceiling_s, heartbeat_timeout_s)
+        self.progress = progress
+        self.observe = observe
+        self.suspect_episodes = 0  # how many times a host became suspect (a metric; benchmarks read it)
         self.d_state_timeout_s = d_state_timeout_s
         self.scan_interval_s = scan_interval_s
         self.grace_s = grace_s
@@ -155,13 +170,9 @@ class AgentHub:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a peer that never completes ZMTP holds its fds 5 s, not 30
-            # PINGS_PER_TIMEOUT PINGs per timeout make each agent's kernel acknowledge and its ZMQ
-            # answer (what _check_silence reads). ZMQ's own timeout is only the stuck-process bound
-            # (MUTE_TIMEOUTS): a PONG behind a lost segment waits for TCP's retransmission, too slow
-            # and variable for the host's bound. The agents send no PINGs (scripts/bench_multihost.py).
-            timeout_ms = max(20, int(self.heartbeat_timeout_s * 1000))
-            sock.setsockopt(zmq.HEARTBEAT_IVL, max(5, timeout_ms // _wire.PINGS_PER_TIMEOUT))
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, timeout_ms * _wire.MUTE_TIMEOUTS)
+            # The agents PING (PINGS_PER_TIMEOUT per timeout) and this ZMQ answers: what
+            # _check_silence reads. The hub sends no PINGs and ZMQ never drops a connection on its
+            # own account: whether a silent host is lost is the hub's decision (_lost_because).
             self._monitor_sock = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             host = "*" if self.bind in ("*", "0.0.0.0") else self.bind
             if self.port:
@@ -187,7 +198,8 @@ class AgentHub:
         """What travels to every rank with its task (plain JSON types)."""
         return {"endpoint": self.endpoint, "secret": self.secret.hex(), "heartbeat_timeout_s": self.heartbeat_timeout_s,
                 "d_state_timeout_s": self.d_state_timeout_s, "scan_interval_s": self.scan_interval_s,
-                "grace_s": self.grace_s, "kill_s": self.kill_s, "iterations_interval_s": self.iterations_interval_s}
+                "grace_s": self.grace_s, "kill_s": self.kill_s, "iterations_interval_s": self.iterations_interval_s,
+                "heartbeat_ceiling_s": self.heartbeat_ceiling_s, "observe": self.observe}
 
     def arm(self, d_state_timeout_s: float | None = None) -> None:
         """Tell every agent (and every later one) to make wedge verdicts from now on."""
@@ -200,7 +212,7 @@ class AgentHub:
     def hosts(self) -> list[HostView]:
         """A snapshot of every remote host that said hello."""
         with self._cond:
-            return [HostView(s.host, s.agent.rank, s.ranks, s.connection, s.since)
+            return [HostView(s.host, s.agent.rank, s.ranks, *_connection_of(s))
                     for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
 
     def stop_hosts(self, timeout_s: float, *, grace_s: float | None = None,
@@ -486,15 +498,90 @@ class AgentHub:
             self._cond.acquire()
 
     def _check_silence(self) -> None:
-        """Cut every connection nothing came from for the timeout (ZMQ then drops it, and its end
-        reads ``SILENT``); read the connections again when the next one may be due."""
-        if self._silence_due is None or time.monotonic() < self._silence_due:
+        """Read every connection's silence when the next decision may be due (see the module
+        docstring): a session silent for the timeout is suspect, lost once :meth:`_lost_because`
+        has its second signal, connected again once heard; a connection without a session is cut
+        after the ceiling."""
+        now = time.monotonic()
+        if self._silence_due is None or now < self._silence_due:
             return
-        late, next_s = self._conns.overdue(self.heartbeat_timeout_s)
-        for fd, silence in late:
-            logger.debug("liveness: agent hub: nothing from connection %d for %.2f s; cutting it", fd, silence)
-            self._conns.cut(fd, silence)
-        self._silence_due = time.monotonic() + next_s if len(self._conns) else None
+        timeout = self.heartbeat_timeout_s
+        quiet = self.progress.quiet_s(now) if self.progress is not None else None
+        next_s = timeout
+        with self._cond:
+            for silence in self._conns.silences():
+                sid = self._by_key.get(silence.key)
+                session = self._sessions.get(sid) if sid is not None else None
+                if session is None or session.connection != "connected":
+                    if silence.seconds >= self.heartbeat_ceiling_s:
+                        self._conns.cut(silence.fd, silence.seconds)
+                    else:
+                        next_s = min(next_s, self.heartbeat_ceiling_s - silence.seconds)
+                    continue
+                if silence.seconds < timeout:
+                    if session.suspect_since is not None:
+                        self._heard_again_locked(session, silence.seconds)
+                    next_s = min(next_s, timeout - silence.seconds)
+                    continue
+                if session.suspect_since is None:
+                    self._suspect_locked(session, silence.seconds, silence.mute)
+                elif not session.suspect_warned and silence.seconds >= 2 * timeout:
+                    session.suspect_warned = True
+                    logger.warning("liveness: %s", self._suspect_text(session, silence.seconds, silence.mute))
+                why = self._lost_because(silence.seconds, quiet)
+                if why is None:
+                    next_s = min(next_s, self._recheck_s(silence.seconds, quiet))
+                    continue
+                self._lost_locked(session, Ending.MUTE if silence.mute else Ending.SILENT, silence.seconds, why)
+                self._conns.cut(silence.fd, silence.seconds)
+        self._silence_due = time.monotonic() + max(0.005, next_s) if len(self._conns) else None
+
+    def _lost_because(self, silence_s: float, quiet_s: float | None) -> str | None:
+        """The second signal that makes a silent host lost, in words, or None while it stays
+        suspect: the engine's progress stopped for the timeout with requests pending (only where
+        ranks report iterations: a non-streaming request outputs nothing until it ends), or the
+        ceiling passed while the engine showed no progress."""
+        timeout = self.heartbeat_timeout_s
+        progress = self.progress
+        if progress is not None and quiet_s is not None and quiet_s >= timeout and progress.iterations_seen:
+            return (f"and no progress of the engine (output, executor iterations) for {quiet_s:.2f} s with "
+                    f"{progress.pending()} request(s) pending: every step needs every rank")
+        if silence_s >= self.heartbeat_ceiling_s and (quiet_s is None or quiet_s >= timeout):
+            shown = "the engine idle" if quiet_s is None else f"no engine progress for {quiet_s:.2f} s"
+            return f"beyond heartbeat_ceiling_s ({self.heartbeat_ceiling_s:g} s), {shown}"
+        return None
+
+    def _recheck_s(self, silence_s: float, quiet_s: float | None) -> float:
+        """How soon a suspect host's verdict may change: when the engine's quiet reaches the
+        timeout, when the ceiling passes, and at least every half timeout (requests may arrive)."""
+        timeout = self.heartbeat_timeout_s
+        due = [timeout / 2, self.heartbeat_ceiling_s - silence_s]
+        if quiet_s is not None:
+            due.append(timeout - quiet_s)
+        return max(0.005, min(due))
+
+    def _suspect_text(self, session: Session, silence_s: float, mute: bool) -> str:
+        why = "its host still acknowledges: its process is silent" if mute else "host or process silent"
+        return (f"host {session.host}'s agent (rank {session.agent.rank}, pid {session.agent.pid}) sent nothing for "
+                f"{silence_s:.2f} s ({why}); host {session.host} is suspect. The engine keeps serving while it "
+                f"makes progress; the host is lost if progress stops with requests pending, or after "
+                f"{self.heartbeat_ceiling_s:g} s without contact")
+
+    def _suspect_locked(self, session: Session, silence_s: float, mute: bool) -> None:
+        session.suspect_since = time.monotonic() - silence_s
+        session.suspect_warned = False
+        self.suspect_episodes += 1
+        detail = (f"suspect: no heartbeat from host {session.host}'s agent for {silence_s:.2f} s"
+                  f"{' (its process silent, its host acknowledging)' if mute else ''}; the engine's progress decides")
+        self._apply_many([(identity, WorkerState.SUSPECT, detail) for identity in session.ranks])
+
+    def _heard_again_locked(self, session: Session, silence_s: float) -> None:
+        since = session.suspect_since if session.suspect_since is not None else time.monotonic()
+        session.suspect_since = None
+        logger.info("liveness: host %s's agent heard again after %.2f s without contact (it was suspect)",
+                    session.host, time.monotonic() - since - silence_s)
+        detail = f"watched by the agent on host {session.host} (rank {session.agent.rank})"
+        self._apply_many([(identity, WorkerState.ALIVE, detail) for identity in session.ranks])
 
     def _disconnected(self, closure: Closure) -> None:
         key, ending = closure.key, closure.ending
@@ -550,14 +637,23 @@ class AgentHub:
                     self._lost_locked(session, closure.ending, closure.silent_s)
         return found
 
-    def _lost_locked(self, session: Session, ending: Ending, silent_s: float | None = None) -> None:
+    def _lost_locked(self, session: Session, ending: Ending, silent_s: float | None = None,
+                     corroboration: str = "") -> None:
         if session.connection != "connected":
             return
         updates, fault_at = end_session(session, ending, expecting=self._expecting, stopping=self._stop is not None,
-                                        heartbeat_timeout_s=self.heartbeat_timeout_s, silent_s=silent_s)
+                                        heartbeat_timeout_s=self.heartbeat_timeout_s, silent_s=silent_s,
+                                        corroboration=corroboration)
         self._cond.notify_all()  # its stop, where one runs, is there now
         self._apply_many(updates, **({} if fault_at is None else {"fault_at": fault_at}))
         self._cond.notify_all()
+
+
+def _connection_of(session: Session) -> tuple[str, float]:
+    """A session's connection state as :class:`HostView` shows it, and since when."""
+    if session.connection == "connected" and session.suspect_since is not None:
+        return "suspect", session.suspect_since
+    return session.connection, session.since
 
 
 def _peer(frame: Any) -> str:

@@ -10,7 +10,6 @@ import time
 
 from .._events import WorkerState
 from ..process._identity import ProcessIdentity
-from . import _wire
 from ._hub_records import HostStop, Session
 from ._tcp import Ending
 
@@ -18,10 +17,11 @@ Update = tuple[ProcessIdentity, WorkerState, str]
 
 
 def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: bool, heartbeat_timeout_s: float,
-                silent_s: float | None) -> tuple[list[Update], float | None]:
+                silent_s: float | None, corroboration: str = "") -> tuple[list[Update], float | None]:
     """End ``session`` (``connection`` and ``since`` set; ``stop`` set where a stop runs and the
     host has not reported): the updates for its ranks, and when the fault began for a silent host
-    (else None). ``expecting``: a clean stop is under way; ``stopping``: the extension's own stop."""
+    (else None). ``expecting``: a clean stop is under way; ``stopping``: the extension's own stop;
+    ``corroboration``: what besides the silence made a silent host lost (its cause says it)."""
     session.since = time.monotonic()
     ranks = ", ".join(f"{r.rank} (pid {r.pid})" for r in session.ranks)
     agent = session.agent
@@ -51,13 +51,11 @@ def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: 
                     "connection closed)") for r in session.ranks]
     elif ending.is_silence:
         session.connection = "lost"
-        bound = heartbeat_timeout_s * (_wire.MUTE_TIMEOUTS if ending is Ending.MUTE else 1)
-        silent = silent_s if silent_s is not None else bound
-        why = ("its host still acknowledges, its process answers nothing: the agent's rank is stuck"
-               if ending is Ending.MUTE else "not even a TCP acknowledgement from its host: the host is lost "
-               "or cut off, or the agent's rank is stuck")
+        silent = silent_s if silent_s is not None else heartbeat_timeout_s
+        why = ("its host still acknowledges, its process sends nothing: the agent's rank is stuck"
+               if ending is Ending.MUTE else "the host lost or cut off, or the agent's rank stuck")
         cause = (f"no heartbeat from host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) for "
-                 f"{silent:.2f} s ({why}); unreachable ranks: {ranks}")
+                 f"{silent:.2f} s ({why}){' ' + corroboration if corroboration else ''}; unreachable ranks: {ranks}")
         updates = [(identity, WorkerState.LOST, cause) for identity in (agent, *others)]
         fault_at = time.monotonic() - silent
     else:

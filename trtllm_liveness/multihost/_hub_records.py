@@ -53,7 +53,8 @@ class HostStop:
 @dataclass(frozen=True)
 class HostView:
     """One remote host as the hub sees it: its agent's rank, its ranks, its connection's state
-    (``connected``, ``closed``, ``lost``, ``stopped``) and since when (monotonic)."""
+    (``connected``, ``suspect``: connected but silent, ``closed``, ``lost``, ``stopped``) and since
+    when (monotonic)."""
 
     host: str
     agent_rank: int
@@ -76,6 +77,8 @@ class Session:
     connection: str = "connected"
     since: float = field(default_factory=time.monotonic)
     stop: HostStop | None = None
+    suspect_since: float | None = None  # monotonic: since when its agent is silent (connected, suspect)
+    suspect_warned: bool = False  # this silence's WARNING was logged
 
 
 @dataclass(frozen=True)

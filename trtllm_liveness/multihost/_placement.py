@@ -70,6 +70,7 @@ def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
     d = spec.get("d_state_timeout_s")
     grace, kill, scan = spec.get("grace_s", 2.0), spec.get("kill_s", 3.0), spec.get("scan_interval_s", 1.0)
     every = spec.get("iterations_interval_s", ITERATIONS_INTERVAL_S)
+    ceiling = spec.get("heartbeat_ceiling_s", 60.0)
     return AgentSettings(endpoint, parse_secret(spec.get("secret")), float(timeout),
                          float(d) if isinstance(d, (int, float)) and d > 0 else None,
                          scan_interval_s=float(scan) if isinstance(scan, (int, float)) and 0.01 <= scan <= 60 else 1.0,
@@ -77,7 +78,9 @@ def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
                          kill_s=float(kill) if isinstance(kill, (int, float)) else 3.0,
                          iterations_interval_s=float(every) if isinstance(every, (int, float))
                          and ITERATIONS_INTERVAL_S <= every <= 3600 else ITERATIONS_INTERVAL_S,
-                         drill=spec.get("drill") is True)
+                         heartbeat_ceiling_s=float(ceiling) if isinstance(ceiling, (int, float))
+                         and timeout <= ceiling <= 86400 else max(60.0, float(timeout)),
+                         observe=spec.get("observe") is True, drill=spec.get("drill") is True)
 
 
 BeatsOpener = Callable[[HostAgent], "tuple[str, str] | None"]

@@ -6,13 +6,13 @@ milliseconds) or the heartbeat timed out (a stopped agent). The kernel knows mor
 keeps a duplicate of each accepted connection's descriptor (taken at ``EVENT_ACCEPTED``) and reads
 the connection's ``TCP_INFO``:
 
-- **silence** (:func:`silence_s`): how long ago anything came from the peer, a data segment or
-  a bare acknowledgement (``tcpi_last_data_recv``, ``tcpi_last_ack_recv``: the kernel's own
-  "last heard", the one TCP keepalive uses). The hub's PINGs make the peer's kernel acknowledge
-  (and its ZMQ answer) a few times per timeout, so on a lossy, jittery network one lost segment
-  costs one PING interval of silence, not a retransmission timeout of TCP plus a round trip, as a
-  PING waiting for its own PONG does. :meth:`ConnectionTable.overdue` lists the connections silent
-  for the hub's timeout; :meth:`ConnectionTable.cut` ends one (``shutdown``): ZMQ then drops it and
+- **silence** (:func:`silence_s`, :meth:`ConnectionTable.silences`): how long ago anything came
+  from the peer, a data segment or a bare acknowledgement (``tcpi_last_data_recv``,
+  ``tcpi_last_ack_recv``: the kernel's own "last heard", the one TCP keepalive uses). The agents'
+  PINGs are data a few times per timeout, so on a lossy, jittery network one lost segment costs one
+  PING interval of silence, not a retransmission timeout of TCP plus a round trip, as a PING
+  waiting for its own PONG does; an acknowledgement without data says the peer's host is up and its
+  process mute. :meth:`ConnectionTable.cut` ends a connection (``shutdown``): ZMQ then drops it and
   its end reads ``SILENT``.
 - **how it ended** (:meth:`ConnectionTable.disconnected`): ``ESTABLISHED`` when ZMQ drops it means
   nothing came from the peer's process: ZMQ's own heartbeat timed out while its kernel may still
@@ -58,6 +58,19 @@ class Ending(str, enum.Enum):
     def is_silence(self) -> bool:
         """The peer went quiet without closing anything (partition, lost host, stuck agent)."""
         return self in (Ending.SILENT, Ending.MUTE)
+
+
+class Silence(NamedTuple):
+    """One connection's silence: its descriptor, peer key, seconds since data came from its peer,
+    and whether the peer's kernel acknowledged within the last second (the process is mute)."""
+
+    fd: int
+    key: Key
+    seconds: float
+    mute: bool
+
+
+_MUTE_ACK_S = 1.0  # an acknowledgement this recent: the peer's host is up, its process is silent
 
 
 class Closure(NamedTuple):
@@ -136,22 +149,18 @@ class ConnectionTable:
         self._by_fd[fd] = (key, dup)
         return key
 
-    def overdue(self, limit_s: float) -> tuple[list[tuple[int, float]], float]:
-        """The connections nothing came from for ``limit_s`` or more, as (fd, silence), and the
-        seconds until the next one may be (``limit_s`` when none is open)."""
-        late: list[tuple[int, float]] = []
-        next_s = limit_s
-        for fd, (_key, dup) in self._by_fd.items():
+    def silences(self) -> list[Silence]:
+        """Every open connection not cut yet, with how long no data came from its peer's process
+        (its PINGs are data) and whether its kernel still acknowledged meanwhile (``mute``: the
+        host is there, the process answers nothing)."""
+        found: list[Silence] = []
+        for fd, (key, dup) in self._by_fd.items():
             if fd in self._cut:
                 continue
-            silence = silence_s(dup)
-            if silence is None:
-                continue
-            if silence >= limit_s:
-                late.append((fd, silence))
-            else:
-                next_s = min(next_s, limit_s - silence)
-        return late, next_s
+            heard = last_heard(dup)
+            if heard is not None:
+                found.append(Silence(fd, key, heard[0], heard[1] < heard[0] and heard[1] < _MUTE_ACK_S))
+        return found
 
     def cut(self, fd: int, silence: float) -> None:
         """End connection ``fd`` (its peer was silent for ``silence`` s): ZMQ drops it next, and

@@ -29,17 +29,14 @@ TO_AGENT = b"H"
 MAC_BYTES = 32
 SECRET_BYTES = 32
 MAX_MESSAGE_BYTES = 64 << 10  # a hello of 72 ranks is ~10 KiB; anything near this is not ours
-PINGS_PER_TIMEOUT = 4
-"""The hub PINGs (ZMTP) every agent this many times per heartbeat timeout; the agents send none.
-Each PING makes the agent's kernel acknowledge and its ZMQ answer: the traffic both sides' silence
-checks read (:mod:`._tcp`). One lost segment then costs one PING interval of silence, not a
-retransmission timeout of TCP: a host is lost only when three or four PINGs in a row got nothing
-back, which on a link losing 1% of the segments each way and delaying each by up to 0.2 s happens
-about once in 30 hours of such a link (docs/reliability.md); more PINGs per timeout cost the hub
-CPU (scripts/bench_multihost.py, 128 hosts)."""
-MUTE_TIMEOUTS = 2
-"""An agent whose kernel still acknowledges but whose process answers no PING for this many
-heartbeat timeouts is lost (its rank is stuck): ZMQ's own heartbeat timeout on the hub."""
+PINGS_PER_TIMEOUT = 2
+"""Every agent PINGs (ZMTP) the hub this many times per heartbeat timeout, and the hub's ZMQ
+answers each (the hub sends none: one wakeup of its I/O thread per PING, not two). Those PINGs are
+the data both sides' silence checks read (:mod:`._tcp`): a host whose agent sent nothing for the
+timeout is suspect, which costs nothing but a state and a line; it is lost only when the engine's
+progress stops too (:mod:`._hub`), so a lost segment or a jittery link no longer needs more PINGs
+per timeout to stay clear of a verdict, and fewer PINGs cost the hub less CPU
+(scripts/bench_multihost.py, 128 hosts)."""
 _SID_RE = re.compile(r"[0-9a-f]{32}")
 _KIND_RE = re.compile(r"[a-z]{1,16}")
 _MAX_SEQ = 1 << 62

@@ -29,6 +29,7 @@ from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.multihost import _wire
 from trtllm_liveness.multihost._hub import AgentHub
 from trtllm_liveness.multihost._hub_records import StopCommand
+from trtllm_liveness.monitor._progress_clock import ProgressClock
 from trtllm_liveness.multihost._placement import plan
 from trtllm_liveness.process._identity import ProcessIdentity, capture_identity, parse_identities
 
@@ -40,17 +41,39 @@ QUIET_S = 1.0
 
 
 class Engine:
-    """A monitor with a hub, and every event it delivers."""
+    """A monitor with a hub, the engine's progress clock, and every event it delivers.
 
-    def __init__(self, heartbeat_timeout_s: float = 1.0) -> None:
+    ``progress``: ``busy`` (a request pending, ranks that report iterations, none since the start:
+    an engine that stopped), ``flowing`` (the same, with an iteration noted every 50 ms by a thread
+    of the engine's: an engine serving) or ``idle`` (nothing pending)."""
+
+    def __init__(self, heartbeat_timeout_s: float = 1.0, *, progress: str = "busy", ceiling_s: float = 60.0,
+                 hub_class: type[AgentHub] = AgentHub, **hub_options: Any) -> None:
         self.monitor = WorkerProcessMonitor()
         self.monitor.start()
         self.events: list[WorkerEvent] = []
         self.monitor.subscribe(self.events.append)
-        self.hub = AgentHub(self.monitor, bind="127.0.0.1", heartbeat_timeout_s=heartbeat_timeout_s,
-                            d_state_timeout_s=None, grace_s=0.5, kill_s=1.0).start()
+        self.pending = 0 if progress == "idle" else 1
+        self.clock = ProgressClock(lambda: self.pending)
+        if progress != "idle":
+            self.clock.note_iteration(time.monotonic())
+        self._stop = threading.Event()
+        self._feeder: threading.Thread | None = None
+        if progress == "flowing":
+            self._feeder = threading.Thread(target=self._feed, daemon=True)
+            self._feeder.start()
+        self.hub = hub_class(self.monitor, bind="127.0.0.1", heartbeat_timeout_s=heartbeat_timeout_s,
+                             d_state_timeout_s=None, grace_s=0.5, kill_s=1.0, heartbeat_ceiling_s=ceiling_s,
+                             progress=self.clock, **hub_options).start()
+
+    def _feed(self) -> None:
+        while not self._stop.wait(0.05):
+            self.clock.note_iteration(time.monotonic())
 
     def close(self) -> None:
+        self._stop.set()
+        if self._feeder is not None:
+            self._feeder.join(5)
         self.hub.close()
         self.monitor.close()
 
@@ -137,9 +160,12 @@ def test_the_agents_own_death_closes_its_connection_and_its_host_ranks_are_lost(
     assert engine.hub.hosts()[0].connection == "closed"
 
 
-def test_a_silent_agent_is_a_lost_host_naming_every_rank(procs: ProcessTracker, engine: Engine) -> None:
-    """SIGSTOP of the agent's process: its ZMQ I/O thread stops answering heartbeats, as a host cut
-    off or a rank frozen in D would. Every rank of the host is lost; nothing is called dead."""
+def test_a_silent_agent_of_a_stopped_engine_is_a_lost_host_naming_every_rank(procs: ProcessTracker,
+                                                                              engine: Engine) -> None:
+    """SIGSTOP of the agent's process: its ZMQ I/O thread stops PINGing, as a host cut off or a rank
+    frozen in D would, and the engine's progress has stopped with a request pending (every step
+    needs every rank). Every rank of the host is lost, the cause naming both signals; nothing is
+    called dead."""
     agent = start_agent(procs, engine, ranks=2)
     os.kill(agent.pid, signal.SIGSTOP)
     try:
@@ -149,26 +175,55 @@ def test_a_silent_agent_is_a_lost_host_naming_every_rank(procs: ProcessTracker, 
     assert engine.kinds() == [(2, "lost"), (3, "lost"), (4, "lost")]
     cause = engine.events[0].cause
     assert "no heartbeat from host fakehostB's agent (rank 2" in cause
+    assert "and no progress of the engine" in cause and "1 request(s) pending" in cause, cause
     assert all(f"{rank} (pid {pid})" in cause for rank, pid in agent.ranks)
     assert engine.events[0].fault_at is not None and engine.events[0].fault_at < engine.events[0].detected_at
     assert engine.hub.hosts()[0].connection == "lost"
 
 
-def test_an_agent_whose_host_still_acknowledges_is_not_lost_for_a_pause_under_two_timeouts(
-        procs: ProcessTracker, engine: Engine) -> None:
-    """The agent's process stopped for 1.6 timeouts, then continued (a pause: CPU starvation, a long
-    collection): its kernel acknowledged the hub's PINGs all along, so the host was reachable, and
-    its process answered within the stuck-process bound (2 timeouts). No event; the host stays
-    connected. (A PING waiting for its own PONG for one timeout would have called it lost.)"""
-    agent = start_agent(procs, engine, ranks=1)
-    os.kill(agent.pid, signal.SIGSTOP)
+@pytest.mark.parametrize("progress", ["flowing", "idle"])
+def test_a_silent_agent_of_a_serving_or_idle_engine_is_suspect_and_heard_again(procs: ProcessTracker,
+                                                                               progress: str) -> None:
+    """The healthy look-alike: the agent's process silent for 3 timeouts (its management network
+    down, a long pause) while the engine makes progress, or while it is idle: the host is suspect
+    (its ranks show it, one WARNING), never lost; heard again, it is connected and its ranks alive."""
+    engine = Engine(progress=progress)
     try:
-        time.sleep(1.6 * engine.hub.heartbeat_timeout_s)
+        agent = start_agent(procs, engine, ranks=1)
+        os.kill(agent.pid, signal.SIGSTOP)
+        try:
+            assert wait_until(lambda: engine.hub.hosts()[0].connection == "suspect", BOUND_S)
+            states = {s.identity.rank: s.state for s in engine.monitor.statuses()}
+            assert states == {2: WorkerState.SUSPECT, 3: WorkerState.SUSPECT}, states
+            time.sleep(3 * engine.hub.heartbeat_timeout_s)  # bounded observation: no verdict
+            assert engine.kinds() == [], [event.message for event in engine.events]
+        finally:
+            os.kill(agent.pid, signal.SIGCONT)
+        assert wait_until(lambda: engine.hub.hosts()[0].connection == "connected", BOUND_S)
+        states = {s.identity.rank: s.state for s in engine.monitor.statuses()}
+        assert states == {2: WorkerState.ALIVE, 3: WorkerState.ALIVE}, states
+        assert engine.kinds() == [] and engine.hub.suspect_episodes == 1
     finally:
-        os.kill(agent.pid, signal.SIGCONT)
-    time.sleep(QUIET_S)  # bounded observation: an answer now ends the pause
-    assert engine.kinds() == [], [event.message for event in engine.events]
-    assert engine.hub.hosts()[0].connection == "connected"
+        engine.close()
+
+
+def test_a_silent_agent_of_an_idle_engine_is_lost_after_the_ceiling(procs: ProcessTracker) -> None:
+    """Nothing corroborates a silence while the engine is idle: the host is lost only once
+    ``heartbeat_ceiling_s`` passed without contact, and the cause says so."""
+    engine = Engine(progress="idle", ceiling_s=3.0)
+    try:
+        agent = start_agent(procs, engine, ranks=1)
+        os.kill(agent.pid, signal.SIGSTOP)
+        try:
+            assert wait_until(lambda: engine.hub.hosts()[0].connection == "suspect", BOUND_S)
+            assert engine.kinds() == []
+            assert wait_until(lambda: len(engine.events) >= 2, BOUND_S)
+        finally:
+            os.kill(agent.pid, signal.SIGKILL)
+        assert engine.kinds() == [(2, "lost"), (3, "lost")]
+        assert "beyond heartbeat_ceiling_s (3 s), the engine idle" in engine.events[0].cause, engine.events[0].cause
+    finally:
+        engine.close()
 
 
 def test_when_the_hub_goes_away_the_agent_stops_its_ranks_and_ends_its_own(procs: ProcessTracker,

@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from ..._events import EventKind, WorkerEvent
 from ...diagnose._stalled_rank import StalledRank, stalled_rank_now  # procfs reads only: ready before the first stall
 from ...exit._process_ending import OwnedThreads
+from ...monitor._progress_clock import ProgressClock
 from ...monitor._stall_timer import ProgressSource, StallDetector, StallInfo
 from ...process._identity import ProcessIdentity
 
@@ -85,10 +86,12 @@ def pending_counter(ref: weakref.ReferenceType[Any]) -> Callable[[], int]:
     return pending
 
 
-def beat_interval(stall_timeout_s: float) -> float:
-    """How often a rank reports iterations: a quarter of the timeout, at most once a second. Each
-    beat carries its rank's last iteration time, so this bounds only the beat traffic."""
-    return min(BEAT_INTERVAL_MAX_S, stall_timeout_s / 4)
+def beat_interval(*bounds_s: float) -> float:
+    """How often a rank reports iterations: a quarter of the shortest bound that reads them (the
+    stall timeout; the heartbeat timeout where a silent host waits for the engine's progress), at
+    most once a second. Each beat carries its rank's last iteration time: the beats not yet sent
+    hide at most this much progress from those bounds."""
+    return min([BEAT_INTERVAL_MAX_S, *(bound / 4 for bound in bounds_s if bound > 0)])
 
 
 class Diagnoser:
@@ -229,7 +232,9 @@ class Diagnoser:
 
 
 class EngineStall:
-    """Stall detection of one engine (see the module docstring). Thread-safe."""
+    """The progress of one engine and its stall detection (see the module docstring). The
+    :attr:`clock` runs whenever liveness is on (a suspect host and a stopped rank wait for it); the
+    stall timer only with ``timeout_s`` > 0. Thread-safe."""
 
     def __init__(self, *, timeout_s: float, fatal: bool, monitor: WorkerProcessMonitor,
                  pending: Callable[[], int], diagnoser: Diagnoser) -> None:
@@ -238,6 +243,7 @@ class EngineStall:
         self._monitor = monitor
         self._pending = pending
         self._diagnoser = diagnoser
+        self.clock = ProgressClock(pending)
         self._lock = threading.Lock()
         self._iterations: dict[int, RankIterations] = {}
         self.channel: ProgressChannel | None = None
@@ -248,12 +254,13 @@ class EngineStall:
 
     # -- progress ------------------------------------------------------------------------
 
-    def open_channel(self) -> ProgressSpec | None:
-        """Listen for the ranks' iteration beats; the spec to pass to them (None on failure)."""
+    def open_channel(self, interval_s: float) -> ProgressSpec | None:
+        """Listen for the ranks' iteration beats, sent once per ``interval_s``; the spec to pass to
+        them (None on failure)."""
         from ._progress import ProgressChannel
 
         try:
-            self.channel = ProgressChannel(self._on_beat, beat_interval(self.timeout_s))
+            self.channel = ProgressChannel(self._on_beat, interval_s)
         except Exception:
             logger.warning("liveness: no iteration reports (progress channel failed); only output counts as "
                            "progress", exc_info=True)
@@ -266,6 +273,7 @@ class EngineStall:
             if known is not None and known.count >= beat.count:
                 return  # stale or replayed
             self._iterations[beat.rank] = RankIterations(beat.count, beat.at)
+        self.clock.note_iteration(beat.at)
         detector = self.detector
         if detector is not None:
             detector.note_progress(ProgressSource.ITERATION, beat.at)
@@ -277,11 +285,13 @@ class EngineStall:
         self._on_beat(IterationBeat(rank, count, at))
 
     def note_output(self) -> None:
+        self.clock.note_output()
         detector = self.detector
         if detector is not None:
             detector.note_progress(ProgressSource.OUTPUT)
 
     def note_submitted(self, was_idle: bool) -> None:
+        self.clock.note_submitted(was_idle=was_idle)
         detector = self.detector
         if detector is not None:
             detector.note_submitted(was_idle=was_idle)
@@ -294,9 +304,9 @@ class EngineStall:
     # -- the timer -----------------------------------------------------------------------
 
     def arm(self) -> None:
-        """Start the stall timer (at READY). Idempotent."""
+        """Start the stall timer (at READY) where ``timeout_s`` > 0. Idempotent."""
         with self._lock:
-            if self._closed or self.detector is not None:
+            if self._closed or self.detector is not None or self.timeout_s <= 0:
                 return
             self.detector = StallDetector(self.timeout_s, self._pending, on_stall=self._on_stall,
                                           on_resume=self._on_resume)

@@ -110,6 +110,38 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
                         args=(proxy, state, error))
 
 
+OBSERVED_SNAPSHOT_BOUND_S = 6.0
+"""How long observe mode's line may wait for its snapshot (the diagnosis' own bounds, and then some)."""
+
+
+def observe_verdict(state: EngineLiveness, event: WorkerEvent) -> None:
+    """Observe mode's whole reaction to a verdict (``observe=1``): it is remembered and counted by
+    kind, and ONE WARNING ``liveness: would fail: ...`` says what the fatal path would have said
+    (the fatal line with its evidence, read now) with the verdict's snapshot, logged from a thread
+    the engine owns once the snapshot is taken. Nothing else: no request failed, health unchanged,
+    nothing stopped, no exit, no quarantine. Never blocks; never raises."""
+    with state.lock:
+        if not any(seen is event for seen in state.events):
+            state.events.append(event)
+        state.would_fail[event.kind] = state.would_fail.get(event.kind, 0) + 1
+    line = fatal_line(event, fatal_evidence(state, event))
+    diagnoser = state.diagnoser
+
+    def report() -> None:
+        snapshot = ""
+        if diagnoser is not None:
+            try:
+                diagnosis = diagnoser.take(snapshot=True)
+            except Exception:
+                logger.debug("liveness: observe mode's snapshot failed", exc_info=True)
+            else:
+                snapshot = f"; snapshot: {diagnosis.summary()}" if diagnosis is not None else ""
+        logger.warning("liveness: would fail: %s%s (observe=1: nothing done)", line, snapshot)
+
+    if state.threads.start(report, name="trtllm-liveness-observe", bound_s=OBSERVED_SNAPSHOT_BOUND_S) is None:
+        logger.warning("liveness: would fail: %s (observe=1: nothing done)", line)
+
+
 def fatal_evidence(state: EngineLiveness, event: WorkerEvent | None = None) -> str:
     """The fatal line's evidence, known at once: the ranks' thread states read from ``/proc`` now
     and their reported iterations (:func:`~trtllm_liveness.diagnose._stalled_rank.stalled_rank_now`,

@@ -19,6 +19,7 @@ from ...monitor._monitor import WorkerProcessMonitor
 from ._features import upstream_skips_registration
 
 if TYPE_CHECKING:  # pyzmq and the hub are imported only where an engine runs one
+    from ...monitor._progress_clock import ProgressClock
     from ...multihost._agent import AgentSettings
     from ...multihost._hub import AgentHub
     from ...multihost._hub_records import HostStop
@@ -47,8 +48,10 @@ def iterations_interval_s(config: LivenessConfig) -> float:
     return min(ITERATIONS_INTERVAL_MAX_S, max(1.0, config.stall_timeout_s / 8))
 
 
-def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> AgentHub | None:
-    """A started hub, or None (logged) when it cannot bind: the engine then runs without it."""
+def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor,
+              progress: ProgressClock | None = None) -> AgentHub | None:
+    """A started hub, or None (logged) when it cannot bind: the engine then runs without it.
+    ``progress``: the engine's, the second signal that makes a silent host lost."""
     from ...multihost import AgentHub
     from ...multihost._drill_faults import DrillHub, drill_enabled
 
@@ -59,7 +62,8 @@ def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor) -> AgentHub
     hub = kind(monitor, bind=bind, port=config.hosts_port, advertise=advertise or None,
                heartbeat_timeout_s=config.heartbeat_timeout_s, d_state_timeout_s=config.d_state_timeout_s or None,
                scan_interval_s=config.scan_interval_s, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s,
-               iterations_interval_s=iterations_interval_s(config))
+               iterations_interval_s=iterations_interval_s(config), heartbeat_ceiling_s=config.heartbeat_ceiling_s,
+               progress=progress, observe=config.observe)
     try:
         return hub.start()
     except Exception:

@@ -60,6 +60,7 @@ from ._fatal import (
     dead_error,
     fail_request,
     note_unrestartable,
+    observe_verdict,
     report_later_event,
     report_snapshot,
     run_fatal_path,
@@ -145,12 +146,13 @@ class LivenessProxyMixin:
         monitor.start()
         state.dispatch_gate = DispatchGate()
         mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success
-        state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits)
+        state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits, own_view=config.observe)
         state.diagnoser = Diagnoser(lambda: monitor.verified_identities(), iteration_counts(state))
-        if config.stall_timeout_s > 0:
-            state.stall = EngineStall(timeout_s=config.stall_timeout_s, fatal=config.stall_action == "fatal",
-                                      monitor=monitor, pending=pending_counter(weakref.ref(self)),
-                                      diagnoser=state.diagnoser)
+        # The engine's progress is always followed (a suspect host and a stopped rank wait for it);
+        # the stall timer runs only with stall_timeout_s.
+        state.stall = EngineStall(timeout_s=config.stall_timeout_s, fatal=config.stall_action == "fatal",
+                                  monitor=monitor, pending=pending_counter(weakref.ref(self)),
+                                  diagnoser=state.diagnoser)
         announce(type(self)._liveness_base, config)
 
     # -- public view ---------------------------------------------------------------------
@@ -297,6 +299,9 @@ class LivenessProxyMixin:
         # The reaction: called by the monitor's delivery only (each event once, one call at a
         # time, outside the monitor's locks); other threads reach it through _liveness_deliver.
         state = state_of(self)
+        if state.config.observe:
+            observe_verdict(state, event)  # one line, and nothing else
+            return
         error = state.record(event)
         if error is not None:
             run_fatal_path(self, state, error)
@@ -430,7 +435,9 @@ class LivenessProxyMixin:
             # below can find the same death first, which would leave the liveness fatal error
             # unrecorded: the watcher may have seen it and not delivered it yet, or be dead.
             failure, delivered = self._liveness_deliver(state)
-            if state.fatal is not None or (failure is not None and not delivered):
+            if state.config.observe:
+                pass  # a verdict is a line only: health is upstream's own
+            elif state.fatal is not None or (failure is not None and not delivered):
                 return False  # not delivered: the reaction is still under way in another thread
         parent = getattr(super(), "check_health", None)
         if parent is not None:

@@ -14,8 +14,9 @@ import os
 from collections.abc import Callable
 from typing import Any
 
+from ..._events import WorkerState
 from ...monitor._monitor import WorkerProcessMonitor
-from ...process._identity import ProcessIdentity
+from ...process._identity import ProcessIdentity, is_local
 from ._identities import validate_identities
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
@@ -25,16 +26,23 @@ class MonitorShim:
     """Upstream's monitor interface over the liveness monitor (see the module docstring).
 
     ``on_close`` is called for each upstream ``close()``: the proxy marks expected exits there.
+    ``own_view`` (observe mode): ``find_dead_worker()`` answers as upstream's own monitor would, for
+    the ranks upstream itself registered only (a rank of another host, or one registered through
+    the extension's side channel, is nothing upstream would have watched).
     """
 
-    def __init__(self, monitor: WorkerProcessMonitor, on_close: Callable[[], None] | None = None) -> None:
+    def __init__(self, monitor: WorkerProcessMonitor, on_close: Callable[[], None] | None = None, *,
+                 own_view: bool = False) -> None:
         self._monitor = monitor
         self._on_close = on_close
+        self._own_view = own_view
+        self._registered: frozenset[tuple[int, int]] = frozenset()  # (rank, pid) upstream registered
 
     def register(self, identities: Any) -> None:
         validated = validate_identities(identities, exclude_pids=(os.getpid(),))
         if not validated:
             return
+        self._registered |= {(identity.rank, identity.pid) for identity in validated if is_local(identity)}
         try:
             self._monitor.register(validated)
         except RuntimeError:  # closed meanwhile (shutdown or an aborted start): nothing to watch
@@ -43,7 +51,15 @@ class MonitorShim:
             logger.error("liveness: rejected worker identities from upstream: %s", exc)
 
     def find_dead_worker(self) -> ProcessIdentity | None:
-        return self._monitor.find_dead_worker()
+        if not self._own_view:
+            return self._monitor.find_dead_worker()
+        self._monitor.check()
+        for status in self._monitor.statuses():
+            who = status.identity
+            if status.state.is_dead and status.state is not WorkerState.EXITED_EXPECTED \
+                    and (who.rank, who.pid) in self._registered:
+                return who
+        return None
 
     def close(self, *args: Any, **kwargs: Any) -> None:
         """Upstream's close: expected exits begin (the proxy keeps and later closes the monitor)."""

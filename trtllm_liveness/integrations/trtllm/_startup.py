@@ -18,6 +18,7 @@ from typing import Any
 from ..._config import LivenessConfig
 from ...monitor._monitor import WorkerProcessMonitor
 from ...process._identity import ProcessIdentity
+from ._engine_stall import beat_interval
 from ._features import upstream_skips_registration, warn_once, warn_session_hooks
 from ._hosts import agent_settings, connect_hub, start_hub, wants_hub
 from ._side_channel import IdentityChannel
@@ -62,7 +63,7 @@ def export_metrics(state: EngineLiveness, llm_args: Any) -> None:
         warn_once("metrics", "prometheus_client", "liveness: no liveness metrics on /prometheus/metrics: %s", exc)
         return
     try:
-        state.metrics = LivenessMetrics(state.monitor)
+        state.metrics = LivenessMetrics(state.monitor, observe=state.config.observe)
     except Exception:
         logger.warning("liveness: could not export the liveness metrics", exc_info=True)
 
@@ -112,9 +113,14 @@ def wrap_session(proxy: object, state: EngineLiveness) -> Callable[[], None] | N
     except Exception:
         logger.warning("liveness: could not read the proxy's own identity: no proxy-death watch", exc_info=True)
         me = None
-    progress = state.stall.open_channel() if state.stall is not None else None
-    if state.hub is None and state.monitor is not None and wants_hub(state.config, session):
-        state.hub = start_hub(state.config, state.monitor)
+    hub_wanted = state.hub is None and state.monitor is not None and wants_hub(state.config, session)
+    progress = None
+    if state.stall is not None:
+        config = state.config
+        progress = state.stall.open_channel(beat_interval(config.stall_timeout_s, config.stopped_timeout_s,
+                                                          config.heartbeat_timeout_s if hub_wanted else 0.0))
+    if hub_wanted and state.monitor is not None:
+        state.hub = start_hub(state.config, state.monitor, state.stall.clock if state.stall is not None else None)
         if state.hub is not None:
             connect_hub(state, state.hub)
     hub = agent_settings(state.hub) if state.hub is not None else None

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
 
 from ..._config import LivenessConfig
-from ..._events import WorkerEvent, WorkerFailedError
+from ..._events import EventKind, WorkerEvent, WorkerFailedError
 from ...exit._exit_guard import FatalExitGuard
 from ...exit._process_ending import OwnedThreads
 from ...exit._snapshot_record import FatalSnapshot
@@ -91,6 +91,7 @@ class EngineLiveness:
             (trtllm-serve's multiprocess Prometheus page), else None.
         hub / host_stops: the multi-host agent hub, where one runs, and its ``HostStop`` reports
             after a fatal shutdown.
+        would_fail: observe mode's verdicts by kind (``observe=1``: none of them acted on).
         mpi_futures / upstream_monitor: storage behind upstream's ``mpi_futures`` and
             ``_worker_process_monitor`` attributes (``MISSING`` until upstream sets them; what
             upstream stores there is its own: the extension only looks for a list of futures).
@@ -136,6 +137,7 @@ class EngineLiveness:
     dispatch_gate: DispatchGate | None = None
     exit_join_released: bool = False
     hub: AgentHub | None = None
+    would_fail: dict[EventKind, int] = field(default_factory=dict)
     host_stops: list[HostStop] = field(default_factory=list)
     mpi_futures: object = MISSING
     upstream_monitor: object = MISSING

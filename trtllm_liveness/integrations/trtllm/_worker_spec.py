@@ -163,6 +163,8 @@ def check_agent_settings(settings: Any) -> None:
         raise ValueError(f"bad hub secret: want {_SECRET_BYTES} bytes")
     if not _is_number(settings.heartbeat_timeout_s, 0.01, 3600.0):
         raise ValueError(f"bad heartbeat timeout {settings.heartbeat_timeout_s!r}")
+    if not _is_number(settings.heartbeat_ceiling_s, settings.heartbeat_timeout_s, 86400.0):
+        raise ValueError(f"bad heartbeat ceiling {settings.heartbeat_ceiling_s!r}")
     d = settings.d_state_timeout_s
     if d is not None and not _is_number(d, 1e-6, math.inf):
         raise ValueError(f"bad D-state timeout {d!r}")

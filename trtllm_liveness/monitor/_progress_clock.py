@@ -1,0 +1,79 @@
+"""ProgressClock: when the engine last made progress, and whether it has work to make it on.
+
+The second signal of every verdict that a state or a silence alone could fake: a host whose agent
+went silent is lost only once the engine, whose every step needs every rank, also stopped making
+progress with requests pending (:mod:`trtllm_liveness.multihost._hub`); a rank stopped by a signal
+is a fatal verdict only under the same condition (:mod:`._stopped_rank`). Progress is
+
+- an output of any request reaching the proxy (:meth:`ProgressClock.note_output`, upstream's
+  dispatch thread: one clock read and one store, no lock);
+- an executor iteration a rank reported (:meth:`ProgressClock.note_iteration`, with the
+  iteration's own time: a beat's delay never makes the engine look quieter than it was... except
+  by the beats not yet sent, at most one beat interval: the owner keeps that interval a fraction
+  of every bound read here);
+- a request submitted to an idle engine (:meth:`ProgressClock.note_submitted`): idle time never
+  counts, so the clock of a busy engine starts when its work does.
+
+An idle engine (nothing pending) has no quiet time at all: :meth:`ProgressClock.quiet_s` is None.
+Standard library only; every method is thread-safe and never blocks beyond a short lock.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+
+__all__ = ["ProgressClock"]
+
+
+class ProgressClock:
+    """The engine's progress; see the module docstring. ``pending()`` returns how many requests
+    are pending now (``len()`` of the proxy's results: atomic, never blocks)."""
+
+    def __init__(self, pending: Callable[[], int]) -> None:
+        self._pending = pending
+        self._lock = threading.Lock()
+        now = time.monotonic()
+        self._output_at = now  # one writer: upstream's dispatch thread
+        self._iteration_at = now
+        self._busy_since = now
+        self.iterations_seen = False
+        """Whether any rank ever reported an executor iteration: without iterations only output is
+        progress, and a long non-streaming generation outputs nothing until it ends."""
+
+    def note_output(self) -> None:
+        """A response reached the proxy now."""
+        self._output_at = time.monotonic()
+
+    def note_iteration(self, at: float) -> None:
+        """A rank's executor iteration at monotonic ``at`` (a time in the future counts as now)."""
+        at = min(at, time.monotonic())
+        with self._lock:
+            self.iterations_seen = True
+            if at > self._iteration_at:
+                self._iteration_at = at
+
+    def note_submitted(self, *, was_idle: bool) -> None:
+        """A request was submitted; ``was_idle``: none was pending just before (the clock starts)."""
+        if was_idle:
+            self._busy_since = time.monotonic()
+
+    def pending(self) -> int:
+        """How many requests are pending now (0 when ``pending()`` fails)."""
+        try:
+            return max(0, int(self._pending()))
+        except Exception:
+            return 0
+
+    def last_progress(self) -> float:
+        """Monotonic time of the last progress (or of the start of the current work)."""
+        with self._lock:
+            iteration_at = self._iteration_at
+        return max(self._output_at, iteration_at, self._busy_since)
+
+    def quiet_s(self, now: float | None = None) -> float | None:
+        """Seconds without progress while requests are pending; None while the engine is idle."""
+        if self.pending() <= 0:
+            return None
+        return max(0.0, (time.monotonic() if now is None else now) - self.last_progress())
