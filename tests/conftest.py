@@ -5,7 +5,8 @@ Rules (see CONTRIBUTING.md): every process a test starts goes through the ``proc
 time) at teardown; cgroups made for freezing are thawed and removed in the ``freezer`` fixture's
 teardown, and FUSE stalls released and unmounted in the ``fuse_stall`` fixture's, also on failure.
 The session hooks fail the run if any tracked process outlived its test, or if the run left
-``trtllm-*`` entries in the temp directory (``tests/support/leak_checks.py``), and apply the
+``trtllm-*`` entries in the temp directory, or changed the machine's quarantine marker directory
+(``/run/trtllm-liveness``; ``tests/support/leak_checks.py``), and apply the
 facility markers (``tests/support/facilities.py``): a test that needs a facility this machine
 lacks skips with the reason, or fails where ``TRTLLM_LIVENESS_REQUIRE`` names it.
 
@@ -28,7 +29,7 @@ import pytest
 
 from tests.support import facilities
 from tests.support.facilities import REQUIRE_VAR, item_facilities, require_facility
-from tests.support.leak_checks import LEAKED, TempLeakCheck, tempdir_as
+from tests.support.leak_checks import LEAKED, MachineDirectoryCheck, TempLeakCheck, directory_state, tempdir_as
 from tests.support.process_ending import fresh_process_ending  # noqa: F401 - autouse: each test its own ending
 from tests.support.process_tracker import ProcessTracker
 from tests.support.stuck_processes import (
@@ -40,9 +41,10 @@ from tests.support.stuck_processes import (
 )
 from trtllm_liveness.demo._fuse_stall import FuseStall, fuse_mounts, remove_leftover_mounts
 from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
-from trtllm_liveness.quarantine._marker import QUARANTINE_DIR_VAR
+from trtllm_liveness.quarantine._marker import DEFAULT_QUARANTINE_DIR, QUARANTINE_DIR_VAR
 
 _TEMP_CHECK: list[TempLeakCheck] = []
+_MACHINE_QUARANTINE: list[MachineDirectoryCheck] = []
 
 
 # --------------------------------------------------------------------- fixtures
@@ -129,6 +131,22 @@ def _helper_tmpdirs_removed(request: pytest.FixtureRequest) -> Iterator[None]:
         LEAKED.append(f"{request.node.nodeid} left {sorted(left)}")
 
 
+@pytest.fixture(autouse=True)
+def _machine_quarantine_untouched(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Name the test after which the machine's quarantine marker directory changed (the session
+    check fails the run; see :class:`~tests.support.leak_checks.MachineDirectoryCheck`)."""
+    if not _MACHINE_QUARANTINE:
+        yield
+        return
+    check = _MACHINE_QUARANTINE[0]
+    before = directory_state(check.path)
+    yield
+    changed = check.changed(since=before)
+    if changed:
+        sys.stderr.write(f"\n{request.node.nodeid} touched the machine's quarantine directory: {changed}\n")
+        LEAKED.append(f"{request.node.nodeid}: the machine's quarantine directory: {changed}")
+
+
 # --------------------------------------------------------------------- session hooks
 
 
@@ -178,8 +196,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     check = TempLeakCheck()
     _TEMP_CHECK.append(check)
     # The quarantine marker of engines that tests wedge goes to the session's directory, never to
-    # the machine's /run/trtllm-liveness (inherited by every child, removed with the directory).
+    # the machine's /run/trtllm-liveness (inherited by every child, removed with the directory; the
+    # test hosts give it to their logins too, and have their own /run). A change to the machine's
+    # directory fails the run: a test, or something it started, did not get the session's.
     os.environ[QUARANTINE_DIR_VAR] = os.path.join(check.path, "quarantine")
+    _MACHINE_QUARANTINE.append(MachineDirectoryCheck(DEFAULT_QUARANTINE_DIR))
     # Registered before any configure_mpi_env() of a test, so it runs after that one's removal.
     atexit.register(check.remove)
 
@@ -195,6 +216,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if shared_new:
             sys.stderr.write("\nNew trtllm-* entries in the shared temp directory (not TMPDIR; maybe another "
                              "run's):\n" + "\n".join(shared_new) + "\n")
+    for machine in _MACHINE_QUARANTINE:
+        changed = machine.changed()
+        if changed and not any(changed in line for line in LEAKED):
+            LEAKED.append(f"the machine's quarantine directory: {changed} during the session")
     if LEAKED:
         sys.stderr.write("\nLEAKED by tests:\n" + "\n".join(LEAKED) + "\n")
         session.exitstatus = 1

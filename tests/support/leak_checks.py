@@ -4,6 +4,8 @@
 a cgroup or FUSE mount that could not be removed, a helper's temporary directory); the session
 hooks of ``tests/conftest.py`` print it and fail the run. :class:`TempLeakCheck` gives the session a
 temporary directory of its own (``TMPDIR``) and finds the ``trtllm-*`` entries left in it.
+:class:`MachineDirectoryCheck` finds a change to the machine's quarantine marker directory
+(``/run/trtllm-liveness``), which no test may read or write.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 
@@ -98,3 +101,62 @@ def tempdir_as(directory: str) -> Iterator[None]:
         yield
     finally:
         tempfile.tempdir = previous
+
+
+# One directory entry as lstat sees it: (name, inode, mode, size, mtime ns, ctime ns).
+_Entry = tuple[str, int, int, int, int, int]
+# A directory's state: None when it does not exist, else (its own entry, its entries sorted).
+DirectoryState = tuple[_Entry, tuple[_Entry, ...]] | None
+
+
+def directory_state(path: str) -> DirectoryState:
+    """``path``'s state from ``lstat`` alone (never a file opened, never a symlink followed): None
+    when it does not exist, else its own inode, mode, times and those of each entry. A change to
+    the directory or to any entry (created, removed, rewritten, renamed over) changes it."""
+    def entry(name: str, info: os.stat_result) -> _Entry:
+        return (name, info.st_ino, info.st_mode, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+
+    try:
+        own = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    entries: list[_Entry] = []
+    if stat.S_ISDIR(own.st_mode):
+        with contextlib.suppress(OSError):
+            for name in sorted(os.listdir(path)):
+                with contextlib.suppress(OSError):
+                    entries.append(entry(name, os.lstat(os.path.join(path, name))))
+    return entry(path, own), tuple(entries)
+
+
+class MachineDirectoryCheck:
+    """The machine's own quarantine marker directory, ``path``, must be as it was: the session points
+    every default at a directory of its own (``TRTLLM_LIVENESS_QUARANTINE_DIR``; each test host has
+    its own ``/run``), so a change there means a test (or what it started) used the machine's
+    directory, where a real marker of another program would have refused its engines, and where
+    its own marker would refuse the machine's. :meth:`changed` says what changed since the
+    snapshot (nothing is removed or repaired: the directory is not the session's to touch).
+    Another program on the machine writing there at the same time would also be reported."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.before = directory_state(path)
+
+    def changed(self, since: DirectoryState | None = None) -> str:
+        """"" if ``path`` is as it was at the snapshot (or as ``since``), else what changed."""
+        before = self.before if since is None else since
+        after = directory_state(self.path)
+        if after == before:
+            return ""
+        if before is None:
+            assert after is not None
+            return f"{self.path} was created (now holding {[item[0] for item in after[1]]})"
+        if after is None:
+            return f"{self.path} was removed"
+        old = {item[0]: item for item in before[1]}
+        new = {item[0]: item for item in after[1]}
+        parts = [f"{label} {names}" for label, names in (
+            ("new", sorted(set(new) - set(old))), ("gone", sorted(set(old) - set(new))),
+            ("rewritten", sorted(name for name in set(old) & set(new) if old[name] != new[name]))) if names]
+        detail = "; ".join(parts) or "the directory itself (mode, owner or times)"
+        return f"{self.path} changed: {detail}"

@@ -13,9 +13,12 @@ Layout::
 * A host is ``nsenter --net=/run/netns/<ns> unshare --pid --uts --mount --fork --mount-proc
   --propagation private <init>``, started in a session of its own (``start_new_session``, the
   ``setsid`` of the recipe); the init sets the hostname, binds the shared hosts file over
-  ``/etc/hosts``, mounts private tmpfs on ``/tmp`` and ``/dev/shm`` and execs a reaper as PID 1.
-  The head is the same without ``--pid``/``--fork`` and without the tmpfs mounts (it shares
-  ``/tmp`` with the caller, where PRRTE's session base of each job lives).
+  ``/etc/hosts``, binds a directory of the work directory over ``/run`` (:meth:`TestHosts.run_directory`:
+  the host's own ``/run``, so nothing run in a host reads or writes the machine's, its quarantine
+  marker directory ``/run/trtllm-liveness`` included), mounts private tmpfs on ``/tmp`` and
+  ``/dev/shm`` and execs a reaper as PID 1. The head is the same without ``--pid``/``--fork`` and
+  without the tmpfs mounts (it shares ``/tmp`` with the caller, where PRRTE's session base of each
+  job lives).
 * ``mpirun`` runs in the head with PRRTE's ssh launcher pointed at an agent script that enters the
   target host (``PRTE_MCA_plm_ssh_agent``); no tree spawn (the agent needs the root PID namespace).
 * Faults: :meth:`TestHosts.kill` (a process of a host, by its in-host pid, through a pidfd
@@ -54,6 +57,7 @@ from dataclasses import dataclass, field
 from trtllm_liveness._errors import LivenessError
 from trtllm_liveness.demo._mpi_env import PRTE_TMPDIR_VAR, configure_mpi_env
 from trtllm_liveness.process import _pidfd, _procfs
+from trtllm_liveness.quarantine._marker import QUARANTINE_DIR_VAR
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK_PROGRAM = os.path.join(REPO_ROOT, "tests", "programs", "multihost_rank.py")
@@ -85,18 +89,19 @@ while True:
     signal.sigwait({signal.SIGCHLD})
 """
 
-# $1 hostname, $2 hosts file, $3 "tmpfs" for private /tmp and /dev/shm, $4 python, then the
-# directories under /tmp or /dev/shm the host must still see (the checkout, the venv: a CI clone may
-# live in /tmp). Each is opened before the private tmpfs hides it and bound back through that
-# descriptor after (mount --no-canonicalize --bind /proc/self/fd/N: mount(8) would otherwise
-# resolve the path, which the tmpfs now hides).
+# $1 hostname, $2 hosts file, $3 "tmpfs" for private /tmp and /dev/shm, $4 the directory bound
+# over /run (before the tmpfs hides it), $5 python, then the directories under /tmp or /dev/shm the
+# host must still see (the checkout, the venv: a CI clone may live in /tmp). Each is opened before
+# the private tmpfs hides it and bound back through that descriptor after (mount --no-canonicalize
+# --bind /proc/self/fd/N: mount(8) would otherwise resolve the path, which the tmpfs now hides).
 INIT_SCRIPT = """#!/bin/sh
 set -e
 hostname "$1"
 mount --bind "$2" /etc/hosts
+mount --bind "$4" /run
 mode=$3
-python=$4
-shift 4
+python=$5
+shift 5
 if [ "$mode" = tmpfs ]; then
     n=3
     for keep in "$@"; do eval "exec $n<\\"\\$keep\\""; n=$((n + 1)); done
@@ -127,7 +132,8 @@ def kept_directories() -> list[str]:
     return outermost
 
 # PRRTE's ssh launcher calls ``agent [ssh options] HOST CMD...``. The agent enters HOST (by the
-# root-ns pid of its PID 1), makes the caller's TMPDIR and PRRTE session base in the host's private
+# root-ns pid of its PID 1; with a login environment, that one alone, as sshd gives a login the
+# host's configured environment), makes the caller's TMPDIR and PRRTE session base in the host's private
 # /tmp, runs CMD there, and exits 255 when CMD died of a signal (as ssh does). Like ssh, it cannot
 # tell that its command ended while the host is cut off (the marker file ``<down>/HOST`` exists,
 # made by partition(), or by crash(launcher_notices=False)): it then waits until the marker is
@@ -398,7 +404,11 @@ class TestHosts:
     ``login_env``: the whole environment the agent gives the command it runs on a host, as sshd gives
     a login a fresh one (then only what the launcher itself forwards reaches the ranks: with Open
     MPI, ``OMPI_*`` variables and those named with ``-x``); None (the default): the caller's,
-    passed through.
+    passed through. Either way the hosts' configuration names the caller's quarantine marker
+    directory (``$TRTLLM_LIVENESS_QUARANTINE_DIR``, where set), as a site's ``/etc/environment``
+    would: a login environment gets it too, so every rank, however it is started, uses the test
+    run's directory; and each host has its own ``/run`` (:meth:`run_directory`), so even a
+    process without it never reads the machine's ``/run/trtllm-liveness``.
     """
 
     __test__ = False  # not a pytest test class
@@ -467,12 +477,22 @@ class TestHosts:
         _ip("-n", self.hub, "link", "set", "lo", "up")
         _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.hub, "link", "set", "br0", "up")
+        for name in (HEAD, *self.names):
+            os.makedirs(self.run_directory(name), mode=0o755)
         pending = [self._spawn(name, hosts_file, init) for name in (HEAD, *self.names)]
         for name, popen, veth in pending:
             self._await_ready(name, popen, veth)
         self._down_dir = os.path.join(self.workdir, "down")
         os.mkdir(self._down_dir)
         self._write_agent()
+
+    def run_directory(self, name: str) -> str:
+        """The directory host ``name`` (or the head) sees as ``/run``: its own, in the work
+        directory, removed with it. What a host's processes find in their default quarantine
+        marker directory, ``/run/trtllm-liveness``, is in ``<this>/trtllm-liveness``."""
+        if not self.workdir:
+            raise TestHostsError("start() first")
+        return os.path.join(self.workdir, "run", name)
 
     def _add_netns(self, name: str) -> None:
         _ip("netns", "add", name)
@@ -492,8 +512,8 @@ class TestHosts:
         else:
             ns_args = ["unshare", "--pid", "--uts", "--mount", "--fork", "--mount-proc", "--propagation", "private"]
         argv = ["nsenter", f"--net=/run/netns/{netns}", *ns_args,
-                init, name, hosts_file, "none" if name == HEAD else "tmpfs", sys.executable, *kept_directories(),
-                self.shared]
+                init, name, hosts_file, "none" if name == HEAD else "tmpfs", self.run_directory(name), sys.executable,
+                *kept_directories(), self.shared]
         popen = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  env={**os.environ, "REAPER": REAPER}, start_new_session=True)
         self._popens.append(popen)
@@ -547,9 +567,18 @@ class TestHosts:
         self.agent = os.path.join(self.workdir, "agent.sh")
         with open(self.agent, "w") as handle:
             login = "" if self.login_env is None else "env -i " + " ".join(
-                shlex.quote(f"{key}={value}") for key, value in self.login_env.items()) + " "
+                shlex.quote(f"{key}={value}") for key, value in self._login_environment().items()) + " "
             handle.write(AGENT_SCRIPT.format(cases=cases, down=self._down_dir, login=login))
         os.chmod(self.agent, 0o755)
+
+    def _login_environment(self) -> dict[str, str]:
+        """:attr:`login_env` with what the hosts' configuration adds to every login: the caller's
+        quarantine marker directory."""
+        env = dict(self.login_env or {})
+        quarantine = os.environ.get(QUARANTINE_DIR_VAR, "")
+        if quarantine and QUARANTINE_DIR_VAR not in env:
+            env[QUARANTINE_DIR_VAR] = quarantine
+        return env
 
     def close(self) -> list[str]:
         """Remove everything: jobs, hosts, head, hub, by namespace. Idempotent; never raises for

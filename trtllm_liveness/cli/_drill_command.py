@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 import json
 import os
 import sys
@@ -50,15 +51,18 @@ __all__ = ["add_drill_parser", "run_drill"]
 
 EXIT_NOT_CAUGHT = EXIT_FAILED
 EXIT_QUARANTINED = 3
+EXIT_NOT_STARTED = 4  # as doctor's 4 (no TensorRT-LLM): nothing was tested, the drill could not run
 
 DRILL_STATUS_HELP = """\
 exit status:
   0    the fault was detected (fatal error, check_health() False, every request failed) and shutdown
        was bounded with no process left
-  1    it was not (requests still pending when the watch ended), the engine did not start or stream,
-       or a process was left
+  1    it was not (requests still pending when the watch ended, or the engine ended before it
+       reported), or a process was left
   2    bad arguments, or the fault cannot be made here (wedge: no writable cgroup v1 freezer)
   3    this host is quarantined: nothing started
+  4    the drill could not run, nothing was tested: TensorRT-LLM is not installed (nothing started),
+       the engine did not start or stream, no rank to hit, or the fault could not be injected
   78   TRTLLM_WORKER_LIVENESS is invalid: nothing started
   130  interrupted (Ctrl-C), 143 terminated (SIGTERM); everything is cleaned up first
 """
@@ -343,6 +347,15 @@ def _lines(outcome: DrillOutcome) -> list[str]:
     return lines
 
 
+def _tensorrt_llm_missing() -> bool:
+    """Whether this interpreter cannot import ``tensorrt_llm`` (found without importing it; a spec
+    lookup that fails some other way is left to the engine to report)."""
+    try:
+        return importlib.util.find_spec("tensorrt_llm") is None
+    except (ImportError, ValueError):
+        return False
+
+
 def run_drill(args: argparse.Namespace) -> int:
     try:
         user = parse_value(os.environ.get(ENV_VAR), base=LivenessConfig(enabled=True))
@@ -372,6 +385,10 @@ def run_drill(args: argparse.Namespace) -> int:
     if check.quarantined:
         _err(f"refusing to run: this host is quarantined: {check.describe()}; {RECYCLE_ADVICE}")
         return EXIT_QUARANTINED
+    if not hosts and _tensorrt_llm_missing():  # across hosts the proxy's host decides: the engine says
+        _err(f"TensorRT-LLM is not installed (tensorrt_llm is not importable by {sys.executable}): no engine to "
+             "drill; nothing started")
+        return EXIT_NOT_STARTED
     from ..demo._demo_run import _sigterm_unwinds, _Terminated
 
     options = DrillOptions(model=args.model, tp=args.tp, engine=args.engine, session=args.session,
@@ -399,7 +416,7 @@ def run_drill(args: argparse.Namespace) -> int:
                                   would_act=_would_act(user, session.marker))
     if outcome.t0 is None:  # nothing was injected: say why, with the engine's last words
         _err(f"{outcome.verdict}\n--- the engine's log (last lines):\n{session.last_log}")
-        return EXIT_NOT_CAUGHT
+        return EXIT_NOT_STARTED
     if args.json:
         sys.stdout.write(json.dumps(outcome.to_dict()) + "\n")
     else:

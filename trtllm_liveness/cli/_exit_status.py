@@ -24,5 +24,6 @@ exit status:
   doctor: 0 covered, 1 degraded, 3 inert, 4 tensorrt_llm not installed, 5 invalid settings (see 'doctor --help')
   config check: 0 valid, 1 invalid (see 'config --help')
   quarantine status: 0 OK, 1 quarantined, 2 unknown (see 'quarantine --help')
-  drill: 0 detected, 1 not, 3 host quarantined, 78 invalid settings (see 'drill --help')
+  drill: 0 detected, 1 not, 3 host quarantined, 4 could not run (no TensorRT-LLM, no engine), 78 invalid settings
+         (see 'drill --help')
 """

@@ -18,6 +18,13 @@ channels, Python stacks, the odd rank out; taken at a stall, a wedge and every f
 :func:`attach_to_dynamo` finds the monitor of a liveness-enabled executor (or of an ``LLM``
 holding one in ``_executor``) and attaches a bridge in one call.
 
+With liveness switched off (``TRTLLM_WORKER_LIVENESS`` unset, a false word, or ``enabled=0``), an
+engine has no monitor, and both entry points are no-ops, so the worker's code needs no guard:
+:func:`attach_to_dynamo` returns an inert bridge (:attr:`DynamoLivenessBridge.active` False: no route,
+no subscription, no exit guard, nothing said to the runtime) and :func:`expose_metrics_on_dynamo`
+registers nothing and returns None; each logs one INFO line. An engine without a monitor while the
+switch is on (liveness wanted, not attached) is still a ``ValueError``.
+
 Stock Dynamo needs none of this to notice a death: its ``TrtllmEngineMonitor`` reads
 ``llm._executor._fatal_error`` every 0.5 s, and the TensorRT-LLM extension records the death
 there within milliseconds (also on 1.2.x), so the stock worker exits with status 1 within about
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -71,7 +79,8 @@ class DynamoLivenessBridge:
     Args:
         runtime: the worker's ``DistributedRuntime``.
         monitor: the monitor watching the engine's ranks (for an executor with the TensorRT-LLM
-            extension, its ``liveness_monitor``).
+            extension, its ``liveness_monitor``); None makes an inert bridge (liveness off):
+            :meth:`attach` does nothing, :meth:`status` says healthy with no ranks, ``guard`` is None.
         route: name under ``/engine/`` for the JSON status, or None for no route.
         shutdown_timeout_s: bound on the graceful runtime shutdown before the process is ended
             (counted from the fatal event, so it includes ``shutdown_delay_s``).
@@ -90,7 +99,7 @@ class DynamoLivenessBridge:
     def __init__(
         self,
         runtime: RuntimeLike,
-        monitor: WorkerProcessMonitor,
+        monitor: WorkerProcessMonitor | None,
         *,
         route: str | None = "liveness",
         shutdown_timeout_s: float = 10.0,
@@ -107,7 +116,8 @@ class DynamoLivenessBridge:
         self._runtime = runtime
         self._monitor = monitor
         self._route = route
-        self._guard = FatalExitGuard(
+        # An inert bridge makes no guard: the guard's process ending registers an exit hook.
+        self._guard = None if monitor is None else FatalExitGuard(
             graceful=self._shutdown_runtime, timeout_s=shutdown_timeout_s, exit_code=exit_code, exit_fn=exit_fn,
             exit_code_unrestartable=exit_code_unrestartable,
         )
@@ -115,17 +125,23 @@ class DynamoLivenessBridge:
         self._attach_lock = threading.Lock()
 
     @property
-    def guard(self) -> FatalExitGuard:
-        """The exit guard; ``guard.triggered`` tells whether the engine died."""
+    def active(self) -> bool:
+        """False for an inert bridge (liveness off: no monitor), which does nothing."""
+        return self._monitor is not None
+
+    @property
+    def guard(self) -> FatalExitGuard | None:
+        """The exit guard; ``guard.triggered`` tells whether the engine died. None when inert."""
         return self._guard
 
     def attach(self) -> None:
-        """Register the status route and subscribe to the monitor. Idempotent.
+        """Register the status route and subscribe to the monitor. Idempotent; nothing for an
+        inert bridge.
 
         If the monitor has already failed, the reaction happens at once, in this thread.
         """
         with self._attach_lock:  # the class is thread-safe: two racing attach() calls attach once
-            if self._attached:
+            if self._attached or self._monitor is None:
                 return
             self._attached = True
         if self._route is not None:
@@ -133,13 +149,15 @@ class DynamoLivenessBridge:
         self._monitor.subscribe(self._on_event)
 
     def status(self) -> dict[str, Any]:
-        """The JSON document served at ``/engine/<route>``."""
-        failure = None if self._observing() else self._monitor.failure
+        """The JSON document served at ``/engine/<route>`` (an inert bridge serves none: healthy,
+        no ranks; an observing engine's verdicts are lines, not failures: healthy)."""
+        monitor = self._monitor
+        failure = None if monitor is None or self._observing() else monitor.failure
         document: dict[str, Any] = {
             "healthy": failure is None,
             "failure": None if failure is None else failure.to_dict(),
             "restartable": True if failure is None else failure.restartable,
-            "ranks": [status.to_dict() for status in self._monitor.statuses()],
+            "ranks": [] if monitor is None else [status.to_dict() for status in monitor.statuses()],
         }
         executor = self._executor
         if executor is not None:
@@ -165,7 +183,8 @@ class DynamoLivenessBridge:
             self._runtime.set_health_status(False)
         except Exception:
             logger.exception("could not set Dynamo health status to not ready")
-        self._guard.trigger(event)
+        if self._guard is not None:
+            self._guard.trigger(event)
 
     def _shutdown_runtime(self) -> None:
         # Runs in the guard's daemon thread: sleeping here delays nothing but the shutdown.
@@ -210,6 +229,36 @@ def liveness_monitor_of(engine: Any) -> WorkerProcessMonitor:
     )
 
 
+def _switched_off() -> str:
+    """The ``TRTLLM_WORKER_LIVENESS`` value when it switches liveness off (unset reads ``unset``),
+    else "": on, or a value an engine start would have refused (then the missing monitor is the
+    caller's error, not the switch)."""
+    from .._config import LivenessConfig
+    from .._switch import ENV_VAR
+
+    raw = os.environ.get(ENV_VAR)
+    try:
+        enabled = LivenessConfig.from_env(base=LivenessConfig(enabled=False)).enabled
+    except ValueError:
+        return ""
+    return "" if enabled else ("unset" if raw is None else repr(raw))
+
+
+def _monitor_unless_off(engine: Any, entry: str) -> WorkerProcessMonitor | None:
+    """:func:`liveness_monitor_of` ``engine``, or None (one INFO line naming ``entry``) when it has
+    none because the switch is off; raises its ``ValueError`` while the switch is on."""
+    try:
+        return liveness_monitor_of(engine)
+    except ValueError:
+        off = _switched_off()
+        if not off:
+            raise
+    from .._switch import ENV_VAR
+
+    logger.info("liveness: off (%s %s): %s does nothing", ENV_VAR, off, entry)
+    return None
+
+
 def attach_to_dynamo(
     engine: Any,
     runtime: RuntimeLike,
@@ -225,11 +274,15 @@ def attach_to_dynamo(
     attach it and return it. The keyword arguments are the bridge's.
 
     Call it once the executor has started, from the thread that owns the runtime (usually the
-    event loop's). Raises ``ValueError`` when ``engine`` has no liveness monitor. If the engine
-    has already failed, the worker turns unhealthy and starts its shutdown at once.
+    event loop's). With liveness switched off (``TRTLLM_WORKER_LIVENESS`` unset, a false word or
+    ``enabled=0``) and no monitor on ``engine``, returns an inert bridge (``active`` False) that
+    touches nothing, with one INFO line. Raises ``ValueError`` when ``engine`` has no liveness
+    monitor while the switch is on. If the engine has already failed, the worker turns unhealthy
+    and starts its shutdown at once.
     """
+    monitor = _monitor_unless_off(engine, "attach_to_dynamo")
     bridge = DynamoLivenessBridge(
-        runtime, liveness_monitor_of(engine), route=route, shutdown_timeout_s=shutdown_timeout_s,
+        runtime, monitor, route=route, shutdown_timeout_s=shutdown_timeout_s,
         shutdown_delay_s=shutdown_delay_s, exit_code=exit_code, exit_fn=exit_fn,
         exit_code_unrestartable=exit_code_unrestartable, executor=engine,
     )
@@ -249,16 +302,24 @@ def expose_metrics_on_dynamo(endpoint: Any, metrics: Any) -> Any:
     per worker, before or after ``serve_endpoint``. Needs ``prometheus_client``; raises
     ``ImportError`` without it, ``ValueError`` when ``metrics`` has no liveness monitor, and
     ``TypeError`` when ``endpoint`` has no ``metrics.register_prometheus_expfmt_callback``.
+    With liveness switched off and no monitor on ``metrics``: registers nothing, needs nothing,
+    returns None (one INFO line).
     """
-    from .prometheus import LivenessMetrics  # optional dependency: imported only when asked for
-
     register = getattr(getattr(endpoint, "metrics", None), "register_prometheus_expfmt_callback", None)
     if not callable(register):
         raise TypeError(
             f"{type(endpoint).__name__} has no metrics.register_prometheus_expfmt_callback: "
             "pass an Endpoint of ai-dynamo-runtime (runtime.endpoint(...))"
         )
-    liveness = metrics if isinstance(metrics, LivenessMetrics) else LivenessMetrics(liveness_monitor_of(metrics))
+    monitor: WorkerProcessMonitor | None = None
+    loaded = sys.modules.get(f"{__package__}.prometheus")  # a LivenessMetrics exists only once it is
+    if loaded is None or not isinstance(metrics, loaded.LivenessMetrics):
+        monitor = _monitor_unless_off(metrics, "expose_metrics_on_dynamo")
+        if monitor is None:
+            return None
+    from .prometheus import LivenessMetrics  # optional dependency: imported only when asked for
+
+    liveness = metrics if isinstance(metrics, LivenessMetrics) else LivenessMetrics(monitor)
 
     def render() -> str:
         # Runs in Dynamo's scrape path: an exception there would fail the whole /metrics page.

@@ -172,6 +172,29 @@ def test_a_quarantined_host_is_refused_and_nothing_starts(procs: ProcessTracker,
     assert (quarantine / MARKER_NAME).exists()  # read, never cleared
 
 
+def test_without_tensorrt_llm_nothing_starts_and_the_status_says_the_drill_could_not_run(
+        procs: ProcessTracker, drill_tmp: Path) -> None:
+    env = _env(drill_tmp, "trtllm_main", None)
+    env["PYTHONPATH"] = str(REPO)  # the package and the tests, no tensorrt_llm (the fakes are not on the path)
+    proc = runs.start(procs, [str(CLI), "drill", "/models/llama", "--tp", "2"], env)
+    status, out, err = _finish(proc, drill_tmp)
+    assert status == 4, (status, out, err)
+    assert err == (f"trtllm-liveness: drill: TensorRT-LLM is not installed (tensorrt_llm is not importable by "
+                   f"{sys.executable}): no engine to drill; nothing started\n"), err
+    assert out == ""
+
+
+@_real_mpi
+def test_an_engine_that_does_not_start_is_could_not_run_not_a_missed_fault(procs: ProcessTracker,
+                                                                             drill_tmp: Path) -> None:
+    proc = runs.start(procs, [str(CLI), "drill", "/models/drill-test", "--tp", "2", "--engine",
+                              "tests.support.drill_engine:no_such_factory"], _env(drill_tmp, "trtllm_main", None))
+    status, out, err = _finish(proc, drill_tmp)
+    assert status == 4, (status, out, err)
+    assert "drill: the engine did not start streaming: " in err and "no_such_factory" in err, err
+    assert out == ""
+
+
 @pytest.mark.parametrize(("liveness", "says"), [
     ("d_state_timeout_s=soon", "d_state_timeout_s must be a number, got 'soon'; nothing started"),
     ("stall_action=panic", "stall_action must be one of report, fatal"),

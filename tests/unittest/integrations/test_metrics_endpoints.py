@@ -190,8 +190,11 @@ def test_dynamo_system_metrics_carry_liveness_metrics(procs: ProcessTracker) -> 
     assert workers[0].poll() is None
 
 
-def test_expose_metrics_on_dynamo_refuses_what_it_cannot_use() -> None:
+def test_expose_metrics_on_dynamo_refuses_what_it_cannot_use(monkeypatch: pytest.MonkeyPatch) -> None:
     from trtllm_liveness.integrations.dynamo import expose_metrics_on_dynamo
+
+    # Switched on: an engine without a monitor is an error (off, it is a no-op: test_switch_off.py).
+    monkeypatch.setenv("TRTLLM_WORKER_LIVENESS", "1")
 
     class NoMetrics:
         pass

@@ -26,10 +26,10 @@ from tests.support.process_tracker import ProcessTracker, start_time_or_none, st
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import WorkerProcessMonitor
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
+from trtllm_liveness.monitor._progress_clock import ProgressClock
 from trtllm_liveness.multihost import _wire
 from trtllm_liveness.multihost._hub import AgentHub
 from trtllm_liveness.multihost._hub_records import StopCommand
-from trtllm_liveness.monitor._progress_clock import ProgressClock
 from trtllm_liveness.multihost._placement import plan
 from trtllm_liveness.process._identity import ProcessIdentity, capture_identity, parse_identities
 

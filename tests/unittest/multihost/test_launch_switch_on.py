@@ -3,15 +3,18 @@ host, with nothing installed in the image (no ``.pth``).
 
 The hosts are the ``login_hosts`` fixture: each host's command starts with a fresh environment, as
 over ssh, so a rank gets only what ``mpirun`` forwards (Open MPI: ``OMPI_*`` variables and those
-named with ``-x``). The engine is the trtllm-serve shape: upstream's own executor class
+named with ``-x``) and what the host's login configuration sets (the test run's quarantine marker
+directory). The engine is the trtllm-serve shape: upstream's own executor class
 (``tests/programs/proxy_death_child.py`` without ``executor_cls``), which only the import hook makes
 the liveness one. No timing is asserted.
 """
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -20,6 +23,8 @@ from tests.support.multihost_engine import Engine
 from tests.support.testhosts import TestHosts
 from tests.support.waits import WAIT_SCALE
 from trtllm_liveness.integrations.trtllm_autoload import SITE_DIR
+from trtllm_liveness.process._procfs import pid_namespace_inode
+from trtllm_liveness.quarantine._marker import MARKER_NAME, QUARANTINE_DIR_VAR, QuarantinedProcess, write_marker
 
 pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi")]
 
@@ -69,3 +74,36 @@ def test_the_readme_line_watches_every_rank_and_reports_a_remote_kill(login_host
     fatal = engine.wait_fatal()
     engine.assert_fatal(fatal, ["died"], 3)
     engine.assert_shutdown()
+
+
+@pytest.mark.timeout(150)
+def test_a_marker_in_the_hosts_own_default_directory_does_not_stop_the_test_run(login_hosts: TestHosts) -> None:
+    """Each host's default marker directory (``/run/trtllm-liveness`` as the host sees it: its own
+    ``/run``, a directory of the test hosts) holds a real marker that quarantines the host, as one
+    left on a machine by another program would. The README line still starts its engine: every
+    rank, started through a login environment, uses the test run's marker directory, never the
+    host's default, which is left as it was."""
+    markers = {}
+    for host in ("hostA", "hostB", "hostC"):
+        directory = os.path.join(login_hosts.run_directory(host), "trtllm-liveness")
+        # A stuck process of another PID namespace (a previous container's): unverifiable from a
+        # rank, so it quarantines the host.
+        stuck = QuarantinedProcess(pid=4242, start_time=1, pid_namespace=pid_namespace_inode(), rank=1, state="D",
+                                   wchan="nv_wait", kind="wedged", cause="left by another program")
+        markers[host] = Path(write_marker(directory, [stuck], "a wedged rank of another program")).read_bytes()
+        # What the host's default directory says to a start that reads it: quarantined.
+        status = login_hosts.run(host, ["env", "-u", QUARANTINE_DIR_VAR, sys.executable, "-m", "trtllm_liveness.cli",
+                                        "quarantine", "status", "--devices", ""], timeout=60 * WAIT_SCALE)
+        assert status.returncode == 1 and status.stdout.startswith("QUARANTINED: host quarantined by "
+                                                                   "/run/trtllm-liveness/quarantine.json"), status
+
+    engine = Engine(login_hosts, executor_cls=False, wrapper=[*LAUNCH, "--outcome-dir", login_hosts.shared, "--"],
+                    request=False)
+    assert "HostQuarantinedError" not in engine.stderr(), engine.diagnostics()
+    for rank, (state, host, _pid, method) in engine.ready["hosts"].items():
+        assert state == "alive", engine.ready
+        assert method == ("pidfd" if host == "hostA" else "agent"), (rank, engine.ready)
+    engine.job.kill()
+    for host, content in markers.items():
+        marker = Path(login_hosts.run_directory(host), "trtllm-liveness", MARKER_NAME)
+        assert marker.read_bytes() == content, f"{host}'s default marker changed"
