@@ -19,7 +19,10 @@ snapshots as the fatal verdict takes them, each printed as ``{"snapshot": {"ms":
 "iterations": {rank: count}}}``, the executor iterations the stall timer has of each rank),
 ``iterations_wait_s`` (before those snapshots, wait at most that long until every rank's
 iterations reached the stall timer), ``snapshot_full`` (those snapshots with the diagnosis' full
-bounds, not the fatal verdict's tight ones: a test of their content on a loaded machine).
+bounds, not the fatal verdict's tight ones: a test of their content on a loaded machine),
+``progress_s`` (with ``watch_fatal``: while no fatal error is set, one ``{"progress": {"t": monotonic,
+"iterations": rank 0's executor iterations, "hosts": the per-rank view}}`` line every that many
+seconds: the engine's progress through a fault that must not stop it).
 
 - ``pool``: this process is the proxy. ``LLM`` spawns its ranks through a real
   ``MPIPoolExecutor`` (``MpiPoolSession``); they are grandchildren (this process -> prte -> ranks).
@@ -150,7 +153,7 @@ def serve_until_killed(llm: Any, ranks: list[list[int]], *, watch_fatal: bool = 
     for _ in range(int(extra.pop("snapshots", 0) or 0)):
         emit({"snapshot": whole_engine_snapshot(llm, full=full)})
     if watch_fatal:
-        return report_fatal(llm, pending)
+        return report_fatal(llm, pending, extra.pop("progress_s", None))
     time.sleep(LINGER_S)
     return 1  # never killed: the parent's deadline has long passed
 
@@ -180,7 +183,16 @@ def hosts_of(llm: Any) -> dict[str, Any]:
             for s in llm._executor.liveness_statuses()}
 
 
-def report_fatal(llm: Any, pending: Any) -> int:
+def progress_of(llm: Any) -> dict[str, Any]:
+    """Rank 0's executor iterations as the engine's stall clock has them (with ``step_acks`` each
+    needed every rank), the time, and the per-rank view: the ``progress_s`` records."""
+    stall = llm._executor.liveness_state.stall
+    iterations = {} if stall is None else stall.iterations()
+    zero = iterations.get(0)
+    return {"t": time.monotonic(), "iterations": 0 if zero is None else zero.count, "hosts": hosts_of(llm)}
+
+
+def report_fatal(llm: Any, pending: Any, progress_s: float | None = None) -> int:
     """Multi-host tests: wait (bounded) for the engine's fatal error and print it with the time it
     was recorded, whether the pending request failed, the per-rank view; then a bounded shutdown
     and what it reported of every host (with the fatal ERROR line's text, ``fatal_line``, and the fatal
@@ -188,7 +200,12 @@ def report_fatal(llm: Any, pending: Any) -> int:
     Prints ``{"fatal": null}`` if none came."""
     executor = llm._executor
     deadline = time.monotonic() + LINGER_S
+    every = float(progress_s or 0)
+    next_report = time.monotonic()
     while executor.liveness_fatal_error is None and time.monotonic() < deadline:
+        if every > 0 and time.monotonic() >= next_report:
+            next_report = time.monotonic() + every
+            emit({"progress": progress_of(llm)})
         time.sleep(0.002)
     error = executor.liveness_fatal_error
     if error is None:
@@ -275,7 +292,8 @@ def run_comm(options: dict[str, Any]) -> int:
     return serve_until_killed(llm, ranks, watch_fatal=bool(options.get("watch_fatal")), comm=comm,
                               no_request=bool(options.get("no_request")), snapshots=options.get("snapshots", 0),
                               iterations_wait_s=options.get("iterations_wait_s", 0),
-                              snapshot_full=options.get("snapshot_full", False))
+                              snapshot_full=options.get("snapshot_full", False),
+                              progress_s=options.get("progress_s", 0))
 
 
 def main(options: dict[str, Any]) -> int:

@@ -4,9 +4,10 @@ Shared by tests/unittest/multihost/test_agents.py, scripts/bench_multihost.py (t
 scripts/_multihost_agents.py) and the multi-host demo (``trtllm-liveness demo --hosts N``, from a
 checkout). The engine is ``tests/programs/proxy_death_child.py`` in comm mode (the fake TensorRT-LLM
 main tree, ``MpiCommSession`` under a real ``mpirun``, liveness on, the agent hub on by default)
-with one long request in flight: rank 0, the proxy and its agent hub, on hostA; the lowest rank of
-every other host runs that host's agent. Rank 0 prints a ready line with the monitor's per-rank
-view, then the engine's fatal error (kind, rank, host, pid, the monotonic time it was recorded:
+with one long request in flight, every step acknowledged by every rank over the data network
+(``step_acks``, as a tensor-parallel step needs every rank): rank 0, the proxy and its agent hub,
+on hostA; the lowest rank of every other host runs that host's agent. Rank 0 prints a ready line
+with the monitor's per-rank view, then the engine's fatal error (kind, rank, host, pid, the monotonic time it was recorded:
 CLOCK_MONOTONIC is the machine's one clock; whether the pending request failed; health), then
 what its bounded ``llm.shutdown()`` reported of every host.
 
@@ -71,7 +72,7 @@ FATAL_S = 20.0  # a death is reported in milliseconds, a silence after heartbeat
 SHUTDOWN_S = 20.0  # shutdown_term_s + shutdown_kill_s + a few seconds at most
 GONE_S = 20.0  # a host's ranks end within about heartbeat_timeout_s + the stop's bounds
 QUIET_S = 2.0  # bounded observation window: no fatal error after bad messages
-LIVENESS = "heartbeat_timeout_s=1,shutdown_term_s=1,shutdown_kill_s=1"  # the tests'
+LIVENESS = "heartbeat_timeout_s=1,heartbeat_ceiling_s=5,shutdown_term_s=1,shutdown_kill_s=1"  # the tests'
 DEFAULTS = "shutdown_term_s=1,shutdown_kill_s=1"  # the timed trials': the default heartbeat
 RUNTIME_OPTIONS = ["--runtime-options", "recoverable,error-nonzero-status=false"]
 LAYOUT = (("hostA", 2), ("hostB", 1), ("hostC", 1))  # ranks 0, 1 | 2 | 3
@@ -99,8 +100,10 @@ class Engine:
         self.out = os.path.join(hosts.shared, f"out-{len(hosts.jobs)}", "rank")
         # executor_cls: LLM(executor_cls=liveness_executor_class()); else upstream's own executor, which
         # only the import hook (the autoload) can make the liveness one: a trtllm-serve.
+        # step_acks: every step waits for every rank over the data network, as a tensor-parallel
+        # step does; a rank or host that stops taking part stops the engine's progress.
         options = {"session": "comm", "tree": "trtllm_main", "liveness": executor_cls, "watch_fatal": True,
-                   "no_request": not request, **(program or {})}
+                   "no_request": not request, "step_acks": True, **(program or {})}
         program = [sys.executable, "-u", "-m", "tests.programs.proxy_death_child", json.dumps(options)]
         if exit_statuses:
             status = os.path.join(os.path.dirname(self.out), "status-$OMPI_COMM_WORLD_RANK")
@@ -159,6 +162,11 @@ class Engine:
 
         wait_for(seen, timeout, 0.02)
         return found[0] if found else None
+
+    def progress(self) -> list[dict[str, Any]]:
+        """The ``progress`` records so far (``program={"progress_s": ...}``): time, rank 0's
+        iterations, the per-rank view."""
+        return [record["progress"] for record in self.records() if "progress" in record]
 
     def pid_of(self, rank: int) -> int:
         return int(self.ready["hosts"][str(rank)][2])

@@ -2,9 +2,14 @@
 
 Layout::
 
-    hub netns (bridge br0) --veth-- head  (own net/UTS/mount ns, root PID ns: mpirun runs here)
-                           --veth-- hostA (own net/UTS/mount/PID ns; PID 1 = a tiny reaper)
-                           --veth-- hostB ...
+    hub netns (bridge br0: management) --veth-- head  (own net/UTS/mount ns, root PID ns: mpirun runs here)
+              (bridge br1: data)       --veth-- hostA (own net/UTS/mount/PID ns; PID 1 = a tiny reaper)
+                                       --veth-- hostB ...
+
+* Two networks, as a cluster has: the **management** network (``eth0``, :data:`SUBNET`, what the
+  host names resolve to: the launcher's daemons and the liveness hub and agents) and the **data**
+  network (``eth1``, :data:`DATA_SUBNET`: MPI's traffic between ranks, what an engine's collectives
+  cross). Each can be cut on its own (:meth:`TestHosts.partition` ``network=``).
 
 * Every namespace is named ``tlh<owner pid>-<n>-<role>``; the veths live only in the hub and in
   the hosts (made inside the hub with ``ip -n``), the /24 (:data:`SUBNET`) exists only inside
@@ -63,7 +68,9 @@ REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__fi
 RANK_PROGRAM = os.path.join(REPO_ROOT, "tests", "programs", "multihost_rank.py")
 
 NS_PREFIX = "tlh"  # netns names: tlh<owner pid>-<n>-<role>
-SUBNET = "10.213.77"  # <SUBNET>.0/24, only inside our namespaces; .1 is the head
+SUBNET = "10.213.77"  # <SUBNET>.0/24, only inside our namespaces; .1 is the head: the management network
+DATA_SUBNET = "10.213.78"  # the data network (MPI's traffic), the same host numbers
+NETWORKS = ("both", "mgmt", "data")  # what partition() cuts
 HEAD = "head"
 DEFAULT_HOSTS = ("hostA", "hostB", "hostC")
 INHERITED_MCA_PREFIXES = ("OMPI_MCA_", "PRTE_MCA_", "PMIX_MCA_")  # never passed on to the rig's jobs
@@ -309,7 +316,8 @@ class TestHost:
     name: str
     netns: str
     address: str
-    hub_veth: str  # its veth's end on the hub's bridge (down = partitioned)
+    hub_veth: str  # its management veth's end on the hub's bridge (down = cut off from management)
+    data_veth: str  # its data veth's end on the hub's data bridge (down = cut off from its peers' MPI traffic)
     holder: subprocess.Popen[bytes]  # unshare (host: parent of PID 1) or the head process itself
     pid1: int  # root-ns pid of the host's PID 1 (the head: its holder process)
     pid1_start: int | None
@@ -453,8 +461,10 @@ class TestHosts:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def address_of(self, name: str) -> str:
-        return f"{SUBNET}.{1 if name == HEAD else 2 + self.names.index(name)}"
+    def address_of(self, name: str, network: str = "mgmt") -> str:
+        """Host ``name``'s address on the ``mgmt`` (its host name's) or the ``data`` network."""
+        subnet = DATA_SUBNET if network == "data" else SUBNET
+        return f"{subnet}.{1 if name == HEAD else 2 + self.names.index(name)}"
 
     def start(self) -> None:
         """Make the hub, the head and the hosts; return when each host's PID 1 runs. Raises
@@ -477,6 +487,8 @@ class TestHosts:
         _ip("-n", self.hub, "link", "set", "lo", "up")
         _ip("-n", self.hub, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.hub, "link", "set", "br0", "up")
+        _ip("-n", self.hub, "link", "add", "br1", "type", "bridge")
+        _ip("-n", self.hub, "link", "set", "br1", "up")
         for name in (HEAD, *self.names):
             os.makedirs(self.run_directory(name), mode=0o755)
         pending = [self._spawn(name, hosts_file, init) for name in (HEAD, *self.names)]
@@ -502,11 +514,13 @@ class TestHosts:
         netns = self.prefix + name
         veth = f"v{len(self._netns_made)}"  # inside the hub only
         self._add_netns(netns)
-        _ip("-n", self.hub, "link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
-        _ip("-n", self.hub, "link", "set", veth, "master", "br0", "up")
         _ip("-n", netns, "link", "set", "lo", "up")
-        _ip("-n", netns, "addr", "add", f"{self.address_of(name)}/24", "dev", "eth0")
-        _ip("-n", netns, "link", "set", "eth0", "up")
+        links = ((veth, "br0", "eth0", "mgmt"), ("d" + veth[1:], "br1", "eth1", "data"))
+        for hub_end, bridge, inside, network in links:
+            _ip("-n", self.hub, "link", "add", hub_end, "type", "veth", "peer", "name", inside, "netns", netns)
+            _ip("-n", self.hub, "link", "set", hub_end, "master", bridge, "up")
+            _ip("-n", netns, "addr", "add", f"{self.address_of(name, network)}/24", "dev", inside)
+            _ip("-n", netns, "link", "set", inside, "up")
         if name == HEAD:
             ns_args = ["unshare", "--uts", "--mount", "--propagation", "private"]
         else:
@@ -553,6 +567,7 @@ class TestHosts:
                 raise TestHostsError(f"test host {name}: unshare has children {children}, expected its PID 1")
             pid1 = children[0]
         host = TestHost(name=name, netns=self.prefix + name, address=self.address_of(name), hub_veth=veth,
+                        data_veth="d" + veth[1:],
                         holder=popen, pid1=pid1, pid1_start=start_time_of(pid1), pidns_inode=_pidns_inode(pid1),
                         own_pid_namespace=name != HEAD)
         if host.own_pid_namespace and _nspid(pid1)[-1:] != [1]:
@@ -663,7 +678,7 @@ class TestHosts:
         Only ``extra``, this job's own settings, overrides the rig's."""
         env = {key: value for key, value in os.environ.items() if not key.startswith(INHERITED_MCA_PREFIXES)}
         env[PRTE_TMPDIR_VAR] = tempfile.mkdtemp(prefix="prte-", dir=self.workdir)
-        env["OMPI_MCA_btl_tcp_if_include"] = f"{SUBNET}.0/24"
+        env["OMPI_MCA_btl_tcp_if_include"] = f"{DATA_SUBNET}.0/24"  # the ranks' traffic: the data network
         env["OMPI_MCA_mpi_ft_enable"] = "1" if fault_tolerant else "0"
         configure_mpi_env(env, fault_tolerant=fault_tolerant)  # btl, pml, root, mapping: the rest
         env["PRTE_MCA_plm_ssh_agent"] = self.agent
@@ -753,19 +768,29 @@ class TestHosts:
         if not wait_for(functools.partial(_gone, host.pid1, host.pid1_start), self.timeout):
             raise TestHostsError(f"PID 1 of test host {name} survives SIGKILL")
 
-    def partition(self, name: str) -> None:
-        """Cut host ``name`` off: its veth's hub end goes down (nothing is sent, no FIN, no RST)."""
-        _ip("-n", self.hub, "link", "set", self.host(name).hub_veth, "down")
-        if name != HEAD:
+    def partition(self, name: str, network: str = "both") -> None:
+        """Cut host ``name`` off: its veths' hub ends go down (nothing is sent, no FIN, no RST):
+        both networks (the host is unreachable), ``mgmt`` (only its management network: the
+        launcher's and the liveness traffic; its ranks still reach their peers) or ``data``."""
+        if network not in NETWORKS:
+            raise ValueError(f"network must be one of {NETWORKS}, not {network!r}")
+        for veth in self._veths(name, network):
+            _ip("-n", self.hub, "link", "set", veth, "down")
+        if name != HEAD and network != "data":
             self._hold_sessions(name)
+
+    def _veths(self, name: str, network: str) -> list[str]:
+        host = self.host(name)
+        return [veth for veth, net in ((host.hub_veth, "mgmt"), (host.data_veth, "data")) if network in (net, "both")]
 
     def _hold_sessions(self, name: str) -> None:
         with open(os.path.join(self._down_dir, name), "w"):
             pass
 
     def heal(self, name: str) -> None:
-        """Bring host ``name``'s link back up."""
-        _ip("-n", self.hub, "link", "set", self.host(name).hub_veth, "up")
+        """Bring host ``name``'s links back up (both networks)."""
+        for veth in self._veths(name, "both"):
+            _ip("-n", self.hub, "link", "set", veth, "up")
         with contextlib.suppress(FileNotFoundError):
             os.unlink(os.path.join(self._down_dir, name))
 

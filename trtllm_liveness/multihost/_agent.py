@@ -243,12 +243,11 @@ class HostAgent:
             sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.RECONNECT_IVL, 100)
             # This agent's PINGs are what the hub's silence check reads, and the hub's answers what
-            # this one's reads; ZMQ drops the connection on its own only well past the agent's own
-            # decision (fence_silence_s).
+            # this one's reads. ZMQ never drops the connection on its own (timeout 0): a silence ends
+            # it only by the agent's decision (_check_hub_silence), which asks its ranks' progress.
             timeout_ms = max(20, int(self.settings.heartbeat_timeout_s * 1000))
             sock.setsockopt(zmq.HEARTBEAT_IVL, max(5, timeout_ms // _wire.PINGS_PER_TIMEOUT))
-            drop_s = self.settings.fence_silence_s + 2 * self.settings.heartbeat_timeout_s
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(drop_s * 1000))
+            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 0)
             monitor_sock = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             monitor.register(self.identities)
             monitor.subscribe(self._on_event)

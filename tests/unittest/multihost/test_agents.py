@@ -36,7 +36,7 @@ from tests.support.multihost_engine import (
 )
 from tests.support.process_tracker import ProcessTracker
 from tests.support.stuck_processes import Freezer
-from tests.support.testhosts import TestHosts
+from tests.support.testhosts import TestHosts, wait_for
 from tests.support.waits import WAIT_SCALE, wait_until
 
 pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi")]
@@ -112,9 +112,11 @@ def test_host_crash(test_hosts: TestHosts) -> None:
 
 @pytest.mark.timeout(120)
 def test_partition_is_a_lost_host_and_its_ranks_end(test_hosts: TestHosts) -> None:
-    """hostB's link down: nothing is closed, the hub hears nothing (not even a TCP acknowledgement)
-    for heartbeat_timeout_s and reports the host lost, naming it and its ranks; on hostB the agent
-    hears nothing from the hub either and ends the host's ranks (its own with status 75)."""
+    """hostB's links down (both networks): nothing is closed, the hub hears nothing for
+    heartbeat_timeout_s and the engine, whose every step waits for every rank, stops progressing:
+    the host is lost, naming it, its ranks and both signals; on hostB the agent hears nothing from
+    the hub either and, its ranks making no progress, ends them past heartbeat_ceiling_s (its own
+    with status 75)."""
     engine = Engine(test_hosts)
     _before(engine)
     on_b = engine.ranks_on("hostB")
@@ -122,7 +124,8 @@ def test_partition_is_a_lost_host_and_its_ranks_end(test_hosts: TestHosts) -> No
     fatal = engine.wait_fatal()
     engine.assert_fatal(fatal, ["lost"], 2)
     assert "host hostB" in fatal["fatal"] and "unreachable ranks: 2 (pid" in fatal["fatal"], fatal
-    assert "not even a TCP acknowledgement" in fatal["fatal"], fatal
+    assert "no heartbeat from host hostB's agent" in fatal["fatal"], fatal
+    assert "and no progress of the engine" in fatal["fatal"], fatal
     assert fatal["statuses"]["3"][0] == "alive", fatal  # hostC is not concerned
     done = engine.assert_shutdown()
     stops = {stop["host"]: stop for stop in done["host_stops"]}
@@ -133,6 +136,36 @@ def test_partition_is_a_lost_host_and_its_ranks_end(test_hosts: TestHosts) -> No
     log = engine.rank_log("hostB", 2)
     assert f"with status {AGENT_EXIT_STATUS}" in log and "nothing from the proxy's hub" in log, log[-3000:]
     test_hosts.heal("hostB")
+
+
+@pytest.mark.timeout(120)
+def test_a_management_outage_while_the_engine_serves_is_suspect_not_lost(test_hosts: TestHosts) -> None:
+    """The healthy look-alike of a partition: hostB's management network (the hub's and agents'
+    traffic) down for longer than heartbeat_ceiling_s while its data network (the ranks' steps)
+    stays up. The engine keeps making progress, so hostB is suspect (its ranks show it), never
+    lost, and its agent ends nothing; healed, hostB is heard again, and a real fault after it (the
+    data network cut as well) is still found."""
+    engine = Engine(test_hosts, program={"progress_s": 0.25})
+    _before(engine)
+    on_b = engine.ranks_on("hostB")
+    test_hosts.partition("hostB", network="mgmt")
+    try:
+        suspect = lambda: any(p["hosts"]["2"][0] == "suspect" for p in engine.progress())  # noqa: E731
+        assert wait_for(suspect, 10 * WAIT_SCALE), engine.diagnostics()
+        cut_at = time.monotonic()
+        time.sleep(6 + 1)  # bounded observation past the test's heartbeat_ceiling_s (5 s) plus a timeout
+        assert engine.record("fatal") is None, engine.diagnostics()
+        during = [p for p in engine.progress() if p["t"] >= cut_at]
+        assert during and during[-1]["iterations"] > during[0]["iterations"], during  # it kept serving
+        assert engine.wait_gone(on_b, 0.1) == on_b  # hostB's ranks still run
+    finally:
+        test_hosts.heal("hostB")
+    assert wait_for(lambda: engine.progress()[-1]["hosts"]["2"][0] == "alive", 20 * WAIT_SCALE), \
+        f"{engine.diagnostics()}\n{engine.rank_log('hostB', 2)[-3000:]}"
+    assert engine.record("fatal") is None, engine.diagnostics()
+    test_hosts.partition("hostB")
+    fatal = engine.wait_fatal()
+    engine.assert_fatal(fatal, ["lost"], 2)
 
 
 @pytest.mark.timeout(120)

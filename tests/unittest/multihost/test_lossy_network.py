@@ -2,8 +2,8 @@
 
 The rig first: an impaired host's link really drops and delays (UDP probes from the head). Then the
 engine with its agents (tests/support/multihost_engine.py) at the default heartbeat timeout, hostB
-and hostC behind a link that loses 1% of the frames each way and delays each by up to 0.2 s: no
-false alarm in the window, and a partition of hostB is still found. The 60 s measurement at 1% and
+and hostC behind a management link that loses 1% of the frames each way and delays each by up to
+0.2 s: no false alarm in the window, and a partition of hostB (both networks) is still found. The 60 s measurement at 1% and
 0.2 s alone is ``scripts/bench_multihost.py`` (``false_alarms_netem_60s``); no timing is asserted.
 """
 
@@ -20,7 +20,7 @@ from tests.support.testhosts import TestHosts
 
 pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi", "nftables")]
 
-WINDOW_S = 12.0  # ~25 PINGs of the hub per host
+WINDOW_S = 12.0  # ~24 PINGs of each agent
 
 
 @pytest.mark.timeout(90)
@@ -53,4 +53,4 @@ def test_no_false_alarm_on_a_lossy_jittery_network_and_a_partition_is_still_foun
     test_hosts.partition("hostB")
     fatal = engine.wait_fatal()
     engine.assert_fatal(fatal, ["lost"], 2)
-    assert "not even a TCP acknowledgement" in fatal["fatal"], fatal
+    assert "and no progress of the engine" in fatal["fatal"], fatal

@@ -233,7 +233,7 @@ def test_mpi_env_leaves_out_inherited_mca_settings(monkeypatch: pytest.MonkeyPat
     hosts = TestHosts()
     hosts.workdir, hosts.agent = str(tmp_path), "/nonexistent/agent"
     env = hosts.mpi_env()
-    assert env["OMPI_MCA_btl_tcp_if_include"] == "10.213.77.0/24", env
+    assert env["OMPI_MCA_btl_tcp_if_include"] == "10.213.78.0/24", env  # the data network
     assert env["OMPI_MCA_btl"] == "self,sm,tcp" and env["OMPI_MCA_mpi_ft_enable"] == "0", env
     assert "PRTE_MCA_oob_tcp_if_include" not in env and "PMIX_MCA_ptl_tcp_if_include" not in env, env
     assert env["PRTE_MCA_plm_ssh_agent"] == "/nonexistent/agent"
@@ -247,12 +247,13 @@ def test_a_job_starts_across_the_hosts_whatever_mca_settings_the_caller_exported
         test_hosts: TestHosts, monkeypatch: pytest.MonkeyPatch) -> None:
     """The control first: ``btl_tcp_if_include=lo`` given to a job as its own setting breaks its
     start (so the value is really hostile: measured, status 14 within a second, "received
-    unexpected process identifier"). Then the same, and more, only exported by the caller: the
+    unexpected process identifier", or, with the data network beside the management one, no start). Then the same, and more, only exported by the caller: the
     rig's job starts on the three hosts."""
     broken = test_hosts.mpirun((("hostA", 2), ("hostB", 1), ("hostC", 1)), [sys.executable, "-u", RANK_PROGRAM],
                                env={"OMPI_MCA_btl_tcp_if_include": "lo"})
     status = broken.wait_exit(END_S * WAIT_SCALE)
-    assert status not in (None, 0), f"status {status}:\n{broken.output()}"
+    broken.kill()  # it fails (status 14), or hangs between hosts that cannot reach each other
+    assert status != 0, f"status {status}:\n{broken.output()}"
     assert sum(line.startswith("READY ") for line in broken.output().splitlines()) < 4, broken.output()
     for key, value in HOSTILE_MCA.items():
         monkeypatch.setenv(key, value)
