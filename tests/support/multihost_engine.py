@@ -7,9 +7,9 @@ main tree, ``MpiCommSession`` under a real ``mpirun``, liveness on, the agent hu
 with one long request in flight, every step acknowledged by every rank over the data network
 (``step_acks``, as a tensor-parallel step needs every rank): rank 0, the proxy and its agent hub,
 on hostA; the lowest rank of every other host runs that host's agent. Rank 0 prints a ready line
-with the monitor's per-rank view, then the engine's fatal error (kind, rank, host, pid, the monotonic time it was recorded:
-CLOCK_MONOTONIC is the machine's one clock; whether the pending request failed; health), then
-what its bounded ``llm.shutdown()`` reported of every host.
+with the monitor's per-rank view, then the engine's fatal error (kind, rank, host, pid, the
+monotonic time it was recorded: CLOCK_MONOTONIC is the machine's one clock; whether the pending
+request failed; health), then what its bounded ``llm.shutdown()`` reported of every host.
 
 The launch, and why:
 

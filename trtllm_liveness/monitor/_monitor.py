@@ -34,6 +34,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
 from .._events import EventKind, MonitorMethod, RankStatus, WorkerEvent, WorkerState
 from ..process import _pidfd
@@ -43,9 +44,13 @@ from ._delivery import EventLog, Subscriber
 from ._rank_table import RankTable, sample_threads
 from ._remote_reports import merge_remote_reports
 from ._stall_timer import StalledSince
+from ._stopped_rank import StoppedRank
 from ._watched_rank import SCANNED_STATES, WatchedRank
 from ._watcher import PidfdWatcher, WatcherClosed
 from ._wedge import WedgeScan
+
+if TYPE_CHECKING:
+    from ._progress_clock import ProgressClock
 
 __all__ = ["Subscriber", "WorkerProcessMonitor"]
 
@@ -98,6 +103,7 @@ class WorkerProcessMonitor:
         self._failure: WorkerEvent | None = None
         self._stall: StalledSince | None = None
         self._stall_reported = False
+        self._stopped_rule: tuple[ProgressClock, float] | None = None  # (the engine's progress, the bound)
         self._first_dead: ProcessIdentity | None = None
         self._expecting_exits = False
         self._subscriber_reports = False
@@ -228,22 +234,35 @@ class WorkerProcessMonitor:
             return self._stall
 
     def report_stall(self, event: WorkerEvent) -> bool:
-        """Deliver a ``stalled`` event (``stall_action=fatal``) to every subscriber, at most once per
-        monitor; it becomes :attr:`failure` if none was recorded before. True if delivered now.
-        Raises ``ValueError`` for an event of another kind."""
+        """Deliver a ``stalled`` event (``stall_action=fatal``, a stopped rank) to every subscriber,
+        at most once per monitor; it becomes :attr:`failure` if none was recorded before. True if
+        delivered now. Raises ``ValueError`` for an event of another kind."""
         if event.kind is not EventKind.STALLED:
             raise ValueError(f"report_stall() takes a stalled event, got {event.kind.value}")
         if self._is_foreign_process():
             return False
         with self._lock:
-            if self._closed or self._stall_reported:
+            if self._closed or not self._stall_locked(event):
                 return False
-            self._stall_reported = True
-            if self._failure is None:
-                self._failure = event
-            self._log.append([event])
         self._publish([event])
         return True
+
+    def _stall_locked(self, event: WorkerEvent) -> bool:
+        if self._stall_reported:
+            return False
+        self._stall_reported = True
+        if self._failure is None:
+            self._failure = event
+        self._log.append([event])
+        return True
+
+    def watch_stopped_ranks(self, progress: ProgressClock, timeout_s: float) -> None:
+        """From now on, a local rank stopped by a signal (``T``) at every wedge scan for
+        ``timeout_s`` while ``progress`` shows no progress for as long with requests pending is a
+        ``stalled`` event (:mod:`._stopped_rank`); 0 or less: never. Rides on the wedge scan (no
+        scan, no verdict: wedge detection off turns this off too). Thread-safe."""
+        with self._lock:
+            self._stopped_rule = (progress, timeout_s) if timeout_s > 0 else None
 
     @property
     def identities(self) -> list[ProcessIdentity]:
@@ -511,6 +530,9 @@ class WorkerProcessMonitor:
         if not samples:
             return []
         now = time.monotonic()
+        rule = self._stopped_rule
+        quiet = rule[0].quiet_s(now) if rule is not None else None  # outside the lock: the proxy's len()
+        pending = rule[0].pending() if rule is not None and quiet is not None else 0
         events: list[WorkerEvent] = []
         with self._lock:
             for record, sample in samples:
@@ -521,7 +543,21 @@ class WorkerProcessMonitor:
                     if verdict is not None:
                         tid, wchan = verdict
                         self._claim_locked(record, events, tid=tid, wchan=wchan)
+                if rule is not None and record.sampler is not None and record.state is WorkerState.ALIVE:
+                    self._observe_stop_locked(record, record.sampler.state, rule[1], now, quiet, pending, events)
         return events
+
+    def _observe_stop_locked(self, record: WatchedRank, state: str, timeout_s: float, now: float,
+                             quiet: float | None, pending: int, events: list[WorkerEvent]) -> None:
+        if record.stopped is None or record.stopped.timeout_s != timeout_s:
+            record.stopped = StoppedRank(timeout_s, self._wedge_scan.interval_s)
+        record.stopped.observe(state, now)
+        cause = record.stopped.verdict(now, quiet, pending)
+        if cause is None or record.stopped.since is None:
+            return
+        event = WorkerEvent(EventKind.STALLED, record.identity, cause, fault_at=record.stopped.since)
+        if self._stall_locked(event):
+            events.append(event)
 
     def _is_foreign_process(self) -> bool:
         if os.getpid() == self._owner_pid:

@@ -19,6 +19,7 @@ from ..process import _procfs
 from ..process._identity import ProcessIdentity
 from ..process._oom import OomProbe
 from ..process._thread_sampler import DStateSample, ThreadSampler
+from ._stopped_rank import StoppedRank
 from ._wedge import WedgeTracker
 
 EVENT_OF_STATE = {
@@ -51,6 +52,7 @@ class WatchedRank:
     wedge: WedgeTracker | None = None
     sampler: ThreadSampler | None = None
     oom: OomProbe | None = None
+    stopped: StoppedRank | None = None
     reported: set[EventKind] = field(default_factory=set)
 
     @property

@@ -130,6 +130,7 @@ class ThreadSampler:
         self._closed = False
         self._tids: list[int] = []  # threads other than the main one, from the last listing
         self._thread_fds: dict[int, int] = {}  # kept stat fds of threads in _tids, by tid
+        self.state = ""  # the process's state letter at the last sample (``T``: stopped by a signal)
 
     def sample(self) -> DStateSample | None:
         """Sample once; None when no thread is in ``D``.
@@ -142,6 +143,7 @@ class ThreadSampler:
             if self._closed:
                 raise ProcessLookupError(f"sampler for pid {self.pid} is closed")
             main_state, num_threads = _procfs.parse_state_and_threads(self._read_main())
+            self.state = main_state
             states = {self.pid: main_state}
             if num_threads > 1:
                 states.update(self._other_thread_states(num_threads))

@@ -3,8 +3,9 @@
 The rig first: an impaired host's link really drops and delays (UDP probes from the head). Then the
 engine with its agents (tests/support/multihost_engine.py) at the default heartbeat timeout, hostB
 and hostC behind a management link that loses 1% of the frames each way and delays each by up to
-0.2 s: no false alarm in the window, and a partition of hostB (both networks) is still found. The 60 s measurement at 1% and
-0.2 s alone is ``scripts/bench_multihost.py`` (``false_alarms_netem_60s``); no timing is asserted.
+0.2 s: no false alarm in the window, and a partition of hostB (both networks) is still found.
+The 60 s measurement at 1% and 0.2 s alone is ``scripts/bench_multihost.py``
+(``false_alarms_netem_60s``); no timing is asserted.
 """
 
 from __future__ import annotations

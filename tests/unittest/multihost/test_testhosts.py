@@ -247,8 +247,9 @@ def test_a_job_starts_across_the_hosts_whatever_mca_settings_the_caller_exported
         test_hosts: TestHosts, monkeypatch: pytest.MonkeyPatch) -> None:
     """The control first: ``btl_tcp_if_include=lo`` given to a job as its own setting breaks its
     start (so the value is really hostile: measured, status 14 within a second, "received
-    unexpected process identifier", or, with the data network beside the management one, no start). Then the same, and more, only exported by the caller: the
-    rig's job starts on the three hosts."""
+    unexpected process identifier", or, with the data network beside the management one, no
+    start). Then the same, and more, only exported by the caller: the rig's job starts on the
+    three hosts."""
     broken = test_hosts.mpirun((("hostA", 2), ("hostB", 1), ("hostC", 1)), [sys.executable, "-u", RANK_PROGRAM],
                                env={"OMPI_MCA_btl_tcp_if_include": "lo"})
     status = broken.wait_exit(END_S * WAIT_SCALE)

@@ -288,6 +288,8 @@ class LivenessProxyMixin:
         state.ready = True
         if state.monitor is not None:
             arm_wedges(state.monitor, state.config)
+            if state.stall is not None:  # a stopped rank is a verdict with the engine's progress as its second signal
+                state.monitor.watch_stopped_ranks(state.stall.clock, state.config.stopped_timeout_s)
         if state.hub is not None:
             state.hub.arm(state.config.d_state_timeout_s or None)
         if state.stall is not None:
