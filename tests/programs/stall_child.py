@@ -19,19 +19,43 @@ at the end:
   once it finished (waited for up to ``diagnosis_s``).
 
 With ``expect`` "none" it watches the whole ``watch_s`` (an engine that must never stall); with
-"stall" it stops watching once the stall (or the fatal error) is seen. Then ``shutdown()`` (bounded).
+"stall" it stops watching once the stall (or the fatal error) is seen. Then ``shutdown()`` (bounded),
+or, with ``"shutdown": false``, nothing: the process ends at once (``ranks_alive`` in the record: the
+ranks still running then). ``health_end``: the health read after the watch (upstream's own check
+included), then up to ``settle_s`` for what that check did to the requests.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
 from typing import Any
 
 from tests.support.ref_engine import emit
 from tests.support.upstream_fakes import use_tree
+
+
+def _spawned_ranks() -> list[list[int]]:
+    """The ranks as the process tree has them (extension off: no identities): this process's
+    grandchildren (this process -> prte -> ranks) running ``mpi4py.futures.server``, by pid."""
+    def parent(pid: int) -> int:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return int(handle.read().rpartition(b")")[2].split()[1])
+
+    found: list[int] = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as handle:
+                if b"mpi4py.futures.server" in handle.read() and parent(parent(int(entry))) == os.getpid():
+                    found.append(int(entry))
+        except (OSError, ValueError, IndexError):
+            continue
+    return [[rank, pid] for rank, pid in enumerate(sorted(found))]
 
 
 def _health(proxy: Any) -> bool:
@@ -70,7 +94,8 @@ def main(options: dict[str, Any]) -> int:
     common = importlib.import_module("_trtllm_fake_common")
     executor_cls = importlib.import_module("tensorrt_llm.executor.executor").GenerationExecutor
     proxy = executor_cls.create(common.FakeEngine(**options.get("engine", {})), model_world_size=2)
-    emit({"identities": [[i.rank, i.pid] for i in proxy.liveness_identities()]})
+    ranks = [[i.rank, i.pid] for i in proxy.liveness_identities()] or _spawned_ranks()
+    emit({"identities": ranks})
     stall: Any = None
     idle_until = time.monotonic() + float(options.get("idle_first_s", 0))
     while time.monotonic() < idle_until:  # an idle engine: watched, never stalled
@@ -120,17 +145,37 @@ def main(options: dict[str, Any]) -> int:
     while time.monotonic() < ended and proxy.liveness_fatal_error is not None \
             and "pending" in _outcomes(results, seen).values():
         time.sleep(0.01)
+    health_end = _health(proxy)  # upstream's own check too (main's: its monitor's find_dead_worker)
+    settled = time.monotonic() + float(options.get("settle_s", 0))
+    while time.monotonic() < settled and "pending" in _outcomes(results, seen).values():
+        time.sleep(0.01)
     outcomes = list(_outcomes(results, seen).values())
     errors, finished = outcomes.count("error"), outcomes.count("finished")
     fatal = proxy.liveness_fatal_error
     emit({"stall": None if stall is None else stall.to_dict(),
           "stall_quiet_s": None if stall is None else stall.quiet_s,
-          "statuses": statuses, "health": health, "fatal": None if fatal is None else str(fatal),
+          "statuses": statuses, "health": health, "health_end": health_end,
+          "fatal": None if fatal is None else str(fatal),
           "fatal_kind": None if fatal is None else fatal.event.kind.value,
           "errors": errors, "finished": finished, "diagnosis": diagnosis,
-          "events": [event.kind.value for event in proxy.liveness_events]})
+          "events": [event.kind.value for event in proxy.liveness_events],
+          "ranks_alive": [rank for rank, pid in ranks if _alive(pid)]})
+    if options.get("shutdown", True) is False:
+        # An engine left as the fault left it (without the extension a shutdown may hang on a
+        # stopped or dead rank): the harness kills this process's session.
+        sys.stdout.flush()
+        os._exit(0)
     proxy.shutdown()
     return 0
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` still runs (not gone, not a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            return handle.read().rpartition(b")")[2].split()[0] not in (b"Z", b"X")
+    except (OSError, IndexError):
+        return False
 
 
 if __name__ == "__main__":  # mpi4py's workers import this module as __worker__: nothing may run then

@@ -116,14 +116,21 @@ OBSERVED_SNAPSHOT_BOUND_S = 6.0
 
 def observe_verdict(state: EngineLiveness, event: WorkerEvent) -> None:
     """Observe mode's whole reaction to a verdict (``observe=1``): it is remembered and counted by
-    kind, and ONE WARNING ``liveness: would fail: ...`` says what the fatal path would have said
-    (the fatal line with its evidence, read now) with the verdict's snapshot, logged from a thread
-    the engine owns once the snapshot is taken. Nothing else: no request failed, health unchanged,
-    nothing stopped, no exit, no quarantine. Never blocks; never raises."""
+    kind, and for the engine's first verdict ONE WARNING ``liveness: would fail: ...`` says what the
+    fatal path would have said (the fatal line with its evidence, read now) with the verdict's
+    snapshot, logged from a thread the engine owns once the snapshot is taken; a later verdict, which
+    enforcing would not have reached, is one INFO line. Nothing else: no request failed, health
+    unchanged, nothing stopped, no exit, no quarantine. Never blocks; never raises."""
     with state.lock:
+        first = not state.would_fail
         if not any(seen is event for seen in state.events):
             state.events.append(event)
         state.would_fail[event.kind] = state.would_fail.get(event.kind, 0) + 1
+    if not first:
+        # Enforcing, the first verdict would have stopped the engine: what comes after it is its
+        # consequence (a rank ending with the engine), said once at INFO.
+        logger.info("liveness: observed after the first verdict: %s (observe=1: nothing done)", event.message)
+        return
     line = fatal_line(event, fatal_evidence(state, event))
     diagnoser = state.diagnoser
 
