@@ -250,16 +250,50 @@ def _stubs(tmp_path: Path) -> dict[str, str]:
             "STUB_SLEEP": "0"}
 
 
+# What the batch script does with each status the extension documents (README, "What it does to
+# pods and jobs": exit_code, here 3; 14; 69; 75; 78), and with 1 (not this script's exit_code) and 0:
+# requeued or not, and the one line it prints.
+BATCH_STATUSES = [(3, True, ""), (14, True, ""), (75, True, ""),
+                  (69, False, "trtllm-serve: a worker is wedged (exit 69): the node must be recycled\n"),
+                  (78, False, "trtllm-serve: TRTLLM_WORKER_LIVENESS is invalid (exit 78, the key is in the log): "
+                              "nothing started\n"),
+                  (1, False, "trtllm-serve: exit 1, not an engine failure (exit_code is 3): see the log\n"),
+                  (0, False, ""), (137, False, "")]
+
+
 @pytest.mark.real_process
-@pytest.mark.parametrize(("status", "requeued"), [(3, True), (69, False), (0, False), (1, False)])
-def test_the_batch_script_requeues_an_engine_failure_only(tmp_path: Path, status: int, requeued: bool) -> None:
+@pytest.mark.parametrize(("status", "requeued", "says"), BATCH_STATUSES)
+def test_the_batch_script_requeues_an_engine_failure_only(tmp_path: Path, status: int, requeued: bool,
+                                                          says: str) -> None:
     env = {**_stubs(tmp_path), "STUB_STATUS": str(status)}
     result = subprocess.run(["bash", str(SBATCH)], capture_output=True, text=True, env=env,
                             timeout=30 * WAIT_SCALE, start_new_session=True)
     assert result.returncode == status, result
     log = tmp_path / "scontrol.log"
     assert (log.read_text() if log.exists() else "") == ("requeue 4242\n" if requeued else ""), result
-    assert ("wedged (exit 69)" in result.stderr) == (status == 69)
+    assert result.stderr == says, result
+
+
+def test_the_batch_script_and_the_alerts_cover_every_documented_exit_status() -> None:
+    """Every status of the README's table has a requeue decision above and an alert in docs/alerts.yml
+    that matches it (``== N`` on the container's last exit status; exit_code as the manifest and
+    the script set it, 3)."""
+    import yaml
+
+    table = (ROOT / "README.md").read_text().split("## What it does to pods and jobs", 1)[1].split("\n\n")[2]
+    statuses = set()
+    for row in table.splitlines()[2:]:
+        first = row.split("|")[1]
+        found = re.search(r"\((\d+)[;)]", first) or re.search(r"(\d+)", first)
+        assert found is not None, row
+        statuses.add(3 if first.strip().startswith("`exit_code`") else int(found.group(1)))
+    assert statuses == {3, 14, 69, 75, 78}, statuses
+    assert statuses <= {status for status, _, _ in BATCH_STATUSES}
+    rules = yaml.safe_load((ROOT / "docs" / "alerts.yml").read_text())
+    exprs = [rule["expr"] for group in rules["groups"] for rule in group["rules"]
+             if "kube_pod_container_status_last_terminated_exitcode" in rule["expr"]]
+    alerted = {int(number) for expr in exprs for number in re.findall(r"== (\d+)\b", expr)}
+    assert statuses <= alerted, statuses - alerted
 
 
 @pytest.mark.real_process
