@@ -3,7 +3,10 @@
 ``status`` is also a node health check (read-only, bounded: a few procfs reads, plus 1 s only
 when a device holder is seen in ``D``). Its exit status follows node-problem-detector's custom
 plugin contract, and with ``--slurm-drain`` it is a Slurm ``HealthCheckProgram`` that drains a
-quarantined node (Slurm reads no exit status of that program: it must drain the node itself):
+quarantined node (Slurm reads no exit status of that program: it must drain the node itself);
+with ``--k8s-cordon``/``--k8s-taint`` it is the Kubernetes node helper (docs/kubernetes.md) that
+cordons and taints its own quarantined node, so that no serving pod needs rights on nodes. Neither
+ever undoes what it did:
 
     0  OK: no marker that applies, no device holder stuck in D
     1  quarantined: an engine start here would refuse (first stdout line says why)
@@ -51,9 +54,10 @@ A worker wedged in D (GPU driver, NCCL, RDMA) leaves a marker on its host; every
 the host refuses while a recorded process still exists (or cannot be verified from its PID
 namespace), or while a process holding an accelerator device is stuck in D.
 
-  status  show it; usable as Slurm's HealthCheckProgram (--slurm-drain drains the node) and as a
-          node-problem-detector custom plugin (docs/slurm.md, docs/kubernetes.md). Never
-          changes the marker.
+  status  show it; usable as Slurm's HealthCheckProgram (--slurm-drain drains the node), as a
+          node-problem-detector custom plugin, and as the Kubernetes node helper (--k8s-cordon,
+          --k8s-taint: this node, $NODE_NAME) (docs/slurm.md, docs/kubernetes.md). Never
+          changes the marker, never undoes a drain, cordon or taint.
   clear   remove the marker once its processes are gone (--force: also while they are not)
 """
 
@@ -83,8 +87,14 @@ def add_quarantine_parser(sub: Any) -> None:
                             "quarantine_devices, /dev/nvidia*; '' for none)")
     quarantine.add_argument("--slurm-drain", action="store_true",
                             help="status: when quarantined, drain this Slurm node (scontrol update ... State=DRAIN)")
+    quarantine.add_argument("--k8s-cordon", action="store_true",
+                            help="status: when quarantined, cordon this Kubernetes node (spec.unschedulable)")
+    quarantine.add_argument("--k8s-taint", action="store_true",
+                            help="status: when quarantined, taint this Kubernetes node "
+                                 "trtllm-liveness/wedged=true:NoSchedule")
     quarantine.add_argument("--node", metavar="NAME", default=None,
-                            help="Slurm node for --slurm-drain (default $SLURMD_NODENAME, else the short hostname)")
+                            help="Slurm node for --slurm-drain (default $SLURMD_NODENAME, else the short hostname); "
+                                 "Kubernetes node for --k8s-cordon/--k8s-taint (default $NODE_NAME)")
     quarantine.add_argument("--force", action="store_true", help="clear: remove the marker even while it applies")
     quarantine.add_argument("--json", action="store_true", help="print the result as one JSON object")
     quarantine.set_defaults(func=run_quarantine)
@@ -124,6 +134,14 @@ def run_quarantine(args: argparse.Namespace) -> int:
                              timeout_s=base.quarantine_action_timeout_s)
         if not args.json:
             out(f"slurm drain: {'done' if result.ok else 'FAILED'}: {result.detail}")
+    if check.quarantined and (args.k8s_cordon or args.k8s_taint):
+        from ..quarantine._orchestrator_actions import k8s_mark_node
+
+        marked = k8s_mark_node(f"trtllm-liveness quarantine: {check.describe()}", cordon=args.k8s_cordon,
+                               taint=args.k8s_taint, node=args.node, timeout_s=base.quarantine_action_timeout_s)
+        if not args.json:
+            out(f"kubernetes {marked.action.removeprefix('k8s-')}: {'done' if marked.ok else 'FAILED'}: "
+                f"{marked.detail}")
     return STATUS_QUARANTINED if check.quarantined else STATUS_OK
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.facilities import needs
+from tests.support.kube_api import serve_nodes, write_kubeconfig
 from tests.support.other_user import OTHER_USER, interpreter_for_others, package_readable_by_others
 from tests.support.process_tracker import ProcessTracker
 from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
@@ -25,6 +26,7 @@ from trtllm_liveness.cli import EXIT_STATUS_HELP
 from trtllm_liveness.process._identity import capture_identity
 from trtllm_liveness.quarantine._host_policy import quarantine_host
 from trtllm_liveness.quarantine._marker import MARKER_NAME
+from trtllm_liveness.quarantine._orchestrator_actions import K8S_REASON_ANNOTATION, K8S_TAINT_KEY
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60), needs("console-script")]
 
@@ -68,6 +70,42 @@ def test_status_and_clear_follow_the_stuck_process(stuck_child: StuckChild, tmp_
     cleared = cli("clear", "--dir", str(directory))
     assert cleared.returncode == 0 and "removed" in cleared.stdout and not (directory / MARKER_NAME).exists()
     assert cli("clear", "--dir", str(directory)).returncode == 0  # nothing to clear
+
+
+@needs("k8s-client")
+def test_the_kubernetes_node_helper_cordons_and_taints_its_own_node_only_when_quarantined(
+        procs: ProcessTracker, tmp_path: Path) -> None:
+    """docs/kubernetes.md's node helper: ``quarantine status --k8s-cordon --k8s-taint`` with the
+    node's name from ``$NODE_NAME`` and its own client configuration (a kubeconfig here, pointing at
+    a loopback API stand-in that records the client's own requests)."""
+    directory = tmp_path / "q"
+    directory.mkdir()
+    with serve_nodes() as (server, recorder):
+        env = {"PATH": "/usr/bin:/bin", "NODE_NAME": "gpu-7",
+               "KUBECONFIG": str(write_kubeconfig(tmp_path / "kubeconfig", server))}
+
+        def helper() -> subprocess.CompletedProcess[str]:
+            return subprocess.run([str(CLI), "quarantine", "status", "--dir", str(directory), "--devices", "",
+                                   "--k8s-cordon", "--k8s-taint"], capture_output=True, text=True,
+                                  timeout=60, start_new_session=True, env=env)
+
+        clean = helper()
+        assert clean.returncode == 0 and recorder.requests == [], (clean, recorder.requests)
+        stuck = procs.sleeper()
+        quarantine(directory, stuck.pid)
+        marked = helper()
+        assert marked.returncode == 1, marked
+        first, second = marked.stdout.splitlines()
+        assert first.startswith("QUARANTINED: host quarantined by") and f"pid {stuck.pid}" in first, first
+        assert second.startswith("kubernetes cordon+taint: done: node gpu-7: unschedulable, taints set"), second
+        (get_verb, get_path, _, _), (verb, path, _, body) = recorder.requests
+    assert (get_verb, get_path, verb, path) == ("GET", "/api/v1/nodes/gpu-7", "PATCH", "/api/v1/nodes/gpu-7")
+    assert body["spec"]["unschedulable"] is True
+    assert body["spec"]["taints"] == [{"key": "other", "value": "x", "effect": "NoExecute"},
+                                      {"key": K8S_TAINT_KEY, "value": "true", "effect": "NoSchedule"}]
+    assert body["metadata"]["annotations"][K8S_REASON_ANNOTATION].startswith(
+        "trtllm-liveness quarantine: host quarantined by"), body
+    assert (directory / MARKER_NAME).exists()  # read only
 
 
 def test_clear_force_removes_a_marker_that_still_applies(procs: ProcessTracker, tmp_path: Path) -> None:

@@ -168,6 +168,6 @@ def test_sigterm_after_a_remote_wedge_thaws_and_ends_every_rank_on_every_host(te
 
 def test_the_agents_own_rank_is_refused_with_what_can_be_hit(test_hosts: TestHosts, procs: ProcessTracker) -> None:
     status, out, err = run_drill(test_hosts, "trtllm_main", "kill", "--rank", "2")
-    assert status == 1 and out == "", (out, err)
+    assert status == 4 and out == "", (out, err)  # the drill could not run: nothing was tested
     assert "rank 2 is not a rank of another host outside its agent's own (hittable: [3]" in err, err
     assert_nothing_left(test_hosts)

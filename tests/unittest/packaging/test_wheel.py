@@ -1,8 +1,9 @@
 """The wheel, outside the checkout: built from the tracked sources, metadata checked, installed in a
 fresh virtualenv, and used there as a user would (no ``PYTHONPATH``, working directory elsewhere).
 
-What a TensorRT-LLM container gets is ``pip install trtllm-liveness`` without extras: the package
-has no dependencies (the container's mpi4py and pyzmq serve). The virtualenv here holds the wheel
+What a TensorRT-LLM container gets first is the wheel without extras (docs/image-install.sh installs
+it alone; test_image_install.py runs that script): the package has no dependencies (the
+container's mpi4py and pyzmq serve). The virtualenv here holds the wheel
 and its ``mpi`` extra only (mpi4py, Open MPI's wheel, pyzmq, from pip's cache or the index): every
 module of the installed package imports there (an optional integration whose extra is missing says
 which extra to install), its ``__main__`` runs, and the demo runs as a user would run it, with the

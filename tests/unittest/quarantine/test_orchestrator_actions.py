@@ -8,24 +8,23 @@ client's own requests.
   ``quarantine status --slurm-drain`` as the node's ``HealthCheckProgram`` drains it too;
 - the command hook: run with the marker and the reason; one that hangs is killed at its timeout;
 - Kubernetes: no API server can run here, so the official client talks to a loopback HTTP server
-  that records its requests: the shape of the calls (paths, verbs, content type, bodies) is the
-  client's own, not a mock's.
+  that records its requests (``tests/support/kube_api.py``): the shape of the calls (paths, verbs,
+  content type, bodies) is the client's own, not a mock's.
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 from tests.support.facilities import needs, require_facility
+from tests.support.kube_api import NodeApiRecorder, serve_nodes
 from tests.support.process_tracker import ProcessTracker
 from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
 from tests.support.slurm_cluster import SlurmCluster
@@ -142,44 +141,11 @@ def test_a_failing_or_missing_hook_is_reported_not_raised(tmp_path: Path) -> Non
 # ----------------------------------------------------------------------------- Kubernetes
 
 
-class _FakeApiServer(BaseHTTPRequestHandler):
-    """Answers like the API server's ``/api/v1/nodes/<name>`` and records each request."""
-
-    requests: ClassVar[list[tuple[str, str, str, Any]]] = []
-    node: ClassVar[dict[str, Any]] = {}
-
-    def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else None
-        type(self).requests.append((self.command, self.path, self.headers.get("Content-Type", ""), body))
-        data = json.dumps(type(self).node).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_PATCH = _answer
-
-    def log_message(self, format: str, *args: Any) -> None:
-        del format, args
-
-
 @pytest.fixture
-def api_server() -> Iterator[tuple[str, type[_FakeApiServer]]]:
+def api_server() -> Iterator[tuple[str, type[NodeApiRecorder]]]:
     require_facility("k8s-client")
-    handler = type("Recorder", (_FakeApiServer,), {"requests": [], "node": {
-        "apiVersion": "v1", "kind": "Node", "metadata": {"name": "gpu-7"},
-        "spec": {"taints": [{"key": "other", "value": "x", "effect": "NoExecute"}]}}})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}", handler
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(5)
+    with serve_nodes() as served:
+        yield served
 
 
 def _client(host: str) -> Any:
@@ -190,7 +156,7 @@ def _client(host: str) -> Any:
     return client.ApiClient(configuration)
 
 
-def test_cordon_and_taint_use_the_clients_own_node_requests(api_server: tuple[str, type[_FakeApiServer]],
+def test_cordon_and_taint_use_the_clients_own_node_requests(api_server: tuple[str, type[NodeApiRecorder]],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     host, recorder = api_server
     monkeypatch.setenv("NODE_NAME", "gpu-7")
@@ -207,7 +173,7 @@ def test_cordon_and_taint_use_the_clients_own_node_requests(api_server: tuple[st
 
 
 def test_cordon_alone_reads_nothing_and_a_missing_node_name_is_an_error(
-        api_server: tuple[str, type[_FakeApiServer]], monkeypatch: pytest.MonkeyPatch) -> None:
+        api_server: tuple[str, type[NodeApiRecorder]], monkeypatch: pytest.MonkeyPatch) -> None:
     host, recorder = api_server
     monkeypatch.delenv("NODE_NAME", raising=False)
     failed = k8s_mark_node("r", cordon=True, taint=False, timeout_s=5, api_client=_client(host))
