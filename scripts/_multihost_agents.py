@@ -32,13 +32,14 @@ from tests.support.multihost_engine import (
     remote_wedge,
     timed_fatal,
 )
-from tests.support.testhosts import TestHosts
+from tests.support.testhosts import TestHosts, wait_for
 from trtllm_liveness.process import _procfs
 
 REPO = Path(__file__).resolve().parent.parent
 
-__all__ = ["Fatal", "NetemControl", "StartFailed", "false_alarms_loaded", "false_alarms_netem", "heartbeat_cpu",
-           "host_fault", "remote_kill", "remote_wedge"]
+__all__ = ["Fatal", "NetemControl", "OutageControl", "StartFailed", "false_alarms_bursts", "false_alarms_loaded",
+           "false_alarms_mgmt_outage", "false_alarms_netem", "heartbeat_cpu", "host_fault", "remote_kill",
+           "remote_wedge"]
 
 
 def heartbeat_cpu(window: float = 20.0) -> float:
@@ -216,3 +217,78 @@ def false_alarms_netem(window: float, loss_pct: float = netem.LOSS_PCT,
                         {"p10": ms(0.1), "p50": ms(0.5), "p90": ms(0.9), "max": ms(1.0)}, round(path.lost_pct, 2),
                         dropped, relay, round(sampler.hub_max, 3) if sampler.samples else None,
                         round(sampler.agent_max, 3) if sampler.samples else None, sampler.samples)
+
+
+class OutageControl(NamedTuple):
+    """One host's management network down for ``outage_s`` while the engine serves (its data
+    network up): fatal errors from the cut until the host was heard again (0 expected); whether the
+    engine kept making progress through the outage (rank 0's iterations, each needing every rank);
+    whether the host showed ``suspect``; how long after the heal it was ``alive`` again (TCP's
+    retransmission backoff keeps a connection quiet for a while after a long outage); then a real
+    partition (both networks) of the same host: detected or not, and how fast."""
+
+    outage_s: float
+    alarms: int
+    alarm: str
+    iterations_during: int
+    suspect_seen: bool
+    alive_again_s: float | None
+    real_fault_detected: bool
+    real_fault_ms: float | None
+
+
+def false_alarms_mgmt_outage(outage_s: float = 30.0, recover_s: float = 60.0) -> OutageControl:
+    """See :class:`OutageControl`; the default heartbeat. Raises :class:`StartFailed`."""
+    with TestHosts() as hosts:
+        engine = Engine(hosts, liveness=DEFAULTS, program={"progress_s": 0.25})
+        if not wait_for(lambda: bool(engine.progress()), 10):
+            raise StartFailed(f"no progress record:\n{engine.diagnostics()}")
+        cut = time.monotonic()
+        hosts.partition("hostB", network="mgmt")
+        try:
+            during = timed_fatal(engine, cut, outage_s, shutdown=False)
+        finally:
+            hosts.heal("hostB")
+        healed = time.monotonic()
+        alive = wait_for(lambda: engine.record("fatal") is not None
+                         or engine.progress()[-1]["hosts"]["2"][0] == "alive", recover_s, 0.05)
+        fatal = engine.record("fatal")
+        alarm = during.message or (str(fatal.get("fatal")) if fatal else "")
+        records = [p for p in engine.progress() if cut <= p["t"] <= healed]
+        grew = records[-1]["iterations"] - records[0]["iterations"] if len(records) > 1 else 0
+        suspect = any(p["hosts"]["2"][0] == "suspect" for p in records)
+        alive_again = next((p["t"] - healed for p in engine.progress() if p["t"] > healed
+                            and p["hosts"]["2"][0] == "alive"), None) if alive and fatal is None else None
+        real: Fatal | None = None
+        if fatal is None:
+            t0 = time.monotonic()
+            hosts.partition("hostB")
+            real = timed_fatal(engine, t0, shutdown=False)
+        engine.job.kill()
+    return OutageControl(outage_s, 0 if not alarm else 1, alarm, grew, suspect,
+                         None if alive_again is None else round(alive_again, 3),
+                         real is not None and real.ms is not None and real.kind == "lost",
+                         None if real is None or real.ms is None else round(real.ms, 1))
+
+
+def false_alarms_bursts(runs: int, window: float = 12.0) -> tuple[int, int, list[str], int]:
+    """``runs`` fresh engines, each ``window`` s behind the lossy, jittery management links of
+    hostB and hostC plus bursts into hostB (2 of every 5 frames, :func:`~tests.support.netem.bursts`):
+    (runs with a fatal error, runs started, their messages, frames the rules dropped)."""
+    alarms, started, messages, dropped = 0, 0, [], 0
+    for _ in range(runs):
+        try:
+            with TestHosts() as hosts:
+                netem.impair(hosts, ("hostB", "hostC"))
+                netem.bursts(hosts, "hostB")
+                engine = Engine(hosts, liveness=DEFAULTS)
+                started += 1
+                fatal = timed_fatal(engine, time.monotonic(), window, shutdown=False)
+                dropped += sum(netem.dropped(hosts, name) for name in ("hostB", "hostC"))
+                engine.job.kill()
+        except StartFailed:
+            continue
+        if fatal.ms is not None:
+            alarms += 1
+            messages.append(fatal.message)
+    return alarms, started, messages, dropped

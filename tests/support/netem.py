@@ -1,7 +1,8 @@
-"""A lossy, jittery network for test hosts (this kernel has no netem qdisc).
+"""A lossy, jittery, bursty management network for test hosts (this kernel has no netem qdisc).
 
 :func:`impair` gives chosen hosts of a started :class:`~tests.support.testhosts.TestHosts` a bad
-link, in both directions:
+management link (``eth0``: the liveness hub's and agents' traffic; the data network, MPI's, is left
+alone), in both directions (:func:`bursts` adds runs of losses into one host):
 
 * **loss**: nftables ``netdev`` ingress hooks drop each IPv4 frame crossing the link with
   probability ``loss_pct`` % (``numgen random mod 10000 < loss_pct * 100``, with counters): on the
@@ -134,6 +135,26 @@ def impair(hosts: TestHosts, names: Sequence[str], *, loss_pct: float = LOSS_PCT
         _nft(hosts.hub, loss_rules(f"k{veth}" if jitter_s > 0 else veth, loss_pct, f"{NFT_TABLE}_{veth}"))
     relay = _start_relay(hosts, pairs, jitter_s, stats_path) if pairs else None
     return Impairment(names, loss_pct, jitter_s, relay, stats_path)
+
+
+BURST_TABLE = f"{NFT_TABLE}_bursts"
+
+
+def bursts(hosts: TestHosts, name: str, *, drop: int = 2, every: int = 5) -> None:
+    """Burst loss into host ``name`` (on top of :func:`impair`, or alone): of every ``every`` IPv4
+    frames arriving on its management link, ``drop`` in a row are dropped (nftables ``numgen inc``:
+    a deterministic pattern, so segments and their retransmissions are lost in runs, as on a
+    congested or flapping link). Counted by :func:`dropped`. Raises :class:`TestHostsError`."""
+    reason = unavailable()
+    if reason is not None:
+        raise TestHostsError(reason)
+    if not 0 < drop < every <= 1000:
+        raise ValueError(f"0 < drop < every <= 1000, not {drop}, {every}")
+    _nft(hosts.host(name).netns,
+         f"table netdev {BURST_TABLE} {{\n"
+         f"  chain ingress {{ type filter hook ingress device \"eth0\" priority -1; policy accept;\n"
+         f"    meta protocol ip numgen inc mod {every} < {drop} counter drop; }}\n"
+         f"}}\n")
 
 
 def _start_relay(hosts: TestHosts, pairs: list[str], jitter_s: float, stats_path: str) -> subprocess.Popen[bytes]:
