@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.process_tracker import ProcessTracker
+from tests.support.waits import wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._thread_sampler import ThreadSampler, sample_d_state
@@ -172,6 +173,8 @@ def test_sampler_keeps_one_fd_per_live_thread_within_the_budget(
     proc.stdin.write(b"go\n")
     proc.stdin.flush()
     assert proc.stdout.readline().strip() == b"alone"
+    # join() returns when a thread's Python part is done; the kernel may list it a moment longer.
+    assert wait_until(lambda: _procfs.list_tids(proc.pid) == [proc.pid], 10)
     assert sampler.sample() is None  # down to the main thread: the others' fds are given back
     assert _kept_thread_stat_fds(proc.pid) == set() and budget.used == 0
     sampler.close()
