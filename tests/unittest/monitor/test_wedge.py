@@ -246,8 +246,9 @@ def test_wedge_detection_off_by_default_costs_nothing(procs: ProcessTracker, stu
         assert monitor.check() is None and _state(monitor) is WorkerState.ALIVE
 
 
-def _sample(*tids: int, kill: bool = False) -> DStateSample:
-    return DStateSample(tuple(tids), kill, "wchan")
+def _sample(*tids: int, kill: bool = False, switches: tuple[int | None, ...] | None = None) -> DStateSample:
+    # By default every thread's switch count stays the same: it never runs between samples.
+    return DStateSample(tuple(tids), kill, "wchan", switches if switches is not None else (7,) * len(tids))
 
 
 def test_tracker_tracks_each_thread_separately() -> None:
