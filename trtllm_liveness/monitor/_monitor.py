@@ -502,15 +502,21 @@ class WorkerProcessMonitor:
         return self._wedge_scan.enabled and self._ranks.wants_scan()
 
     def _scan_wedges(self) -> list[WorkerEvent]:
-        """Sample every watched worker's threads (outside the lock) and apply verdicts (inside)."""
+        """Sample every watched worker's threads (outside the lock) and apply verdicts (inside).
+
+        Samples are dated by when their scan began, and the next scan begins a full interval after
+        that at the earliest: a thread stuck since one scan is judged stuck for ``k`` intervals at
+        the ``k``-th scan after it, never one scan later because this scan's reads happened to
+        take longer than that one's (a date taken after the reads would differ by that much)."""
         with self._lock:
             if self._closed:
                 return []
+            now = time.monotonic()
+            self._wedge_scan.not_before(now)
             targets = self._ranks.scan_targets()
         samples = sample_threads(targets)
         if not samples:
             return []
-        now = time.monotonic()
         events: list[WorkerEvent] = []
         with self._lock:
             for record, sample in samples:

@@ -119,6 +119,10 @@ class WedgeScan:
         self.next_at = time.monotonic()
         return True
 
+    def not_before(self, began: float) -> None:
+        """Keep the next scan at least one interval after a scan that began at monotonic ``began``."""
+        self.next_at = max(self.next_at, began + self.interval_s)
+
     def take_due(self, now: float) -> bool:
         """Whether a scan is due at monotonic ``now``; if so the next one is scheduled."""
         if now < self.next_at:
