@@ -53,9 +53,10 @@ class LivenessConfig:
 
     Attributes:
         enabled: whether the extension does anything at all.
-        d_state_timeout_s: seconds a worker thread may stay in ``D`` before the worker counts as
-            wedged (a non-restartable fatal error), once the engine is READY; 0 disables wedge
-            detection.
+        d_state_timeout_s: seconds a worker thread may stay in ``D`` without running (its
+            context-switch count unchanged: the kernel's hung-task rule) before the worker counts
+            as wedged (a non-restartable fatal error), once the engine is READY; 0 disables wedge
+            detection. A thread that keeps waking from ``D`` (slow I/O) is never wedged.
         startup_d_state_timeout_s: the same bound before READY (model load, which may read
             weights from a slow cold mount); 0 (the default) means no wedge verdict during
             start-up at all: a slow but healthy start-up must never be killed. Deaths are

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from tests.support.leak_checks import LEAKED
 from tests.support.waits import WAIT_SCALE, wait_until
+from trtllm_liveness.demo._fuse_slow_reads import slow_reader_cmd
 from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.process import _procfs
 
@@ -104,6 +105,20 @@ class ProcessTracker:
         assert stall.wait_held(child.pid, timeout * WAIT_SCALE), "the FUSE server never read the child's request"
         return child
 
+    def slow_reader(self, stall: FuseStall, seconds: float) -> tuple[subprocess.Popen[bytes], int]:
+        """A child whose helper thread reads ``stall``'s slow-read file for ``seconds``: in ``D`` most
+        of the time, every read answered (the healthy look-alike of a wedge). Returns it and the
+        reading thread's id; its next line is its ``SlowReadResult``, and it exits once its stdin is
+        closed (or at teardown)."""
+        child = subprocess.Popen(slow_reader_cmd(stall, seconds), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                 start_new_session=True)
+        self.popens.append(child)
+        self.track(child.pid)
+        assert child.stdout is not None
+        line = child.stdout.readline()
+        assert line.strip().isdigit(), f"the slow reader did not start: {line!r}"
+        return child, int(line)
+
     def cleanup(self) -> None:
         for pid, start in self.pids.items():
             if start is not None and start_time_or_none(pid) == start:
@@ -114,6 +129,8 @@ class ProcessTracker:
                 proc.wait(10)
             if proc.stdout is not None:
                 proc.stdout.close()
+            if proc.stdin is not None:
+                proc.stdin.close()
         for pid, start in self.pids.items():
             if start is not None and not wait_until(lambda p=pid: state_of(p) in (None, "Z"), 5):
                 LEAKED.append(f"pid {pid} still alive after teardown")

@@ -24,8 +24,10 @@ __all__ = ["add_scan_parser", "run_scan"]
 _SCAN_DESCRIPTION = """\
 Diagnose processes now. Each process is sampled several times over --window; for it and each of
 its threads the scan reports the state, how long a thread was seen in D (uninterruptible sleep),
-whether SIGKILL is pending, the kernel wait channel, and whether it is a zombie. A process in D with
-SIGKILL pending across samples is UNKILLABLE: only recycling the host ends it.
+whether SIGKILL is pending, the kernel wait channel, and whether it is a zombie. A thread in D on
+every sample without a context switch between them is stuck (d-state; one that switches is slow
+I/O making progress: ok). A process in D with SIGKILL pending across samples, not having run
+between them, is UNKILLABLE: only recycling the host ends it.
 
 Give PIDs, or select the processes of a job with filters (combined with AND):
   --name mpi4py.futures.server    name or command line contains the text

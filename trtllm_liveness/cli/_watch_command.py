@@ -25,10 +25,10 @@ from ._output import Progress, err, out, printable, usage_error
 __all__ = ["add_watch_parser", "run_watch"]
 
 _WATCH_DESCRIPTION = """\
-Block until one of the processes dies, or (with --d-state-timeout) has a thread in D for that long,
-or becomes unkillable; then print the event (one JSON object with --json) and exit 3 (died) or 4
-(wedged/unkillable). The pids are verified by start time, so a recycled pid is never mistaken for
-the process. No signal is ever sent.
+Block until one of the processes dies, or (with --d-state-timeout) has a thread in D without a
+context switch for that long, or becomes unkillable; then print the event (one JSON object with
+--json) and exit 3 (died) or 4 (wedged/unkillable). The pids are verified by start time, so a
+recycled pid is never mistaken for the process. No signal is ever sent.
 """
 
 
@@ -39,7 +39,8 @@ def add_watch_parser(sub: Any) -> None:
                            formatter_class=argparse.RawDescriptionHelpFormatter)
     watch.add_argument("pids", nargs="+", type=pid_arg, metavar="PID", help="process ids to watch")
     watch.add_argument("--d-state-timeout", type=seconds_arg(allow_zero=False), default=None, metavar="S",
-                       help="report a process wedged once a thread is in D this long (default: deaths only)")
+                       help="report a process wedged once a thread is in D without a context switch this long "
+                            "(default: deaths only)")
     watch.add_argument("--scan-interval", type=seconds_arg(allow_zero=False), default=None, metavar="S",
                        help="how often to sample thread states (default min(1, S/5))")
     watch.add_argument("--json", action="store_true", help="print the event as one JSON object")
@@ -79,7 +80,7 @@ def run_watch(args: argparse.Namespace) -> int:
             if status.state in (WorkerState.UNMONITORED_OTHER_NAMESPACE, WorkerState.UNMONITORED_REMOTE):
                 return usage_error(f"cannot watch pid {status.identity.pid}: {status.detail}")
         monitor.start()
-        what = "death" if timeout is None else f"death, or a thread in D for {timeout:g}s"
+        what = "death" if timeout is None else f"death, or a thread in D without a context switch for {timeout:g}s"
         progress.line(f"watching {len(identities)} process(es) ({' '.join(map(str, pids))}) for {what}; "
                       "Ctrl-C to stop")
         started = time.monotonic()

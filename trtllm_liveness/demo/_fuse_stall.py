@@ -6,7 +6,11 @@ that speaks the raw FUSE protocol on ``/dev/fuse`` (:mod:`._fuse_server`, no lib
 ``stat()`` on a path inside the mount waits in the kernel for an answer that never comes. One file
 is the exception, :attr:`FuseStall.read_path`: its lookup, attributes, open, flush and release are
 answered and only its ``READ`` is held, so a process can open and ``mmap`` it and then gets stuck
-in the page fault (a stand-in for a fault on an NFS or GPU-unified-memory mapping). It is a second
+in the page fault (a stand-in for a fault on an NFS or GPU-unified-memory mapping). The other
+exception is the healthy look-alike of a wedge, :attr:`FuseStall.slow_read_path`: every ``READ`` of
+it is answered, each after a delay of 100-300 ms (``read_delay_s``), so its reader sleeps in ``D``
+most of the time while it makes progress, as one streaming weights from a network file system does
+(:mod:`._fuse_slow_reads` runs such a reader). It is a second
 stand-in, next to the cgroup v1 freezer (:mod:`._cgroup_faults`), for a worker wedged in a GPU
 driver, and works where cgroup v2 is mounted instead.
 
@@ -67,7 +71,7 @@ from ._fuse_mounts import (
     remove_leftover_mounts,
     umount_fuse,
 )
-from ._fuse_server import HELD_READ_NAME, HELD_READ_SIZE, FuseServer
+from ._fuse_server import HELD_READ_NAME, HELD_READ_SIZE, SLOW_READ_DELAY_S, SLOW_READ_NAME, FuseServer
 
 # The mount helpers and the held-read file's names are re-exported: callers set up and clean up
 # FUSE stalls through this module.
@@ -78,6 +82,7 @@ __all__ = [
     "HELD_READ_SIZE",
     "MEM_FAULT_TARGET_CODE",
     "MOUNT_PREFIX",
+    "SLOW_READ_DELAY_S",
     "FuseStall",
     "fuse_available",
     "fuse_mounts",
@@ -131,6 +136,7 @@ sys.exit(3)
 """
 
 _DEFAULT_TIMEOUT_S = 10.0
+_MAX_READ_DELAY_S = 10.0  # a late answer is still an answer: waits on it stay bounded
 
 
 class FuseStall:
@@ -144,17 +150,28 @@ class FuseStall:
     :attr:`read_path` is a regular read-only file of :data:`HELD_READ_SIZE` bytes that opens and
     maps normally; reading it (``read(2)`` or a page fault on a mapping) blocks the same way, in
     the READ request (:meth:`wait_read_held`).
+
+    :attr:`slow_read_path` is a regular read-only file (opened for direct I/O: no page cache) whose
+    every READ is answered, after a delay drawn uniformly from ``read_delay_s`` (seconds, at most
+    10) for each READ; byte ``i`` is ``i % SLOW_READ_PERIOD``. A reader shows ``D`` in
+    ``request_wait_answer`` most of the time, and its context-switch count grows with each answer.
+    Raises ``ValueError`` for a ``read_delay_s`` outside ``0 <= low <= high <= 10``.
     """
 
-    def __init__(self, timeout: float = _DEFAULT_TIMEOUT_S) -> None:
+    def __init__(self, timeout: float = _DEFAULT_TIMEOUT_S,
+                 read_delay_s: tuple[float, float] = SLOW_READ_DELAY_S) -> None:
+        low, high = read_delay_s
+        if not 0 <= low <= high <= _MAX_READ_DELAY_S:
+            raise ValueError(f"read_delay_s must be 0 <= low <= high <= {_MAX_READ_DELAY_S:g}, not {read_delay_s}")
         self.timeout = timeout
         self.mountpoint = ""
         self.path = ""  # <mountpoint>/stall, for one caller
         self.read_path = ""  # <mountpoint>/held-read: opens and maps; its READ is never answered
+        self.slow_read_path = ""  # <mountpoint>/slow-read: every READ answered, late
         self._fd = -1
         self._mounted = False
         self._released = False
-        self._server = FuseServer()
+        self._server = FuseServer(read_delay_s)
         self._names = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -177,6 +194,7 @@ class FuseStall:
         self.mountpoint = tempfile.mkdtemp(prefix=f"{MOUNT_PREFIX}-{os.getpid()}-")
         self.path = os.path.join(self.mountpoint, "stall")
         self.read_path = os.path.join(self.mountpoint, HELD_READ_NAME)
+        self.slow_read_path = os.path.join(self.mountpoint, SLOW_READ_NAME)
         # Non-blocking, so that the server thread can poll it together with its wake-up pipe.
         self._fd = os.open(DEV_FUSE, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
         code = mount_fuse(self._fd, self.mountpoint)
@@ -282,3 +300,7 @@ class FuseStall:
         synchronous: INIT does not offer ``FUSE_ASYNC_READ``). False on timeout.
         """
         return self._server.wait_read_held(tid, timeout)
+
+    def slow_reads_answered(self) -> int:
+        """How many READs of :attr:`slow_read_path` were answered so far."""
+        return self._server.slow_reads_answered()

@@ -6,13 +6,16 @@ reports, per process and per thread: the state letter, how long a thread was see
 and whether the process is a zombie. From those it gives a verdict and the action to take:
 
 - ``unkillable``: SIGKILL pending on two consecutive samples, whatever the state: a thread in ``D``
-  (the monitor's :class:`~trtllm_liveness.monitor._wedge.WedgeTracker` rule) or a task running in the
-  kernel in ``R`` that never returns to user space, where the signal would act (a driver's spin
-  loop). A SIGKILL pending for a moment (a normal kill) is gone by the next sample. Nothing in user
-  space can end it; it still holds its GPU/NIC, so the host must be drained and recycled. The
-  detail says its state, wait channel and, where readable (root), kernel stack.
-- ``d-state``: a thread in ``D`` on every sample of the window: probably wedged in a driver, NCCL
-  or RDMA. A single sample in ``D`` is normal (disk I/O) and is not flagged.
+  that never ran between them (its context-switch count unchanged: the monitor's
+  :class:`~trtllm_liveness.monitor._wedge.WedgeTracker` rule), or, with no thread in ``D``, a task
+  running in the kernel in ``R`` that never returns to user space, where the signal would act (a
+  driver's spin loop). A SIGKILL pending for a moment (a normal kill) is gone by the next sample.
+  Nothing in user space can end it; it still holds its GPU/NIC, so the host must be drained and
+  recycled. The detail says its state, wait channel and, where readable (root), kernel stack.
+- ``d-state``: a thread in ``D`` on every sample of the window without a context switch between
+  them (the kernel's hung-task rule): probably wedged in a driver, NCCL or RDMA. A single sample in
+  ``D`` is normal (disk I/O) and is not flagged, nor is a thread in ``D`` on every sample that
+  switches between them (slow I/O that makes progress: a network file system, swap, FUSE).
 - ``stopped``: ``T``/``t`` (SIGSTOP or a tracer): alive, stuck, but killable.
 - ``zombie``: exited, not yet reaped by its parent. ``gone``: vanished or PID reused during the scan.
 
@@ -200,8 +203,8 @@ class _ProcessSampler:
     gone: str = ""
     denied: bool = False
     samples: int = 0
-    d_every_sample: bool = True
-    kill_pending_samples: int = 0  # consecutive samples with SIGKILL pending, in any state
+    kill_pending_samples: int = 0  # consecutive samples with SIGKILL pending and no thread in D
+    first_now: float = 0.0
     last_now: float = 0.0
     wedge: WedgeTracker = field(default_factory=lambda: WedgeTracker(math.inf))
     threads: dict[int, _ThreadTrack] = field(default_factory=dict)
@@ -236,16 +239,17 @@ class _ProcessSampler:
             self.denied = True
             return
         self.info = info
+        if self.samples == 0:
+            self.first_now = now
         self.samples += 1
         self.last_now = now
         self.last_states = states
-        # The tracker's UNKILLABLE rule (D with SIGKILL pending on two consecutive samples) is the
-        # one the monitor uses; its WEDGED timeout is infinite here because the scan judges "D on
-        # every sample" itself.
+        # The tracker's rules are the monitor's: a thread stuck (D, no context switch) since a
+        # sample, and UNKILLABLE (SIGKILL pending on two consecutive samples, a thread stuck across
+        # them); its WEDGED timeout is infinite here because the scan judges "stuck since the first
+        # sample" itself. A process with a thread in D is judged by those rules alone.
         self.wedge.observe(d_sample, now)
-        self.kill_pending_samples = self.kill_pending_samples + 1 if pending else 0
-        if d_sample is None:
-            self.d_every_sample = False
+        self.kill_pending_samples = self.kill_pending_samples + 1 if pending and d_sample is None else 0
         for tid, state in states.items():
             track = self.threads.setdefault(tid, _ThreadTrack())
             if state in _procfs.UNINTERRUPTIBLE_STATES:
@@ -282,9 +286,11 @@ class _ProcessSampler:
         kill_pending = _thread_kill_pending(self.pid, None) or any(
             thread.kill_pending for thread in threads
         )
-        d_seconds = self.wedge.d_seconds(self.last_now)
+        d_seconds = self.wedge.stuck_seconds(self.last_now)
         d_threads = [thread for thread in threads if thread.state in _procfs.UNINTERRUPTIBLE_STATES]
-        first_d = d_threads[0] if d_threads else None
+        # The thread the rules single out (stuck longest; the unkillable one), else the first in D.
+        named = self.wedge.unkillable_tid or self.wedge.stuck_tid()
+        first_d = next((thread for thread in d_threads if thread.tid == named), d_threads[0] if d_threads else None)
         where = "" if first_d is None else f"thread {first_d.tid} ({first_d.name}) wchan {first_d.wchan or '?'}"
         base = (info.pid, info.comm, cmdline, info.ppid, info.state)
         if info.state in _ZOMBIE_STATES:
@@ -296,18 +302,23 @@ class _ProcessSampler:
             )
             return ProcessReport(*base, Verdict.ZOMBIE, detail, advice, kill_pending, 0.0, self.samples,
                                  exit_status=status, threads=threads, skipped=skipped)
-        if (self.wedge.kill_pending_scans >= 2 and first_d is not None) or self.kill_pending_samples >= 2:
+        held_d = self.wedge.unkillable_tid is not None and first_d is not None
+        if held_d or self.kill_pending_samples >= 2:
             from ..stop._survivor import sample_survivor  # state, wait channel, kernel stack (root)
 
             seen = sample_survivor(self.pid, reader=reader).describe()
-            detail = (f"in D with SIGKILL pending for at least {d_seconds:.1f}s: {where} ({seen})"
-                      if first_d is not None else
+            detail = (f"in D with SIGKILL pending and no context switch for at least {d_seconds:.1f}s: {where} ({seen})"
+                      if held_d else
                       f"SIGKILL pending on {self.kill_pending_samples} consecutive samples, not in D: {seen}")
             return ProcessReport(*base, Verdict.UNKILLABLE, detail, RECYCLE_ADVICE, kill_pending, d_seconds,
                                  self.samples, threads=threads, skipped=skipped)
-        if self.d_every_sample and first_d is not None and (self.samples >= 2 or window_s <= 0):
+        # Stuck since the first sample: in D on every sample, never switching in between.
+        stuck_all_along = self.wedge.stuck_since == self.first_now and first_d is not None
+        if stuck_all_along and (self.samples >= 2 or window_s <= 0):
             pending = "; SIGKILL pending" if kill_pending else ""
-            detail = f"in uninterruptible sleep (D) on every sample, at least {d_seconds:.1f}s: {where}{pending}"
+            how = (f"on every sample with no context switch, at least {d_seconds:.1f}s" if self.samples >= 2 else
+                   "at the only sample (one sample cannot tell a wedge from slow I/O)")
+            detail = f"in uninterruptible sleep (D) {how}: {where}{pending}"
             advice = (
                 "probably wedged in a driver, NCCL or RDMA; scan again with a longer --window; if it stays "
                 "in D, SIGKILL it and scan again: if SIGKILL stays pending, " + RECYCLE_ADVICE
@@ -319,7 +330,11 @@ class _ProcessSampler:
             return ProcessReport(*base, Verdict.STOPPED, f"stopped {how}", "SIGCONT resumes it; SIGKILL ends it",
                                  kill_pending, 0.0, self.samples, threads=threads, skipped=skipped)
         seen_d = max((track.d_samples for track in self.threads.values()), default=0)
-        detail = f"briefly in D ({seen_d} of {self.samples} samples)" if seen_d else ""
+        detail = ""
+        if seen_d == self.samples > 1:
+            detail = f"in D on {seen_d} of {self.samples} samples, with context switches between them (making progress)"
+        elif seen_d:
+            detail = f"briefly in D ({seen_d} of {self.samples} samples)"
         return ProcessReport(*base, Verdict.OK, detail, "", kill_pending, d_seconds, self.samples, threads=threads,
                              skipped=skipped)
 

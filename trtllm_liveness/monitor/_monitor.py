@@ -64,8 +64,9 @@ class WorkerProcessMonitor:
     ``find_dead_worker()`` (non-blocking, sticky) and ``close()``. In addition it can run a
     background watcher (:meth:`start`) that calls subscribers within a millisecond or two of the
     kernel reporting an exit, keeps a per-rank status view (:meth:`statuses`), and, when
-    ``d_state_timeout_s`` is set, reports a worker any of whose threads stays in ``D`` longer
-    than that as wedged, and one in ``D`` with SIGKILL pending as unkillable.
+    ``d_state_timeout_s`` is set, reports a worker any of whose threads stays in ``D`` without
+    a context switch longer than that as wedged (the kernel's hung-task rule, :mod:`._wedge`), and
+    one in ``D`` with SIGKILL pending on two scans, not having run between them, as unkillable.
 
     Lifecycle: ``register`` any time before :meth:`close`; :meth:`start` and :meth:`stop` the
     watcher any number of times; :meth:`close` once. Every method is thread-safe and every
@@ -75,8 +76,8 @@ class WorkerProcessMonitor:
     monitor inherited by a forked child is inert there.
 
     Args:
-        d_state_timeout_s: seconds a thread may stay in ``D`` before its worker is wedged;
-            ``None`` or <= 0 disables wedge detection (and its cost).
+        d_state_timeout_s: seconds a thread may stay in ``D`` without a context switch before
+            its worker is wedged; ``None`` or <= 0 disables wedge detection (and its cost).
         scan_interval_s: how often the watcher samples thread states for wedges.
         procfs_interval_s: how often the watcher re-reads procfs for workers without a pidfd.
         wedge_armed: False defers wedge verdicts until :meth:`arm_wedge_detection` (an engine
@@ -521,15 +522,21 @@ class WorkerProcessMonitor:
         return self._wedge_scan.enabled and self._ranks.wants_scan()
 
     def _scan_wedges(self) -> list[WorkerEvent]:
-        """Sample every watched worker's threads (outside the lock) and apply verdicts (inside)."""
+        """Sample every watched worker's threads (outside the lock) and apply verdicts (inside).
+
+        Samples are dated by when their scan began, and the next scan begins a full interval after
+        that at the earliest: a thread stuck since one scan is judged stuck for ``k`` intervals at
+        the ``k``-th scan after it, never one scan later because this scan's reads happened to
+        take longer than that one's (a date taken after the reads would differ by that much)."""
         with self._lock:
             if self._closed:
                 return []
+            now = time.monotonic()
+            self._wedge_scan.not_before(now)
             targets = self._ranks.scan_targets()
         samples = sample_threads(targets)
         if not samples:
             return []
-        now = time.monotonic()
         rule = self._stopped_rule
         quiet = rule[0].quiet_s(now) if rule is not None else None  # outside the lock: the proxy's len()
         pending = rule[0].pending() if rule is not None and quiet is not None else 0

@@ -80,7 +80,7 @@ class WatchedRank:
         if kind is EventKind.DIED and self.sampler is not None:
             self.sampler.close()
         if fault_at is None and kind is not EventKind.DIED and self.wedge is not None:
-            fault_at = self.wedge.d_since
+            fault_at = self.wedge.stuck_since
         return WorkerEvent(kind, self.identity, self.detail, tid=tid, wchan=wchan, fault_at=fault_at)
 
     def close_sampler(self) -> None:
@@ -90,8 +90,9 @@ class WatchedRank:
     def observe_threads(self, wedge: WedgeTracker, sample: DStateSample | None, now: float) -> tuple[int, str] | None:
         """Feed one thread sample (taken at monotonic ``now``) to ``wedge`` and set the state it
         implies. Returns the stuck thread and its wait channel when a new verdict (wedged or
-        unkillable) was reached: the caller then claims its event."""
-        was_seconds = wedge.d_seconds(now)
+        unkillable) was reached: the caller then claims its event. The detail names what
+        corroborates ``D``: no context switch over the time stated."""
+        was_seconds = wedge.stuck_seconds(now)
         verdict = wedge.observe(sample, now)
         if sample is None:
             if self.state is WorkerState.WEDGED:
@@ -100,12 +101,17 @@ class WatchedRank:
             return None
         if verdict is None:
             return None
-        tid = wedge.stuck_tid() or sample.d_tids[0]
         wchan = sample.wchan or "?"
         if verdict is EventKind.UNKILLABLE:
-            self.set_state(WorkerState.UNKILLABLE, f"thread {tid} in D with SIGKILL pending (wchan {wchan})")
+            tid = wedge.unkillable_tid or sample.d_tids[0]
+            # SIGKILL was pending at the previous sample too, and this thread has not run since.
+            held_s = now - wedge.clocks[tid].since if tid in wedge.clocks else 0.0
+            self.set_state(WorkerState.UNKILLABLE, f"thread {tid} in D with SIGKILL pending, no context switch "
+                                                   f"for {held_s:.1f}s (wchan {wchan})")
         else:
-            self.set_state(WorkerState.WEDGED, f"thread {tid} in D for {wedge.d_seconds(now):.1f}s (wchan {wchan})")
+            tid = wedge.stuck_tid() or sample.d_tids[0]
+            self.set_state(WorkerState.WEDGED, f"thread {tid} in D for {wedge.stuck_seconds(now):.1f}s "
+                                               f"with no context switch (wchan {wchan})")
         return tid, sample.wchan
 
 

@@ -217,7 +217,11 @@ class StatusInfo(NamedTuple):
 
     Signal masks and capability sets are bit masks (bit ``n - 1`` for signal ``n``, bit ``c`` for
     capability ``c``); ``uids``/``gids`` are (real, effective, saved, filesystem). Fields missing
-    from the file (a fake tree, an old kernel) read as 0 / empty.
+    from the file (a fake tree, an old kernel) read as 0 / empty; ``context_switches`` as None.
+
+    ``context_switches`` is ``voluntary_ctxt_switches + nonvoluntary_ctxt_switches`` (the kernel's
+    ``nvcsw + nivcsw``, which its hung-task detector compares): unchanged between two reads of one
+    thread means the thread never ran in between (a task that stayed asleep in ``D``).
     """
 
     uids: tuple[int, ...] = ()
@@ -229,15 +233,23 @@ class StatusInfo(NamedTuple):
     caught: int = 0  # SigCgt: signals with a handler installed
     cap_permitted: int = 0
     cap_effective: int = 0
+    context_switches: int | None = None
+
+    @property
+    def sigkill_pending(self) -> bool:
+        """Whether SIGKILL is queued for this thread or its process, but not delivered."""
+        return bool((self.pending | self.shared_pending) & _SIGKILL_BIT)
 
 
 _STATUS_MASKS = {b"SigPnd": "pending", b"ShdPnd": "shared_pending", b"SigBlk": "blocked", b"SigIgn": "ignored",
                  b"SigCgt": "caught", b"CapPrm": "cap_permitted", b"CapEff": "cap_effective"}
+_SWITCH_COUNTS = (b"voluntary_ctxt_switches", b"nonvoluntary_ctxt_switches")
 
 
 def parse_status(data: bytes) -> StatusInfo:
     """Parse the content of a ``status`` file. Raises ``ValueError`` on a malformed known field."""
     fields: dict[str, object] = {}
+    switches: int | None = None
     for line in data.splitlines():
         key, _, value = line.partition(b":")
         name = _STATUS_MASKS.get(key)
@@ -245,7 +257,9 @@ def parse_status(data: bytes) -> StatusInfo:
             fields[name] = int(value.split()[0], 16)
         elif key in (b"Uid", b"Gid"):
             fields["uids" if key == b"Uid" else "gids"] = tuple(int(part) for part in value.split())
-    return StatusInfo(**fields)  # type: ignore[arg-type]
+        elif key in _SWITCH_COUNTS:
+            switches = (switches or 0) + int(value)
+    return StatusInfo(**fields, context_switches=switches)  # type: ignore[arg-type]
 
 
 def read_status(pid: int | str, tid: int | None = None) -> StatusInfo:
@@ -287,16 +301,6 @@ def sigkill_stuck(pid: int, info: StatInfo, d_tids: Sequence[int] = ()) -> bool:
     if d_tids and (sigkill_pending(pid) or sigkill_pending(pid, d_tids[0])):
         return True
     return info.state not in ("Z", "X") and not info.exiting and sigkill_pending(pid)
-
-
-def read_context_switches(pid: int, tid: int) -> int:
-    """``voluntary_ctxt_switches + nonvoluntary_ctxt_switches`` of one thread: unchanged between
-    two reads means the thread never ran in between (a task that stays asleep in ``D``)."""
-    total = 0
-    for line in _read(f"{PROCFS_PATH}/{pid}/task/{tid}/status").splitlines():
-        if line.startswith((b"voluntary_ctxt_switches:", b"nonvoluntary_ctxt_switches:")):
-            total += int(line.split()[1])
-    return total
 
 
 def read_wchan(pid: int, tid: int | None = None) -> str:

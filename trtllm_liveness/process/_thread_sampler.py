@@ -3,7 +3,10 @@
 A worker wedged in the GPU driver, NCCL or RDMA often has its *main* thread in ``S`` while one
 helper thread is stuck in ``D``; torchrun's check reads only the main thread and misses it. Here
 every thread of ``/proc/<pid>/task`` is sampled. A thread in ``D`` with SIGKILL pending cannot die
-until the kernel lets go: that is "unkillable".
+until the kernel lets go: that is "unkillable". A thread in ``D`` on every sample may still be
+working (slow reads from a network file system sleep in ``D`` again and again); each wake-up is a
+context switch, so a sample carries each ``D`` thread's switch count, read with its signal bits in
+one read of its ``status`` (only threads in ``D`` are read: a healthy sample costs nothing more).
 
 Sampling is the watcher's only periodic cost, so :class:`ThreadSampler` keeps it small: one
 ``pread`` of a kept ``stat`` fd per thread (the process's and, within a per-process budget of
@@ -65,19 +68,56 @@ os.register_at_fork(after_in_child=_budget.after_fork)
 
 @dataclass(frozen=True)
 class DStateSample:
-    """The threads of one process found in ``D`` at one instant."""
+    """The threads of one process found in ``D`` at one instant, and whether each has run since.
+
+    ``switches`` holds each ``d_tids`` thread's context-switch count (``voluntary_ctxt_switches +
+    nonvoluntary_ctxt_switches``), in the same order; None where its ``status`` could not be read
+    (the thread ended meanwhile). ``kill_pending`` comes from the same reads: SIGKILL queued for one
+    of these threads or for the process. ``wchan`` is the first ``D`` thread's wait channel.
+    """
 
     d_tids: tuple[int, ...]
     kill_pending: bool
     wchan: str
+    switches: tuple[int | None, ...]
+
+    def __post_init__(self) -> None:
+        if len(self.switches) != len(self.d_tids):
+            raise ValueError(f"{len(self.switches)} switch counts for {len(self.d_tids)} threads in D")
+
+    def switches_of(self, tid: int) -> int | None:
+        """Thread ``tid``'s context-switch count at this sample; None when it was not in ``D`` or
+        its count could not be read."""
+        for d_tid, switches in zip(self.d_tids, self.switches, strict=True):
+            if d_tid == tid:
+                return switches
+        return None
+
+    def held_since(self, before: DStateSample) -> tuple[int, ...]:
+        """The threads in ``D`` at ``before`` and at this sample that never ran in between: their
+        context-switch count, read both times, did not change (the kernel's hung-task rule)."""
+        return tuple(tid for tid, switches in zip(self.d_tids, self.switches, strict=True)
+                     if switches is not None and before.switches_of(tid) == switches)
 
 
 def _d_sample(pid: int, states: dict[int, str]) -> DStateSample | None:
     d_tids = tuple(sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES))
     if not d_tids:
         return None
-    kill_pending = _procfs.sigkill_pending(pid) or any(_safe_thread_kill_pending(pid, tid) for tid in d_tids)
-    return DStateSample(d_tids, kill_pending, _first_wchan(pid, d_tids))
+    # One read of each D thread's status gives both its SIGKILL bits (the thread's own and its
+    # process's queue) and its switch count; threads not in D are never read.
+    statuses = [_thread_status(pid, tid) for tid in d_tids]
+    kill_pending = any(status is not None and status.sigkill_pending for status in statuses)
+    switches = tuple(None if status is None else status.context_switches for status in statuses)
+    return DStateSample(d_tids, kill_pending, _first_wchan(pid, d_tids), switches)
+
+
+def _thread_status(pid: int, tid: int) -> _procfs.StatusInfo | None:
+    # Read by path, never kept: only threads seen in D get here.
+    try:
+        return _procfs.read_status(pid, tid)
+    except (FileNotFoundError, ProcessLookupError):
+        return None  # it ended since its state was read
 
 
 def _first_wchan(pid: int, d_tids: tuple[int, ...]) -> str:
@@ -94,17 +134,10 @@ def sample_d_state(pid: int) -> DStateSample | None:
     """Sample ``pid``'s threads once, without caching; None when no thread is in ``D``.
 
     Raises ``FileNotFoundError``/``ProcessLookupError`` when the process is gone. Costs one
-    ``listdir`` and one small read per thread; the signal mask and wait channel are read only
-    when a ``D`` thread is found.
+    ``listdir`` and one small read per thread; each ``D`` thread's ``status`` (signal masks and
+    context switches) and one wait channel are read only when a ``D`` thread is found.
     """
     return _d_sample(pid, _procfs.read_thread_states(pid))
-
-
-def _safe_thread_kill_pending(pid: int, tid: int) -> bool:
-    try:
-        return _procfs.sigkill_pending(pid, tid)
-    except (FileNotFoundError, ProcessLookupError):
-        return False
 
 
 class ThreadSampler:

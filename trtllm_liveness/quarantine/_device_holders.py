@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..process import _procfs
+from ..process._thread_sampler import DStateSample, sample_d_state
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +62,7 @@ class DeviceHolder:
     d_tids: tuple[int, ...]
     wchan: str
     kill_pending: bool
-    switches: tuple[int, ...] = ()  # context switches of each of d_tids when sampled
+    d_sample: DStateSample | None = None  # the threads in D when sampled, with their switch counts
     state: str = "D"  # the main thread's state (a process SIGKILL does not end: any)
     kernel_stack: tuple[str, ...] = ()  # where readable (root), for a process SIGKILL does not end
 
@@ -108,13 +109,12 @@ def find_stuck_device_holders(patterns: tuple[str, ...], *, resample_s: float = 
             if before.kill_pending and after.kill_pending:  # unkillable, whatever its state
                 confirmed.append(_unkillable(after))
                 continue
-            was = dict(zip(before.d_tids, before.switches, strict=True))
-            now = dict(zip(after.d_tids, after.switches, strict=True))
             # The same thread, asleep in D all along: it never ran between the samples.
-            common = tuple(tid for tid in after.d_tids if tid in was and was[tid] == now[tid])
-            if after.start_time == before.start_time and after.wchan == before.wchan and common:
+            common = (after.d_sample.held_since(before.d_sample)
+                      if after.d_sample is not None and before.d_sample is not None else ())
+            if after.wchan == before.wchan and common:
                 confirmed.append(DeviceHolder(after.pid, after.start_time, after.comm, after.devices, common,
-                                              after.wchan, after.kill_pending))
+                                              after.wchan, after.kill_pending, after.d_sample))
     return tuple(confirmed)
 
 
@@ -124,27 +124,26 @@ def _unkillable(holder: DeviceHolder) -> DeviceHolder:
 
     sample = sample_survivor(holder.pid)
     return DeviceHolder(holder.pid, holder.start_time, holder.comm, holder.devices, sample.d_tids or holder.d_tids,
-                        sample.d_wchan or sample.wchan or holder.wchan, True, holder.switches,
+                        sample.d_wchan or sample.wchan or holder.wchan, True, holder.d_sample,
                         sample.state or holder.state, sample.kernel_stack)
 
 
 def _sample(pid: int, patterns: tuple[str, ...]) -> list[DeviceHolder]:
     try:
         info = _procfs.read_stat(pid)
-        states = _procfs.read_thread_states(pid)
-        d_tids = tuple(sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES))
-        pending = _procfs.sigkill_stuck(pid, info, d_tids)
-        if not d_tids and not pending:
+        d_sample = sample_d_state(pid)  # with each D thread's switch count and SIGKILL bits
+        pending = (d_sample is not None and d_sample.kill_pending) or _procfs.sigkill_stuck(pid, info)
+        if d_sample is None and not pending:
             return []
         devices = _open_devices(pid, patterns)
         if not devices:
             return []
-        wchan = _procfs.read_wchan(pid, d_tids[0] if d_tids else None)
-        switches = tuple(_procfs.read_context_switches(pid, tid) for tid in d_tids)
+        d_tids = () if d_sample is None else d_sample.d_tids
+        wchan = d_sample.wchan if d_sample is not None else _procfs.read_wchan(pid)
     except (OSError, ValueError) as exc:  # gone meanwhile, EACCES, a malformed stat
         logger.debug("device check skips pid %d: %s", pid, exc)
         return []
-    return [DeviceHolder(pid, info.start_time, info.comm, devices, d_tids, wchan, pending, switches, info.state)]
+    return [DeviceHolder(pid, info.start_time, info.comm, devices, d_tids, wchan, pending, d_sample, info.state)]
 
 
 def _open_devices(pid: int, patterns: tuple[str, ...]) -> tuple[str, ...]:

@@ -1,4 +1,5 @@
-"""Real unkillable ``D`` from a raw FUSE server (no cgroup v1): the helper, the monitor, bounded shutdown.
+"""Real unkillable ``D`` from a raw FUSE server (no cgroup v1): the helper, the monitor, bounded shutdown;
+and its slow-read file, every READ answered late (the healthy look-alike of a wedge).
 
 Every stuck process is a real child that stats a path in a :class:`FuseStall` mount. The
 ``fuse_stall`` fixture releases the mount before the ``procs`` fixture ends the children (it
@@ -20,6 +21,7 @@ from tests.support.facilities import require_or_skip
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, capture_identity
+from trtllm_liveness.demo._fuse_slow_reads import SlowReadResult, slow_reader_cmd
 from trtllm_liveness.demo._fuse_stall import (
     MOUNT_PREFIX,
     FuseStall,
@@ -214,3 +216,60 @@ def test_remove_leftover_mounts_takes_only_dead_owners(procs: ProcessTracker) ->
             owner.kill()
             owner.wait(10)
         remove_leftover_mounts()
+
+
+def _switches(pid: int, tid: int) -> int | None:
+    try:
+        return _procfs.read_status(pid, tid).context_switches
+    except OSError:
+        return None
+
+
+def test_slow_reads_are_answered_late_with_the_files_bytes(procs: ProcessTracker, fuse_stall: FuseStall) -> None:
+    reader, tid = procs.slow_reader(fuse_stall, 2.0)
+    # Waiting for an answer: in D in the FUSE request, and each answer wakes it (a context switch).
+    assert wait_until(lambda: _thread_state(reader.pid, tid) == "D", 10)
+    assert _procfs.read_wchan(reader.pid, tid) == "request_wait_answer"
+    first = _switches(reader.pid, tid)
+    assert first is not None and wait_until(lambda: (_switches(reader.pid, tid) or 0) > first, 10)
+    assert reader.stdout is not None and reader.stdin is not None
+    result = SlowReadResult.parse(reader.stdout.readline())
+    assert result.reads >= 1 and result.mismatches == 0 and result.nbytes == 4096 * result.reads, result
+    assert result.longest_read_s >= 0.1, result  # a lower bound: load only adds
+    assert fuse_stall.slow_reads_answered() >= result.reads
+    reader.stdin.close()
+    assert reader.wait(10 * WAIT_SCALE) == 0
+
+
+def test_release_during_a_slow_read_ends_it_and_leaves_nothing(procs: ProcessTracker, fuse_stall: FuseStall) -> None:
+    reader, _ = procs.slow_reader(fuse_stall, 600.0)
+    assert wait_until(lambda: fuse_stall.slow_reads_answered() >= 2, 10)
+    fuse_stall.release()  # a read under way gets ENOTCONN; its answer, not yet due, is dropped
+    assert reader.stdout is not None and reader.stdin is not None
+    result = SlowReadResult.parse(reader.stdout.readline())
+    assert result.reads >= 2 and result.mismatches == 0, result
+    reader.stdin.close()
+    assert reader.wait(10 * WAIT_SCALE) == 0
+    _assert_cleaned_up(fuse_stall)
+    # Killed while waiting for a late answer: dies once it comes (or at release), like any reader.
+    with FuseStall(read_delay_s=(0.5, 0.5)) as stall:
+        killed = subprocess.Popen(slow_reader_cmd(stall, 600.0), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                  start_new_session=True)
+        procs.popens.append(killed)
+        procs.track(killed.pid)
+        assert killed.stdout is not None and killed.stdout.readline().strip().isdigit()
+        os.kill(killed.pid, signal.SIGKILL)
+        assert killed.wait(10 * WAIT_SCALE) == -signal.SIGKILL
+    _assert_cleaned_up(stall)
+
+
+def test_slow_read_settings_are_checked() -> None:
+    for bad in ((0.3, 0.1), (-0.1, 0.2), (0.1, 11.0)):
+        with pytest.raises(ValueError, match="read_delay_s"):
+            FuseStall(read_delay_s=bad)
+    with pytest.raises(ValueError, match="positive"):
+        slow_reader_cmd(FuseStall(), 0)
+    for line in (b"", b"1 2 3", b"a b c d"):
+        with pytest.raises(ValueError):
+            SlowReadResult.parse(line)
+    assert SlowReadResult.parse(b"3 12288 0 0.250\n") == SlowReadResult(3, 12288, 0, 0.25)

@@ -7,6 +7,9 @@ Every test here plays the adversary of one promise of :class:`WorkerProcessMonit
   and cannot make ``stop()`` time out;
 - every death and wedge reaches every subscriber exactly once per (rank, kind), also subscribers
   that arrive while a delivery is under way or after it;
+- the per-thread wedge clocks (a thread in ``D`` with no context switch since a sample), re-armed
+  while the watcher samples outside the lock, never make a slow reader wedged and never lose or
+  repeat a real wedge;
 - descriptors are released exactly once, whichever of the closer and the watcher finishes last;
 - ``stop()``/``close()`` return within their bounds (the return value says so) under probing.
 
@@ -17,10 +20,12 @@ bounded by pytest-timeout; no timed assertions.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -429,3 +434,51 @@ def test_a_subscriber_raising_system_exit_does_not_end_the_watcher(procs: Proces
         assert wait_until(lambda: len(after.snapshot()) == 2, 10)
     for child in children:
         child.wait(10)
+
+
+def _arm_repeatedly(monitor: WorkerProcessMonitor, times: int, timeout_s: float) -> None:
+    """Re-arm ``times`` times at random moments (each gives every rank a fresh wedge tracker)."""
+    rng = random.Random(times)
+    for _ in range(times):
+        monitor.arm_wedge_detection(timeout_s)
+        time.sleep(rng.uniform(0, 0.05))
+
+
+def test_rearming_and_probes_race_the_per_thread_wedge_clocks(
+    procs: ProcessTracker, fuse_stall: FuseStall, d_source: Callable[[], StuckChild]
+) -> None:
+    """Re-arming (fresh trackers: time in D so far does not count) and the synchronous probes race
+    scans whose samples are taken outside the lock and applied inside it, 50 times a second. A thread
+    reading through the slow FUSE (in D at nearly every sample, often across two samples of the same
+    read) is never wedged; a thread that never runs is wedged once re-arming stops, exactly once also
+    while re-arms go on after it, then unkillable once."""
+    timeout_s = 2.0
+    reader, _ = procs.slow_reader(fuse_stall, 600.0)
+    stuck = d_source()
+    tally = Tally()
+    old_interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)
+    monitor = WorkerProcessMonitor(d_state_timeout_s=timeout_s, scan_interval_s=0.02)
+    try:
+        monitor.subscribe(tally)
+        monitor.register([capture_identity(0, reader.pid), capture_identity(1, stuck.popen.pid)])
+        monitor.start()
+        with Prober(monitor):
+            armer = threading.Thread(target=_arm_repeatedly, args=(monitor, 40, timeout_s))
+            armer.start()
+            armer.join(60)
+            assert not armer.is_alive()
+            assert wait_until(lambda: tally.snapshot()[(1, EventKind.WEDGED)] == 1, 10 + timeout_s)
+            _arm_repeatedly(monitor, 40, timeout_s)  # fresh trackers reach the verdict again: not reported again
+            assert not wait_until(lambda: any(rank == 0 for rank, _ in tally.snapshot()), 2 * timeout_s)
+        os.kill(stuck.popen.pid, signal.SIGKILL)
+        assert wait_until(lambda: tally.snapshot()[(1, EventKind.UNKILLABLE)] == 1, 10)
+        assert not wait_until(lambda: sum(tally.snapshot().values()) > 2, 1.0)
+        assert tally.snapshot() == Counter({(1, EventKind.WEDGED): 1, (1, EventKind.UNKILLABLE): 1})
+        assert monitor.statuses()[0].state is WorkerState.ALIVE
+    finally:
+        sys.setswitchinterval(old_interval)
+        assert monitor.stop(5.0), "watcher did not stop"
+        monitor.close()
+        stuck.release()
+        stuck.popen.wait(10)

@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from tests.support.process_tracker import ProcessTracker
+from tests.support.stuck_processes import StuckChild
+from tests.support.waits import wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._thread_sampler import ThreadSampler, sample_d_state
@@ -172,6 +174,8 @@ def test_sampler_keeps_one_fd_per_live_thread_within_the_budget(
     proc.stdin.write(b"go\n")
     proc.stdin.flush()
     assert proc.stdout.readline().strip() == b"alone"
+    # join() returns when a thread's Python part is done; the kernel may list it a moment longer.
+    assert wait_until(lambda: _procfs.list_tids(proc.pid) == [proc.pid], 10)
     assert sampler.sample() is None  # down to the main thread: the others' fds are given back
     assert _kept_thread_stat_fds(proc.pid) == set() and budget.used == 0
     sampler.close()
@@ -365,3 +369,58 @@ def test_fake_tree_sampler_without_a_kept_fd_still_checks_start_time(
     assert sample is not None and sample.d_tids == (pid,)
     with pytest.raises(ProcessLookupError):
         ThreadSampler(pid, 3999).sample()  # another process now has this pid: never sampled as ours
+
+
+def test_parse_status_context_switches() -> None:
+    data = (b"Name:\tx\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\n"
+            b"voluntary_ctxt_switches:\t40\nnonvoluntary_ctxt_switches:\t2\n")
+    info = _procfs.parse_status(data)
+    assert info.context_switches == 42 and info.sigkill_pending
+    assert _procfs.parse_status(b"SigPnd:\t0\nShdPnd:\t0\n").context_switches is None  # not shown: unknown
+    assert not _procfs.parse_status(b"SigPnd:\t0\nShdPnd:\t0\n").sigkill_pending
+
+
+def test_fake_tree_status_is_read_only_for_threads_in_d(fake_proc: Path) -> None:
+    """The healthy path reads no ``status`` at all; a D sample reads each D thread's once, which
+    gives both its switch count and its SIGKILL bits."""
+    pid = 4400
+    _make_task(fake_proc, pid, pid, "w", "S", 3)
+    _make_task(fake_proc, pid, 4401, "loader", "S", 3)
+    _make_task(fake_proc, pid, 4402, "nccl", "S", 3)
+    (fake_proc / str(pid) / "stat").write_bytes(_stat_line(pid, "w", "S", 4000, 3))
+    for tid in (pid, 4401, 4402):  # no status file anywhere: reading one would raise
+        (fake_proc / str(pid) / "task" / str(tid) / "status").unlink()
+    sampler = ThreadSampler(pid, 4000)
+    assert sampler.sample() is None and sample_d_state(pid) is None
+    (fake_proc / str(pid) / "task" / "4402" / "stat").write_bytes(_stat_line(4402, "nccl", "D", 4000, 3))
+    (fake_proc / str(pid) / "task" / "4402" / "status").write_text(
+        "SigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\n"
+        "voluntary_ctxt_switches:\t7\nnonvoluntary_ctxt_switches:\t3\n")
+    for sample in (sampler.sample(), sample_d_state(pid)):
+        assert sample is not None and sample.d_tids == (4402,) and sample.switches == (10,)
+        assert sample.kill_pending and sample.switches_of(4402) == 10 and sample.switches_of(4401) is None
+    # A thread in D whose status is gone by the time it is read (it ended): no count, no error.
+    (fake_proc / str(pid) / "task" / "4401" / "stat").write_bytes(_stat_line(4401, "loader", "D", 4000, 3))
+    sample = sampler.sample()
+    assert sample is not None and sample.d_tids == (4401, 4402) and sample.switches == (None, 10)
+    sampler.close()
+
+
+def test_d_sample_of_a_real_stuck_thread_carries_its_unchanged_switch_count_and_keeps_no_more_fds(
+    procs: ProcessTracker, stuck_child: StuckChild
+) -> None:
+    child = stuck_child.popen
+    assert wait_until(lambda: _procfs.read_stat(child.pid).state == "D", 10)
+    fds_before = len(os.listdir("/proc/self/fd"))
+    sampler = ThreadSampler(child.pid, capture_identity(0, child.pid).start_time)
+    try:
+        first = sampler.sample()
+        second = sampler.sample()
+        # The one kept fd is the process's stat (one thread): the status reads are by path.
+        assert len(os.listdir("/proc/self/fd")) == fds_before + 1
+        assert first is not None and second is not None and first.d_tids == second.d_tids == (child.pid,)
+        assert first.switches[0] is not None and first.switches == second.switches
+        assert second.held_since(first) == (child.pid,) and not first.kill_pending
+        assert first.switches[0] == _procfs.read_status(child.pid, child.pid).context_switches
+    finally:
+        sampler.close()
