@@ -319,7 +319,9 @@ def expose_metrics_on_dynamo(endpoint: Any, metrics: Any) -> Any:
             return None
     from .prometheus import LivenessMetrics  # optional dependency: imported only when asked for
 
-    liveness = metrics if isinstance(metrics, LivenessMetrics) else LivenessMetrics(monitor)
+    config = getattr(_liveness_executor_of(metrics), "liveness_config", None)
+    liveness = metrics if isinstance(metrics, LivenessMetrics) else \
+        LivenessMetrics(monitor, observe=bool(getattr(config, "observe", False)))
 
     def render() -> str:
         # Runs in Dynamo's scrape path: an exception there would fail the whole /metrics page.

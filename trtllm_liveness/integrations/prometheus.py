@@ -2,7 +2,7 @@
 
 :class:`LivenessMetrics` subscribes to a :class:`~trtllm_liveness.WorkerProcessMonitor` and exposes
 the metrics below. Label values are closed sets except ``rank`` and ``host`` (what the ranks
-reported), so the series count is ``ranks x 8`` for the state gauge plus a fixed 12 for the rest;
+reported), so the series count is ``ranks x 11`` for the state gauge plus a fixed 21 for the rest;
 docs/metrics.md has the same table.
 
 ``trtllm_liveness_worker_state{rank, host, state}`` (gauge)
@@ -13,7 +13,8 @@ docs/metrics.md has the same table.
     (exited after a shutdown began: not a failure), ``wedged``, ``unkillable``, ``stalled`` (the
     engine has a request pending and made no progress for ``stall_timeout_s``), ``lost`` (on a
     remote host whose agent fell silent or dropped its connection), ``unmonitored-remote``,
-    ``unmonitored-other-namespace``.
+    ``unmonitored-other-namespace``, ``suspect`` (on a remote host whose agent is silent while the
+    engine still makes progress: no verdict).
 ``trtllm_liveness_unkillable_workers`` (gauge, no labels)
     Ranks in ``D`` with SIGKILL pending now. Non-zero means: recycle the host.
 ``trtllm_liveness_worker_failures_total{kind}`` (counter)
@@ -349,7 +350,7 @@ class LivenessMetrics:
             refresher.join(timeout=5.0)
             if refresher.is_alive():
                 logger.warning("liveness metrics refresh thread did not stop within 5 s (daemon: left to exit)")
-        for collector in (self._failures, self._latency, self._collector):
+        for collector in (self._failures, self._would_fail, self._latency, self._collector):
             try:
                 self.registry.unregister(collector)
             except KeyError:

@@ -9,7 +9,10 @@ ranks without a pidfd are re-read from ``/proc`` (:mod:`._procfs_fallback`); rem
 from their hosts' agents are merged in by :mod:`._remote_reports`; every state change is an event
 handed to the subscribers by :mod:`._delivery`, in order, once, outside locks.
 :class:`StallDetector` (:mod:`._stall_timer`) is the timer for "alive but making no progress", and
-:class:`StalledSince` what the statuses show while the engine is stalled.
+:class:`StalledSince` what the statuses show while the engine is stalled. :mod:`._progress_clock`
+is the engine's progress, the second signal of the verdicts a state or a silence alone could fake:
+a rank stopped by a signal (:mod:`._stopped_rank`) and a silent host
+(:mod:`trtllm_liveness.multihost._host_silence`).
 """
 
 from __future__ import annotations

@@ -49,6 +49,7 @@ from ..monitor._monitor import WorkerProcessMonitor
 from ..monitor._progress_clock import ProgressClock
 from ..process._identity import ProcessIdentity, local_hostname
 from . import _wire
+from ._host_silence import SilenceRule
 from ._hub_endings import end_session
 from ._hub_records import (
     MAX_RANKS_PER_HOST,
@@ -66,7 +67,7 @@ from ._hub_records import (
     refusal,
 )
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, HostSnapshot, IterationSink, SnapshotBook, SnapshotCommand
-from ._tcp import Closure, ConnectionTable, Ending, Key
+from ._tcp import Closure, ConnectionTable, Ending, Key, Silence
 
 logger = logging.getLogger(__name__)
 
@@ -117,10 +118,8 @@ class AgentHub:
         self.port = port
         self.advertise = advertise
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.heartbeat_ceiling_s = max(heartbeat_ceiling_s, heartbeat_timeout_s)
-        self.progress = progress
+        self.silence = SilenceRule(heartbeat_timeout_s, heartbeat_ceiling_s, progress)
         self.observe = observe
-        self.suspect_episodes = 0  # how many times a host became suspect (a metric; benchmarks read it)
         self.d_state_timeout_s = d_state_timeout_s
         self.scan_interval_s = scan_interval_s
         self.grace_s = grace_s
@@ -172,7 +171,7 @@ class AgentHub:
             sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a peer that never completes ZMTP holds its fds 5 s, not 30
             # The agents PING (PINGS_PER_TIMEOUT per timeout) and this ZMQ answers: what
             # _check_silence reads. The hub sends no PINGs and ZMQ never drops a connection on its
-            # own account: whether a silent host is lost is the hub's decision (_lost_because).
+            # own account: whether a silent host is lost is the hub's decision (SilenceRule).
             self._monitor_sock = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
             host = "*" if self.bind in ("*", "0.0.0.0") else self.bind
             if self.port:
@@ -199,7 +198,7 @@ class AgentHub:
         return {"endpoint": self.endpoint, "secret": self.secret.hex(), "heartbeat_timeout_s": self.heartbeat_timeout_s,
                 "d_state_timeout_s": self.d_state_timeout_s, "scan_interval_s": self.scan_interval_s,
                 "grace_s": self.grace_s, "kill_s": self.kill_s, "iterations_interval_s": self.iterations_interval_s,
-                "heartbeat_ceiling_s": self.heartbeat_ceiling_s, "observe": self.observe}
+                "heartbeat_ceiling_s": self.silence.ceiling_s, "observe": self.observe}
 
     def arm(self, d_state_timeout_s: float | None = None) -> None:
         """Tell every agent (and every later one) to make wedge verdicts from now on."""
@@ -498,90 +497,21 @@ class AgentHub:
             self._cond.acquire()
 
     def _check_silence(self) -> None:
-        """Read every connection's silence when the next decision may be due (see the module
-        docstring): a session silent for the timeout is suspect, lost once :meth:`_lost_because`
-        has its second signal, connected again once heard; a connection without a session is cut
-        after the ceiling."""
-        now = time.monotonic()
-        if self._silence_due is None or now < self._silence_due:
+        """Read every connection's silence when the next decision may be due: :class:`SilenceRule`
+        says what it means (suspect, lost, heard again)."""
+        if self._silence_due is None or time.monotonic() < self._silence_due:
             return
-        timeout = self.heartbeat_timeout_s
-        quiet = self.progress.quiet_s(now) if self.progress is not None else None
-        next_s = timeout
+
+        def session_of(silence: Silence) -> Session | None:
+            sid = self._by_key.get(silence.key)
+            session = self._sessions.get(sid) if sid is not None else None
+            return session if session is not None and session.connection == "connected" else None
+
         with self._cond:
-            for silence in self._conns.silences():
-                sid = self._by_key.get(silence.key)
-                session = self._sessions.get(sid) if sid is not None else None
-                if session is None or session.connection != "connected":
-                    if silence.seconds >= self.heartbeat_ceiling_s:
-                        self._conns.cut(silence.fd, silence.seconds)
-                    else:
-                        next_s = min(next_s, self.heartbeat_ceiling_s - silence.seconds)
-                    continue
-                if silence.seconds < timeout:
-                    if session.suspect_since is not None:
-                        self._heard_again_locked(session, silence.seconds)
-                    next_s = min(next_s, timeout - silence.seconds)
-                    continue
-                if session.suspect_since is None:
-                    self._suspect_locked(session, silence.seconds, silence.mute)
-                elif not session.suspect_warned and silence.seconds >= 2 * timeout:
-                    session.suspect_warned = True
-                    logger.warning("liveness: %s", self._suspect_text(session, silence.seconds, silence.mute))
-                why = self._lost_because(silence.seconds, quiet)
-                if why is None:
-                    next_s = min(next_s, self._recheck_s(silence.seconds, quiet))
-                    continue
-                self._lost_locked(session, Ending.MUTE if silence.mute else Ending.SILENT, silence.seconds, why)
-                self._conns.cut(silence.fd, silence.seconds)
-        self._silence_due = time.monotonic() + max(0.005, next_s) if len(self._conns) else None
-
-    def _lost_because(self, silence_s: float, quiet_s: float | None) -> str | None:
-        """The second signal that makes a silent host lost, in words, or None while it stays
-        suspect: the engine's progress stopped for the timeout with requests pending (only where
-        ranks report iterations: a non-streaming request outputs nothing until it ends), or the
-        ceiling passed while the engine showed no progress."""
-        timeout = self.heartbeat_timeout_s
-        progress = self.progress
-        if progress is not None and quiet_s is not None and quiet_s >= timeout and progress.iterations_seen:
-            return (f"and no progress of the engine (output, executor iterations) for {quiet_s:.2f} s with "
-                    f"{progress.pending()} request(s) pending: every step needs every rank")
-        if silence_s >= self.heartbeat_ceiling_s and (quiet_s is None or quiet_s >= timeout):
-            shown = "the engine idle" if quiet_s is None else f"no engine progress for {quiet_s:.2f} s"
-            return f"beyond heartbeat_ceiling_s ({self.heartbeat_ceiling_s:g} s), {shown}"
-        return None
-
-    def _recheck_s(self, silence_s: float, quiet_s: float | None) -> float:
-        """How soon a suspect host's verdict may change: when the engine's quiet reaches the
-        timeout, when the ceiling passes, and at least every half timeout (requests may arrive)."""
-        timeout = self.heartbeat_timeout_s
-        due = [timeout / 2, self.heartbeat_ceiling_s - silence_s]
-        if quiet_s is not None:
-            due.append(timeout - quiet_s)
-        return max(0.005, min(due))
-
-    def _suspect_text(self, session: Session, silence_s: float, mute: bool) -> str:
-        why = "its host still acknowledges: its process is silent" if mute else "host or process silent"
-        return (f"host {session.host}'s agent (rank {session.agent.rank}, pid {session.agent.pid}) sent nothing for "
-                f"{silence_s:.2f} s ({why}); host {session.host} is suspect. The engine keeps serving while it "
-                f"makes progress; the host is lost if progress stops with requests pending, or after "
-                f"{self.heartbeat_ceiling_s:g} s without contact")
-
-    def _suspect_locked(self, session: Session, silence_s: float, mute: bool) -> None:
-        session.suspect_since = time.monotonic() - silence_s
-        session.suspect_warned = False
-        self.suspect_episodes += 1
-        detail = (f"suspect: no heartbeat from host {session.host}'s agent for {silence_s:.2f} s"
-                  f"{' (its process silent, its host acknowledging)' if mute else ''}; the engine's progress decides")
-        self._apply_many([(identity, WorkerState.SUSPECT, detail) for identity in session.ranks])
-
-    def _heard_again_locked(self, session: Session, silence_s: float) -> None:
-        since = session.suspect_since if session.suspect_since is not None else time.monotonic()
-        session.suspect_since = None
-        logger.info("liveness: host %s's agent heard again after %.2f s without contact (it was suspect)",
-                    session.host, time.monotonic() - since - silence_s)
-        detail = f"watched by the agent on host {session.host} (rank {session.agent.rank})"
-        self._apply_many([(identity, WorkerState.ALIVE, detail) for identity in session.ranks])
+            next_s = self.silence.check_locked(self._conns.silences(), session_of, self._apply_many,
+                                               self._lost_locked, lambda silence: self._conns.cut(silence.fd,
+                                                                                                 silence.seconds))
+        self._silence_due = time.monotonic() + next_s if len(self._conns) else None
 
     def _disconnected(self, closure: Closure) -> None:
         key, ending = closure.key, closure.ending
@@ -639,6 +569,8 @@ class AgentHub:
 
     def _lost_locked(self, session: Session, ending: Ending, silent_s: float | None = None,
                      corroboration: str = "") -> None:
+        """End ``session``'s connection: its ranks' updates (``corroboration``: what besides a silence
+        made it lost, said in their cause)."""
         if session.connection != "connected":
             return
         updates, fault_at = end_session(session, ending, expecting=self._expecting, stopping=self._stop is not None,

@@ -239,6 +239,28 @@ def test_latency_from_the_monitor_alone_after_a_real_sigkill(procs: ProcessTrack
     assert value(samples, "trtllm_liveness_detection_latency_seconds_sum", kind="died", origin="exit_seen") >= 0
 
 
+def test_an_observing_engines_verdict_counts_as_would_fail_not_as_a_failure(procs: ProcessTracker) -> None:
+    """``observe=True`` (the engine's observe mode): a real death counts in would_fail, by kind; the
+    failures counter and the latency stay at 0 (nothing failed)."""
+    child = procs.sleeper()
+    got = threading.Event()
+    with WorkerProcessMonitor() as monitor:
+        metrics = LivenessMetrics(monitor, observe=True)
+        try:
+            monitor.register([capture_identity(0, child.pid)])
+            monitor.subscribe(lambda event: got.set())
+            monitor.start()
+            os.kill(child.pid, signal.SIGKILL)
+            assert got.wait(10)
+            assert wait_until(lambda: value(scrape_registry(metrics), "trtllm_liveness_would_fail_total",
+                                            kind="died") == 1, 10)
+            samples = scrape_registry(metrics)
+        finally:
+            metrics.close()
+    assert value(samples, "trtllm_liveness_worker_failures_total", kind="died") == 0
+    assert value(samples, "trtllm_liveness_detection_latency_seconds_count", kind="died", origin="exit_seen") == 0
+
+
 def test_late_attach_counts_the_failure_but_observes_no_latency(procs: ProcessTracker) -> None:
     child = procs.sleeper()
     with WorkerProcessMonitor() as monitor:
@@ -297,7 +319,7 @@ def test_every_exported_family_and_label_is_documented(procs: ProcessTracker, se
     table = DOCS.read_text()
     assert {family.name for family in families} == {
         "trtllm_liveness_worker_state", "trtllm_liveness_unkillable_workers", "trtllm_liveness_worker_failures",
-        "trtllm_liveness_detection_latency_seconds",
+        "trtllm_liveness_would_fail", "trtllm_liveness_detection_latency_seconds",
     }
     for family in families:
         shown = family.name + ("_total" if family.type == "counter" else "")

@@ -202,7 +202,7 @@ def test_a_silent_agent_of_a_serving_or_idle_engine_is_suspect_and_heard_again(p
         assert wait_until(lambda: engine.hub.hosts()[0].connection == "connected", BOUND_S)
         states = {s.identity.rank: s.state for s in engine.monitor.statuses()}
         assert states == {2: WorkerState.ALIVE, 3: WorkerState.ALIVE}, states
-        assert engine.kinds() == [] and engine.hub.suspect_episodes == 1
+        assert engine.kinds() == [] and engine.hub.silence.suspect_episodes == 1
     finally:
         engine.close()
 

@@ -1,0 +1,129 @@
+"""What a remote host's silence means: suspect, lost, or heard again (the hub's rule).
+
+Silence alone proves nothing: the hub's traffic runs on the management network, the engine's
+collectives often do not (NVLink, InfiniBand), and a management-network blip, a lossy or bursty
+link or an outage must not end an engine that is serving. So :class:`SilenceRule`, read by the
+hub's thread for each connection when a decision may be due, makes a host whose agent sent nothing
+for the heartbeat timeout (its PINGs come twice per timeout) **suspect** (its ranks show it; one
+WARNING once it lasts twice the timeout) and **lost** only with a second signal
+(:meth:`SilenceRule.lost_because`): the engine's own progress
+(:class:`~trtllm_liveness.monitor._progress_clock.ProgressClock`) stopped for the timeout with
+requests pending, where ranks report executor iterations (every step needs every rank; a
+non-streaming request outputs nothing until it ends, so output alone cannot tell), or the ceiling
+of silence passed while the engine showed no progress (an idle engine). Heard again, the host is
+connected as before. A connection without a session is cut after the ceiling. Guarded by the
+hub's lock (its thread calls in with it held).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+
+from .._events import WorkerState
+from ..monitor._progress_clock import ProgressClock
+from ..process._identity import ProcessIdentity
+from ._hub_records import Session
+from ._tcp import Ending, Silence
+
+__all__ = ["SilenceRule"]
+
+logger = logging.getLogger(__name__.rpartition(".")[0] + "._hub")
+
+Apply = Callable[[list[tuple[ProcessIdentity, WorkerState, str]]], None]
+Lose = Callable[[Session, Ending, float, str], None]
+
+
+class SilenceRule:
+    """The hub's reading of its hosts' silences; see the module docstring."""
+
+    def __init__(self, timeout_s: float, ceiling_s: float, progress: ProgressClock | None) -> None:
+        self.timeout_s = timeout_s
+        self.ceiling_s = max(ceiling_s, timeout_s)
+        self.progress = progress
+        self.suspect_episodes = 0  # how many times a host became suspect (benchmarks read it)
+
+    def check_locked(self, silences: Iterable[Silence], session_of: Callable[[Silence], Session | None],
+                     apply: Apply, lose: Lose, cut: Callable[[Silence], None]) -> float:
+        """Judge each connection's ``silence`` (``session_of`` it: None when none is connected):
+        suspect, heard again, or lost (``lose`` it, then ``cut`` the connection); ``apply`` sets its
+        ranks' states. Returns how soon the next decision may be due, in seconds."""
+        timeout = self.timeout_s
+        quiet = self.progress.quiet_s() if self.progress is not None else None
+        next_s = timeout
+        for silence in silences:
+            session = session_of(silence)
+            if session is None:
+                if silence.seconds >= self.ceiling_s:
+                    cut(silence)
+                else:
+                    next_s = min(next_s, self.ceiling_s - silence.seconds)
+                continue
+            if silence.seconds < timeout:
+                if session.suspect_since is not None:
+                    self._heard_again(session, silence.seconds, apply)
+                next_s = min(next_s, timeout - silence.seconds)
+                continue
+            if session.suspect_since is None:
+                self._suspect(session, silence.seconds, silence.mute, apply)
+            elif not session.suspect_warned and silence.seconds >= 2 * timeout:
+                session.suspect_warned = True
+                logger.warning("liveness: %s", self.suspect_text(session, silence.seconds, silence.mute))
+            why = self.lost_because(silence.seconds, quiet)
+            if why is None:
+                next_s = min(next_s, self.recheck_s(silence.seconds, quiet))
+                continue
+            lose(session, Ending.MUTE if silence.mute else Ending.SILENT, silence.seconds, why)
+            cut(silence)
+        return max(0.005, next_s)
+
+    def lost_because(self, silence_s: float, quiet_s: float | None) -> str | None:
+        """The second signal that makes a silent host lost, in words, or None while it stays
+        suspect (``quiet_s``: the engine's seconds without progress with requests pending; None
+        while idle)."""
+        timeout = self.timeout_s
+        progress = self.progress
+        if progress is not None and quiet_s is not None and quiet_s >= timeout and progress.iterations_seen:
+            return (f"and no progress of the engine (output, executor iterations) for {quiet_s:.2f} s with "
+                    f"{progress.pending()} request(s) pending: every step needs every rank")
+        if silence_s >= self.ceiling_s and (quiet_s is None or quiet_s >= timeout):
+            shown = "the engine idle" if quiet_s is None else f"no engine progress for {quiet_s:.2f} s"
+            return f"beyond heartbeat_ceiling_s ({self.ceiling_s:g} s), {shown}"
+        return None
+
+    def recheck_s(self, silence_s: float, quiet_s: float | None) -> float:
+        """How soon a suspect host's verdict may change: when the engine's quiet reaches the
+        timeout, when the ceiling passes, and at least every half timeout (requests may arrive)."""
+        due = [self.timeout_s / 2, self.ceiling_s - silence_s]
+        if quiet_s is not None:
+            due.append(self.timeout_s - quiet_s)
+        return max(0.005, min(due))
+
+    def suspect_text(self, session: Session, silence_s: float, mute: bool) -> str:
+        why = "its host still acknowledges: its process is silent" if mute else "host or process silent"
+        return (f"host {session.host}'s agent (rank {session.agent.rank}, pid {session.agent.pid}) sent nothing for "
+                f"{silence_s:.2f} s ({why}); host {session.host} is suspect. The engine keeps serving while it "
+                f"makes progress; the host is lost if progress stops with requests pending, or after "
+                f"{self.ceiling_s:g} s without contact")
+
+    def _suspect(self, session: Session, silence_s: float, mute: bool, apply: Apply) -> None:
+        session.suspect_since = time.monotonic() - silence_s
+        session.suspect_warned = False
+        self.suspect_episodes += 1
+        detail = (f"suspect: no heartbeat from host {session.host}'s agent for {silence_s:.2f} s"
+                  f"{' (its process silent, its host acknowledging)' if mute else ''}; the engine's progress decides")
+        apply(_all(session.ranks, WorkerState.SUSPECT, detail))
+
+    def _heard_again(self, session: Session, silence_s: float, apply: Apply) -> None:
+        since = session.suspect_since if session.suspect_since is not None else time.monotonic()
+        session.suspect_since = None
+        logger.info("liveness: host %s's agent heard again after %.2f s without contact (it was suspect)",
+                    session.host, time.monotonic() - since - silence_s)
+        apply(_all(session.ranks, WorkerState.ALIVE,
+                   f"watched by the agent on host {session.host} (rank {session.agent.rank})"))
+
+
+def _all(ranks: Sequence[ProcessIdentity], state: WorkerState,
+         detail: str) -> list[tuple[ProcessIdentity, WorkerState, str]]:
+    return [(identity, state, detail) for identity in ranks]
