@@ -141,7 +141,7 @@ class LivenessConfig:
         hosts_advertise: the host name or address the ranks connect to, when it differs from
             ``hosts_bind`` (e.g. ``hosts_bind=*``); empty: ``hosts_bind``, or this host's name.
         heartbeat_timeout_s: a remote host from which nothing came this long (its agent PINGs the
-            hub twice per timeout; the hub reads the kernel's "last heard" of the connection) is
+            hub every three quarters of the timeout; the hub reads the kernel's "last heard" of the connection) is
             *suspect*: state ``suspect`` in the statuses, a metric, one WARNING once it lasts twice
             this; requests keep flowing. Silence alone never ends an engine: a suspect host is
             **lost** (fatal, naming the host and its ranks) when the engine also made no progress

@@ -9,7 +9,7 @@ set of pidfds per host, 18 connections for an 18-host rack instead of 72.
 The thread owns everything it uses: a ZMQ DEALER connected to the proxy's hub, that socket's
 monitor, a duplicate of its TCP connection's descriptor (to read when the hub was last heard,
 :mod:`._tcp`), a wakeup pipe, and a :class:`~trtllm_liveness.WorkerProcessMonitor` over the host's
-other ranks (pidfds, per-thread ``D`` state, OOM cause). The agent PINGs the hub twice per heartbeat
+other ranks (pidfds, per-thread ``D`` state, OOM cause). The agent PINGs the hub every three quarters of the heartbeat
 timeout (ZMQ sends them and reads the hub's answers). Nothing from the hub for the timeout makes the
 hub suspect (a line, nothing more): the management network may blip while the engine serves on. The
 agent ends its host's ranks on the hub's silence only past :attr:`AgentSettings.fence_silence_s` (the
@@ -93,7 +93,7 @@ class AgentSettings:
     def hub_silence_s(self) -> float:
         """Nothing from the hub (its answers to this agent's PINGs) this long and the hub is
         suspect: the timeout plus one PING interval."""
-        return self.heartbeat_timeout_s * (1 + 1 / _wire.PINGS_PER_TIMEOUT)
+        return self.heartbeat_timeout_s * (1 + _wire.PING_INTERVAL_TIMEOUTS)
 
     @property
     def fence_silence_s(self) -> float:
@@ -246,7 +246,7 @@ class HostAgent:
             # this one's reads. ZMQ never drops the connection on its own (timeout 0): a silence ends
             # it only by the agent's decision (_check_hub_silence), which asks its ranks' progress.
             timeout_ms = max(20, int(self.settings.heartbeat_timeout_s * 1000))
-            sock.setsockopt(zmq.HEARTBEAT_IVL, max(5, timeout_ms // _wire.PINGS_PER_TIMEOUT))
+            sock.setsockopt(zmq.HEARTBEAT_IVL, max(5, int(timeout_ms * _wire.PING_INTERVAL_TIMEOUTS)))
             sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 0)
             monitor_sock = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
             monitor.register(self.identities)

@@ -4,7 +4,7 @@ Silence alone proves nothing: the hub's traffic runs on the management network, 
 collectives often do not (NVLink, InfiniBand), and a management-network blip, a lossy or bursty
 link or an outage must not end an engine that is serving. So :class:`SilenceRule`, read by the
 hub's thread for each connection when a decision may be due, makes a host whose agent sent nothing
-for the heartbeat timeout (its PINGs come twice per timeout) **suspect** (its ranks show it; one
+for the heartbeat timeout (its PINGs come every three quarters of it) **suspect** (its ranks show it; one
 WARNING once it lasts twice the timeout) and **lost** only with a second signal
 (:meth:`SilenceRule.lost_because`): the engine's own progress
 (:class:`~trtllm_liveness.monitor._progress_clock.ProgressClock`) stopped for the timeout with
@@ -43,6 +43,20 @@ class SilenceRule:
         self.ceiling_s = max(ceiling_s, timeout_s)
         self.progress = progress
         self.suspect_episodes = 0  # how many times a host became suspect (benchmarks read it)
+
+    def engine_stalled(self, now: float | None = None) -> bool:
+        """Whether the engine made no progress for the timeout with requests pending: the moment a
+        silent host's verdict is due."""
+        quiet = self.progress.quiet_s(now) if self.progress is not None else None
+        return quiet is not None and quiet >= self.timeout_s
+
+    def stall_due(self) -> float | None:
+        """When the engine's progress would have stopped for the timeout (monotonic), if requests
+        are pending and no progress comes before; None while idle (or without a progress clock)."""
+        progress = self.progress
+        if progress is None or progress.pending() <= 0:
+            return None
+        return progress.last_progress() + self.timeout_s
 
     def check_locked(self, silences: Iterable[Silence], session_of: Callable[[Silence], Session | None],
                      apply: Apply, lose: Lose, cut: Callable[[Silence], None]) -> float:

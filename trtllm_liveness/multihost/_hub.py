@@ -13,7 +13,7 @@ What ends a remote host's session, and what the proxy then reports:
 - its connection **closed** (FIN/RST, milliseconds): the agent's rank exited (or its host went
   down with it); that rank is reported dead, the host's other ranks lost;
 - its connection **silent**: no data came from the agent for ``heartbeat_timeout_s`` (its ZMTP
-  PINGs come twice per timeout, sent by ZMQ's I/O thread, so a busy rank still sends them; the
+  PINGs come every three quarters of the timeout, sent by ZMQ's I/O thread, so a busy rank still sends them; the
   kernel's own "last heard" of the connection, :mod:`._tcp`). Silence alone proves nothing (the
   management network may blip while the engine's own network serves on), so the host becomes
   **suspect**: its ranks show ``suspect``, one WARNING once it lasts twice the timeout, and
@@ -90,7 +90,7 @@ class AgentHub:
         port: the TCP port; 0 picks a free one.
         advertise: the host name or address the ranks connect to (default: ``bind``, or this
             host's name when ``bind`` is ``*``).
-        heartbeat_timeout_s: no data from a host's agent (its PINGs come twice per timeout) this
+        heartbeat_timeout_s: no data from a host's agent (its PINGs come every 0.75 timeouts) this
             long and the host is suspect; lost when the engine's ``progress`` also stopped for as
             long with requests pending.
         heartbeat_ceiling_s: a suspect host is lost after this long without contact while the
@@ -144,7 +144,8 @@ class AgentHub:
         self._req_ids = itertools.count(1)
         self._conns = ConnectionTable()
         self._probe_deadline: float | None = None  # an unmatched connection ended: probe until then
-        self._silence_due: float | None = None  # when a connection may next be silent for the timeout
+        self._silence_due: float | None = None  # when the connections' silences are next read
+        self._stalled = False  # the engine's progress had stopped (requests pending) at the last look
         self._probe_closure = Closure(None, Ending.UNKNOWN)
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -169,7 +170,7 @@ class AgentHub:
             sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
             sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
             sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a peer that never completes ZMTP holds its fds 5 s, not 30
-            # The agents PING (PINGS_PER_TIMEOUT per timeout) and this ZMQ answers: what
+            # The agents PING (every PING_INTERVAL_TIMEOUTS timeouts) and this ZMQ answers: what
             # _check_silence reads. The hub sends no PINGs and ZMQ never drops a connection on its
             # own account: whether a silent host is lost is the hub's decision (SilenceRule).
             self._monitor_sock = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
@@ -310,8 +311,9 @@ class AgentHub:
                         self._flush_commands_locked()
                         return
                 wait_ms = _PROBE_POLL_MS if self._probe_deadline is not None else _POLL_MS
-                if self._silence_due is not None:
-                    wait_ms = max(0, min(wait_ms, int((self._silence_due - time.monotonic()) * 1000) + 1))
+                for due in (self._silence_due, self.silence.stall_due()):
+                    if due is not None:
+                        wait_ms = max(0, min(wait_ms, int((due - time.monotonic()) * 1000) + 1))
                 ready = dict(poller.poll(wait_ms))
                 if self._wake_r in ready:
                     with contextlib.suppress(BlockingIOError):
@@ -497,9 +499,13 @@ class AgentHub:
             self._cond.acquire()
 
     def _check_silence(self) -> None:
-        """Read every connection's silence when the next decision may be due: :class:`SilenceRule`
-        says what it means (suspect, lost, heard again)."""
-        if self._silence_due is None or time.monotonic() < self._silence_due:
+        """Read every connection's silence when a decision may be due: once per timeout, and at once
+        when the engine's progress stops with requests pending (then as soon as the next decision
+        may be due); :class:`SilenceRule` says what each silence means (suspect, lost, heard again)."""
+        now = time.monotonic()
+        stalled = self.silence.engine_stalled(now)
+        began, self._stalled = stalled and not self._stalled, stalled
+        if self._silence_due is None or (now < self._silence_due and not began):
             return
 
         def session_of(silence: Silence) -> Session | None:
@@ -507,11 +513,14 @@ class AgentHub:
             session = self._sessions.get(sid) if sid is not None else None
             return session if session is not None and session.connection == "connected" else None
 
+        def cut(silence: Silence) -> None:
+            self._conns.cut(silence.fd, silence.seconds)
+
         with self._cond:
             next_s = self.silence.check_locked(self._conns.silences(), session_of, self._apply_many,
-                                               self._lost_locked, lambda silence: self._conns.cut(silence.fd,
-                                                                                                 silence.seconds))
-        self._silence_due = time.monotonic() + next_s if len(self._conns) else None
+                                               self._lost_locked, cut)
+        every = next_s if stalled else max(next_s, self.heartbeat_timeout_s)
+        self._silence_due = time.monotonic() + every if len(self._conns) else None
 
     def _disconnected(self, closure: Closure) -> None:
         key, ending = closure.key, closure.ending

@@ -29,14 +29,14 @@ TO_AGENT = b"H"
 MAC_BYTES = 32
 SECRET_BYTES = 32
 MAX_MESSAGE_BYTES = 64 << 10  # a hello of 72 ranks is ~10 KiB; anything near this is not ours
-PINGS_PER_TIMEOUT = 2
-"""Every agent PINGs (ZMTP) the hub this many times per heartbeat timeout, and the hub's ZMQ
-answers each (the hub sends none: one wakeup of its I/O thread per PING, not two). Those PINGs are
-the data both sides' silence checks read (:mod:`._tcp`): a host whose agent sent nothing for the
-timeout is suspect, which costs nothing but a state and a line; it is lost only when the engine's
-progress stops too (:mod:`._hub`), so a lost segment or a jittery link no longer needs more PINGs
-per timeout to stay clear of a verdict, and fewer PINGs cost the hub less CPU
-(scripts/bench_multihost.py, 128 hosts)."""
+PING_INTERVAL_TIMEOUTS = 0.75
+"""Every agent PINGs (ZMTP) the hub once per this many heartbeat timeouts (0.75 s by default), and
+the hub's ZMQ answers each (the hub sends none: one wakeup of its I/O thread per PING, not two).
+Those PINGs are the data both sides' silence checks read (:mod:`._tcp`): a host whose agent sent
+nothing for the timeout is suspect, which costs nothing but a state and, past twice the timeout, a
+line; it is lost only when the engine's progress stops too (:mod:`._host_silence`). So a lost
+segment or a jittery link needs no more PINGs to stay clear of a verdict, and fewer PINGs cost the
+hub less CPU (scripts/bench_multihost.py, 128 hosts)."""
 _SID_RE = re.compile(r"[0-9a-f]{32}")
 _KIND_RE = re.compile(r"[a-z]{1,16}")
 _MAX_SEQ = 1 << 62
