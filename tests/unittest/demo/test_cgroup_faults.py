@@ -1,4 +1,4 @@
-"""The fault-injection helpers (cgroup v1 freezer and memory groups) and the scenario's faults.
+"""The fault-injection helpers (cgroup v1 freezer, memory and cpu groups) and the scenario's faults.
 
 Scenario faults run the reference executor on real MPI workers in a child process in its own
 session (``run_scenario``), which kills and reports whatever it left behind.
@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import uuid
 from typing import Any
 
@@ -17,6 +19,7 @@ from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo._cgroup_faults import (
+    CpuGroup,
     FreezerGroup,
     MemoryGroup,
     remove_leftover_groups,
@@ -27,6 +30,27 @@ from trtllm_liveness.demo._scenario_records import ScenarioResult
 needs_mpi = needs("mpi")
 needs_freezer = needs("freezer")
 needs_memory = needs("memcg")
+needs_cpu = needs("cpucg")
+
+# A thread spins until stdin closes.
+SPINNER = """import sys, threading
+def spin():
+    while True:
+        pass
+threading.Thread(target=spin, daemon=True).start()
+sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()"""
+# Once a line comes on stdin, streams argv[1] (a file larger than the group's limit) through the
+# page cache, over and over, until stdin closes.
+STREAMER = """import os, sys, threading
+def stream():
+    fd = os.open(sys.argv[1], os.O_RDONLY)
+    while True:
+        offset = 0
+        while os.pread(fd, 1 << 20, offset):
+            offset += 1 << 20
+sys.stdin.readline()
+threading.Thread(target=stream, daemon=True).start()
+sys.stdout.write('ready\\n'); sys.stdout.flush(); sys.stdin.read()"""
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.real_process]
 
@@ -73,19 +97,79 @@ def test_memory_group_remove_moves_survivors_back(procs: ProcessTracker) -> None
     assert state_of(child.pid) == "S"
 
 
+@needs_cpu
+def test_cpu_group_throttles_a_spinning_task_and_remove_moves_it_back(procs: ProcessTracker) -> None:
+    """A process spinning in a group limited to 10% of a CPU is throttled period after period (the
+    group's ``cpu.stat``), stays alive and runnable, and leaves the group alive on remove()."""
+    child = subprocess.Popen([sys.executable, "-c", SPINNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             start_new_session=True)
+    procs.adopt(child)
+    assert child.stdout is not None and child.stdout.readline() == b"ready\n"
+    group = CpuGroup(0.1, prefix="trtllm-liveness-test")
+    try:
+        with open(os.path.join(group.path, "cpu.cfs_quota_us")) as handle:
+            assert int(handle.read()) == 10_000
+        group.add(child.pid)
+        assert child.pid in group.tasks()
+        assert wait_until(lambda: group.throttled()[0] >= 3, 10), group.throttled()
+        assert group.throttled()[1] > 0
+    finally:
+        assert group.remove()
+    assert not os.path.exists(group.path)
+    assert child.poll() is None and state_of(child.pid) in ("R", "S")
+
+
+def test_cpu_group_rejects_a_share_outside_one_cpu() -> None:
+    for share in (0.0, 1.5):
+        with pytest.raises(ValueError, match="share"):
+            CpuGroup(share, prefix="trtllm-liveness-test")
+
+
+@needs_memory
+def test_a_memory_group_at_its_limit_reclaims_page_cache_without_killing(procs: ProcessTracker, tmp_path: Any) -> None:
+    """The pressure the soak puts on a rank: a process streaming a 32 MiB file through the page
+    cache in a group limited to 8 MiB keeps hitting the limit (``limit_hits``: reclaim first) and is
+    never OOM-killed: page cache can be reclaimed, unlike anonymous memory without swap."""
+    data = tmp_path / "stream.bin"
+    with open(data, "wb") as handle:
+        handle.write(os.urandom(32 << 20))
+        handle.flush()
+        os.fsync(handle.fileno())  # clean pages, so that the kernel drops them from the cache now
+        os.posix_fadvise(handle.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)  # the reader's reads charge its group
+    group = MemoryGroup(8 << 20, "trtllm-liveness-test")
+    try:
+        child = subprocess.Popen([sys.executable, "-c", STREAMER, str(data)], stdin=subprocess.PIPE,
+                                 stdout=subprocess.PIPE, start_new_session=True)
+        procs.adopt(child)
+        group.add(child.pid)  # before it reads: what it reads is charged to the group
+        assert child.stdin is not None and child.stdout is not None
+        child.stdin.write(b"go\n")
+        child.stdin.flush()
+        assert child.stdout.readline() == b"ready\n"
+        assert wait_until(lambda: (group.limit_hits() or 0) >= 100, 20), group.limit_hits()
+        assert child.poll() is None and group.oom_kills() == 0
+    finally:
+        assert group.remove()
+    assert not os.path.exists(group.path)
+
+
 @needs_freezer
+@needs_cpu
 @pytest.mark.freezer
 def test_remove_leftover_groups_takes_only_its_prefix(procs: ProcessTracker) -> None:
     prefix = f"trtllm-liveness-test-left-{uuid.uuid4().hex[:6]}"
     mine, other = FreezerGroup(prefix), FreezerGroup("trtllm-liveness-test")
+    mine_cpu = CpuGroup(0.5, prefix=prefix)
     try:
         child = procs.sleeper()
         mine.freeze([child.pid])
-        assert remove_leftover_groups(prefix) == [mine.path]
-        assert not os.path.exists(mine.path) and os.path.exists(other.path)
+        mine_cpu.add(child.pid)
+        assert remove_leftover_groups(prefix) == [mine.path, mine_cpu.path]
+        assert not os.path.exists(mine.path) and not os.path.exists(mine_cpu.path) and os.path.exists(other.path)
         assert wait_until(lambda: state_of(child.pid) == "S", 10)
     finally:
         mine.remove()
+        mine_cpu.remove()
         other.remove()
 
 
