@@ -42,7 +42,7 @@ import os
 import secrets
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._events import MonitorMethod, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
@@ -67,6 +67,9 @@ from ._hub_records import (
 )
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, HostSnapshot, IterationSink, SnapshotBook, SnapshotCommand
 from ._tcp import Closure, ConnectionTable, Ending, Key
+
+if TYPE_CHECKING:
+    from ..quarantine._quarantine_settings import QuarantineSettings
 
 logger = logging.getLogger(__name__)
 
@@ -101,13 +104,15 @@ class AgentHub:
         d_state_timeout_s: the agents' wedge bound (None: off), armed by :meth:`arm`;
             ``scan_interval_s`` how often they sample thread states.
         iterations_interval_s: agents forward iterations once per this (>= 1 s) while progress flows.
+        quarantine: how each agent quarantines its own host for its ranks (None: it does not).
     """
 
     def __init__(self, monitor: WorkerProcessMonitor, *, bind: str, port: int = 0, advertise: str | None = None,
                  heartbeat_timeout_s: float = 1.8, d_state_timeout_s: float | None = None,
                  scan_interval_s: float = 1.0, grace_s: float = 2.0, kill_s: float = 3.0,
                  iterations_interval_s: float = ITERATIONS_INTERVAL_S, heartbeat_ceiling_s: float = 60.0,
-                 progress: ProgressClock | None = None, observe: bool = False) -> None:
+                 progress: ProgressClock | None = None, observe: bool = False,
+                 quarantine: QuarantineSettings | None = None) -> None:
         if not 0.01 <= heartbeat_timeout_s <= 3600:
             raise ValueError(f"heartbeat_timeout_s must be in [0.01, 3600], got {heartbeat_timeout_s}")
         if not 0 <= port <= 65535:
@@ -120,6 +125,7 @@ class AgentHub:
         self.heartbeat_ceiling_s = max(heartbeat_ceiling_s, heartbeat_timeout_s)
         self.progress = progress
         self.observe = observe
+        self.quarantine = quarantine
         self.suspect_episodes = 0  # how many times a host became suspect (a metric; benchmarks read it)
         self.d_state_timeout_s = d_state_timeout_s
         self.scan_interval_s = scan_interval_s
@@ -199,7 +205,8 @@ class AgentHub:
         return {"endpoint": self.endpoint, "secret": self.secret.hex(), "heartbeat_timeout_s": self.heartbeat_timeout_s,
                 "d_state_timeout_s": self.d_state_timeout_s, "scan_interval_s": self.scan_interval_s,
                 "grace_s": self.grace_s, "kill_s": self.kill_s, "iterations_interval_s": self.iterations_interval_s,
-                "heartbeat_ceiling_s": self.heartbeat_ceiling_s, "observe": self.observe}
+                "heartbeat_ceiling_s": self.heartbeat_ceiling_s, "observe": self.observe,
+                "quarantine": self.quarantine.to_spec() if self.quarantine is not None else None}
 
     def arm(self, d_state_timeout_s: float | None = None) -> None:
         """Tell every agent (and every later one) to make wedge verdicts from now on."""
