@@ -17,7 +17,10 @@ of many hosts leaves nothing behind even when it is itself killed),
 ptrace), ``beats`` (``[count, every_s]``: once welcomed, the agent is told ``count`` iterations of
 each rank, one every ``every_s``, as its host's progress channel would; then one line
 ``{"beats_sent": count, "messages": n}``, n the iteration messages the agent sent),
-``iterations_interval_s`` (the agent's interval between two iteration messages, default 1 s).
+``iterations_interval_s`` (the agent's interval between two iteration messages, default 1 s),
+``watch`` (``[[rank, pid], ...]``: processes of the caller's watched as this host's ranks too, after
+the sleepers), ``quarantine`` (the hub's spec of how the agent quarantines this host, as
+``worker_spec()["quarantine"]`` carries it) and ``observe`` (the engine observes).
 """
 
 from __future__ import annotations
@@ -48,6 +51,7 @@ def main(options: dict[str, object]) -> int:
     from trtllm_liveness.multihost import AgentSettings, HostAgent
     from trtllm_liveness.process._identity import capture_identity
     from trtllm_liveness.process._procfs import read_start_time
+    from trtllm_liveness.quarantine._quarantine_settings import QuarantineSettings
 
     if options.get("slow_poll"):
         import zmq
@@ -69,12 +73,14 @@ def main(options: dict[str, object]) -> int:
                                  preexec_fn=with_agent)  # before the agent starts any thread
                 for _ in range(int(options.get("ranks", 1)))]  # type: ignore[call-overload]
     identities = [capture_identity(first + 1 + index, child.pid) for index, child in enumerate(children)]
+    identities += [capture_identity(int(rank), int(pid)) for rank, pid in options.get("watch", [])]  # type: ignore[attr-defined]
     d = options.get("d_state_timeout_s")
     settings = AgentSettings(str(options["endpoint"]), bytes.fromhex(str(options["secret"])),
                              float(options.get("heartbeat_timeout_s", 1.0)),  # type: ignore[arg-type]
                              float(d) if d is not None else None,  # type: ignore[arg-type]
                              grace_s=0.5, kill_s=1.0,
-                             drill=bool(options.get("drill")),
+                             drill=bool(options.get("drill")), observe=bool(options.get("observe")),
+                             quarantine=QuarantineSettings.from_spec(options.get("quarantine")),
                              iterations_interval_s=float(options.get("iterations_interval_s", 1.0)))  # type: ignore[arg-type]
 
     def ended(reason: str) -> None:

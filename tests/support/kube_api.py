@@ -2,6 +2,10 @@
 here, so the official ``kubernetes`` client talks to this one, which answers with a node and records
 every request (verb, path, content type, JSON body). The shape of the calls is the client's own.
 
+Each request is also appended, as one JSON line ``[verb, path, content type, body]``, to the
+file ``record`` names, if any: what a stand-in in another process recorded
+(``tests/programs/kube_node_api.py``, one per test host), read with :func:`recorded_requests`.
+
 :func:`serve_nodes` runs it (a context manager); :func:`write_kubeconfig` writes a kubeconfig that
 points a process's client at it (``KUBECONFIG``), for a command that builds its own client.
 """
@@ -27,11 +31,16 @@ class NodeApiRecorder(BaseHTTPRequestHandler):
 
     requests: ClassVar[list[tuple[str, str, str, Any]]] = []
     node: ClassVar[dict[str, Any]] = {}
+    record: ClassVar[str] = ""
 
     def _answer(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else None
-        type(self).requests.append((self.command, self.path, self.headers.get("Content-Type", ""), body))
+        request = (self.command, self.path, self.headers.get("Content-Type", ""), body)
+        type(self).requests.append(request)
+        if type(self).record:
+            with open(type(self).record, "a") as handle:
+                handle.write(json.dumps(request) + "\n")
         data = json.dumps(type(self).node).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -46,11 +55,13 @@ class NodeApiRecorder(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def serve_nodes() -> Iterator[tuple[str, type[NodeApiRecorder]]]:
-    """``(base URL, the recorder class whose requests list fills)``; the server is shut down and its
-    thread joined on exit."""
-    handler = type("Recorder", (NodeApiRecorder,), {"requests": [], "node": json.loads(json.dumps(NODE))})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+def serve_nodes(port: int = 0, record: str = "") -> Iterator[tuple[str, type[NodeApiRecorder]]]:
+    """``(base URL, the recorder class whose requests list fills)``, on loopback's ``port`` (0: a
+    free one); ``record``: the file each request is also appended to. The server is shut down and
+    its thread joined on exit."""
+    handler = type("Recorder", (NodeApiRecorder,), {"requests": [], "node": json.loads(json.dumps(NODE)),
+                                                    "record": record})
+    server = ThreadingHTTPServer(("127.0.0.1", port), handler)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
     thread.start()
     try:
@@ -59,6 +70,15 @@ def serve_nodes() -> Iterator[tuple[str, type[NodeApiRecorder]]]:
         server.shutdown()
         server.server_close()
         thread.join(5)
+
+
+def recorded_requests(record: str | Path) -> list[tuple[str, str, str, Any]]:
+    """The requests appended to ``record`` (none: no such file)."""
+    try:
+        lines = Path(record).read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [tuple(json.loads(line)) for line in lines]  # type: ignore[misc]
 
 
 def write_kubeconfig(path: Path, server: str) -> Path:

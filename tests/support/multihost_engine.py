@@ -86,13 +86,16 @@ class Engine:
     def __init__(self, hosts: TestHosts, layout: Sequence[tuple[str, int]] = LAYOUT, liveness: str = LIVENESS, *,
                  request: bool = True, wrapper: Sequence[str] = (), executor_cls: bool = True,
                  fault_tolerant: bool = True, env: Mapping[str, str] | None = None,
-                 exit_statuses: bool = False, program: Mapping[str, Any] | None = None) -> None:
+                 exit_statuses: bool = False, program: Mapping[str, Any] | None = None,
+                 node_names: bool = False) -> None:
         """``fault_tolerant=False``: Open MPI's default error handling (the engine may then be
         aborted by MPI, see the module docstring); ``env``: more of the ranks' environment;
         ``exit_statuses``: a shell in front of each rank writes its exit status where the head
         reads it (:meth:`exit_status`; mpirun's own status says little: it is 0 after a host
         crash, and the runtime options below keep the job going when a rank ends); ``program``:
-        more options of tests/programs/proxy_death_child.py (``step_acks``, ``snapshots``)."""
+        more options of tests/programs/proxy_death_child.py (``step_acks``, ``snapshots``);
+        ``node_names``: each rank's ``SLURMD_NODENAME`` and ``NODE_NAME`` are its host's name, as
+        slurmd and the Kubernetes downward API give every node's processes their own."""
         self.hosts = hosts
         # PRRTE writes <out>.<job>.<rank>.out|err, making (and chmod-ing to 0750!) the directory of
         # <out> where it runs, mpirun's head included: never a directory shared with anybody else,
@@ -105,6 +108,9 @@ class Engine:
         options = {"session": "comm", "tree": "trtllm_main", "liveness": executor_cls, "watch_fatal": True,
                    "no_request": not request, "step_acks": True, **(program or {})}
         program = [sys.executable, "-u", "-m", "tests.programs.proxy_death_child", json.dumps(options)]
+        if node_names:
+            program = ["/bin/sh", "-c", 'SLURMD_NODENAME=$(hostname) NODE_NAME=$(hostname) exec "$@"', "rank",
+                       *program]
         if exit_statuses:
             status = os.path.join(os.path.dirname(self.out), "status-$OMPI_COMM_WORLD_RANK")
             program = ["/bin/sh", "-c", f'"$@"; echo $? > "{status}"', "rank", *program]

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from trtllm_liveness._errors import LivenessError
 from trtllm_liveness.demo._mpi_env import PRTE_TMPDIR_VAR, configure_mpi_env
 from trtllm_liveness.process import _pidfd, _procfs
-from trtllm_liveness.quarantine._marker import QUARANTINE_DIR_VAR
+from trtllm_liveness.quarantine._marker import DEFAULT_QUARANTINE_DIR, QUARANTINE_DIR_VAR
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RANK_PROGRAM = os.path.join(REPO_ROOT, "tests", "programs", "multihost_rank.py")
@@ -505,6 +505,43 @@ class TestHosts:
         if not self.workdir:
             raise TestHostsError("start() first")
         return os.path.join(self.workdir, "run", name)
+
+    def path_in(self, name: str, path: str) -> str:
+        """Absolute ``path`` as host ``name``'s processes see it (its own ``/run``, ``/tmp``, ...),
+        reached from here through its PID 1's root; valid while the host runs."""
+        if not path.startswith("/"):
+            raise ValueError(f"not an absolute path: {path!r}")
+        return f"/proc/{self.host(name).pid1}/root{path}"
+
+    @property
+    def hosts_quarantine_dir(self) -> str:
+        """Where every host's processes, as root, resolve the default ``quarantine_dir``: the
+        hosts' configured ``$TRTLLM_LIVENESS_QUARANTINE_DIR`` (the caller's path, in each host's
+        own private ``/tmp``), else ``/run/trtllm-liveness`` (each host's own ``/run``)."""
+        configured = self._login_environment().get(QUARANTINE_DIR_VAR, "")
+        return configured if configured.startswith("/") else DEFAULT_QUARANTINE_DIR
+
+    def quarantine_directory(self, name: str) -> str:
+        """Host ``name``'s own quarantine marker directory (:attr:`hosts_quarantine_dir` there),
+        reached from here (:meth:`path_in`)."""
+        return self.path_in(name, self.hosts_quarantine_dir)
+
+    def start_in(self, name: str, argv: Sequence[str], *, wd: str = "/") -> subprocess.Popen[bytes]:
+        """Start ``argv`` in host ``name`` (a server of that host, say), in a session of its own,
+        tracked as the hosts' own processes (:meth:`adopt`: it ends with its host), and wait (at most
+        :attr:`timeout`) for its first line on stdout, ``ready``. Raises :class:`TestHostsError`
+        (with what it printed) when that line does not come."""
+        popen = subprocess.Popen(self.host(name).nsenter_argv(argv, wd=wd), stdin=subprocess.DEVNULL,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+        self.adopt(popen)
+        assert popen.stdout is not None
+        lines: list[bytes] = []
+        reader = threading.Thread(target=lambda: lines.append(popen.stdout.readline()), daemon=True)  # type: ignore[union-attr]
+        reader.start()
+        reader.join(self.timeout)
+        if not lines or lines[0].strip() != b"ready":
+            raise TestHostsError(f"{' '.join(argv)} in host {name} did not say ready: {lines[:1]!r}")
+        return popen
 
     def _add_netns(self, name: str) -> None:
         _ip("netns", "add", name)

@@ -261,9 +261,10 @@ def _would_mark(config: LivenessConfig, marker: Any, remote_host: str = "") -> s
         return f"{where}: {processes}: {marker.reason}"
     if isinstance(marker, str):
         return f"{where}: the drill's copy is {marker}"
-    if remote_host:  # docs/multihost.md: the marker is written on the proxy's host only
-        return (f"none at {where} on the proxy's host (its own ranks are restartable); host {remote_host}, whose "
-                "rank was hit, gets none from the extension: its node health check decides")
+    if remote_host:  # docs/multihost.md: a rank of another host quarantines its own host, never the proxy's
+        return (f"none at {where} on the proxy's host (a rank of another host never quarantines it); for a wedged "
+                f"or unkillable rank, host {remote_host}'s own agent writes {remote_host}'s marker and runs the "
+                "actions for its node (a drill's agents only log that they would)")
     return f"none at {where} (the failure is restartable on this host)"
 
 

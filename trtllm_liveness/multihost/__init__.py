@@ -7,6 +7,8 @@
   (:mod:`._placement`), watching that host's ranks with the core monitor;
 - :mod:`._host_silence`: what a host's silence means (suspect; lost only with the engine's progress
   stopped too, or past the ceiling);
+- :mod:`._agent_quarantine`: a rank of that host that cannot be ended quarantines that host, by
+  its own agent (its marker, the actions for its own node), never the proxy's;
 - :mod:`._hub_records`: the hub's result types, sessions and checks of each agent message;
 - :mod:`._drill_faults`: a drill's fault in a remote rank, asked by the hub, made by its host's agent;
 - :mod:`._wire`: the authenticated messages between them; :mod:`._tcp`: why a connection ended.

@@ -34,6 +34,10 @@ stop), ``stop`` and ``snapreq``. When the connection to the hub drops before ``e
 host is cut off and the proxy has declared it lost), the agent stops the host's other ranks and
 ends its own (``on_proxy_lost``): no rank keeps serving a proxy that is gone or has given it up.
 
+A non-restartable event of the host's ranks quarantines this host, here and only here
+(:mod:`._agent_quarantine`): its marker is written before the event leaves and before the agent
+stops anything; the rank ends once its actions are done.
+
 Every wait is bounded; nothing here raises into the rank: a failure is logged and the agent ends.
 """
 
@@ -50,15 +54,19 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._events import WorkerEvent, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import ProcessIdentity
 from . import _wire
+from ._agent_quarantine import HostQuarantine
 from ._drill_faults import AgentFaults
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, SnapshotRequest, encode_ranks, parse_snapshot_request
 from ._tcp import cut, duplicate, last_heard
+
+if TYPE_CHECKING:
+    from ..quarantine._quarantine_settings import QuarantineSettings
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +96,7 @@ class AgentSettings:
     heartbeat_ceiling_s: float = 60.0
     observe: bool = False  # the engine observes: the agent says what it would do and ends nothing
     drill: bool = False  # the engine is a drill's: the agent makes the faults its hub asks for (._drill_faults)
+    quarantine: QuarantineSettings | None = None  # how this host is quarantined for its ranks (None: not at all)
 
     @property
     def hub_silence_s(self) -> float:
@@ -103,7 +112,13 @@ class AgentSettings:
 
 
 def end_rank(reason: str) -> None:
-    """The default ``on_proxy_lost``: one CRITICAL line, then ``os._exit(75)`` (bounded flush)."""
+    """The default ``on_proxy_lost``: the threads this process must finish first (this host's
+    quarantine), each until its own deadline; one CRITICAL line; then ``os._exit(75)`` (bounded flush)."""
+    from ..exit._process_ending import process_ending
+
+    left = process_ending().threads.join()
+    if left:
+        logger.warning("liveness: ending this rank with threads still running past their bound: %s", ", ".join(left))
     logger.critical("liveness: %s; ending this rank (pid %d) with status %d", reason, os.getpid(),
                     PROXY_LOST_EXIT_STATUS)
     for handler in logging.getLogger().handlers:
@@ -158,6 +173,8 @@ class HostAgent:
         self._verdict_taken: object = None  # the thread's: the verdict (monitor.failure) its snapshot was taken at
         self._closers: list[Callable[[], None]] = []  # what the agent owns beside its thread's (its beats' channel)
         self._faults = AgentFaults(settings.drill, own, self.identities)  # the thread's: a drill's faults
+        self._quarantine = HostQuarantine(own.hostname, settings.quarantine, "observe=1" if settings.observe
+                                          else "a drill's engine" if settings.drill else "")
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-host-agent", daemon=True)
 
     # ----------------------------------------------------------------- public
@@ -224,6 +241,7 @@ class HostAgent:
                     os.write(self._wake_w, b"x")
 
     def _on_event(self, event: WorkerEvent) -> None:  # the monitor's thread
+        self._quarantine.note([event])  # a wedge: this host's marker, awaited before the event leaves
         self._pending.append(event)
         self._wake()
 
@@ -362,7 +380,10 @@ class HostAgent:
                                detail=status.detail[:2000])
 
     def _send_events(self, sock: Any, monitor: WorkerProcessMonitor) -> None:
-        """Send the pending fatal events, then the snapshot of this host's ranks for the verdict."""
+        """Send the pending fatal events (once this host's quarantine markers for them are
+        written), then the snapshot of this host's ranks for the verdict."""
+        if self._pending:
+            self._quarantine.await_markers()
         verdict = bool(self._pending) and monitor.failure is not self._verdict_taken
         while self._pending:
             fatal = self._pending.popleft()
@@ -548,9 +569,12 @@ class HostAgent:
     def _stop_ranks(self, monitor: WorkerProcessMonitor, grace_s: float, kill_s: float) -> Any:
         from ..stop._bounded_stop import stop_processes
 
+        self._quarantine.await_markers()  # a wedged rank's marker is on disk before anything here is stopped
         monitor.mark_expected_exits()
         targets = [identity for identity in self.identities if identity.start_time is not None]
-        return self._faults.after_stop(stop_processes(targets, grace_s=grace_s, kill_s=kill_s))  # a drill's: thaw
+        report = self._faults.after_stop(stop_processes(targets, grace_s=grace_s, kill_s=kill_s))  # a drill's: thaw
+        self._quarantine.note(report.events())  # the ranks the stop left unkillable
+        return report
 
     def _stop_requested(self, sock: Any, monitor: WorkerProcessMonitor, message: _wire.Message) -> None:
         grace = message.body.get("grace")

@@ -12,17 +12,10 @@ What ends a remote host's session, and what the proxy then reports:
 - an ``event`` from its agent: that rank died, wedged or is unkillable (the agent's own monitor);
 - its connection **closed** (FIN/RST, milliseconds): the agent's rank exited (or its host went
   down with it); that rank is reported dead, the host's other ranks lost;
-- its connection **silent**: no data came from the agent for ``heartbeat_timeout_s`` (its ZMTP
-  PINGs come every three quarters of the timeout, sent by ZMQ's I/O thread, so a busy rank still sends them; the
-  kernel's own "last heard" of the connection, :mod:`._tcp`). Silence alone proves nothing (the
-  management network may blip while the engine's own network serves on), so the host becomes
-  **suspect**: its ranks show ``suspect``, one WARNING once it lasts twice the timeout, and
-  requests keep flowing. It is **lost** (every rank of the host, naming the host and its ranks and
-  both signals) once the engine also made no progress for the timeout with requests pending (every
-  step needs every rank: :class:`~trtllm_liveness.monitor._progress_clock.ProgressClock`), or after
-  ``heartbeat_ceiling_s`` of silence while the engine showed no progress (idle). Heard again, it is
-  connected as before. On its side the agent ends its host's ranks on the same ceiling
-  (:mod:`._agent`).
+- its connection **silent**: no data (its agent's ZMTP PINGs, sent by ZMQ's I/O thread) for
+  ``heartbeat_timeout_s`` makes the host **suspect**, never lost by itself; it is **lost** once
+  the engine's progress stops too, or past the ceiling (:mod:`._host_silence`). On its side the
+  agent ends its host's ranks past the ceiling (:mod:`._agent`).
 
 Nothing from the network is trusted: each message is authenticated (:mod:`._wire`), size-capped,
 checked for replay and for fields of the right type and range; a bad one costs a rate-limited
@@ -42,7 +35,7 @@ import os
 import secrets
 import threading
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._events import MonitorMethod, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
@@ -68,6 +61,9 @@ from ._hub_records import (
 )
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, HostSnapshot, IterationSink, SnapshotBook, SnapshotCommand
 from ._tcp import Closure, ConnectionTable, Ending, Key, Silence
+
+if TYPE_CHECKING:
+    from ..quarantine._quarantine_settings import QuarantineSettings
 
 logger = logging.getLogger(__name__)
 
@@ -102,13 +98,15 @@ class AgentHub:
         d_state_timeout_s: the agents' wedge bound (None: off), armed by :meth:`arm`;
             ``scan_interval_s`` how often they sample thread states.
         iterations_interval_s: agents forward iterations once per this (>= 1 s) while progress flows.
+        quarantine: how each agent quarantines its own host for its ranks (None: it does not).
     """
 
     def __init__(self, monitor: WorkerProcessMonitor, *, bind: str, port: int = 0, advertise: str | None = None,
                  heartbeat_timeout_s: float = 1.8, d_state_timeout_s: float | None = None,
                  scan_interval_s: float = 1.0, grace_s: float = 2.0, kill_s: float = 3.0,
                  iterations_interval_s: float = ITERATIONS_INTERVAL_S, heartbeat_ceiling_s: float = 60.0,
-                 progress: ProgressClock | None = None, observe: bool = False) -> None:
+                 progress: ProgressClock | None = None, observe: bool = False,
+                 quarantine: QuarantineSettings | None = None) -> None:
         if not 0.01 <= heartbeat_timeout_s <= 3600:
             raise ValueError(f"heartbeat_timeout_s must be in [0.01, 3600], got {heartbeat_timeout_s}")
         if not 0 <= port <= 65535:
@@ -120,6 +118,7 @@ class AgentHub:
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.silence = SilenceRule(heartbeat_timeout_s, heartbeat_ceiling_s, progress)
         self.observe = observe
+        self.quarantine = quarantine
         self.d_state_timeout_s = d_state_timeout_s
         self.scan_interval_s = scan_interval_s
         self.grace_s = grace_s
@@ -199,7 +198,8 @@ class AgentHub:
         return {"endpoint": self.endpoint, "secret": self.secret.hex(), "heartbeat_timeout_s": self.heartbeat_timeout_s,
                 "d_state_timeout_s": self.d_state_timeout_s, "scan_interval_s": self.scan_interval_s,
                 "grace_s": self.grace_s, "kill_s": self.kill_s, "iterations_interval_s": self.iterations_interval_s,
-                "heartbeat_ceiling_s": self.silence.ceiling_s, "observe": self.observe}
+                "heartbeat_ceiling_s": self.silence.ceiling_s, "observe": self.observe,
+                "quarantine": self.quarantine.to_spec() if self.quarantine is not None else None}
 
     def arm(self, d_state_timeout_s: float | None = None) -> None:
         """Tell every agent (and every later one) to make wedge verdicts from now on."""
@@ -212,7 +212,7 @@ class AgentHub:
     def hosts(self) -> list[HostView]:
         """A snapshot of every remote host that said hello."""
         with self._cond:
-            return [HostView(s.host, s.agent.rank, s.ranks, *_connection_of(s))
+            return [HostView(s.host, s.agent.rank, s.ranks, *s.shown_connection())
                     for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
 
     def stop_hosts(self, timeout_s: float, *, grace_s: float | None = None,
@@ -588,13 +588,6 @@ class AgentHub:
         self._cond.notify_all()  # its stop, where one runs, is there now
         self._apply_many(updates, **({} if fault_at is None else {"fault_at": fault_at}))
         self._cond.notify_all()
-
-
-def _connection_of(session: Session) -> tuple[str, float]:
-    """A session's connection state as :class:`HostView` shows it, and since when."""
-    if session.connection == "connected" and session.suspect_since is not None:
-        return "suspect", session.suspect_since
-    return session.connection, session.since
 
 
 def _peer(frame: Any) -> str:

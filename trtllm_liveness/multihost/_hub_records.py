@@ -80,6 +80,13 @@ class Session:
     suspect_since: float | None = None  # monotonic: since when its agent is silent (connected, suspect)
     suspect_warned: bool = False  # this silence's WARNING was logged
 
+    def shown_connection(self) -> tuple[str, float]:
+        """The connection's state as :class:`HostView` shows it (``suspect`` while connected but
+        silent), and since when (monotonic)."""
+        if self.connection == "connected" and self.suspect_since is not None:
+            return "suspect", self.suspect_since
+        return self.connection, self.since
+
 
 @dataclass(frozen=True)
 class ArmCommand:

@@ -62,6 +62,8 @@ def _same_host(a: HostKey, b: HostKey) -> bool:
 
 def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
     """The proxy's ``worker_spec`` as agent settings. Raises ``ValueError`` for a malformed one."""
+    from ..quarantine._quarantine_settings import QuarantineSettings
+
     endpoint, timeout = spec.get("endpoint"), spec.get("heartbeat_timeout_s")
     if not isinstance(endpoint, str) or not endpoint.startswith("tcp://") or len(endpoint) > 300:
         raise ValueError(f"bad hub endpoint {endpoint!r}")
@@ -80,7 +82,8 @@ def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
                          and ITERATIONS_INTERVAL_S <= every <= 3600 else ITERATIONS_INTERVAL_S,
                          heartbeat_ceiling_s=float(ceiling) if isinstance(ceiling, (int, float))
                          and timeout <= ceiling <= 86400 else max(60.0, float(timeout)),
-                         observe=spec.get("observe") is True, drill=spec.get("drill") is True)
+                         observe=spec.get("observe") is True, drill=spec.get("drill") is True,
+                         quarantine=QuarantineSettings.from_spec(spec.get("quarantine")))
 
 
 BeatsOpener = Callable[[HostAgent], "tuple[str, str] | None"]

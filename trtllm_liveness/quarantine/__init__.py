@@ -3,7 +3,9 @@
 - :mod:`._marker`: the marker file a non-restartable failure leaves, and how it is read and checked;
 - :mod:`._host_policy`: what a failure writes and what start-up checks (:func:`check_host`);
 - :mod:`._device_holders`: processes stuck in ``D`` holding the host's accelerator devices;
-- :mod:`._orchestrator_actions`: Slurm drain, Kubernetes cordon/taint, a command hook.
+- :mod:`._orchestrator_actions`: Slurm drain, Kubernetes cordon/taint, a command hook;
+- :mod:`._quarantine_settings`: those settings as one record, handed to another host's agent,
+  which quarantines its own host for its ranks.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
     from ._orchestrator_actions import k8s_mark_node as k8s_mark_node
     from ._orchestrator_actions import run_hook as run_hook
     from ._orchestrator_actions import slurm_drain as slurm_drain
+    from ._quarantine_settings import QuarantineSettings as QuarantineSettings
 
 __all__ = [
     "ActionResult",
@@ -35,6 +38,7 @@ __all__ = [
     "MarkerStatus",
     "QuarantineCheck",
     "QuarantineMarker",
+    "QuarantineSettings",
     "QuarantinedProcess",
     "check_host",
     "clear_marker",
@@ -66,6 +70,7 @@ _SOURCES = {
     "slurm_drain": "_orchestrator_actions",
     "k8s_mark_node": "_orchestrator_actions",
     "run_hook": "_orchestrator_actions",
+    "QuarantineSettings": "_quarantine_settings",
 }
 
 if not TYPE_CHECKING:

@@ -10,6 +10,12 @@ patch, a hook: they run one after another) plus a second. So the marker is on di
 process ends and nothing holds the exit past that deadline. What this process recorded (and
 whether the actions ran) is the ending's :class:`~trtllm_liveness.exit._process_ending.QuarantineLedger`.
 
+Only this host's processes are recorded, and the actions (Slurm drain, Kubernetes cordon and
+taint, the hook) name this host's node. A rank of another host is quarantined on its own host:
+the proxy never acts for it; that host's agent (:mod:`trtllm_liveness.multihost._agent_quarantine`)
+calls :func:`quarantine_host` there with the settings the proxy handed it
+(:class:`~._quarantine_settings.QuarantineSettings`).
+
 :func:`check_host_at_start` runs when an engine starts (extension on): it clears a marker that no
 longer applies (another boot, processes gone), and raises :class:`HostQuarantinedError` while one
 does, or while a visible process holding an accelerator device sits in ``D`` (unless
@@ -47,6 +53,10 @@ from ._marker import (
 
 if TYPE_CHECKING:
     from ._orchestrator_actions import ActionResult
+    from ._quarantine_settings import QuarantineSettings
+
+    Policy = LivenessConfig | QuarantineSettings
+    """What a failure's quarantine reads: the engine's settings, or the ones an agent was handed."""
 
 logger = logging.getLogger(__name__)
 
@@ -166,59 +176,78 @@ def check_host_at_start(config: LivenessConfig) -> None:
 
 # ----------------------------------------------------------------------------- on failure
 
-def quarantine_host(config: LivenessConfig, events: Iterable[WorkerEvent]) -> threading.Thread | None:
-    """Record the non-restartable ``events`` of local processes in the host's marker and, the first
-    time in this process, run the configured actions; all in one thread of the process's ending
-    (returned; None when there is nothing to do), which the ending awaits until the deadline of
-    the module docstring. Never blocks, never raises. Events already recorded by this process are
-    skipped (the monitor, ``shutdown()`` and the exit path may report the same rank)."""
+def quarantine_host(config: Policy, events: Iterable[WorkerEvent], *,
+                    marker_done: threading.Event | None = None) -> threading.Thread | None:
+    """Record the non-restartable ``events`` of this host's processes in its marker and, the first
+    time in this process, run the configured actions for this host's node; all in one thread of
+    the process's ending (returned; None when there is nothing to do), which the ending awaits
+    until the deadline of the module docstring. ``marker_done`` is set once the marker is written
+    (or could not be). Never blocks, never raises. Events already recorded by this process are
+    skipped (the monitor, ``shutdown()`` and the exit path may report the same rank).
+
+    An event of a rank on another host is never recorded here, nor acted on: that host is
+    quarantined by its own agent (:mod:`trtllm_liveness.multihost._agent_quarantine`), with its own marker
+    and the actions for its own node; this host's node is not the failed one."""
+    unrestartable = [event for event in events if not event.restartable]
+    remote = [event for event in unrestartable if not is_local(event.identity)]
+    if remote:
+        logger.info("liveness: not quarantining this host for %s: its host's agent quarantines that host",
+                    ", ".join(f"rank {event.identity.rank} (pid {event.identity.pid}) on host "
+                              f"{event.identity.hostname}" for event in remote))
     ending = process_ending()
     ledger = ending.quarantine
     with ledger.lock:
-        fresh = [event for event in events if not event.restartable
+        fresh = [event for event in unrestartable if is_local(event.identity)
                  and (event.identity.pid, event.identity.start_time) not in ledger.recorded]
         if not fresh:
             return None
         ledger.recorded.update((event.identity.pid, event.identity.start_time) for event in fresh)
         run_actions = not ledger.actions_started and _any_action(config)
         ledger.actions_started = ledger.actions_started or run_actions
-    bound = _requests(config) * config.quarantine_action_timeout_s + 1.0
-    worker = ending.threads.start(_quarantine, name="trtllm-liveness-quarantine", bound_s=bound,
-                                  args=(config, ledger, fresh, run_actions))
+    worker = ending.threads.start(_quarantine, name="trtllm-liveness-quarantine", bound_s=_bound_s(config),
+                                  args=(config, ledger, fresh, run_actions, marker_done))
     if worker is None:  # interpreter shutting down: no thread; do the marker here (fast)
         logger.warning("liveness: quarantine without a thread")
-        _quarantine(config, ledger, fresh, False)
+        _quarantine(config, ledger, fresh, False, marker_done)
     return worker
 
 
-def _requests(config: LivenessConfig) -> int:
-    """How many bounded requests the configured actions make, one after another."""
+def _bound_s(config: Policy) -> float:
+    """How long a quarantine's thread may take: ``quarantine_action_timeout_s`` per request its
+    actions make, one after another, plus a second for the marker."""
     k8s = 2 if config.quarantine_k8s_cordon or config.quarantine_k8s_taint else 0  # read, then patch
-    return int(config.quarantine_slurm_drain) + k8s + int(bool(config.quarantine_hook))
+    requests = int(config.quarantine_slurm_drain) + k8s + int(bool(config.quarantine_hook))
+    return requests * config.quarantine_action_timeout_s + 1.0
 
 
-def _any_action(config: LivenessConfig) -> bool:
+def _any_action(config: Policy) -> bool:
     return config.quarantine_slurm_drain or config.quarantine_k8s_cordon or config.quarantine_k8s_taint \
         or bool(config.quarantine_hook)
 
 
-def _quarantine(config: LivenessConfig, ledger: QuarantineLedger, events: list[WorkerEvent],
-                run_actions: bool) -> list[ActionResult]:
+def _quarantine(config: Policy, ledger: QuarantineLedger, events: list[WorkerEvent], run_actions: bool,
+                marker_done: threading.Event | None = None) -> list[ActionResult]:
     reason = events[0].message
     marker_path = ""
-    local = [event for event in events if is_local(event.identity) and event.identity.start_time is not None]
-    if config.quarantine_dir and local:
-        try:
-            marker_path = write_marker(resolve_directory(config.quarantine_dir),
-                                       [_recorded_process(event) for event in local], reason)
-            logger.critical("liveness: host quarantined: marker %s written (%s); %s", marker_path, reason,
-                            RECYCLE_ADVICE)
-        except (MarkerError, OSError) as exc:
-            logger.error("liveness: could not write the quarantine marker in %s: %s", config.quarantine_dir, exc)
-            with ledger.lock:  # not recorded after all: a later event for these processes tries again
-                ledger.recorded.difference_update((event.identity.pid, event.identity.start_time) for event in events)
-    elif config.quarantine_dir:
-        logger.warning("liveness: non-restartable failure of no local process (%s): no marker written", reason)
+    try:
+        recordable = [event for event in events if event.identity.start_time is not None]
+        if config.quarantine_dir and recordable:
+            try:
+                marker_path = write_marker(resolve_directory(config.quarantine_dir),
+                                           [_recorded_process(event) for event in recordable], reason)
+                logger.critical("liveness: host quarantined: marker %s written (%s); %s", marker_path, reason,
+                                RECYCLE_ADVICE)
+            except (MarkerError, OSError) as exc:
+                logger.error("liveness: could not write the quarantine marker in %s: %s", config.quarantine_dir, exc)
+                with ledger.lock:  # not recorded after all: a later event for these processes tries again
+                    ledger.recorded.difference_update((event.identity.pid, event.identity.start_time)
+                                                      for event in events)
+        elif config.quarantine_dir:
+            logger.warning("liveness: non-restartable failure of a process whose start time is unknown (%s): no "
+                           "marker written", reason)
+    finally:
+        if marker_done is not None:
+            marker_done.set()
     if not run_actions:
         return []
     # Imported here: subprocess and the actions are for a failure, not for every engine start.

@@ -7,6 +7,7 @@ entry must then neither crash into a hang nor start half of its liveness.
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import os
@@ -19,6 +20,7 @@ import pytest
 from tests.support.children import HelperProcess
 from tests.support.facilities import needs
 from tests.support.waits import WAIT_SCALE
+from trtllm_liveness import LivenessConfig
 from trtllm_liveness.integrations.trtllm import _worker_entry
 from trtllm_liveness.integrations.trtllm._worker_entry import liveness_worker_entry
 from trtllm_liveness.integrations.trtllm._worker_spec import (
@@ -30,11 +32,20 @@ from trtllm_liveness.integrations.trtllm._worker_spec import (
     WorkerSpecError,
 )
 from trtllm_liveness.multihost._agent import AgentSettings
+from trtllm_liveness.multihost._placement import settings_of
 from trtllm_liveness.process._identity import local_hostname
+from trtllm_liveness.quarantine._quarantine_settings import QuarantineSettings
 
 pytestmark = [pytest.mark.timeout(60)]
 
 JOB_S = 60.0  # an mpirun job of 2 ranks on 2 shared cores, start to end
+
+
+def quarantine() -> QuarantineSettings:
+    """How each remote host's agent quarantines its host: what a server's hub hands it (a fresh
+    record: :func:`tampered` changes the one it is given)."""
+    return QuarantineSettings.from_config(LivenessConfig(quarantine_slurm_drain=True, quarantine_k8s_taint=True,
+                                                         quarantine_hook="/usr/local/bin/hook"))
 
 
 def task(*args: Any, **kwargs: Any) -> tuple[tuple[Any, ...], dict[str, Any]]:
@@ -47,7 +58,7 @@ def full_spec() -> WorkerSpec:
     return WorkerSpec(task, ProxyIdentity(4242, 100, "elsewhere", 4026531836, "boot"),
                       IdentityChannelSpec("ipc:///tmp/x/identities", "a" * 32),
                       ProgressSpec("ipc:///tmp/x/progress", "b" * 32, 0.25),
-                      AgentSettings("tcp://10.0.0.1:5555", b"k" * 32, 1.0, 5.0))
+                      AgentSettings("tcp://10.0.0.1:5555", b"k" * 32, 1.0, 5.0, quarantine=quarantine()))
 
 
 def wire(spec: WorkerSpec) -> Any:
@@ -95,10 +106,30 @@ def test_a_full_spec_survives_the_wire_and_is_accepted() -> None:
     (tampered("hub.endpoint", "http://10.0.0.1:5555"), "hub settings: bad hub endpoint"),
     (tampered("hub.heartbeat_timeout_s", 0), "hub settings: bad heartbeat timeout"),
     (tampered("hub.scan_interval_s", "1"), "hub settings: bad scan interval"),
+    (tampered("hub.quarantine", quarantine().to_spec()), "hub settings: quarantine settings: a dict, not"),
+    (tampered("hub.quarantine.quarantine_dir", "run/q"), "hub settings: quarantine settings: quarantine_dir must be"),
+    (tampered("hub.quarantine.quarantine_hook", 7), "hub settings: quarantine settings: quarantine_hook must be a"),
+    (tampered("hub.quarantine.quarantine_slurm_drain", "1"), "hub settings: .*quarantine_slurm_drain must be a bool"),
+    (tampered("hub.quarantine.quarantine_action_timeout_s", 0), "hub settings: .*quarantine_action_timeout_s must be"),
+    (tampered("hub.quarantine.quarantine_action_timeout_s", math.inf), "hub settings: .*must be finite"),
 ], ids=lambda value: value if isinstance(value, str) else None)
 def test_a_malformed_spec_is_one_error_naming_the_part(raw: Any, named: str) -> None:
     with pytest.raises(WorkerSpecError, match=named):
         WorkerSpec.from_wire(raw)
+
+
+def test_the_quarantine_settings_travel_in_the_hubs_spec_and_are_read_back() -> None:
+    """What the hub's ``worker_spec`` carries (plain JSON) is read back as the record every rank
+    gets; a spec of no quarantine gives none; a malformed one is an error naming it."""
+    spec = {"endpoint": "tcp://10.0.0.1:5555", "secret": "6b" * 32, "heartbeat_timeout_s": 1.0}
+    settings = settings_of({**spec, "quarantine": json.loads(json.dumps(quarantine().to_spec()))})
+    assert settings.quarantine == quarantine()
+    assert WorkerSpec.from_wire(wire(WorkerSpec(task, hub=settings))).hub == settings
+    assert settings_of(spec).quarantine is None
+    assert settings_of({**spec, "quarantine": None}).quarantine is None
+    for bad in ({**quarantine().to_spec(), "quarantine_dir": "relative"}, {"quarantine_dir": "/run/q"}, ["/run/q"]):
+        with pytest.raises(ValueError, match="quarantine"):
+            settings_of({**spec, "quarantine": bad})
 
 
 def test_a_record_of_another_version_is_rejected_by_its_missing_field() -> None:

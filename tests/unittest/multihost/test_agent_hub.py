@@ -17,7 +17,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import pytest
 
@@ -106,14 +106,17 @@ class Agent:
 
 
 def start_agent(procs: ProcessTracker, engine: Engine, *, host: str = "fakehostB", ranks: int = 1,
-                first_rank: int = 2, slow_poll: bool = False, **more: Any) -> Agent:
-    """An agent child (``more``: its other options, tests/programs/host_agent_child.py)."""
+                first_rank: int = 2, slow_poll: bool = False, env: dict[str, str] | None = None,
+                stderr: IO[bytes] | None = None, **more: Any) -> Agent:
+    """An agent child (``more``: its other options, tests/programs/host_agent_child.py; ``env``:
+    its whole environment, default this process's; ``stderr``: where its log goes)."""
     spec = engine.hub.worker_spec()
     options = {"host": host, "endpoint": spec["endpoint"], "secret": spec["secret"], "ranks": ranks,
                "first_rank": first_rank, "heartbeat_timeout_s": spec["heartbeat_timeout_s"], "slow_poll": slow_poll,
                **more}
     popen = subprocess.Popen(["unshare", "--uts", sys.executable, "-m", "tests.programs.host_agent_child",
-                              json.dumps(options)], stdout=subprocess.PIPE, start_new_session=True, cwd=REPO)
+                              json.dumps(options)], stdout=subprocess.PIPE, start_new_session=True, cwd=REPO,
+                             env=env, stderr=stderr)
     procs.popens.append(popen)
     procs.track(popen.pid)
     agent = Agent(popen, {"pid": popen.pid, "ranks": []})

@@ -7,6 +7,8 @@ client's own requests.
   after a real wedge seen by the monitor, the node reads DRAIN with the reason; and
   ``quarantine status --slurm-drain`` as the node's ``HealthCheckProgram`` drains it too;
 - the command hook: run with the marker and the reason; one that hangs is killed at its timeout;
+- a rank of another host: nothing recorded or done here (stand-ins for ``scontrol`` and the hook
+  record every call), a local rank in the same call is;
 - Kubernetes: no API server can run here, so the official client talks to a loopback HTTP server
   that records its requests (``tests/support/kube_api.py``): the shape of the calls (paths, verbs,
   content type, bodies) is the client's own, not a mock's.
@@ -14,6 +16,7 @@ client's own requests.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import threading
@@ -26,7 +29,12 @@ import pytest
 from tests.support.facilities import needs, require_facility
 from tests.support.kube_api import NodeApiRecorder, serve_nodes
 from tests.support.process_tracker import ProcessTracker
-from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
+from tests.support.quarantine import (  # noqa: F401 - fresh_quarantine_state: an autouse fixture
+    command_recorder,
+    config_for,
+    fresh_quarantine_state,
+    recorded_calls,
+)
 from tests.support.slurm_cluster import SlurmCluster
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import wait_until
@@ -136,6 +144,46 @@ def test_a_failing_or_missing_hook_is_reported_not_raised(tmp_path: Path) -> Non
     hook.chmod(0o755)
     result = run_hook(str(hook), marker_path="", reason="r")
     assert not result.ok and "status 7" in result.detail and "no rights" in result.detail
+
+
+# ----------------------------------------------------------------------------- another host's rank
+
+
+def test_a_rank_of_another_host_drains_and_hooks_nothing_here(procs: ProcessTracker, tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """A wedge of a rank on hostB, given to this host's policy (the proxy's): no marker here, no
+    drain of this node, no hook (hostB's own agent quarantines hostB). In the same call with a wedge
+    of this host's, only the local rank is recorded, and this node is drained once, for it."""
+    (tmp_path / "bin").mkdir()
+    drains = tmp_path / "scontrol.calls"
+    command_recorder(tmp_path / "bin" / "scontrol", drains)
+    hooks = tmp_path / "hook.calls"
+    hook = command_recorder(tmp_path / "hook", hooks)
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setenv("SLURMD_NODENAME", "proxy-node")
+    config = config_for(tmp_path / "q", quarantine_slurm_drain=True, quarantine_hook=str(hook),
+                        quarantine_action_timeout_s=10)
+    local, elsewhere = procs.sleeper(), procs.sleeper()
+    remote = WorkerEvent(EventKind.WEDGED, capture_identity(3, elsewhere.pid)._replace(hostname="hostB"),
+                         "thread in D for 2.0s")
+    worker = quarantine_host(config, [remote])
+    if worker is not None:  # what a policy acting for it starts: let it finish, to see what it did
+        worker.join(15)
+    assert recorded_calls(drains) == [], "this node was drained for another host's rank"
+    assert recorded_calls(hooks) == [], "the hook ran here for another host's rank"
+    assert not (tmp_path / "q" / MARKER_NAME).exists()
+    assert worker is None
+
+    worker = quarantine_host(config, [remote, event(local.pid, EventKind.WEDGED)])
+    assert worker is not None
+    worker.join(15)
+    marker = read_marker(str(tmp_path / "q"))
+    assert marker is not None and [process.pid for process in marker.processes] == [local.pid]
+    (drain,) = recorded_calls(drains)
+    assert drain.startswith("update NodeName=proxy-node State=DRAIN Reason=trtllm-liveness: MPI worker rank 1 "
+                            f"(pid {local.pid})"), drain
+    (hooked,) = recorded_calls(hooks)
+    assert hooked.startswith(f"{tmp_path / 'q' / MARKER_NAME}|") and f"(pid {local.pid})" in hooked, hooked
 
 
 # ----------------------------------------------------------------------------- Kubernetes

@@ -169,9 +169,10 @@ def test_restartable_events_and_remote_ranks_write_no_marker(procs: ProcessTrack
     assert quarantine_host(config_for(tmp_path), [wedge_event(child.pid, EventKind.DIED)]) is None
     remote = WorkerEvent(EventKind.WEDGED, capture_identity(1, child.pid)._replace(hostname="elsewhere"), "x")
     worker = quarantine_host(config_for(tmp_path), [remote])
-    assert worker is not None
-    worker.join(10)
+    if worker is not None:
+        worker.join(10)
     assert not (tmp_path / MARKER_NAME).exists()
+    assert worker is None  # nothing to do here: the rank's own host's agent quarantines that host
 
 
 def test_a_second_failure_is_merged_into_the_marker(procs: ProcessTracker, tmp_path: Path) -> None:

@@ -54,6 +54,7 @@ def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor,
     ``progress``: the engine's, the second signal that makes a silent host lost."""
     from ...multihost import AgentHub
     from ...multihost._drill_faults import DrillHub, drill_enabled
+    from ...quarantine._quarantine_settings import QuarantineSettings
 
     bind, advertise = config.hosts_bind, config.hosts_advertise
     if not bind:
@@ -63,7 +64,7 @@ def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor,
                heartbeat_timeout_s=config.heartbeat_timeout_s, d_state_timeout_s=config.d_state_timeout_s or None,
                scan_interval_s=config.scan_interval_s, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s,
                iterations_interval_s=iterations_interval_s(config), heartbeat_ceiling_s=config.heartbeat_ceiling_s,
-               progress=progress, observe=config.observe)
+               progress=progress, observe=config.observe, quarantine=QuarantineSettings.from_config(config))
     try:
         return hub.start()
     except Exception:

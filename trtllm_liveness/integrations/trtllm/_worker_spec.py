@@ -173,6 +173,12 @@ def check_agent_settings(settings: Any) -> None:
     for name in ("grace_s", "kill_s"):
         if not _is_number(getattr(settings, name), 0.0, math.inf):
             raise ValueError(f"bad {name} {getattr(settings, name)!r}")
+    if settings.quarantine is not None:
+        from ...quarantine._quarantine_settings import QuarantineSettings
+
+        if not isinstance(settings.quarantine, QuarantineSettings):
+            raise ValueError(f"quarantine settings: a {type(settings.quarantine).__name__}, not QuarantineSettings")
+        settings.quarantine.check()
 
 
 class _Checked(Protocol):
