@@ -540,6 +540,7 @@ class WorkerProcessMonitor:
         rule = self._stopped_rule
         quiet = rule[0].quiet_s(now) if rule is not None else None  # outside the lock: the proxy's len()
         pending = rule[0].pending() if rule is not None and quiet is not None else 0
+        needed = rule[0].quiet_bound(rule[1], now) if rule is not None else 0.0
         events: list[WorkerEvent] = []
         with self._lock:
             for record, sample in samples:
@@ -551,15 +552,17 @@ class WorkerProcessMonitor:
                         tid, wchan = verdict
                         self._claim_locked(record, events, tid=tid, wchan=wchan)
                 if rule is not None and record.sampler is not None and record.state is WorkerState.ALIVE:
-                    self._observe_stop_locked(record, record.sampler.state, rule[1], now, quiet, pending, events)
+                    self._observe_stop_locked(record, record.sampler.state, rule[1], now, (quiet, needed), pending,
+                                              events)
         return events
 
     def _observe_stop_locked(self, record: WatchedRank, state: str, timeout_s: float, now: float,
-                             quiet: float | None, pending: int, events: list[WorkerEvent]) -> None:
+                             quiet: tuple[float | None, float], pending: int, events: list[WorkerEvent]) -> None:
+        """``quiet``: the engine's seconds without progress (None: idle), and how many it takes."""
         if record.stopped is None or record.stopped.timeout_s != timeout_s:
             record.stopped = StoppedRank(timeout_s, self._wedge_scan.interval_s)
         record.stopped.observe(state, now)
-        cause = record.stopped.verdict(now, quiet, pending)
+        cause = record.stopped.verdict(now, quiet[0], pending, quiet[1])
         if cause is None or record.stopped.since is None:
             return
         event = WorkerEvent(EventKind.STALLED, record.identity, cause, fault_at=record.stopped.since)

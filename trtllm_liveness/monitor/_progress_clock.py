@@ -15,16 +15,26 @@ is a fatal verdict only under the same condition (:mod:`._stopped_rank`). Progre
   counts, so the clock of a busy engine starts when its work does.
 
 An idle engine (nothing pending) has no quiet time at all: :meth:`ProgressClock.quiet_s` is None.
-Standard library only; every method is thread-safe and never blocks beyond a short lock.
+An engine whose steps are long (a prefill of a huge prompt, a first-request autotune) is quiet for a
+whole step while healthy: :meth:`ProgressClock.quiet_bound` raises a bound to 1.5 times the longest
+gap between two iterations of the last 10 minutes of work, so a verdict never reads one long step as
+a stopped engine. Standard library only; every method is thread-safe and never blocks beyond a short
+lock.
 """
 
 from __future__ import annotations
 
+import collections
 import threading
 import time
 from collections.abc import Callable
 
-__all__ = ["ProgressClock"]
+__all__ = ["GAP_MARGIN", "GAP_WINDOW_S", "ProgressClock"]
+
+GAP_WINDOW_S = 600.0
+"""How long a long step raises the quiet bounds (:meth:`ProgressClock.quiet_bound`)."""
+GAP_MARGIN = 1.5
+"""A bound is at least this many times the longest recent gap between two iterations."""
 
 
 class ProgressClock:
@@ -38,6 +48,7 @@ class ProgressClock:
         self._output_at = now  # one writer: upstream's dispatch thread
         self._iteration_at = now
         self._busy_since = now
+        self._gaps: collections.deque[tuple[float, float]] = collections.deque()  # (at, gap), gaps decreasing
         self.iterations_seen = False
         """Whether any rank ever reported an executor iteration: without iterations only output is
         progress, and a long non-streaming generation outputs nothing until it ends."""
@@ -52,7 +63,29 @@ class ProgressClock:
         with self._lock:
             self.iterations_seen = True
             if at > self._iteration_at:
+                # A step's length: from the previous iteration (or the work's arrival on an idle engine).
+                self._note_gap(at, at - max(self._iteration_at, self._busy_since))
                 self._iteration_at = at
+
+    def _note_gap(self, at: float, gap: float) -> None:
+        # A sliding maximum: each gap drops the shorter ones before it, which can never be the
+        # longest again; the front is the longest of the window.
+        while self._gaps and self._gaps[-1][1] <= gap:
+            self._gaps.pop()
+        self._gaps.append((at, gap))
+        while self._gaps[0][0] < at - GAP_WINDOW_S:
+            self._gaps.popleft()
+
+    def longest_gap_s(self, now: float | None = None) -> float:
+        """The longest gap between two iterations (a step) in the last :data:`GAP_WINDOW_S` of work."""
+        horizon = (time.monotonic() if now is None else now) - GAP_WINDOW_S
+        with self._lock:
+            return max((gap for at, gap in self._gaps if at >= horizon), default=0.0)
+
+    def quiet_bound(self, base_s: float, now: float | None = None) -> float:
+        """``base_s``, or :data:`GAP_MARGIN` times the longest recent step where that is longer:
+        how long the engine must be quiet before its quiet says more than one long step."""
+        return max(base_s, GAP_MARGIN * self.longest_gap_s(now))
 
     def note_submitted(self, *, was_idle: bool) -> None:
         """A request was submitted; ``was_idle``: none was pending just before (the clock starts)."""

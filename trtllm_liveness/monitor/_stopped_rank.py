@@ -40,13 +40,15 @@ class StoppedRank:
         elif self.since is None or gap:
             self.since = now
 
-    def verdict(self, now: float, quiet_s: float | None, pending: int) -> str | None:
+    def verdict(self, now: float, quiet_s: float | None, pending: int,
+                quiet_needed_s: float | None = None) -> str | None:
         """The verdict's cause, once, when the rank was stopped for the timeout and the engine made
-        no progress for as long with requests pending (``quiet_s`` None: idle); else None."""
+        no progress for as long (``quiet_needed_s`` where longer: after long steps) with requests
+        pending (``quiet_s`` None: idle); else None."""
         if self.reported or self.since is None or quiet_s is None:
             return None
         stopped_s = now - self.since
-        if stopped_s < self.timeout_s or quiet_s < self.timeout_s:
+        if stopped_s < self.timeout_s or quiet_s < max(self.timeout_s, quiet_needed_s or 0.0):
             return None
         self.reported = True
         return (f"stopped by a signal (state T) on every scan for {stopped_s:.1f}s while the engine made no progress "

@@ -8,7 +8,9 @@ for the heartbeat timeout (its PINGs come every three quarters of it) **suspect*
 WARNING once it lasts twice the timeout) and **lost** only with a second signal
 (:meth:`SilenceRule.lost_because`): the engine's own progress
 (:class:`~trtllm_liveness.monitor._progress_clock.ProgressClock`) stopped for the timeout with
-requests pending, where ranks report executor iterations (every step needs every rank; a
+requests pending (longer where the engine's recent steps were long:
+:meth:`~trtllm_liveness.monitor._progress_clock.ProgressClock.quiet_bound`), where ranks report
+executor iterations (every step needs every rank; a
 non-streaming request outputs nothing until it ends, so output alone cannot tell), or the ceiling
 of silence passed while the engine showed no progress (an idle engine). Heard again, the host is
 connected as before. A connection without a session is cut after the ceiling. Guarded by the
@@ -47,8 +49,9 @@ class SilenceRule:
     def engine_stalled(self, now: float | None = None) -> bool:
         """Whether the engine made no progress for the timeout with requests pending: the moment a
         silent host's verdict is due."""
-        quiet = self.progress.quiet_s(now) if self.progress is not None else None
-        return quiet is not None and quiet >= self.timeout_s
+        progress = self.progress
+        quiet = progress.quiet_s(now) if progress is not None else None
+        return progress is not None and quiet is not None and quiet >= progress.quiet_bound(self.timeout_s, now)
 
     def stall_due(self) -> float | None:
         """When the engine's progress would have stopped for the timeout (monotonic), if requests
@@ -56,7 +59,7 @@ class SilenceRule:
         progress = self.progress
         if progress is None or progress.pending() <= 0:
             return None
-        return progress.last_progress() + self.timeout_s
+        return progress.last_progress() + progress.quiet_bound(self.timeout_s)
 
     def check_locked(self, silences: Iterable[Silence], session_of: Callable[[Silence], Session | None],
                      apply: Apply, lose: Lose, cut: Callable[[Silence], None]) -> float:
@@ -98,10 +101,11 @@ class SilenceRule:
         while idle)."""
         timeout = self.timeout_s
         progress = self.progress
-        if progress is not None and quiet_s is not None and quiet_s >= timeout and progress.iterations_seen:
+        needed = progress.quiet_bound(timeout) if progress is not None else timeout
+        if progress is not None and quiet_s is not None and quiet_s >= needed and progress.iterations_seen:
             return (f"and no progress of the engine (output, executor iterations) for {quiet_s:.2f} s with "
                     f"{progress.pending()} request(s) pending: every step needs every rank")
-        if silence_s >= self.ceiling_s and (quiet_s is None or quiet_s >= timeout):
+        if silence_s >= self.ceiling_s and (quiet_s is None or quiet_s >= needed):
             shown = "the engine idle" if quiet_s is None else f"no engine progress for {quiet_s:.2f} s"
             return f"beyond heartbeat_ceiling_s ({self.ceiling_s:g} s), {shown}"
         return None
@@ -111,7 +115,8 @@ class SilenceRule:
         timeout, when the ceiling passes, and at least every half timeout (requests may arrive)."""
         due = [self.timeout_s / 2, self.ceiling_s - silence_s]
         if quiet_s is not None:
-            due.append(self.timeout_s - quiet_s)
+            needed = self.progress.quiet_bound(self.timeout_s) if self.progress is not None else self.timeout_s
+            due.append(needed - quiet_s)
         return max(0.005, min(due))
 
     def suspect_text(self, session: Session, silence_s: float, mute: bool) -> str:

@@ -1,0 +1,125 @@
+"""The engine's progress clock (monitor/_progress_clock.py): the second signal of the verdicts a
+state or a silence alone could fake. Real clocks, real threads; bounds asserted, never timings."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from trtllm_liveness.monitor._progress_clock import GAP_MARGIN, ProgressClock
+from trtllm_liveness.multihost._host_silence import SilenceRule
+
+pytestmark = [pytest.mark.timeout(60)]
+
+
+def test_an_idle_engine_has_no_quiet_time_and_a_busy_ones_grows_until_progress() -> None:
+    pending = [0]
+    clock = ProgressClock(lambda: pending[0])
+    assert clock.quiet_s() is None
+    pending[0] = 1
+    clock.note_submitted(was_idle=True)
+    first = clock.quiet_s()
+    assert first is not None and first >= 0
+    time.sleep(0.05)
+    later = clock.quiet_s()
+    assert later is not None and later >= first + 0.05
+    clock.note_output()
+    after_output = clock.quiet_s()
+    assert after_output is not None and after_output < later
+    assert not clock.iterations_seen
+    clock.note_iteration(time.monotonic() + 60)  # a time in the future counts as now
+    assert clock.iterations_seen and clock.last_progress() <= time.monotonic()
+
+
+def test_a_long_step_raises_the_quiet_bound_and_a_silent_host_is_not_lost_for_it() -> None:
+    """A 0.5 s step (a long prefill) between two iterations: the bound a verdict needs becomes at
+    least 1.5 times it, so a host silent for the timeout while the engine sits in such a step stays
+    suspect; short steps leave the bound at the timeout."""
+    clock = ProgressClock(lambda: 1)
+    clock.note_submitted(was_idle=True)
+    clock.note_iteration(time.monotonic())
+    for _ in range(5):  # short steps
+        time.sleep(0.01)
+        clock.note_iteration(time.monotonic())
+    assert clock.quiet_bound(0.2) == 0.2
+    time.sleep(0.5)  # one long step
+    clock.note_iteration(time.monotonic())
+    assert clock.longest_gap_s() >= 0.5
+    assert clock.quiet_bound(0.2) >= GAP_MARGIN * 0.5
+    rule = SilenceRule(0.2, 60.0, clock)
+    assert rule.lost_because(silence_s=0.3, quiet_s=0.3) is None  # one long step's worth: suspect only
+    why = rule.lost_because(silence_s=0.8, quiet_s=0.8)
+    assert why is not None and "no progress of the engine" in why
+
+
+def test_without_iterations_only_the_ceiling_loses_a_silent_host() -> None:
+    """Output alone cannot show that a long non-streaming request is being worked on."""
+    clock = ProgressClock(lambda: 1)
+    rule = SilenceRule(0.2, 5.0, clock)
+    assert rule.lost_because(silence_s=1.0, quiet_s=1.0) is None
+    why = rule.lost_because(silence_s=5.0, quiet_s=5.0)
+    assert why is not None and "beyond heartbeat_ceiling_s (5 s)" in why
+    idle = SilenceRule(0.2, 5.0, ProgressClock(lambda: 0))
+    assert idle.lost_because(silence_s=4.9, quiet_s=None) is None
+    assert "the engine idle" in (idle.lost_because(silence_s=5.0, quiet_s=None) or "")
+
+
+def test_racing_notes_and_reads_keep_progress_monotonic_and_the_longest_gap_a_real_one() -> None:
+    """Writers (iterations from several ranks' beats, outputs, submissions) race readers (the
+    hub's and the monitor's bounds) for a while: no reader ever sees the last progress go back, no
+    call raises, and the longest gap read at the end is no longer than the longest any writer made."""
+    clock = ProgressClock(lambda: 1)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+    made: list[float] = []
+
+    def iterations(seed: int) -> None:
+        try:
+            last = time.monotonic()
+            while not stop.is_set():
+                time.sleep(0.001 * (1 + seed))
+                now = time.monotonic()
+                clock.note_iteration(now)
+                made.append(now - last)
+                last = now
+        except BaseException as exc:
+            errors.append(exc)
+
+    def other_writers() -> None:
+        try:
+            while not stop.is_set():
+                clock.note_output()
+                clock.note_submitted(was_idle=False)
+        except BaseException as exc:
+            errors.append(exc)
+
+    seen_back: list[tuple[float, float]] = []
+
+    def reader() -> None:
+        try:
+            previous = 0.0
+            while not stop.is_set():
+                current = clock.last_progress()
+                if current < previous:
+                    seen_back.append((previous, current))
+                previous = current
+                clock.quiet_bound(1.0)
+                clock.quiet_s()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=iterations, args=(i,)) for i in range(3)]
+    threads += [threading.Thread(target=other_writers), threading.Thread(target=reader),
+                threading.Thread(target=reader)]
+    for thread in threads:
+        thread.start()
+    time.sleep(1.0)
+    stop.set()
+    for thread in threads:
+        thread.join(10)
+    assert not any(thread.is_alive() for thread in threads)
+    assert errors == [] and seen_back == []
+    # Each writer's own gap bounds the engine's (the max over ranks moves at least as often).
+    assert 0 < clock.longest_gap_s() <= max(made) + 0.001
