@@ -488,8 +488,11 @@ def extension_targets(args: argparse.Namespace, ext: dict[str, object]) -> list[
          f"{fmt(ext['silent_loss_ms'])} <= 1200 ms, max {fmt(ext['silent_loss_max_ms'])} <= 1500 ms",
          ext["silent_losses_detected"] == ext["silent_losses"] and le("silent_loss_ms", 1200)
          and le("silent_loss_max_ms", 1500)),
-        (f"remote wedge {fmt(ext['remote_wedge_ms'])} <= D timeout + one scan (3000 ms), kind "
-         f"{ext['remote_wedge_kind']}", ext["remote_wedge_kind"] == "wedged" and le("remote_wedge_ms", 3000)),
+        # The freeze lands at a random phase of the agent's 1 s scan: the verdict comes at the
+        # timeout plus up to one interval plus the scan's own reads (bench_wedge.py's overshoot
+        # target, 1100 ms at the default scan, is the same bound).
+        (f"remote wedge {fmt(ext['remote_wedge_ms'])} <= D timeout + one scan's overshoot (3100 ms), kind "
+         f"{ext['remote_wedge_kind']}", ext["remote_wedge_kind"] == "wedged" and le("remote_wedge_ms", 3100)),
         *scale_targets(ext),
         (f"false alarms, loaded {ext['false_alarm_control_s']:.0f} s: {ext['false_alarms_loaded_60s']}",
          ext["false_alarms_loaded_60s"] == 0),
