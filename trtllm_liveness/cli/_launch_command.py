@@ -10,22 +10,24 @@ host, installs the hook), and the launcher is given what carries these to the ra
 settings and how they travel. Every host must have this package installed at the same path (one
 image), and an ``@file`` setting's file at the same path.
 
-Why the exit status: ``mpirun`` exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and
-reports success), so Kubernetes, Slurm or a supervisor would call a dead engine's job successful and
-never restart it. The wrapper sets :data:`~trtllm_liveness.exit._outcome.OUTCOME_ENV` for the launcher
-(``mpirun`` and ``srun`` pass the environment to the ranks of the launching host; the proxy, rank
-0, must run there: the file is local), forwards SIGTERM and SIGHUP to it, and SIGINT and SIGQUIT
-unless they came from the terminal, waits for it, and exits with:
+Why the exit status: ``mpirun`` exits 0 when a host of its job crashed (PRRTE ends the job on the lost
+daemon and reports success), and under Open MPI's default error handling MPI ends the engine's
+process with 14 before the exit guard could choose the status; so Kubernetes, Slurm or a supervisor
+would see success, or MPI's status, after an engine death. The wrapper sets
+:data:`~trtllm_liveness.exit._outcome.OUTCOME_ENV` for the launcher (``mpirun`` and ``srun`` pass the
+environment to the ranks of the launching host; the proxy, rank 0, must run there: the outcome pipe
+and files are local) and holds the read end of its outcome pipe, into which the engine writes its
+failure first thing on its fatal path (:mod:`~trtllm_liveness.exit._outcome_pipe`). It forwards
+SIGTERM and SIGHUP to the launcher, and SIGINT and SIGQUIT unless they came from the terminal, ends
+what is left of the job after a failure (:mod:`._launched_job`: ``mpirun`` waits minutes for a cut-off
+host's daemon), and exits with:
 
-- the launcher's status when it is not 0 (128 + N when a signal N ended it), except Open MPI's
-  abort (14, ``MPI_ERRORS_ARE_FATAL``) after a recorded fatal error: under Open MPI's default
-  error handling MPI ends the engine with 14 at its next operation with a dead (or stopped) worker,
-  before the exit guard could choose the status; the recorded status (``exit_code_unrestartable``
-  after a wedge: "do not restart here") is the one that says why;
-- else the recorded fatal error's status (``exit_code``, or ``exit_code_unrestartable`` for a
-  wedged or unkillable worker), with one line on stderr saying so;
+- after a recorded fatal error, its status (``exit_code``, or ``exit_code_unrestartable`` for a
+  wedged or unkillable worker: "do not restart here"), whatever the launcher exited with (0, Open
+  MPI's 14, a signal), with one line on stderr where they differ;
+- else the launcher's status when it is not 0 (128 + N when a signal N ended it);
 - else ``exit_code`` when an engine started and never ended cleanly (its process was killed with
-  the job before it could record why: PRRTE's teardown races the fatal path), with one line;
+  the job before it could record why: PRRTE's teardown after a host crash), with one line;
 - else 0.
 
 The launcher runs in the wrapper's process group, so a terminal's Ctrl-C reaches it directly, once,
@@ -39,7 +41,6 @@ import dataclasses
 import os
 import shutil
 import signal
-import subprocess
 import sys
 import tempfile
 from collections.abc import Sequence
@@ -47,7 +48,9 @@ from typing import Any
 
 from .._config import LivenessConfig, changed_settings, format_setting, parse_value
 from .._switch import ENV_VAR
-from ..exit._outcome import OUTCOME_ENV, read_outcomes
+from ..exit._outcome import OUTCOME_ENV, Outcome, read_outcomes
+from ..exit._outcome_pipe import OutcomePipe, PipedFailure
+from ._launched_job import LAUNCHER_GRACE_S, TERM_GRACE_S, LaunchedJob, stderr_line
 from ._launcher_env import Forwarding, forwarding_for
 
 EXIT_INVALID_SETTING = 78  # sysexits' EX_CONFIG, as the autoload launcher's: the command never ran
@@ -71,21 +74,23 @@ added), MPICH/Hydra passes it. One line on stderr gives the effective settings. 
 the package at the same path (one image).
 
 mpirun exits 0 when a host of its job crashed (PRRTE ends the job on the lost daemon and reports
-success), so Kubernetes, Slurm or a supervisor would call a dead engine's job successful and never
-restart it. The wrapper sets {OUTCOME_ENV} for the launcher (mpirun and srun pass
+success), and Open MPI's default error handling ends the engine with 14 before it can choose its
+status. The wrapper sets {OUTCOME_ENV} for the launcher (mpirun and srun pass
 the environment to the ranks of the launching host; the server process, rank 0, must run there,
-or --outcome-dir must be shared), forwards SIGTERM and SIGHUP to it, and SIGINT and SIGQUIT
-unless they came from the terminal, waits for it, and exits with:
-  - the launcher's status when it is not 0 (128 + N when a signal N ended it), except Open MPI's
-    abort (14) after a recorded fatal error: then the recorded status;
-  - else the recorded fatal error's status (exit_code, or exit_code_unrestartable for a wedged or
-    unkillable worker), with one line on stderr saying so;
+or --outcome-dir must be shared), reads the failure the engine writes into its outcome pipe first
+thing on its fatal path, forwards SIGTERM and SIGHUP to the launcher, and SIGINT and SIGQUIT unless
+they came from the terminal. After a failure it ends what is left of the job: {LAUNCHER_GRACE_S:g} s after
+the failed engine process exited (mpirun waits minutes for a cut-off host's daemon), and with
+exit_on_fatal at the latest exit_delay_s + exit_timeout_s + {LAUNCHER_GRACE_S:g} s after the failure:
+SIGTERM, then SIGKILL {TERM_GRACE_S:g} s later. It exits with:
+  - after a recorded fatal error, its status (exit_code, or exit_code_unrestartable for a wedged
+    or unkillable worker), whatever the launcher exited with, with one line on stderr;
+  - else the launcher's status when it is not 0 (128 + N when a signal N ended it);
   - else exit_code when an engine started and never ended cleanly (its process was killed with
     the job before it could record why), with one line;
   - else 0.
 """
 
-_WAIT_S = 1.0  # each wait for the launcher is bounded; the loop lasts as long as the job
 
 
 def add_launch_parser(sub: Any) -> None:
@@ -124,33 +129,44 @@ def run_launch(args: argparse.Namespace) -> int:
     # 0700: only this user writes there
     directory = tempfile.mkdtemp(prefix="trtllm-liveness-launch-", dir=args.outcome_dir)
     try:
-        forwarding = forwarding_for(argv, {**env, OUTCOME_ENV: directory})
-        sys.stderr.write(on_line(config, env[ENV_VAR], argv, forwarding) + "\n")
-        sys.stderr.flush()
-        status = _run(list(forwarding.argv), dict(forwarding.env))
+        pipe = OutcomePipe(directory)
+        try:
+            forwarding = forwarding_for(argv, {**env, OUTCOME_ENV: directory})
+            stderr_line(on_line(config, env[ENV_VAR], argv, forwarding))
+            job = _run(list(forwarding.argv), dict(forwarding.env), pipe, config)
+        finally:
+            pipe.close()
         try:
             outcomes = read_outcomes(directory)
         except (OSError, ValueError) as exc:
-            print(f"trtllm-liveness launch: ignoring the outcome files: {exc}", file=sys.stderr)
+            stderr_line(f"trtllm-liveness launch: ignoring the outcome files: {exc}")
             outcomes = []
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    failed = [outcome for outcome in outcomes if outcome.state == "failed"]
-    if status == MPI_ABORT_STATUS and failed:
-        print(f"trtllm-liveness launch: {argv[0]} exited {status} (Open MPI's abort) after the engine failed: "
-              f"{failed[0].message}; exiting {failed[0].exit_code}", file=sys.stderr)
-        return failed[0].exit_code
+    return decide_status(argv[0], job.status, job.failures, outcomes)
+
+
+def decide_status(launcher: str, status: int, piped: Sequence[PipedFailure], outcomes: Sequence[Outcome]) -> int:
+    """The wrapper's status from the launcher's ``status``, the failures the pipe brought and the
+    outcome files; one line on stderr where it is not the launcher's."""
+    failed = [(f.message, f.exit_code) for f in piped] + \
+        [(o.message, o.exit_code) for o in outcomes if o.state == "failed"]
+    if failed:
+        message, code = failed[0]
+        if status == code:
+            return code
+        how = {0: "exited 0, but the engine failed",
+               MPI_ABORT_STATUS: f"exited {status} (Open MPI's abort) after the engine failed"}.get(
+            status, f"exited {status} after the engine failed")
+        stderr_line(f"trtllm-liveness launch: {launcher} {how}: {message}; exiting {code}")
+        return code
     if status != 0:
         return status
-    if failed:
-        print(f"trtllm-liveness launch: {argv[0]} exited 0, but the engine failed: {failed[0].message}; "
-              f"exiting {failed[0].exit_code}", file=sys.stderr)
-        return failed[0].exit_code
     unclean = [outcome for outcome in outcomes if outcome.state == "running"]
     if unclean:
-        print(f"trtllm-liveness launch: {argv[0]} exited 0, but the engine (pid {unclean[0].pid}) never ended "
-              f"cleanly (killed with its job before it could say why: a lost host?); exiting {unclean[0].exit_code}",
-              file=sys.stderr)
+        stderr_line(f"trtllm-liveness launch: {launcher} exited 0, but the engine (pid {unclean[0].pid}) never "
+                    f"ended cleanly (killed with its job before it could say why: a lost host?); exiting "
+                    f"{unclean[0].exit_code}")
         return unclean[0].exit_code
     return 0
 
@@ -190,10 +206,11 @@ def _foreground_of_terminal() -> bool:
         return False
 
 
-def _run(argv: list[str], env: dict[str, str]) -> int:
+def _run(argv: list[str], env: dict[str, str], pipe: OutcomePipe, config: LivenessConfig) -> LaunchedJob:
+    """Start the launcher and wait for its end (see :mod:`._launched_job`), forwarding signals."""
     previous = {}
     from_terminal = _foreground_of_terminal()
-    started: list[subprocess.Popen[bytes]] = []
+    started: list[LaunchedJob] = []
     held: list[int] = []
 
     def forward(signum: int, _frame: object) -> None:
@@ -203,7 +220,7 @@ def _run(argv: list[str], env: dict[str, str]) -> int:
             return
         if not started:  # arrived before the launcher started: sent to it once it has
             held.append(signum)
-        elif started[0].poll() is None:
+        else:
             started[0].send_signal(signum)
 
     # The handlers before the launcher: a SIGTERM in between (a pod deleted at start) must reach
@@ -211,20 +228,18 @@ def _run(argv: list[str], env: dict[str, str]) -> int:
     for signum in FORWARDED:
         previous[signum] = signal.signal(signum, forward)
     try:
-        child = subprocess.Popen(argv, env=env)
-        started.append(child)
+        job = LaunchedJob(argv, env, pipe, config, stderr_line)
+        started.append(job)
         for pending in held:
-            if child.poll() is None:
-                child.send_signal(pending)
+            job.send_signal(pending)
         while True:  # the job itself: as long as the launcher runs, in bounded waits
             try:
-                code = child.wait(_WAIT_S)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+                job.wait()
+                return job
             except KeyboardInterrupt:  # SIGINT raised here despite the handler (re-entrancy): go on
                 continue
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-    return 128 - code if code < 0 else code
+        if started:
+            started[0].close()

@@ -7,9 +7,11 @@ orchestrator sees success after an engine death. ``trtllm-liveness launch``
 directory; every engine process writes its own ``outcome.<pid>.json`` there:
 
 - ``running`` when its engine starts (with the status a failure calls for);
-- ``failed`` at its first fatal error (from a thread the process's ending awaits, first thing on
-  the fatal path; sticky: nothing overwrites it but the same failure with its snapshot, the typed
-  :class:`~._snapshot_record.FatalSnapshot` of every rank taken before the bounded stop, once);
+- ``failed`` at its first fatal error (first thing on the fatal path, synchronously into the
+  wrapper's outcome pipe, :mod:`._outcome_pipe`, where the wrapper runs on this host; the file
+  from a thread the process's ending awaits; sticky: nothing overwrites it but the same failure
+  with its snapshot, the typed :class:`~._snapshot_record.FatalSnapshot` of every rank taken
+  before the bounded stop, once);
 - ``clean`` when its engine shut down healthy, or its interpreter exits normally with no failure.
 
 A process that PRRTE killed before it could record its failure is still ``running``: the race
@@ -29,6 +31,8 @@ import os
 import threading
 from dataclasses import dataclass
 
+from ..process._procfs import read_start_time
+from ._outcome_pipe import PipedFailure, open_writer, send_failure
 from ._process_ending import Stage, process_ending
 from ._snapshot_record import FatalSnapshot
 
@@ -104,6 +108,8 @@ def mark_running(exit_code: int, environ: dict[str, str] | None = None) -> None:
     ledger = ending.outcome
     with ledger.lock:
         ledger.running += 1
+        if ledger.pipe_fd is None:  # once per process; owned by it until it ends (close-on-exec)
+            ledger.pipe_fd = open_writer(directory)
         if ledger.failed:
             return
         _write(directory, {"state": "running", "exit_code": exit_code, "restartable": True, "message": ""})
@@ -133,11 +139,19 @@ def mark_clean(environ: dict[str, str] | None = None, *, ended: int = 1) -> None
             _write(directory, {"state": "clean", "exit_code": 1, "restartable": True, "message": ""})
 
 
+def _start_time() -> int | None:
+    try:
+        return read_start_time(os.getpid())
+    except (OSError, ValueError):
+        return None
+
+
 def record_outcome(message: str, restartable: bool, exit_code: int,
                    environ: dict[str, str] | None = None) -> threading.Thread | None:
-    """Record this process's first failure in a thread of the process's ending (never blocks the
-    fatal path; the ending waits for it, bounded); returns the thread, or None when no wrapper
-    asked or a failure was recorded already."""
+    """Record this process's first failure: at once into the wrapper's outcome pipe (one
+    non-blocking write of a pipe's atomic size), then in a file from a thread of the process's
+    ending (never blocks the fatal path; the ending waits for it, bounded); returns the thread, or
+    None when no wrapper asked or a failure was recorded already."""
     directory = _directory(environ)
     if not directory:
         return None
@@ -150,6 +164,9 @@ def record_outcome(message: str, restartable: bool, exit_code: int,
 
         ledger.failure = {"state": "failed", "message": message[:4000], "restartable": restartable,
                           "exit_code": exit_code}
+        if ledger.pipe_fd is not None and ledger.pipe_fd >= 0:
+            send_failure(ledger.pipe_fd, PipedFailure(message[:4000], restartable, exit_code, os.getpid(),
+                                                      _start_time()))
 
     def write() -> None:
         with ledger.lock:

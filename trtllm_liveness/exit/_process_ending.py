@@ -133,6 +133,7 @@ class OutcomeLedger:
     clean_at_exit: bool = False  # the NORMAL_EXIT cleanup that records "clean" is registered
     failure: dict[str, object] = field(default_factory=dict)  # the failure record written (its fields)
     snapshot_recorded: bool = False  # the failure's snapshot was added to it: once
+    pipe_fd: int | None = None  # the outcome pipe's write end: None until an engine starts, -1 for none
 
 
 @dataclass(eq=False)

@@ -1,5 +1,6 @@
-"""``trtllm-liveness launch``: the launcher's status, unless it is 0 while an engine failed or never
-ended cleanly.
+"""``trtllm-liveness launch``: the recorded failure's status after an engine failed, else the
+launcher's, unless it is 0 while an engine never ended cleanly; the outcome pipe; the end of a job
+that outlives its failed engine.
 
 Real child processes through the CLI; the engine's side is :mod:`trtllm_liveness.exit._outcome`, the
 calls its start, its fatal path and its healthy shutdown make. The multi-host case (mpirun exiting
@@ -12,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -38,7 +40,9 @@ def engine(then: str, status: int = 0, code: int = 1) -> subprocess.CompletedPro
 @pytest.mark.parametrize(("then", "status", "expected", "says"), [
     ("o.record_outcome('rank 2 on hostB died', True, 1).join(5)", 0, 1, "the engine failed: rank 2 on hostB died"),
     ("o.record_outcome('rank 3 wedged', False, 69).join(5)", 0, 69, "the engine failed: rank 3 wedged"),
-    ("o.record_outcome('rank 2 died', True, 1).join(5)", 3, 3, ""),  # the launcher's own failure stands
+    # after a recorded failure its status is the supervisor's, whatever the launcher exits with
+    ("o.record_outcome('rank 2 died', True, 1).join(5)", 3, 1, "exited 3 after the engine failed: rank 2 died"),
+    ("o.record_outcome('rank 2 died', True, 3).join(5)", 134, 3, "exited 134 after the engine failed"),
     # Open MPI's abort (14) after the fatal error was recorded (its default error handler ends the
     # engine at its next operation with a dead or stopped worker): the recorded status says why
     ("o.record_outcome('rank 3 wedged', False, 69).join(5)", 14, 69, "exited 14 (Open MPI's abort)"),
@@ -245,3 +249,123 @@ def test_a_malformed_snapshot_field_leaves_the_record_honoured(tmp_path: Path) -
                   '"snapshot": {"reason": 5}}')
     (outcome,) = read_outcomes(directory)
     assert (outcome.state, outcome.exit_code, outcome.snapshot) == ("failed", 9, None)
+
+
+# ------------------------------------------------------------------ the outcome pipe: first, synchronous, once
+
+def test_a_failure_reaches_the_wrapper_when_the_process_ends_at_once_without_any_hook() -> None:
+    """Open MPI's abort: the process ends with 14 right after its fatal path began, no exit hook,
+    no thread run. The pipe's write is done before ``record_outcome`` returns."""
+    done = engine("o.record_outcome('rank 1 died', True, 3); os._exit(14)")
+    assert done.returncode == 3, done.stderr
+    assert "exited 14 (Open MPI's abort) after the engine failed: rank 1 died; exiting 3" in done.stderr
+
+
+RACE = """
+import os, sys, threading
+from trtllm_liveness.exit import _outcome as o
+o.mark_running(3)
+go = threading.Barrier(8)
+def fail(n):
+    go.wait()
+    o.record_outcome('rank %d died' % n, n % 2 == 0, 3 if n % 2 == 0 else 69)
+threads = [threading.Thread(target=fail, args=(n,)) for n in range(8)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+os._exit(14)
+"""
+
+
+def test_racing_failures_of_one_process_send_one_line(tmp_path: Path) -> None:
+    """Eight threads' fatal paths at once: one failure line, its status the one the wrapper exits with."""
+    from trtllm_liveness.exit._outcome import OUTCOME_ENV
+    from trtllm_liveness.exit._outcome_pipe import OutcomePipe
+
+    for _ in range(5):
+        directory = tempfile.mkdtemp(dir=tmp_path)
+        pipe = OutcomePipe(directory)
+        try:
+            done = subprocess.run([sys.executable, "-c", RACE], env={**os.environ, OUTCOME_ENV: directory},
+                                  capture_output=True, text=True, timeout=30 * WAIT_SCALE, check=False)
+            assert done.returncode == 14, done.stderr
+            failures = pipe.read_failures()
+        finally:
+            pipe.close()
+        assert len(failures) == 1, failures
+        assert failures[0].exit_code == (3 if failures[0].restartable else 69)
+        assert failures[0].pid == int(failures[0].pid) and failures[0].start_time is not None
+
+
+def test_the_pipe_refuses_what_is_not_a_failure_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Another writer's bytes (garbage, bad fields, a line longer than any engine writes) are logged
+    and dropped; the good line between them is read; nothing raises."""
+    from trtllm_liveness.exit._outcome_pipe import LINE_LIMIT, OutcomePipe, PipedFailure, encode_failure, open_writer
+
+    directory = str(tmp_path)
+    pipe = OutcomePipe(directory)
+    writer = open_writer(directory)
+    try:
+        assert writer >= 0
+        good = encode_failure(PipedFailure("rank 4 died", True, 3, 4242, 17))
+        for chunk in (b"not json\n", b'{"state":"failed","exit_code":0,"pid":1}\n', good,
+                      b'{"state":"clean"}\n', b"x" * (LINE_LIMIT + 10)):
+            os.write(writer, chunk)
+        with caplog.at_level("WARNING"):
+            failures = pipe.read_failures()
+            failures += pipe.read_failures()
+        assert failures == [PipedFailure("rank 4 died", True, 3, 4242, 17)]
+        assert "over-long line" in caplog.text and caplog.text.count("malformed line") == 3
+        assert len(encode_failure(PipedFailure("\U0001f600" * 4000, False, 69, 1, None))) <= LINE_LIMIT
+    finally:
+        os.close(writer)
+        pipe.close()
+        pipe.close()  # once: a second close releases nothing
+
+
+def test_no_pipe_where_nobody_reads_or_the_name_is_not_a_fifo(tmp_path: Path) -> None:
+    from trtllm_liveness.exit._outcome_pipe import PIPE_NAME, open_writer
+
+    directory = str(tmp_path)
+    assert open_writer(directory) == -1  # none made
+    os.mkfifo(os.path.join(directory, PIPE_NAME))
+    assert open_writer(directory) == -1  # no reader: a write would find nobody
+    os.unlink(os.path.join(directory, PIPE_NAME))
+    Path(directory, PIPE_NAME).write_text("")
+    assert open_writer(directory) == -1  # a plain file is not the wrapper's pipe
+
+
+# ------------------------------------------------------------------ the job ends after its engine failed
+
+# The launcher's shape after a lost host: its engine process (rank 0) failed and exited, and the
+# launcher stays (PRRTE waits for the cut-off host's daemon), deaf to SIGTERM.
+OUTLIVING = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+             "subprocess.run([sys.executable, '-c', {inner!r}]); print('engine gone', flush=True); time.sleep(600)")
+
+
+def test_a_launcher_that_outlives_its_failed_engine_is_ended() -> None:
+    inner = ENGINE.format(code=3, then="o.record_outcome('hostB lost', True, 3)", status=14)
+    done = launch(sys.executable, "-c", OUTLIVING.format(inner=inner))
+    assert done.returncode == 3, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.startswith("trtllm-liveness launch:")]
+    assert [line.rsplit(": ", 1)[-1] for line in lines[:2]] == ["SIGTERM", "SIGKILL"], lines
+    assert "after the failed engine process exited (pid" in lines[0], lines
+    assert lines[2].endswith("exited 137 after the engine failed: hostB lost; exiting 3"), lines
+
+
+def test_with_exit_on_fatal_a_failed_process_that_stays_up_is_ended_after_the_guards_bound() -> None:
+    """Its own exit guard would end it after exit_delay_s + exit_timeout_s; here nothing does."""
+    then = "o.record_outcome('rank 1 wedged', False, 69); import time; time.sleep(600)"
+    done = launch_with(sys.executable, "-c", ENGINE.format(code=3, then=then, status=0),
+                       TRTLLM_WORKER_LIVENESS="exit_on_fatal=1,exit_delay_s=0.1,exit_timeout_s=0.5")
+    assert done.returncode == 69, done.stderr
+    assert "ending python" in done.stderr and ": SIGTERM" in done.stderr and "SIGKILL" not in done.stderr
+    assert "exited 143 after the engine failed: rank 1 wedged; exiting 69" in done.stderr
+
+
+def test_without_exit_on_fatal_a_failed_process_keeps_its_job() -> None:
+    """A server that answers its health check with the failure is the orchestrator's to end."""
+    then = "o.record_outcome('rank 1 died', True, 3); import time; time.sleep(4)"
+    done = launch_with(sys.executable, "-c", ENGINE.format(code=3, then=then, status=0),
+                       TRTLLM_WORKER_LIVENESS="1")
+    assert done.returncode == 3, done.stderr
+    assert "ending " not in done.stderr and "exited 0, but the engine failed: rank 1 died" in done.stderr

@@ -138,7 +138,8 @@ def test_the_manifest_carries_what_the_docs_promise() -> None:
     config = parse_value(env["TRTLLM_WORKER_LIVENESS"]["value"])  # valid, and the recommended settings
     assert config.exit_on_fatal and config.stall_timeout_s == 120
     assert not config.quarantine_k8s_cordon and not config.quarantine_k8s_taint  # the node helper's job
-    assert container["command"][:4] == ["python", "-m", "trtllm_liveness.integrations.trtllm_autoload", "--"]
+    # the way of starting that keeps the documented status under either MPI setting (README, exit table)
+    assert container["command"][:3] == ["trtllm-liveness", "launch", "--"]
     assert {"startupProbe", "livenessProbe", "readinessProbe"} <= set(container)
     # SIGTERM path: shutdown_grace_s + shutdown_term_s + shutdown_kill_s + 2 must fit in the grace period.
     assert pod["terminationGracePeriodSeconds"] > config.shutdown_grace_s + config.shutdown_term_s + \

@@ -107,3 +107,24 @@ def test_a_marker_in_the_hosts_own_default_directory_does_not_stop_the_test_run(
     for host, content in markers.items():
         marker = Path(login_hosts.run_directory(host), "trtllm-liveness", MARKER_NAME)
         assert marker.read_bytes() == content, f"{host}'s default marker changed"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("fault_tolerant", [False, True], ids=["ompi-default", "ulfm"])
+def test_a_lost_host_ends_the_whole_job_with_the_recorded_status(login_hosts: TestHosts, fault_tolerant: bool) -> None:
+    """hostB cut off (both networks) under ``launch -- mpirun``: the proxy's verdict (lost host) goes
+    into the wrapper's outcome pipe; rank 0 ends (Open MPI's abort, or the exit guard's shutdown
+    under ULFM) while mpirun waits for hostB's cut-off daemon (PRRTE: minutes of TCP keepalive). The
+    wrapper ends mpirun and exits with the recorded status, whatever MPI's setting."""
+    liveness = "heartbeat_timeout_s=1,shutdown_term_s=1,shutdown_kill_s=1,exit_on_fatal=1,exit_code=3,exit_timeout_s=5"
+    engine = Engine(login_hosts, liveness=liveness, executor_cls=False, fault_tolerant=fault_tolerant,
+                    wrapper=[*LAUNCH, "--outcome-dir", login_hosts.shared, "--"])
+    assert engine.host_of(2) == "hostB"
+    login_hosts.partition("hostB")
+    status = engine.job.wait_exit(90 * WAIT_SCALE)
+    output = engine.job.output()
+    assert status == 3, f"mpirun (wrapped) still runs or exited {status}:\n{engine.diagnostics()}"
+    said = [line for line in output.splitlines() if line.startswith("trtllm-liveness launch:")]
+    assert said[0].startswith("trtllm-liveness launch: ending mpirun"), said
+    assert "after the engine failed" in said[-1] and "hostB" in said[-1] and said[-1].endswith("exiting 3"), \
+        said
