@@ -361,13 +361,15 @@ def test_launch_turns_mpiruns_zero_after_a_host_crash_into_the_engines_status(te
 # --------------------------------------------------------------------------- no false alarm
 
 
-CONTROL_S = 60.0
+CONTROL_S = 30.0
+"""The loaded control's window: thirty heartbeat timeouts (the 60 s windows and the healthy-chaos soak
+are the benchmarks', scripts/bench_multihost.py and scripts/soak_healthy.py)."""
 
 
 @pytest.mark.timeout(240)
-def test_no_false_alarm_in_60s_with_both_cores_busy(test_hosts: TestHosts, procs: ProcessTracker) -> None:
+def test_no_false_alarm_with_both_cores_busy(test_hosts: TestHosts, procs: ProcessTracker) -> None:
     """Every rank alive, a request streaming, both cores spinning, the default heartbeat timeout
-    (1.5 s): no fatal error for 60 s, every rank still alive and watched."""
+    (1 s): no fatal error for :data:`CONTROL_S`, every rank still alive and watched."""
     spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"], start_new_session=True)
                 for _ in range(os.cpu_count() or 2)]
     for spinner in spinners:

@@ -337,12 +337,16 @@ time.sleep(3600)
 """
 
 
-def _read_tagged(stream: IO[bytes], tag: bytes) -> int:
-    while True:
+def _read_tagged(stream: IO[bytes], tag: bytes, seen: dict[bytes, int]) -> int:
+    """The pid on the line tagged ``tag``; lines of other tags read meanwhile (the leader and the
+    member write in either order) are kept in ``seen``."""
+    while tag not in seen:
         line = stream.readline()
         assert line, f"no {tag!r} line"
-        if line.startswith(tag + b" "):
-            return int(line.split()[1])
+        words = line.split()
+        if len(words) == 2 and words[1].isdigit():
+            seen[words[0]] = int(words[1])
+    return seen[tag]
 
 
 def test_group_signal_goes_through_the_pidfd_and_reaches_members_after_the_leader_is_reaped(
@@ -356,12 +360,13 @@ def test_group_signal_goes_through_the_pidfd_and_reaches_members_after_the_leade
     procs.popens.append(top)
     procs.track(top.pid)
     assert top.stdout is not None
-    leader = procs.track(_read_tagged(top.stdout, b"leader"))
-    member = procs.track(_read_tagged(top.stdout, b"member"))
+    seen: dict[bytes, int] = {}
+    leader = procs.track(_read_tagged(top.stdout, b"leader", seen))
+    member = procs.track(_read_tagged(top.stdout, b"member", seen))
     assert wait_until(lambda: _handles_term(member), 10)  # its SIGTERM handler is installed
     identity = capture_identity(0, leader)
     report = stop_processes([identity], process_group=True, grace_s=1.0 * WAIT_SCALE, kill_s=5.0)
-    late = procs.track(_read_tagged(top.stdout, b"late"))
+    late = procs.track(_read_tagged(top.stdout, b"late", seen))
     [worker] = report.workers
     assert worker.outcome is StopOutcome.EXITED_AFTER_TERM
     assert worker.signals_sent == (f"SIGTERM (group {leader})", f"SIGKILL (group {leader})")
