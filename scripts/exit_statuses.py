@@ -274,7 +274,7 @@ def main() -> int:
     launched = [(cell, run) for cell in measured for run in cell["runs"] if run["launch"]]
     held = [held_contract(cell, run) for cell, run in launched]
     ends = [run["exit_ms"] / 1000 if run["exit_ms"] is not None else float("inf") for _, run in launched]
-    job_end_p99 = _bench.percentile(ends, 99) if ends else None
+    job_end_p99 = _bench.percentile(ends, 0.99) if ends else None
     result: dict[str, Any] = {"command": " ".join(["scripts/exit_statuses.py", *sys.argv[1:]]), "cells": cells,
               "exit_code": EXIT_CODE, "exit_code_unrestartable": EXIT_CODE_UNRESTARTABLE,
               "contract_held": round(sum(held) / len(held), 4) if held else None, "contract_runs": len(held),

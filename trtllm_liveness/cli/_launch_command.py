@@ -22,13 +22,14 @@ SIGTERM and SIGHUP to the launcher, and SIGINT and SIGQUIT unless they came from
 what is left of the job after a failure (:mod:`._launched_job`: ``mpirun`` waits minutes for a cut-off
 host's daemon), and exits with:
 
-- after a recorded fatal error, its status (``exit_code``, or ``exit_code_unrestartable`` for a
-  wedged or unkillable worker: "do not restart here"), whatever the launcher exited with (0, Open
-  MPI's 14, a signal), with one line on stderr where they differ;
-- else the launcher's status when it is not 0 (128 + N when a signal N ended it);
-- else ``exit_code`` when an engine started and never ended cleanly (its process was killed with
-  the job before it could record why: PRRTE's teardown after a host crash), with one line;
-- else 0.
+- after a recorded fatal error, its status (``exit_code``, or ``exit_code_unrestartable`` where a
+  failure was a wedged or unkillable worker: "do not restart here"), whatever the launcher exited
+  with (0, Open MPI's 14, a signal), with one line on stderr where they differ;
+- else ``exit_code`` when an engine started and never ended cleanly and no signal ended the
+  launcher: ``mpirun`` exits 0 or 255 after PRRTE's teardown of a host crash killed the engine
+  before it could record why, 14 where Open MPI's abort at a dead peer came before the engine's
+  own verdict; with one line;
+- else the launcher's status (128 + N when a signal N ended it).
 
 The launcher runs in the wrapper's process group, so a terminal's Ctrl-C reaches it directly, once,
 as without the wrapper (a second copy would make mpirun abort at once).
@@ -55,6 +56,7 @@ from ._launcher_env import Forwarding, forwarding_for
 
 EXIT_INVALID_SETTING = 78  # sysexits' EX_CONFIG, as the autoload launcher's: the command never ran
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
+_SIGNALLED = (129, 128 + 64)  # 128 + N: the launcher was ended by signal N
 MPI_ABORT_STATUS = 14
 """What Open MPI's default error handler (``MPI_ERRORS_ARE_FATAL``) exits with (MPI_ERR_UNKNOWN): the
 engine's process after a worker died or was stopped, under ``OMPI_MCA_mpi_ft_enable`` off."""
@@ -80,15 +82,16 @@ the environment to the ranks of the launching host; the server process, rank 0, 
 or --outcome-dir must be shared), reads the failure the engine writes into its outcome pipe first
 thing on its fatal path, forwards SIGTERM and SIGHUP to the launcher, and SIGINT and SIGQUIT unless
 they came from the terminal. After a failure it ends what is left of the job: {LAUNCHER_GRACE_S:g} s after
-the failed engine process exited (mpirun waits minutes for a cut-off host's daemon), and with
-exit_on_fatal at the latest exit_delay_s + exit_timeout_s + {LAUNCHER_GRACE_S:g} s after the failure:
-SIGTERM, then SIGKILL {TERM_GRACE_S:g} s later. It exits with:
-  - after a recorded fatal error, its status (exit_code, or exit_code_unrestartable for a wedged
-    or unkillable worker), whatever the launcher exited with, with one line on stderr;
-  - else the launcher's status when it is not 0 (128 + N when a signal N ended it);
-  - else exit_code when an engine started and never ended cleanly (its process was killed with
-    the job before it could record why), with one line;
-  - else 0.
+the failed engine process (on this host) exited (mpirun waits minutes for a cut-off host's daemon), and with
+exit_on_fatal at the latest exit_delay_s + exit_timeout_s + shutdown_term_s + shutdown_kill_s +
+{LAUNCHER_GRACE_S:g} s after the failure (the engine's own bound, then the grace): SIGTERM, then SIGKILL
+{TERM_GRACE_S:g} s later (to the failed engine process too, where it runs on this host). It exits with:
+  - after a recorded fatal error, its status (exit_code, or exit_code_unrestartable where a
+    failure was a wedged or unkillable worker), whatever the launcher exited with, with one line;
+  - else exit_code when an engine started and never ended cleanly and no signal ended the
+    launcher (mpirun's 0 or 255 after its teardown of a host crash, Open MPI's abort 14 before
+    the engine's verdict), with one line;
+  - else the launcher's status (128 + N when a signal N ended it).
 """
 
 
@@ -129,13 +132,19 @@ def run_launch(args: argparse.Namespace) -> int:
     # 0700: only this user writes there
     directory = tempfile.mkdtemp(prefix="trtllm-liveness-launch-", dir=args.outcome_dir)
     try:
-        pipe = OutcomePipe(directory)
+        try:
+            pipe: OutcomePipe | None = OutcomePipe(directory)
+        except OSError as exc:  # a file system without FIFOs: the outcome files alone
+            stderr_line(f"trtllm-liveness launch: no outcome pipe in {directory} ({exc}); the engine's failure "
+                        "reaches this wrapper through its outcome file only")
+            pipe = None
         try:
             forwarding = forwarding_for(argv, {**env, OUTCOME_ENV: directory})
             stderr_line(on_line(config, env[ENV_VAR], argv, forwarding))
             job = _run(list(forwarding.argv), dict(forwarding.env), pipe, config)
         finally:
-            pipe.close()
+            if pipe is not None:
+                pipe.close()
         try:
             outcomes = read_outcomes(directory)
         except (OSError, ValueError) as exc:
@@ -149,10 +158,12 @@ def run_launch(args: argparse.Namespace) -> int:
 def decide_status(launcher: str, status: int, piped: Sequence[PipedFailure], outcomes: Sequence[Outcome]) -> int:
     """The wrapper's status from the launcher's ``status``, the failures the pipe brought and the
     outcome files; one line on stderr where it is not the launcher's."""
-    failed = [(f.message, f.exit_code) for f in piped] + \
-        [(o.message, o.exit_code) for o in outcomes if o.state == "failed"]
+    failed = [(f.message, f.exit_code, f.restartable) for f in piped] + \
+        [(o.message, o.exit_code, o.restartable) for o in outcomes if o.state == "failed"]
     if failed:
-        message, code = failed[0]
+        # The first failure's status, unless one says "do not restart here" (a wedge, a rank left
+        # unkillable after a death): that one outranks it.
+        message, code, _ = next((f for f in failed if not f[2]), failed[0])
         if status == code:
             return code
         how = {0: "exited 0, but the engine failed",
@@ -160,15 +171,17 @@ def decide_status(launcher: str, status: int, piped: Sequence[PipedFailure], out
             status, f"exited {status} after the engine failed")
         stderr_line(f"trtllm-liveness launch: {launcher} {how}: {message}; exiting {code}")
         return code
-    if status != 0:
-        return status
     unclean = [outcome for outcome in outcomes if outcome.state == "running"]
-    if unclean:
-        stderr_line(f"trtllm-liveness launch: {launcher} exited 0, but the engine (pid {unclean[0].pid}) never "
-                    f"ended cleanly (killed with its job before it could say why: a lost host?); exiting "
-                    f"{unclean[0].exit_code}")
+    if unclean and not _SIGNALLED[0] <= status <= _SIGNALLED[1]:
+        # 0 or 255: PRRTE's teardown after a host crash killed the engine before it could say why;
+        # 14: Open MPI's default error handler ended it at a dead peer before its fatal path began.
+        # (A launcher killed by a signal, 128 + N, says what happened to the job: the OOM killer.)
+        why = "Open MPI's abort at a dead or stopped peer came before the engine's own verdict" \
+            if status == MPI_ABORT_STATUS else "killed with its job before it could say why: a lost host?"
+        stderr_line(f"trtllm-liveness launch: {launcher} exited {status}, but the engine (pid {unclean[0].pid}) "
+                    f"never ended cleanly ({why}); exiting {unclean[0].exit_code}")
         return unclean[0].exit_code
-    return 0
+    return status
 
 
 # Shown in the "on" line whatever their value; every other setting only where it is not the default.
@@ -206,7 +219,7 @@ def _foreground_of_terminal() -> bool:
         return False
 
 
-def _run(argv: list[str], env: dict[str, str], pipe: OutcomePipe, config: LivenessConfig) -> LaunchedJob:
+def _run(argv: list[str], env: dict[str, str], pipe: OutcomePipe | None, config: LivenessConfig) -> LaunchedJob:
     """Start the launcher and wait for its end (see :mod:`._launched_job`), forwarding signals."""
     previous = {}
     from_terminal = _foreground_of_terminal()
@@ -238,6 +251,9 @@ def _run(argv: list[str], env: dict[str, str], pipe: OutcomePipe, config: Livene
                 return job
             except KeyboardInterrupt:  # SIGINT raised here despite the handler (re-entrancy): go on
                 continue
+            except BaseException:  # the wrapper is failing: its launcher must not run on unwatched
+                job.end_now()
+                raise
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -14,11 +14,11 @@ directory; every engine process writes its own ``outcome.<pid>.json`` there:
   before the bounded stop, once);
 - ``clean`` when its engine shut down healthy, or its interpreter exits normally with no failure.
 
-A process that PRRTE killed before it could record its failure is still ``running``: the race
-between PRRTE's kill and the fatal path (both take milliseconds) cannot turn a failure into
-success. The wrapper turns a zero status into the recorded failure's status, or into
-``exit_code`` for an engine that never ended cleanly. Writes are atomic (temporary file, rename).
-Standard library only.
+A process that PRRTE killed, or Open MPI's abort ended, before it could record its failure is still
+``running``: the race between them and the fatal path (both take milliseconds) cannot turn a
+failure into success. The wrapper exits with the recorded failure's status whatever the launcher's,
+or with ``exit_code`` for an engine that never ended cleanly under a launcher that exited 0 or 14.
+Writes are atomic (temporary file, rename).
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import os
 import threading
 from dataclasses import dataclass
 
-from ..process._procfs import read_start_time
+from ..process._procfs import pid_namespace_inode, read_start_time
 from ._outcome_pipe import PipedFailure, open_writer, send_failure
-from ._process_ending import Stage, process_ending
+from ._process_ending import OutcomeLedger, Stage, process_ending
 from ._snapshot_record import FatalSnapshot
 
 logger = logging.getLogger(__name__)
@@ -110,6 +110,7 @@ def mark_running(exit_code: int, environ: dict[str, str] | None = None) -> None:
         ledger.running += 1
         if ledger.pipe_fd is None:  # once per process; owned by it until it ends (close-on-exec)
             ledger.pipe_fd = open_writer(directory)
+            ledger.pipe_identity = _identity()
         if ledger.failed:
             return
         _write(directory, {"state": "running", "exit_code": exit_code, "restartable": True, "message": ""})
@@ -139,11 +140,18 @@ def mark_clean(environ: dict[str, str] | None = None, *, ended: int = 1) -> None
             _write(directory, {"state": "clean", "exit_code": 1, "restartable": True, "message": ""})
 
 
-def _start_time() -> int | None:
+def _identity() -> tuple[int | None, int | None]:
+    """This process's start time and PID namespace, read at engine start: the fatal path reads no file."""
     try:
-        return read_start_time(os.getpid())
+        return read_start_time(os.getpid()), pid_namespace_inode()
     except (OSError, ValueError):
-        return None
+        return None, None
+
+
+def _send(ledger: OutcomeLedger, message: str, restartable: bool, exit_code: int) -> None:
+    if ledger.pipe_fd is not None and ledger.pipe_fd >= 0:
+        start, namespace = ledger.pipe_identity
+        send_failure(ledger.pipe_fd, PipedFailure(message, restartable, exit_code, os.getpid(), start, namespace))
 
 
 def record_outcome(message: str, restartable: bool, exit_code: int,
@@ -164,9 +172,8 @@ def record_outcome(message: str, restartable: bool, exit_code: int,
 
         ledger.failure = {"state": "failed", "message": message[:4000], "restartable": restartable,
                           "exit_code": exit_code}
-        if ledger.pipe_fd is not None and ledger.pipe_fd >= 0:
-            send_failure(ledger.pipe_fd, PipedFailure(message[:4000], restartable, exit_code, os.getpid(),
-                                                      _start_time()))
+        _send(ledger, message[:4000], restartable, exit_code)
+        ledger.unrestartable_sent = not restartable
 
     def write() -> None:
         with ledger.lock:
@@ -174,6 +181,21 @@ def record_outcome(message: str, restartable: bool, exit_code: int,
                 _write(directory, dict(ledger.failure))
 
     return ending.threads.start(write, name="trtllm-liveness-outcome", bound_s=WRITE_BOUND_S)
+
+
+def record_unrestartable(message: str, exit_code: int, environ: dict[str, str] | None = None) -> None:
+    """This process's recorded failure turned unrestartable (a rank left unkillable, wedged after a
+    death): once, one more line into the wrapper's pipe, and the failure record's status becomes
+    ``exit_code`` (the file written with the snapshot says so). A no-op without a recorded failure."""
+    if not _directory(environ):
+        return
+    ledger = process_ending().outcome
+    with ledger.lock:
+        if not ledger.failed or ledger.unrestartable_sent:
+            return
+        ledger.unrestartable_sent = True
+        ledger.failure = {**ledger.failure, "restartable": False, "exit_code": exit_code}
+        _send(ledger, message[:4000], False, exit_code)
 
 
 def record_snapshot(snapshot: FatalSnapshot, environ: dict[str, str] | None = None) -> threading.Thread | None:

@@ -13,8 +13,10 @@ JSON with :func:`send_failure`: one ``write(2)`` of at most ``PIPE_BUF`` bytes t
 microseconds. The outcome files (:mod:`._outcome`) still carry what is slower to write (the
 snapshot) and what a pipe cannot say (a process killed before it could record anything).
 
-A line names the process by pid and start time (in the wrapper's PID namespace where the engine runs
-on the launching host), so the wrapper can watch that process exit through a verified pidfd.
+A line names the process by pid, start time and PID namespace, so a wrapper of the same namespace
+(the engine on the launching host) can watch that process exit through a verified pidfd. A later
+line of the same process says the failure turned unrestartable (a rank left unkillable after a
+death): the status to exit with is then ``exit_code_unrestartable``.
 Standard library only.
 """
 
@@ -47,6 +49,7 @@ class PipedFailure:
     exit_code: int
     pid: int
     start_time: int | None  # clock ticks after boot (``/proc/<pid>/stat`` field 22); None: unknown
+    pid_namespace: int | None = None  # the inode of the writer's PID namespace (its pid means a process there)
 
 
 def open_writer(directory: str) -> int:
@@ -67,7 +70,8 @@ def open_writer(directory: str) -> int:
 def encode_failure(failure: PipedFailure) -> bytes:
     """``failure`` as one JSON line of at most :data:`LINE_LIMIT` bytes (its message shortened to fit)."""
     fields = {"state": "failed", "message": failure.message, "restartable": failure.restartable,
-              "exit_code": failure.exit_code, "pid": failure.pid, "start_time": failure.start_time}
+              "exit_code": failure.exit_code, "pid": failure.pid, "start_time": failure.start_time,
+              "pid_ns": failure.pid_namespace}
     while True:
         line = json.dumps(fields, separators=(",", ":")).encode() + b"\n"
         message = str(fields["message"])
@@ -89,17 +93,17 @@ def send_failure(fd: int, failure: PipedFailure) -> bool:
 def _decode(line: bytes) -> PipedFailure | None:
     try:
         data = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a line of nested brackets, not ours
         return None
     if not isinstance(data, dict) or data.get("state") != "failed":
         return None
     message, restartable, code = data.get("message"), data.get("restartable"), data.get("exit_code")
-    pid, start = data.get("pid"), data.get("start_time")
+    pid, start, namespace = data.get("pid"), data.get("start_time"), data.get("pid_ns")
     if not isinstance(message, str) or not isinstance(restartable, bool) or type(code) is not int \
             or not 1 <= code <= 255 or type(pid) is not int or pid <= 0 \
-            or not (start is None or (type(start) is int and start >= 0)):
+            or not all(value is None or (type(value) is int and value >= 0) for value in (start, namespace)):
         return None
-    return PipedFailure(message, restartable, code, pid, start)
+    return PipedFailure(message, restartable, code, pid, start, namespace)
 
 
 class OutcomePipe:

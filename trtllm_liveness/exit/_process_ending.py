@@ -134,6 +134,8 @@ class OutcomeLedger:
     failure: dict[str, object] = field(default_factory=dict)  # the failure record written (its fields)
     snapshot_recorded: bool = False  # the failure's snapshot was added to it: once
     pipe_fd: int | None = None  # the outcome pipe's write end: None until an engine starts, -1 for none
+    pipe_identity: tuple[int | None, int | None] = (None, None)  # this process's start time, PID namespace
+    unrestartable_sent: bool = False  # the failure's turn to unrestartable was written to the pipe: once
 
 
 @dataclass(eq=False)

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.process_tracker import ProcessTracker
-from tests.support.waits import WAIT_SCALE
+from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.exit._outcome import read_outcomes
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
@@ -47,7 +47,13 @@ def engine(then: str, status: int = 0, code: int = 1) -> subprocess.CompletedPro
     # engine at its next operation with a dead or stopped worker): the recorded status says why
     ("o.record_outcome('rank 3 wedged', False, 69).join(5)", 14, 69, "exited 14 (Open MPI's abort)"),
     ("o.record_outcome('rank 2 died', True, 3).join(5)", 14, 3, "after the engine failed: rank 2 died"),
-    ("pass", 14, 14, ""),  # no failure recorded: MPI's abort is the launcher's own status
+    ("pass", 14, 14, ""),  # an engine that ended cleanly: 14 is the launcher's own status
+    # Open MPI's abort at a dead peer before the engine's verdict (no exit hook runs): unclean
+    ("os._exit(14)", 0, 1, "exited 14, but the engine (pid"),
+    ("os._exit(255)", 0, 1, "exited 255, but the engine (pid"),  # mpirun's status after a host crash, at times
+    # a failure that turned unrestartable (a rank left unkillable after a death) outranks the first
+    ("o.record_outcome('rank 2 died', True, 3); o.record_unrestartable('rank 3 unkillable', 69); os._exit(14)",
+     0, 69, "after the engine failed: rank 3 unkillable; exiting 69"),
     # killed with its job before it could record why (PRRTE's teardown after a host crash)
     ("os.kill(os.getpid(), signal.SIGKILL)", 0, 1, "never ended cleanly"),
     ("o.mark_clean()", 0, 0, ""),  # a healthy shutdown
@@ -308,13 +314,13 @@ def test_the_pipe_refuses_what_is_not_a_failure_line(tmp_path: Path, caplog: pyt
         assert writer >= 0
         good = encode_failure(PipedFailure("rank 4 died", True, 3, 4242, 17))
         for chunk in (b"not json\n", b'{"state":"failed","exit_code":0,"pid":1}\n', good,
-                      b'{"state":"clean"}\n', b"x" * (LINE_LIMIT + 10)):
+                      b'{"state":"clean"}\n', b"[" * 3000 + b"\n", b"x" * (LINE_LIMIT + 10)):
             os.write(writer, chunk)
         with caplog.at_level("WARNING"):
             failures = pipe.read_failures()
             failures += pipe.read_failures()
         assert failures == [PipedFailure("rank 4 died", True, 3, 4242, 17)]
-        assert "over-long line" in caplog.text and caplog.text.count("malformed line") == 3
+        assert "over-long line" in caplog.text and caplog.text.count("malformed line") == 4
         assert len(encode_failure(PipedFailure("\U0001f600" * 4000, False, 69, 1, None))) <= LINE_LIMIT
     finally:
         os.close(writer)
@@ -347,7 +353,7 @@ def test_a_launcher_that_outlives_its_failed_engine_is_ended() -> None:
     done = launch(sys.executable, "-c", OUTLIVING.format(inner=inner))
     assert done.returncode == 3, done.stderr
     lines = [line for line in done.stderr.splitlines() if line.startswith("trtllm-liveness launch:")]
-    assert [line.rsplit(": ", 1)[-1] for line in lines[:2]] == ["SIGTERM", "SIGKILL"], lines
+    assert lines[0].endswith(": SIGTERM") and ": SIGKILL to it" in lines[1], lines
     assert "after the failed engine process exited (pid" in lines[0], lines
     assert lines[2].endswith("exited 137 after the engine failed: hostB lost; exiting 3"), lines
 
@@ -356,7 +362,8 @@ def test_with_exit_on_fatal_a_failed_process_that_stays_up_is_ended_after_the_gu
     """Its own exit guard would end it after exit_delay_s + exit_timeout_s; here nothing does."""
     then = "o.record_outcome('rank 1 wedged', False, 69); import time; time.sleep(600)"
     done = launch_with(sys.executable, "-c", ENGINE.format(code=3, then=then, status=0),
-                       TRTLLM_WORKER_LIVENESS="exit_on_fatal=1,exit_delay_s=0.1,exit_timeout_s=0.5")
+                       TRTLLM_WORKER_LIVENESS="exit_on_fatal=1,exit_delay_s=0.1,exit_timeout_s=0.5,"
+                                              "shutdown_term_s=0.5,shutdown_kill_s=0.5")
     assert done.returncode == 69, done.stderr
     assert "ending python" in done.stderr and ": SIGTERM" in done.stderr and "SIGKILL" not in done.stderr
     assert "exited 143 after the engine failed: rank 1 wedged; exiting 69" in done.stderr
@@ -369,3 +376,38 @@ def test_without_exit_on_fatal_a_failed_process_keeps_its_job() -> None:
                        TRTLLM_WORKER_LIVENESS="1")
     assert done.returncode == 3, done.stderr
     assert "ending " not in done.stderr and "exited 0, but the engine failed: rank 1 died" in done.stderr
+
+
+# The launcher's engine child fails and stays up, deaf to SIGTERM (a server wedged in its own
+# shutdown), as does the launcher.
+DEAF = ("import signal, subprocess, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "subprocess.Popen([sys.executable, '-c', {inner!r}]); time.sleep(600)")
+
+
+def test_at_the_end_the_failed_engine_process_is_killed_with_its_launcher() -> None:
+    then = "signal.signal(signal.SIGTERM, signal.SIG_IGN); o.record_outcome('rank 1 died', True, 3); " \
+        "import time; time.sleep(600)"
+    inner = ENGINE.format(code=3, then=then, status=0)
+    done = launch_with(sys.executable, "-c", DEAF.format(inner=inner),
+                       TRTLLM_WORKER_LIVENESS="exit_on_fatal=1,exit_delay_s=0.1,exit_timeout_s=0.5,"
+                                              "shutdown_term_s=0.5,shutdown_kill_s=0.5")
+    assert done.returncode == 3, done.stderr
+    killed = [line for line in done.stderr.splitlines() if "SIGKILL to it and the failed engine process" in line]
+    assert len(killed) == 1, done.stderr
+    pid = int(killed[0].split("failed engine process (pid ")[1].split(")")[0])
+    assert wait_until(lambda: state_of(pid) in (None, "Z"), 10 * WAIT_SCALE), f"engine process {pid} survives"
+
+
+FOREIGN = ("import json, os, time; fd = os.open(os.path.join(os.environ['TRTLLM_LIVENESS_OUTCOME'], 'outcome.fifo'), "
+           "os.O_WRONLY); os.write(fd, json.dumps({{'state': 'failed', 'message': 'rank 5 died', 'restartable': True, "
+           "'exit_code': 3, 'pid': {pid}, 'start_time': 1, 'pid_ns': 1}}).encode() + b'\\n'); time.sleep(4)")
+
+
+def test_a_failure_of_another_pid_namespace_is_never_taken_for_a_process_here() -> None:
+    """Its pid means nothing here (another container's engine on a shared outcome directory): the
+    wrapper neither watches nor signals a process by it, and the launcher is left to end by itself."""
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True,
+                          check=True).stdout.strip()  # a pid with no process behind it now
+    done = launch_with(sys.executable, "-c", FOREIGN.format(pid=gone), TRTLLM_WORKER_LIVENESS="1")
+    assert done.returncode == 3, done.stderr
+    assert "ending " not in done.stderr and "exited 0, but the engine failed: rank 5 died" in done.stderr

@@ -54,7 +54,7 @@ from ..._config import LivenessConfig
 from ..._events import EventKind, WorkerEvent, WorkerFailedError
 from ...diagnose._diagnosis_text import fatal_line, instant_evidence, snapshot_record
 from ...diagnose._stalled_rank import stalled_rank_now
-from ...exit._outcome import record_outcome, record_snapshot
+from ...exit._outcome import record_outcome, record_snapshot, record_unrestartable
 from ...exit._termination_log import MESSAGE_LIMIT_BYTES, amend_termination_message, write_termination_message
 from .._futures import fail_pending
 from ._features import find_symbol, warn_once
@@ -224,6 +224,8 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
         return
     if state.exit_guard is not None:
         state.exit_guard.mark_unrestartable()
+    # After a recorded failure: the wrapper's status turns to "do not restart here" too.
+    record_unrestartable(unrestartable[0].message, state.config.exit_code_unrestartable)
     try:
         from ...quarantine._host_policy import quarantine_host  # imported on the first such failure only
 
