@@ -85,8 +85,14 @@ class LaunchedJob:
                 self._child_fd = -1
 
     def send_signal(self, signum: int) -> None:
-        """Forward ``signum`` to the launcher while it runs."""
-        if self.child.poll() is None:
+        """Forward ``signum`` to the launcher while it runs: through its pidfd where there is one
+        (never to a pid reaped and reused in between), else by pid before it is reaped."""
+        if self._child_fd >= 0:
+            try:
+                send_signal(self._child_fd, signum)
+            except OSError as exc:
+                self._say(f"trtllm-liveness launch: could not send signal {signum} to the launcher: {exc}")
+        elif self.child.returncode is None:
             self.child.send_signal(signum)
 
     def wait(self) -> int:
@@ -186,8 +192,11 @@ class LaunchedJob:
         elif not self._killed:
             self._killed = True
             failed = ""
-            if self._failed_fd >= 0 and send_signal(self._failed_fd, signal.SIGKILL):
-                failed = f" and the failed engine process (pid {self.failures[0].pid})"
+            try:
+                if self._failed_fd >= 0 and send_signal(self._failed_fd, signal.SIGKILL):
+                    failed = f" and the failed engine process (pid {self.failures[0].pid})"
+            except OSError as exc:  # EPERM: another user's process (a setuid launcher's rank)
+                failed = f" (not to the failed engine process, pid {self.failures[0].pid}: {exc})"
             self._say(f"trtllm-liveness launch: {name} (pid {self.child.pid}) outlived SIGTERM by "
                       f"{TERM_GRACE_S:g} s: SIGKILL to it{failed}")
             self.send_signal(signal.SIGKILL)

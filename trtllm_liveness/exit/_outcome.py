@@ -11,13 +11,13 @@ directory; every engine process writes its own ``outcome.<pid>.json`` there:
   wrapper's outcome pipe, :mod:`._outcome_pipe`, where the wrapper runs on this host; the file
   from a thread the process's ending awaits; sticky: nothing overwrites it but the same failure
   with its snapshot, the typed :class:`~._snapshot_record.FatalSnapshot` of every rank taken
-  before the bounded stop, once);
+  before the bounded stop, once, or turned unrestartable, once);
 - ``clean`` when its engine shut down healthy, or its interpreter exits normally with no failure.
 
 A process that PRRTE killed, or Open MPI's abort ended, before it could record its failure is still
 ``running``: the race between them and the fatal path (both take milliseconds) cannot turn a
 failure into success. The wrapper exits with the recorded failure's status whatever the launcher's,
-or with ``exit_code`` for an engine that never ended cleanly under a launcher that exited 0 or 14.
+or with ``exit_code`` for an engine that never ended cleanly under a launcher not ended by a signal.
 Writes are atomic (temporary file, rename).
 """
 
@@ -106,12 +106,19 @@ def mark_running(exit_code: int, environ: dict[str, str] | None = None) -> None:
         return
     ending = process_ending()
     ledger = ending.outcome
+    if ledger.pipe_fd is None:
+        writer, identity = open_writer(directory), _identity()  # outside the locks: opening may wait
+        with ledger.record_lock:
+            if ledger.pipe_fd is None:  # once per process; owned by it until it ends (close-on-exec)
+                ledger.pipe_fd, ledger.pipe_identity = writer, identity
+                writer = -1
+        if writer >= 0:  # another engine of this process opened it first
+            os.close(writer)
     with ledger.lock:
         ledger.running += 1
-        if ledger.pipe_fd is None:  # once per process; owned by it until it ends (close-on-exec)
-            ledger.pipe_fd = open_writer(directory)
-            ledger.pipe_identity = _identity()
-        if ledger.failed:
+        with ledger.record_lock:
+            failed = ledger.failed
+        if failed:
             return
         _write(directory, {"state": "running", "exit_code": exit_code, "restartable": True, "message": ""})
         first = not ledger.clean_at_exit
@@ -136,7 +143,9 @@ def mark_clean(environ: dict[str, str] | None = None, *, ended: int = 1) -> None
     ledger = process_ending().outcome
     with ledger.lock:
         ledger.running = max(0, ledger.running - ended)
-        if not ledger.failed and ledger.running == 0:
+        with ledger.record_lock:
+            failed = ledger.failed
+        if not failed and ledger.running == 0:
             _write(directory, {"state": "clean", "exit_code": 1, "restartable": True, "message": ""})
 
 
@@ -165,37 +174,45 @@ def record_outcome(message: str, restartable: bool, exit_code: int,
         return None
     ending = process_ending()
     ledger = ending.outcome
-    with ledger.lock:
+    with ledger.record_lock:
         if ledger.failed:
             return None
         ledger.failed = True
-
         ledger.failure = {"state": "failed", "message": message[:4000], "restartable": restartable,
                           "exit_code": exit_code}
         _send(ledger, message[:4000], restartable, exit_code)
         ledger.unrestartable_sent = not restartable
-
-    def write() -> None:
-        with ledger.lock:
-            if not ledger.snapshot_recorded:  # else the record with the snapshot is there already
-                _write(directory, dict(ledger.failure))
-
-    return ending.threads.start(write, name="trtllm-liveness-outcome", bound_s=WRITE_BOUND_S)
+    return ending.threads.start(functools.partial(_rewrite, directory, ledger), name="trtllm-liveness-outcome",
+                                bound_s=WRITE_BOUND_S)
 
 
-def record_unrestartable(message: str, exit_code: int, environ: dict[str, str] | None = None) -> None:
-    """This process's recorded failure turned unrestartable (a rank left unkillable, wedged after a
-    death): once, one more line into the wrapper's pipe, and the failure record's status becomes
-    ``exit_code`` (the file written with the snapshot says so). A no-op without a recorded failure."""
-    if not _directory(environ):
-        return
-    ledger = process_ending().outcome
+def _rewrite(directory: str, ledger: OutcomeLedger) -> None:
+    """Write the failure record as it stands now, with its snapshot where one was added."""
     with ledger.lock:
+        with ledger.record_lock:
+            failure = dict(ledger.failure)
+        _write(directory, failure, ledger.snapshot)
+
+
+def record_unrestartable(message: str, exit_code: int,
+                         environ: dict[str, str] | None = None) -> threading.Thread | None:
+    """This process's recorded failure turned unrestartable (a rank left unkillable, wedged after a
+    death): once, one more line into the wrapper's pipe at once, and the failure record rewritten
+    with ``exit_code`` from a thread of the process's ending (returned; None: a no-op, without a
+    wrapper, without a recorded failure, or once more)."""
+    directory = _directory(environ)
+    if not directory:
+        return None
+    ending = process_ending()
+    ledger = ending.outcome
+    with ledger.record_lock:
         if not ledger.failed or ledger.unrestartable_sent:
-            return
+            return None
         ledger.unrestartable_sent = True
         ledger.failure = {**ledger.failure, "restartable": False, "exit_code": exit_code}
         _send(ledger, message[:4000], False, exit_code)
+    return ending.threads.start(functools.partial(_rewrite, directory, ledger),
+                                name="trtllm-liveness-outcome-unrestartable", bound_s=WRITE_BOUND_S)
 
 
 def record_snapshot(snapshot: FatalSnapshot, environ: dict[str, str] | None = None) -> threading.Thread | None:
@@ -206,16 +223,21 @@ def record_snapshot(snapshot: FatalSnapshot, environ: dict[str, str] | None = No
         return None
     ending = process_ending()
     ledger = ending.outcome
-    with ledger.lock:
-        if not ledger.failed or ledger.snapshot_recorded or not ledger.failure:
+    with ledger.record_lock:
+        if not ledger.failed or not ledger.failure:
             return None
+    if ledger.snapshot_recorded:  # read without the file's lock (a write may hold it); the thread checks again
+        return None
 
     def write() -> None:
         with ledger.lock:
             if ledger.snapshot_recorded:
                 return
             ledger.snapshot_recorded = True
-            _write(directory, dict(ledger.failure), snapshot)
+            ledger.snapshot = snapshot
+            with ledger.record_lock:
+                failure = dict(ledger.failure)
+            _write(directory, failure, snapshot)
 
     return ending.threads.start(write, name="trtllm-liveness-outcome-snapshot", bound_s=WRITE_BOUND_S)
 

@@ -291,15 +291,56 @@ def test_racing_failures_of_one_process_send_one_line(tmp_path: Path) -> None:
         directory = tempfile.mkdtemp(dir=tmp_path)
         pipe = OutcomePipe(directory)
         try:
-            done = subprocess.run([sys.executable, "-c", RACE], env={**os.environ, OUTCOME_ENV: directory},
-                                  capture_output=True, text=True, timeout=30 * WAIT_SCALE, check=False)
-            assert done.returncode == 14, done.stderr
+            child = subprocess.Popen([sys.executable, "-c", RACE], env={**os.environ, OUTCOME_ENV: directory},
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            _, stderr = child.communicate(timeout=30 * WAIT_SCALE)
+            assert child.returncode == 14, stderr
             failures = pipe.read_failures()
         finally:
             pipe.close()
         assert len(failures) == 1, failures
         assert failures[0].exit_code == (3 if failures[0].restartable else 69)
-        assert failures[0].pid == int(failures[0].pid) and failures[0].start_time is not None
+        assert failures[0].pid == child.pid and failures[0].start_time is not None
+
+
+def test_the_fatal_path_never_waits_on_the_outcome_files_lock() -> None:
+    """A write of the outcome file stuck on its file system (a hung shared ``--outcome-dir``) holds
+    the file's lock: the failure and its turn to unrestartable still reach the wrapper at once. (A
+    fatal path that waited would hang here: the timer ends such a process with 99, read as 3.)"""
+    hold = ("import threading; threading.Timer(20, os._exit, (99,)).start(); "
+            "from trtllm_liveness.exit._process_ending import process_ending; "
+            "process_ending().outcome.lock.acquire(); "
+            "o.record_outcome('rank 1 died', True, 3); o.record_unrestartable('rank 2 unkillable', 69); os._exit(14)")
+    done = engine(hold, code=3)
+    assert done.returncode == 69, done.stderr
+    assert "after the engine failed: rank 2 unkillable; exiting 69" in done.stderr
+
+
+UNRESTARTABLE_FILE = """
+import sys
+from trtllm_liveness.exit import _outcome as o
+from trtllm_liveness.exit._snapshot_record import FatalSnapshot
+o.mark_running(3)
+o.record_outcome('rank 1 died', True, 3).join(10)
+o.record_snapshot(FatalSnapshot('died of rank 1', 1.0e9, 12.0, 'rank 1 is gone', (), 1)).join(10)
+o.record_unrestartable('rank 2 unkillable', 69).join(10)
+assert o.record_unrestartable('rank 2 unkillable', 69) is None  # once
+sys.exit(14)
+"""
+
+
+def test_a_failure_turned_unrestartable_is_rewritten_in_its_file_with_its_snapshot(tmp_path: Path) -> None:
+    """Where the pipe brought nothing (no FIFO, a wrapper on another host), the file decides: it must
+    say "do not restart here" after a rank was left unkillable, and keep the snapshot written before."""
+    from trtllm_liveness.exit._outcome import OUTCOME_ENV
+
+    done = subprocess.run([sys.executable, "-c", UNRESTARTABLE_FILE], env={**os.environ, OUTCOME_ENV: str(tmp_path)},
+                          capture_output=True, text=True, timeout=30 * WAIT_SCALE, check=False)
+    assert done.returncode == 14, done.stderr
+    (outcome,) = read_outcomes(str(tmp_path))
+    assert (outcome.state, outcome.exit_code, outcome.restartable) == ("failed", 69, False)
+    assert outcome.message == "rank 1 died"
+    assert outcome.snapshot is not None and outcome.snapshot.reason == "died of rank 1"
 
 
 def test_the_pipe_refuses_what_is_not_a_failure_line(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
