@@ -5,7 +5,10 @@ socket's monitor, a :class:`~._tcp.ConnectionTable`, a wakeup pipe and every age
 merges what the agents report into the engine's own :class:`~trtllm_liveness.WorkerProcessMonitor`
 (:meth:`~trtllm_liveness.WorkerProcessMonitor.apply_remote`), so remote ranks have real states in
 ``statuses()`` and their fatal events take the path a local death takes (subscribers, health,
-pending requests failed, Dynamo, metrics, exit guard), exactly once per rank and kind.
+pending requests failed, Dynamo, metrics, exit guard), exactly once per rank and kind. The hub
+never holds its lock across that, nor lends its thread to it: a :class:`~._hub_delivery.RemoteDelivery`
+applies the updates in order in a thread of its own, so a subscriber may ask the hub for a
+snapshot or a stop and be answered.
 
 What ends a remote host's session, and what the proxy then reports:
 
@@ -37,12 +40,13 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._events import MonitorMethod, WorkerState
+from .._events import WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..monitor._progress_clock import ProgressClock
 from ..process._identity import ProcessIdentity, local_hostname
 from . import _wire
 from ._host_silence import SilenceRule
+from ._hub_delivery import RemoteDelivery
 from ._hub_endings import end_session
 from ._hub_records import (
     MAX_RANKS_PER_HOST,
@@ -132,6 +136,7 @@ class AgentHub:
         self._cond = threading.Condition()
         self._commands: collections.deque[HubCommand | SnapshotCommand] = collections.deque()
         self._book = SnapshotBook(self._cond)  # snapshot requests and replies, remote iterations
+        self._delivery = RemoteDelivery(monitor)  # remote updates to the monitor, off this hub's thread
         self._sessions: dict[str, Session] = {}
         self._by_key: dict[Key, str] = {}
         self._closed_keys: dict[Key, Ending] = {}
@@ -231,9 +236,12 @@ class AgentHub:
                 if not pending or left <= 0 or self._closing:
                     break
                 self._cond.wait(left)
-            return [s.stop or HostStop(s.host, s.agent.rank, tuple(r.rank for r in s.ranks), "no-answer",
-                                       detail=f"no report within {timeout_s:.1f} s")
-                    for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
+            stops = [s.stop or HostStop(s.host, s.agent.rank, tuple(r.rank for r in s.ranks), "no-answer",
+                                        detail=f"no report within {timeout_s:.1f} s")
+                     for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
+        # The hosts' ranks' last states (exited, lost) reach the monitor before the caller reads it.
+        self._delivery.wait_idle(max(0.0, deadline - time.monotonic()))
+        return stops
 
     def snapshot(self, timeout_s: float, *, cpu_window_s: float = 0.1, stacks: bool = True,
                  stacks_timeout_s: float = 0.3) -> list[HostSnapshot]:
@@ -261,10 +269,12 @@ class AgentHub:
             self._closing = True
             self._cond.notify_all()
         self._wake()
+        deadline = time.monotonic() + timeout
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
         if self._thread is None:
             self._release()
+        self._delivery.close(max(0.0, deadline - time.monotonic()))
 
     # ----------------------------------------------------------------- the thread
 
@@ -421,6 +431,7 @@ class AgentHub:
                     self._handle_locked(message, _peer(frames[-1]) if message.kind == "hello" else "?")
             except _wire.WireError as exc:
                 self._reject(str(exc), _peer(frames[-1]))
+            self._book.feed_iterations()
 
     def _handle_locked(self, message: _wire.Message, peer: str) -> None:
         session = self._sessions.get(message.sid)
@@ -490,13 +501,9 @@ class AgentHub:
         self._apply_many([(identity, state, detail)], **extra)
 
     def _apply_many(self, updates: list[tuple[ProcessIdentity, WorkerState, str]], **extra: Any) -> None:
-        # The monitor delivers to subscribers in this thread: release the hub's lock meanwhile, so
-        # a subscriber that asks the hub anything (hosts(), stop_hosts(), snapshot()) cannot deadlock.
-        self._cond.release()
-        try:
-            self.monitor.apply_remote_many(updates, via=MonitorMethod.AGENT, **extra)
-        finally:
-            self._cond.acquire()
+        # Queued under the hub's lock, in its order; the monitor and its subscribers get them in
+        # the delivery's thread, so a subscriber may ask the hub anything and be answered.
+        self._delivery.put(updates, **extra)
 
     def _check_silence(self) -> None:
         """Read every connection's silence when a decision may be due: once per timeout, and at once

@@ -14,6 +14,7 @@ answers :meth:`~._hub.AgentHub.snapshot` with one :class:`HostSnapshot` per host
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import json
 import math
@@ -306,6 +307,8 @@ class SnapshotBook:
         self._verdicts: dict[str, HostSnapshot] = {}  # sid -> the snapshot at its agent's own verdict
         self.iteration_sink: IterationSink | None = None
         self.iteration_messages = 0
+        # taken under the hub's lock, given to the sink outside it: (rank, count, monotonic time)
+        self._iterations: collections.deque[tuple[int, int, float]] = collections.deque()
 
     def open_locked(self, cpu_window_s: float, stacks: bool, stacks_timeout_s: float,
                     timeout_s: float = math.inf) -> SnapshotCommand:
@@ -333,19 +336,20 @@ class SnapshotBook:
         self._cond.notify_all()
 
     def iterations_locked(self, session: Session, message: _wire.Message) -> None:
-        """Feed an ``iters`` message to the sink (outside the hub's lock, as the monitor's deliveries)."""
+        """Take an ``iters`` message for the sink: :meth:`feed_iterations` gives it, outside the hub's lock."""
         entries = parse_iterations(session, message)
         self.iteration_messages += 1
+        if self.iteration_sink is not None and entries:
+            now = time.monotonic()
+            self._iterations.extend((rank, count, now - age) for rank, count, age in entries)
+
+    def feed_iterations(self) -> None:
+        """Give the sink what :meth:`iterations_locked` took (the hub's thread, its lock not held)."""
         sink = self.iteration_sink
-        if sink is None or not entries:
-            return
-        now = time.monotonic()
-        self._cond.release()
-        try:
-            for rank, count, age in entries:
-                sink(rank, count, now - age)
-        finally:
-            self._cond.acquire()
+        while self._iterations:
+            rank, count, at = self._iterations.popleft()
+            if sink is not None:
+                sink(rank, count, at)
 
     def wait(self, req: int, sessions: Callable[[], Iterable[Session]], timeout_s: float,
              closing: Callable[[], bool]) -> list[HostSnapshot]:

@@ -151,6 +151,27 @@ def test_a_remote_rank_death_is_one_fatal_event_naming_host_rank_and_pid(procs: 
     assert engine.kinds() == [(victim_rank, "died")]
 
 
+def test_a_subscriber_asking_the_hub_from_its_callback_gets_every_hosts_answer(procs: ProcessTracker,
+                                                                              engine: Engine) -> None:
+    """A subscriber acts on a remote rank's death by asking the hub for every host's snapshot and
+    stop, from its callback (as an engine's fatal path may): the hub must still read the agents'
+    replies meanwhile, so both come back answered, not timed out with ``no-answer``."""
+    agent = start_agent(procs, engine, ranks=2)
+    answers: list[tuple[list[str], list[str]]] = []
+
+    def ask(event: WorkerEvent) -> None:
+        if not answers:
+            snaps = engine.hub.snapshot(BOUND_S, stacks=False)
+            stops = engine.hub.stop_hosts(BOUND_S)
+            answers.append(([s.outcome for s in snaps], [s.outcome for s in stops]))
+
+    engine.monitor.subscribe(ask)
+    os.kill(agent.ranks[0][1], signal.SIGKILL)
+    assert wait_until(lambda: answers, 3 * BOUND_S)
+    assert answers == [(["answered"], ["stopped"])], answers
+    assert agent.popen.wait(BOUND_S) == 75
+
+
 def test_the_agents_own_death_closes_its_connection_and_its_host_ranks_are_lost(procs: ProcessTracker,
                                                                                 engine: Engine) -> None:
     agent = start_agent(procs, engine, ranks=1)
