@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..process._procfs import pid_namespace_inode, read_start_time
@@ -169,29 +170,17 @@ def record_outcome(message: str, restartable: bool, exit_code: int,
     non-blocking write of a pipe's atomic size), then in a file from a thread of the process's
     ending (never blocks the fatal path; the ending waits for it, bounded); returns the thread, or
     None when no wrapper asked or a failure was recorded already."""
-    directory = _directory(environ)
-    if not directory:
-        return None
-    ending = process_ending()
-    ledger = ending.outcome
-    with ledger.record_lock:
+    def first(ledger: OutcomeLedger) -> bool:
         if ledger.failed:
-            return None
+            return False
         ledger.failed = True
         ledger.failure = {"state": "failed", "message": message[:4000], "restartable": restartable,
                           "exit_code": exit_code}
         _send(ledger, message[:4000], restartable, exit_code)
         ledger.unrestartable_sent = not restartable
-    return ending.threads.start(functools.partial(_rewrite, directory, ledger), name="trtllm-liveness-outcome",
-                                bound_s=WRITE_BOUND_S)
+        return True
 
-
-def _rewrite(directory: str, ledger: OutcomeLedger) -> None:
-    """Write the failure record as it stands now, with its snapshot where one was added."""
-    with ledger.lock:
-        with ledger.record_lock:
-            failure = dict(ledger.failure)
-        _write(directory, failure, ledger.snapshot)
+    return _record(environ, first, "trtllm-liveness-outcome")
 
 
 def record_unrestartable(message: str, exit_code: int,
@@ -200,19 +189,38 @@ def record_unrestartable(message: str, exit_code: int,
     death): once, one more line into the wrapper's pipe at once, and the failure record rewritten
     with ``exit_code`` from a thread of the process's ending (returned; None: a no-op, without a
     wrapper, without a recorded failure, or once more)."""
+    def turn(ledger: OutcomeLedger) -> bool:
+        if not ledger.failed or ledger.unrestartable_sent:
+            return False
+        ledger.unrestartable_sent = True
+        ledger.failure = {**ledger.failure, "restartable": False, "exit_code": exit_code}
+        _send(ledger, message[:4000], False, exit_code)
+        return True
+
+    return _record(environ, turn, "trtllm-liveness-outcome-unrestartable")
+
+
+def _record(environ: dict[str, str] | None, change: Callable[[OutcomeLedger], bool],
+            name: str) -> threading.Thread | None:
+    """Apply ``change`` to the failure under the record's lock (the pipe's line with it); where it
+    changed something, write the record from a thread of the process's ending (returned)."""
     directory = _directory(environ)
     if not directory:
         return None
     ending = process_ending()
     ledger = ending.outcome
     with ledger.record_lock:
-        if not ledger.failed or ledger.unrestartable_sent:
+        if not change(ledger):
             return None
-        ledger.unrestartable_sent = True
-        ledger.failure = {**ledger.failure, "restartable": False, "exit_code": exit_code}
-        _send(ledger, message[:4000], False, exit_code)
-    return ending.threads.start(functools.partial(_rewrite, directory, ledger),
-                                name="trtllm-liveness-outcome-unrestartable", bound_s=WRITE_BOUND_S)
+    return ending.threads.start(functools.partial(_rewrite, directory, ledger), name=name, bound_s=WRITE_BOUND_S)
+
+
+def _rewrite(directory: str, ledger: OutcomeLedger) -> None:
+    """Write the failure record as it stands now, with its snapshot where one was added."""
+    with ledger.lock:
+        with ledger.record_lock:
+            failure = dict(ledger.failure)
+        _write(directory, failure, ledger.snapshot)
 
 
 def record_snapshot(snapshot: FatalSnapshot, environ: dict[str, str] | None = None) -> threading.Thread | None:
