@@ -317,10 +317,13 @@ class WorkerProcessMonitor:
 
     def apply_remote_many(self, updates: Sequence[tuple[ProcessIdentity, WorkerState, str]], *,
                           via: MonitorMethod | str,
-                          tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> int:
+                          tid: int | None = None, wchan: str = "", fault_at: float | None = None,
+                          deliver: bool = True) -> int:
         """:meth:`apply_remote` for several ranks at once (a lost host's): every state is set
         before any event is delivered, so a subscriber sees the whole host's view. Returns how
-        many updates were taken."""
+        many updates were taken. ``deliver=False``: states, failure and log line at once, but no
+        subscriber is called here (an agent hub under its lock); :meth:`deliver` does that, and so
+        does the next :meth:`check` or :meth:`flush` of any thread."""
         method = MonitorMethod(via)
         if method.signals:
             raise ValueError(f"a remote report comes via an agent or none, not {method}: a rank only heard of is "
@@ -334,7 +337,7 @@ class WorkerProcessMonitor:
             taken = merge_remote_reports(self._ranks.records, updates, via=method)
             for record in taken:
                 self._claim_locked(record, events, tid=tid, wchan=wchan, fault_at=fault_at)
-        self._publish(events)
+        self._publish(events, deliver=deliver)
         return len(taken)
 
     def _claim_locked(self, record: WatchedRank, events: list[WorkerEvent],
@@ -355,10 +358,17 @@ class WorkerProcessMonitor:
         events.append(event)
         self._log.append([event])  # under the monitor lock: the log's order is the state order
 
-    def _publish(self, events: list[WorkerEvent]) -> None:
+    def deliver(self) -> None:
+        """Give every subscriber, in this thread, the events recorded so far that it has not been
+        given (left to the thread delivering to it at the moment, if one is)."""
+        if not self._is_foreign_process():
+            self._log.deliver()
+
+    def _publish(self, events: list[WorkerEvent], *, deliver: bool = True) -> None:
         """Deliver (subscribers first: they act on the failure), then log each new event once
         (at DEBUG where a subscriber reports the events itself: one failure, one ERROR)."""
-        self._log.deliver()
+        if deliver:
+            self._log.deliver()
         for event in events:
             if self._subscriber_reports:
                 logger.debug("liveness: %s (reported by a subscriber)", event.message)

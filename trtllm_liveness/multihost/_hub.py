@@ -6,9 +6,9 @@ merges what the agents report into the engine's own :class:`~trtllm_liveness.Wor
 (:meth:`~trtllm_liveness.WorkerProcessMonitor.apply_remote`), so remote ranks have real states in
 ``statuses()`` and their fatal events take the path a local death takes (subscribers, health,
 pending requests failed, Dynamo, metrics, exit guard), exactly once per rank and kind. The hub
-never holds its lock across that, nor lends its thread to it: a :class:`~._hub_delivery.RemoteDelivery`
-applies the updates in order in a thread of its own, so a subscriber may ask the hub for a
-snapshot or a stop and be answered.
+applies the states at once but never calls a subscriber under its lock or lends it its thread: a
+:class:`~._hub_delivery.RemoteDelivery` delivers the events in a thread of its own, so a subscriber
+may ask the hub for a snapshot or a stop and be answered.
 
 What ends a remote host's session, and what the proxy then reports:
 
@@ -40,7 +40,7 @@ import threading
 import time
 from typing import TYPE_CHECKING, Any
 
-from .._events import WorkerState
+from .._events import MonitorMethod, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..monitor._progress_clock import ProgressClock
 from ..process._identity import ProcessIdentity, local_hostname
@@ -74,6 +74,7 @@ logger = logging.getLogger(__name__)
 _REJECT_LOG_EVERY = 1000
 _POLL_MS = 1000  # the thread's wait is bounded; the wake pipe ends it at once for close() and commands
 _PROBE_POLL_MS = 50  # while an unmatched connection's end is still being looked for
+_DELIVERY_CLOSE_S = 0.5  # at close, how long a subscriber still busy with a remote event is waited for
 _PROBE_S = 2.0  # how long it is looked for (the ROUTER may drop the routing id a little after the event)
 _DRAIN_PER_ROUND = 256
 _DRAIN_BEFORE_CLOSE = 4096
@@ -136,7 +137,7 @@ class AgentHub:
         self._cond = threading.Condition()
         self._commands: collections.deque[HubCommand | SnapshotCommand] = collections.deque()
         self._book = SnapshotBook(self._cond)  # snapshot requests and replies, remote iterations
-        self._delivery = RemoteDelivery(monitor)  # remote updates to the monitor, off this hub's thread
+        self._delivery = RemoteDelivery(monitor)  # remote ranks' events to the subscribers, off the hub's thread
         self._sessions: dict[str, Session] = {}
         self._by_key: dict[Key, str] = {}
         self._closed_keys: dict[Key, Ending] = {}
@@ -192,8 +193,15 @@ class AgentHub:
         self._ctx, self._sock = ctx, sock
         advertise = self.advertise or (self.bind if self.bind not in ("*", "0.0.0.0") else local_hostname())
         self.endpoint = f"tcp://{advertise}:{self.port}"
-        self._thread = threading.Thread(target=self._run, name="trtllm-liveness-agent-hub", daemon=True)
-        self._thread.start()
+        self._delivery.start()
+        thread = threading.Thread(target=self._run, name="trtllm-liveness-agent-hub", daemon=True)
+        try:
+            thread.start()
+        except BaseException:
+            self._delivery.close(_DELIVERY_CLOSE_S)
+            self._release()
+            raise
+        self._thread = thread
         logger.info("liveness: agent hub listening on %s (heartbeat timeout %.2f s)", self.endpoint,
                     self.heartbeat_timeout_s)
         return self
@@ -239,8 +247,6 @@ class AgentHub:
             stops = [s.stop or HostStop(s.host, s.agent.rank, tuple(r.rank for r in s.ranks), "no-answer",
                                         detail=f"no report within {timeout_s:.1f} s")
                      for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
-        # The hosts' ranks' last states (exited, lost) reach the monitor before the caller reads it.
-        self._delivery.wait_idle(max(0.0, deadline - time.monotonic()))
         return stops
 
     def snapshot(self, timeout_s: float, *, cpu_window_s: float = 0.1, stacks: bool = True,
@@ -274,7 +280,7 @@ class AgentHub:
             self._thread.join(timeout)
         if self._thread is None:
             self._release()
-        self._delivery.close(max(0.0, deadline - time.monotonic()))
+        self._delivery.close(max(_DELIVERY_CLOSE_S, deadline - time.monotonic()))
 
     # ----------------------------------------------------------------- the thread
 
@@ -501,9 +507,10 @@ class AgentHub:
         self._apply_many([(identity, state, detail)], **extra)
 
     def _apply_many(self, updates: list[tuple[ProcessIdentity, WorkerState, str]], **extra: Any) -> None:
-        # Queued under the hub's lock, in its order; the monitor and its subscribers get them in
-        # the delivery's thread, so a subscriber may ask the hub anything and be answered.
-        self._delivery.put(updates, **extra)
+        # The monitor's states now, under the hub's lock and in its order; its subscribers in the
+        # delivery's thread, so a subscriber may ask the hub anything and be answered.
+        if self.monitor.apply_remote_many(updates, via=MonitorMethod.AGENT, deliver=False, **extra):
+            self._delivery.poke()
 
     def _check_silence(self) -> None:
         """Read every connection's silence when a decision may be due: once per timeout, and at once

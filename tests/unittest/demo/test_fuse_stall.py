@@ -226,7 +226,7 @@ def _switches(pid: int, tid: int) -> int | None:
 
 
 def test_slow_reads_are_answered_late_with_the_files_bytes(procs: ProcessTracker, fuse_stall: FuseStall) -> None:
-    reader, tid = procs.slow_reader(fuse_stall, 2.0)
+    reader, tid = procs.slow_reader(fuse_stall, 4.0)  # outlasts the two waits below on a loaded machine
     # Waiting for an answer: in D in the FUSE request, and each answer wakes it (a context switch).
     assert wait_until(lambda: _thread_state(reader.pid, tid) == "D", 10)
     assert _procfs.read_wchan(reader.pid, tid) == "request_wait_answer"

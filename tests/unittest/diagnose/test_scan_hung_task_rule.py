@@ -35,7 +35,7 @@ def _kill_pending_in_d(pid: int) -> bool:
 def test_scan_calls_slow_io_ok_and_a_thread_that_never_runs_d_state_then_unkillable(
     procs: ProcessTracker, fuse_stall: FuseStall, stuck_child: StuckChild
 ) -> None:
-    reader, reader_tid = procs.slow_reader(fuse_stall, 4.0)
+    reader, reader_tid = procs.slow_reader(fuse_stall, 8.0)  # outlasts the wait and the scan on a loaded machine
     stuck = stuck_child.popen
     assert wait_until(lambda: state_of(stuck.pid) == "D", 10)
     result = scan([reader.pid, stuck.pid], window_s=1.0, samples=5)

@@ -370,7 +370,9 @@ def test_slow_io_in_d_at_every_sample_is_not_a_wedge_beside_a_real_one(
     times the timeout, in D at nearly every sample yet making progress, raises nothing; a real
     wedge watched by the same monitor at the same time is reported."""
     timeout_s, interval_s = 2.0, 0.25
-    reader, reader_tid = procs.slow_reader(fuse_stall, 3 * timeout_s)
+    # It reads for longer than the test watches, so its thread is still there for the last count
+    # of its context switches however late a loaded machine ends the watch.
+    reader, reader_tid = procs.slow_reader(fuse_stall, 5 * timeout_s)
     stuck = stuck_child.popen
     events: list[WorkerEvent] = []
     with WorkerProcessMonitor(d_state_timeout_s=timeout_s, scan_interval_s=interval_s) as monitor:
