@@ -322,19 +322,24 @@ from trtllm_liveness.exit import _outcome as o
 from trtllm_liveness.exit._snapshot_record import FatalSnapshot
 o.mark_running(3)
 o.record_outcome('rank 1 died', True, 3).join(10)
-o.record_snapshot(FatalSnapshot('died of rank 1', 1.0e9, 12.0, 'rank 1 is gone', (), 1)).join(10)
-o.record_unrestartable('rank 2 unkillable', 69).join(10)
+snapshot = lambda: o.record_snapshot(FatalSnapshot('died of rank 1', 1.0e9, 12.0, 'rank 1 is gone', (), 1)).join(10)
+turn = lambda: o.record_unrestartable('rank 2 unkillable', 69).join(10)
+for step in sys.argv[1:]:
+    {"snapshot": snapshot, "turn": turn}[step]()
 assert o.record_unrestartable('rank 2 unkillable', 69) is None  # once
 sys.exit(14)
 """
 
 
-def test_a_failure_turned_unrestartable_is_rewritten_in_its_file_with_its_snapshot(tmp_path: Path) -> None:
+@pytest.mark.parametrize("order", [("snapshot", "turn"), ("turn", "snapshot")])
+def test_a_failure_turned_unrestartable_is_rewritten_in_its_file_with_its_snapshot(tmp_path: Path,
+                                                                                   order: tuple[str, str]) -> None:
     """Where the pipe brought nothing (no FIFO, a wrapper on another host), the file decides: it must
-    say "do not restart here" after a rank was left unkillable, and keep the snapshot written before."""
+    say "do not restart here" after a rank was left unkillable, with the snapshot, in either order."""
     from trtllm_liveness.exit._outcome import OUTCOME_ENV
 
-    done = subprocess.run([sys.executable, "-c", UNRESTARTABLE_FILE], env={**os.environ, OUTCOME_ENV: str(tmp_path)},
+    done = subprocess.run([sys.executable, "-c", UNRESTARTABLE_FILE, *order],
+                          env={**os.environ, OUTCOME_ENV: str(tmp_path)},
                           capture_output=True, text=True, timeout=30 * WAIT_SCALE, check=False)
     assert done.returncode == 14, done.stderr
     (outcome,) = read_outcomes(str(tmp_path))
