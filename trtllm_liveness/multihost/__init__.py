@@ -10,6 +10,8 @@
 - :mod:`._agent_quarantine`: a rank of that host that cannot be ended quarantines that host, by
   its own agent (its marker, the actions for its own node), never the proxy's;
 - :mod:`._hub_records`: the hub's result types, sessions and checks of each agent message;
+  :mod:`._hub_endings`: what a session's end means; :mod:`._hub_delivery`: remote events to the
+  monitor's subscribers off the hub's thread; :mod:`._hub_router`: its bound ROUTER socket;
 - :mod:`._drill_faults`: a drill's fault in a remote rank, asked by the hub, made by its host's agent;
 - :mod:`._wire`: the authenticated messages between them; :mod:`._tcp`: why a connection ended.
 

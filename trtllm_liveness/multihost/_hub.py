@@ -5,20 +5,10 @@ socket's monitor, a :class:`~._tcp.ConnectionTable`, a wakeup pipe and every age
 merges what the agents report into the engine's own :class:`~trtllm_liveness.WorkerProcessMonitor`
 (:meth:`~trtllm_liveness.WorkerProcessMonitor.apply_remote`), so remote ranks have real states in
 ``statuses()`` and their fatal events take the path a local death takes (subscribers, health,
-pending requests failed, Dynamo, metrics, exit guard), exactly once per rank and kind. The hub
-applies the states at once but never calls a subscriber under its lock or lends it its thread: a
-:class:`~._hub_delivery.RemoteDelivery` delivers the events in a thread of its own, so a subscriber
-may ask the hub for a snapshot or a stop and be answered.
+pending requests failed, Dynamo, metrics, exit guard), exactly once per rank and kind; the states
+at once, the subscribers' calls off its thread (:mod:`._hub_delivery`).
 
-What ends a remote host's session, and what the proxy then reports:
-
-- an ``event`` from its agent: that rank died, wedged or is unkillable (the agent's own monitor);
-- its connection **closed** (FIN/RST, milliseconds): the agent's rank exited (or its host went
-  down with it); that rank is reported dead, the host's other ranks lost;
-- its connection **silent**: no data (its agent's ZMTP PINGs, sent by ZMQ's I/O thread) for
-  ``heartbeat_timeout_s`` makes the host **suspect**, never lost by itself; it is **lost** once
-  the engine's progress stops too, or past the ceiling (:mod:`._host_silence`). On its side the
-  agent ends its host's ranks past the ceiling (:mod:`._agent`).
+What ends a remote host's session, and what the proxy then reports: :mod:`._hub_endings`.
 
 Nothing from the network is trusted: each message is authenticated (:mod:`._wire`), size-capped,
 checked for replay and for fields of the right type and range; a bad one costs a rate-limited
@@ -63,6 +53,7 @@ from ._hub_records import (
     parse_state,
     refusal,
 )
+from ._hub_router import open_router
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, HostSnapshot, IterationSink, SnapshotBook, SnapshotCommand
 from ._tcp import Closure, ConnectionTable, Ending, Key, Silence
 
@@ -165,32 +156,7 @@ class AgentHub:
 
     def start(self) -> AgentHub:
         """Bind (in this thread, so a bad address raises here) and start the hub's thread."""
-        import zmq
-
-        ctx = zmq.Context(io_threads=1)
-        sock = ctx.socket(zmq.ROUTER)
-        try:
-            sock.setsockopt(zmq.LINGER, 500)
-            sock.setsockopt(zmq.SNDTIMEO, 0)
-            sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-            sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
-            sock.setsockopt(zmq.HANDSHAKE_IVL, 5000)  # a peer that never completes ZMTP holds its fds 5 s, not 30
-            # The agents PING (every PING_INTERVAL_TIMEOUTS timeouts) and this ZMQ answers: what
-            # _check_silence reads. The hub sends no PINGs and ZMQ never drops a connection on its
-            # own account: whether a silent host is lost is the hub's decision (SilenceRule).
-            self._monitor_sock = sock.get_monitor_socket(zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED)
-            host = "*" if self.bind in ("*", "0.0.0.0") else self.bind
-            if self.port:
-                sock.bind(f"tcp://{host}:{self.port}")
-            else:
-                self.port = sock.bind_to_random_port(f"tcp://{host}")
-        except Exception:
-            if self._monitor_sock is not None:
-                self._monitor_sock.close(0)
-            sock.close(0)
-            ctx.term()
-            raise
-        self._ctx, self._sock = ctx, sock
+        self._ctx, self._sock, self._monitor_sock, self.port = open_router(self.bind, self.port)
         advertise = self.advertise or (self.bind if self.bind not in ("*", "0.0.0.0") else local_hostname())
         self.endpoint = f"tcp://{advertise}:{self.port}"
         self._delivery.start()
@@ -507,8 +473,7 @@ class AgentHub:
         self._apply_many([(identity, state, detail)], **extra)
 
     def _apply_many(self, updates: list[tuple[ProcessIdentity, WorkerState, str]], **extra: Any) -> None:
-        # The monitor's states now, under the hub's lock and in its order; its subscribers in the
-        # delivery's thread, so a subscriber may ask the hub anything and be answered.
+        # States now, in the hub's order; subscribers in the delivery's thread: they may ask the hub.
         if self.monitor.apply_remote_many(updates, via=MonitorMethod.AGENT, deliver=False, **extra):
             self._delivery.poke()
 
