@@ -21,6 +21,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Generator, Iterator
@@ -201,6 +202,11 @@ def pytest_sessionstart(session: pytest.Session) -> None:
     # directory fails the run: a test, or something it started, did not get the session's.
     os.environ[QUARANTINE_DIR_VAR] = os.path.join(check.path, "quarantine")
     _MACHINE_QUARANTINE.append(MachineDirectoryCheck(DEFAULT_QUARANTINE_DIR))
+    # A run started as a shell's background job has SIGINT ignored, and every child would inherit
+    # that (a Python started so never raises KeyboardInterrupt): the tests of Ctrl-C paths would
+    # hang. The children get the default disposition, as from a terminal.
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # Registered before any configure_mpi_env() of a test, so it runs after that one's removal.
     atexit.register(check.remove)
 
