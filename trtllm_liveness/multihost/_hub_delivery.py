@@ -22,6 +22,8 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["RemoteDelivery"]
 
+_IDLE_WAIT_S = 5.0  # the longest single wait of the idle thread (it rechecks, then waits again)
+
 
 class RemoteDelivery:
     """One thread delivering the monitor's events each time :meth:`poke` is called."""
@@ -64,7 +66,7 @@ class RemoteDelivery:
         while True:
             with self._cond:
                 while not self._due and not self._closing:
-                    self._cond.wait()
+                    self._cond.wait(_IDLE_WAIT_S)  # bounded; poke() and close() notify at once
                 due, self._due = self._due, False
                 closing = self._closing
             if due:
