@@ -7,26 +7,32 @@ each beside what upstream (or the plain procfs read) does without it, baseline a
 interleaved round by round (median over ``--rounds``; CPU of the calling thread, ``thread_time``):
 
 - ``dispatch_busy_added_ns`` / ``dispatch_idle_added_ns``: per response batch, upstream's
-  ``dispatch_result_task()`` through the extension's wrapper (the executor class's mixin and its
-  :class:`DispatchGate`) minus upstream's own blocking receive, on a real ZMQ PAIR socket over
-  TCP loopback (the result queue's kind): "busy" with the batches already queued (a loaded
-  engine), "idle" with each batch sent only once the receiver waits (the sender spins
-  ``--gap-us`` between batches). Upstream is reduced to the receive: what it does with a batch
-  is the same with and without the extension;
+  ``dispatch_result_task()`` on the executor class (the mixin over upstream's, with its engine
+  state on and its results table, a :class:`ForgottenResults`) minus upstream's own, on a real ZMQ
+  PAIR socket over TCP loopback (the result queue's kind): "busy" with the batches already
+  queued (a loaded engine), "idle" with each batch sent only once the receiver waits (the sender
+  spins ``--gap-us`` between batches). Upstream is reduced to the receive and 1.2's lookup of the
+  response's request in ``_results``;
+- ``extension_calls_per_batch``: calls of the package's Python functions per dispatched batch
+  (a profiler in the dispatch thread, in a run of its own, not timed);
 - ``submit_added_ns``: per request, the mixin's ``submit()`` (the fatal checks, the send lock)
   minus upstream's, reduced to handing the request on;
-- ``note_output_ns`` / ``note_submitted_ns``: the stall timer's note per dispatched batch and per
-  submitted request (a running :class:`StallDetector`, a request pending), which the wrappers
-  add when ``stall_timeout_s`` is set;
+- ``note_submitted_ns``: the stall timer's note per submitted request (a running
+  :class:`StallDetector`, a request pending), which the submit wrapper adds;
+- ``output_sample_us``: one read of the dispatch thread's activity, the output progress the
+  clock samples (per read of the clock, at most once a second by the stall timer while a request
+  is pending: never per request);
 - ``scan_us`` by thread count: one :class:`ThreadSampler` sample of a process with that many
   threads (its kept fds), beside ``scan_by_path_us``: the same thread states read by path (a
   ``listdir`` and an open-read-close per thread, as :func:`sample_d_state` does);
-- ``request_added_us``: the extension's CPU for one tiny request (one batch): the worse dispatch
-  case, the submit, both notes. ``bench_overhead.py`` reports the proxy's whole CPU per request
-  without the extension (``proxy_cpu_us_per_request_off``): their ratio bounds what these calls
-  can take from a proxy-bound engine's throughput.
+- ``request_added_us`` (also ``extension_cpu_us_per_request``): the extension's CPU for one tiny
+  request (one batch): the worse dispatch case, the submit, its note. ``bench_overhead.py``
+  reports the proxy's whole CPU per request without the extension
+  (``proxy_cpu_us_per_request_off``): their ratio bounds what these calls can take from a
+  proxy-bound engine's throughput.
 
-Check: a sample with kept fds costs less than the reads by path at 13 threads and more.
+Checks: no call of the package per batch; a sample with kept fds costs less than the reads by path
+at 13 threads and more.
 
 Usage: scripts/bench_request_path.py [--json] [--rounds N] [--batches N] [--gap-us U]
 """
@@ -36,6 +42,7 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -44,9 +51,10 @@ from typing import Any
 import _bench
 
 from trtllm_liveness._config import LivenessConfig
+from trtllm_liveness.integrations.trtllm._engine_stall import dispatch_activity
 from trtllm_liveness.integrations.trtllm._mixin import LivenessProxyMixin
 from trtllm_liveness.integrations.trtllm._state import STATE_ATTR, EngineLiveness
-from trtllm_liveness.integrations.trtllm._upstream_teardown import DispatchGate
+from trtllm_liveness.integrations.trtllm._upstream_teardown import forget_results
 from trtllm_liveness.monitor._stall_timer import StallDetector
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._thread_sampler import ThreadSampler
@@ -54,26 +62,24 @@ from trtllm_liveness.process._thread_sampler import ThreadSampler
 THREAD_COUNTS = (1, 13, 64)
 
 
-class _ResultQueue:
-    """Upstream's result queue as the gate reads it: the ZMQ socket it holds."""
-
-    def __init__(self, socket: Any) -> None:
-        self.socket = socket
+PACKAGE = os.path.dirname(os.path.abspath(sys.modules["trtllm_liveness"].__file__ or ""))
 
 
 class _Upstream:
     """Upstream's proxy reduced to its two request-path methods: ``submit`` hands the request on,
-    ``dispatch_result_task`` receives one batch from the result queue (a blocking receive)."""
+    ``dispatch_result_task`` receives one batch (a blocking receive) and looks its request up as
+    1.2 does (``_results[client_id]``)."""
 
     def __init__(self, socket: Any) -> None:
-        self.result_queue = _ResultQueue(socket)
-        self._results: dict[int, Any] = {}
+        self.socket = socket
+        self._results: dict[int, Any] = {0: None}
 
     def submit(self, request: Any) -> Any:
         return request
 
     def dispatch_result_task(self) -> bool:
-        return bool(self.result_queue.socket.recv())
+        self._results[0]
+        return bool(self.socket.recv())
 
 
 class _WithLiveness(LivenessProxyMixin, _Upstream):
@@ -82,23 +88,28 @@ class _WithLiveness(LivenessProxyMixin, _Upstream):
 
 def _proxy(liveness: bool, socket: Any) -> _Upstream:
     """An engine's proxy without starting an engine: the mixin's per-engine state set directly (on,
-    with its dispatch gate; the stall timer's notes are timed on their own below)."""
+    with its results table as the constructor leaves it; the stall timer's note is timed on its own
+    below)."""
     if not liveness:
         return _Upstream(socket)
     proxy = _WithLiveness.__new__(_WithLiveness)
     _Upstream.__init__(proxy, socket)
-    proxy.__dict__[STATE_ATTR] = EngineLiveness(config=LivenessConfig(enabled=True), dispatch_gate=DispatchGate())
+    proxy.__dict__[STATE_ATTR] = EngineLiveness(config=LivenessConfig(enabled=True))
+    forget_results(proxy)
     return proxy
 
 
-def _close(proxy: _Upstream) -> None:
-    state = proxy.__dict__.get(STATE_ATTR)
-    if state is not None and state.dispatch_gate is not None:
-        state.dispatch_gate.close()
+def _count_package_calls(calls: list[int]) -> Callable[[Any, str, Any], None]:
+    def profile(frame: Any, event: str, _arg: Any) -> None:
+        if event == "call" and frame.f_code.co_filename.startswith(PACKAGE):
+            calls[0] += 1
+
+    return profile
 
 
-def _dispatch_cpu_ns(liveness: bool, busy: bool, batches: int, gap_s: float) -> float:
-    """CPU ns per batch of upstream's result thread calling ``dispatch_result_task()``."""
+def _dispatch_cpu_ns(liveness: bool, busy: bool, batches: int, gap_s: float, calls: list[int] | None = None) -> float:
+    """CPU ns per batch of upstream's result thread calling ``dispatch_result_task()``; with
+    ``calls``, the package's Python calls in that thread are counted into ``calls[0]`` instead."""
     import zmq
 
     context = zmq.Context()
@@ -116,10 +127,13 @@ def _dispatch_cpu_ns(liveness: bool, busy: bool, batches: int, gap_s: float) -> 
 
     def receiver() -> None:
         waiting.set()
+        if calls is not None:
+            sys.setprofile(_count_package_calls(calls))
         t0 = time.thread_time_ns()
         for _ in range(batches):
             proxy.dispatch_result_task()
         result.append((time.thread_time_ns() - t0) / batches)
+        sys.setprofile(None)
 
     try:
         if busy:
@@ -140,7 +154,6 @@ def _dispatch_cpu_ns(liveness: bool, busy: bool, batches: int, gap_s: float) -> 
         if thread.is_alive() or not result:
             raise RuntimeError("the receiver did not finish")
     finally:
-        _close(proxy)
         server.close(0)
         client.close(0)
         context.term()
@@ -149,10 +162,7 @@ def _dispatch_cpu_ns(liveness: bool, busy: bool, batches: int, gap_s: float) -> 
 
 def _submit_cpu_ns(liveness: bool, calls: int) -> float:
     proxy = _proxy(liveness, None)
-    try:
-        return _per_call_ns(lambda: proxy.submit(1), calls)
-    finally:
-        _close(proxy)
+    return _per_call_ns(lambda: proxy.submit(1), calls)
 
 
 def _per_call_ns(call: Callable[[], object], calls: int) -> float:
@@ -162,14 +172,31 @@ def _per_call_ns(call: Callable[[], object], calls: int) -> float:
     return (time.thread_time_ns() - t0) / calls
 
 
-def _notes_ns(calls: int) -> tuple[float, float]:
+def _note_submitted_ns(calls: int) -> float:
     detector = StallDetector(3600.0, lambda: 1, on_stall=lambda info: None)
     detector.start()
     try:
-        return (_per_call_ns(detector.note_progress, calls),
-                _per_call_ns(lambda: detector.note_submitted(was_idle=False), calls))
+        return _per_call_ns(lambda: detector.note_submitted(was_idle=False), calls)
     finally:
         detector.close()
+
+
+def _output_sample_us(samples: int) -> float:
+    """One read of a dispatch thread's activity (a thread of this process, blocked)."""
+    done = threading.Event()
+
+    class Proxy:
+        dispatch_result_thread = threading.Thread(target=done.wait, daemon=True)
+
+    proxy = Proxy()
+    proxy.dispatch_result_thread.start()
+    try:
+        import weakref
+
+        return _per_call_ns(dispatch_activity(weakref.ref(proxy)), samples) / 1000
+    finally:
+        done.set()
+        proxy.dispatch_result_thread.join(10)
 
 
 def _scan_us(threads: int, samples: int) -> tuple[float, float]:
@@ -216,13 +243,14 @@ def main() -> int:
                 add(key, _dispatch_cpu_ns(liveness, busy, args.batches, args.gap_us / 1e6))
         for liveness in order:
             add(f"submit_{'liveness' if liveness else 'upstream'}_ns", _submit_cpu_ns(liveness, args.batches))
-        note_output, note_submitted = _notes_ns(args.batches)
-        add("note_output_ns", note_output)
-        add("note_submitted_ns", note_submitted)
+        add("note_submitted_ns", _note_submitted_ns(args.batches))
+        add("output_sample_us", _output_sample_us(2000))
         for count in THREAD_COUNTS:
             kept, by_path = _scan_us(count, 2000)
             add(f"scan_us_{count}", kept)
             add(f"scan_by_path_us_{count}", by_path)
+    calls = [0]
+    _dispatch_cpu_ns(True, True, args.batches, 0.0, calls)
     med = {key: statistics.median(values) for key, values in rows.items()}
     spread = {key: (min(values), max(values)) for key, values in rows.items()}
     result: dict[str, Any] = {}
@@ -231,13 +259,14 @@ def main() -> int:
         result[f"{step}_upstream_ns"] = without
         result[f"{step}_liveness_ns"] = with_it
         result[f"{step}_added_ns"] = with_it - without
-    for key in ("note_output_ns", "note_submitted_ns"):
-        result[key] = med[key]
+    result["note_submitted_ns"] = med["note_submitted_ns"]
+    result["output_sample_us"] = med["output_sample_us"]
+    result["extension_calls_per_batch"] = calls[0] / args.batches
     result["scan_us"] = {str(count): round(med[f"scan_us_{count}"], 2) for count in THREAD_COUNTS}
     result["scan_by_path_us"] = {str(count): round(med[f"scan_by_path_us_{count}"], 2) for count in THREAD_COUNTS}
     result["request_added_us"] = (max(result["dispatch_busy_added_ns"], result["dispatch_idle_added_ns"])
-                                  + result["submit_added_ns"] + result["note_output_ns"]
-                                  + result["note_submitted_ns"]) / 1000
+                                  + result["submit_added_ns"] + result["note_submitted_ns"]) / 1000
+    result["extension_cpu_us_per_request"] = result["request_added_us"]
     result["rounds"] = args.rounds
 
     print(f"{'figure (median over rounds; [min..max])':44s} {'baseline':>22s} {'with the extension':>22s}")
@@ -248,14 +277,18 @@ def main() -> int:
         print(f"{label:44s} "
               f"{med[b]:8.0f} [{spread[b][0]:.0f}..{spread[b][1]:.0f}] "
               f"{med[g]:8.0f} [{spread[g][0]:.0f}..{spread[g][1]:.0f}]")
-    labels = (("note_output_ns", "stall note per batch, ns"), ("note_submitted_ns", "stall note per request, ns"))
-    for key, label in labels:
-        print(f"{label:44s} {'-':>22s} {med[key]:8.0f} [{spread[key][0]:.0f}..{spread[key][1]:.0f}]")
+    key = "note_submitted_ns"
+    print(f"{'stall note per request, ns':44s} {'-':>22s} {med[key]:8.0f} [{spread[key][0]:.0f}..{spread[key][1]:.0f}]")
+    key = "output_sample_us"
+    print(f"{'output sample (<= 1/s while pending), us':44s} {'-':>22s} {med[key]:8.2f} "
+          f"[{spread[key][0]:.2f}..{spread[key][1]:.2f}]")
+    print(f"{'calls of the package per batch':44s} {'':22s} {result['extension_calls_per_batch']:22.3f}")
     for count in THREAD_COUNTS:
         k, p = f"scan_us_{count}", f"scan_by_path_us_{count}"
         print(f"{f'wedge scan of a {count}-thread process, us':44s} {med[p]:22.2f} {med[k]:22.2f}")
     print(f"{'the extension per tiny request (one batch), us':44s} {'':22s} {result['request_added_us']:22.2f}")
-    checks = [(f"scan with kept fds cheaper than reads by path at {count} threads",
+    checks = [("no call of the package per batch", result["extension_calls_per_batch"] == 0)]
+    checks += [(f"scan with kept fds cheaper than reads by path at {count} threads",
                med[f"scan_us_{count}"] < med[f"scan_by_path_us_{count}"]) for count in THREAD_COUNTS if count >= 13]
     return _bench.finish(checks, result, as_json=args.json, wall_s=time.monotonic() - started)
 

@@ -5,14 +5,17 @@ went silent is lost only once the engine, whose every step needs every rank, als
 progress with requests pending (:mod:`trtllm_liveness.multihost._hub`); a rank stopped by a signal
 is a fatal verdict only under the same condition (:mod:`._stopped_rank`). Progress is
 
-- an output of any request reaching the proxy (:meth:`ProgressClock.note_output`, upstream's
-  dispatch thread: one clock read and one store, no lock);
 - an executor iteration a rank reported (:meth:`ProgressClock.note_iteration`, with the
   iteration's own time: a beat's delay never makes the engine look quieter than it was... except
   by the beats not yet sent, at most one beat interval: the owner keeps that interval a fraction
   of every bound read here);
 - a request submitted to an idle engine (:meth:`ProgressClock.note_submitted`): idle time never
-  counts, so the clock of a busy engine starts when its work does.
+  counts, so the clock of a busy engine starts when its work does;
+- where no rank ever reported an iteration (1.2.x), output reaching the proxy, sampled
+  (:meth:`ProgressClock.sample_output`): the ``activity`` count (the context switches of upstream's
+  dispatch thread, which runs only when a response arrives) is read whenever the clock is read,
+  and a change dates output at that read. Nothing runs per response; an output is dated late by
+  at most the time between two reads, which makes the engine look busier, never quieter.
 
 An idle engine (nothing pending) has no quiet time at all: :meth:`ProgressClock.quiet_s` is None.
 An engine whose steps are long (a prefill of a huge prompt, a first-request autotune) is quiet for a
@@ -39,13 +42,16 @@ GAP_MARGIN = 1.5
 
 class ProgressClock:
     """The engine's progress; see the module docstring. ``pending()`` returns how many requests
-    are pending now (``len()`` of the proxy's results: atomic, never blocks)."""
+    are pending now (``len()`` of the proxy's results: atomic, never blocks); ``activity()`` a
+    count that changes when output reaches the proxy (None when unknown; never blocks)."""
 
-    def __init__(self, pending: Callable[[], int]) -> None:
+    def __init__(self, pending: Callable[[], int], activity: Callable[[], int | None] | None = None) -> None:
         self._pending = pending
+        self._activity = activity
+        self._activity_seen: int | None = None
         self._lock = threading.Lock()
         now = time.monotonic()
-        self._output_at = now  # one writer: upstream's dispatch thread
+        self._output_at = now
         self._iteration_at = now
         self._busy_since = now
         self._gaps: collections.deque[tuple[float, float]] = collections.deque()  # (at, gap), gaps decreasing
@@ -53,9 +59,24 @@ class ProgressClock:
         """Whether any rank ever reported an executor iteration: without iterations only output is
         progress, and a long non-streaming generation outputs nothing until it ends."""
 
-    def note_output(self) -> None:
-        """A response reached the proxy now."""
-        self._output_at = time.monotonic()
+    def sample_output(self) -> float:
+        """Read the activity count: the monotonic time of the last output known (a change since the
+        last read is output now); 0.0 once ranks report iterations, which are then the progress."""
+        with self._lock:
+            return self._sample_locked()
+
+    def _sample_locked(self) -> float:
+        if self.iterations_seen:
+            return 0.0
+        if self._activity is not None:
+            try:
+                count = self._activity()
+            except Exception:
+                count = None
+            if count is not None and count != self._activity_seen:
+                self._activity_seen = count
+                self._output_at = time.monotonic()
+        return self._output_at
 
     def note_iteration(self, at: float) -> None:
         """A rank's executor iteration at monotonic ``at`` (a time in the future counts as now)."""
@@ -102,8 +123,7 @@ class ProgressClock:
     def last_progress(self) -> float:
         """Monotonic time of the last progress (or of the start of the current work)."""
         with self._lock:
-            iteration_at = self._iteration_at
-        return max(self._output_at, iteration_at, self._busy_since)
+            return max(self._sample_locked(), self._iteration_at, self._busy_since)
 
     def quiet_s(self, now: float | None = None) -> float | None:
         """Seconds without progress while requests are pending; None while the engine is idle."""

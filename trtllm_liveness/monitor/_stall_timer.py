@@ -11,7 +11,10 @@ resumes.
 Event-driven, not a poll: one thread (owned here, with its condition variable as its only wakeup)
 sleeps until the earliest moment a stall is possible (last progress + timeout) and, while the
 engine is idle or already stalled, until it is woken. Progress only moves that moment later, so
-noting it is one short lock and never wakes the thread, except to end a stall. The callbacks run in
+noting it is one short lock and never wakes the thread, except to end a stall. Progress the owner
+can only sample (``probe``: output seen by a count, not told) is read at each of the thread's
+decisions, at most :data:`PROBE_INTERVAL_S` apart while a request is pending or a stall is under
+way. The callbacks run in
 that thread, one at a time and never under the lock: ``on_stall`` exactly once per stall, then
 ``on_resume`` exactly once when it ends (unless the detector is closed first).
 
@@ -36,6 +39,9 @@ logger = logging.getLogger(__name__)
 _RECHECK_S = 60.0
 """Bound on each wait of the timer where only a wakeup can change its decision (idle, stalled):
 each bound passed is one re-evaluation, which decides the same."""
+PROBE_INTERVAL_S = 1.0
+"""Bound on each wait of the timer that has a ``probe`` (with work pending or stalled): sampled
+progress is dated at most this late."""
 
 
 class ProgressSource:
@@ -127,6 +133,9 @@ class StallDetector:
             so it must not block (``len()`` of the proxy's results dict).
         on_stall: called once per stall with its :class:`StallInfo`.
         on_resume: called once when that stall ends, with the ended :class:`StallInfo`.
+        probe: returns the monotonic time of the latest progress only sampling shows (output, see
+            :meth:`~trtllm_liveness.monitor._progress_clock.ProgressClock.sample_output`); called
+            from the detector's thread under its lock, so it must not block.
         clock: monotonic clock (tests may not replace time; benchmarks read it).
 
     Thread-safe: every public method may be called from any thread, concurrently with the timer.
@@ -135,6 +144,7 @@ class StallDetector:
     def __init__(self, timeout_s: float, pending: Callable[[], int], *,
                  on_stall: Callable[[StallInfo], None],
                  on_resume: Callable[[StallInfo], None] | None = None,
+                 probe: Callable[[], float] | None = None,
                  name: str = "trtllm-liveness-stall") -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
@@ -142,6 +152,7 @@ class StallDetector:
         self._pending = pending
         self._on_stall = on_stall
         self._on_resume = on_resume
+        self._probe = probe
         self._cond = threading.Condition(threading.Lock())
         self._last = time.monotonic()
         self._last_source = ProgressSource.STARTED
@@ -180,6 +191,11 @@ class StallDetector:
         """A request was submitted; ``was_idle``: no request was pending just before it. Only
         then does the clock restart (a new request is not progress of a stalled engine); a stall
         under way then ends too (with nothing pending, it was over)."""
+        if not was_idle and not self._idle:
+            # A busy engine's request: nothing to note. A timer turning idle meanwhile (the request
+            # it saw finished) looks again within its wait's bound, with a probe at most
+            # PROBE_INTERVAL_S later.
+            return
         now = time.monotonic()
         with self._cond:
             if was_idle and now > self._last:
@@ -235,8 +251,22 @@ class StallDetector:
                 except Exception:
                     logger.exception("liveness: a stall callback raised")
 
+    def _sample_locked(self) -> None:
+        if self._probe is None:
+            return
+        try:
+            at = self._probe()
+        except Exception:
+            logger.debug("liveness: the stall detector's probe raised", exc_info=True)
+            return
+        if at > self._last:
+            self._last = at
+            self._last_source = ProgressSource.OUTPUT
+
     def _step_locked(self) -> Callable[[], None] | None:
         """One decision of the timer, under the lock: wait, or return the callback to run."""
+        self._sample_locked()
+        bound = _RECHECK_S if self._probe is None else PROBE_INTERVAL_S
         current = self._current
         if current is not None:
             if self._last > current.last_progress_at:
@@ -244,12 +274,12 @@ class StallDetector:
                 self._current = None
                 on_resume = self._on_resume
                 return None if on_resume is None else (lambda: on_resume(ended))
-            self._cond.wait(_RECHECK_S)  # stalled: until progress (or close) wakes us
+            self._cond.wait(bound)  # stalled: until progress (or close) wakes us
             return None
         now = time.monotonic()
         deadline = self._last + self.timeout_s
         if now < deadline:
-            self._cond.wait(deadline - now)
+            self._cond.wait(min(deadline - now, bound))
             return None
         try:
             pending = int(self._pending())
@@ -259,7 +289,7 @@ class StallDetector:
         if pending <= 0:
             # Idle: never a stall. Wait until a submission (note_submitted) wakes us.
             self._idle = True
-            self._cond.wait(_RECHECK_S)
+            self._cond.wait(bound)
             self._idle = False
             return None
         self._count += 1

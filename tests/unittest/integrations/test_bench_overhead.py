@@ -24,7 +24,8 @@ pytestmark = [pytest.mark.real_process, pytest.mark.timeout(900), needs("mpi")]
 
 REPO = Path(__file__).resolve().parents[3]
 SCRIPT = REPO / "scripts" / "bench_overhead.py"
-FIGURES = ("throughput_ratio", "added_latency_p50_us", "added_latency_p99_us", "tick_ns", "tick_mean_ns",
+FIGURES = ("throughput_ratio", "proxy_cpu_per_request_ratio", "added_latency_p50_us", "added_latency_p99_us",
+           "tick_ns", "tick_mean_ns",
            "proxy_cpu_ms_per_s_idle", "rank_cpu_ms_per_s_idle", "threads_added_proxy", "threads_added_rank",
            "rss_added_kib_proxy", "rss_added_kib_rank", "added_proxy_cpu_us_per_request",
            "added_leader_cpu_us_per_request")

@@ -33,8 +33,9 @@ def test_small_run_reports_every_figure(procs: ProcessTracker) -> None:
         for part in ("upstream", "liveness"):
             assert result[f"{step}_{part}_ns"] > 0
         assert isinstance(result[f"{step}_added_ns"], float)
-    for key in ("note_output_ns", "note_submitted_ns", "request_added_us"):
+    for key in ("note_submitted_ns", "output_sample_us", "request_added_us", "extension_cpu_us_per_request"):
         assert isinstance(result[key], float) and result[key] > 0, key
+    assert result["extension_calls_per_batch"] == 0  # a count, not a speed: nothing of the package per batch
     for key in ("scan_us", "scan_by_path_us"):
         assert set(result[key]) == {"1", "13", "64"} and all(value > 0 for value in result[key].values())
     assert result["rounds"] == 1

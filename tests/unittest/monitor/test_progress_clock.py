@@ -16,7 +16,8 @@ pytestmark = [pytest.mark.timeout(60)]
 
 def test_an_idle_engine_has_no_quiet_time_and_a_busy_ones_grows_until_progress() -> None:
     pending = [0]
-    clock = ProgressClock(lambda: pending[0])
+    activity = [0]
+    clock = ProgressClock(lambda: pending[0], lambda: activity[0])
     assert clock.quiet_s() is None
     pending[0] = 1
     clock.note_submitted(was_idle=True)
@@ -25,12 +26,14 @@ def test_an_idle_engine_has_no_quiet_time_and_a_busy_ones_grows_until_progress()
     time.sleep(0.05)
     later = clock.quiet_s()
     assert later is not None and later >= first + 0.05
-    clock.note_output()
+    activity[0] += 1  # upstream's dispatch thread ran: output reached the proxy
     after_output = clock.quiet_s()
     assert after_output is not None and after_output < later
     assert not clock.iterations_seen
     clock.note_iteration(time.monotonic() + 60)  # a time in the future counts as now
     assert clock.iterations_seen and clock.last_progress() <= time.monotonic()
+    activity[0] += 1
+    assert clock.sample_output() == 0.0  # with iterations reported, they are the progress
 
 
 def test_a_long_step_raises_the_quiet_bound_and_a_silent_host_is_not_lost_for_it() -> None:
@@ -70,7 +73,8 @@ def test_racing_notes_and_reads_keep_progress_monotonic_and_the_longest_gap_a_re
     """Writers (iterations from several ranks' beats, outputs, submissions) race readers (the
     hub's and the monitor's bounds) for a while: no reader ever sees the last progress go back, no
     call raises, and the longest gap read at the end is no longer than the longest any writer made."""
-    clock = ProgressClock(lambda: 1)
+    activity = [0]
+    clock = ProgressClock(lambda: 1, lambda: activity[0])
     stop = threading.Event()
     errors: list[BaseException] = []
     made: list[float] = []
@@ -90,7 +94,8 @@ def test_racing_notes_and_reads_keep_progress_monotonic_and_the_longest_gap_a_re
     def other_writers() -> None:
         try:
             while not stop.is_set():
-                clock.note_output()
+                activity[0] += 1
+                clock.sample_output()
                 clock.note_submitted(was_idle=False)
         except BaseException as exc:
             errors.append(exc)
@@ -123,3 +128,66 @@ def test_racing_notes_and_reads_keep_progress_monotonic_and_the_longest_gap_a_re
     assert errors == [] and seen_back == []
     # Each writer's own gap bounds the engine's (the max over ranks moves at least as often).
     assert 0 < clock.longest_gap_s() <= max(made) + 0.001
+
+
+def test_output_is_the_dispatch_threads_activity_and_a_stall_timer_samples_it() -> None:
+    """1.2.x reports no iterations: output is the only progress, seen as the context switches of
+    upstream's dispatch thread (a real thread blocked in a real ZMQ receive). The count moves for
+    each message it receives and stays while nothing arrives; a stall timer that only samples it
+    declares no stall while messages keep coming, and one once they stop."""
+    import weakref
+
+    import zmq
+
+    from trtllm_liveness.integrations.trtllm._engine_stall import dispatch_activity
+    from trtllm_liveness.monitor._stall_timer import StallDetector
+
+    context = zmq.Context()
+    server, client = context.socket(zmq.PAIR), context.socket(zmq.PAIR)
+    server.bind("inproc://dispatch-activity")
+    client.connect("inproc://dispatch-activity")
+    received: list[bytes] = []
+
+    def dispatch() -> None:
+        while (message := server.recv()) != b"end":
+            received.append(message)
+
+    class Proxy:  # upstream's attribute, as the fakes' proxy holds it
+        dispatch_result_thread = threading.Thread(target=dispatch, name="proxy_dispatch_result_thread")
+
+    proxy = Proxy()
+    activity = dispatch_activity(weakref.ref(proxy))
+    assert activity() is None  # no thread yet (upstream starts it with the first request)
+    proxy.dispatch_result_thread.start()
+    stalls: list[object] = []
+    try:
+        client.send(b"0")
+        while len(received) < 1:
+            time.sleep(0.001)
+        first = activity()
+        time.sleep(0.05)  # nothing arrives: the thread stays in its receive
+        assert first is not None and activity() == first
+        client.send(b"1")
+        while len(received) < 2:
+            time.sleep(0.001)
+        assert activity() != first
+
+        clock = ProgressClock(lambda: 1, activity)
+        detector = StallDetector(1.5, lambda: 1, on_stall=stalls.append, probe=clock.sample_output).start()
+        try:
+            for index in range(60):  # 3 s of output, a message every 0.05 s: no stall
+                client.send(str(index).encode())
+                time.sleep(0.05)
+            assert stalls == []
+            deadline = time.monotonic() + 30
+            while not stalls and time.monotonic() < deadline:  # output stops: a stall
+                time.sleep(0.05)
+            assert len(stalls) == 1
+        finally:
+            detector.close()
+    finally:
+        client.send(b"end")
+        proxy.dispatch_result_thread.join(10)
+        server.close(0)
+        client.close(0)
+        context.term()

@@ -21,8 +21,9 @@ Where each part lives::
     _engine_stall.py  stall detection of an engine (progress in, stall out) and its diagnoses
     _progress.py      executor iterations as progress: the ranks' counter and the proxy's listener
     _fatal.py         the fatal path (publish, fail, guard, then pre_shutdown in a helper)
-    _upstream_teardown.py  upstream's own teardown left nothing to wait for: its dispatch thread's
-                      gate, the worker futures after the bounded stop, running upstream's shutdown
+    _upstream_teardown.py  upstream's own teardown left nothing to wait for: the results table that
+                      drops late responses, the worker futures and the dispatch thread's end marker
+                      after the bounded stop, running upstream's shutdown
     _classes.py       liveness_proxy_class, liveness_executor_class, patch_tensorrt_llm
     _doctor.py        what ``trtllm-liveness doctor`` reports
 
@@ -34,12 +35,13 @@ Data flow::
         main: upstream's identities message -> shim.register -> monitor
     READY -> arm the wedge timer (and, with stall_timeout_s, the stall timer)
     monitor watcher: death / wedge -> fatal path (_fatal.py)
-    output (dispatch_result_task) / rank iterations (HangDetector.checkpoint) -> stall timer
+    rank iterations (HangDetector.checkpoint) / else output (dispatch thread activity, sampled) -> stall timer
         -> stalled: statuses + WARNING with diagnosis (report) or the fatal path (fatal)
     pre_shutdown() / shim.close() / healthy shutdown() -> expected exits (not deaths)
-    fatal path / bounded stop -> DispatchGate closed: upstream's dispatch thread ends
+    fatal path -> requests failed and forgotten (a late response is dropped: ForgottenResults)
     shutdown() -> upstream's in a daemon thread, then stop_processes (bounded), then upstream's
-        futures failed: upstream's shutdown() has nothing left to wait for (_engine_shutdown.py)
+        futures failed and its dispatch thread given the end marker: upstream's shutdown() has
+        nothing left to wait for (_engine_shutdown.py)
 
 **Exit on fatal** (``exit_on_fatal``, off by default, for servers such as ``trtllm-serve`` whose
 ``/health`` never restarts them after a killed rank, TensorRT-LLM #18663): ``exit_delay_s`` after

@@ -12,9 +12,10 @@ Data flow of :func:`shutdown_engine`::
       failed:  stop_workers at once
       stop_workers: after a fatal verdict its snapshot first (the same bound);
                     the stopped ranks' exits expected (no deaths), one INFO line each
-      after stop_workers: upstream's waits released (its futures failed: _upstream_teardown)
+      after stop_workers: upstream's waits released (its futures failed, its dispatch thread
+                          given the end marker: _upstream_teardown)
     upstream still blocked 1 s later: the session abandoned
-    release (dispatch gate, hub, channel, stall timer, monitor, metrics; the fatal path's and the
+    release (hub, channel, stall timer, monitor, metrics; the fatal path's and the
     diagnosis' threads joined, each until its deadline); the outcome marked clean, or the unkillable ranks
     recorded as the fatal error
 
@@ -47,7 +48,7 @@ from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
 from ._hosts import stop_remote_hosts
 from ._request_socket import owns_request_socket, zmq_debug
 from ._state import EngineLiveness, state_of
-from ._upstream_teardown import abandon_session, close_dispatch, release_upstream_waits
+from ._upstream_teardown import abandon_session, owns_session, release_upstream_waits
 
 if TYPE_CHECKING:
     from ._mixin import LivenessProxyMixin
@@ -95,12 +96,12 @@ def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_s
         if owned:
             wait_exit(state, deadline)
             report = stop_workers(state)
-            release_upstream_waits(state, report)
+            release_upstream_waits(proxy, state, report)
         # else: the ranks belong to the caller's session (mpirun's job): they keep serving it
         # after this engine is gone, and are never signalled by a healthy shutdown.
     else:
         report = stop_workers(state)
-        release_upstream_waits(state, report)
+        release_upstream_waits(proxy, state, report)
     upstream.join(_UPSTREAM_SHUTDOWN_AFTER_STOP_S)
     if upstream.is_alive():
         logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
@@ -115,12 +116,6 @@ def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_s
                 state.fatal = WorkerFailedError(events[0])
         if events and getattr(proxy, "_fatal_error", None) is None:
             proxy._fatal_error = state.fatal
-
-
-def owns_session(proxy: object, state: EngineLiveness) -> bool:
-    """Whether the proxy created its MPI session (upstream's ``_owns_mpi_session`` where it has one)."""
-    owns = getattr(proxy, "_owns_mpi_session", None)
-    return owns if isinstance(owns, bool) else state.owns_session
 
 
 def wait_exit(state: EngineLiveness, deadline: float) -> None:
@@ -210,7 +205,6 @@ def release(state: EngineLiveness) -> None:
     deadline (the exit guard's trigger first stops waiting for ``exit_delay_s``). A thread still
     running then (``pre_shutdown()`` blocked on a dead peer) is named in one WARNING."""
     state.closing.set()
-    close_dispatch(state)
     if state.stop_at_exit is not None:
         process_ending().discard_cleanup(state.stop_at_exit, Stage.STOP)
     if state.hub is not None:

@@ -2,9 +2,10 @@
 
 :class:`EngineStall` ties together, for one proxy:
 
-- the progress sources: output (the mixin's ``dispatch_result_task`` wrapper calls
-  :meth:`EngineStall.note_output`), executor iterations reported by the ranks
-  (:class:`._progress.ProgressChannel`), and submissions on an idle engine (the clock starts);
+- the progress sources: executor iterations reported by the ranks
+  (:class:`._progress.ProgressChannel`), submissions on an idle engine (the clock starts), and,
+  where no rank reports iterations, output: the activity of upstream's dispatch thread, sampled
+  (:func:`dispatch_activity`; nothing runs per response);
 - the :class:`~trtllm_liveness.monitor._stall_timer.StallDetector` (armed at READY: nothing is pending before);
 - what a stall does (``stall_action``): ``report`` shows the ranks ``stalled`` in the monitor's
   statuses (hence the metrics and Dynamo's ``/engine/liveness``) and logs one WARNING per stall
@@ -36,6 +37,7 @@ from ...exit._process_ending import OwnedThreads
 from ...monitor._progress_clock import ProgressClock
 from ...monitor._stall_timer import ProgressSource, StallDetector, StallInfo
 from ...process._identity import ProcessIdentity
+from ...process._procfs import read_status
 
 if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
@@ -84,6 +86,23 @@ def pending_counter(ref: weakref.ReferenceType[Any]) -> Callable[[], int]:
         return 0 if proxy is None else pending_count(proxy)
 
     return pending
+
+
+def dispatch_activity(ref: weakref.ReferenceType[Any]) -> Callable[[], int | None]:
+    """The context switches of upstream's dispatch thread (``dispatch_result_thread``): it blocks
+    in its receive between responses, so the count changes whenever output reached the proxy.
+    None while there is no such thread (it starts with the first request)."""
+    def activity() -> int | None:
+        thread = getattr(ref(), "dispatch_result_thread", None)
+        tid = getattr(thread, "native_id", None)
+        if not isinstance(tid, int):
+            return None
+        try:
+            return read_status("self", tid).context_switches
+        except (OSError, ValueError):
+            return None
+
+    return activity
 
 
 def beat_interval(*bounds_s: float) -> float:
@@ -237,13 +256,14 @@ class EngineStall:
     stall timer only with ``timeout_s`` > 0. Thread-safe."""
 
     def __init__(self, *, timeout_s: float, fatal: bool, monitor: WorkerProcessMonitor,
-                 pending: Callable[[], int], diagnoser: Diagnoser) -> None:
+                 pending: Callable[[], int], diagnoser: Diagnoser,
+                 activity: Callable[[], int | None] | None = None) -> None:
         self.timeout_s = timeout_s
         self.fatal = fatal
         self._monitor = monitor
         self._pending = pending
         self._diagnoser = diagnoser
-        self.clock = ProgressClock(pending)
+        self.clock = ProgressClock(pending, activity)
         self._lock = threading.Lock()
         self._iterations: dict[int, RankIterations] = {}
         self.channel: ProgressChannel | None = None
@@ -284,12 +304,6 @@ class EngineStall:
 
         self._on_beat(IterationBeat(rank, count, at))
 
-    def note_output(self) -> None:
-        self.clock.note_output()
-        detector = self.detector
-        if detector is not None:
-            detector.note_progress(ProgressSource.OUTPUT)
-
     def note_submitted(self, was_idle: bool) -> None:
         self.clock.note_submitted(was_idle=was_idle)
         detector = self.detector
@@ -309,7 +323,7 @@ class EngineStall:
             if self._closed or self.detector is not None or self.timeout_s <= 0:
                 return
             self.detector = StallDetector(self.timeout_s, self._pending, on_stall=self._on_stall,
-                                          on_resume=self._on_resume)
+                                          on_resume=self._on_resume, probe=self.clock.sample_output)
         self.detector.start()
 
     def _on_stall(self, info: StallInfo) -> None:

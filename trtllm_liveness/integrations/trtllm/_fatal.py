@@ -12,12 +12,12 @@
    began (what that SIGINT leads to), see ``_engine_shutdown.graceful``;
 2. publish: upstream's ``_set_fatal_error`` where present, ``_fatal_error`` in any case (Dynamo
    reads it);
-3. end upstream's dispatch thread (its :class:`~._upstream_teardown.DispatchGate` closes; a batch it
-   holds is dispatched first, nothing after), then fail pending work: every pending request
-   (upstream's ``_mark_engine_dead`` where present, an ``ErrorResponse`` per request otherwise),
-   then removed from ``_results`` so that upstream's ``pre_shutdown()`` sends no
-   ``CancellingRequest`` for it; on 1.2.x mpi4py's exit join of the pool thread is released
-   (main's ``_mark_engine_dead`` does that itself) when the proxy owns the session; then the one
+3. fail pending work: every pending request (upstream's ``_mark_engine_dead`` where present, an
+   ``ErrorResponse`` per request otherwise), then removed from ``_results`` so that upstream's
+   ``pre_shutdown()`` sends no ``CancellingRequest`` for it (a response still in flight for one
+   is dropped: :class:`~._upstream_teardown.ForgottenResults`); on 1.2.x mpi4py's exit join of
+   the pool thread is released (main's ``_mark_engine_dead`` does that itself) when the proxy
+   owns the session; then the one
    ERROR line, with the evidence read from ``/proc`` now (:func:`fatal_evidence`), which also goes
    to the termination log (Kubernetes' ``terminationMessagePath``, config ``termination_log``)
    from a daemon thread; the snapshot that follows (:func:`report_snapshot`) adds itself there;
@@ -33,9 +33,8 @@
    guard on, step 1 set ``doing_shutdown``, so upstream's ``pre_shutdown()`` returns at its first
    check: the send that may hang exists only without ``exit_on_fatal``.)
 
-Steps 1-3 never block (no socket send, no join; step 3 waits at most for one dispatch of a batch
-already received); they run in the thread that delivered the event (the monitor's watcher, or a
-``check_health()`` caller that found it). The threads of steps 4 and 5 are the engine's
+Steps 1-3 never block (no socket send, no join); they run in the thread that delivered the event
+(the monitor's watcher, or a ``check_health()`` caller that found it). The threads of steps 4 and 5 are the engine's
 (``EngineLiveness.threads``), joined with their bounds when it is released; the records' writes
 and the quarantine are the process's ending's (:mod:`trtllm_liveness.exit`).
 """
@@ -44,8 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import sys
-import threading
 import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
@@ -59,6 +56,7 @@ from ...exit._termination_log import MESSAGE_LIMIT_BYTES, amend_termination_mess
 from .._futures import fail_pending
 from ._features import find_symbol, warn_once
 from ._state import EngineLiveness
+from ._upstream_teardown import ForgottenResults, release_exit_joins
 
 if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
@@ -91,10 +89,6 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
     if state.exit_guard is not None:
         mark_shutdown_signalled(proxy)
     publish_fatal(proxy, error)
-    if state.dispatch_gate is not None:
-        # Before the requests are failed and forgotten: upstream's dispatch thread finishes the
-        # batch it holds, then ends, and dispatches no response in flight for a forgotten request.
-        state.dispatch_gate.close()
     fail_requests(proxy, error)
     release_exit_joins(proxy, state)
     # The line's evidence reads every rank's thread states (milliseconds for 8 ranks of 100
@@ -256,6 +250,8 @@ def publish_fatal(proxy: Any, error: WorkerFailedError) -> None:
 def fail_requests(proxy: Any, error: WorkerFailedError) -> None:
     """Fail every pending request with the engine's error and forget it; never blocks."""
     results: Any = getattr(proxy, "_results", None)
+    if isinstance(results, ForgottenResults):
+        results.failed = True  # before any is forgotten: a late response for one is dropped
     mark_dead = getattr(proxy, "_mark_engine_dead", None)
     if callable(mark_dead):
         try:
@@ -286,67 +282,6 @@ def fail_request(proxy: Any, client_id: Any, error: BaseException) -> None:
         _notify_async(result.queue)
     except Exception:
         logger.exception("liveness: could not fail request %r", client_id)
-
-
-def release_exit_joins(proxy: Any, state: EngineLiveness) -> bool:
-    """Let the interpreter exit although the dead world never ends mpi4py's pool thread; True when
-    nothing of that thread is left in the exit joins (released now or before), False otherwise.
-
-    main: ``_mark_engine_dead`` calls ``mpi_session.release_exit_joins()``. 1.2.x: nothing does,
-    so the pool thread is removed from mpi4py's exit-join table here, feature-detected, only for
-    a session the proxy owns (created itself). Idempotent: logs at INFO when it released something;
-    once it succeeded, ``state.exit_join_released`` says so (the pool's thread may no longer be
-    reachable later: mpi4py drops it from the executor when its shutdown begins)."""
-    if state.exit_join_released:
-        return True
-    session = getattr(proxy, "mpi_session", None)
-    if session is None or callable(getattr(session, "release_exit_joins", None)):
-        return True
-    if not _owns_session(proxy, state):
-        return False
-    core = sys.modules.get("mpi4py.futures._core")
-    table = getattr(core, "THREADS_QUEUES", None)
-    thread = getattr(getattr(getattr(session, "mpi_pool", None), "_pool", None), "thread", None)
-    if table is None or thread is None:
-        warn_once("exit-join", type(session).__qualname__, "liveness: no mpi4py exit-join table to release for "
-                  "%s (another mpi4py layout): the interpreter's exit may wait for the dead world's pool thread "
-                  "unless exit_on_fatal", type(session).__qualname__)
-        return False
-    try:
-        released = table.pop(thread, None) is not None
-        # mpi4py's manager thread is not a daemon where threading has _register_atexit, so
-        # threading's own shutdown joins it too (through _shutdown_locks): a wedged world never
-        # lets it end. Upstream main's _abandon_mpi_pool_threads drops that lock the same way.
-        locks = getattr(threading, "_shutdown_locks", None)
-        locks_lock = getattr(threading, "_shutdown_locks_lock", None)
-        if locks is None or locks_lock is None:
-            if not thread.is_alive():
-                state.exit_join_released = True  # an ended thread is joined at once
-                return True
-            # CPython 3.13+ tracks non-daemon threads in C: nothing here can release that join.
-            warn_once("exit-join", "threading", "liveness: this Python joins mpi4py's pool thread at exit in a way "
-                      "the extension cannot release: after a death the interpreter may wait for the dead world "
-                      "at exit unless exit_on_fatal")
-            return False
-        lock = getattr(thread, "_tstate_lock", None)  # None once the thread ended
-        if lock is not None:
-            with locks_lock:  # threading's own lock for that set (Thread.start adds to it)
-                released = lock in locks or released
-                locks.discard(lock)
-    except Exception:
-        logger.debug("liveness: releasing mpi4py's exit join failed", exc_info=True)
-        return False
-    if released:
-        logger.info("liveness: released mpi4py's exit join of %s (the world is dead)", thread.name)
-    state.exit_join_released = True
-    return True
-
-
-def _owns_session(proxy: Any, state: EngineLiveness) -> bool:
-    owns = getattr(proxy, "_owns_mpi_session", None)
-    if isinstance(owns, bool):
-        return owns
-    return state.owns_session
 
 
 def _trigger_exit_guard(state: EngineLiveness, error: WorkerFailedError) -> None:

@@ -14,10 +14,9 @@ Each override delegates to upstream when liveness is disabled. With liveness on:
   diagnosis) runs in the monitor's delivery only; ``check_health`` and a clean stop's check reach
   it through one door, ``_liveness_deliver`` (the monitor's check and flush), never beside it;
 - ``shutdown``: the bounded shutdown of :mod:`._engine_shutdown`;
-- ``dispatch_result_task`` (upstream's result thread): waits in the engine's
-  :class:`~._upstream_teardown.DispatchGate` (closed after a fatal error or the bounded stop, which
-  ends the thread); each dispatched response is progress for the stall timer (``stall_timeout_s``,
-  :mod:`._engine_stall`).
+- upstream's result thread (``dispatch_result_task``) is not overridden: nothing of the extension
+  runs per response batch (its table is a :class:`~._upstream_teardown.ForgottenResults`; the
+  thread's activity is the output progress, :mod:`._engine_stall`).
 
 The fatal path itself is :mod:`._fatal`.
 """
@@ -48,6 +47,7 @@ from ._engine_stall import (
     AFTER_FATAL_DELAY_S,
     Diagnoser,
     EngineStall,
+    dispatch_activity,
     iteration_counts,
     pending_count,
     pending_counter,
@@ -70,7 +70,7 @@ from ._request_socket import owns_request_socket, quiet_after_fatal
 from ._shim import MonitorShim
 from ._startup import announce, arm_wedges, export_metrics, new_monitor, wrap_session
 from ._state import MISSING, STATE_ATTR, EngineLiveness, state_of
-from ._upstream_teardown import DispatchGate, run_upstream_shutdown
+from ._upstream_teardown import forget_results, run_upstream_shutdown
 
 if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
@@ -117,6 +117,8 @@ class LivenessProxyMixin:
                 self._liveness_start(state, args, kwargs)
                 export_metrics(state, llm_args)
             super().__init__(worker_kwargs, *args, **kwargs)  # type: ignore[call-arg]
+            if config.enabled:
+                forget_results(self)  # before any request: upstream's constructor just returned
         except BaseException:
             # Nobody will call shutdown() on an engine whose constructor failed: stop and close what
             # was started (the watcher, the stall timer, the hub, the process ending's cleanup), once.
@@ -144,7 +146,6 @@ class LivenessProxyMixin:
             process_ending().add_cleanup(state.stop_at_exit, Stage.STOP)
         state.monitor = monitor  # before start(): a failure from here on closes it (abort_start)
         monitor.start()
-        state.dispatch_gate = DispatchGate()
         mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success
         state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits, own_view=config.observe)
         state.diagnoser = Diagnoser(lambda: monitor.verified_identities(), iteration_counts(state))
@@ -152,7 +153,7 @@ class LivenessProxyMixin:
         # the stall timer runs only with stall_timeout_s.
         state.stall = EngineStall(timeout_s=config.stall_timeout_s, fatal=config.stall_action == "fatal",
                                   monitor=monitor, pending=pending_counter(weakref.ref(self)),
-                                  diagnoser=state.diagnoser)
+                                  diagnoser=state.diagnoser, activity=dispatch_activity(weakref.ref(self)))
         announce(type(self)._liveness_base, config)
 
     # -- public view ---------------------------------------------------------------------
@@ -349,21 +350,6 @@ class LivenessProxyMixin:
                 state.hub.expect_exits()
 
     # -- overrides -----------------------------------------------------------------------
-
-    def dispatch_result_task(self) -> Any:
-        """Upstream's result dispatch (one response batch per call, in its result thread), made
-        once a batch can be received; False, which ends the thread, once the engine's dispatch gate
-        is closed. Each dispatched batch is progress for the stall timer."""
-        state = state_of(self)
-        gate = state.dispatch_gate
-        if gate is None:
-            more = super().dispatch_result_task()  # type: ignore[misc]
-        else:
-            more = gate.dispatch(getattr(self, "result_queue", None), super().dispatch_result_task)  # type: ignore[misc]
-        stall = state.stall
-        if stall is not None and more:
-            stall.note_output()
-        return more
 
     def submit(self, request: Any) -> Any:
         """Upstream's submit; raises the engine-dead error at once after a fatal event, and fails

@@ -31,7 +31,6 @@ if TYPE_CHECKING:  # optional extras: imported only where an engine uses them
     from ...multihost._hub import AgentHub
     from ...multihost._hub_records import HostStop
     from ..prometheus import LivenessMetrics
-    from ._upstream_teardown import DispatchGate
 
 STATE_ATTR = "_liveness"
 
@@ -83,8 +82,6 @@ class EngineLiveness:
             ``submit()``'s (``abort_request()`` follows a submit; ``pre_shutdown()`` sends last).
         stall: the engine's stall detection (``stall_timeout_s`` > 0), else None.
         diagnoser: the bounded snapshots of the local ranks (at a stall, a wedge, a fatal error).
-        dispatch_gate: where upstream's dispatch thread waits for responses; closed by the fatal
-            path and after the bounded stop, which ends that thread (liveness on only).
         exit_join_released: the extension released mpi4py's exit join of the owned pool's thread
             (1.2.x, after a death; main's session does it itself).
         metrics: the engine's ``LivenessMetrics`` when the extension exported them itself
@@ -134,7 +131,6 @@ class EngineLiveness:
     metrics: LivenessMetrics | None = None
     stall: EngineStall | None = None
     diagnoser: Diagnoser | None = None
-    dispatch_gate: DispatchGate | None = None
     exit_join_released: bool = False
     hub: AgentHub | None = None
     would_fail: dict[EventKind, int] = field(default_factory=dict)

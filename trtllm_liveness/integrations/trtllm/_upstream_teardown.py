@@ -5,16 +5,17 @@ dispatch and teardown after a death")::
 
     worker futures (upstream holds mirrors)   <- failed by the fatal path, and by
                                                   release_upstream_waits() once the bounded stop ran
-    dispatch thread, in a receive on the      <- it waits in the DispatchGate instead: result socket
-    result queue (the leader's end marker        or the gate's wakeup; a closed gate ends the thread
-    never comes from a dead or stopped leader)   (the fatal path closes it, as does the bounded stop)
+    dispatch thread, in a receive on the      <- once the bounded stop ended the ranks, the end
+    result queue (the leader's end marker        marker is sent in the leader's place
+    never comes from a dead or stopped leader)   (:func:`end_dispatch`)
     1.2.x: the session's pool-thread join     <- ends by itself once every rank is gone; left only
                                                   by a rank that cannot be ended (wedged)
 
-The gate closes BEFORE the fatal path fails and forgets the pending requests, and a dispatch in
-progress finishes first: no response in flight is dispatched after that, so the 1.2-era lookup
-``_results[client_id]`` never meets a request the extension forgot (a ``KeyError`` logged at ERROR
-in upstream's thread), and the thread's join returns at once.
+Nothing of the extension runs per response batch: upstream's dispatch thread receives and
+dispatches as it does without it. After a fatal error, a response still in flight for a request
+the fatal path failed and forgot finds nothing in 1.2's ``_results[client_id]`` lookup: the table
+is a :class:`ForgottenResults`, whose miss, once the engine failed, drops the response instead of
+raising ``KeyError`` in upstream's thread (a present id is the dict's own lookup).
 
 :func:`run_upstream_shutdown` runs upstream's ``shutdown()`` (which ends by re-raising what its
 error queue holds: the engine's own failure is no news, DEBUG); :func:`abandon_session` is what the
@@ -25,33 +26,30 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import select
+import sys
 import threading
+import time
+import types
 from collections.abc import Callable
 from typing import Any
 
 from ..._events import WorkerFailedError
 from ...stop._stop_report import StopOutcome, StopReport
 from .._futures import fail_pending
-from ._fatal import release_exit_joins
-from ._features import log_once
+from ._features import log_once, warn_once
 from ._state import EngineLiveness
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
-DISPATCH_WAIT_S = 0.5
-"""How long closing the gate waits for a dispatch under way (one batch already received)."""
-
-_WAIT_TICK_MS = 1000
-"""The gate's poll timeout: the wakeup ends a wait at once; the tick only bounds each poll."""
-
-_ZMQ_EVENTS = 15
-_ZMQ_POLLIN = 1
-"""libzmq's ``ZMQ_EVENTS`` option and ``ZMQ_POLLIN`` bit (zmq.h), as plain ints: pyzmq's enums
-cost more per response batch than the check itself."""
+DISPATCH_END_S = 1.0
+"""How long :func:`end_dispatch` tries: the proxy's socket takes a new peer only once the old
+one's connection is gone, which its I/O thread notices a moment after the leader's exit."""
+_MARKER_RETRY_S = 0.1
 
 _SIGNALLED = (StopOutcome.EXITED_AFTER_TERM, StopOutcome.EXITED_AFTER_KILL, StopOutcome.UNKILLABLE)
+
+_DROPPED: Any = types.SimpleNamespace(queue=types.SimpleNamespace(put=lambda item: None), abort=lambda: None)
+"""What a response for a forgotten request finds: a result whose queue drops it."""
 
 
 class EngineStoppedError(RuntimeError):
@@ -59,143 +57,96 @@ class EngineStoppedError(RuntimeError):
     ``shutdown()`` ended their ranks (no rank can complete them any more)."""
 
 
-class DispatchGate:
-    """Where upstream's dispatch thread waits for its next response batch; closing it ends the thread.
+class ForgottenResults(dict[Any, Any]):
+    """Upstream's ``_results`` (client id -> result), put in its place when the engine starts.
+    Until :attr:`failed` is set (the fatal path, before it forgets the failed requests) it is the
+    dict it replaced: a missing id raises ``KeyError``. After, a missing id is a request the
+    extension failed and forgot: the lookup of 1.2's dispatch loop gets a result that drops the
+    response (kept under that id until upstream pops it with the request's final response)."""
 
-    Only upstream's dispatch thread calls :meth:`dispatch`. :meth:`close` may be called from any
-    thread, any number of times. The gate owns a wakeup pipe: made by the dispatch thread at its
-    first wait, written once by :meth:`close`, and closed once, by whichever of the two finds no
-    wait under way on it.
-    """
+    failed = False
 
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # guards _closed, _pipe, _waiting
-        self._dispatching = threading.Lock()  # held while upstream dispatches one received batch
-        self._closed = False
-        self._pipe: tuple[int, int] | None = None
-        self._waiting = False
-        self._poller: select.poll | None = None
-        self._polled: Any = None
-        self._queue: Any = None
-        self._socket: Any = None
+    def __missing__(self, key: Any) -> Any:
+        if not self.failed:
+            raise KeyError(key)
+        self[key] = _DROPPED
+        return _DROPPED
 
-    @property
-    def closed(self) -> bool:
-        return self._closed
 
-    def dispatch(self, result_queue: Any, upstream: Callable[[], Any]) -> Any:
-        """One call of upstream's ``dispatch_result_task``, made once a batch can be received
-        without blocking; False (upstream's thread ends) once the gate is closed. Blocks until
-        one of the two. A result queue without a ZMQ socket gets upstream's own blocking receive."""
-        if result_queue is not self._queue:
-            self._queue, self._socket = result_queue, result_socket(result_queue)
-        socket = self._socket
-        if socket is None:
-            log_once(logging.DEBUG, "dispatch-gate", type(result_queue).__qualname__,
-                     "liveness: result queue %s has no ZMQ socket: its dispatch thread is ended only by "
-                     "upstream", type(result_queue).__qualname__)
-            return False if self._closed else upstream()
-        if not self._wait_readable(socket):
-            return False
-        with self._dispatching:
-            if self._closed:
-                return False
-            return upstream()
+def forget_results(proxy: Any) -> None:
+    """Put a :class:`ForgottenResults` in the place of upstream's ``_results`` (a plain dict, before
+    any request: upstream's constructor just returned). Anything else is left as it is."""
+    results = getattr(proxy, "_results", None)
+    if type(results) is dict:
+        proxy._results = ForgottenResults(results)
 
-    def close(self, wait_s: float = DISPATCH_WAIT_S) -> None:
-        """Close the gate: the dispatch thread leaves its wait now, and dispatches nothing more.
-        Waits up to ``wait_s`` for a dispatch under way (of a batch already received) to finish.
-        Idempotent; never raises."""
-        with self._lock:
-            self._closed = True
-            if self._pipe is not None:
-                if self._waiting:
-                    with contextlib.suppress(OSError):
-                        os.write(self._pipe[1], b"x")
-                else:
-                    self._release_pipe()
-        if self._dispatching.acquire(timeout=wait_s):
-            self._dispatching.release()
-        else:
-            logger.debug("liveness: upstream's dispatch of a response batch still runs after %.1fs", wait_s)
 
-    def _wait_readable(self, socket: Any) -> bool:
-        """True once ``socket`` has a message; False once the gate is closed. The wait is a
-        ``poll()`` on the socket's ``ZMQ_FD`` and the wakeup pipe; ``ZMQ_FD`` only signals that the
-        socket's state may have changed (edge-triggered), so its ``ZMQ_EVENTS`` are read before
-        every wait, and a batch already waiting (the busy engine's case) needs no wait at all."""
-        import zmq
-
-        if self._closed:
-            return False
-        if socket.getsockopt(_ZMQ_EVENTS) & _ZMQ_POLLIN:
-            return True
-        with self._lock:
-            if self._closed:
-                return False
-            if self._pipe is None:
-                self._pipe = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-            if self._polled is not socket or self._poller is None:
-                self._poller = select.poll()
-                self._poller.register(socket.getsockopt(zmq.FD), select.POLLIN)
-                self._poller.register(self._pipe[0], select.POLLIN)
-                self._polled = socket
-            poller = self._poller
-            self._waiting = True
+def end_dispatch(proxy: Any) -> bool:
+    """End upstream's dispatch thread (``dispatch_result_thread``) with the end marker the leader
+    sends as it exits (``None``), sent by a client of upstream's own queue class (its framing and
+    signing) to the result queue's address; True once the thread ended (or never ran). The
+    proxy's PAIR socket takes this client only once the leader's connection is gone, so it is
+    called after the ranks were stopped, and the marker is sent again every ``_MARKER_RETRY_S``
+    until the thread ends, for :data:`DISPATCH_END_S` at most. A leader that cannot be ended keeps
+    its connection: the thread stays in its receive, and upstream's close of that socket (which
+    would raise in the receive, or abort in libzmq) is then skipped. Never raises."""
+    thread = getattr(proxy, "dispatch_result_thread", None)
+    if not isinstance(thread, threading.Thread) or not thread.is_alive():
+        return True
+    queue = getattr(proxy, "result_queue", None)
+    inner = getattr(queue, "queue", queue)  # 1.2's FusedIpcQueue wraps the ZeroMqQueue as .queue
+    address = getattr(inner, "address", None)
+    if address is None:
+        log_once(logging.DEBUG, "end-marker", type(queue).__qualname__, "liveness: result queue %s has no "
+                 "address: its dispatch thread is ended only by upstream", type(queue).__qualname__)
+        return False
+    deadline = time.monotonic() + DISPATCH_END_S
+    while thread.is_alive() and time.monotonic() < deadline:
         try:
-            while True:
-                if socket.getsockopt(_ZMQ_EVENTS) & _ZMQ_POLLIN:
-                    return not self._closed
-                poller.poll(_WAIT_TICK_MS)
-                if self._closed:
-                    return False
-        finally:
-            with self._lock:
-                self._waiting = False
-                if self._closed and self._pipe is not None:
-                    self._release_pipe()
-
-    def _release_pipe(self) -> None:
-        # Under self._lock, with no wait under way on the pipe.
-        assert self._pipe is not None
-        for fd in self._pipe:
-            with contextlib.suppress(OSError):
-                os.close(fd)
-        self._pipe = None
-        self._poller = self._polled = None
+            _send_end_marker(type(inner), address, getattr(inner, "use_hmac_encryption", True), thread)
+        except Exception:
+            logger.debug("liveness: sending the dispatch thread's end marker failed", exc_info=True)
+            break
+    if not thread.is_alive():
+        return True
+    for holder in {id(queue): queue, id(inner): inner}.values():
+        with contextlib.suppress(Exception):
+            holder.close = lambda: None  # type: ignore[union-attr]
+    logger.debug("liveness: upstream's dispatch thread still receives from a rank that cannot be ended; "
+                 "its socket is left open")
+    return False
 
 
-def result_socket(result_queue: Any) -> Any:
-    """The ZMQ socket behind upstream's result queue: the queue's own (``ZeroMqQueue``) or that of
-    the queue it wraps (1.2's ``FusedIpcQueue.queue``); None if there is none."""
-    for holder in (result_queue, getattr(result_queue, "queue", None)):
-        socket = getattr(holder, "socket", None)
-        if socket is not None and hasattr(socket, "getsockopt"):
-            return socket
-    return None
+def _send_end_marker(queue_cls: Any, address: Any, signed: bool, thread: threading.Thread) -> None:
+    """One try: a new client sends the marker and stays connected while the thread is given
+    ``_MARKER_RETRY_S`` to end (closing it drops a marker not yet delivered)."""
+    import zmq
+
+    client = queue_cls(address, is_server=False, socket_type=zmq.PAIR, name="trtllm_liveness_end_marker",
+                       use_hmac_encryption=signed)
+    try:
+        client.put_noblock(None, retry=0)
+        thread.join(_MARKER_RETRY_S)
+    finally:
+        client.socket.close(linger=0)
+        client.context.term()
 
 
-def close_dispatch(state: EngineLiveness) -> None:
-    """End upstream's dispatch thread (see :class:`DispatchGate`); never blocks beyond one dispatch."""
-    if state.dispatch_gate is not None:
-        state.dispatch_gate.close()
-
-
-def release_upstream_waits(state: EngineLiveness, report: StopReport | None) -> None:
+def release_upstream_waits(proxy: Any, state: EngineLiveness, report: StopReport | None) -> None:
     """After the bounded stop of ``shutdown()`` (``report``): once the engine failed, or once the stop
-    had to signal a rank (it did not leave by itself), nothing will ever send on the result queue
-    or complete a worker future, so the dispatch thread is ended and the futures upstream still
-    waits on are failed (with the engine's fatal error, else :class:`EngineStoppedError`). Ranks
-    that all left by themselves sent their end marker: nothing is done then. Never blocks beyond
-    one dispatch; never raises."""
+    had to signal a rank (it did not leave by itself), nothing will ever complete a worker future
+    or send the leader's end marker, so the futures upstream still waits on are failed (with the
+    engine's fatal error, else :class:`EngineStoppedError`) and the dispatch thread is ended
+    (:func:`end_dispatch`). Ranks that all left by themselves sent their end marker: nothing is
+    done then. Blocks at most :data:`DISPATCH_END_S`; never raises."""
     if state.fatal is None and (report is None or not any(
             worker.outcome in _SIGNALLED for worker in report.workers)):
         return
-    close_dispatch(state)
     futures = state.mpi_futures if isinstance(state.mpi_futures, list) else []
     error: BaseException = state.fatal if state.fatal is not None else EngineStoppedError(
         "the engine's ranks were stopped by the bounded shutdown")
     fail_pending(futures, error)
+    end_dispatch(proxy)
 
 
 def run_upstream_shutdown(shutdown: Callable[[], None], state: EngineLiveness) -> None:
@@ -245,3 +196,63 @@ def abandon_session(proxy: Any, state: EngineLiveness, owned: bool) -> None:
     log_once(logging.INFO, "abandon", "process", "liveness: the MPI session %s has no abandon() and its pool "
              "thread's exit join could not be released: the interpreter's exit may wait for it",
              type(session).__qualname__)
+
+
+def release_exit_joins(proxy: Any, state: EngineLiveness) -> bool:
+    """Let the interpreter exit although the dead world never ends mpi4py's pool thread; True when
+    nothing of that thread is left in the exit joins (released now or before), False otherwise.
+
+    main: ``_mark_engine_dead`` calls ``mpi_session.release_exit_joins()``. 1.2.x: nothing does,
+    so the pool thread is removed from mpi4py's exit-join table here, feature-detected, only for
+    a session the proxy owns (created itself). Idempotent: logs at INFO when it released something;
+    once it succeeded, ``state.exit_join_released`` says so (the pool's thread may no longer be
+    reachable later: mpi4py drops it from the executor when its shutdown begins)."""
+    if state.exit_join_released:
+        return True
+    session = getattr(proxy, "mpi_session", None)
+    if session is None or callable(getattr(session, "release_exit_joins", None)):
+        return True
+    if not owns_session(proxy, state):
+        return False
+    core = sys.modules.get("mpi4py.futures._core")
+    table = getattr(core, "THREADS_QUEUES", None)
+    thread = getattr(getattr(getattr(session, "mpi_pool", None), "_pool", None), "thread", None)
+    if table is None or thread is None:
+        warn_once("exit-join", type(session).__qualname__, "liveness: no mpi4py exit-join table to release for "
+                  "%s (another mpi4py layout): the interpreter's exit may wait for the dead world's pool thread "
+                  "unless exit_on_fatal", type(session).__qualname__)
+        return False
+    try:
+        released = table.pop(thread, None) is not None
+        # mpi4py's manager thread is not a daemon where threading has _register_atexit, so
+        # threading's own shutdown joins it too (through _shutdown_locks): a wedged world never
+        # lets it end. Upstream main's _abandon_mpi_pool_threads drops that lock the same way.
+        locks = getattr(threading, "_shutdown_locks", None)
+        locks_lock = getattr(threading, "_shutdown_locks_lock", None)
+        if locks is None or locks_lock is None:
+            if not thread.is_alive():
+                state.exit_join_released = True  # an ended thread is joined at once
+                return True
+            # CPython 3.13+ tracks non-daemon threads in C: nothing here can release that join.
+            warn_once("exit-join", "threading", "liveness: this Python joins mpi4py's pool thread at exit in a way "
+                      "the extension cannot release: after a death the interpreter may wait for the dead world "
+                      "at exit unless exit_on_fatal")
+            return False
+        lock = getattr(thread, "_tstate_lock", None)  # None once the thread ended
+        if lock is not None:
+            with locks_lock:  # threading's own lock for that set (Thread.start adds to it)
+                released = lock in locks or released
+                locks.discard(lock)
+    except Exception:
+        logger.debug("liveness: releasing mpi4py's exit join failed", exc_info=True)
+        return False
+    if released:
+        logger.info("liveness: released mpi4py's exit join of %s (the world is dead)", thread.name)
+    state.exit_join_released = True
+    return True
+
+
+def owns_session(proxy: object, state: EngineLiveness) -> bool:
+    """Whether the proxy created its MPI session (upstream's ``_owns_mpi_session`` where it has one)."""
+    owns = getattr(proxy, "_owns_mpi_session", None)
+    return owns if isinstance(owns, bool) else state.owns_session
