@@ -26,132 +26,74 @@ The core is standard-library only and Linux-specific (pidfds, procfs). Public AP
 
 # Names resolve on first use (PEP 562, as ``concurrent.futures`` does): the autoload ``.pth`` imports
 # this package in every interpreter of its environment, and with liveness off nothing but the
-# switch may run there. ``typing`` is not imported for the same reason.
+# switch may run there. Nothing is imported here, ``typing`` included, for the same reason.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._config import LivenessConfig as LivenessConfig
-    from ._errors import AccessDenied as AccessDenied
-    from ._errors import InvalidIdentityError as InvalidIdentityError
-    from ._errors import LivenessError as LivenessError
-    from ._errors import PidReused as PidReused
-    from ._errors import ProcessGone as ProcessGone
-    from ._errors import ProcessZombie as ProcessZombie
-    from ._events import EventKind as EventKind
-    from ._events import MonitorMethod as MonitorMethod
-    from ._events import RankStatus as RankStatus
-    from ._events import WorkerEvent as WorkerEvent
-    from ._events import WorkerFailedError as WorkerFailedError
-    from ._events import WorkerState as WorkerState
-    from .diagnose._diagnosis import Diagnosis as Diagnosis
-    from .diagnose._diagnosis import diagnose as diagnose
-    from .exit._exit_guard import FatalExitGuard as FatalExitGuard
-    from .monitor._monitor import WorkerProcessMonitor as WorkerProcessMonitor
-    from .monitor._stall_timer import StallDetector as StallDetector
-    from .monitor._stall_timer import StallInfo as StallInfo
-    from .process._identity import ProcessIdentity as ProcessIdentity
-    from .process._identity import capture_identity as capture_identity
-    from .process._identity import parse_identities as parse_identities
-    from .quarantine._host_policy import HostQuarantinedError as HostQuarantinedError
-    from .quarantine._host_policy import QuarantineCheck as QuarantineCheck
-    from .quarantine._host_policy import check_host as check_host
-    from .quarantine._host_policy import quarantine_host as quarantine_host
-    from .quarantine._marker import QuarantinedProcess as QuarantinedProcess
-    from .quarantine._marker import QuarantineMarker as QuarantineMarker
-    from .quarantine._marker import read_marker as read_marker
-    from .stop._bounded_stop import stop_processes as stop_processes
-    from .stop._stop_report import StopOutcome as StopOutcome
-    from .stop._stop_report import StoppedWorker as StoppedWorker
-    from .stop._stop_report import StopReport as StopReport
-    from .stop._stop_report import UnkillableWorker as UnkillableWorker
+    from collections.abc import Callable, Mapping, MutableMapping
+
+    from ._config import LivenessConfig
+    from ._errors import AccessDenied, InvalidIdentityError, LivenessError, PidReused, ProcessGone, ProcessZombie
+    from ._events import EventKind, MonitorMethod, RankStatus, WorkerEvent, WorkerFailedError, WorkerState
+    from .diagnose._diagnosis import Diagnosis, diagnose
+    from .exit._exit_guard import FatalExitGuard
+    from .monitor._monitor import WorkerProcessMonitor
+    from .monitor._stall_timer import StallDetector, StallInfo
+    from .process._identity import ProcessIdentity, capture_identity, parse_identities
+    from .quarantine._host_policy import HostQuarantinedError, QuarantineCheck, check_host, quarantine_host
+    from .quarantine._marker import QuarantinedProcess, QuarantineMarker, read_marker
+    from .stop._bounded_stop import stop_processes
+    from .stop._stop_report import StopOutcome, StoppedWorker, StopReport, UnkillableWorker
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AccessDenied",
-    "Diagnosis",
-    "EventKind",
-    "FatalExitGuard",
-    "HostQuarantinedError",
-    "InvalidIdentityError",
-    "LivenessConfig",
-    "LivenessError",
-    "MonitorMethod",
-    "PidReused",
-    "ProcessGone",
-    "ProcessIdentity",
-    "ProcessZombie",
-    "QuarantineCheck",
-    "QuarantineMarker",
-    "QuarantinedProcess",
-    "RankStatus",
-    "StallDetector",
-    "StallInfo",
-    "StopOutcome",
-    "StopReport",
-    "StoppedWorker",
-    "UnkillableWorker",
-    "WorkerEvent",
-    "WorkerFailedError",
-    "WorkerProcessMonitor",
-    "WorkerState",
-    "__version__",
-    "capture_identity",
-    "diagnose",
-    "check_host",
-    "parse_identities",
-    "quarantine_host",
-    "read_marker",
-    "stop_processes",
-]
+__all__ = ["AccessDenied", "Diagnosis", "EventKind", "FatalExitGuard", "HostQuarantinedError", "InvalidIdentityError",
+           "LivenessConfig", "LivenessError", "MonitorMethod", "PidReused", "ProcessGone", "ProcessIdentity",
+           "ProcessZombie", "QuarantineCheck", "QuarantineMarker", "QuarantinedProcess", "RankStatus", "StallDetector",
+           "StallInfo", "StopOutcome", "StopReport", "StoppedWorker", "UnkillableWorker", "WorkerEvent",
+           "WorkerFailedError", "WorkerProcessMonitor", "WorkerState", "__version__", "capture_identity", "check_host",
+           "diagnose", "parse_identities", "quarantine_host", "read_marker", "stop_processes"]
 
-# Public name -> the submodule that defines it.
 _SOURCES = {
-    "LivenessConfig": "_config",
-    "Diagnosis": "diagnose._diagnosis",
-    "diagnose": "diagnose._diagnosis",
-    "StallDetector": "monitor._stall_timer",
-    "StallInfo": "monitor._stall_timer",
-    "AccessDenied": "_errors",
-    "InvalidIdentityError": "_errors",
-    "LivenessError": "_errors",
-    "PidReused": "_errors",
-    "ProcessGone": "_errors",
-    "ProcessZombie": "_errors",
-    "EventKind": "_events",
-    "MonitorMethod": "_events",
-    "RankStatus": "_events",
-    "WorkerEvent": "_events",
-    "WorkerFailedError": "_events",
-    "WorkerState": "_events",
-    "FatalExitGuard": "exit._exit_guard",
-    "HostQuarantinedError": "quarantine._host_policy",
-    "QuarantineCheck": "quarantine._host_policy",
-    "check_host": "quarantine._host_policy",
-    "quarantine_host": "quarantine._host_policy",
-    "QuarantinedProcess": "quarantine._marker",
-    "QuarantineMarker": "quarantine._marker",
-    "read_marker": "quarantine._marker",
-    "ProcessIdentity": "process._identity",
-    "capture_identity": "process._identity",
-    "parse_identities": "process._identity",
-    "WorkerProcessMonitor": "monitor._monitor",
-    "StopOutcome": "stop._stop_report",
-    "StoppedWorker": "stop._stop_report",
-    "StopReport": "stop._stop_report",
-    "UnkillableWorker": "stop._stop_report",
-    "stop_processes": "stop._bounded_stop",
+    "._config": ("LivenessConfig",),
+    "._errors": ("AccessDenied", "InvalidIdentityError", "LivenessError", "PidReused", "ProcessGone", "ProcessZombie"),
+    "._events": ("EventKind", "MonitorMethod", "RankStatus", "WorkerEvent", "WorkerFailedError", "WorkerState"),
+    ".diagnose._diagnosis": ("Diagnosis", "diagnose"),
+    ".exit._exit_guard": ("FatalExitGuard",),
+    ".monitor._monitor": ("WorkerProcessMonitor",),
+    ".monitor._stall_timer": ("StallDetector", "StallInfo"),
+    ".process._identity": ("ProcessIdentity", "capture_identity", "parse_identities"),
+    ".quarantine._host_policy": ("HostQuarantinedError", "QuarantineCheck", "check_host", "quarantine_host"),
+    ".quarantine._marker": ("QuarantineMarker", "QuarantinedProcess", "read_marker"),
+    ".stop._bounded_stop": ("stop_processes",),
+    ".stop._stop_report": ("StopOutcome", "StopReport", "StoppedWorker", "UnkillableWorker"),
 }
 
-if not TYPE_CHECKING:  # mypy sees the imports above instead, so a misspelt name stays an error
+
+def _lazy_exports(package: str, sources: "Mapping[str, tuple[str, ...]]", namespace: "MutableMapping[str, object]",
+                  ) -> "tuple[Callable[[str], object], Callable[[], list[str]]]":
+    """The module ``__getattr__`` and ``__dir__`` (PEP 562) of a package's face, the one mechanism
+    every face of this package uses: ``sources`` maps each module (relative to ``package``, as
+    ``importlib.import_module`` takes it) to the public names it defines. A name is imported on its
+    first use and then cached in ``namespace`` (the face's ``globals()``), so importing one module
+    of a folder never loads its siblings. Thread-safe through importlib's module lock. It lives in
+    the root because the root may import nothing (not even a module of its own) when it loads."""
+    where = {name: module for module, names in sources.items() for name in names}
 
     def __getattr__(name: str) -> object:
-        source = _SOURCES.get(name)
-        if source is None:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        # importlib's module lock makes a concurrent first use safe; the value is then cached here.
-        value = getattr(__import__(f"{__name__}.{source}", fromlist=[name]), name)
-        globals()[name] = value
+        module = where.get(name)
+        if module is None:
+            raise AttributeError(f"module {package!r} has no attribute {name!r}")
+        import importlib
+
+        value = getattr(importlib.import_module(module, package), name)
+        namespace[name] = value
         return value
 
     def __dir__() -> list[str]:
-        return sorted(set(globals()) | set(__all__))
+        return sorted(set(namespace) | set(where))
+
+    return __getattr__, __dir__
+
+
+if not TYPE_CHECKING:  # mypy sees the imports above instead, so a misspelt name stays an error
+    __getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())
