@@ -1,27 +1,28 @@
-"""trtllm-liveness: notice, report and survive the death or wedge of an inference worker process.
+"""trtllm-liveness: notice, report and survive the death or wedge of a TensorRT-LLM worker process.
 
-The core is standard-library only and Linux-specific (pidfds, procfs). Public API:
+Public API, what a user of the extension calls and reads (each name is imported on first use):
 
-- :class:`ProcessIdentity`, :func:`capture_identity`, :func:`parse_identities`: who a worker is.
-- :class:`WorkerProcessMonitor`: event-driven death and ``D``-state wedge detection.
-- :class:`WorkerEvent`, :class:`EventKind`, :class:`WorkerState`, :class:`RankStatus`,
-  :class:`MonitorMethod`, :class:`WorkerFailedError`: the health model.
-- :func:`stop_processes` and :class:`StopReport`: a shutdown whose every wait has a deadline, which
-  reports the workers SIGKILL could not reap (``D`` state) instead of hanging on them.
-- :class:`FatalExitGuard`: after an engine death, one graceful shutdown, then a bounded non-zero exit.
-- :class:`LivenessConfig`: the switch and knobs, from the class's ``config=``,
+- :func:`liveness_executor_class`: the entry, ``LLM(model, executor_cls=liveness_executor_class())``:
+  a ``GenerationExecutor`` whose MPI proxy has liveness on (``trtllm-serve`` and Dynamo switch it
+  on with ``TRTLLM_WORKER_LIVENESS`` and the import hook instead).
+- :class:`LivenessConfig`: the switch and knobs, from ``liveness_executor_class(config=...)``,
   ``TRTLLM_WORKER_LIVENESS`` (inline or ``@file``) or upstream main's ``env_overrides``, strictly
   validated.
-- Quarantine of a wedged host: :func:`quarantine_host` records a non-restartable failure in the
-  host's marker (and runs the configured drain/cordon/hook), :func:`check_host` and
-  :func:`read_marker` read it (:class:`QuarantineCheck`, :class:`QuarantineMarker`,
-  :class:`QuarantinedProcess`); an engine start on a quarantined host raises
-  :class:`HostQuarantinedError`.
-- :class:`StallDetector` and :class:`StallInfo`: "alive but no progress" with a pending request,
-  detected by a timer armed by progress (``stall_timeout_s`` of the TensorRT-LLM extension).
-- :func:`diagnose` and :class:`Diagnosis`: a bounded snapshot of every rank (per-thread activity,
-  wait channels, Python stacks with py-spy, the odd rank out), never blocked by a wedged rank.
-- Errors: :class:`LivenessError` and its subclasses, :class:`InvalidIdentityError`.
+- The errors an engine raises: :class:`WorkerFailedError`, its fatal error after a rank died,
+  wedged, became unkillable, was lost or stalled (``restartable``: whether this host may run it
+  again); :class:`HostQuarantinedError`, a start refused on a host where a worker of an earlier
+  engine is still stuck; :class:`PoolManagerDiedError`, a start whose MPI pool's manager thread
+  ended before the workers were up.
+- The records the executor's ``liveness_*`` members return: :class:`WorkerEvent` (one fatal
+  observation about a rank, of an :class:`EventKind`); :class:`RankStatus` (a rank's
+  :class:`WorkerState` and how it is watched, its :class:`MonitorMethod`); :class:`Diagnosis` (where
+  every rank was at a stall, a wedge or a fatal error); :class:`StopReport` (whom the bounded
+  shutdown stopped, and whom it could not end).
+
+The machinery is importable from its folder's face: :mod:`.process` (identities, pidfds, the
+process errors), :mod:`.monitor`, :mod:`.stop`, :mod:`.exit`, :mod:`.quarantine`,
+:mod:`.diagnose`, :mod:`.multihost`, :mod:`.integrations`. The core is standard-library only and
+Linux-specific (pidfds, procfs).
 """
 
 # Names resolve on first use (PEP 562, as ``concurrent.futures`` does): the autoload ``.pth`` imports
@@ -32,40 +33,26 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, MutableMapping
 
     from ._config import LivenessConfig
-    from ._errors import AccessDenied, InvalidIdentityError, LivenessError, PidReused, ProcessGone, ProcessZombie
     from ._events import EventKind, MonitorMethod, RankStatus, WorkerEvent, WorkerFailedError, WorkerState
-    from .diagnose._diagnosis import Diagnosis, diagnose
-    from .exit._exit_guard import FatalExitGuard
-    from .monitor._monitor import WorkerProcessMonitor
-    from .monitor._stall_timer import StallDetector, StallInfo
-    from .process._identity import ProcessIdentity, capture_identity, parse_identities
-    from .quarantine._host_policy import HostQuarantinedError, QuarantineCheck, check_host, quarantine_host
-    from .quarantine._marker import QuarantinedProcess, QuarantineMarker, read_marker
-    from .stop._bounded_stop import stop_processes
-    from .stop._stop_report import StopOutcome, StoppedWorker, StopReport, UnkillableWorker
+    from .diagnose._diagnosis import Diagnosis
+    from .integrations._pool_manager_watch import PoolManagerDiedError
+    from .integrations.trtllm._classes import liveness_executor_class
+    from .quarantine._host_policy import HostQuarantinedError
+    from .stop._stop_report import StopReport
 
 __version__ = "0.1.0"
 
-__all__ = ["AccessDenied", "Diagnosis", "EventKind", "FatalExitGuard", "HostQuarantinedError", "InvalidIdentityError",
-           "LivenessConfig", "LivenessError", "MonitorMethod", "PidReused", "ProcessGone", "ProcessIdentity",
-           "ProcessZombie", "QuarantineCheck", "QuarantineMarker", "QuarantinedProcess", "RankStatus", "StallDetector",
-           "StallInfo", "StopOutcome", "StopReport", "StoppedWorker", "UnkillableWorker", "WorkerEvent",
-           "WorkerFailedError", "WorkerProcessMonitor", "WorkerState", "__version__", "capture_identity", "check_host",
-           "diagnose", "parse_identities", "quarantine_host", "read_marker", "stop_processes"]
+__all__ = ["Diagnosis", "EventKind", "HostQuarantinedError", "LivenessConfig", "MonitorMethod", "PoolManagerDiedError",
+           "RankStatus", "StopReport", "WorkerEvent", "WorkerFailedError", "WorkerState", "liveness_executor_class"]
 
 _SOURCES = {
     "._config": ("LivenessConfig",),
-    "._errors": ("AccessDenied", "InvalidIdentityError", "LivenessError", "PidReused", "ProcessGone", "ProcessZombie"),
     "._events": ("EventKind", "MonitorMethod", "RankStatus", "WorkerEvent", "WorkerFailedError", "WorkerState"),
-    ".diagnose._diagnosis": ("Diagnosis", "diagnose"),
-    ".exit._exit_guard": ("FatalExitGuard",),
-    ".monitor._monitor": ("WorkerProcessMonitor",),
-    ".monitor._stall_timer": ("StallDetector", "StallInfo"),
-    ".process._identity": ("ProcessIdentity", "capture_identity", "parse_identities"),
-    ".quarantine._host_policy": ("HostQuarantinedError", "QuarantineCheck", "check_host", "quarantine_host"),
-    ".quarantine._marker": ("QuarantineMarker", "QuarantinedProcess", "read_marker"),
-    ".stop._bounded_stop": ("stop_processes",),
-    ".stop._stop_report": ("StopOutcome", "StopReport", "StoppedWorker", "UnkillableWorker"),
+    ".diagnose._diagnosis": ("Diagnosis",),
+    ".integrations._pool_manager_watch": ("PoolManagerDiedError",),
+    ".integrations.trtllm._classes": ("liveness_executor_class",),
+    ".quarantine._host_policy": ("HostQuarantinedError",),
+    ".stop._stop_report": ("StopReport",),
 }
 
 

@@ -1,7 +1,7 @@
 """Dynamo integration: a worker's ``/health`` and ``/live`` turn 503 the moment a rank dies.
 
 Stock Dynamo polls the engine (``check_health`` every 2 s, ``_fatal_error`` every 0.5 s). This
-bridge is event-driven instead: it subscribes to the :class:`~trtllm_liveness.WorkerProcessMonitor`
+bridge is event-driven instead: it subscribes to the :class:`~trtllm_liveness.monitor.WorkerProcessMonitor`
 and, in the watcher thread, right after the kernel reports the death or the wedge:
 
 1. ``runtime.set_health_status(False)``: the system status server answers 503 on ``/health`` and
@@ -207,7 +207,7 @@ def _liveness_executor_of(engine: Any) -> Any:
 
 
 def liveness_monitor_of(engine: Any) -> WorkerProcessMonitor:
-    """The :class:`~trtllm_liveness.WorkerProcessMonitor` behind ``engine``.
+    """The :class:`~trtllm_liveness.monitor.WorkerProcessMonitor` behind ``engine``.
 
     ``engine`` may be the monitor itself, an executor with the TensorRT-LLM extension on (its
     ``liveness_monitor``), or an object holding one in ``_executor`` (TensorRT-LLM's ``LLM``) or

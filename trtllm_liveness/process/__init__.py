@@ -8,7 +8,9 @@
 - :mod:`._mm_read`: bounded reads of ``/proc/PID`` files that take the target's mmap lock;
 - :mod:`._oom`: whether a SIGKILL came from the kernel's OOM killer;
 - :mod:`._thread_sampler`: which of a process's threads are in ``D`` (uninterruptible sleep), sampled
-  once or scan after scan.
+  once or scan after scan;
+- :mod:`trtllm_liveness._errors`: what they raise: :class:`LivenessError` and its subclasses (a
+  process gone, a zombie, a reused PID, access denied), :class:`InvalidIdentityError`.
 
 Standard library only; nothing here starts a thread.
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from .._errors import AccessDenied, InvalidIdentityError, LivenessError, PidReused, ProcessGone, ProcessZombie
     from ._identity import (
         ProcessIdentity,
         capture_identity,
@@ -30,12 +33,13 @@ if TYPE_CHECKING:
     from ._pidfd import is_exited, open_pidfd, open_verified_pidfd, send_signal, signal_verified, verify_start_time
     from ._thread_sampler import DStateSample, ThreadSampler, sample_d_state
 
-__all__ = ["DStateSample", "MmReader", "OomProbe", "ProcessIdentity", "SkippedRead", "ThreadSampler",
-           "capture_identity", "is_exited", "is_local", "local_hostname", "local_pid_namespace", "open_pidfd",
-           "open_verified_pidfd", "parse_identities", "sample_d_state", "send_signal", "signal_verified",
-           "verify_start_time"]
+__all__ = ["AccessDenied", "DStateSample", "InvalidIdentityError", "LivenessError", "MmReader", "OomProbe", "PidReused",
+           "ProcessGone", "ProcessIdentity", "ProcessZombie", "SkippedRead", "ThreadSampler", "capture_identity",
+           "is_exited", "is_local", "local_hostname", "local_pid_namespace", "open_pidfd", "open_verified_pidfd",
+           "parse_identities", "sample_d_state", "send_signal", "signal_verified", "verify_start_time"]
 
 _SOURCES = {
+    ".._errors": ("AccessDenied", "InvalidIdentityError", "LivenessError", "PidReused", "ProcessGone", "ProcessZombie"),
     "._identity": ("ProcessIdentity", "capture_identity", "is_local", "local_hostname", "local_pid_namespace",
         "parse_identities"),
     "._mm_read": ("MmReader", "SkippedRead"),
