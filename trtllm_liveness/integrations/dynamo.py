@@ -161,7 +161,9 @@ class DynamoLivenessBridge:
         }
         executor = self._executor
         if executor is not None:
-            stall = executor.liveness_stall()
+            from .trtllm._state import stall_under_way  # an executor's integration is loaded already
+
+            stall = stall_under_way(executor)
             diagnosis = executor.liveness_diagnosis()
             document["stall"] = None if stall is None else stall.to_dict()
             document["diagnosis"] = None if diagnosis is None else diagnosis.to_dict(include_scan=False)
@@ -198,8 +200,7 @@ def _liveness_executor_of(engine: Any) -> Any:
     """The liveness executor behind ``engine`` (itself, ``_executor`` or ``executor``), or None."""
     candidate, hops = engine, 0
     while candidate is not None and hops < 4:
-        if callable(getattr(candidate, "liveness_diagnosis", None)) and callable(
-                getattr(candidate, "liveness_stall", None)):
+        if callable(getattr(candidate, "liveness_diagnosis", None)) and hasattr(candidate, "liveness_state"):
             return candidate
         candidate = getattr(candidate, "_executor", None) or getattr(candidate, "executor", None)
         hops += 1

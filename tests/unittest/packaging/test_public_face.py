@@ -67,3 +67,15 @@ def test_every_face_resolves_its_names_through_the_one_lazy_mechanism(face: str)
         assert getattr(module, name) is not None
     with pytest.raises(AttributeError, match="no_such_name"):
         module.no_such_name  # noqa: B018
+
+
+# What the executor's proxy gains (besides upstream's overrides): what a user or a bridge reads.
+# The extension's own needs are helpers outside the proxy (``_state.stall_under_way``).
+PROXY_MEMBERS = ["liveness_config", "liveness_diagnosis", "liveness_events", "liveness_fatal_error", "liveness_monitor",
+                 "liveness_shutdown_report", "liveness_state", "liveness_statuses"]
+
+
+def test_the_proxy_gains_only_the_liveness_members_a_user_reads() -> None:
+    from trtllm_liveness.integrations.trtllm import LivenessProxyMixin
+
+    assert sorted(name for name in dir(LivenessProxyMixin) if name.startswith("liveness_")) == PROXY_MEMBERS
