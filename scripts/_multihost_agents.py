@@ -99,7 +99,7 @@ def first_line(popen: subprocess.Popen[bytes], timeout: float = 30.0) -> bytes:
 
 SIM_HUB = r"""
 import sys, time, json
-from trtllm_liveness import WorkerProcessMonitor
+from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.multihost import AgentHub
 hub = AgentHub(WorkerProcessMonitor(), bind="127.0.0.1").start()  # the default heartbeat timeout
 latest = {}

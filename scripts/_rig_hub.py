@@ -2,7 +2,7 @@
 
 ``python scripts/_rig_hub.py [ADDRESS [HEARTBEAT_TIMEOUT_S]]`` binds a real
 :class:`~trtllm_liveness.multihost.AgentHub` (its default heartbeat timeout unless given) over a
-real :class:`~trtllm_liveness.WorkerProcessMonitor` on ADDRESS (default 127.0.0.1), prints one JSON
+real :class:`~trtllm_liveness.monitor.WorkerProcessMonitor` on ADDRESS (default 127.0.0.1), prints one JSON
 line ``{"spec": <its worker_spec>, "pid": <this pid>}``, then answers each JSON command line on
 stdin with one JSON line (:data:`COMMANDS`). The monitor's subscriber stamps each event with
 ``time.monotonic()`` when it is delivered (the machine's one clock: comparable with the rig's own
@@ -23,7 +23,8 @@ import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
-from trtllm_liveness import WorkerEvent, WorkerProcessMonitor
+from trtllm_liveness import WorkerEvent
+from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.multihost import AgentHub
 
 

@@ -49,8 +49,9 @@ import _growth_table
 import _host_scale
 from _growth_table import GROWTH_HOSTS, GROWTH_RANKS
 
-from trtllm_liveness import ProcessIdentity, WorkerEvent, WorkerProcessMonitor, capture_identity
-from trtllm_liveness.process import _procfs
+from trtllm_liveness import WorkerEvent
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import ProcessIdentity, _procfs, capture_identity
 
 # Forks sleepers on request ("N\n" -> one line of N pids); SIGCHLD ignored so the kernel reaps
 # them; each sleeper dies with the spawner (PR_SET_PDEATHSIG), so nothing outlives the benchmark.

@@ -34,9 +34,8 @@ import time
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-from trtllm_liveness import capture_identity
 from trtllm_liveness.demo._cgroup_faults import FreezerGroup, freezer_available
-from trtllm_liveness.process import _procfs
+from trtllm_liveness.process import _procfs, capture_identity
 from trtllm_liveness.stop._bounded_stop import stop_processes
 from trtllm_liveness.stop._stop_report import StopOutcome
 

@@ -79,10 +79,12 @@ def _wait(predicate: Any, timeout: float) -> bool:
 
 
 def child_cycles(cycles: int) -> dict[str, Any]:
+    from trtllm_liveness.integrations.trtllm._state import stall_under_way
+
     proxy = _build({"step_acks": True, "token_delay_s": 0.005})
     stall = proxy.liveness_state.stall
     timeout = stall.timeout_s
-    victim = next(identity for identity in proxy.liveness_identities() if identity.rank == 1)
+    victim = next(identity for identity in proxy.liveness_monitor.identities if identity.rank == 1)
     polled: dict[int, float] = {}
     stop = threading.Event()
 
@@ -102,8 +104,8 @@ def child_cycles(cycles: int) -> dict[str, Any]:
     for _ in range(cycles):
         time.sleep(random.uniform(0.2, 0.5))  # progress flows
         _signal(victim, signal.SIGSTOP)
-        seen = _wait(lambda: proxy.liveness_stall() is not None, timeout + 10)
-        info = proxy.liveness_stall()
+        seen = _wait(lambda: stall_under_way(proxy) is not None, timeout + 10)
+        info = stall_under_way(proxy)
         if seen and info is not None:  # keep it stalled until the polling baseline saw it too
             key = round(info.last_progress_at * 1e6)
             _wait(lambda key=key: key in polled, 3 * POLL_BASELINE_S)
@@ -111,7 +113,7 @@ def child_cycles(cycles: int) -> dict[str, Any]:
         if not seen or info is None:
             continue
         overshoot.append(info.overshoot_s * 1000)
-        _wait(lambda: proxy.liveness_stall() is None, 10)
+        _wait(lambda: stall_under_way(proxy) is None, 10)
         if key in polled:
             baseline.append(polled[key] * 1000)
     stop.set()

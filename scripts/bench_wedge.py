@@ -42,10 +42,12 @@ from dataclasses import dataclass
 
 from _bench import finish, percentile
 
-from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
+from trtllm_liveness import EventKind, WorkerEvent
 from trtllm_liveness.demo._cgroup_faults import FreezerGroup, freezer_available
 from trtllm_liveness.demo._fuse_slow_reads import slow_reader_cmd
 from trtllm_liveness.demo._fuse_stall import FuseStall, fuse_available
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import capture_identity
 
 SLEEPER = "import sys, time\nsys.stdout.write('ready\\n'); sys.stdout.flush()\ntime.sleep(3600)\n"
 # Waits for a line on stdin, then prints the monotonic time and stats argv[1] (stuck in the FUSE lookup).

@@ -62,8 +62,8 @@ def identities_of(executor: Any, count: int, timeout: float) -> list[Any]:
     """The ranks' identities as the extension registered them (rank order), waiting up to ``timeout``."""
     deadline = time.monotonic() + timeout
     while True:
-        value = getattr(executor, "liveness_identities", None)
-        found = list(value() if callable(value) else value or [])
+        monitor = getattr(executor, "liveness_monitor", None)
+        found = list(monitor.identities if monitor is not None else [])
         if len(found) >= count or time.monotonic() >= deadline:
             return sorted(found, key=lambda identity: identity.rank)
         time.sleep(0.01)

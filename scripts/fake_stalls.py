@@ -115,7 +115,7 @@ def main(argv: list[str]) -> int:
     fake_engine = importlib.import_module("_trtllm_fake_common").FakeEngine
     llm = LLM(fake_engine(**engine), executor_cls=liveness_executor_class(), tensor_parallel_size=opts.workers)
     proxy = llm._executor
-    identities = sorted(proxy.liveness_identities(), key=lambda identity: identity.rank)
+    identities = sorted(proxy.liveness_monitor.identities, key=lambda identity: identity.rank)
     victim = identities[opts.fault_rank]
     emit({"pids": [i.pid for i in identities], "iteration": 0})
     batches = 0

@@ -730,7 +730,7 @@ def _announce_identity(directory: str, rank: int) -> None:
     """``FakeEngine.announce_dir``: this rank's identity, written atomically (a reader never sees half)."""
     import json
 
-    from trtllm_liveness import capture_identity
+    from trtllm_liveness.process import capture_identity
 
     path = os.path.join(directory, f"rank{rank}.json")
     with open(path + ".tmp", "w") as handle:

@@ -18,8 +18,9 @@ from typing import Any
 from dynamo.runtime import DistributedRuntime
 
 from tests.support.stdin_control import serve_stdin_until_quit
-from trtllm_liveness import WorkerProcessMonitor, capture_identity
 from trtllm_liveness.integrations.dynamo import expose_metrics_on_dynamo
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import capture_identity
 
 
 async def main(pids: list[int]) -> int:

@@ -14,8 +14,9 @@ from typing import Any
 
 from dynamo.runtime import DistributedRuntime
 
-from trtllm_liveness import WorkerProcessMonitor, capture_identity
 from trtllm_liveness.integrations.dynamo import DynamoLivenessBridge
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import capture_identity
 
 
 async def main(pids: list[int]) -> int:

@@ -76,8 +76,9 @@ def main(options: dict[str, Any]) -> int:
     def last_word() -> None:  # registered first, so atexit runs it last
         executor = holder[0] if holder else None
         fatal = getattr(executor, "liveness_fatal_error", None)
+        state = getattr(executor, "liveness_state", None)
         sys.stderr.write(json.dumps({"atexit_fatal": None if fatal is None else str(fatal),
-                                     "pre_shutdown_entries": getattr(executor, "liveness_pre_shutdown_calls", None)})
+                                     "pre_shutdown_entries": getattr(state, "pre_shutdown_entries", None)})
                          + "\n")
         sys.stderr.flush()
 

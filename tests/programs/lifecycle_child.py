@@ -102,7 +102,8 @@ class Built:
 
 
 def identities(proxy: Any) -> list[list[int]]:
-    found = sorted(proxy.liveness_identities(), key=lambda identity: identity.rank)
+    monitor = proxy.liveness_monitor  # None with liveness off
+    found = sorted(monitor.identities if monitor is not None else [], key=lambda identity: identity.rank)
     return [[identity.rank, identity.pid, identity.start_time] for identity in found]
 
 
@@ -283,7 +284,8 @@ def sends(options: dict[str, Any]) -> int:
     executor.shutdown()
     emit({"violations": violations.seen, "fatal": None if proxy.liveness_fatal_error is None
           else str(proxy.liveness_fatal_error), "submitted": submitted, "rejected": rejected,
-          "debug": os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG"), "pre_shutdown_calls": proxy.liveness_pre_shutdown_calls})
+          "debug": os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG"),
+          "pre_shutdown_calls": proxy.liveness_state.pre_shutdown_entries})
     return 0
 
 

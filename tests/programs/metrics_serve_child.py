@@ -35,8 +35,9 @@ from prometheus_client import CollectorRegistry, make_asgi_app, multiprocess  # 
 
 from tests.support.asgi_serve import handle  # noqa: E402
 from tests.support.stdin_control import serve_stdin_until_quit  # noqa: E402
-from trtllm_liveness import WorkerProcessMonitor, capture_identity  # noqa: E402
 from trtllm_liveness.integrations.prometheus import LivenessMetrics  # noqa: E402
+from trtllm_liveness.monitor import WorkerProcessMonitor  # noqa: E402
+from trtllm_liveness.process import capture_identity  # noqa: E402
 
 
 async def main(pids: list[int]) -> int:

@@ -93,7 +93,7 @@ def main(options: dict[str, Any]) -> int:
     signal.signal(signal.SIGINT, on_sigint)
     in_flight = [executor.generate_async([rank] * 2000) for rank in range(2)]
     emit({"ready": True, "port": server.server_address[1], "in_flight": len(in_flight),
-          "exit_guard": getattr(executor, "liveness_exit_guard", None) is not None,
+          "exit_guard": getattr(getattr(executor, "liveness_state", None), "exit_guard", None) is not None,
           "identities": [list(identity) for identity in identities]})
     server.serve_forever(poll_interval=0.05)
     server.server_close()

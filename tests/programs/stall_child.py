@@ -9,7 +9,7 @@ submits ``requests`` requests (after ``idle_first_s`` of an idle engine, watched
 watches for ``watch_s`` seconds (monotonic, a bound, never an assertion), emitting one JSON record
 at the end:
 
-- ``stall``: the first :class:`StallInfo` seen (``liveness_stall()``), or None;
+- ``stall``: the first :class:`StallInfo` seen (``stall_under_way``), or None;
 - ``statuses``: the rank states seen while stalled;
 - ``health``: ``check_health()`` (or ``not is_shutdown()`` on 1.2.x) once the stall was seen (with
   the option ``fatal``: once the engine's fatal error is set);
@@ -88,18 +88,20 @@ def main(options: dict[str, Any]) -> int:
     import importlib
 
     from trtllm_liveness.integrations.trtllm import patch_tensorrt_llm
+    from trtllm_liveness.integrations.trtllm._state import stall_under_way
 
     proxy_module: Any = importlib.import_module("tensorrt_llm.executor.proxy")
     patch_tensorrt_llm(proxy_module)
     common = importlib.import_module("_trtllm_fake_common")
     executor_cls = importlib.import_module("tensorrt_llm.executor.executor").GenerationExecutor
     proxy = executor_cls.create(common.FakeEngine(**options.get("engine", {})), model_world_size=2)
-    ranks = [[i.rank, i.pid] for i in proxy.liveness_identities()] or _spawned_ranks()
+    monitor = proxy.liveness_monitor  # None with liveness off
+    ranks = [[i.rank, i.pid] for i in (monitor.identities if monitor is not None else [])] or _spawned_ranks()
     emit({"identities": ranks})
     stall: Any = None
     idle_until = time.monotonic() + float(options.get("idle_first_s", 0))
     while time.monotonic() < idle_until:  # an idle engine: watched, never stalled
-        stall = stall or proxy.liveness_stall()
+        stall = stall or stall_under_way(proxy)
         time.sleep(0.01)
     results = [proxy.generate_async([rank + 1], max_tokens=int(options.get("max_tokens", 10**6)),
                                     streaming=bool(options.get("streaming", True)))
@@ -110,7 +112,7 @@ def main(options: dict[str, Any]) -> int:
     statuses: list[list[Any]] = []
     health: bool | None = None
     while time.monotonic() < deadline:
-        current = proxy.liveness_stall()
+        current = stall_under_way(proxy)
         if current is not None and (stall is None or not statuses):
             stall = current
             statuses = [[s.identity.rank, s.state.value] for s in proxy.liveness_statuses()]

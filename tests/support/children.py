@@ -22,9 +22,9 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from trtllm_liveness import ProcessIdentity
 from trtllm_liveness.demo._fuse_stall import remove_leftover_mounts
 from trtllm_liveness.demo._scenario_launcher import kill_session
+from trtllm_liveness.process import ProcessIdentity
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -21,10 +21,9 @@ import logging
 import signal
 from typing import Any
 
-from trtllm_liveness import ProcessIdentity
 from trtllm_liveness.demo import PROXY_CLASSES, configure_mpi_env
 from trtllm_liveness.demo._executor_worker import read_announced_identities
-from trtllm_liveness.process import _pidfd
+from trtllm_liveness.process import ProcessIdentity, _pidfd
 
 logger = logging.getLogger(__name__)
 

@@ -41,7 +41,7 @@ def kill_rank(executor: Any, rank: int) -> None:
 
     from trtllm_liveness.process import _pidfd
 
-    victim = next(identity for identity in executor.liveness_identities() if identity.rank == rank)
+    victim = next(identity for identity in executor.liveness_monitor.identities if identity.rank == rank)
     fd = _pidfd.open_verified_pidfd(victim.pid, victim.start_time)  # never a recycled pid
     try:
         _pidfd.send_signal(fd, signal.SIGKILL)

@@ -18,8 +18,9 @@ import pytest
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import wait_until
-from trtllm_liveness import WorkerProcessMonitor, capture_identity
 from trtllm_liveness._events import EventKind, WorkerEvent
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import capture_identity
 from trtllm_liveness.stop._bounded_stop import stop_processes
 from trtllm_liveness.stop._stop_report import StopOutcome, StoppedWorker, StopReport, UnkillableWorker
 

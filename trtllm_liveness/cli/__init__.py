@@ -7,7 +7,19 @@ Imported only when the command runs: nothing here loads with the package.
 
 from __future__ import annotations
 
-from ._exit_status import EXIT_STATUS_HELP
-from ._main import build_parser, main
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from ._exit_status import EXIT_STATUS_HELP
+    from ._main import build_parser, main
 
 __all__ = ["EXIT_STATUS_HELP", "build_parser", "main"]
+
+_SOURCES = {
+    "._exit_status": ("EXIT_STATUS_HELP",),
+    "._main": ("build_parser", "main"),
+}
+
+if not TYPE_CHECKING:
+    from .. import _lazy_exports
+
+    __getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())

@@ -1,6 +1,6 @@
 """``trtllm-liveness watch``: block until one of the given processes dies or wedges.
 
-The pids are verified by start time and watched by a :class:`~trtllm_liveness.WorkerProcessMonitor`
+The pids are verified by start time and watched by a :class:`~trtllm_liveness.monitor.WorkerProcessMonitor`
 (pidfds; with ``--d-state-timeout`` also their threads' ``D`` state); no signal is ever sent.
 """
 

@@ -223,8 +223,9 @@ def _finish(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity]
         shutdown_ms = round((time.monotonic() - t) * 1e3, 3)
         report = stop_report(proxy)
         fatal = getattr(proxy, "liveness_fatal_error", None)
+        state = getattr(proxy, "liveness_state", None)  # how many calls reached upstream's pre_shutdown()
         draft.update(shutdown=ShutdownOutcome(
-            shutdown_ms=shutdown_ms, pre_shutdown_calls=getattr(proxy, "liveness_pre_shutdown_calls", None),
+            shutdown_ms=shutdown_ms, pre_shutdown_calls=getattr(state, "pre_shutdown_entries", None),
             pre_shutdown_runs=pre_shutdown_runs(proxy), report=report,
             unkillable=() if report is None else tuple(u.pid for u in report.unkillable),
             restartable=None if report is None else report.restartable,

@@ -205,5 +205,5 @@ def snapshot_of_ranks(proxy: Any, reason: str) -> FatalSnapshot | None:
 
     if not diagnoser.request(reason, keep, snapshot=True) or not done.wait(SNAPSHOT_WAIT_S):
         return None
-    hosts = {identity.rank: identity.hostname for identity in proxy.liveness_identities()}
+    hosts = {identity.rank: identity.hostname for identity in proxy.liveness_monitor.identities}
     return snapshot_record(taken[0], reason, hosts=hosts)

@@ -17,59 +17,27 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._diagnosis import Diagnosis as Diagnosis
-    from ._diagnosis import OddRankOut as OddRankOut
-    from ._diagnosis import RankDiagnosis as RankDiagnosis
-    from ._diagnosis import diagnose as diagnose
-    from ._faulthandler_stacks import register_stack_dump as register_stack_dump
-    from ._faulthandler_stacks import take_faulthandler_stacks as take_faulthandler_stacks
-    from ._process_selection import Selection as Selection
-    from ._process_selection import select as select
-    from ._py_spy import take_stacks as take_stacks
-    from ._scan import ProcessReport as ProcessReport
-    from ._scan import ScanResult as ScanResult
-    from ._scan import scan as scan
-    from ._stalled_rank import StalledRank as StalledRank
-    from ._stalled_rank import name_stalled_rank as name_stalled_rank
-    from ._stalled_rank import stalled_rank_of as stalled_rank_of
+    from ._diagnosis import Diagnosis, OddRankOut, RankDiagnosis, diagnose
+    from ._faulthandler_stacks import register_stack_dump, take_faulthandler_stacks
+    from ._process_selection import Selection, select
+    from ._py_spy import take_stacks
+    from ._scan import ProcessReport, ScanResult, scan
+    from ._stalled_rank import StalledRank, name_stalled_rank, stalled_rank_of
 
-__all__ = [
-    "Diagnosis",
-    "OddRankOut",
-    "ProcessReport",
-    "RankDiagnosis",
-    "ScanResult",
-    "Selection",
-    "StalledRank",
-    "diagnose",
-    "name_stalled_rank",
-    "register_stack_dump",
-    "scan",
-    "select",
-    "stalled_rank_of",
-    "take_faulthandler_stacks",
-    "take_stacks",
-]
+__all__ = ["Diagnosis", "OddRankOut", "ProcessReport", "RankDiagnosis", "ScanResult", "Selection", "StalledRank",
+           "diagnose", "name_stalled_rank", "register_stack_dump", "scan", "select", "stalled_rank_of",
+           "take_faulthandler_stacks", "take_stacks"]
 
 _SOURCES = {
-    "Diagnosis": "_diagnosis",
-    "RankDiagnosis": "_diagnosis",
-    "OddRankOut": "_diagnosis",
-    "diagnose": "_diagnosis",
-    "take_stacks": "_py_spy",
-    "register_stack_dump": "_faulthandler_stacks",
-    "take_faulthandler_stacks": "_faulthandler_stacks",
-    "StalledRank": "_stalled_rank",
-    "name_stalled_rank": "_stalled_rank",
-    "stalled_rank_of": "_stalled_rank",
-    "ScanResult": "_scan",
-    "ProcessReport": "_scan",
-    "scan": "_scan",
-    "select": "_process_selection",
-    "Selection": "_process_selection",
+    "._diagnosis": ("Diagnosis", "OddRankOut", "RankDiagnosis", "diagnose"),
+    "._faulthandler_stacks": ("register_stack_dump", "take_faulthandler_stacks"),
+    "._process_selection": ("Selection", "select"),
+    "._py_spy": ("take_stacks",),
+    "._scan": ("ProcessReport", "ScanResult", "scan"),
+    "._stalled_rank": ("StalledRank", "name_stalled_rank", "stalled_rank_of"),
 }
 
 if not TYPE_CHECKING:
-    from .._lazy import lazy_exports
+    from .. import _lazy_exports
 
-    __getattr__, __dir__ = lazy_exports(__name__, _SOURCES, globals())
+    __getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())

@@ -16,50 +16,23 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._exit_guard import FatalExitGuard as FatalExitGuard
-    from ._exit_guard import add_exit_cleanup as add_exit_cleanup
-    from ._exit_guard import interrupt_self_once as interrupt_self_once
-    from ._outcome import Outcome as Outcome
-    from ._outcome import mark_clean as mark_clean
-    from ._outcome import mark_running as mark_running
-    from ._outcome import read_outcomes as read_outcomes
-    from ._outcome import record_outcome as record_outcome
-    from ._process_ending import ProcessEnding as ProcessEnding
-    from ._process_ending import Stage as Stage
-    from ._process_ending import process_ending as process_ending
-    from ._termination_log import write_termination_message as write_termination_message
+    from ._exit_guard import FatalExitGuard, add_exit_cleanup, interrupt_self_once
+    from ._outcome import Outcome, mark_clean, mark_running, read_outcomes, record_outcome
+    from ._process_ending import ProcessEnding, Stage, process_ending
+    from ._termination_log import write_termination_message
 
-__all__ = [
-    "FatalExitGuard",
-    "Outcome",
-    "ProcessEnding",
-    "Stage",
-    "add_exit_cleanup",
-    "interrupt_self_once",
-    "mark_clean",
-    "mark_running",
-    "process_ending",
-    "read_outcomes",
-    "record_outcome",
-    "write_termination_message",
-]
+__all__ = ["FatalExitGuard", "Outcome", "ProcessEnding", "Stage", "add_exit_cleanup", "interrupt_self_once",
+           "mark_clean", "mark_running", "process_ending", "read_outcomes", "record_outcome",
+           "write_termination_message"]
 
 _SOURCES = {
-    "FatalExitGuard": "_exit_guard",
-    "add_exit_cleanup": "_exit_guard",
-    "interrupt_self_once": "_exit_guard",
-    "Outcome": "_outcome",
-    "record_outcome": "_outcome",
-    "read_outcomes": "_outcome",
-    "mark_running": "_outcome",
-    "mark_clean": "_outcome",
-    "ProcessEnding": "_process_ending",
-    "Stage": "_process_ending",
-    "process_ending": "_process_ending",
-    "write_termination_message": "_termination_log",
+    "._exit_guard": ("FatalExitGuard", "add_exit_cleanup", "interrupt_self_once"),
+    "._outcome": ("Outcome", "mark_clean", "mark_running", "read_outcomes", "record_outcome"),
+    "._process_ending": ("ProcessEnding", "Stage", "process_ending"),
+    "._termination_log": ("write_termination_message",),
 }
 
 if not TYPE_CHECKING:
-    from .._lazy import lazy_exports
+    from .. import _lazy_exports
 
-    __getattr__, __dir__ = lazy_exports(__name__, _SOURCES, globals())
+    __getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())

@@ -1,7 +1,7 @@
 """Dynamo integration: a worker's ``/health`` and ``/live`` turn 503 the moment a rank dies.
 
 Stock Dynamo polls the engine (``check_health`` every 2 s, ``_fatal_error`` every 0.5 s). This
-bridge is event-driven instead: it subscribes to the :class:`~trtllm_liveness.WorkerProcessMonitor`
+bridge is event-driven instead: it subscribes to the :class:`~trtllm_liveness.monitor.WorkerProcessMonitor`
 and, in the watcher thread, right after the kernel reports the death or the wedge:
 
 1. ``runtime.set_health_status(False)``: the system status server answers 503 on ``/health`` and
@@ -161,7 +161,9 @@ class DynamoLivenessBridge:
         }
         executor = self._executor
         if executor is not None:
-            stall = executor.liveness_stall()
+            from .trtllm._state import stall_under_way  # an executor's integration is loaded already
+
+            stall = stall_under_way(executor)
             diagnosis = executor.liveness_diagnosis()
             document["stall"] = None if stall is None else stall.to_dict()
             document["diagnosis"] = None if diagnosis is None else diagnosis.to_dict(include_scan=False)
@@ -198,8 +200,7 @@ def _liveness_executor_of(engine: Any) -> Any:
     """The liveness executor behind ``engine`` (itself, ``_executor`` or ``executor``), or None."""
     candidate, hops = engine, 0
     while candidate is not None and hops < 4:
-        if callable(getattr(candidate, "liveness_diagnosis", None)) and callable(
-                getattr(candidate, "liveness_stall", None)):
+        if callable(getattr(candidate, "liveness_diagnosis", None)) and hasattr(candidate, "liveness_state"):
             return candidate
         candidate = getattr(candidate, "_executor", None) or getattr(candidate, "executor", None)
         hops += 1
@@ -207,7 +208,7 @@ def _liveness_executor_of(engine: Any) -> Any:
 
 
 def liveness_monitor_of(engine: Any) -> WorkerProcessMonitor:
-    """The :class:`~trtllm_liveness.WorkerProcessMonitor` behind ``engine``.
+    """The :class:`~trtllm_liveness.monitor.WorkerProcessMonitor` behind ``engine``.
 
     ``engine`` may be the monitor itself, an executor with the TensorRT-LLM extension on (its
     ``liveness_monitor``), or an object holding one in ``_executor`` (TensorRT-LLM's ``LLM``) or

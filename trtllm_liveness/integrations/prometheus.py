@@ -1,6 +1,6 @@
 """Prometheus metrics for worker liveness (needs the optional ``prometheus_client`` package).
 
-:class:`LivenessMetrics` subscribes to a :class:`~trtllm_liveness.WorkerProcessMonitor` and exposes
+:class:`LivenessMetrics` subscribes to a :class:`~trtllm_liveness.monitor.WorkerProcessMonitor` and exposes
 the metrics below. Label values are closed sets except ``rank`` and ``host`` (what the ranks
 reported), so the series count is ``ranks x 11`` for the state gauge plus a fixed 21 for the rest;
 docs/metrics.md has the same table.
@@ -201,7 +201,7 @@ class _FileStateGauges:
 
 
 class LivenessMetrics:
-    """Prometheus metrics fed by one :class:`~trtllm_liveness.WorkerProcessMonitor` at a time.
+    """Prometheus metrics fed by one :class:`~trtllm_liveness.monitor.WorkerProcessMonitor` at a time.
 
     Events arrive in the monitor's watcher thread (or the thread that called ``check``); the
     counter and histogram are updated there, which takes microseconds and never blocks. The state

@@ -19,38 +19,24 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._delivery import EventLog as EventLog
-    from ._monitor import WorkerProcessMonitor as WorkerProcessMonitor
-    from ._stall_timer import ProgressSource as ProgressSource
-    from ._stall_timer import StallDetector as StallDetector
-    from ._stall_timer import StalledSince as StalledSince
-    from ._stall_timer import StallInfo as StallInfo
-    from ._watcher import PidfdWatcher as PidfdWatcher
-    from ._wedge import WedgeTracker as WedgeTracker
+    from ._delivery import EventLog
+    from ._monitor import WorkerProcessMonitor
+    from ._stall_timer import ProgressSource, StallDetector, StalledSince, StallInfo
+    from ._watcher import PidfdWatcher
+    from ._wedge import WedgeTracker
 
-__all__ = [
-    "EventLog",
-    "PidfdWatcher",
-    "ProgressSource",
-    "StallDetector",
-    "StallInfo",
-    "StalledSince",
-    "WedgeTracker",
-    "WorkerProcessMonitor",
-]
+__all__ = ["EventLog", "PidfdWatcher", "ProgressSource", "StallDetector", "StallInfo", "StalledSince", "WedgeTracker",
+           "WorkerProcessMonitor"]
 
 _SOURCES = {
-    "WorkerProcessMonitor": "_monitor",
-    "StallDetector": "_stall_timer",
-    "StallInfo": "_stall_timer",
-    "StalledSince": "_stall_timer",
-    "ProgressSource": "_stall_timer",
-    "WedgeTracker": "_wedge",
-    "EventLog": "_delivery",
-    "PidfdWatcher": "_watcher",
+    "._delivery": ("EventLog",),
+    "._monitor": ("WorkerProcessMonitor",),
+    "._stall_timer": ("ProgressSource", "StallDetector", "StallInfo", "StalledSince"),
+    "._watcher": ("PidfdWatcher",),
+    "._wedge": ("WedgeTracker",),
 }
 
 if not TYPE_CHECKING:
-    from .._lazy import lazy_exports
+    from .. import _lazy_exports
 
-    __getattr__, __dir__ = lazy_exports(__name__, _SOURCES, globals())
+    __getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())

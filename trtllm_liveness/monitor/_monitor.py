@@ -126,7 +126,7 @@ class WorkerProcessMonitor:
         Registering the same identity again is a no-op; a new identity for an already registered
         rank replaces the old one. Falls back to procfs polling for a worker whose ``pidfd_open``
         fails (ENOSYS, EPERM, EMFILE). Blocks only for procfs reads and ``pidfd_open`` (tens of
-        microseconds per worker). Raises :class:`~trtllm_liveness.InvalidIdentityError` (a
+        microseconds per worker). Raises :class:`~trtllm_liveness.process.InvalidIdentityError` (a
         ``ValueError``, before anything is registered) for a malformed entry, ``RuntimeError``
         after :meth:`close`.
         """

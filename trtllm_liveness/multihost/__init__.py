@@ -20,8 +20,7 @@ Needs ``pyzmq`` (the ``mpi`` extra). Imported only when a session may have remot
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
+TYPE_CHECKING = False
 if TYPE_CHECKING:
     from ._agent import AgentSettings, HostAgent
     from ._hub import AgentHub
@@ -29,14 +28,13 @@ if TYPE_CHECKING:
 
 __all__ = ["AgentHub", "AgentSettings", "HostAgent", "HostStop", "HostView"]
 
-_WHERE = {"AgentHub": "._hub", "HostStop": "._hub_records", "HostView": "._hub_records", "AgentSettings": "._agent",
-          "HostAgent": "._agent"}
+_SOURCES = {
+    "._agent": ("AgentSettings", "HostAgent"),
+    "._hub": ("AgentHub",),
+    "._hub_records": ("HostStop", "HostView"),
+}
 
+if not TYPE_CHECKING:
+    from .. import _lazy_exports
 
-def __getattr__(name: str) -> Any:
-    module = _WHERE.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module, __name__), name)
+    __getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())

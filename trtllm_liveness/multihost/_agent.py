@@ -8,7 +8,7 @@ set of pidfds per host, 18 connections for an 18-host rack instead of 72.
 
 The thread owns everything it uses: a ZMQ DEALER connected to the proxy's hub, that socket's
 monitor, a duplicate of its TCP connection's descriptor (to read when the hub was last heard,
-:mod:`._tcp`), a wakeup pipe, and a :class:`~trtllm_liveness.WorkerProcessMonitor` over the host's
+:mod:`._tcp`), a wakeup pipe, and a :class:`~trtllm_liveness.monitor.WorkerProcessMonitor` over the host's
 other ranks (pidfds, per-thread ``D`` state, OOM cause). The agent PINGs the hub every three quarters of the heartbeat
 timeout (ZMQ sends them and reads the hub's answers). Nothing from the hub for the timeout makes the
 hub suspect (a line, nothing more): the management network may blip while the engine serves on. The

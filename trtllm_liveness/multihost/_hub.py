@@ -2,8 +2,8 @@
 
 One thread owns a ZMQ ROUTER bound where the ranks can reach it (TCP, the hub's ZMTP PINGs on), the
 socket's monitor, a :class:`~._tcp.ConnectionTable`, a wakeup pipe and every agent session. It
-merges what the agents report into the engine's own :class:`~trtllm_liveness.WorkerProcessMonitor`
-(:meth:`~trtllm_liveness.WorkerProcessMonitor.apply_remote`), so remote ranks have real states in
+merges what the agents report into the engine's own :class:`~trtllm_liveness.monitor.WorkerProcessMonitor`
+(:meth:`~trtllm_liveness.monitor.WorkerProcessMonitor.apply_remote`), so remote ranks have real states in
 ``statuses()`` and their fatal events take the path a local death takes (subscribers, health,
 pending requests failed, Dynamo, metrics, exit guard), exactly once per rank and kind; the states
 at once, the subscribers' calls off its thread (:mod:`._hub_delivery`).

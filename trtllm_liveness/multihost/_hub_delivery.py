@@ -6,7 +6,7 @@ right after), but without calling a subscriber there
 (``apply_remote_many(..., deliver=False)``). A subscriber acts on a failure and may ask the hub for
 every host's snapshot or stop (:meth:`~._hub.AgentHub.snapshot`, :meth:`~._hub.AgentHub.stop_hosts`),
 which only the hub's thread can answer; so this class's one thread calls them
-(:meth:`~trtllm_liveness.WorkerProcessMonitor.deliver`) once the hub says there may be something to
+(:meth:`~trtllm_liveness.monitor.WorkerProcessMonitor.deliver`) once the hub says there may be something to
 deliver. The monitor's event log keeps its promise whoever delivers: every event once, in order,
 never two calls at a time; a thread that calls ``check()`` or ``flush()`` meanwhile delivers too.
 """

@@ -60,8 +60,8 @@ def capture_identity(rank: int, pid: int | None = None) -> ProcessIdentity:
     """Capture the identity of ``pid`` (default: the calling process) as worker ``rank``.
 
     Reads ``/proc/<pid>/stat`` and ``/proc/<pid>/ns/pid``: blocks only for those two procfs reads
-    (microseconds). Raises :class:`~trtllm_liveness.ProcessGone` if the process does not exist,
-    :class:`~trtllm_liveness.AccessDenied` if its ``/proc`` entry cannot be read. Thread-safe.
+    (microseconds). Raises :class:`~trtllm_liveness.process.ProcessGone` if the process does not exist,
+    :class:`~trtllm_liveness.process.AccessDenied` if its ``/proc`` entry cannot be read. Thread-safe.
     """
     target = os.getpid() if pid is None else pid
     start_time, namespace = _read_identity_fields(target, "self" if pid is None else target)
@@ -135,7 +135,7 @@ def coerce_identity(item: Any, index: int = 0) -> ProcessIdentity:
 
     Used by the monitor's ``register``: pid 1 is legal there (a worker may be init of its own PID
     namespace, and is then unmonitored anyway) and the monitor never signals. Raises
-    :class:`~trtllm_liveness.InvalidIdentityError`.
+    :class:`~trtllm_liveness.process.InvalidIdentityError`.
     """
     return _parse_one(item, index, own_pid=0, strict=False)
 
@@ -152,7 +152,7 @@ def parse_identities(
 
     Accepts a list or tuple of 5-field tuples/lists, dicts with the field names, or
     ``ProcessIdentity`` values; ``start_time`` and ``pid_namespace`` may be ``None``. Returns them
-    sorted by rank. Raises :class:`~trtllm_liveness.InvalidIdentityError` (a ``ValueError``)
+    sorted by rank. Raises :class:`~trtllm_liveness.process.InvalidIdentityError` (a ``ValueError``)
     naming the first bad element: wrong container or field types, ``bool`` used as an int,
     pid <= 1 or the calling process itself, duplicate ranks, or more than ``max_count`` entries.
 

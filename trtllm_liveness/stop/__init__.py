@@ -12,29 +12,17 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._bounded_stop import stop_processes as stop_processes
-    from ._stop_report import StopOutcome as StopOutcome
-    from ._stop_report import StoppedWorker as StoppedWorker
-    from ._stop_report import StopReport as StopReport
-    from ._stop_report import UnkillableWorker as UnkillableWorker
+    from ._bounded_stop import stop_processes
+    from ._stop_report import StopOutcome, StoppedWorker, StopReport, UnkillableWorker
 
-__all__ = [
-    "StopOutcome",
-    "StopReport",
-    "StoppedWorker",
-    "UnkillableWorker",
-    "stop_processes",
-]
+__all__ = ["StopOutcome", "StopReport", "StoppedWorker", "UnkillableWorker", "stop_processes"]
 
 _SOURCES = {
-    "stop_processes": "_bounded_stop",
-    "StopReport": "_stop_report",
-    "StopOutcome": "_stop_report",
-    "StoppedWorker": "_stop_report",
-    "UnkillableWorker": "_stop_report",
+    "._bounded_stop": ("stop_processes",),
+    "._stop_report": ("StopOutcome", "StopReport", "StoppedWorker", "UnkillableWorker"),
 }
 
 if not TYPE_CHECKING:
-    from .._lazy import lazy_exports
+    from .. import _lazy_exports
 
-    __getattr__, __dir__ = lazy_exports(__name__, _SOURCES, globals())
+    __getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())

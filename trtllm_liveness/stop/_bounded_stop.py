@@ -97,7 +97,7 @@ def stop_processes(
 
     Thread-safe: it may run in several threads at once, also on the same processes (a given
     signal reaches a given process once across concurrent calls; each call keeps its own
-    deadlines and report), and beside a :class:`~trtllm_liveness.WorkerProcessMonitor`, which
+    deadlines and report), and beside a :class:`~trtllm_liveness.monitor.WorkerProcessMonitor`, which
     never signals. Do not call it *inside* a signal handler (it blocks for up to the deadlines):
     have the handler set a flag or wake the main loop, and call it from there or from a thread.
     """

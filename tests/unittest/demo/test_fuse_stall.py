@@ -20,7 +20,7 @@ import pytest
 from tests.support.facilities import require_or_skip
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, capture_identity
+from trtllm_liveness import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.demo._fuse_slow_reads import SlowReadResult, slow_reader_cmd
 from trtllm_liveness.demo._fuse_stall import (
     MOUNT_PREFIX,
@@ -29,7 +29,8 @@ from trtllm_liveness.demo._fuse_stall import (
     fuse_mounts,
     remove_leftover_mounts,
 )
-from trtllm_liveness.process import _procfs
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import _procfs, capture_identity
 from trtllm_liveness.stop._bounded_stop import stop_processes
 from trtllm_liveness.stop._stop_report import StopOutcome
 

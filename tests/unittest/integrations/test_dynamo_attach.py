@@ -11,8 +11,9 @@ import pytest
 from tests.support.process_tracker import ProcessTracker
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import wait_until
-from trtllm_liveness import WorkerProcessMonitor, capture_identity
 from trtllm_liveness.integrations.dynamo import DynamoLivenessBridge, attach_to_dynamo, liveness_monitor_of
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import capture_identity
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
 

@@ -17,9 +17,10 @@ import pytest
 from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness import WorkerProcessMonitor, capture_identity
 from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import capture_identity
 
 needs_mpi = needs("mpi")
 

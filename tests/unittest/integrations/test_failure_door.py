@@ -180,7 +180,7 @@ def test_a_wedge_gets_one_reaction_and_one_unrestartable_note(
 def test_the_monitors_flush_waits_for_a_delivery_in_flight_and_never_for_itself(procs: ProcessTracker) -> None:
     """The door's monitor half: ``flush()`` from another thread returns once the delivery under
     way ended (the subscriber was called once); from inside that delivery it returns at once."""
-    from trtllm_liveness import WorkerProcessMonitor
+    from trtllm_liveness.monitor import WorkerProcessMonitor
 
     child = procs.sleeper()
     identity = capture_identity(0, child.pid)

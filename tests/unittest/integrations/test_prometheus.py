@@ -18,7 +18,9 @@ from tests.support.facilities import require_facility
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import wait_until
-from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
+from trtllm_liveness import EventKind, WorkerEvent
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import capture_identity
 
 require_facility("prometheus", allow_module_level=True)
 prometheus_client = pytest.importorskip("prometheus_client", reason="the optional prometheus_client is not installed")

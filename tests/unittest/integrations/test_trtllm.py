@@ -24,7 +24,6 @@ from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker
 from tests.support.upstream_fakes import FAKE_ENGINE, tree
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness import ProcessIdentity, WorkerProcessMonitor, capture_identity
 from trtllm_liveness.demo import GenerationExecutorProxy, MainGenerationExecutorProxy
 from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
@@ -32,6 +31,8 @@ from trtllm_liveness.integrations import trtllm as integ
 from trtllm_liveness.integrations.trtllm._mixin import _subscriber
 from trtllm_liveness.integrations.trtllm._shim import MonitorShim
 from trtllm_liveness.integrations.trtllm._side_channel import IdentityChannel
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import ProcessIdentity, capture_identity
 
 pytestmark = [pytest.mark.timeout(120), needs("mpi")]
 

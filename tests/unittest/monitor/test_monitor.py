@@ -16,18 +16,10 @@ import pytest
 from tests.support.facilities import needs, require_or_skip
 from tests.support.process_tracker import ProcessTracker, start_time_or_none, state_of
 from tests.support.waits import wait_until
-from trtllm_liveness import (
-    EventKind,
-    InvalidIdentityError,
-    MonitorMethod,
-    ProcessIdentity,
-    RankStatus,
-    WorkerEvent,
-    WorkerProcessMonitor,
-    WorkerState,
-    capture_identity,
-)
+from trtllm_liveness import EventKind, MonitorMethod, RankStatus, WorkerEvent, WorkerState
+from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.monitor._watcher import WatcherClosed
+from trtllm_liveness.process import InvalidIdentityError, ProcessIdentity, capture_identity
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 
@@ -159,7 +151,7 @@ def test_other_host_is_unmonitored_not_dead(procs: ProcessTracker) -> None:
 @needs("unshare")
 def test_other_pid_namespace_is_unmonitored_not_dead(procs: ProcessTracker) -> None:
     code = (
-        "import json, sys, time\nfrom trtllm_liveness import capture_identity\n"
+        "import json, sys, time\nfrom trtllm_liveness.process import capture_identity\n"
         "print(json.dumps(list(capture_identity(0))), flush=True)\ntime.sleep(3600)\n"
     )
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", code],
@@ -190,7 +182,8 @@ def test_other_pid_namespace_is_unmonitored_not_dead(procs: ProcessTracker) -> N
 
 RLIMIT_CHILD = """
 import json, os, resource, signal, subprocess, sys, threading
-from trtllm_liveness import WorkerProcessMonitor, capture_identity
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import capture_identity
 sleeper = subprocess.Popen([sys.executable, "-c", "import time; print('ok', flush=True); time.sleep(3600)"],
                            stdout=subprocess.PIPE)
 sleeper.stdout.readline()

@@ -35,8 +35,10 @@ import pytest
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.stuck_processes import Freezer
 from tests.support.waits import wait_until
-from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, capture_identity
+from trtllm_liveness import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.demo._fuse_stall import FuseStall
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import capture_identity
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(240)]
 

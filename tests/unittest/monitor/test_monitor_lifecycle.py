@@ -14,16 +14,9 @@ import pytest
 from tests.support.process_tracker import ProcessTracker
 from tests.support.stuck_processes import Freezer
 from tests.support.waits import wait_until
-from trtllm_liveness import (
-    EventKind,
-    InvalidIdentityError,
-    ProcessIdentity,
-    WorkerEvent,
-    WorkerProcessMonitor,
-    WorkerState,
-    capture_identity,
-    parse_identities,
-)
+from trtllm_liveness import EventKind, WorkerEvent, WorkerState
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import InvalidIdentityError, ProcessIdentity, capture_identity, parse_identities
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]
 

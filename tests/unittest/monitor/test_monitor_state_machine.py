@@ -19,7 +19,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 
 from tests.support.process_tracker import state_of
 from tests.support.waits import wait_until
-from trtllm_liveness import ProcessIdentity, WorkerProcessMonitor, capture_identity
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import ProcessIdentity, capture_identity
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(300)]
 

@@ -16,11 +16,12 @@ import pytest
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.stuck_processes import Freezer, StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, WorkerState, capture_identity
+from trtllm_liveness import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.demo._fuse_slow_reads import SlowReadResult
 from trtllm_liveness.demo._fuse_stall import FuseStall
+from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.monitor._wedge import WedgeTracker
-from trtllm_liveness.process import _procfs
+from trtllm_liveness.process import _procfs, capture_identity
 from trtllm_liveness.process._thread_sampler import DStateSample, ThreadSampler
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(90)]

@@ -24,8 +24,8 @@ import pytest
 from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker, start_time_or_none, state_of
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness import WorkerProcessMonitor
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
+from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.monitor._progress_clock import ProgressClock
 from trtllm_liveness.multihost import _wire
 from trtllm_liveness.multihost._hub import AgentHub

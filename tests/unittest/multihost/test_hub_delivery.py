@@ -11,8 +11,8 @@ import pytest
 
 from tests.support.process_tracker import start_time_or_none
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness import WorkerProcessMonitor
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
+from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.multihost._hub_delivery import RemoteDelivery
 from trtllm_liveness.process._identity import ProcessIdentity
 

@@ -175,9 +175,9 @@ def test_importing_the_package_imports_no_submodule_until_a_name_is_used(
         "def mine(): return sorted(m for m in sys.modules if m.startswith('trtllm_liveness'))\n"
         "import trtllm_liveness as t\n"
         "imported = mine()\n"
-        "monitor = t.WorkerProcessMonitor\n"
+        "report = t.StopReport\n"
         "after_one = mine()\n"
-        "from trtllm_liveness import LivenessConfig, stop_processes\n"
+        "from trtllm_liveness import LivenessConfig, liveness_executor_class\n"
         "resolved = sorted(name for name in t.__all__ if getattr(t, name) is not None)\n"
         "try:\n"
         "    t.no_such_name\n"
@@ -185,14 +185,15 @@ def test_importing_the_package_imports_no_submodule_until_a_name_is_used(
         "except AttributeError as exc:\n"
         "    missing = str(exc)\n"
         "import json\n"
-        "print(json.dumps({'imported': imported, 'after_one': after_one, 'monitor': monitor.__module__,\n"
+        "print(json.dumps({'imported': imported, 'after_one': after_one, 'report': report.__module__,\n"
         "                  'resolved': resolved, 'all': sorted(t.__all__), 'dir': sorted(dir(t)),\n"
         "                  'missing': missing, 'doc': t.__doc__ or ''}))\n"
     )
     out, _ = _run(procs, site, code, None)
     result = json.loads(out.strip().splitlines()[-1])
     assert result["imported"] == [PACKAGE]
-    assert f"{PACKAGE}.monitor._monitor" in result["after_one"] and result["monitor"] == f"{PACKAGE}.monitor._monitor"
+    assert f"{PACKAGE}.stop._stop_report" in result["after_one"] and result["report"] == f"{PACKAGE}.stop._stop_report"
+    assert not any(name.startswith(f"{PACKAGE}.integrations") for name in result["after_one"])
     assert result["resolved"] == result["all"]
     assert set(result["all"]) <= set(result["dir"])
     assert "no_such_name" in result["missing"]

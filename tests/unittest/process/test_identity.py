@@ -10,7 +10,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tests.support.process_tracker import ProcessTracker
-from trtllm_liveness import InvalidIdentityError, ProcessGone, ProcessIdentity, capture_identity, parse_identities
+from trtllm_liveness.process import (
+    InvalidIdentityError,
+    ProcessGone,
+    ProcessIdentity,
+    capture_identity,
+    parse_identities,
+)
 from trtllm_liveness.process._identity import MAX_HOSTNAME_LEN, coerce_identity, local_hostname, local_pid_namespace
 
 pytestmark = [pytest.mark.timeout(120)]

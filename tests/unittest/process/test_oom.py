@@ -13,7 +13,9 @@ import pytest
 from tests.support.facilities import require_or_skip
 from tests.support.process_tracker import ProcessTracker
 from tests.support.stuck_processes import MemoryCgroup
-from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
+from trtllm_liveness import EventKind, WorkerEvent
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import capture_identity
 from trtllm_liveness.process._oom import OomCounters, OomProbe, memory_cgroup_counter_file
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]

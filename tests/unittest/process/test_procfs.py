@@ -15,8 +15,9 @@ import pytest
 from tests.support.process_tracker import ProcessTracker
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import wait_until
-from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
-from trtllm_liveness.process import _procfs
+from trtllm_liveness import EventKind, WorkerEvent
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import _procfs, capture_identity
 from trtllm_liveness.process._thread_sampler import ThreadSampler, sample_d_state
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]

@@ -76,7 +76,8 @@ def test_the_default_unrestartable_status_differs_from_the_default_status() -> N
 
 GUARD_SCRIPT = """
 import sys
-from trtllm_liveness import LivenessConfig, ProcessIdentity
+from trtllm_liveness import LivenessConfig
+from trtllm_liveness.process import ProcessIdentity
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerFailedError
 from trtllm_liveness.exit._exit_guard import FatalExitGuard
 from trtllm_liveness.integrations.trtllm._fatal import note_unrestartable

@@ -21,8 +21,9 @@ from tests.support.facilities import require_facility
 from tests.support.process_tracker import SLEEPER, ProcessTracker, state_of
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness import EventKind, WorkerEvent, WorkerProcessMonitor, capture_identity
-from trtllm_liveness.process import _pidfd, _procfs
+from trtllm_liveness import EventKind, WorkerEvent
+from trtllm_liveness.monitor import WorkerProcessMonitor
+from trtllm_liveness.process import _pidfd, _procfs, capture_identity
 from trtllm_liveness.stop._bounded_stop import stop_processes
 from trtllm_liveness.stop._stop_report import StopOutcome, StopReport
 

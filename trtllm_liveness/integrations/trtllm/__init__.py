@@ -69,34 +69,37 @@ ranks on other hosts are reported unmonitored, not dead, and have no proxy-death
 
 from __future__ import annotations
 
-from typing import Any
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from .._pool_manager_watch import PoolManagerDiedError
+    from ._classes import liveness_executor_class, liveness_proxy_class, patch_tensorrt_llm
+    from ._features import UpstreamFeatures, detect_features
+    from ._mixin import LivenessProxyMixin
+    from ._state import EngineLiveness
+    from ._worker_entry import PROXY_DIED_EXIT_STATUS, liveness_worker_entry
 
-from .._pool_manager_watch import PoolManagerDiedError
-from ._classes import liveness_executor_class, liveness_proxy_class, patch_tensorrt_llm
-from ._features import UpstreamFeatures, detect_features
-from ._mixin import LivenessProxyMixin
-from ._state import EngineLiveness
-from ._worker_entry import PROXY_DIED_EXIT_STATUS, liveness_worker_entry
+__all__ = ["PROXY_DIED_EXIT_STATUS", "EngineLiveness", "LivenessProxyMixin", "PoolManagerDiedError", "UpstreamFeatures",
+           "detect_features", "liveness_executor_class", "liveness_proxy_class", "liveness_worker_entry",
+           "patch_tensorrt_llm"]
 
-__all__ = [
-    "PROXY_DIED_EXIT_STATUS",
-    "EngineLiveness",
-    "LivenessProxyMixin",
-    "PoolManagerDiedError",
-    "UpstreamFeatures",
-    "detect_features",
-    "liveness_executor_class",
-    "liveness_proxy_class",
-    "liveness_worker_entry",
-    "patch_tensorrt_llm",
-]
+_SOURCES = {
+    ".._pool_manager_watch": ("PoolManagerDiedError",),
+    "._classes": ("liveness_executor_class", "liveness_proxy_class", "patch_tensorrt_llm"),
+    "._features": ("UpstreamFeatures", "detect_features"),
+    "._mixin": ("LivenessProxyMixin",),
+    "._state": ("EngineLiveness",),
+    "._worker_entry": ("PROXY_DIED_EXIT_STATUS", "liveness_worker_entry"),
+}
 
+if not TYPE_CHECKING:
+    from ... import _lazy_exports
 
-def __getattr__(name: str) -> Any:
-    # PEP 562: ``from trtllm_liveness.integrations.trtllm import LivenessGenerationExecutor``
-    # builds the class on first use, importing tensorrt_llm only then.
-    if name == "LivenessGenerationExecutor":
-        cls = liveness_executor_class()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    _export, __dir__ = _lazy_exports(__name__, _SOURCES, globals())
+
+    def __getattr__(name: str) -> object:
+        # ``LivenessGenerationExecutor``: ``liveness_executor_class()``, built on first use (which
+        # imports tensorrt_llm only then) and cached; every other name is a lazy export.
+        if name != "LivenessGenerationExecutor":
+            return _export(name)
+        globals()[name] = executor_cls = _export("liveness_executor_class")()
+        return executor_cls

@@ -38,7 +38,7 @@ from ...exit._exit_guard import FatalExitGuard
 from ...exit._outcome import mark_running
 from ...exit._process_ending import Stage, process_ending
 from ...monitor._monitor import WorkerProcessMonitor
-from ...process._identity import ProcessIdentity, is_local
+from ...process._identity import is_local
 from ...stop._bounded_stop import StopReport
 from .._futures import mirror_future
 from .._pool_manager_watch import PoolManagerWatch
@@ -74,7 +74,6 @@ from ._upstream_teardown import forget_results, run_upstream_shutdown
 
 if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
-    from ...monitor._stall_timer import StallInfo
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -175,11 +174,6 @@ class LivenessProxyMixin:
         return state_of(self).monitor
 
     @property
-    def liveness_exit_guard(self) -> FatalExitGuard | None:
-        """The exit guard when ``exit_on_fatal`` is on (``guard.triggered`` after a fatal event)."""
-        return state_of(self).exit_guard
-
-    @property
     def liveness_fatal_error(self) -> WorkerFailedError | None:
         """The one fatal error the extension recorded, or None."""
         return state_of(self).fatal
@@ -196,11 +190,6 @@ class LivenessProxyMixin:
         """The :class:`~trtllm_liveness.stop._bounded_stop.StopReport` of ``shutdown()``, once it ran."""
         return state_of(self).shutdown_report
 
-    @property
-    def liveness_pre_shutdown_calls(self) -> int:
-        """How many calls reached upstream's ``pre_shutdown()`` through this proxy."""
-        return state_of(self).pre_shutdown_entries
-
     def liveness_statuses(self) -> list[RankStatus]:
         """Per-rank status snapshot (empty when disabled)."""
         monitor = state_of(self).monitor
@@ -211,17 +200,6 @@ class LivenessProxyMixin:
         stall, a wedge and every fatal error, in a thread the engine owns), or None. Non-blocking."""
         diagnoser = state_of(self).diagnoser
         return diagnoser.latest if diagnoser is not None else None
-
-    def liveness_stall(self) -> StallInfo | None:
-        """The :class:`~trtllm_liveness.monitor._stall_timer.StallInfo` of the stall under way, or None."""
-        stall = state_of(self).stall
-        detector = stall.detector if stall is not None else None
-        return detector.current if detector is not None else None
-
-    def liveness_identities(self) -> list[ProcessIdentity]:
-        """The registered worker identities (empty when disabled or not known yet)."""
-        monitor = state_of(self).monitor
-        return monitor.identities if monitor is not None else []
 
     # -- upstream attributes backed by the state -------------------------------------------
 

@@ -21,6 +21,7 @@ from ...exit._process_ending import OwnedThreads
 from ...exit._snapshot_record import FatalSnapshot
 from ...monitor._delivery import Subscriber
 from ...monitor._monitor import WorkerProcessMonitor
+from ...monitor._stall_timer import StallInfo
 from ...stop._bounded_stop import StopReport
 from ._engine_stall import Diagnoser, EngineStall
 from ._features import UpstreamFeatures
@@ -48,6 +49,14 @@ def state_of(proxy: object) -> EngineLiveness:
     """The :class:`EngineLiveness` a liveness proxy holds (see the module docstring)."""
     state: EngineLiveness = proxy.__dict__[STATE_ATTR]
     return state
+
+
+def stall_under_way(proxy: object) -> StallInfo | None:
+    """The stall under way of a liveness proxy's engine, or None (no stall, or no stall timer:
+    ``stall_timeout_s`` 0, liveness off); Dynamo's status route shows it."""
+    stall = state_of(proxy).stall
+    detector = stall.detector if stall is not None else None
+    return detector.current if detector is not None else None
 
 
 @dataclass(eq=False)
