@@ -30,8 +30,6 @@ Linux-specific (pidfds, procfs).
 # switch may run there. Nothing is imported here, ``typing`` included, for the same reason.
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping, MutableMapping
-
     from ._config import LivenessConfig
     from ._events import EventKind, MonitorMethod, RankStatus, WorkerEvent, WorkerFailedError, WorkerState
     from .diagnose._diagnosis import Diagnosis
@@ -56,31 +54,14 @@ _SOURCES = {
 }
 
 
-def _lazy_exports(package: str, sources: "Mapping[str, tuple[str, ...]]", namespace: "MutableMapping[str, object]",
-                  ) -> "tuple[Callable[[str], object], Callable[[], list[str]]]":
-    """The module ``__getattr__`` and ``__dir__`` (PEP 562) of a package's face, the one mechanism
-    every face of this package uses: ``sources`` maps each module (relative to ``package``, as
-    ``importlib.import_module`` takes it) to the public names it defines. A name is imported on its
-    first use and then cached in ``namespace`` (the face's ``globals()``), so importing one module
-    of a folder never loads its siblings. Thread-safe through importlib's module lock. It lives in
-    the root because the root may import nothing (not even a module of its own) when it loads."""
-    where = {name: module for module, names in sources.items() for name in names}
-
-    def __getattr__(name: str) -> object:
-        module = where.get(name)
-        if module is None:
-            raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        import importlib
-
-        value = getattr(importlib.import_module(module, package), name)
-        namespace[name] = value
-        return value
-
-    def __dir__() -> list[str]:
-        return sorted(set(namespace) | set(where))
-
-    return __getattr__, __dir__
-
-
 if not TYPE_CHECKING:  # mypy sees the imports above instead, so a misspelt name stays an error
-    __getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())
+
+    def _first_lookup(name: str) -> object:
+        # The one mechanism (._lazy) is loaded by the root's first lookup, never by its import.
+        from ._lazy import lazy_exports
+
+        lookup, listing = lazy_exports(__name__, _SOURCES, globals())
+        globals().update(__getattr__=lookup, __dir__=listing)
+        return lookup(name)
+
+    __getattr__ = _first_lookup

@@ -17,27 +17,27 @@ from __future__ import annotations
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
-    from ._diagnosis import Diagnosis, OddRankOut, RankDiagnosis, diagnose
+    from ._diagnosis import Diagnosis, OddRankOut, RankDiagnosis, diagnose, stalled_rank_of
     from ._faulthandler_stacks import register_stack_dump, take_faulthandler_stacks
     from ._process_selection import Selection, select
     from ._py_spy import take_stacks
     from ._scan import ProcessReport, ScanResult, scan
-    from ._stalled_rank import StalledRank, name_stalled_rank, stalled_rank_of
+    from ._stalled_rank import StalledRank, name_stalled_rank
 
 __all__ = ["Diagnosis", "OddRankOut", "ProcessReport", "RankDiagnosis", "ScanResult", "Selection", "StalledRank",
            "diagnose", "name_stalled_rank", "register_stack_dump", "scan", "select", "stalled_rank_of",
            "take_faulthandler_stacks", "take_stacks"]
 
 _SOURCES = {
-    "._diagnosis": ("Diagnosis", "OddRankOut", "RankDiagnosis", "diagnose"),
+    "._diagnosis": ("Diagnosis", "OddRankOut", "RankDiagnosis", "diagnose", "stalled_rank_of"),
     "._faulthandler_stacks": ("register_stack_dump", "take_faulthandler_stacks"),
     "._process_selection": ("Selection", "select"),
     "._py_spy": ("take_stacks",),
     "._scan": ("ProcessReport", "ScanResult", "scan"),
-    "._stalled_rank": ("StalledRank", "name_stalled_rank", "stalled_rank_of"),
+    "._stalled_rank": ("StalledRank", "name_stalled_rank"),
 }
 
 if not TYPE_CHECKING:
-    from .. import _lazy_exports
+    from .._lazy import lazy_exports
 
-    __getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())
+    __getattr__, __dir__ = lazy_exports(__name__, _SOURCES, globals())

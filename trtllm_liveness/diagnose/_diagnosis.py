@@ -44,11 +44,11 @@ from . import _scan
 from ._py_spy import DEFAULT_STACKS_TIMEOUT_S, find_py_spy, take_stacks
 from ._stack_records import RankStacks, StackFrame, StackStatus
 from ._stack_sources import SourceChoice, StackTarget, take_rank_stacks
-from ._stalled_rank import Condition, RankEvidence, StalledRank, in_d_detail, name_stalled_rank
+from ._stalled_rank import DEFAULT_CPU_WINDOW_S, Condition, RankEvidence, StalledRank, in_d_detail, name_stalled_rank
 
 # find_py_spy and take_stacks (the stacks, :mod:`._py_spy`) are re-exported for callers of diagnose.
 __all__ = ["DEFAULT_WINDOW_S", "Activity", "Diagnosis", "OddRankOut", "RankDiagnosis", "ThreadDiagnosis", "diagnose",
-           "find_odd_ranks", "find_py_spy", "rank_evidence", "take_stacks"]
+           "find_odd_ranks", "find_py_spy", "rank_evidence", "stalled_rank_of", "take_stacks"]
 
 logger = logging.getLogger(__name__)
 
@@ -492,3 +492,16 @@ def _with_stacks(ranks: list[RankDiagnosis], starts: Mapping[int, int | None], t
         wanted.append(StackTarget(rank.pid, starts.get(rank.pid), states))
     taken = take_rank_stacks(wanted, source=source, timeout_s=timeout_s, py_spy=py_spy) if wanted else {}
     return [_replace_stacks(rank, skipped.get(rank.pid) or taken[rank.pid]) for rank in ranks]
+
+
+def stalled_rank_of(targets: Sequence[ProcessIdentity | int], *, iterations: Mapping[int, int] | None = None,
+                    leader: int | None = 0, cpu_window_s: float = DEFAULT_CPU_WINDOW_S) -> StalledRank | None:
+    """Take the diagnosis's short procfs snapshot of ``targets`` (no stacks) and name the stalled
+    rank with all the evidence, spinning included.
+
+    Blocks about ``cpu_window_s`` plus procfs reads (one scan sample: a rank in ``D`` is not
+    confirmed over a window). Never raises for a process that is gone or unreadable. Thread-safe.
+    """
+    diagnosis = diagnose(targets, stacks=False, window_s=0.0, cpu_window_s=cpu_window_s, iterations=iterations,
+                         leader=leader)
+    return diagnosis.named

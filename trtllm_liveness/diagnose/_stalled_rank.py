@@ -16,7 +16,7 @@ Each rank comes in as a :class:`RankEvidence` (the diagnosis makes them from its
 CPU window that tells spinning from sleeping). :func:`stalled_rank_now` reads only the thread
 states (no CPU window, so no spinning evidence) for a caller that must not wait, such as the stall
 timer's fatal event; this module imports nothing heavier than procfs parsing for that.
-:func:`stalled_rank_of` takes the diagnosis's short snapshot and so has all the evidence.
+:func:`~._diagnosis.stalled_rank_of` takes the diagnosis's short snapshot and so has all the evidence.
 """
 
 from __future__ import annotations
@@ -30,10 +30,10 @@ from ..process import _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
 
 __all__ = ["DEFAULT_CPU_WINDOW_S", "Condition", "NamingBasis", "RankEvidence", "StalledRank", "name_stalled_rank",
-           "stalled_rank_now", "stalled_rank_of"]
+           "stalled_rank_now"]
 
 DEFAULT_CPU_WINDOW_S = 0.1
-"""The CPU window of :func:`stalled_rank_of`: 10 ticks at ``CLK_TCK`` 100, enough to tell a
+"""The CPU window of :func:`~._diagnosis.stalled_rank_of`: 10 ticks at ``CLK_TCK`` 100, enough to tell a
 spinning thread from a sleeping one."""
 
 
@@ -192,18 +192,3 @@ def stalled_rank_now(targets: Sequence[ProcessIdentity], *, iterations: Mapping[
         else:
             ranks.append(_states_only(identity.rank, identity.pid, identity.start_time))
     return name_stalled_rank(ranks, iterations=iterations, leader=leader)
-
-
-def stalled_rank_of(targets: Sequence[ProcessIdentity | int], *, iterations: Mapping[int, int] | None = None,
-                    leader: int | None = 0, cpu_window_s: float = DEFAULT_CPU_WINDOW_S) -> StalledRank | None:
-    """Take the diagnosis's short procfs snapshot of ``targets`` (no stacks) and name the stalled
-    rank with all the evidence, spinning included.
-
-    Blocks about ``cpu_window_s`` plus procfs reads (one scan sample: a rank in ``D`` is not
-    confirmed over a window). Never raises for a process that is gone or unreadable. Thread-safe.
-    """
-    from ._diagnosis import diagnose
-
-    diagnosis = diagnose(targets, stacks=False, window_s=0.0, cpu_window_s=cpu_window_s, iterations=iterations,
-                         leader=leader)
-    return diagnosis.named

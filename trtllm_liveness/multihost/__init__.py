@@ -35,6 +35,6 @@ _SOURCES = {
 }
 
 if not TYPE_CHECKING:
-    from .. import _lazy_exports
+    from .._lazy import lazy_exports
 
-    __getattr__, __dir__ = _lazy_exports(__name__, _SOURCES, globals())
+    __getattr__, __dir__ = lazy_exports(__name__, _SOURCES, globals())

@@ -12,14 +12,8 @@ import pytest
 from tests.support.process_tracker import ProcessTracker
 from tests.support.rank_children import blocked, spinning, stop
 from tests.support.stuck_processes import StuckChild
-from trtllm_liveness.diagnose._diagnosis import diagnose, rank_evidence
-from trtllm_liveness.diagnose._stalled_rank import (
-    NamingBasis,
-    StalledRank,
-    name_stalled_rank,
-    stalled_rank_now,
-    stalled_rank_of,
-)
+from trtllm_liveness.diagnose._diagnosis import diagnose, rank_evidence, stalled_rank_of
+from trtllm_liveness.diagnose._stalled_rank import NamingBasis, StalledRank, name_stalled_rank, stalled_rank_now
 from trtllm_liveness.process._identity import ProcessIdentity, capture_identity
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.real_process]

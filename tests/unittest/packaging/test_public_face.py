@@ -1,6 +1,6 @@
 """The package's faces: the root exports what a user of the extension calls and reads, each name
 documented there and by its object; the machinery is importable from its folder's face, not from
-the root; every face resolves the names it lists on first use, through the root's one mechanism.
+the root; every face resolves the names it lists on first use, through the one mechanism (``_lazy``).
 
 (What importing the root costs, in a fresh interpreter: ``test_import_cost.py``.)
 """
@@ -61,7 +61,7 @@ def test_machinery_is_importable_from_its_folder_and_not_from_the_root(face: str
 @pytest.mark.parametrize("face", FACES)
 def test_every_face_resolves_its_names_through_the_one_lazy_mechanism(face: str) -> None:
     module = importlib.import_module(f"trtllm_liveness{face}")
-    assert module.__dir__.__qualname__ == "_lazy_exports.<locals>.__dir__"
+    assert module.__dir__.__qualname__ == "lazy_exports.<locals>.__dir__"
     assert set(module.__all__) <= set(dir(module))
     for name in module.__all__:
         assert getattr(module, name) is not None

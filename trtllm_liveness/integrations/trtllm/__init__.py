@@ -92,9 +92,9 @@ _SOURCES = {
 }
 
 if not TYPE_CHECKING:
-    from ... import _lazy_exports
+    from ..._lazy import lazy_exports
 
-    _export, __dir__ = _lazy_exports(__name__, _SOURCES, globals())
+    _export, __dir__ = lazy_exports(__name__, _SOURCES, globals())
 
     def __getattr__(name: str) -> object:
         # ``LivenessGenerationExecutor``: ``liveness_executor_class()``, built on first use (which

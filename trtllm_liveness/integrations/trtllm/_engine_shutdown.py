@@ -34,7 +34,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..._errors import LivenessError
 from ..._events import WorkerFailedError
@@ -50,8 +50,15 @@ from ._request_socket import owns_request_socket, zmq_debug
 from ._state import EngineLiveness, state_of
 from ._upstream_teardown import abandon_session, owns_session, release_upstream_waits
 
-if TYPE_CHECKING:
-    from ._mixin import LivenessProxyMixin
+
+class EngineProxy(Protocol):
+    """What the bounded shutdown calls on the proxy (the mixin's class over upstream's)."""
+
+    _fatal_error: BaseException | None
+
+    def _liveness_expected_exits(self) -> None: ...
+
+    def pre_shutdown(self) -> None: ...
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -61,7 +68,7 @@ STOP_MARGIN_S = 2.0
 waiting for the first (the kernel-stack reads of unkillable ranks, a loaded host)."""
 
 
-def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_shutdown: Callable[[], None]) -> None:
+def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown: Callable[[], None]) -> None:
     """The data flow of the module docstring; ``upstream_shutdown`` runs upstream's ``shutdown()``
     (never raises). Blocks for at most about ``shutdown_grace_s + shutdown_term_s +
     shutdown_kill_s + 2`` seconds. Idempotent: only the first call does anything."""
@@ -250,7 +257,7 @@ def graceful(state: EngineLiveness) -> Callable[[], None]:
     return interrupt
 
 
-def stop_at_exit(ref: weakref.ReferenceType[LivenessProxyMixin]) -> Callable[[], None]:
+def stop_at_exit(ref: weakref.ReferenceType[object]) -> Callable[[], None]:
     """The engine's STOP cleanup of the process's ending: its ranks are not our children (prte
     spawned them), so nobody else reaps them once this process is gone; stop them first, bounded.
     A rank the stop leaves unkillable quarantines the host (awaited by the ending) and makes the

@@ -45,7 +45,6 @@ if TYPE_CHECKING:
     from ...monitor._monitor import WorkerProcessMonitor
     from ...multihost._hub_snapshots import HostSnapshot
     from ._progress import IterationBeat, ProgressChannel
-    from ._state import EngineLiveness
     from ._worker_spec import ProgressSpec
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
@@ -389,12 +388,3 @@ class EngineStall:
             detector.close()
         if self.channel is not None:
             self.channel.close()
-
-
-def iteration_counts(state: EngineLiveness) -> Callable[[], Mapping[int, int]]:
-    """Each rank's last reported executor iteration count (empty without stall detection)."""
-    def counts() -> Mapping[int, int]:
-        stall = state.stall
-        return {} if stall is None else {rank: last.count for rank, last in stall.iterations().items()}
-
-    return counts

@@ -48,7 +48,6 @@ from ._engine_stall import (
     Diagnoser,
     EngineStall,
     dispatch_activity,
-    iteration_counts,
     pending_count,
     pending_counter,
 )
@@ -69,7 +68,7 @@ from ._features import detect_features, warn_missing_hooks
 from ._request_socket import owns_request_socket, quiet_after_fatal
 from ._shim import MonitorShim
 from ._startup import announce, arm_wedges, export_metrics, new_monitor, wrap_session
-from ._state import MISSING, STATE_ATTR, EngineLiveness, state_of
+from ._state import MISSING, STATE_ATTR, EngineLiveness, iteration_counts, state_of
 from ._upstream_teardown import forget_results, run_upstream_shutdown
 
 if TYPE_CHECKING:

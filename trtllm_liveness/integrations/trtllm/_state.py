@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -178,3 +178,12 @@ class EngineLiveness:
         if callable(mark):
             mark()
         return True
+
+
+def iteration_counts(state: EngineLiveness) -> Callable[[], Mapping[int, int]]:
+    """Each rank's last reported executor iteration count (empty without stall detection)."""
+    def counts() -> Mapping[int, int]:
+        stall = state.stall
+        return {} if stall is None else {rank: last.count for rank, last in stall.iterations().items()}
+
+    return counts
