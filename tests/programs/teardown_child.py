@@ -1,20 +1,23 @@
 """Child process: what a user sees of upstream's own threads and teardown after a rank is SIGKILLed.
 
 Usage: ``python -m tests.programs.teardown_child '{"tree": "v12" | "main", "rank": 0 | 1, "requests": 8,
-"dispatch_delay_s": 0.002}'``
+"dispatch_delay_s": 0.002, "fault": "kill" | "stall" | "none"}'``
 with ``TRTLLM_WORKER_LIVENESS`` configuring the extension. The engine is built with upstream's own
 ``GenerationExecutor.create(FakeEngine(...), model_world_size=2)`` on real MPI ranks (see
 ``lifecycle_child.Built``); ``requests`` streaming requests run until every one has received
 responses (with ``dispatch_delay_s`` the dispatch thread lags behind the leader, so responses wait
-in the result socket, as under load), then rank ``rank`` is SIGKILLed (by verified pid), the fatal
-error and the failure of every pending request are awaited, and ``shutdown()`` runs.
+in the result socket, as under load), then rank ``rank`` is SIGKILLed (by verified pid; ``fault``
+"stall": it stops making progress in its step loop instead, for a fatal stall verdict), the fatal
+error and the failure of every pending request are awaited, and ``shutdown()`` runs (``fault``
+"none": at once, on the healthy engine with its requests in flight).
 
 Emits two JSON lines on stdout:
 
 - ``{"after_shutdown": [names], "fatal": ..., "failed": n, "upstream_errors": [...],
   "teardown_warnings": [...], "abandon_notes": [...]}`` as soon as ``shutdown()`` returned:
   ``after_shutdown`` names every thread of upstream's teardown still alive then (upstream's own
-  ``proxy_*`` threads and the extension's thread that runs upstream's ``shutdown()``);
+  ``proxy_*`` threads and the extension's thread that runs upstream's ``shutdown()``), and
+  ``extension_threads`` every thread the extension started that is still alive then;
 - ``{"left": [names], "upstream_errors": [...], ...}`` once those threads ended (or after
   ``linger_s``): what they logged after ``shutdown()`` returned is counted too.
 
@@ -43,6 +46,9 @@ UPSTREAM_THREAD_PREFIX = "proxy_"  # upstream's proxy names its threads proxy_di
 UPSTREAM_SHUTDOWN_THREAD = "trtllm-liveness-upstream-shutdown"  # the extension's runner of upstream's shutdown()
 TEARDOWN_WARNINGS = ("upstream shutdown still blocked", "upstream shutdown raised", "has no abandon()")
 ABANDON_NOTE = "has no abandon()"
+
+
+EXTENSION_THREAD_PREFIXES = ("trtllm-liveness", "liveness-")  # every thread the extension names
 
 
 def upstream_thread(name: str) -> bool:
@@ -104,22 +110,30 @@ def main(options: dict[str, Any]) -> int:
     logging.getLogger().addHandler(seen)
     threading.excepthook = seen.excepthook
     built = Built(str(options.get("tree", "v12")), dispatch_delay_s=float(options.get("dispatch_delay_s", 0.0)))
-    executor = built.create({"token_delay_s": 0.01})
+    fault, rank = str(options.get("fault", "kill")), int(options.get("rank", 1))
+    engine: dict[str, Any] = {"token_delay_s": 0.01}
+    if fault == "stall":
+        engine.update(step_acks=True, stall={"rank": rank, "kind": "block", "after_tokens": 5})
+    executor = built.create(engine)
     proxy = built.instances[0]
     results = [executor.generate_async([1, 2], max_tokens=10**6, streaming=True)
                for _ in range(int(options.get("requests", 4)))]
     streaming = wait_streaming(results, 30)
-    kill_rank(proxy, int(options.get("rank", 1)))
-    fatal = wait_fatal(proxy, 15)
-    failed = 0
-    for result in results:
-        try:
-            result.result(timeout=10)
-        except Exception as exc:
-            failed += type(exc).__name__ != "Empty"
+    fatal, failed = None, 0
+    if fault != "none":
+        if fault == "kill":
+            kill_rank(proxy, rank)
+        fatal = wait_fatal(proxy, 30)
+        for result in results:
+            try:
+                result.result(timeout=10)
+            except Exception as exc:
+                failed += type(exc).__name__ != "Empty"
     executor.shutdown()
-    emit({"after_shutdown": [thread.name for thread in teardown_threads()], "fatal": fatal, "failed": failed,
-          "requests": len(results), "streaming": streaming, **seen.report()})
+    extension = [thread.name for thread in threading.enumerate()
+                 if thread.name.startswith(EXTENSION_THREAD_PREFIXES) and thread.is_alive()]
+    emit({"after_shutdown": [thread.name for thread in teardown_threads()], "extension_threads": extension,
+          "fatal": fatal, "failed": failed, "requests": len(results), "streaming": streaming, **seen.report()})
     deadline = time.monotonic() + float(options.get("linger_s", 15))
     for thread in teardown_threads():
         thread.join(max(0.0, deadline - time.monotonic()))

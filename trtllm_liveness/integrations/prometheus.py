@@ -113,6 +113,8 @@ LATENCY_ORIGINS: dict[EventKind, tuple[str, ...]] = {
 FaultTime = Callable[[WorkerEvent], "float | None"]
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+REFRESHER_JOIN_S = 1.0
+"""How long ``close()`` waits for the refresh thread (woken at once; one refresh's file reads at most)."""
 
 _STATE_NAME = "trtllm_liveness_worker_state"
 _STATE_HELP = "1 for the state each worker rank is in now, 0 for the other states"
@@ -347,9 +349,10 @@ class LivenessMetrics:
         self._stop.set()
         refresher = self._refresher
         if refresher is not None and refresher is not threading.current_thread():
-            refresher.join(timeout=5.0)
+            refresher.join(timeout=REFRESHER_JOIN_S)
             if refresher.is_alive():
-                logger.warning("liveness metrics refresh thread did not stop within 5 s (daemon: left to exit)")
+                logger.warning("liveness metrics refresh thread did not stop within %g s (daemon: left to exit)",
+                               REFRESHER_JOIN_S)
         for collector in (self._failures, self._would_fail, self._latency, self._collector):
             try:
                 self.registry.unregister(collector)

@@ -112,6 +112,44 @@ def test_nothing_of_upstreams_teardown_outlives_shutdown(procs: ProcessTracker, 
     assert run.final["teardown_warnings"] == [], run.final["teardown_warnings"]
 
 
+@pytest.mark.parametrize(("tree", "rank", "dispatcher"), CASES, ids=IDS)
+def test_no_thread_of_the_extension_outlives_shutdown_after_a_death(procs: ProcessTracker, tree: str, rank: int,
+                                                                    dispatcher: str) -> None:
+    run = teardown_run(procs, tree, rank, dispatcher)
+    assert run.after["extension_threads"] == [], run.log[-6000:]
+
+
+@pytest.mark.parametrize("tree", ["v12", "main"])
+@pytest.mark.parametrize("fault", ["stall", "none"])
+def test_no_thread_of_the_extension_outlives_shutdown_after_a_stall_or_a_clean_run(
+        procs: ProcessTracker, tree: str, fault: str) -> None:
+    """A fatal stall verdict (the leader's step loop blocks: no output, no iteration), and a healthy
+    engine shut down with its requests in flight: when ``shutdown()`` returns, every thread the
+    extension started has ended (the diagnosis, the fatal path's, the stall timer, the watcher, and
+    the agent hub's, with its remote stop and snapshot), and upstream's teardown too."""
+    config = CONFIG + ",hosts=on,hosts_bind=127.0.0.1"
+    config += ",stall_timeout_s=1,stall_action=fatal" if fault == "stall" else ""
+    helper = HelperProcess("teardown_child", {"tree": tree, "rank": 0, "requests": 4, "fault": fault},
+                           {"TRTLLM_WORKER_LIVENESS": config})
+    procs.popens.append(helper.popen)
+    procs.track(helper.pid)
+    try:
+        after = helper.read_record(90 * WAIT_SCALE, "after_shutdown")
+        status = helper.wait_exit(60 * WAIT_SCALE)
+        log = helper.stderr_tail(10**7)
+    finally:
+        survivors = helper.close()
+    assert after["streaming"], log[-4000:]
+    if fault == "stall":
+        assert after["fatal"] is not None and "stall" in after["fatal"], log[-4000:]
+        assert after["failed"] == after["requests"], (after, log[-4000:])
+    else:
+        assert after["fatal"] is None, log[-4000:]
+    assert after["extension_threads"] == [], log[-6000:]
+    assert after["after_shutdown"] == [], log[-6000:]
+    assert status == 0 and survivors == [], log[-6000:]
+
+
 @pytest.mark.parametrize(("tree", "rank", "dispatcher"), V12, ids=V12_IDS)
 def test_no_abandon_note_where_the_exit_join_was_released(procs: ProcessTracker, tree: str, rank: int,
                                                           dispatcher: str) -> None:

@@ -173,11 +173,12 @@ def _stop_workers_once(state: EngineLiveness) -> StopReport | None:
         snapshot_first(state)
     if state.monitor is not None:
         state.monitor.mark_expected_exits()  # the ranks this stop ends are no deaths
-    remote = stop_remote_hosts(state.hub, config) if state.hub is not None else None
+    remote = stop_remote_hosts(state.hub, config, state.threads) if state.hub is not None else None
     identities = [identity for identity in identities if is_local(identity)]
     report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
     if remote is not None:
-        remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
+        if remote[0] is not None:
+            remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
         state.host_stops = list(remote[1])
     log_stopped(report)
     note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop

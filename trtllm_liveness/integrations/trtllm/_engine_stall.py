@@ -214,9 +214,8 @@ class Diagnoser:
             except Exception:
                 logger.warning("liveness: the remote hosts' snapshot failed", exc_info=True)
 
-        thread = threading.Thread(target=ask, name="trtllm-liveness-remote-snapshot", daemon=True)
-        thread.start()
-        return thread, found, bound + 0.1
+        thread = self._threads.start(ask, name="trtllm-liveness-remote-snapshot", bound_s=bound + 0.1)
+        return None if thread is None else (thread, found, bound + 0.1)
 
     def _run(self, reason: str, on_done: Callable[[Diagnosis], None] | None, delay_s: float,
              snapshot: bool) -> None:

@@ -15,6 +15,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from ..._config import LivenessConfig
+from ...exit._process_ending import OwnedThreads
 from ...monitor._monitor import WorkerProcessMonitor
 from ._features import upstream_skips_registration
 
@@ -127,9 +128,11 @@ def default_bind(advertise: str) -> tuple[str, str]:
 _SIGNALS_OF = {"exited-after-term": "SIGTERM", "exited-after-kill": "SIGTERM+SIGKILL"}
 
 
-def stop_remote_hosts(hub: AgentHub, config: LivenessConfig) -> tuple[threading.Thread, list[HostStop]]:
-    """Ask every remote agent to stop its host's ranks, in a thread (the local stop runs meanwhile);
-    the list fills with the :class:`~trtllm_liveness.multihost.HostStop` reports when it ends."""
+def stop_remote_hosts(hub: AgentHub, config: LivenessConfig, threads: OwnedThreads
+                      ) -> tuple[threading.Thread | None, list[HostStop]]:
+    """Ask every remote agent to stop its host's ranks, in a thread of ``threads`` (the engine's;
+    the local stop runs meanwhile); the list fills with the
+    :class:`~trtllm_liveness.multihost.HostStop` reports when it ends."""
     reports: list[HostStop] = []
     bound = config.shutdown_term_s + config.shutdown_kill_s + 1.0
 
@@ -149,9 +152,7 @@ def stop_remote_hosts(hub: AgentHub, config: LivenessConfig) -> tuple[threading.
                     logger.info("liveness: stopped rank %d (pid %d) on host %s: %s, exited", rank, pid, report.host,
                                 signals)
 
-    thread = threading.Thread(target=run, name="trtllm-liveness-remote-stop", daemon=True)
-    thread.start()
-    return thread, reports
+    return threads.start(run, name="trtllm-liveness-remote-stop", bound_s=bound + 1.0), reports
 
 
 def single_host_launch(environ: Any = None) -> bool:
