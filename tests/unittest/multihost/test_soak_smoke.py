@@ -1,7 +1,7 @@
 """``scripts/soak_healthy.py --smoke --json``: every hard but healthy condition raises no verdict, and
 the real fault after each is reported with its expected kind; nothing is left behind.
 
-The CI smoke of the healthy-chaos soak: each family once, 10 s of its condition (about 60 s in
+The CI smoke of the healthy-chaos soak: each family once, 6 s of its condition (36 s in
 all) on fresh test hosts, then its real fault. The counts only, never a time against a bound
 (``real_faults_reported``: the expected verdicts; whether each came within its bound is the
 script's own target, ``real_faults_detected``, proven on a quiet machine).
@@ -42,7 +42,7 @@ def test_the_smoke_soak_has_no_false_verdict_and_reports_every_real_fault(procs:
     assert {r["family"] for r in rounds} == FAMILIES and len(rounds) == len(FAMILIES), context
     assert all(not r["error"] for r in rounds), context  # every round ran
     assert result["false_verdicts"] == 0, context
-    assert result["healthy_seconds"] >= result["healthy_target_s"] >= 60, context
+    assert result["healthy_seconds"] >= result["healthy_target_s"] >= 36, context
     assert all(r["iterations"] > 0 for r in rounds), context  # the engine served under every condition
     assert result["real_faults_injected"] == len(FAMILIES), context
     assert result["real_faults_reported"] == result["real_faults_injected"], context
