@@ -333,8 +333,8 @@ class LivenessProxyMixin:
         a request that registered after the fatal sweep (1.2.x would leave it pending forever).
         Serialized with the fatal path's ``pre_shutdown()`` (``send_lock``): upstream's sockets
         have no lock. A request on an idle engine starts the stall clock."""
-        state = state_of(self)
-        if not state.enabled:
+        state: EngineLiveness = self.__dict__[STATE_ATTR]
+        if not state.config.enabled:
             return super().submit(request)  # type: ignore[misc]
         if state.fatal is not None:
             raise dead_error(self, state.fatal)
@@ -342,7 +342,8 @@ class LivenessProxyMixin:
             # Before upstream registers the request: the timer must never see it pending with
             # the idle engine's old clock.
             state.stall.note_submitted(pending_count(self) == 0)
-        acquire_send_lock(self, state)
+        if not state.send_lock.acquire(False):  # uncontended: no timed wait
+            acquire_send_lock(self, state)
         try:
             if state.fatal is not None:
                 # Became fatal while this call waited for the lock: upstream's send could go to a
