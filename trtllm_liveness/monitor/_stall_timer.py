@@ -40,8 +40,8 @@ _RECHECK_S = 60.0
 """Bound on each wait of the timer where only a wakeup can change its decision (idle, stalled):
 each bound passed is one re-evaluation, which decides the same."""
 PROBE_INTERVAL_S = 1.0
-"""Bound on each wait of the timer that has a ``probe`` (with work pending or stalled): sampled
-progress is dated at most this late."""
+"""Bound on each wait of the timer while its ``probe`` samples progress (with work pending or
+stalled): sampled progress is dated at most this late."""
 
 
 class ProgressSource:
@@ -192,10 +192,7 @@ class StallDetector:
         then does the clock restart (a new request is not progress of a stalled engine); a stall
         under way then ends too (with nothing pending, it was over)."""
         if not was_idle and not self._idle:
-            # A busy engine's request: nothing to note. A timer turning idle meanwhile (the request
-            # it saw finished) looks again within its wait's bound, with a probe at most
-            # PROBE_INTERVAL_S later.
-            return
+            return  # a busy engine's request: nothing to note (the timer is not waiting for work)
         now = time.monotonic()
         with self._cond:
             if was_idle and now > self._last:
@@ -251,22 +248,24 @@ class StallDetector:
                 except Exception:
                     logger.exception("liveness: a stall callback raised")
 
-    def _sample_locked(self) -> None:
+    def _sample_locked(self) -> float:
+        """Read the probe; the bound on the timer's next wait (shorter only while the probe shows
+        progress by sampling: 0.0 from it means that none is sampled)."""
         if self._probe is None:
-            return
+            return _RECHECK_S
         try:
             at = self._probe()
         except Exception:
             logger.debug("liveness: the stall detector's probe raised", exc_info=True)
-            return
+            return _RECHECK_S
         if at > self._last:
             self._last = at
             self._last_source = ProgressSource.OUTPUT
+        return PROBE_INTERVAL_S if at > 0 else _RECHECK_S
 
     def _step_locked(self) -> Callable[[], None] | None:
         """One decision of the timer, under the lock: wait, or return the callback to run."""
-        self._sample_locked()
-        bound = _RECHECK_S if self._probe is None else PROBE_INTERVAL_S
+        bound = self._sample_locked()
         current = self._current
         if current is not None:
             if self._last > current.last_progress_at:
@@ -289,7 +288,7 @@ class StallDetector:
         if pending <= 0:
             # Idle: never a stall. Wait until a submission (note_submitted) wakes us.
             self._idle = True
-            self._cond.wait(bound)
+            self._cond.wait(_RECHECK_S)
             self._idle = False
             return None
         self._count += 1
