@@ -198,6 +198,7 @@ class GenerationExecutorProxy(GenerationExecutor):
                            (self.result_queue, "result")):
             sock.setsockopt(zmq.LINGER, 0)
             sock.bind(addrs[name])
+        self._result_addr = addrs["result"]
         return addrs
 
     def _recv_status(self) -> tuple[bytes, Any]:
@@ -265,16 +266,29 @@ class GenerationExecutorProxy(GenerationExecutor):
                 self._error_queue.put_nowait(exc)
 
     def dispatch_result_task(self) -> bool:
-        """Upstream's name and contract: wait for one response, dispatch it, True; False to stop
-        (the ``None`` end marker, or ``shutdown()``)."""
-        while not self._dispatch_stop.is_set():
-            if self.result_queue.poll(100):
-                response = self.result_queue.recv_pyobj()
-                if response is None:
-                    return False
-                self.dispatch_response(response)
-                return True
-        return False
+        """Upstream's name and contract: a blocking receive of one response, dispatched, True;
+        False at the ``None`` end marker (the leader's, or ``shutdown()``'s)."""
+        if self._dispatch_stop.is_set():
+            return False
+        response = self.result_queue.recv_pyobj()
+        if response is None:
+            return False
+        self.dispatch_response(response)
+        return True
+
+    def _send_end_marker(self) -> None:
+        """Wake the dispatch thread's receive with the end marker (the result socket is a PULL:
+        any number of peers)."""
+        import zmq
+
+        marker = self._zmq.socket(zmq.PUSH)
+        try:
+            marker.setsockopt(zmq.LINGER, 100)
+            marker.connect(self._result_addr)
+            with contextlib.suppress(zmq.Again):
+                marker.send_pyobj(None, zmq.NOBLOCK)
+        finally:
+            marker.close()
 
     def dispatch_response(self, response: TokenResponse | ErrorResponse) -> None:
         result = self._results.get(response.client_id)
@@ -345,6 +359,8 @@ class GenerationExecutorProxy(GenerationExecutor):
                 future.result(timeout=max(0.0, deadline - time.monotonic()))
         self._dispatch_stop.set()
         if self.dispatch_result_thread is not None:
+            if self.dispatch_result_thread.is_alive():
+                self._send_end_marker()
             self.dispatch_result_thread.join(max(0.0, deadline - time.monotonic()))
         self.workers_started = False
         self._close_queues()

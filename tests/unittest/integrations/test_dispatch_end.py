@@ -166,10 +166,12 @@ def test_a_leader_that_keeps_its_connection_leaves_the_thread_and_its_socket_ope
     leader = fakes.ZeroMqQueueBase(proxy.result_queue.address, is_server=False, name="worker_result_queue")
     socket = proxy.result_queue.socket
     try:
-        proxy.dispatch_result_thread.start()
-        leader.put(fakes.Response(7, 1, False))  # connected: the leader holds the socket's one pipe
         forget_results(proxy)
         proxy._results.failed = True  # type: ignore[attr-defined]
+        proxy.dispatch_result_thread.start()
+        leader.put(fakes.Response(7, 1, False))
+        while 7 not in proxy._results:  # dispatched (a forgotten id): the leader holds the one pipe
+            threading.Event().wait(0.001)
         assert end_dispatch(proxy) is False
         assert proxy.dispatch_result_thread.is_alive()
         proxy.result_queue.close()  # upstream's, after its join gave up
