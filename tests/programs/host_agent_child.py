@@ -8,7 +8,8 @@ process (rank ``first_rank``; the children take the next ones), prints one JSON 
 (or ``{"ready": false}`` after 20 s), then serves until its rank is ended:
 ``on_proxy_lost``/``on_stop`` print ``{"ended": reason}`` and exit with 75.
 Options: ``endpoint``, ``secret`` (hex), ``heartbeat_timeout_s``, ``d_state_timeout_s``,
-``drill`` (the agent's engine is a drill's: it makes the faults its hub asks for), ``slow_poll``
+``drill`` (the agent's engine is a drill's: it makes the faults its hub asks for, with the drill's
+handler; otherwise it refuses them, as a server's agent does), ``slow_poll``
 (each of the agent's polls returns 0.3 s late, as in a rank whose other threads hold the
 interpreter: what the hub sent and the close of its connection then arrive in one round),
 ``die_with_agent`` (each sleeper gets SIGKILL when this process ends, ``PR_SET_PDEATHSIG``: a rig
@@ -48,7 +49,9 @@ def die_with_parent() -> None:
 
 def main(options: dict[str, object]) -> int:
     socket.sethostname(str(options["host"]))
+    from trtllm_liveness.drill._drill_faults import AgentFaults
     from trtllm_liveness.multihost import AgentSettings, HostAgent
+    from trtllm_liveness.multihost._agent_faults import FaultHandler
     from trtllm_liveness.process._identity import capture_identity
     from trtllm_liveness.process._procfs import read_start_time
     from trtllm_liveness.quarantine._quarantine_settings import QuarantineSettings
@@ -79,7 +82,8 @@ def main(options: dict[str, object]) -> int:
                              float(options.get("heartbeat_timeout_s", 1.0)),  # type: ignore[arg-type]
                              float(d) if d is not None else None,  # type: ignore[arg-type]
                              grace_s=0.5, kill_s=1.0,
-                             drill=bool(options.get("drill")), observe=bool(options.get("observe")),
+                             faults=AgentFaults if options.get("drill") else FaultHandler,
+                             observe=bool(options.get("observe")),
                              quarantine=QuarantineSettings.from_spec(options.get("quarantine")),
                              iterations_interval_s=float(options.get("iterations_interval_s", 1.0)))  # type: ignore[arg-type]
 

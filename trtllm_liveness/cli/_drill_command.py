@@ -18,7 +18,7 @@ pid), kills what is left of the engine's session and removes its files.
 ``--hosts H1:N1,H2:N2`` runs the engine across hosts as the README's multi-host line does
 (``trtllm-liveness launch -- mpirun --host ... trtllm-llmapi-launch ...``, :mod:`trtllm_liveness.drill._drill_hosts`)
 and has the fault made in a rank of another host than the proxy's by that host's agent, which
-verifies the rank by its own pidfd (:mod:`trtllm_liveness.multihost._drill_faults`): the drill never
+verifies the rank by its own pidfd (:mod:`trtllm_liveness.drill._drill_faults`): the drill never
 signals a pid of another host. Each agent stops its host's ranks (and thaws a wedge) when the engine
 stops or goes.
 """

@@ -9,7 +9,7 @@ in a session of its own, with ``TRTLLM_WORKER_LIVENESS`` set by the drill::
          {"ready": EngineReady} on stdout (the ranks, by verified identity; the agents' ranks)
       <- one line on stdin: {"fault_at": <monotonic>} (the drill injected the fault), or
          {"inject": {"rank": R, "fault": F}}: a rank of another host, whose agent makes the fault
-         (asked through the engine's DrillHub, multihost/_drill_faults.py; the engine never signals
+         (asked through the engine's DrillHub, drill/_drill_faults.py; the engine never signals
          a remote pid) -> {"injected": FaultReply} on stdout; or EOF
       -> watch for ``observe_s``: the monitor's event, check_health(), the requests' errors, tokens
       -> llm.shutdown() (bounded by the extension) -> {"report": EngineReport}
@@ -130,7 +130,7 @@ def _read_fault(timeout: float, executor: Any) -> float | None:
 
 
 def _inject_remote(executor: Any, rank: Any, fault: Any) -> float | None:
-    from ..multihost._drill_faults import FAULTS, DrillHub
+    from ._drill_faults import FAULTS, DrillHub
 
     hub = getattr(getattr(executor, "liveness_state", None), "hub", None)
     if not isinstance(hub, DrillHub):
@@ -194,10 +194,10 @@ def run(options: DrillOptions) -> int:
     except Exception as exc:  # ImportError, or the package failing at import (a CUDA library)
         emit("error", f"tensorrt_llm cannot be imported by {sys.executable}: {type(exc).__name__}: {exc}")
         return 4
-    from ..integrations.trtllm import liveness_executor_class
-    from ..multihost._drill_faults import enable_drill
+    from ..integrations.trtllm import _hosts, liveness_executor_class
+    from ._drill_faults import DrillHub
 
-    enable_drill()  # this engine's agent hub (across hosts) is a drill's: its agents make its faults
+    _hosts.use_hub_class(DrillHub)  # this engine's agent hub (across hosts) is a drill's: its agents make its faults
     extra = {"_mpi_session": _factory(options.session)()} if options.session else {}
     llm = LLM(_model(options), tensor_parallel_size=options.tp, executor_cls=liveness_executor_class(), **extra)
     executor = llm._executor

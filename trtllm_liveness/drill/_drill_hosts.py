@@ -6,7 +6,7 @@ trtllm-llmapi-launch python -m trtllm_liveness.drill._drill_engine ...``: ``laun
 and the settings to every host (``mpirun -x``), ``trtllm-llmapi-launch`` runs the engine in rank 0
 and makes the other ranks its MPI workers. The proxy (rank 0) runs on the first host; the fault
 goes to a rank watched by its host's agent (never the agent's own rank: it reports the fault and,
-for a wedge, thaws it), made by that agent (:mod:`trtllm_liveness.multihost._drill_faults`).
+for a wedge, thaws it), made by that agent (:mod:`trtllm_liveness.drill._drill_faults`).
 """
 
 from __future__ import annotations

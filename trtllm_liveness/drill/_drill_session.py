@@ -33,8 +33,8 @@ from ..process._identity import is_local
 from ._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
 
 if TYPE_CHECKING:
-    from ..multihost._drill_faults import FaultReply
     from ..quarantine._marker import QuarantineMarker
+    from ._drill_faults import FaultReply
 
 __all__ = ["DrillSession", "EngineEnded", "FaultNotMade"]
 
@@ -152,7 +152,7 @@ class DrillSession:
         pid of another host); returns when it was made, on the engine's monotonic clock. Raises
         :class:`FaultNotMade` with the agent's answer (e.g. "wedge not available on host H"), or
         :class:`EngineEnded`."""
-        from ..multihost._drill_faults import FaultReply
+        from ._drill_faults import FaultReply
 
         self._tell({"inject": {"rank": victim.rank, "fault": fault}})
         reply = FaultReply.from_dict(self._next("injected", deadline))

@@ -30,8 +30,9 @@ sends:
   host's own progress channel), at most one message a second while they change, none while idle.
 
 and takes ``welcome``, ``arm`` (wedge verdicts from now on), ``expect`` (exits are expected: a clean
-stop), ``stop`` and ``snapreq``. When the connection to the hub drops before ``expect`` (the proxy died, or the
-host is cut off and the proxy has declared it lost), the agent stops the host's other ranks and
+stop), ``stop``, ``snapreq`` and ``fault`` (refused, :mod:`._agent_faults`, unless a drill's hub handed
+the agent its own handler). When the connection to the hub drops before ``expect`` (the proxy died, or
+the host is cut off and the proxy has declared it lost), the agent stops the host's other ranks and
 ends its own (``on_proxy_lost``): no rank keeps serving a proxy that is gone or has given it up.
 
 A non-restartable event of the host's ranks quarantines this host, here and only here
@@ -60,8 +61,8 @@ from .._events import WorkerEvent, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import ProcessIdentity
 from . import _wire
+from ._agent_faults import FaultHandler
 from ._agent_quarantine import HostQuarantine
-from ._drill_faults import AgentFaults
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, SnapshotRequest, encode_ranks, parse_snapshot_request
 from ._tcp import cut, duplicate, last_heard
 
@@ -95,7 +96,7 @@ class AgentSettings:
     iterations_interval_s: float = ITERATIONS_INTERVAL_S
     heartbeat_ceiling_s: float = 60.0
     observe: bool = False  # the engine observes: the agent says what it would do and ends nothing
-    drill: bool = False  # the engine is a drill's: the agent makes the faults its hub asks for (._drill_faults)
+    faults: type[FaultHandler] = FaultHandler  # its hub's fault requests: refused, unless a drill's hub hands its own
     quarantine: QuarantineSettings | None = None  # how this host is quarantined for its ranks (None: not at all)
 
     @property
@@ -172,9 +173,9 @@ class HostAgent:
         self._ranks = frozenset(identity.rank for identity in (own, *self.identities))  # this host's
         self._verdict_taken: object = None  # the thread's: the verdict (monitor.failure) its snapshot was taken at
         self._closers: list[Callable[[], None]] = []  # what the agent owns beside its thread's (its beats' channel)
-        self._faults = AgentFaults(settings.drill, own, self.identities)  # the thread's: a drill's faults
+        self._faults = settings.faults(own, self.identities)  # the thread's
         self._quarantine = HostQuarantine(own.hostname, settings.quarantine, "observe=1" if settings.observe
-                                          else "a drill's engine" if settings.drill else "")
+                                          else "a drill's engine" if settings.faults is not FaultHandler else "")
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-host-agent", daemon=True)
 
     # ----------------------------------------------------------------- public
@@ -490,7 +491,7 @@ class HostAgent:
             elif message.kind == "expect":
                 self._released = True
                 monitor.mark_expected_exits()
-            elif message.kind == "fault":  # a drill's: checked, verified and made by ._drill_faults
+            elif message.kind == "fault":  # refused, unless a drill's hub gave this agent the drill's handler
                 self._send(sock, "faulted", **self._faults.handle(message))
             elif message.kind == "stop":
                 self._stop_requested(sock, monitor, message)

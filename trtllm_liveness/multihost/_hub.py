@@ -28,13 +28,15 @@ import os
 import secrets
 import threading
 import time
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._events import MonitorMethod, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..monitor._progress_clock import ProgressClock
 from ..process._identity import ProcessIdentity, local_hostname
 from . import _wire
+from ._agent_faults import FaultHandler
 from ._host_silence import SilenceRule
 from ._hub_delivery import RemoteDelivery
 from ._hub_endings import end_session
@@ -97,6 +99,8 @@ class AgentHub:
         quarantine: how each agent quarantines its own host for its ranks (None: it does not).
     """
 
+    agent_faults: ClassVar[type[FaultHandler]] = FaultHandler  # the agents' (agent_settings): they refuse faults
+
     def __init__(self, monitor: WorkerProcessMonitor, *, bind: str, port: int = 0, advertise: str | None = None,
                  heartbeat_timeout_s: float = 1.8, d_state_timeout_s: float | None = None,
                  scan_interval_s: float = 1.0, grace_s: float = 2.0, kill_s: float = 3.0,
@@ -128,6 +132,9 @@ class AgentHub:
         self._cond = threading.Condition()
         self._commands: collections.deque[HubCommand | SnapshotCommand] = collections.deque()
         self._book = SnapshotBook(self._cond)  # snapshot requests and replies, remote iterations
+        self._handlers: dict[str, Callable[[Session, _wire.Message], None]] = {  # by kind, after the hello
+            "event": self._update_locked, "state": self._update_locked, "report": self._report_locked,
+            "snap": self._book.reply_locked, "iters": self._book.iterations_locked}
         self._delivery = RemoteDelivery(monitor)  # remote ranks' events to the subscribers, off the hub's thread
         self._sessions: dict[str, Session] = {}
         self._by_key: dict[Key, str] = {}
@@ -418,8 +425,7 @@ class AgentHub:
         if message.seq <= session.seq_in:
             raise _wire.WireError(f"replayed or reordered message (n={message.seq})")
         session.seq_in = message.seq
-        handler = {"event": self._update_locked, "state": self._update_locked, "report": self._report_locked,
-                   "snap": self._book.reply_locked, "iters": self._book.iterations_locked}.get(message.kind)
+        handler = self._handlers.get(message.kind)
         if handler is None:
             raise _wire.WireError(f"unknown kind {message.kind!r}")
         handler(session, message)

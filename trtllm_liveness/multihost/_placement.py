@@ -82,7 +82,7 @@ def settings_of(spec: Mapping[str, Any]) -> AgentSettings:
                          and ITERATIONS_INTERVAL_S <= every <= 3600 else ITERATIONS_INTERVAL_S,
                          heartbeat_ceiling_s=float(ceiling) if isinstance(ceiling, (int, float))
                          and timeout <= ceiling <= 86400 else max(60.0, float(timeout)),
-                         observe=spec.get("observe") is True, drill=spec.get("drill") is True,
+                         observe=spec.get("observe") is True,
                          quarantine=QuarantineSettings.from_spec(spec.get("quarantine")))
 
 

@@ -1,6 +1,7 @@
 """``drill --hosts``'s parts that need no process: the host list, the launch line, the choice of the
-rank of another host, and the agent's answer to a fault request it cannot take (never a crash, never
-a signal). The drill across real test hosts is tests/unittest/multihost/test_drill_hosts.py."""
+rank of another host, the agent's answer to a fault request it cannot take (never a crash, never
+a signal), and what makes an engine's agents a drill's. The drill across real test hosts is
+tests/unittest/multihost/test_drill_hosts.py."""
 
 from __future__ import annotations
 
@@ -8,10 +9,14 @@ import sys
 
 import pytest
 
+from trtllm_liveness import LivenessConfig, StopReport, WorkerProcessMonitor
+from trtllm_liveness.drill._drill_faults import AgentFaults, DrillHub, FaultReply
 from trtllm_liveness.drill._drill_hosts import launch_argv, parse_hosts, remote_victim
 from trtllm_liveness.drill._drill_records import DrillRank, EngineReady
-from trtllm_liveness.multihost import _wire
-from trtllm_liveness.multihost._drill_faults import AgentFaults, FaultReply
+from trtllm_liveness.integrations.trtllm import _hosts
+from trtllm_liveness.multihost import AgentHub, AgentSettings, _wire
+from trtllm_liveness.multihost._agent_faults import FaultHandler
+from trtllm_liveness.multihost._placement import settings_of
 from trtllm_liveness.process._identity import ProcessIdentity
 
 SID = "0" * 32
@@ -61,7 +66,7 @@ def test_the_victim_is_a_rank_of_another_host_never_an_agents_or_the_proxys_host
 def test_a_malformed_fault_request_is_answered_refused_and_logged(body: dict[str, object],
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     own = ProcessIdentity(rank=2, pid=1, start_time=1, hostname="node2", pid_namespace=None)
-    faults = AgentFaults(True, own, [])
+    faults = AgentFaults(own, [])
     fields = faults.handle(_wire.Message("fault", SID, 1, {**body, "k": "fault", "sid": SID, "n": 1}))
     assert fields["outcome"] == "refused" and "malformed fault request" in fields["detail"], fields
     assert fields["pid"] == 0 and fields["age"] is None
@@ -72,7 +77,7 @@ def test_a_request_for_a_rank_the_agent_does_not_watch_never_signals() -> None:
     """Pid 1 as the agent's own rank: the request names it, the agent refuses (it hits only the ranks
     it registered, verified by start time)."""
     own = ProcessIdentity(rank=2, pid=1, start_time=1, hostname="node2", pid_namespace=None)
-    faults = AgentFaults(True, own, [])
+    faults = AgentFaults(own, [])
     for rank in (2, 7):
         fields = faults.handle(_wire.Message("fault", SID, 1, {"req": 5, "rank": rank, "fault": "kill"}))
         assert (fields["outcome"], fields["req"], fields["rank"], fields["pid"]) == ("refused", 5, rank, 0), fields
@@ -82,5 +87,44 @@ def test_a_reply_round_trips_and_a_malformed_one_is_refused() -> None:
     reply = FaultReply(3, 4, "wedge", "injected", "node2", 77, "frozen", 12.5)
     assert FaultReply.from_dict(reply.to_dict()) == reply
     for bad in ({**reply.to_dict(), "pid": "77"}, {**reply.to_dict(), "at": True}, [], {"req": 1}):
-        with pytest.raises(ValueError, match="fault reply"):
+        with pytest.raises(ValueError, match="drill record"):
             FaultReply.from_dict(bad)
+
+
+def test_an_agent_not_started_for_a_drill_refuses_every_fault_request(caplog: pytest.LogCaptureFixture) -> None:
+    """Every agent's fault handler but a drill's (the settings' default, and what a spec's settings
+    get): refused, logged, nothing made, whichever rank it names."""
+    own = ProcessIdentity(rank=2, pid=1, start_time=1, hostname="node2", pid_namespace=None)
+    watched = ProcessIdentity(rank=3, pid=1, start_time=1, hostname="node2", pid_namespace=None)
+    spec = {"endpoint": "tcp://10.0.0.1:5555", "secret": "6b" * 32, "heartbeat_timeout_s": 1.0, "drill": True}
+    assert settings_of(spec).faults is FaultHandler  # no key of the hub's spec makes an agent a drill's
+    faults = AgentSettings("tcp://10.0.0.1:5555", b"k" * 32, 1.0, None).faults(own, [watched])
+    fields = faults.handle(_wire.Message("fault", SID, 1, {"req": 5, "rank": 3, "fault": "kill"}))
+    assert fields == {"req": 5, "rank": 3, "fault": "kill", "outcome": "refused", "pid": 0, "age": None,
+                      "detail": "the agent on host node2 refuses faults: its engine was not started as a drill"}
+    assert "the host agent on node2 rejected a fault request (1 so far): rank 3, fault 'kill': this engine was " \
+           "not started as a drill" in caplog.text
+    report = StopReport((), (), 0.5, 1.0, "SIGTERM", 0.0, 0.0)
+    assert faults.after_stop(report) is report
+
+
+def test_only_the_drill_engines_hub_hands_its_agents_the_drills_fault_handler(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """An engine's hub is a plain one, whose agents refuse faults, until its process hands the
+    engine the drill's hub (as the drill's engine process alone does)."""
+    monkeypatch.setattr(_hosts, "_hub_class", None)  # this process's choice, restored after the test
+    config = LivenessConfig(enabled=True, hosts_bind="127.0.0.1")
+    monitor = WorkerProcessMonitor()
+    try:
+        for kind, faults in ((AgentHub, FaultHandler), (DrillHub, AgentFaults)):
+            if kind is DrillHub:
+                _hosts.use_hub_class(DrillHub)
+            hub = _hosts.start_hub(config, monitor)
+            assert hub is not None and type(hub) is kind
+            try:
+                settings = _hosts.agent_settings(hub)
+                assert settings is not None and settings.faults is faults
+            finally:
+                hub.close()
+    finally:
+        monitor.close()

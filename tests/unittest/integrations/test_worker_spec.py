@@ -7,6 +7,7 @@ entry must then neither crash into a hang nor start half of its liveness.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -33,7 +34,7 @@ from trtllm_liveness.integrations.trtllm._worker_spec import (
 )
 from trtllm_liveness.multihost._agent import AgentSettings
 from trtllm_liveness.multihost._placement import settings_of
-from trtllm_liveness.process._identity import local_hostname
+from trtllm_liveness.process._identity import ProcessIdentity, local_hostname
 from trtllm_liveness.quarantine._quarantine_settings import QuarantineSettings
 
 pytestmark = [pytest.mark.timeout(60)]
@@ -85,6 +86,16 @@ def test_a_full_spec_survives_the_wire_and_is_accepted() -> None:
     assert WorkerSpec.from_wire(wire(WorkerSpec(task))).hub is None
 
 
+def test_a_drills_agents_get_its_fault_handler_through_the_wire() -> None:
+    """The class travels by reference (the rank imports the drill's module as it unpickles it)."""
+    from trtllm_liveness.drill._drill_faults import AgentFaults
+
+    settings = full_spec().hub
+    assert settings is not None and settings.faults is not AgentFaults
+    received = WorkerSpec.from_wire(wire(WorkerSpec(task, hub=dataclasses.replace(settings, faults=AgentFaults))))
+    assert received.hub is not None and received.hub.faults is AgentFaults
+
+
 @pytest.mark.parametrize(("raw", "named"), [
     (None, "no worker spec"),
     ({"fn": task}, "a dict, not a WorkerSpec"),
@@ -106,6 +117,8 @@ def test_a_full_spec_survives_the_wire_and_is_accepted() -> None:
     (tampered("hub.endpoint", "http://10.0.0.1:5555"), "hub settings: bad hub endpoint"),
     (tampered("hub.heartbeat_timeout_s", 0), "hub settings: bad heartbeat timeout"),
     (tampered("hub.scan_interval_s", "1"), "hub settings: bad scan interval"),
+    (tampered("hub.faults", "trtllm_liveness.drill._drill_faults:AgentFaults"), "hub settings: bad fault handler"),
+    (tampered("hub.faults", ProcessIdentity), "hub settings: bad fault handler"),
     (tampered("hub.quarantine", quarantine().to_spec()), "hub settings: quarantine settings: a dict, not"),
     (tampered("hub.quarantine.quarantine_dir", "run/q"), "hub settings: quarantine settings: quarantine_dir must be"),
     (tampered("hub.quarantine.quarantine_hook", 7), "hub settings: quarantine settings: quarantine_hook must be a"),

@@ -26,9 +26,8 @@ from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness._events import EventKind, WorkerEvent
 from trtllm_liveness.demo._cgroup_faults import FREEZER_ROOT, remove_leftover_groups
+from trtllm_liveness.drill._drill_faults import _FREEZER_PREFIX, DrillHub, FaultReply
 from trtllm_liveness.monitor import WorkerProcessMonitor
-from trtllm_liveness.multihost._drill_faults import _FREEZER_PREFIX, DrillHub, FaultReply
-from trtllm_liveness.multihost._hub import AgentHub
 
 pytestmark = [needs("mpi", "testhosts"), pytest.mark.real_process, pytest.mark.timeout(60)]
 
@@ -39,18 +38,17 @@ RUNNING = ("S", "R")  # an untouched sleeper rank
 
 
 class Proxy:
-    """A monitor with a hub (a drill's, or a plain one) and every event it delivers."""
+    """A monitor with a drill's hub and every event it delivers."""
 
-    def __init__(self, drill: bool = True) -> None:
+    def __init__(self) -> None:
         self.monitor = WorkerProcessMonitor()
         self.monitor.start()
         self.events: list[WorkerEvent] = []
         self.monitor.subscribe(self.events.append)
-        kind = DrillHub if drill else AgentHub
         # A long heartbeat bound: no test here is about a lost host, and a loaded machine must not
         # make one (a lost host's session takes no fault request).
-        self.hub = kind(self.monitor, bind="127.0.0.1", heartbeat_timeout_s=5.0, d_state_timeout_s=None,
-                        grace_s=0.5, kill_s=1.0).start()
+        self.hub = DrillHub(self.monitor, bind="127.0.0.1", heartbeat_timeout_s=5.0, d_state_timeout_s=None,
+                            grace_s=0.5, kill_s=1.0).start()
 
     def close(self) -> None:
         self.hub.close()
@@ -135,15 +133,6 @@ def assert_injected(reply: FaultReply, agent: Agent, fault: str) -> None:
     assert reply.at is not None and "verified against its start time" in reply.detail
 
 
-def test_the_spec_of_a_drill_hub_alone_says_drill(proxy: Proxy) -> None:
-    plain = Proxy(drill=False)
-    try:
-        assert "drill" not in plain.hub.worker_spec()
-    finally:
-        plain.close()
-    assert proxy.hub.worker_spec()["drill"] is True
-
-
 def test_kill_is_made_by_the_agent_and_reported_as_the_ranks_death(procs: ProcessTracker, proxy: Proxy,
                                                                    tmp_path: Path) -> None:
     agent = Agent(procs, proxy, tmp_path / "agent.log")
@@ -207,8 +196,8 @@ def test_an_agent_killed_while_its_rank_is_frozen_leaves_its_guard_to_thaw_it(pr
 
 def test_an_agent_whose_engine_is_no_drill_refuses_and_logs_it(procs: ProcessTracker, proxy: Proxy,
                                                               tmp_path: Path) -> None:
-    """The hub asks (a drill's hub), the agent was not told its engine is a drill: refused, logged,
-    the rank untouched."""
+    """The hub asks (a drill's hub), the agent has a server's fault handler (not the drill's):
+    refused, logged, the rank untouched."""
     agent = Agent(procs, proxy, tmp_path / "agent.log", drill=False)
     assert isinstance(proxy.hub, DrillHub)
     reply = proxy.hub.inject_fault(4, "kill", BOUND_S)

@@ -10,6 +10,7 @@ key does, and the lowest rank of each other host runs that host's agent. With ``
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
@@ -49,18 +50,27 @@ def iterations_interval_s(config: LivenessConfig) -> float:
     return min(ITERATIONS_INTERVAL_MAX_S, max(1.0, config.stall_timeout_s / 8))
 
 
+_hub_class: type[AgentHub] | None = None  # set by use_hub_class
+
+
+def use_hub_class(kind: type[AgentHub]) -> None:
+    """Every agent hub this process starts from now on is a ``kind``: a drill's engine process sets its
+    own (in-process: no setting or variable turns a server's agents into fault injectors)."""
+    global _hub_class
+    _hub_class = kind
+
+
 def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor,
               progress: ProgressClock | None = None) -> AgentHub | None:
     """A started hub, or None (logged) when it cannot bind: the engine then runs without it.
     ``progress``: the engine's, the second signal that makes a silent host lost."""
     from ...multihost import AgentHub
-    from ...multihost._drill_faults import DrillHub, drill_enabled
     from ...quarantine._quarantine_settings import QuarantineSettings
 
     bind, advertise = config.hosts_bind, config.hosts_advertise
     if not bind:
         bind, advertise = default_bind(advertise)
-    kind = DrillHub if drill_enabled() else AgentHub  # a drill's engine only (enable_drill)
+    kind = _hub_class or AgentHub  # a drill's engine's own hub (use_hub_class)
     hub = kind(monitor, bind=bind, port=config.hosts_port, advertise=advertise or None,
                heartbeat_timeout_s=config.heartbeat_timeout_s, d_state_timeout_s=config.d_state_timeout_s or None,
                scan_interval_s=config.scan_interval_s, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s,
@@ -93,12 +103,12 @@ def connect_hub(state: EngineLiveness, hub: AgentHub) -> None:
 
 
 def agent_settings(hub: AgentHub) -> AgentSettings | None:
-    """What every rank's agent needs from ``hub`` (its spec, parsed as the agents' settings), or
-    None (logged) when it does not parse: then no rank joins the hub."""
+    """What every rank's agent needs from ``hub`` (its spec, parsed as the agents' settings, and its
+    agents' fault handler), or None (logged) when it does not parse: then no rank joins the hub."""
     from ...multihost._placement import settings_of
 
     try:
-        return settings_of(hub.worker_spec())
+        return dataclasses.replace(settings_of(hub.worker_spec()), faults=hub.agent_faults)
     except ValueError as exc:
         logger.error("liveness: the agent hub's settings are not usable by the ranks (%s): ranks on other hosts "
                      "are not watched", exc)

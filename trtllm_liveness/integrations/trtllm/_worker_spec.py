@@ -151,8 +151,9 @@ class ProgressSpec:
 def check_agent_settings(settings: Any) -> None:
     """Raise ``ValueError`` unless ``settings`` is an :class:`~trtllm_liveness.multihost._agent.AgentSettings`
     whose fields an agent can use (the ranges :func:`~trtllm_liveness.multihost._placement.settings_of`
-    accepts from the hub's spec)."""
+    accepts from the hub's spec, and a fault handler)."""
     from ...multihost._agent import AgentSettings
+    from ...multihost._agent_faults import FaultHandler
 
     if not isinstance(settings, AgentSettings):
         raise ValueError(f"not agent settings but {type(settings).__name__}")
@@ -173,6 +174,8 @@ def check_agent_settings(settings: Any) -> None:
     for name in ("grace_s", "kill_s"):
         if not _is_number(getattr(settings, name), 0.0, math.inf):
             raise ValueError(f"bad {name} {getattr(settings, name)!r}")
+    if not isinstance(settings.faults, type) or not issubclass(settings.faults, FaultHandler):
+        raise ValueError(f"bad fault handler {settings.faults!r:.80}")
     if settings.quarantine is not None:
         from ...quarantine._quarantine_settings import QuarantineSettings
 

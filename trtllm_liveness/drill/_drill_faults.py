@@ -8,18 +8,14 @@ by its own pidfd against the start time it registered (never a recycled pid), ma
 freezer, real ``D`` state) and answers ``faulted`` with what it did, on which pid and host, and how
 long ago (the hub turns that into its own monotonic time, as it does for events).
 
-Only a drill's engine makes a :class:`DrillHub` (:func:`enable_drill`, called by the drill's
-engine process before it builds its LLM), and only its spec carries ``"drill": true`` to the ranks
-(:attr:`~._agent.AgentSettings.drill`). An agent whose engine is not a drill refuses every fault
-request with a logged, rate-limited WARNING and a ``refused`` answer; so does any agent for a rank
-that is not one of those it watches (its own rank included: it could not report, nor thaw itself).
+Only a drill's engine process makes its engine's hub a :class:`DrillHub` (``use_hub_class``), which
+alone gives its agents :class:`AgentFaults`; other agents refuse every fault (multihost/_agent_faults.py),
+a drill's agent a rank it does not watch (its own included: it could not report, nor thaw itself).
 
-Clean-up is the agent's: after it stopped its host's ranks (a frozen rank is then reported
-unkillable to the hub, as a real wedge's would be), :meth:`AgentFaults.after_stop` thaws and
-removes its freezer group (the rank's pending SIGKILL then ends it) and SIGKILLs what is left by
-verified pidfd; its thread's end releases the group too. And should the agent's process end
-without either (a launcher's SIGKILL), the group's guard, a small process the agent started with
-the group, sees its pipe close and thaws and removes the group. Every wait here is bounded.
+Clean-up is the agent's: after its stop of its host's ranks (a frozen rank reported unkillable, as
+a real wedge's would be), :meth:`AgentFaults.after_stop` thaws (its pending SIGKILL ends it) and
+SIGKILLs what is left; its thread's end releases the group too, and should its process end first,
+the group's guard process thaws and removes it. Every wait here is bounded.
 """
 
 from __future__ import annotations
@@ -32,45 +28,30 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, ClassVar
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
 
+from ..multihost import _wire
+from ..multihost._agent_faults import FAULTS, FaultHandler
+from ..multihost._hub import AgentHub
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity
-from . import _wire
-from ._hub import AgentHub
+from ._drill_records import _field
 
 if TYPE_CHECKING:
+    from ..multihost._hub_records import Session
     from ..stop._stop_report import StopReport
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["FAULTS", "AgentFaults", "DrillHub", "FaultReply", "FaultRequest", "drill_enabled", "enable_drill"]
+__all__ = ["FAULTS", "AgentFaults", "DrillHub", "FaultReply", "FaultRequest"]
 
-FAULTS = ("kill", "stop", "wedge")
-REPLY_KIND = "faulted"
 _SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 _FREEZE_S = 2.0  # the agent's thread waits at most this long for FROZEN
 _FREEZER_PREFIX = "trtllm-liveness-drill-agent"  # the local drill's groups are trtllm-liveness-drill-*
 _AFTER_THAW_KILL_S = 3.0
 _GUARD_WAIT_S = 2.0
-_REJECT_LOG_EVERY = 1000
-_drill = threading.Event()
-
-
-def enable_drill() -> None:
-    """Make every agent hub this process starts from now on a :class:`DrillHub`: only the drill's
-    engine process calls it (an in-process switch, so no setting or variable can turn a server's
-    agents into fault injectors)."""
-    _drill.set()
-
-
-def drill_enabled() -> bool:
-    """Whether :func:`enable_drill` was called in this process."""
-    return _drill.is_set()
 
 
 @dataclass(frozen=True)
@@ -80,15 +61,10 @@ class FaultRequest:
     req: int
     rank: int
     fault: str
-    kind: ClassVar[str] = "fault"
-
-    def fields(self) -> dict[str, Any]:
-        """The message's fields on the wire."""
-        return {"req": self.req, "rank": self.rank, "fault": self.fault}
 
     @classmethod
     def parse(cls, message: _wire.Message) -> FaultRequest:
-        """The request in an authenticated message. Raises :class:`~._wire.WireError`."""
+        """The request in an authenticated message. Raises ``WireError`` (multihost/_wire.py)."""
         fault = _wire.field(message, "fault", str, max_len=16)
         if fault not in FAULTS:
             raise _wire.WireError(f"fault: unknown fault {fault!r}")
@@ -118,38 +94,23 @@ class FaultReply:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (``at`` is the proxy's monotonic time)."""
-        return {"req": self.req, "rank": self.rank, "fault": self.fault, "outcome": self.outcome, "host": self.host,
-                "pid": self.pid, "detail": self.detail, "at": self.at}
+        return asdict(self)
 
     @classmethod
     def from_dict(cls, document: Any) -> FaultReply:
         """The :meth:`to_dict` form back (the drill's engine prints it). Raises ``ValueError``."""
-        if not isinstance(document, dict):
-            raise ValueError(f"fault reply: expected an object, got {type(document).__name__}")
-        ints: list[Any] = [document.get(key) for key in ("req", "rank", "pid")]
-        texts: list[Any] = [document.get(key) for key in ("fault", "outcome", "host", "detail")]
-        at = document.get("at")
-        if any(not isinstance(value, int) or isinstance(value, bool) for value in ints) \
-                or any(not isinstance(value, str) for value in texts) \
-                or not (at is None or (isinstance(at, (int, float)) and not isinstance(at, bool))):
-            raise ValueError(f"fault reply: malformed {str(document)[:300]}")
-        (req, rank, pid), (fault, outcome, host, detail) = ints, texts
+        req, rank, pid = (_field(document, key, int) for key in ("req", "rank", "pid"))
+        fault, outcome, host, detail = (_field(document, key, str) for key in ("fault", "outcome", "host", "detail"))
+        at = _field(document, "at", (int, float), optional=True)
         return cls(req, rank, fault, outcome, host, pid, detail, None if at is None else float(at))
-
-    def wire_fields(self, age: float | None) -> dict[str, Any]:
-        """The agent's ``faulted`` message: ``age`` (seconds since the fault) instead of ``at``."""
-        return {"req": self.req, "rank": self.rank, "fault": self.fault, "outcome": self.outcome,
-                "pid": self.pid, "detail": self.detail[:2000], "age": age}
 
     @classmethod
     def parse(cls, host: str, message: _wire.Message) -> FaultReply:
-        """The reply in an authenticated message from ``host``'s agent. Raises :class:`~._wire.WireError`."""
+        """The reply in an authenticated message from ``host``'s agent. Raises ``WireError`` (multihost/_wire.py)."""
         outcome = _wire.field(message, "outcome", str, max_len=16)
         if outcome not in ("injected", "refused", "failed"):
             raise _wire.WireError(f"faulted: unknown outcome {outcome!r}")
-        age = message.body.get("age")
-        if outcome == "injected":
-            age = _wire.field(message, "age", float, low=0, high=1e7)
+        age = _wire.field(message, "age", float, low=0, high=1e7) if outcome == "injected" else message.body.get("age")
         return cls(_wire.field(message, "req", int, low=1, high=1 << 62),
                    _wire.field(message, "rank", int, low=0, high=1 << 24),
                    _wire.field(message, "fault", str, max_len=16), outcome, host,
@@ -198,28 +159,17 @@ def _start_guard(group: str) -> subprocess.Popen[bytes]:
                             close_fds=True)
 
 
-class AgentFaults:
-    """The agent's side: check a fault request, verify the rank on this host, make the fault, and
-    undo what can be undone (:meth:`release`). Used by the agent's thread only."""
+class AgentFaults(FaultHandler):
+    """A drill's agent's fault handler: check a fault request, verify the rank on this host, make
+    the fault, and undo what can be undone (:meth:`release`). Used by the agent's thread only."""
 
-    def __init__(self, drill: bool, own: ProcessIdentity, identities: Sequence[ProcessIdentity]) -> None:
-        self.drill = drill
-        self.own = own
-        self.identities = {identity.rank: identity for identity in identities}
-        self.rejected = 0
-        self._freezer: Any = None
-        self._guard: subprocess.Popen[bytes] | None = None
+    _freezer: Any = None  # this agent's freezer group (demo/_cgroup_faults.py), made by its first wedge
+    _guard: subprocess.Popen[bytes] | None = None  # the group's guard process (_start_guard)
 
     def handle(self, message: _wire.Message) -> dict[str, Any]:
         """The ``faulted`` answer's fields for one ``fault`` message (never raises)."""
-        req = message.body.get("req")
-        rank = message.body.get("rank")
-        fault = message.body.get("fault")
+        req, rank, fault = (message.body.get(key) for key in ("req", "rank", "fault"))
         host = self.own.hostname
-        if not self.drill:
-            self._reject(f"rank {rank!r}, fault {fault!r}: this engine was not started as a drill")
-            return self._answer(req, rank, fault, "refused", f"the agent on host {host} refuses faults: its engine "
-                                "was not started as a drill")
         try:
             request = FaultRequest.parse(message)
         except _wire.WireError as exc:
@@ -309,26 +259,13 @@ class AgentFaults:
                 guard.stdin.close()
                 guard.wait(_GUARD_WAIT_S)
 
-    def _answer(self, req: Any, rank: Any, fault: Any, outcome: str, detail: str, *, pid: int = 0,
-                age: float | None = None) -> dict[str, Any]:
-        def number(value: Any, high: int) -> int:
-            return value if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= high else 0
-
-        reply = FaultReply(number(req, 1 << 62) or 1, number(rank, 1 << 24),
-                           fault if isinstance(fault, str) and fault in FAULTS else "?", outcome,
-                           self.own.hostname, pid, detail)
-        return reply.wire_fields(age)
-
-    def _reject(self, why: str) -> None:
-        self.rejected += 1
-        if self.rejected <= 5 or self.rejected % _REJECT_LOG_EVERY == 0:
-            logger.warning("liveness: the host agent on %s rejected a fault request (%d so far): %s",
-                           self.own.hostname, self.rejected, why)
-
 
 class DrillHub(AgentHub):
-    """The agent hub of a drill's engine: an :class:`~._hub.AgentHub` whose spec tells the agents
-    they serve a drill, and which can ask one of them for a fault (:meth:`inject_fault`)."""
+    """The agent hub of a drill's engine: an :class:`~trtllm_liveness.multihost.AgentHub` whose
+    agents make the faults it asks for (:class:`AgentFaults`), and which can ask one of them for a
+    fault (:meth:`inject_fault`)."""
+
+    agent_faults = AgentFaults
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -336,9 +273,7 @@ class DrillHub(AgentHub):
         self._fault_out: collections.deque[tuple[str, FaultRequest]] = collections.deque()
         self._fault_waiting: set[int] = set()
         self._fault_replies: dict[int, FaultReply] = {}
-
-    def worker_spec(self) -> dict[str, Any]:
-        return {**super().worker_spec(), "drill": True}
+        self._handlers["faulted"] = self._reply_locked
 
     def inject_fault(self, rank: int, fault: str, timeout_s: float) -> FaultReply:
         """Ask the agent of ``rank``'s host to make ``fault`` in it; wait at most ``timeout_s`` for
@@ -354,24 +289,18 @@ class DrillHub(AgentHub):
                 return FaultReply(0, rank, fault, "refused", "?", detail=f"rank {rank} is not a rank of a connected "
                                   f"remote host (connected: {hosts or 'none'})")
             request = FaultRequest(next(self._fault_ids), rank, fault)
-            host = session.host
             self._fault_waiting.add(request.req)
             self._fault_out.append((session.sid, request))
         self._wake()
-        deadline = time.monotonic() + max(0.0, timeout_s)
         with self._cond:
             try:
-                while request.req not in self._fault_replies and not self._closing:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        break
-                    self._cond.wait(left)
+                self._cond.wait_for(lambda: request.req in self._fault_replies or self._closing, max(0.0, timeout_s))
                 reply = self._fault_replies.pop(request.req, None)
             finally:
                 self._fault_waiting.discard(request.req)
         if reply is None:
-            return FaultReply(request.req, rank, fault, "no-answer", host,
-                              detail=f"no answer from host {host}'s agent within {timeout_s:g} s")
+            return FaultReply(request.req, rank, fault, "no-answer", session.host,
+                              detail=f"no answer from host {session.host}'s agent within {timeout_s:g} s")
         return reply
 
     def _flush_commands_locked(self) -> None:
@@ -379,19 +308,10 @@ class DrillHub(AgentHub):
             sid, request = self._fault_out.popleft()
             session = self._sessions.get(sid)
             if session is not None and session.connection == "connected":
-                self._send(session, request.kind, **request.fields())
+                self._send(session, "fault", **asdict(request))
         super()._flush_commands_locked()
 
-    def _handle_locked(self, message: _wire.Message, peer: str) -> None:
-        if message.kind != REPLY_KIND:
-            super()._handle_locked(message, peer)
-            return
-        session = self._sessions.get(message.sid)
-        if session is None:
-            raise _wire.WireError(f"{message.kind} before hello")
-        if message.seq <= session.seq_in:
-            raise _wire.WireError(f"replayed or reordered message (n={message.seq})")
-        session.seq_in = message.seq
+    def _reply_locked(self, session: Session, message: _wire.Message) -> None:
         reply = FaultReply.parse(session.host, message)
         if reply.req not in self._fault_waiting:
             raise _wire.WireError(f"faulted: no request {reply.req} is waiting")

@@ -1,0 +1,151 @@
+"""The package's import graph, read from the source tree: the production paths never reach the
+drill's or the demo's code.
+
+Every import counts: module-level ones, those inside functions, type-only ones (under
+``TYPE_CHECKING``) and ``import_module`` of a literal name. What a module imports, it imports with
+its parent packages (their ``__init__`` runs first).
+
+- nothing under ``multihost/``, nor anything it imports however indirectly within the package, is
+  under ``drill/`` or ``demo/``: every remote host's rank runs the host agent
+  (``multihost/_agent.py``), a server's as much as a drill's;
+- the same for ``integrations/``: the engine's side of every server. A drill's engine hands the
+  engine its hub class (``integrations/trtllm/_hosts.py``'s ``use_hub_class``), and its hub hands
+  the agents their fault handler in their settings; neither is imported from here.
+"""
+
+from __future__ import annotations
+
+import ast
+import collections
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+PACKAGE = REPO / "trtllm_liveness"
+# Code for drills and demos only: a server's engine and its ranks must run without ever importing it.
+NOT_IN_PRODUCTION = ("drill", "demo")
+PRODUCTION = ("multihost", "integrations")
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _module_names(package: Path) -> dict[str, Path]:
+    """Every module of ``package`` (a folder with ``__init__.py``) by its dotted name."""
+    names = {}
+    for path in sorted(package.rglob("*.py")):
+        if "__pycache__" in path.parts:
+            continue
+        parts = path.relative_to(package.parent).with_suffix("").parts
+        names[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
+    return names
+
+
+def _imports(name: str, path: Path, known: set[str]) -> list[tuple[int, str]]:
+    """(line, module) of every import in the module ``name`` at ``path``. A name taken from a
+    package (``from . import _wire``) is that submodule where the package has one."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            found += [(node.lineno, f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
+                      for alias in node.names]
+        elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
+              in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)
+              and isinstance(node.args[0].value, str)):
+            target = node.args[0].value
+            found.append((node.lineno, f"{package}{target}" if target.startswith(".") else target))
+    return found
+
+
+def _graph(package: Path) -> dict[str, list[tuple[int, str]]]:
+    """Each module's imports within ``package`` (with the parent packages each one runs)."""
+    modules = _module_names(package)
+    known = set(modules)
+    graph: dict[str, list[tuple[int, str]]] = {}
+    for name, path in modules.items():
+        edges = []
+        for line, target in _imports(name, path, known):
+            while target and target not in known and "." in target:  # ``import a.b.c`` of an attribute
+                target = target.rpartition(".")[0]
+            parts = target.split(".")  # the module itself first, then the packages it runs
+            edges += [(line, ".".join(parts[:end])) for end in range(len(parts), 0, -1)
+                      if ".".join(parts[:end]) in known and ".".join(parts[:end]) != name]
+        graph[name] = edges
+    return graph
+
+
+def _under(name: str, root: str, folders: tuple[str, ...]) -> bool:
+    return any(name == f"{root}.{folder}" or name.startswith(f"{root}.{folder}.") for folder in folders)
+
+
+def _reached(graph: dict[str, list[tuple[int, str]]], start: str, root: str, folders: tuple[str, ...]) -> str | None:
+    """The shortest import chain from ``start`` to a module under ``folders`` (None: there is none)."""
+    via: dict[str, tuple[str, int] | None] = {start: None}
+    queue = collections.deque([start])
+    while queue:
+        name = queue.popleft()
+        for line, target in graph.get(name, []):
+            if target in via:
+                continue
+            via[target] = (name, line)
+            if _under(target, root, folders):
+                steps, at = [target], via[target]
+                while at is not None:
+                    steps.append(f"{at[0]}:{at[1]}")
+                    at = via[at[0]]
+                return " -> ".join(reversed(steps))
+            queue.append(target)
+    return None
+
+
+def _violations(package: Path, production: tuple[str, ...], forbidden: tuple[str, ...]) -> list[str]:
+    root = package.name
+    graph = _graph(package)
+    chains = (_reached(graph, name, root, forbidden) for name in sorted(graph) if _under(name, root, production))
+    return [chain for chain in chains if chain is not None]
+
+
+@pytest.mark.parametrize("production", PRODUCTION)
+def test_production_code_never_imports_the_drill_or_the_demo(production: str) -> None:
+    found = _violations(PACKAGE, (production,), NOT_IN_PRODUCTION)
+    assert found == [], f"{production}/ reaches {'/ or '.join(NOT_IN_PRODUCTION)}/ (module:line of each import):\n" \
+        + "\n".join(found)
+
+
+def test_the_host_agent_is_in_the_graph_with_what_it_imports() -> None:
+    """The check walks what it must: the agent's module and its imports, found by their names."""
+    graph = _graph(PACKAGE)
+    agent = {target for _line, target in graph["trtllm_liveness.multihost._agent"]}
+    assert {"trtllm_liveness.multihost", "trtllm_liveness.multihost._wire", "trtllm_liveness.monitor._monitor",
+            "trtllm_liveness.stop._bounded_stop", "trtllm_liveness.diagnose._diagnosis"} <= agent, agent
+
+
+def test_the_check_sees_every_kind_of_import(tmp_path: Path) -> None:
+    """Each kind of import reaches the forbidden folder in a package made for it (so a pass above
+    means something): type-only, inside a function, relative, of a submodule, ``import_module``,
+    and through another module."""
+    package = tmp_path / "pkg"
+    for folder in ("", "prod", "drill"):
+        (package / folder).mkdir(exist_ok=True)
+        (package / folder / "__init__.py").write_text("")
+    (package / "drill" / "_faults.py").write_text("")
+    (package / "_middle.py").write_text("def late() -> None:\n    import pkg.drill._faults\n")
+    (package / "prod" / "_typed.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                                               "    from ..drill._faults import X\n")
+    (package / "prod" / "_late.py").write_text("def late() -> None:\n    from ..drill import _faults\n")
+    (package / "prod" / "_named.py").write_text("import importlib\nimportlib.import_module('pkg.drill')\n")
+    (package / "prod" / "_indirect.py").write_text("from .. import _middle\n")
+    (package / "prod" / "_clean.py").write_text("import os\nfrom . import _clean\n")
+    assert _violations(package, ("prod",), ("drill",)) == [
+        "pkg.prod._indirect:1 -> pkg._middle:2 -> pkg.drill._faults",
+        "pkg.prod._late:2 -> pkg.drill._faults",
+        "pkg.prod._named:2 -> pkg.drill",
+        "pkg.prod._typed:3 -> pkg.drill._faults",
+    ]
