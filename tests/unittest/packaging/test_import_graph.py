@@ -10,7 +10,9 @@ its parent packages (their ``__init__`` runs first).
   (``multihost/_agent.py``), a server's as much as a drill's;
 - the same for ``integrations/``: the engine's side of every server. A drill's engine hands the
   engine its hub class (``integrations/trtllm/_hosts.py``'s ``use_hub_class``), and its hub hands
-  the agents their fault handler in their settings; neither is imported from here.
+  the agents their fault handler in their settings; neither is imported from here;
+- the graph has no circles (type-only imports included). A module's own parent packages are no
+  edge of it for this check: they are initialised before it whatever it imports.
 """
 
 from __future__ import annotations
@@ -64,8 +66,9 @@ def _imports(name: str, path: Path, known: set[str]) -> list[tuple[int, str]]:
     return found
 
 
-def _graph(package: Path) -> dict[str, list[tuple[int, str]]]:
-    """Each module's imports within ``package`` (with the parent packages each one runs)."""
+def _graph(package: Path, parents: bool = True) -> dict[str, list[tuple[int, str]]]:
+    """Each module's imports within ``package`` (with the parent packages each one runs, unless
+    ``parents`` is False)."""
     modules = _module_names(package)
     known = set(modules)
     graph: dict[str, list[tuple[int, str]]] = {}
@@ -75,7 +78,8 @@ def _graph(package: Path) -> dict[str, list[tuple[int, str]]]:
             while target and target not in known and "." in target:  # ``import a.b.c`` of an attribute
                 target = target.rpartition(".")[0]
             parts = target.split(".")  # the module itself first, then the packages it runs
-            edges += [(line, ".".join(parts[:end])) for end in range(len(parts), 0, -1)
+            ends = range(len(parts), 0, -1) if parents else range(len(parts), len(parts) - 1, -1)
+            edges += [(line, ".".join(parts[:end])) for end in ends
                       if ".".join(parts[:end]) in known and ".".join(parts[:end]) != name]
         graph[name] = edges
     return graph
@@ -110,6 +114,51 @@ def _violations(package: Path, production: tuple[str, ...], forbidden: tuple[str
     graph = _graph(package)
     chains = (_reached(graph, name, root, forbidden) for name in sorted(graph) if _under(name, root, production))
     return [chain for chain in chains if chain is not None]
+
+
+def _circles(graph: dict[str, list[tuple[int, str]]]) -> list[list[str]]:
+    """The graph's circles: each strongly connected set of two or more modules (Tarjan), sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    circles: list[list[str]] = []
+
+    def visit(name: str) -> None:  # the package's depth stays far below the recursion limit
+        index[name] = low[name] = len(index)
+        stack.append(name)
+        for _line, target in graph.get(name, []):
+            if target not in index:
+                visit(target)
+                low[name] = min(low[name], low[target])
+            elif target in stack:
+                low[name] = min(low[name], index[target])
+        if low[name] == index[name]:
+            members = [stack.pop()]
+            while members[-1] != name:
+                members.append(stack.pop())
+            if len(members) > 1:
+                circles.append(sorted(members))
+
+    for name in sorted(graph):
+        if name not in index:
+            visit(name)
+    return sorted(circles)
+
+
+def test_the_import_graph_has_no_circles() -> None:
+    circles = _circles(_graph(PACKAGE, parents=False))
+    assert circles == [], "modules importing each other (type-only imports included):\n" + "\n".join(
+        " <-> ".join(circle) for circle in circles)
+
+
+def test_the_circle_check_sees_a_type_only_circle(tmp_path: Path) -> None:
+    package = tmp_path / "pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "_a.py").write_text("from ._b import B\n")
+    (package / "_b.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from ._a import A\n")
+    (package / "_c.py").write_text("from . import _a\n")
+    assert _circles(_graph(package, parents=False)) == [["pkg._a", "pkg._b"]]
 
 
 @pytest.mark.parametrize("production", PRODUCTION)
