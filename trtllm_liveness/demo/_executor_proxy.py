@@ -361,7 +361,7 @@ class GenerationExecutorProxy(GenerationExecutor):
         if self.dispatch_result_thread is not None:
             if self.dispatch_result_thread.is_alive():
                 self._send_end_marker()
-            self.dispatch_result_thread.join(max(0.0, deadline - time.monotonic()))
+            self.dispatch_result_thread.join(max(0.5, deadline - time.monotonic()))  # the marker's way
         self.workers_started = False
         self._close_queues()
         self.mpi_session.shutdown()

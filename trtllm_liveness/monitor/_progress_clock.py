@@ -59,14 +59,16 @@ class ProgressClock:
         """Whether any rank ever reported an executor iteration: without iterations only output is
         progress, and a long non-streaming generation outputs nothing until it ends."""
 
-    def sample_output(self) -> float:
+    def sample_output(self, *, always: bool = False) -> float:
         """Read the activity count: the monotonic time of the last output known (a change since the
-        last read is output now); 0.0 once ranks report iterations, which are then the progress."""
+        last read is output now). Once ranks report iterations, they are the clock's progress and
+        this returns 0.0, unless ``always`` (the stall timer's reading: output it dates late can
+        only delay a stall, and keeps counting if the iteration reports stop)."""
         with self._lock:
-            return self._sample_locked()
+            return self._sample_locked(always)
 
-    def _sample_locked(self) -> float:
-        if self.iterations_seen:
+    def _sample_locked(self, always: bool = False) -> float:
+        if self.iterations_seen and not always:
             return 0.0
         if self._activity is not None:
             try:

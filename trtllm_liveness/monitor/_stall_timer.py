@@ -153,6 +153,8 @@ class StallDetector:
         self._on_stall = on_stall
         self._on_resume = on_resume
         self._probe = probe
+        self._probed_at = -PROBE_INTERVAL_S
+        self._probe_bound = _RECHECK_S
         self._cond = threading.Condition(threading.Lock())
         self._last = time.monotonic()
         self._last_source = ProgressSource.STARTED
@@ -248,25 +250,32 @@ class StallDetector:
                 except Exception:
                     logger.exception("liveness: a stall callback raised")
 
-    def _sample_locked(self) -> float:
-        """Read the probe; the bound on the timer's next wait (shorter only while the probe shows
-        progress by sampling: 0.0 from it means that none is sampled)."""
+    def _sample_locked(self, now: float, decision: bool) -> float:
+        """Read the probe at a decision (the deadline reached, a stall under way) and otherwise at
+        most once per :data:`PROBE_INTERVAL_S` (a submission's wake-up is no reason to read it);
+        the bound on the timer's next wait (shorter only while the probe samples progress: 0.0
+        from it means that none is sampled)."""
         if self._probe is None:
             return _RECHECK_S
+        if not decision and now - self._probed_at < PROBE_INTERVAL_S:
+            return self._probe_bound
+        self._probed_at = now
         try:
             at = self._probe()
         except Exception:
             logger.debug("liveness: the stall detector's probe raised", exc_info=True)
-            return _RECHECK_S
+            at = 0.0
         if at > self._last:
             self._last = at
             self._last_source = ProgressSource.OUTPUT
-        return PROBE_INTERVAL_S if at > 0 else _RECHECK_S
+        self._probe_bound = PROBE_INTERVAL_S if at > 0 else _RECHECK_S
+        return self._probe_bound
 
     def _step_locked(self) -> Callable[[], None] | None:
         """One decision of the timer, under the lock: wait, or return the callback to run."""
-        bound = self._sample_locked()
         current = self._current
+        bound = self._sample_locked(time.monotonic(), current is not None
+                                    or time.monotonic() >= self._last + self.timeout_s)
         if current is not None:
             if self._last > current.last_progress_at:
                 ended = replace(current, ended_at=self._last)

@@ -9,11 +9,12 @@ import sys
 
 import pytest
 
-from trtllm_liveness import LivenessConfig, StopReport, WorkerProcessMonitor
+from trtllm_liveness import LivenessConfig, StopReport
 from trtllm_liveness.drill._drill_faults import AgentFaults, DrillHub, FaultReply
 from trtllm_liveness.drill._drill_hosts import launch_argv, parse_hosts, remote_victim
 from trtllm_liveness.drill._drill_records import DrillRank, EngineReady
 from trtllm_liveness.integrations.trtllm import _hosts
+from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.multihost import AgentHub, AgentSettings, _wire
 from trtllm_liveness.multihost._agent_faults import FaultHandler
 from trtllm_liveness.multihost._placement import settings_of

@@ -25,9 +25,12 @@ from typing import Any
 import pytest
 
 from tests.support.upstream_fakes import FAKES_ROOT
+from trtllm_liveness.integrations.trtllm import _upstream_teardown
 from trtllm_liveness.integrations.trtllm._upstream_teardown import (
+    FailedResults,
     ForgottenResults,
     end_dispatch,
+    forget_late_responses,
     forget_results,
 )
 
@@ -35,8 +38,8 @@ pytest.importorskip("zmq")
 
 pytestmark = [pytest.mark.timeout(120)]
 
-REQUESTS = 64
-TOKENS = 40
+REQUESTS = 400
+TOKENS = 2  # a final response every other message: finals meet the sweep
 
 
 @pytest.fixture()
@@ -70,33 +73,45 @@ def upstream_log(caplog: pytest.LogCaptureFixture) -> Iterator[pytest.LogCapture
     yield caplog
 
 
+class CountingDrop:
+    """Stands for the dropping result: counts the responses that found a forgotten request."""
+
+    def __init__(self) -> None:
+        self.dropped = 0
+        self.queue = self
+
+    def put(self, _item: object) -> None:
+        self.dropped += 1
+
+    def abort(self) -> None:
+        pass
+
+
 def _race_once(fakes: Any, log: pytest.LogCaptureFixture, sweepers: int, enders: int) -> None:
     proxy = Proxy(fakes, {client_id: _result() for client_id in range(REQUESTS)})
     forget_results(proxy)
     table = proxy._results
     assert isinstance(table, ForgottenResults)
     leader = fakes.ZeroMqQueueBase(proxy.result_queue.address, is_server=False, name="worker_result_queue")
-    leader_alive = threading.Event()
-    leader_alive.set()
+    die = threading.Event()
     swept = threading.Event()
 
-    def stream() -> None:  # the leader: every request's tokens, round robin, until it dies
-        token = 0
-        while leader_alive.is_set() and token < TOKENS:
-            token += 1
-            for client_id in range(REQUESTS):
-                if not leader_alive.is_set():
+    def stream() -> None:  # the leader: each request's tokens, its final last, until it dies
+        for client_id in range(REQUESTS):
+            for token in range(1, TOKENS + 1):
+                if die.is_set():
                     break
                 leader.put(fakes.Response(client_id, token, token == TOKENS))
+        die.wait(30)
         leader.socket.close(linger=0)  # its death: the connection goes with the process
         leader.context.term()
 
     barrier = threading.Barrier(sweepers + 1, timeout=30)
 
-    def sweep() -> None:  # the fatal path's: failed first, then every pending request forgotten
+    def sweep() -> None:  # the fatal path's: late responses dropped first, then every pending request forgotten
         barrier.wait()
         threading.Event().wait(random.uniform(0, 0.005))
-        table.failed = True
+        forget_late_responses(table)
         for client_id in list(table):
             table.pop(client_id, None)
         swept.set()
@@ -119,7 +134,7 @@ def _race_once(fakes: Any, log: pytest.LogCaptureFixture, sweepers: int, enders:
     barrier.wait()
     assert swept.wait(30)
     threading.Event().wait(random.uniform(0, 0.01))  # late responses for forgotten requests arrive
-    leader_alive.clear()
+    die.set()
     leader_thread.join(30)
     start_ending.wait()
     for thread in threads:
@@ -128,6 +143,7 @@ def _race_once(fakes: Any, log: pytest.LogCaptureFixture, sweepers: int, enders:
         assert not leader_thread.is_alive() and not any(thread.is_alive() for thread in threads)
         assert not proxy.dispatch_result_thread.is_alive()
         assert ended == [True] * enders
+        assert isinstance(table, FailedResults) and len(table) == 0  # nothing forgotten counts as pending
         assert proxy.errors.empty(), proxy.errors.get_nowait()
         assert [r.getMessage() for r in log.records if r.levelno >= logging.WARNING] == []
     finally:
@@ -136,10 +152,14 @@ def _race_once(fakes: Any, log: pytest.LogCaptureFixture, sweepers: int, enders:
 
 @pytest.mark.parametrize(("sweepers", "enders"), [(1, 1), (3, 4)])
 def test_late_responses_for_forgotten_requests_meet_no_key_error_and_the_thread_ends(
-        fakes: Any, upstream_log: pytest.LogCaptureFixture, sweepers: int, enders: int) -> None:
+        fakes: Any, upstream_log: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, sweepers: int,
+        enders: int) -> None:
+    drop = CountingDrop()
+    monkeypatch.setattr(_upstream_teardown, "_DROPPED", drop)
     for _ in range(5):
         upstream_log.clear()
         _race_once(fakes, upstream_log, sweepers, enders)
+    assert drop.dropped > 0  # responses did meet forgotten requests: the race was run, not missed
 
 
 def test_before_a_failure_the_table_is_upstreams_dict(fakes: Any) -> None:
@@ -154,7 +174,30 @@ def test_before_a_failure_the_table_is_upstreams_dict(fakes: Any) -> None:
         assert 2 not in table
         forget_results(proxy)
         assert proxy._results is table  # a table already in place is kept
+        forget_late_responses(table)
+        assert isinstance(table, FailedResults) and table[2] is not None and 2 not in table  # dropped, not stored
+        assert table.pop(1) == "one" and table.pop(1) is None  # a pop of a request gone meanwhile
     finally:
+        proxy.result_queue.close()
+
+
+def test_a_pull_result_queue_takes_the_marker_while_its_peers_live(fakes: Any) -> None:
+    """With postprocess workers upstream's result queue is a PULL socket: any number of peers, so the
+    marker (from a PUSH client) ends the thread while the senders are still connected."""
+    import zmq
+
+    proxy = Proxy(fakes, {})
+    proxy.result_queue.close()
+    proxy.result_queue = fakes.ZeroMqQueueBase(is_server=True, socket_type=zmq.PULL, name="proxy_result_queue")
+    sender = fakes.ZeroMqQueueBase(proxy.result_queue.address, is_server=False, socket_type=zmq.PUSH,
+                                   name="postprocess_worker")
+    try:
+        proxy.dispatch_result_thread.start()
+        assert end_dispatch(proxy) is True
+        assert not proxy.dispatch_result_thread.is_alive()
+    finally:
+        sender.socket.close(linger=0)
+        sender.context.term()
         proxy.result_queue.close()
 
 
@@ -167,11 +210,12 @@ def test_a_leader_that_keeps_its_connection_leaves_the_thread_and_its_socket_ope
     socket = proxy.result_queue.socket
     try:
         forget_results(proxy)
-        proxy._results.failed = True  # type: ignore[attr-defined]
+        proxy._results[7] = _result()
         proxy.dispatch_result_thread.start()
         leader.put(fakes.Response(7, 1, False))
-        while 7 not in proxy._results:  # dispatched (a forgotten id): the leader holds the one pipe
+        while proxy._results[7].queue.empty():  # dispatched: the leader holds the socket's one pipe
             threading.Event().wait(0.001)
+        forget_late_responses(proxy._results)
         assert end_dispatch(proxy) is False
         assert proxy.dispatch_result_thread.is_alive()
         proxy.result_queue.close()  # upstream's, after its join gave up

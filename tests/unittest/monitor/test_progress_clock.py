@@ -164,9 +164,14 @@ def test_output_is_the_dispatch_threads_activity_and_a_stall_timer_samples_it() 
         client.send(b"0")
         while len(received) < 1:
             time.sleep(0.001)
-        first = activity()
-        time.sleep(0.05)  # nothing arrives: the thread stays in its receive
-        assert first is not None and activity() == first
+        first, settled = activity(), False
+        for _ in range(200):  # until the thread is back in its receive: two reads 50 ms apart agree
+            time.sleep(0.05)
+            now = activity()
+            settled, first = now == first, now
+            if settled:
+                break
+        assert first is not None and settled  # nothing arrives: the thread stays in its receive
         client.send(b"1")
         while len(received) < 2:
             time.sleep(0.001)

@@ -2,8 +2,9 @@
 drill's or the demo's code.
 
 Every import counts: module-level ones, those inside functions, type-only ones (under
-``TYPE_CHECKING``) and ``import_module`` of a literal name. What a module imports, it imports with
-its parent packages (their ``__init__`` runs first).
+``TYPE_CHECKING``), ``import_module`` of a literal name and a face's lazy exports (its
+``_SOURCES``). What a module imports, it imports with its parent packages (their ``__init__``
+runs first).
 
 - nothing under ``multihost/``, nor anything it imports however indirectly within the package, is
   under ``drill/`` or ``demo/``: every remote host's rank runs the host agent
@@ -58,6 +59,10 @@ def _imports(name: str, path: Path, known: set[str]) -> list[tuple[int, str]]:
                 base = ".".join([*anchor, base] if base else anchor)
             found += [(node.lineno, f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base)
                       for alias in node.names]
+        elif (isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "_SOURCES" for t in node.targets)
+              and isinstance(node.value, ast.Dict)):  # a face's lazy exports: module -> names
+            found += [(key.lineno, f"{package}{key.value}" if key.value.startswith(".") else key.value)
+                      for key in node.value.keys if isinstance(key, ast.Constant) and isinstance(key.value, str)]
         elif (isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", None))
               in ("import_module", "__import__") and node.args and isinstance(node.args[0], ast.Constant)
               and isinstance(node.args[0].value, str)):
@@ -192,7 +197,9 @@ def test_the_check_sees_every_kind_of_import(tmp_path: Path) -> None:
     (package / "prod" / "_named.py").write_text("import importlib\nimportlib.import_module('pkg.drill')\n")
     (package / "prod" / "_indirect.py").write_text("from .. import _middle\n")
     (package / "prod" / "_clean.py").write_text("import os\nfrom . import _clean\n")
+    (package / "prod" / "_face.py").write_text("_SOURCES = {'pkg.drill._faults': ('X',)}\n")
     assert _violations(package, ("prod",), ("drill",)) == [
+        "pkg.prod._face:1 -> pkg.drill._faults",
         "pkg.prod._indirect:1 -> pkg._middle:2 -> pkg.drill._faults",
         "pkg.prod._late:2 -> pkg.drill._faults",
         "pkg.prod._named:2 -> pkg.drill",

@@ -38,7 +38,7 @@ Data flow::
     rank iterations (HangDetector.checkpoint) / else output (dispatch thread activity, sampled) -> stall timer
         -> stalled: statuses + WARNING with diagnosis (report) or the fatal path (fatal)
     pre_shutdown() / shim.close() / healthy shutdown() -> expected exits (not deaths)
-    fatal path -> requests failed and forgotten (a late response is dropped: ForgottenResults)
+    fatal path -> requests failed and forgotten (a late response is dropped: FailedResults)
     shutdown() -> upstream's in a daemon thread, then stop_processes (bounded), then upstream's
         futures failed and its dispatch thread given the end marker: upstream's shutdown() has
         nothing left to wait for (_engine_shutdown.py)

@@ -15,7 +15,7 @@
 3. fail pending work: every pending request (upstream's ``_mark_engine_dead`` where present, an
    ``ErrorResponse`` per request otherwise), then removed from ``_results`` so that upstream's
    ``pre_shutdown()`` sends no ``CancellingRequest`` for it (a response still in flight for one
-   is dropped: :class:`~._upstream_teardown.ForgottenResults`); on 1.2.x mpi4py's exit join of
+   is dropped: :class:`~._upstream_teardown.FailedResults`); on 1.2.x mpi4py's exit join of
    the pool thread is released (main's ``_mark_engine_dead`` does that itself) when the proxy
    owns the session; then the one
    ERROR line, with the evidence read from ``/proc`` now (:func:`fatal_evidence`), which also goes
@@ -56,7 +56,7 @@ from ...exit._termination_log import MESSAGE_LIMIT_BYTES, amend_termination_mess
 from .._futures import fail_pending
 from ._features import find_symbol, warn_once
 from ._state import EngineLiveness
-from ._upstream_teardown import ForgottenResults, release_exit_joins
+from ._upstream_teardown import forget_late_responses, release_exit_joins
 
 if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
@@ -250,8 +250,7 @@ def publish_fatal(proxy: Any, error: WorkerFailedError) -> None:
 def fail_requests(proxy: Any, error: WorkerFailedError) -> None:
     """Fail every pending request with the engine's error and forget it; never blocks."""
     results: Any = getattr(proxy, "_results", None)
-    if isinstance(results, ForgottenResults):
-        results.failed = True  # before any is forgotten: a late response for one is dropped
+    forget_late_responses(results)  # before any is forgotten: a late response for one is dropped
     mark_dead = getattr(proxy, "_mark_engine_dead", None)
     if callable(mark_dead):
         try:

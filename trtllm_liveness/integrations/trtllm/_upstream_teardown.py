@@ -15,7 +15,8 @@ Nothing of the extension runs per response batch: upstream's dispatch thread rec
 dispatches as it does without it. After a fatal error, a response still in flight for a request
 the fatal path failed and forgot finds nothing in 1.2's ``_results[client_id]`` lookup: the table
 is a :class:`ForgottenResults`, whose miss, once the engine failed, drops the response instead of
-raising ``KeyError`` in upstream's thread (a present id is the dict's own lookup).
+raising ``KeyError`` in upstream's thread (a present id is the dict's own lookup), and its pop of
+a request gone meanwhile finds nothing to raise.
 
 :func:`run_upstream_shutdown` runs upstream's ``shutdown()`` (which ends by re-raising what its
 error queue holds: the engine's own failure is no news, DEBUG); :func:`abandon_session` is what the
@@ -41,7 +42,7 @@ from ._state import EngineLiveness
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
-DISPATCH_END_S = 1.0
+DISPATCH_END_S = 2.0
 """How long :func:`end_dispatch` tries: the proxy's socket takes a new peer only once the old
 one's connection is gone, which its I/O thread notices a moment after the leader's exit."""
 _MARKER_RETRY_S = 0.1
@@ -58,19 +59,31 @@ class EngineStoppedError(RuntimeError):
 
 
 class ForgottenResults(dict[Any, Any]):
-    """Upstream's ``_results`` (client id -> result), put in its place when the engine starts.
-    Until :attr:`failed` is set (the fatal path, before it forgets the failed requests) it is the
-    dict it replaced: a missing id raises ``KeyError``. After, a missing id is a request the
-    extension failed and forgot: the lookup of 1.2's dispatch loop gets a result that drops the
-    response (kept under that id until upstream pops it with the request's final response)."""
+    """Upstream's ``_results`` (client id -> result), put in its place when the engine starts: the
+    dict it replaced, nothing added (a missing id raises ``KeyError`` as upstream's does). The fatal
+    path turns it into a :class:`FailedResults` (:func:`forget_late_responses`) before it forgets
+    the requests it failed."""
 
-    failed = False
+
+class FailedResults(ForgottenResults):
+    """The table of an engine that failed: a missing id is a request the extension failed and
+    forgot. 1.2's dispatch loop's lookup of it gets a result that drops the response (nothing is
+    stored: a forgotten request never counts as pending again), and its ``pop`` of a finished
+    request gone meanwhile (the sweep ran between its lookup and its pop) finds nothing to raise."""
 
     def __missing__(self, key: Any) -> Any:
-        if not self.failed:
-            raise KeyError(key)
-        self[key] = _DROPPED
         return _DROPPED
+
+    def pop(self, key: Any, default: Any = None) -> Any:
+        return super().pop(key, default)
+
+
+def forget_late_responses(results: object) -> None:
+    """The fatal path's first step on the table (before any request is forgotten): a response
+    still in flight for a forgotten request is dropped from now on. A table that is not a
+    :class:`ForgottenResults` (upstream's was not a plain dict) is left as it is."""
+    if isinstance(results, ForgottenResults) and not isinstance(results, FailedResults):
+        results.__class__ = FailedResults
 
 
 def forget_results(proxy: Any) -> None:
@@ -84,12 +97,13 @@ def forget_results(proxy: Any) -> None:
 def end_dispatch(proxy: Any) -> bool:
     """End upstream's dispatch thread (``dispatch_result_thread``) with the end marker the leader
     sends as it exits (``None``), sent by a client of upstream's own queue class (its framing and
-    signing) to the result queue's address; True once the thread ended (or never ran). The
-    proxy's PAIR socket takes this client only once the leader's connection is gone, so it is
-    called after the ranks were stopped, and the marker is sent again every ``_MARKER_RETRY_S``
-    until the thread ends, for :data:`DISPATCH_END_S` at most. A leader that cannot be ended keeps
-    its connection: the thread stays in its receive, and upstream's close of that socket (which
-    would raise in the receive, or abort in libzmq) is then skipped. Never raises."""
+    signing) to the result queue's address; True once the thread ended (or never ran). A PULL
+    result queue (postprocess workers) takes the client at once; a PAIR one only once the leader's
+    connection is gone, so this is called after the ranks were stopped, and the marker is sent
+    again every ``_MARKER_RETRY_S`` until the thread ends, for :data:`DISPATCH_END_S` at most. A
+    leader that cannot be ended keeps its connection: the thread stays in its receive, and
+    upstream's close of that socket (which would raise in the receive, or abort in libzmq) is then
+    skipped. Never raises."""
     thread = getattr(proxy, "dispatch_result_thread", None)
     if not isinstance(thread, threading.Thread) or not thread.is_alive():
         return True
@@ -100,36 +114,46 @@ def end_dispatch(proxy: Any) -> bool:
         log_once(logging.DEBUG, "end-marker", type(queue).__qualname__, "liveness: result queue %s has no "
                  "address: its dispatch thread is ended only by upstream", type(queue).__qualname__)
         return False
+    sent = False
     deadline = time.monotonic() + DISPATCH_END_S
     while thread.is_alive() and time.monotonic() < deadline:
         try:
-            _send_end_marker(type(inner), address, getattr(inner, "use_hmac_encryption", True), thread)
+            sent = _send_end_marker(inner, address, thread) or sent
         except Exception:
             logger.debug("liveness: sending the dispatch thread's end marker failed", exc_info=True)
-            break
+            thread.join(_MARKER_RETRY_S)
     if not thread.is_alive():
         return True
-    for holder in {id(queue): queue, id(inner): inner}.values():
-        with contextlib.suppress(Exception):
-            holder.close = lambda: None  # type: ignore[union-attr]
-    logger.debug("liveness: upstream's dispatch thread still receives from a rank that cannot be ended; "
-                 "its socket is left open")
+    if sent:  # the marker went out and was never taken: a peer that cannot be ended holds the socket
+        for holder in {id(queue): queue, id(inner): inner}.values():
+            with contextlib.suppress(Exception):
+                holder.close = lambda: None  # type: ignore[union-attr]
+    logger.debug("liveness: upstream's dispatch thread still receives after %.1fs of end markers%s",
+                 DISPATCH_END_S, "; its socket is left open" if sent else " (none could be sent)")
     return False
 
 
-def _send_end_marker(queue_cls: Any, address: Any, signed: bool, thread: threading.Thread) -> None:
-    """One try: a new client sends the marker and stays connected while the thread is given
-    ``_MARKER_RETRY_S`` to end (closing it drops a marker not yet delivered)."""
+def _send_end_marker(inner: Any, address: Any, thread: threading.Thread) -> bool:
+    """One try: a new client of the queue's class sends the marker and stays connected while the
+    thread is given ``_MARKER_RETRY_S`` to end (closing it drops a marker not yet delivered).
+    True once the marker was handed to the client's socket."""
     import zmq
 
-    client = queue_cls(address, is_server=False, socket_type=zmq.PAIR, name="trtllm_liveness_end_marker",
-                       use_hmac_encryption=signed)
+    pull = getattr(inner, "socket_type", None) == zmq.PULL
+    client: Any = None
     try:
+        client = type(inner)(address, is_server=False, socket_type=zmq.PUSH if pull else zmq.PAIR,
+                             name="trtllm_liveness_end_marker",
+                             use_hmac_encryption=getattr(inner, "use_hmac_encryption", True))
         client.put_noblock(None, retry=0)
         thread.join(_MARKER_RETRY_S)
+        return True
     finally:
-        client.socket.close(linger=0)
-        client.context.term()
+        socket, context = getattr(client, "socket", None), getattr(client, "context", None)
+        if socket is not None:
+            socket.close(linger=0)
+        if context is not None:
+            context.term()
 
 
 def release_upstream_waits(proxy: Any, state: EngineLiveness, report: StopReport | None) -> None:
