@@ -56,12 +56,15 @@ _SOURCES = {
 
 if not TYPE_CHECKING:  # mypy sees the imports above instead, so a misspelt name stays an error
 
-    def _first_lookup(name: str) -> object:
-        # The one mechanism (._lazy) is loaded by the root's first lookup, never by its import.
+    def _install():  # the one mechanism (._lazy), loaded by the root's first lookup, never by its import
         from ._lazy import lazy_exports
 
         lookup, listing = lazy_exports(__name__, _SOURCES, globals())
         globals().update(__getattr__=lookup, __dir__=listing)
-        return lookup(name)
+        return lookup, listing
 
-    __getattr__ = _first_lookup
+    def __getattr__(name):
+        return _install()[0](name)
+
+    def __dir__():
+        return _install()[1]()
