@@ -46,10 +46,10 @@ sample of the memory group's ``oom_kill`` counter before it moved.
 
 Length: ``--minutes M`` (default 10) runs the families in turn, each condition for its full length
 (slow-io 60 s, cpu-throttle 20 s, short-stops 40 s, mgmt-netem 60 s, mgmt-outage 30 s, memory
-60 s), until the conditions add up to M minutes; ``--smoke`` (CI) runs each family once for 6 s
-(36 s of conditions, each followed by its real fault). ``--families`` picks some.
+60 s), until the conditions add up to M minutes; ``--smoke`` (CI) runs each family once for 3 s
+(18 s of conditions, each followed by its real fault). ``--families`` picks some.
 
-Targets: ``false_verdicts`` 0 over >= M minutes of conditions (the smoke: 36 s);
+Targets: ``false_verdicts`` 0 over >= M minutes of conditions (the smoke: 18 s);
 ``real_faults_detected`` == ``real_faults_injected`` > 0 (a soak that detects nothing cannot pass);
 every round started and its engine kept serving under its condition; nothing left behind
 (``leftovers``: test hosts' namespaces and processes, cgroups of this run's prefix, FUSE mounts of
@@ -82,7 +82,7 @@ from trtllm_liveness.demo._fuse_stall import MOUNT_PREFIX, fuse_available, fuse_
 
 FULL_S = {"slow-io": 60.0, "cpu-throttle": 20.0, "short-stops": 40.0, "mgmt-netem": 60.0, "mgmt-outage": 30.0,
           "memory": 60.0}
-SMOKE_S = dict.fromkeys(soak.FAMILIES, 6.0)
+SMOKE_S = dict.fromkeys(soak.FAMILIES, 3.0)
 
 
 def plan(minutes: float, smoke: bool, families: tuple[str, ...]) -> tuple[list[tuple[str, float]], float]:
@@ -158,7 +158,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--json", action="store_true", help="print one JSON object after the table")
     parser.add_argument("--minutes", type=float, default=10.0, help="conditions in all, minutes (default 10)")
-    parser.add_argument("--smoke", action="store_true", help="each family once for 6 s (CI)")
+    parser.add_argument("--smoke", action="store_true", help="each family once for 3 s (CI)")
     parser.add_argument("--families", default=",".join(soak.FAMILIES), help="which families, comma-separated")
     args = parser.parse_args()
     families = tuple(name for name in args.families.split(",") if name)

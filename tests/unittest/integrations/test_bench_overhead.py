@@ -29,7 +29,7 @@ FIGURES = ("throughput_ratio", "proxy_cpu_per_request_ratio", "added_latency_p50
            "proxy_cpu_ms_per_s_idle", "rank_cpu_ms_per_s_idle", "threads_added_proxy", "threads_added_rank",
            "rss_added_kib_proxy", "rss_added_kib_rank", "added_proxy_cpu_us_per_request",
            "added_leader_cpu_us_per_request")
-CONFIGS = ("ranks2_final", "ranks2_streaming", "ranks8_final", "ranks8_streaming")
+CONFIGS = ("ranks2_final", "ranks2_streaming")  # --ranks 2: the 8-rank ones are the same code, longer
 
 
 def _number(value: Any) -> bool:
@@ -37,8 +37,8 @@ def _number(value: Any) -> bool:
 
 
 def test_quick_json_reports_every_figure_of_every_configuration(procs: ProcessTracker) -> None:
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--quick", "--json"], cwd=REPO, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--quick", "--json", "--ranks", "2"], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     procs.popens.append(proc)
     procs.track(proc.pid)
     out, err = proc.communicate(timeout=600 * WAIT_SCALE)

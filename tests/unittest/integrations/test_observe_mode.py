@@ -44,7 +44,7 @@ _LINE = re.compile(r" (DEBUG|INFO|WARNING|ERROR|CRITICAL) (trtllm_liveness[\w.]*
 def run(procs: ProcessTracker, engine: dict[str, Any], value: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """The engine with ``engine``'s fault under ``TRTLLM_WORKER_LIVENESS=value``: its record and the
     extension's log lines (level, message)."""
-    options = {"tree": "main", "engine": engine, "expect": "none", "watch_s": 6, "settle_s": 2, "requests": 2,
+    options = {"tree": "main", "engine": engine, "expect": "none", "watch_s": 5, "settle_s": 1, "requests": 2,
                "shutdown": False}
     helper = HelperProcess("stall_child", options, {"TRTLLM_WORKER_LIVENESS": value})
     procs.popens.append(helper.popen)

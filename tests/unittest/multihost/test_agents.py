@@ -361,8 +361,8 @@ def test_launch_turns_mpiruns_zero_after_a_host_crash_into_the_engines_status(te
 # --------------------------------------------------------------------------- no false alarm
 
 
-CONTROL_S = 12.0
-"""The loaded control's window: twelve heartbeat timeouts (the 60 s windows and the healthy-chaos soak
+CONTROL_S = 8.0
+"""The loaded control's window: eight heartbeat timeouts (the 60 s windows and the healthy-chaos soak
 are the benchmarks', scripts/bench_multihost.py and scripts/soak_healthy.py)."""
 
 

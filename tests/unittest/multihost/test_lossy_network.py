@@ -21,7 +21,7 @@ from tests.support.testhosts import TestHosts
 
 pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi", "nftables")]
 
-WINDOW_S = 12.0  # ~24 PINGs of each agent
+WINDOW_S = 8.0  # ~10 PINGs of each agent
 
 
 @pytest.mark.timeout(90)
