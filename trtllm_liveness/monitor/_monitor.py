@@ -44,7 +44,7 @@ from ._delivery import EventLog, Subscriber
 from ._rank_table import RankTable, sample_threads
 from ._remote_reports import merge_remote_reports
 from ._stall_timer import StalledSince
-from ._stopped_rank import StoppedRank
+from ._stopped_rank import STOPPED_BY_SIGNAL, StoppedRank
 from ._watched_rank import SCANNED_STATES, WatchedRank
 from ._watcher import PidfdWatcher, WatcherClosed
 from ._wedge import WedgeScan
@@ -548,9 +548,14 @@ class WorkerProcessMonitor:
         if not samples:
             return []
         rule = self._stopped_rule
-        quiet = rule[0].quiet_s(now) if rule is not None else None  # outside the lock: the proxy's len()
-        pending = rule[0].pending() if rule is not None and quiet is not None else 0
-        needed = rule[0].quiet_bound(rule[1], now) if rule is not None else 0.0
+        quiet, pending, needed = None, 0, 0.0
+        if rule is not None and any(record.sampler is not None and record.sampler.state == STOPPED_BY_SIGNAL
+                                    for record, _sample in samples):
+            # Read only while a rank is stopped (its rule is their only reader here), outside the
+            # lock: the proxy's len(), and where output is sampled a procfs read.
+            quiet = rule[0].quiet_s(now)
+            pending = rule[0].pending() if quiet is not None else 0
+            needed = rule[0].quiet_bound(rule[1], now)
         events: list[WorkerEvent] = []
         with self._lock:
             for record, sample in samples:
