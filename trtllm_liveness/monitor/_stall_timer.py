@@ -40,8 +40,8 @@ _RECHECK_S = 60.0
 """Bound on each wait of the timer where only a wakeup can change its decision (idle, stalled):
 each bound passed is one re-evaluation, which decides the same."""
 PROBE_INTERVAL_S = 1.0
-"""Bound on each wait of the timer while its ``probe`` samples progress (with work pending or
-stalled): sampled progress is dated at most this late."""
+"""Bound on each wait of a timer with a ``probe`` while work is pending or a stall is under way:
+sampled progress is dated at most this late."""
 
 
 class ProgressSource:
@@ -154,7 +154,6 @@ class StallDetector:
         self._on_resume = on_resume
         self._probe = probe
         self._probed_at = -PROBE_INTERVAL_S
-        self._probe_bound = _RECHECK_S
         self._cond = threading.Condition(threading.Lock())
         self._last = time.monotonic()
         self._last_source = ProgressSource.STARTED
@@ -253,23 +252,20 @@ class StallDetector:
     def _sample_locked(self, now: float, decision: bool) -> float:
         """Read the probe at a decision (the deadline reached, a stall under way) and otherwise at
         most once per :data:`PROBE_INTERVAL_S` (a submission's wake-up is no reason to read it);
-        the bound on the timer's next wait (shorter only while the probe samples progress: 0.0
-        from it means that none is sampled)."""
+        the bound on the timer's next wait."""
         if self._probe is None:
             return _RECHECK_S
-        if not decision and now - self._probed_at < PROBE_INTERVAL_S:
-            return self._probe_bound
-        self._probed_at = now
-        try:
-            at = self._probe()
-        except Exception:
-            logger.debug("liveness: the stall detector's probe raised", exc_info=True)
-            at = 0.0
-        if at > self._last:
-            self._last = at
-            self._last_source = ProgressSource.OUTPUT
-        self._probe_bound = PROBE_INTERVAL_S if at > 0 else _RECHECK_S
-        return self._probe_bound
+        if decision or now - self._probed_at >= PROBE_INTERVAL_S:
+            self._probed_at = now
+            try:
+                at = self._probe()
+            except Exception:
+                logger.debug("liveness: the stall detector's probe raised", exc_info=True)
+                at = 0.0
+            if at > self._last:
+                self._last = at
+                self._last_source = ProgressSource.OUTPUT
+        return PROBE_INTERVAL_S
 
     def _step_locked(self) -> Callable[[], None] | None:
         """One decision of the timer, under the lock: wait, or return the callback to run."""

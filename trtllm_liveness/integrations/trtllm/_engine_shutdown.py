@@ -62,7 +62,9 @@ class EngineProxy(Protocol):
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
-_UPSTREAM_SHUTDOWN_AFTER_STOP_S = 1.0
+_UPSTREAM_SHUTDOWN_AFTER_STOP_S = 2.0
+"""How long upstream's shutdown gets after the stop, in all: the end marker's tries
+(``DISPATCH_END_S``) included."""
 STOP_MARGIN_S = 2.0
 """What a second caller of :func:`stop_workers` allows beyond the stop's own waits before it stops
 waiting for the first (the kernel-stack reads of unkillable ranks, a loaded host)."""
@@ -103,13 +105,14 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
         if owned:
             wait_exit(state, deadline)
             report = stop_workers(state)
-            release_upstream_waits(proxy, state, report)
         # else: the ranks belong to the caller's session (mpirun's job): they keep serving it
         # after this engine is gone, and are never signalled by a healthy shutdown.
     else:
         report = stop_workers(state)
+    stopped_at = time.monotonic()
+    if failed or owned:
         release_upstream_waits(proxy, state, report)
-    upstream.join(_UPSTREAM_SHUTDOWN_AFTER_STOP_S)
+    upstream.join(max(0.0, stopped_at + _UPSTREAM_SHUTDOWN_AFTER_STOP_S - time.monotonic()))
     if upstream.is_alive():
         logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
         abandon_session(proxy, state, owns_session(proxy, state))

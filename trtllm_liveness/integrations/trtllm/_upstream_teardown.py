@@ -42,7 +42,7 @@ from ._state import EngineLiveness
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
-DISPATCH_END_S = 2.0
+DISPATCH_END_S = 1.5
 """How long :func:`end_dispatch` tries: the proxy's socket takes a new peer only once the old
 one's connection is gone, which its I/O thread notices a moment after the leader's exit."""
 _MARKER_RETRY_S = 0.1
@@ -114,29 +114,26 @@ def end_dispatch(proxy: Any) -> bool:
         log_once(logging.DEBUG, "end-marker", type(queue).__qualname__, "liveness: result queue %s has no "
                  "address: its dispatch thread is ended only by upstream", type(queue).__qualname__)
         return False
-    sent = False
     deadline = time.monotonic() + DISPATCH_END_S
     while thread.is_alive() and time.monotonic() < deadline:
         try:
-            sent = _send_end_marker(inner, address, thread) or sent
+            _send_end_marker(inner, address, thread)
         except Exception:
             logger.debug("liveness: sending the dispatch thread's end marker failed", exc_info=True)
             thread.join(_MARKER_RETRY_S)
     if not thread.is_alive():
         return True
-    if sent:  # the marker went out and was never taken: a peer that cannot be ended holds the socket
-        for holder in {id(queue): queue, id(inner): inner}.values():
-            with contextlib.suppress(Exception):
-                holder.close = lambda: None  # type: ignore[union-attr]
-    logger.debug("liveness: upstream's dispatch thread still receives after %.1fs of end markers%s",
-                 DISPATCH_END_S, "; its socket is left open" if sent else " (none could be sent)")
+    for holder in {id(queue): queue, id(inner): inner}.values():  # the thread is still in its receive
+        with contextlib.suppress(Exception):
+            holder.close = lambda: None  # type: ignore[union-attr]
+    logger.debug("liveness: upstream's dispatch thread still receives after %.1fs of end markers; its socket "
+                 "is left open", DISPATCH_END_S)
     return False
 
 
-def _send_end_marker(inner: Any, address: Any, thread: threading.Thread) -> bool:
+def _send_end_marker(inner: Any, address: Any, thread: threading.Thread) -> None:
     """One try: a new client of the queue's class sends the marker and stays connected while the
-    thread is given ``_MARKER_RETRY_S`` to end (closing it drops a marker not yet delivered).
-    True once the marker was handed to the client's socket."""
+    thread is given ``_MARKER_RETRY_S`` to end (closing it drops a marker not yet delivered)."""
     import zmq
 
     pull = getattr(inner, "socket_type", None) == zmq.PULL
@@ -147,7 +144,6 @@ def _send_end_marker(inner: Any, address: Any, thread: threading.Thread) -> bool
                              use_hmac_encryption=getattr(inner, "use_hmac_encryption", True))
         client.put_noblock(None, retry=0)
         thread.join(_MARKER_RETRY_S)
-        return True
     finally:
         socket, context = getattr(client, "socket", None), getattr(client, "context", None)
         if socket is not None:
