@@ -551,8 +551,7 @@ class WorkerProcessMonitor:
         quiet, pending, needed = None, 0, 0.0
         if rule is not None and any(record.sampler is not None and record.sampler.state == STOPPED_BY_SIGNAL
                                     for record, _sample in samples):
-            # Read only while a rank is stopped (its rule is their only reader here), outside the
-            # lock: the proxy's len(), and where output is sampled a procfs read.
+            # Only while a rank is stopped (its rule's only reader), outside the lock: len(), procfs.
             quiet = rule[0].quiet_s(now)
             pending = rule[0].pending() if quiet is not None else 0
             needed = rule[0].quiet_bound(rule[1], now)
