@@ -26,10 +26,12 @@ from tests.support.process_tracker import ProcessTracker
 from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness._events import EventKind, WorkerEvent
+from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.integrations.trtllm import _engine_shutdown, liveness_proxy_class
 from trtllm_liveness.integrations.trtllm._state import EngineLiveness
+from trtllm_liveness.monitor._monitor import WorkerProcessMonitor
 from trtllm_liveness.process._identity import capture_identity
+from trtllm_liveness.stop._bounded_stop import StopOutcome, stop_processes
 
 pytestmark = [pytest.mark.timeout(90), pytest.mark.real_process]
 
@@ -152,3 +154,35 @@ def test_a_second_caller_waits_as_long_as_the_stop_waits_for_the_hosts_snapshot(
         holder.join(60)
         state.hub, state.shutdown_report, state.stopped = None, None, False  # the real stop (of no rank)
         proxy.shutdown()
+
+
+def test_a_rank_gone_between_the_verdict_and_the_stop_is_one_info_line(
+        procs: ProcessTracker, caplog: pytest.LogCaptureFixture) -> None:
+    """Rank 1's death is the verdict (the monitor reports it); rank 0 then ends on its own (MPI's
+    runtime) after the monitor began expecting exits, so no event names it, and the stop finds both
+    gone. The stop's lines: one INFO for rank 0, none for rank 1 (its death has its own line); after
+    a clean stop (no monitor given), none."""
+    children = [procs.sleeper() for _ in range(2)]
+    identities = [capture_identity(rank, child.pid) for rank, child in enumerate(children)]
+    with WorkerProcessMonitor(scan_interval_s=0.02) as monitor:
+        monitor.register(identities)
+        monitor.start()
+        os.kill(children[1].pid, signal.SIGKILL)
+        assert wait_until(lambda: monitor.find_dead_worker() == identities[1], 10 * WAIT_SCALE)
+        monitor.mark_expected_exits()
+        os.kill(children[0].pid, signal.SIGKILL)
+        assert wait_until(lambda: any(s.state is WorkerState.EXITED_EXPECTED for s in monitor.statuses()),
+                          10 * WAIT_SCALE)
+        report = stop_processes(identities, grace_s=0.1, kill_s=0.1)
+        assert [w.outcome for w in report.workers] == [StopOutcome.ALREADY_GONE] * 2
+        caplog.clear()  # the monitor's own line for the death
+        with caplog.at_level(logging.INFO, logger="trtllm_liveness"):
+            _engine_shutdown.log_stopped(report, None)
+            assert caplog.records == []
+            _engine_shutdown.log_stopped(report, monitor)
+    lines = [record.getMessage() for record in caplog.records]
+    assert len(lines) == 1 and caplog.records[0].levelno == logging.INFO, lines
+    assert lines[0].startswith(f"liveness: MPI worker rank 0 (pid {children[0].pid}) on host ") and \
+        "exited after the engine's failure or stop began" in lines[0], lines
+    for child in children:
+        child.wait(10)

@@ -37,10 +37,11 @@ from collections.abc import Callable
 from typing import Protocol
 
 from ..._errors import LivenessError
-from ..._events import WorkerFailedError
+from ..._events import WorkerFailedError, WorkerState
 from ...exit._exit_guard import interrupt_self_once
 from ...exit._outcome import mark_clean
 from ...exit._process_ending import Stage, process_ending
+from ...monitor._monitor import WorkerProcessMonitor
 from ...process._identity import ProcessIdentity, is_local
 from ...process._pidfd import verify_start_time
 from ...stop._bounded_stop import StopOutcome, StopReport
@@ -183,7 +184,7 @@ def _stop_workers_once(state: EngineLiveness) -> StopReport | None:
         if remote[0] is not None:
             remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
         state.host_stops = list(remote[1])
-    log_stopped(report)
+    log_stopped(report, state.monitor if state.fatal is not None else None)
     note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
     return report
 
@@ -201,13 +202,22 @@ def snapshot_bound_s(state: EngineLiveness) -> float:
     return config.diagnosis_before_stop_hosts_s if state.hub is not None else config.diagnosis_before_stop_s
 
 
-def log_stopped(report: StopReport) -> None:
-    """One INFO line per rank the stop ended: what the extension does itself is no failure."""
+def log_stopped(report: StopReport, monitor: WorkerProcessMonitor | None) -> None:
+    """One INFO line per rank the stop ended: what the extension does itself is no failure. After a
+    fatal verdict (``monitor`` given), a rank found gone whose exit the monitor never reported (it
+    ended between the verdict and the stop, the monitor then expecting exits) gets the
+    consequence's INFO line instead; one it reported was logged with its event."""
+    statuses = monitor.statuses() if monitor is not None else []
+    reported = {status.identity.rank for status in statuses
+                if status.state in (WorkerState.EXITED, WorkerState.ZOMBIE)}
     for worker in report.workers:
         if worker.outcome in (StopOutcome.EXITED_AFTER_TERM, StopOutcome.EXITED_AFTER_KILL):
             took = "" if worker.exited_after_s is None else f" after {worker.exited_after_s:.3f}s"
             logger.info("liveness: stopped rank %d (pid %s) on host %s: %s, exited%s", worker.rank, worker.pid,
                         worker.hostname, "+".join(worker.signals_sent) or "no signal", took)
+        elif monitor is not None and worker.outcome is StopOutcome.ALREADY_GONE and worker.rank not in reported:
+            logger.info("liveness: MPI worker rank %d (pid %s) on host %s exited after the engine's failure or stop "
+                        "began: gone before the stop's signal", worker.rank, worker.pid, worker.hostname)
 
 
 def release(state: EngineLiveness) -> None:
