@@ -21,7 +21,9 @@ each rank, one every ``every_s``, as its host's progress channel would; then one
 ``iterations_interval_s`` (the agent's interval between two iteration messages, default 1 s),
 ``watch`` (``[[rank, pid], ...]``: processes of the caller's watched as this host's ranks too, after
 the sleepers), ``quarantine`` (the hub's spec of how the agent quarantines this host, as
-``worker_spec()["quarantine"]`` carries it) and ``observe`` (the engine observes).
+``worker_spec()["quarantine"]`` carries it), ``observe`` (the engine observes) and
+``die_at_group`` (this process SIGKILLs itself as soon as its drill's freezer group is made,
+before anything is frozen: a launcher's teardown there).
 """
 
 from __future__ import annotations
@@ -56,6 +58,19 @@ def main(options: dict[str, object]) -> int:
     from trtllm_liveness.process._procfs import read_start_time
     from trtllm_liveness.quarantine._quarantine_settings import QuarantineSettings
 
+    if options.get("die_at_group"):
+        import signal
+
+        from trtllm_liveness.demo import _cgroup_faults
+
+        made = _cgroup_faults.FreezerGroup.__init__
+
+        def made_then_die(self: _cgroup_faults.FreezerGroup, prefix: str = "trtllm-liveness",
+                          name: str | None = None) -> None:
+            made(self, prefix, name)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+        _cgroup_faults.FreezerGroup.__init__ = made_then_die  # type: ignore[method-assign]
     if options.get("slow_poll"):
         import zmq
 

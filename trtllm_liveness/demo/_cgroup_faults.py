@@ -72,8 +72,8 @@ class _Group:
     root = ""
     members_file = "tasks"
 
-    def __init__(self, prefix: str) -> None:
-        self.path = os.path.join(self.root, f"{prefix}-{uuid.uuid4().hex[:12]}")
+    def __init__(self, prefix: str, name: str | None = None) -> None:
+        self.path = os.path.join(self.root, name or f"{prefix}-{uuid.uuid4().hex[:12]}")
         os.mkdir(self.path)
         self.removed = False
 
@@ -153,12 +153,13 @@ class _Group:
 
 
 class FreezerGroup(_Group):
-    """A cgroup v1 freezer group under :data:`FREEZER_ROOT`. Raises ``OSError`` if it cannot be made."""
+    """A cgroup v1 freezer group under :data:`FREEZER_ROOT`, named ``name`` (by default ``prefix``
+    and a random suffix). Raises ``OSError`` if it cannot be made."""
 
     root = FREEZER_ROOT
 
-    def __init__(self, prefix: str = "trtllm-liveness") -> None:
-        super().__init__(prefix)
+    def __init__(self, prefix: str = "trtllm-liveness", name: str | None = None) -> None:
+        super().__init__(prefix, name)
 
     def add(self, pid: int) -> None:
         """Move every thread of ``pid`` into the group (``tasks`` takes one tid at a time).

@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -121,7 +122,8 @@ class FaultReply:
 
 # The freezer group's guard: waits for EOF on stdin (the agent released the group, or its process
 # ended, however: then nobody else would thaw), thaws the group, moves what is still in it back to
-# the root group, removes it and ends; bounded. Standard library only (-I: nothing of the rank's).
+# the root group, removes it and ends; bounded (a group never made is nothing to do: it starts before
+# the group is made). Standard library only (-I: nothing of the rank's).
 _GUARD = """
 import os, sys, time
 sys.stdin.buffer.read()
@@ -211,11 +213,16 @@ class AgentFaults(FaultHandler):
                 if not _pidfd.send_signal(fd, _SIGNALS[fault]):
                     raise ProcessLookupError(f"rank {victim.rank} (pid {victim.pid}) exited before the signal")
                 return at
-            from ..demo._cgroup_faults import FreezerGroup
+            from ..demo._cgroup_faults import FREEZER_ROOT, FreezerGroup
 
-            if self._freezer is None:
-                self._freezer = FreezerGroup(prefix=_FREEZER_PREFIX)
-                self._guard = _start_guard(self._freezer.path)
+            if self._freezer is None:  # the guard first: from the group's making on, this process may end anywhere
+                name = f"{_FREEZER_PREFIX}-{uuid.uuid4().hex[:12]}"
+                self._guard = _start_guard(os.path.join(FREEZER_ROOT, name))
+                try:
+                    self._freezer = FreezerGroup(name=name)
+                except OSError:
+                    self.release()
+                    raise
             at = time.monotonic()
             frozen = self._freezer.freeze([victim.pid], timeout=_FREEZE_S)
             if _pidfd.is_exited(fd):  # the pid may have named another process by the time it was added

@@ -68,10 +68,11 @@ class Agent:
     """One agent process (rank 2 on :data:`HOST`) over ``ranks`` sleepers (ranks 3, 4, ...)."""
 
     def __init__(self, procs: ProcessTracker, proxy: Proxy, log: Path, *, drill: bool = True,
-                 ranks: int = 2) -> None:
+                 ranks: int = 2, die_at_group: bool = False) -> None:
         spec = proxy.hub.worker_spec()
         options = {"host": HOST, "endpoint": spec["endpoint"], "secret": spec["secret"], "ranks": ranks,
-                   "first_rank": 2, "heartbeat_timeout_s": spec["heartbeat_timeout_s"], "drill": drill}
+                   "first_rank": 2, "heartbeat_timeout_s": spec["heartbeat_timeout_s"], "drill": drill,
+                   "die_at_group": die_at_group}
         self.log = log
         with open(log, "wb") as handle:
             self.popen = subprocess.Popen(["unshare", "--uts", sys.executable, "-m", "tests.programs.host_agent_child",
@@ -190,6 +191,23 @@ def test_an_agent_killed_while_its_rank_is_frozen_leaves_its_guard_to_thaw_it(pr
         assert agent.popen.wait(BOUND_S) == -signal.SIGKILL
         assert wait_until(lambda: drill_groups() == [], BOUND_S), drill_groups()
         assert state_of(agent.ranks[4]) in RUNNING  # thawed, alive: the procs fixture ends it
+    finally:
+        proxy.close()
+
+
+@needs("freezer")
+def test_an_agent_killed_as_its_group_is_made_leaves_no_group(procs: ProcessTracker, tmp_path: Path) -> None:
+    """The agent's process SIGKILLed right after it made its freezer group, before it froze anything
+    (a launcher's teardown landing there): the group's guard, started before the group, removes it."""
+    proxy = Proxy()
+    try:
+        agent = Agent(procs, proxy, tmp_path / "agent.log", die_at_group=True)
+        assert isinstance(proxy.hub, DrillHub)
+        reply = proxy.hub.inject_fault(4, "wedge", 1.0)
+        assert reply.outcome != "injected", reply
+        assert agent.popen.wait(BOUND_S) == -signal.SIGKILL, agent.log_text()
+        assert wait_until(lambda: drill_groups() == [], BOUND_S), drill_groups()
+        assert state_of(agent.ranks[4]) in RUNNING
     finally:
         proxy.close()
 
