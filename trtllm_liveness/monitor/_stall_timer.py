@@ -23,6 +23,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import threading
 import time
@@ -159,6 +160,10 @@ class StallDetector:
         self._last_source = ProgressSource.STARTED
         self._current: StallInfo | None = None
         self._idle = False  # the timer found nothing pending and waits for work
+        # Each submission writes a new number here, without the lock: a number the timer has not
+        # seen tells it a request came while it looked at pending() or waited (unregistered yet).
+        self._submission_numbers = itertools.count(1)
+        self._submission = 0
         self._count = 0
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -192,6 +197,7 @@ class StallDetector:
         """A request was submitted; ``was_idle``: no request was pending just before it. Only
         then does the clock restart (a new request is not progress of a stalled engine); a stall
         under way then ends too (with nothing pending, it was over)."""
+        self._submission = next(self._submission_numbers)  # before the idle check (see _step_locked)
         if not was_idle and not self._idle:
             return  # a busy engine's request: nothing to note (the timer is not waiting for work)
         now = time.monotonic()
@@ -285,16 +291,24 @@ class StallDetector:
         if now < deadline:
             self._cond.wait(min(deadline - now, bound))
             return None
+        seen = self._submission
         try:
             pending = int(self._pending())
         except Exception:
             logger.exception("liveness: the stall detector's pending() raised; taken as idle")
             pending = 0
         if pending <= 0:
-            # Idle: never a stall. Wait until a submission (note_submitted) wakes us.
+            # Idle: never a stall. Wait until a submission (note_submitted) wakes us. Idle is set
+            # before the last look at the submission number: a submitter that wrote its number
+            # after that look reads idle and wakes us. A request submitted since pending() was
+            # read may not be registered yet: its clock starts now (a stall only later, never false).
             self._idle = True
-            self._cond.wait(_RECHECK_S)
+            if self._submission == seen:
+                self._cond.wait(_RECHECK_S)
             self._idle = False
+            woke = time.monotonic()
+            if self._submission != seen and woke > self._last:
+                self._last, self._last_source = woke, ProgressSource.SUBMITTED
             return None
         self._count += 1
         info = StallInfo(number=self._count, timeout_s=self.timeout_s, last_progress_at=self._last,

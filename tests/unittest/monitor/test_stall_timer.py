@@ -105,6 +105,33 @@ def test_a_submission_that_still_saw_a_pending_request_wakes_an_idle_timer() -> 
         detector.close()
 
 
+def test_a_submission_while_the_timer_reads_pending_is_not_missed() -> None:
+    """Request B is submitted while the timer reads pending(): the submitter still saw request A
+    pending (was_idle False) and the timer not idle; A has finished and B is not registered yet, so
+    the timer reads 0. It must not wait for work then (60 s): B's clock starts and its stall is seen."""
+    pending = [0]
+    rec = Recorder()
+    submitted: list[float] = []
+
+    def read_pending() -> int:
+        if not submitted:  # B arrives exactly now, registered only after this read
+            submitted.append(time.monotonic())
+            detector.note_submitted(was_idle=False)
+            return 0
+        return pending[0]
+
+    detector = StallDetector(0.05, read_pending, on_stall=rec.on_stall)
+    pending[0] = 1
+    detector.start()
+    try:
+        assert wait_until(lambda: rec.stalls, 10)
+        info = rec.stalls[0]
+        assert info.pending == 1 and info.last_progress_at >= submitted[0], info
+        assert info.last_progress_source == ProgressSource.SUBMITTED
+    finally:
+        detector.close()
+
+
 def test_busy_submission_does_not_restart_the_clock() -> None:
     pending = [1]
     rec = Recorder()
