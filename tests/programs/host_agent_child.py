@@ -20,8 +20,8 @@ each rank, one every ``every_s``, as its host's progress channel would; then one
 ``{"beats_sent": count, "messages": n}``, n the iteration messages the agent sent),
 ``iterations_interval_s`` (the agent's interval between two iteration messages, default 1 s),
 ``watch`` (``[[rank, pid], ...]``: processes of the caller's watched as this host's ranks too, after
-the sleepers), ``quarantine`` (the hub's spec of how the agent quarantines this host, as
-``worker_spec()["quarantine"]`` carries it) and ``observe`` (the engine observes).
+the sleepers), ``quarantine`` (how the agent quarantines this host, in the JSON form of
+``QuarantineSettings.to_spec()``) and ``observe`` (the engine observes).
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from trtllm_liveness.integrations.trtllm._worker_spec import (
     WorkerSpecError,
 )
 from trtllm_liveness.multihost._agent import AgentSettings
-from trtllm_liveness.multihost._placement import settings_of
 from trtllm_liveness.process._identity import ProcessIdentity, local_hostname
 from trtllm_liveness.quarantine._quarantine_settings import QuarantineSettings
 
@@ -131,18 +130,16 @@ def test_a_malformed_spec_is_one_error_naming_the_part(raw: Any, named: str) -> 
         WorkerSpec.from_wire(raw)
 
 
-def test_the_quarantine_settings_travel_in_the_hubs_spec_and_are_read_back() -> None:
-    """What the hub's ``worker_spec`` carries (plain JSON) is read back as the record every rank
-    gets; a spec of no quarantine gives none; a malformed one is an error naming it."""
-    spec = {"endpoint": "tcp://10.0.0.1:5555", "secret": "6b" * 32, "heartbeat_timeout_s": 1.0}
-    settings = settings_of({**spec, "quarantine": json.loads(json.dumps(quarantine().to_spec()))})
-    assert settings.quarantine == quarantine()
+def test_the_quarantine_settings_travel_in_the_hubs_settings_and_their_json_form_is_read_back() -> None:
+    """The hub's settings carry the record every rank gets; its plain JSON form (a test agent's
+    option) is read back as the same record, none as none; a malformed one is an error naming it."""
+    settings = AgentSettings("tcp://10.0.0.1:5555", b"k" * 32, 1.0, None, quarantine=quarantine())
     assert WorkerSpec.from_wire(wire(WorkerSpec(task, hub=settings))).hub == settings
-    assert settings_of(spec).quarantine is None
-    assert settings_of({**spec, "quarantine": None}).quarantine is None
+    assert QuarantineSettings.from_spec(json.loads(json.dumps(quarantine().to_spec()))) == quarantine()
+    assert QuarantineSettings.from_spec(None) is None
     for bad in ({**quarantine().to_spec(), "quarantine_dir": "relative"}, {"quarantine_dir": "/run/q"}, ["/run/q"]):
         with pytest.raises(ValueError, match="quarantine"):
-            settings_of({**spec, "quarantine": bad})
+            QuarantineSettings.from_spec(bad)
 
 
 def test_a_record_of_another_version_is_rejected_by_its_missing_field() -> None:
