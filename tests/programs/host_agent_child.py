@@ -84,7 +84,8 @@ def main(options: dict[str, object]) -> int:
                              grace_s=0.5, kill_s=1.0,
                              faults=AgentFaults if options.get("drill") else FaultHandler,
                              observe=bool(options.get("observe")),
-                             quarantine=QuarantineSettings.from_spec(options.get("quarantine")),
+                             quarantine=QuarantineSettings(**options["quarantine"])  # type: ignore[arg-type]
+                             if options.get("quarantine") else None,
                              iterations_interval_s=float(options.get("iterations_interval_s", 1.0)))  # type: ignore[arg-type]
 
     def ended(reason: str) -> None:
