@@ -104,7 +104,8 @@ from trtllm_liveness.multihost import AgentHub
 hub = AgentHub(WorkerProcessMonitor(), bind="127.0.0.1").start()  # the default heartbeat timeout
 latest = {}
 hub.feed_iterations(lambda rank, count, at: latest.__setitem__(rank, (count, at)))  # as the stall timer's
-print(json.dumps(hub.worker_spec()), flush=True)
+spec = {"endpoint": hub.endpoint, "secret": hub.secret.hex(), "heartbeat_timeout_s": hub.heartbeat_timeout_s}
+print(json.dumps(spec), flush=True)
 time.sleep(600)
 """
 

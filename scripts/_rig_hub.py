@@ -3,8 +3,8 @@
 ``python scripts/_rig_hub.py [ADDRESS [HEARTBEAT_TIMEOUT_S]]`` binds a real
 :class:`~trtllm_liveness.multihost.AgentHub` (its default heartbeat timeout unless given) over a
 real :class:`~trtllm_liveness.monitor.WorkerProcessMonitor` on ADDRESS (default 127.0.0.1), prints one JSON
-line ``{"spec": <its worker_spec>, "pid": <this pid>}``, then answers each JSON command line on
-stdin with one JSON line (:data:`COMMANDS`). The monitor's subscriber stamps each event with
+line ``{"spec": <its endpoint, secret and heartbeat timeout>, "pid": <this pid>}``, then answers each
+JSON command line on stdin with one JSON line (:data:`COMMANDS`). The monitor's subscriber stamps each event with
 ``time.monotonic()`` when it is delivered (the machine's one clock: comparable with the rig's own
 stamps). The Python heap is traced (``tracemalloc``) from the hub's start until the first ``wait`` has
 answered, so that the CPU windows after it run untraced. It ends at the end of its stdin (the rig
@@ -110,7 +110,9 @@ COMMANDS: dict[str, Callable[[RigHub, dict[str, Any]], dict[str, Any]]] = {
 def main() -> int:
     rig = RigHub(sys.argv[1] if len(sys.argv) > 1 else "127.0.0.1",
                  float(sys.argv[2]) if len(sys.argv) > 2 else None)
-    print(json.dumps({"spec": rig.hub.worker_spec(), "pid": os.getpid()}), flush=True)
+    hub = rig.hub
+    spec = {"endpoint": hub.endpoint, "secret": hub.secret.hex(), "heartbeat_timeout_s": hub.heartbeat_timeout_s}
+    print(json.dumps({"spec": spec, "pid": os.getpid()}), flush=True)
     try:
         for line in sys.stdin:
             try:

@@ -32,6 +32,7 @@ starts, never a silent default. Disabled means nothing else of the package runs.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import math
 import os
 from collections.abc import Mapping
@@ -45,6 +46,31 @@ _MAX_FILE_BYTES = 64 << 10
 
 _TRUE = frozenset({"1", "true", "on", "yes"})
 _FALSE = frozenset({"0", "false", "off", "no"})
+
+
+class TextEnum(str, enum.Enum):
+    """A ``str`` enum whose ``str()`` and ``format()`` are its value: settings, logs and JSON read
+    ``fatal``, never ``StallAction.FATAL``."""
+
+    __str__ = str.__str__
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
+
+
+class StallAction(TextEnum):
+    """What a stall does (the ``stall_action`` setting)."""
+
+    REPORT = "report"
+    FATAL = "fatal"
+
+
+class HostsMode(TextEnum):
+    """When an engine runs an agent hub (the ``hosts`` setting)."""
+
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -160,7 +186,7 @@ class LivenessConfig:
     scan_interval_s: float = 1.0
     identities_timeout_s: float = 600.0
     stall_timeout_s: float = 0.0
-    stall_action: str = "report"
+    stall_action: StallAction = StallAction.REPORT
     stopped_timeout_s: float = 30.0
     observe: bool = False
     shutdown_grace_s: float = 10.0
@@ -182,7 +208,7 @@ class LivenessConfig:
     quarantine_k8s_taint: bool = False
     quarantine_hook: str = ""
     quarantine_action_timeout_s: float = 10.0
-    hosts: str = "auto"
+    hosts: HostsMode = HostsMode.AUTO
     hosts_bind: str = ""
     hosts_port: int = 0
     hosts_advertise: str = ""
@@ -192,9 +218,11 @@ class LivenessConfig:
     def __post_init__(self) -> None:
         for spec in dataclasses.fields(self):
             value = getattr(self, spec.name)
-            if isinstance(spec.default, str) and not isinstance(value, str):
+            if isinstance(spec.default, TextEnum):  # given as its value's string in code too
+                object.__setattr__(self, spec.name, _coerce(spec.name, value, type(spec.default), "LivenessConfig"))
+            elif isinstance(spec.default, str) and not isinstance(value, str):
                 raise ValueError(f"LivenessConfig: {spec.name} must be a string, got {value!r}")
-            _check_value(spec.name, value, "LivenessConfig")
+            _check_value(spec.name, getattr(self, spec.name), "LivenessConfig")
 
     @classmethod
     def from_env(
@@ -363,10 +391,13 @@ def _parse_env(raw: str, source: str = ENV_VAR) -> dict[str, Any]:
 
 
 def _coerce(key: str, raw: Any, kind: type, source: str) -> Any:
-    if kind is str:
+    if issubclass(kind, str):
         if not isinstance(raw, str):
             raise ValueError(f"{source}: {key} must be a string, got {raw!r}")
-        return raw.strip()
+        value = raw.strip()
+        if issubclass(kind, TextEnum) and value not in kind._value2member_map_:
+            raise ValueError(f"{source}: {key} must be one of {', '.join(kind._value2member_map_)}, got {value!r}")
+        return kind(value)
     if kind is bool:
         if isinstance(raw, bool):
             return raw
@@ -387,14 +418,8 @@ def _coerce(key: str, raw: Any, kind: type, source: str) -> Any:
         raise ValueError(f"{source}: {key} must be {'an int' if kind is int else 'a number'}, got {raw!r}") from None
 
 
-STALL_ACTIONS = ("report", "fatal")
-HOSTS_MODES = ("auto", "on", "off")
-
-
 def _check_value(key: str, value: Any, source: str) -> None:
-    if key == "hosts":
-        if value not in HOSTS_MODES:
-            raise ValueError(f"{source}: hosts must be one of {', '.join(HOSTS_MODES)}, got {value!r}")
+    if isinstance(value, TextEnum):  # one of its members: _coerce checked it
         return
     if key in ("hosts_bind", "hosts_advertise"):
         if not isinstance(value, str) or len(value) > 253 or any(c in value for c in "/ \t\0,=@[]"):
@@ -406,10 +431,6 @@ def _check_value(key: str, value: Any, source: str) -> None:
         raise ValueError(f"{source}: heartbeat_timeout_s must be in [0.05, 3600], got {value!r}")
     if key == "heartbeat_ceiling_s" and not 1 <= value <= 86400:
         raise ValueError(f"{source}: heartbeat_ceiling_s must be in [1, 86400], got {value!r}")
-    if key == "stall_action":
-        if value not in STALL_ACTIONS:
-            raise ValueError(f"{source}: stall_action must be one of {', '.join(STALL_ACTIONS)}, got {value!r}")
-        return
     if isinstance(value, str):
         if value and (not value.startswith("/") or "\0" in value or len(value) > 4096):
             raise ValueError(f"{source}: {key} must be an absolute path or empty (off), got {value!r}")

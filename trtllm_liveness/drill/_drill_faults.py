@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING, Any
 from ..multihost import _wire
 from ..multihost._agent_faults import FAULTS, FaultHandler
 from ..multihost._hub import AgentHub
+from ..multihost._hub_records import Connection
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity
 from ._drill_records import _field
@@ -288,11 +289,11 @@ class DrillHub(AgentHub):
         if fault not in FAULTS:
             raise ValueError(f"fault must be one of {FAULTS}, got {fault!r}")
         with self._cond:
-            session = next((s for s in self._sessions.values() if s.connection == "connected"
+            session = next((s for s in self._sessions.values() if s.connection is Connection.CONNECTED
                             and any(identity.rank == rank for identity in s.ranks)), None)
             if session is None:
                 hosts = {s.host: sorted(r.rank for r in s.ranks) for s in self._sessions.values()
-                         if s.connection == "connected"}
+                         if s.connection is Connection.CONNECTED}
                 return FaultReply(0, rank, fault, "refused", "?", detail=f"rank {rank} is not a rank of a connected "
                                   f"remote host (connected: {hosts or 'none'})")
             request = FaultRequest(next(self._fault_ids), rank, fault)
@@ -314,7 +315,7 @@ class DrillHub(AgentHub):
         while self._fault_out:
             sid, request = self._fault_out.popleft()
             session = self._sessions.get(sid)
-            if session is not None and session.connection == "connected":
+            if session is not None and session.connection is Connection.CONNECTED:
                 self._send(session, "fault", **asdict(request))
         super()._flush_commands_locked()
 

@@ -80,11 +80,13 @@ _RECEIVE_BATCH = 64  # messages from the hub read ahead of handling them (each c
 _MAX_ITERATIONS_PER_MESSAGE = 1000  # ~40 bytes each: well under the wire's cap
 VERDICT_SNAPSHOT = SnapshotRequest(0, 0.1, True, 0.3)
 """The snapshot an agent sends unasked after its own fatal verdict: as the proxy's own (request 0)."""
+_COMMANDS: dict[str, Callable[[_wire.Message], _wire.Command | SnapshotRequest]] = {
+    **_wire.COMMANDS, "snapreq": parse_snapshot_request}
 
 
 @dataclass(frozen=True)
 class AgentSettings:
-    """What the proxy hands every rank (``worker_spec`` of the hub) plus the rank's own part."""
+    """What the proxy hands every rank (:meth:`~._hub.AgentHub.agent_settings`) plus the rank's own part."""
 
     endpoint: str
     secret: bytes
@@ -477,40 +479,37 @@ class HostAgent:
                 message = _wire.decode(self.settings.secret, _wire.TO_AGENT, frame)
                 if message.sid != self.sid or message.seq <= self._peer_seq:
                     raise _wire.WireError("not for this session, or replayed")
+                parse = _COMMANDS.get(message.kind)
+                command = parse(message) if parse is not None else None  # welcome, fault, probe: no record
             except _wire.WireError as exc:
                 self.rejected += 1
                 if self.rejected <= 5 or self.rejected % 1000 == 0:
                     logger.warning("liveness: the host agent rejected a message (%d so far): %s", self.rejected, exc)
                 continue
             self._peer_seq = message.seq
-            if message.kind == "welcome":
-                self._welcomed.set()
-            elif message.kind == "arm":
-                timeout = message.body.get("d")
-                monitor.arm_wedge_detection(float(timeout) if isinstance(timeout, (int, float)) else None)
-            elif message.kind == "expect":
-                self._released = True
-                monitor.mark_expected_exits()
-            elif message.kind == "fault":  # refused, unless a drill's hub gave this agent the drill's handler
-                self._send(sock, "faulted", **self._faults.handle(message))
-            elif message.kind == "stop":
-                self._stop_requested(sock, monitor, message)
-                return "stop"
-            elif message.kind == "snapreq":
-                try:
-                    request = parse_snapshot_request(message)
-                except _wire.WireError as exc:
-                    logger.warning("liveness: the host agent rejected a snapshot request: %s", exc)
-                    continue
-                if request.expires_s is not None and time.monotonic() - taken_at > request.expires_s:
-                    logger.info("liveness: the host agent skips snapshot request %d: its caller waits no longer",
-                                request.req)
-                    continue
-                self._snapshot(sock, request)
-            elif message.kind == "reject":
-                logger.error("liveness: the proxy's hub refused this host agent: %s", message.body.get("why"))
-                self._released = True  # never act on a proxy that does not count this host
-                return "refused"
+            match command:
+                case _wire.ArmCommand():
+                    monitor.arm_wedge_detection(command.d_state_timeout_s)
+                case _wire.ExpectCommand():
+                    self._released = True
+                    monitor.mark_expected_exits()
+                case _wire.StopCommand():
+                    self._stop_requested(sock, monitor, command)
+                    return "stop"
+                case SnapshotRequest():
+                    if command.expires_s is not None and time.monotonic() - taken_at > command.expires_s:
+                        logger.info("liveness: the host agent skips snapshot request %d: its caller waits no longer",
+                                    command.req)
+                        continue
+                    self._snapshot(sock, command)
+                case _wire.Rejection():
+                    logger.error("liveness: the proxy's hub refused this host agent: %s", command.why)
+                    self._released = True  # never act on a proxy that does not count this host
+                    return "refused"
+                case None if message.kind == "welcome":
+                    self._welcomed.set()
+                case None if message.kind == "fault":  # refused, unless a drill's hub gave this agent its handler
+                    self._send(sock, "faulted", **self._faults.handle(message))
 
     def _snapshot(self, sock: Any, request: SnapshotRequest) -> None:
         """Take the snapshot of this host's ranks (the agent's own first) and send it as one
@@ -577,13 +576,9 @@ class HostAgent:
         self._quarantine.note(report.events())  # the ranks the stop left unkillable
         return report
 
-    def _stop_requested(self, sock: Any, monitor: WorkerProcessMonitor, message: _wire.Message) -> None:
-        grace = message.body.get("grace")
-        kill = message.body.get("kill")
-        grace_s = float(grace) if isinstance(grace, (int, float)) and 0 <= grace <= 300 else self.settings.grace_s
-        kill_s = float(kill) if isinstance(kill, (int, float)) and 0 <= kill <= 300 else self.settings.kill_s
-        report = self._stop_ranks(monitor, grace_s, kill_s)
-        self._send(sock, "report", req=message.body.get("req"), stop=report.to_dict())
+    def _stop_requested(self, sock: Any, monitor: WorkerProcessMonitor, command: _wire.StopCommand) -> None:
+        report = self._stop_ranks(monitor, command.grace_s, command.kill_s)
+        self._send(sock, "report", req=command.req, stop=report.to_dict())
 
     def _proxy_lost(self, monitor: WorkerProcessMonitor, reason: str) -> None:
         self._ending = reason

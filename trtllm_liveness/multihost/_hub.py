@@ -36,19 +36,18 @@ from ..monitor._monitor import WorkerProcessMonitor
 from ..monitor._progress_clock import ProgressClock
 from ..process._identity import ProcessIdentity, local_hostname
 from . import _wire
+from ._agent import AgentSettings
 from ._agent_faults import FaultHandler
 from ._host_silence import SilenceRule
 from ._hub_delivery import RemoteDelivery
 from ._hub_endings import end_session
 from ._hub_records import (
     MAX_RANKS_PER_HOST,
-    ArmCommand,
-    ExpectCommand,
+    Connection,
+    HostOutcome,
     HostStop,
     HostView,
-    HubCommand,
     Session,
-    StopCommand,
     parse_event,
     parse_hello,
     parse_report,
@@ -58,6 +57,7 @@ from ._hub_records import (
 from ._hub_router import open_router
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, HostSnapshot, IterationSink, SnapshotBook, SnapshotCommand
 from ._tcp import Closure, ConnectionTable, Ending, Key, Silence
+from ._wire import ArmCommand, Command, ExpectCommand, Rejection, StopCommand
 
 if TYPE_CHECKING:
     from ..quarantine._quarantine_settings import QuarantineSettings
@@ -117,20 +117,18 @@ class AgentHub:
         self.advertise = advertise
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.silence = SilenceRule(heartbeat_timeout_s, heartbeat_ceiling_s, progress)
-        self.observe = observe
-        self.quarantine = quarantine
-        self.d_state_timeout_s = d_state_timeout_s
-        self.scan_interval_s = scan_interval_s
-        self.grace_s = grace_s
-        self.kill_s = kill_s
-        self.iterations_interval_s = min(3600.0, max(ITERATIONS_INTERVAL_S, iterations_interval_s))
         self.secret = secrets.token_bytes(_wire.SECRET_BYTES)
         self.endpoint = ""
+        self._agents = AgentSettings(  # what every rank's agent gets (agent_settings: the endpoint once bound)
+            "", self.secret, heartbeat_timeout_s, d_state_timeout_s or None, grace_s=grace_s, kill_s=kill_s,
+            scan_interval_s=scan_interval_s if 0.01 <= scan_interval_s <= 60 else 1.0,  # the agents' range
+            iterations_interval_s=min(3600.0, max(ITERATIONS_INTERVAL_S, iterations_interval_s)), observe=observe,
+            heartbeat_ceiling_s=self.silence.ceiling_s, faults=self.agent_faults, quarantine=quarantine)
         self.rejected = 0
         self.send_failures = 0
         self.closed_without_hello = 0  # connections that ended before a valid hello (MAXMSGSIZE: oversized)
         self._cond = threading.Condition()
-        self._commands: collections.deque[HubCommand | SnapshotCommand] = collections.deque()
+        self._commands: collections.deque[Command | SnapshotCommand] = collections.deque()
         self._book = SnapshotBook(self._cond)  # snapshot requests and replies, remote iterations
         self._handlers: dict[str, Callable[[Session, _wire.Message], None]] = {  # by kind, after the hello
             "event": self._update_locked, "state": self._update_locked, "report": self._report_locked,
@@ -179,17 +177,13 @@ class AgentHub:
                     self.heartbeat_timeout_s)
         return self
 
-    def worker_spec(self) -> dict[str, Any]:
-        """What travels to every rank with its task (plain JSON types)."""
-        return {"endpoint": self.endpoint, "secret": self.secret.hex(), "heartbeat_timeout_s": self.heartbeat_timeout_s,
-                "d_state_timeout_s": self.d_state_timeout_s, "scan_interval_s": self.scan_interval_s,
-                "grace_s": self.grace_s, "kill_s": self.kill_s, "iterations_interval_s": self.iterations_interval_s,
-                "heartbeat_ceiling_s": self.silence.ceiling_s, "observe": self.observe,
-                "quarantine": self.quarantine.to_spec() if self.quarantine is not None else None}
+    def agent_settings(self) -> AgentSettings:
+        """What every rank's agent needs from this hub: it travels to every rank with its task."""
+        return dataclasses.replace(self._agents, endpoint=self.endpoint)
 
     def arm(self, d_state_timeout_s: float | None = None) -> None:
         """Tell every agent (and every later one) to make wedge verdicts from now on."""
-        self._command(ArmCommand(d_state_timeout_s if d_state_timeout_s is not None else self.d_state_timeout_s))
+        self._command(ArmCommand(self._agents.d_state_timeout_s if d_state_timeout_s is None else d_state_timeout_s))
 
     def expect_exits(self) -> None:
         """A stop began: agents treat exits as expected and no longer end their ranks without a hub."""
@@ -207,20 +201,14 @@ class AgentHub:
         wait at most ``timeout_s`` for the reports. Returns one :class:`HostStop` per host; a lost
         host is reported lost, one that did not answer in time ``no-answer``. Never raises for
         what the hosts do; at most one stop runs (a second call waits for the same reports)."""
-        deadline = time.monotonic() + max(0.0, timeout_s)
-        self._command(StopCommand(self.grace_s if grace_s is None else grace_s,
-                                  self.kill_s if kill_s is None else kill_s))
+        self._command(StopCommand(self._agents.grace_s if grace_s is None else grace_s,
+                                  self._agents.kill_s if kill_s is None else kill_s))
         with self._cond:
-            while True:
-                pending = [s for s in self._sessions.values() if s.stop is None]
-                left = deadline - time.monotonic()
-                if not pending or left <= 0 or self._closing:
-                    break
-                self._cond.wait(left)
-            stops = [s.stop or HostStop(s.host, s.agent.rank, tuple(r.rank for r in s.ranks), "no-answer",
-                                        detail=f"no report within {timeout_s:.1f} s")
-                     for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
-        return stops
+            self._cond.wait_for(lambda: self._closing or all(s.stop is not None for s in self._sessions.values()),
+                                max(0.0, timeout_s))
+            return [s.stop or HostStop(s.host, s.agent.rank, tuple(r.rank for r in s.ranks), HostOutcome.NO_ANSWER,
+                                       detail=f"no report within {timeout_s:.1f} s")
+                    for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
 
     def snapshot(self, timeout_s: float, *, cpu_window_s: float = 0.1, stacks: bool = True,
                  stacks_timeout_s: float = 0.3) -> list[HostSnapshot]:
@@ -257,7 +245,7 @@ class AgentHub:
 
     # ----------------------------------------------------------------- the thread
 
-    def _command(self, command: HubCommand) -> None:
+    def _command(self, command: Command) -> None:
         with self._cond:
             self._commands.append(command)
         self._wake()
@@ -334,8 +322,8 @@ class AgentHub:
             # Its socket closes with it, and every agent then ends its host's ranks: say so, fatally.
             with self._cond:
                 for session in list(self._sessions.values()):
-                    if session.connection == "connected":
-                        session.connection = "lost"
+                    if session.connection is Connection.CONNECTED:
+                        session.connection = Connection.LOST
                         cause = f"the proxy's agent hub failed ({exc!r}); host {session.host}'s agent ends its ranks"
                         self._apply_many([(identity, WorkerState.LOST, cause) for identity in session.ranks])
                 self._cond.notify_all()
@@ -359,13 +347,13 @@ class AgentHub:
                         continue  # at most one stop runs
                     command = self._stop = dataclasses.replace(command, req=next(self._req_ids))
                     for session in self._sessions.values():
-                        if session.connection != "connected" and session.stop is None:
+                        if session.connection is not Connection.CONNECTED and session.stop is None:
                             session.stop = HostStop(session.host, session.agent.rank,
-                                                    tuple(r.rank for r in session.ranks), "lost",
+                                                    tuple(r.rank for r in session.ranks), HostOutcome.LOST,
                                                     detail=f"connection {session.connection}")
                     self._cond.notify_all()
-            sent = {session.sid for session in self._sessions.values()
-                    if session.connection == "connected" and self._send(session, command.kind, **command.fields())}
+            sent = {session.sid for session in self._sessions.values() if session.connection is Connection.CONNECTED
+                    and self._send(session, command.kind, **command.fields())}
             if isinstance(command, SnapshotCommand):
                 self._book.asked_locked(command.req, sent)  # its callers wait for those only
 
@@ -462,21 +450,18 @@ class AgentHub:
     def _refuse(self, sid: str, why: str) -> None:
         import zmq
 
-        frame = _wire.encode(self.secret, _wire.TO_AGENT, "reject", sid, 1, why=why[:500])
+        frame = _wire.encode(self.secret, _wire.TO_AGENT, Rejection.kind, sid, 1, **Rejection(why[:500]).fields())
         with contextlib.suppress(zmq.ZMQError):
             self._sock.send_multipart([sid.encode(), frame], zmq.NOBLOCK)
 
     def _update_locked(self, session: Session, message: _wire.Message) -> None:  # an event or a state
         update = (parse_event if message.kind == "event" else parse_state)(session, message)
-        self._apply(update.identity, update.state, update.detail, tid=update.tid, wchan=update.wchan,
-                    fault_at=update.fault_at)
+        self._apply_many([(update.identity, update.state, update.detail)], tid=update.tid, wchan=update.wchan,
+                         fault_at=update.fault_at)
 
     def _report_locked(self, session: Session, message: _wire.Message) -> None:
         session.stop = parse_report(session, message)
         self._cond.notify_all()
-
-    def _apply(self, identity: ProcessIdentity, state: WorkerState, detail: str, **extra: Any) -> None:
-        self._apply_many([(identity, state, detail)], **extra)
 
     def _apply_many(self, updates: list[tuple[ProcessIdentity, WorkerState, str]], **extra: Any) -> None:
         # States now, in the hub's order; subscribers in the delivery's thread: they may ask the hub.
@@ -496,7 +481,7 @@ class AgentHub:
         def session_of(silence: Silence) -> Session | None:
             sid = self._by_key.get(silence.key)
             session = self._sessions.get(sid) if sid is not None else None
-            return session if session is not None and session.connection == "connected" else None
+            return session if session is not None and session.connection is Connection.CONNECTED else None
 
         def cut(silence: Silence) -> None:
             self._conns.cut(silence.fd, silence.seconds)
@@ -512,7 +497,7 @@ class AgentHub:
         with self._cond:
             sid = self._by_key.pop(key, None) if key is not None else None
             session = self._sessions.get(sid) if sid is not None else None
-            if session is None and any(s.key is None and s.connection == "connected"
+            if session is None and any(s.key is None and s.connection is Connection.CONNECTED
                                        for s in self._sessions.values()):
                 # Maybe an unmatched session's: probe now, and again each round for a while (the
                 # ROUTER may still route to it for a moment after the event).
@@ -549,7 +534,7 @@ class AgentHub:
 
         found = False
         for session in list(self._sessions.values()):
-            if session.key is not None or session.connection != "connected":
+            if session.key is not None or session.connection is not Connection.CONNECTED:
                 continue
             session.seq_out += 1
             frame = _wire.encode(self.secret, _wire.TO_AGENT, "probe", session.sid, session.seq_out)
@@ -565,7 +550,7 @@ class AgentHub:
                      corroboration: str = "") -> None:
         """End ``session``'s connection: its ranks' updates (``corroboration``: what besides a silence
         made it lost, said in their cause)."""
-        if session.connection != "connected":
+        if session.connection is not Connection.CONNECTED:
             return
         updates, fault_at = end_session(session, ending, expecting=self._expecting, stopping=self._stop is not None,
                                         heartbeat_timeout_s=self.heartbeat_timeout_s, silent_s=silent_s,

@@ -20,7 +20,7 @@ import time
 
 from .._events import WorkerState
 from ..process._identity import ProcessIdentity
-from ._hub_records import HostStop, Session
+from ._hub_records import Connection, HostOutcome, HostStop, Session
 from ._tcp import Ending
 
 Update = tuple[ProcessIdentity, WorkerState, str]
@@ -37,8 +37,8 @@ def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: 
     agent = session.agent
     others = [r for r in session.ranks if r.rank != agent.rank]
     fault_at = None
-    if session.stop is not None and session.stop.outcome == "stopped":
-        session.connection = "stopped"
+    if session.stop is not None and session.stop.outcome is HostOutcome.STOPPED:
+        session.connection = Connection.STOPPED
         stuck = {rank: text for rank, _pid, text in session.stop.unkillable}
         return [(agent, WorkerState.EXITED_EXPECTED, f"ended after its host's stop, as asked (agent on host "
                  f"{session.host})")] + [
@@ -49,18 +49,18 @@ def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: 
     if stopping and not ending.is_silence:
         # The extension's own stop: the agent's rank ended with it (its connection closed), before
         # its report said what became of the host's other ranks.
-        session.connection = "closed"
+        session.connection = Connection.CLOSED
         updates = [(agent, WorkerState.EXITED_EXPECTED, f"ended with the stop (host {session.host}; its agent's "
                     "connection closed)")] + [
             (r, WorkerState.LOST, f"not verified stopped: host {session.host}'s agent (rank {agent.rank}, pid "
              f"{agent.pid}) ended before its stop report") for r in others]
     elif expecting and not ending.is_silence:
         # A clean stop: the agent's rank exited (its connection closed).
-        session.connection = "closed"
+        session.connection = Connection.CLOSED
         updates = [(r, WorkerState.EXITED_EXPECTED, f"ended with the stop (host {session.host}; its agent's "
                     "connection closed)") for r in session.ranks]
     elif ending.is_silence:
-        session.connection = "lost"
+        session.connection = Connection.LOST
         silent = silent_s if silent_s is not None else heartbeat_timeout_s
         why = ("its host still acknowledges, its process sends nothing: the agent's rank is stuck"
                if ending is Ending.MUTE else "the host lost or cut off, or the agent's rank stuck")
@@ -69,7 +69,7 @@ def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: 
         updates = [(identity, WorkerState.LOST, cause) for identity in (agent, *others)]
         fault_at = time.monotonic() - silent
     else:
-        session.connection = "closed"
+        session.connection = Connection.CLOSED
         how = "closed (FIN/RST)" if ending is Ending.CLOSED else "ended"
         gone = (f"host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) is gone: this rank is no "
                 f"longer watched (ranks of the host: {ranks})")
@@ -77,6 +77,6 @@ def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: 
                     f"went down (it hosted host {session.host}'s agent)"),
                    *[(identity, WorkerState.LOST, gone) for identity in others]]
     if session.stop is None and stopping:
-        session.stop = HostStop(session.host, agent.rank, tuple(r.rank for r in session.ranks), "lost",
+        session.stop = HostStop(session.host, agent.rank, tuple(r.rank for r in session.ranks), HostOutcome.LOST,
                                 detail=f"connection {session.connection} before its report")
     return updates, fault_at

@@ -1,6 +1,6 @@
-"""What the agent hub keeps, sends and accepts: its result types, each agent's session, the
-commands it sends every agent, and the checks of every message an agent sends (:mod:`._hub` owns
-the thread, the socket and the view).
+"""What the agent hub keeps and accepts: its result types, each agent's session and the checks of
+every message an agent sends (:mod:`._hub` owns the thread, the socket and the view; the commands it
+sends every agent are :mod:`._wire`'s).
 
 Every parser takes an authenticated :class:`~._wire.Message` and returns a typed record or raises
 :class:`~._wire.WireError` naming what is wrong: the hub logs it (rate-limited) and goes on.
@@ -11,8 +11,9 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, NamedTuple, TypeAlias
+from typing import Any, NamedTuple
 
+from .._config import TextEnum
 from .._events import WorkerState
 from ..process._identity import ProcessIdentity, is_local, parse_identities
 from . import _wire
@@ -23,6 +24,24 @@ _EVENT_STATES = {"died": WorkerState.EXITED, "wedged": WorkerState.WEDGED, "unki
 # A "state" message carries only non-fatal states: fatal ones come as events (with their thread and
 # wait channel, exactly once), and a state message must not claim an event without them.
 _REPORTED_STATES = {state.value: state for state in (WorkerState.ALIVE, WorkerState.EXITED_EXPECTED)}
+
+
+class HostOutcome(TextEnum):
+    """What became of one remote host at a stop (:attr:`HostStop.outcome`)."""
+
+    STOPPED = "stopped"
+    LOST = "lost"
+    NO_ANSWER = "no-answer"
+
+
+class Connection(TextEnum):
+    """A remote host's connection as the hub sees it (:attr:`HostView.connection`)."""
+
+    CONNECTED = "connected"
+    SUSPECT = "suspect"  # connected, but its agent is silent
+    CLOSED = "closed"
+    LOST = "lost"
+    STOPPED = "stopped"
 
 
 @dataclass(frozen=True)
@@ -38,28 +57,27 @@ class HostStop:
     host: str
     agent_rank: int
     ranks: tuple[int, ...]
-    outcome: str
+    outcome: HostOutcome
     stopped: tuple[tuple[int, int, str], ...] = ()
     unkillable: tuple[tuple[int, int, str], ...] = ()
     detail: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form."""
-        return {"host": self.host, "agent_rank": self.agent_rank, "ranks": list(self.ranks), "outcome": self.outcome,
-                "stopped": [list(item) for item in self.stopped],
+        return {"host": self.host, "agent_rank": self.agent_rank, "ranks": list(self.ranks),
+                "outcome": self.outcome.value, "stopped": [list(item) for item in self.stopped],
                 "unkillable": [list(item) for item in self.unkillable], "detail": self.detail}
 
 
 @dataclass(frozen=True)
 class HostView:
     """One remote host as the hub sees it: its agent's rank, its ranks, its connection's state
-    (``connected``, ``suspect``: connected but silent, ``closed``, ``lost``, ``stopped``) and since
-    when (monotonic)."""
+    (:class:`Connection`) and since when (monotonic)."""
 
     host: str
     agent_rank: int
     ranks: tuple[ProcessIdentity, ...]
-    connection: str
+    connection: Connection
     since: float
 
 
@@ -74,63 +92,18 @@ class Session:
     key: Key | None
     seq_in: int  # the last sequence number taken from the agent
     seq_out: int = 0
-    connection: str = "connected"
+    connection: Connection = Connection.CONNECTED
     since: float = field(default_factory=time.monotonic)
     stop: HostStop | None = None
     suspect_since: float | None = None  # monotonic: since when its agent is silent (connected, suspect)
     suspect_warned: bool = False  # this silence's WARNING was logged
 
-    def shown_connection(self) -> tuple[str, float]:
+    def shown_connection(self) -> tuple[Connection, float]:
         """The connection's state as :class:`HostView` shows it (``suspect`` while connected but
         silent), and since when (monotonic)."""
-        if self.connection == "connected" and self.suspect_since is not None:
-            return "suspect", self.suspect_since
+        if self.connection is Connection.CONNECTED and self.suspect_since is not None:
+            return Connection.SUSPECT, self.suspect_since
         return self.connection, self.since
-
-
-@dataclass(frozen=True)
-class ArmCommand:
-    """Make wedge verdicts from now on, with this ``D``-state bound (None: none)."""
-
-    d_state_timeout_s: float | None
-    kind: ClassVar[str] = "arm"
-
-    def fields(self) -> dict[str, Any]:
-        """The message's fields on the wire."""
-        return {"d": self.d_state_timeout_s}
-
-
-@dataclass(frozen=True)
-class ExpectCommand:
-    """A clean stop began: exits are expected, and the agent no longer ends its host's ranks when
-    the hub goes away."""
-
-    kind: ClassVar[str] = "expect"
-
-    def fields(self) -> dict[str, Any]:
-        """The message's fields on the wire (none)."""
-        return {}
-
-
-@dataclass(frozen=True)
-class StopCommand:
-    """Stop the host's other ranks (SIGTERM, ``grace_s``, SIGKILL, ``kill_s``), report, then end the
-    agent's own rank. ``req`` numbers the request; the hub's thread sets it when it sends the
-    stop."""
-
-    grace_s: float
-    kill_s: float
-    req: int | None = None
-    kind: ClassVar[str] = "stop"
-
-    def fields(self) -> dict[str, Any]:
-        """The message's fields on the wire."""
-        return {"grace": self.grace_s, "kill": self.kill_s, **({} if self.req is None else {"req": self.req})}
-
-
-HubCommand: TypeAlias = "ArmCommand | ExpectCommand | StopCommand"
-"""What the hub's public calls queue for its thread, which sends it to every connected agent (and
-the lasting ones, arm, expect and stop, to every later one)."""
 
 
 class Hello(NamedTuple):
@@ -178,7 +151,7 @@ def refusal(hello: Hello, sessions: Iterable[Session]) -> str:
         return f"a rank of another host than {hello.host!r}"
     if any(is_local(identity) for identity in hello.ranks):
         return "ranks of the proxy's own host (watched here, not by an agent)"
-    taken = {r.rank for s in sessions if s.connection == "connected" for r in s.ranks}
+    taken = {r.rank for s in sessions if s.connection is Connection.CONNECTED for r in s.ranks}
     claimed = taken & {identity.rank for identity in hello.ranks}
     return f"ranks {sorted(claimed)} are already another agent's" if claimed else ""
 
@@ -221,7 +194,7 @@ def parse_report(session: Session, message: _wire.Message) -> HostStop:
     if not isinstance(workers, list) or not isinstance(unkillable, list) \
             or len(workers) + len(unkillable) > 2 * MAX_RANKS_PER_HOST:
         raise _wire.WireError("report: workers and unkillable must be lists")
-    return HostStop(session.host, session.agent.rank, tuple(r.rank for r in session.ranks), "stopped",
+    return HostStop(session.host, session.agent.rank, tuple(r.rank for r in session.ranks), HostOutcome.STOPPED,
                     stopped=tuple(_triple(item, "outcome") for item in workers),
                     unkillable=tuple(_triple(item, "message") for item in unkillable))
 

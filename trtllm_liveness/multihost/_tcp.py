@@ -6,7 +6,7 @@ milliseconds) or the heartbeat timed out (a stopped agent). The kernel knows mor
 keeps a duplicate of each accepted connection's descriptor (taken at ``EVENT_ACCEPTED``) and reads
 the connection's ``TCP_INFO``:
 
-- **silence** (:func:`silence_s`, :meth:`ConnectionTable.silences`): how long ago anything came
+- **silence** (:func:`last_heard`, :meth:`ConnectionTable.silences`): how long ago anything came
   from the peer, a data segment or a bare acknowledgement (``tcpi_last_data_recv``,
   ``tcpi_last_ack_recv``: the kernel's own "last heard", the one TCP keepalive uses). The agents'
   PINGs are data a few times per timeout, so on a lossy, jittery network one lost segment costs one
@@ -107,12 +107,6 @@ def last_heard(conn: socket.socket) -> tuple[float, float] | None:
         return None
     data_ms, ack_ms = _LAST_RECV.unpack_from(raw, _LAST_RECV_AT)
     return data_ms / 1000, ack_ms / 1000
-
-
-def silence_s(conn: socket.socket) -> float | None:
-    """Seconds since anything (data or an acknowledgement) came from ``conn``'s peer; None if unreadable."""
-    heard = last_heard(conn)
-    return None if heard is None else min(heard)
 
 
 def cut(conn: socket.socket) -> None:

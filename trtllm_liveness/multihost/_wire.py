@@ -16,12 +16,14 @@ in a new ``hello`` (a replay of an old session). Standard library only.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar, TypeAlias
 
 MAGIC = b"TLH1"
 TO_HUB = b"A"
@@ -97,13 +99,6 @@ def _mac(secret: bytes, direction: bytes, body: bytes) -> bytes:
     return hmac.new(secret, MAGIC + direction + body, hashlib.sha256).digest()
 
 
-def parse_secret(value: object) -> bytes:
-    """The secret from its hex form (as it travels to the ranks). Raises ``ValueError``."""
-    if not isinstance(value, str) or len(value) != 2 * SECRET_BYTES:
-        raise ValueError("the agent secret must be 64 hex digits")
-    return bytes.fromhex(value)
-
-
 def field(message: Message, name: str, kind: type, *, low: float | None = None, high: float | None = None,
           max_len: int = 4096) -> Any:
     """``message.body[name]`` checked against ``kind`` (and bounds). Raises :class:`WireError`."""
@@ -123,3 +118,80 @@ def field(message: Message, name: str, kind: type, *, low: float | None = None, 
     elif not isinstance(value, kind):
         raise WireError(f"{message.kind}: field {name!r} must be a {kind.__name__}")
     return value
+
+
+@dataclass(frozen=True)
+class _Command:
+    """A hub -> agent command: a typed record whose fields travel under the names in ``wire``."""
+
+    kind: ClassVar[str]
+    wire: ClassVar[tuple[str, ...]] = ()  # each field's name on the wire, in the record's order
+
+    def fields(self) -> dict[str, Any]:
+        """The message's fields on the wire."""
+        return dict(zip(self.wire, (getattr(self, spec.name) for spec in dataclasses.fields(self)), strict=True))
+
+
+@dataclass(frozen=True)
+class ArmCommand(_Command):
+    """Make wedge verdicts from now on, with this ``D``-state bound (None: none)."""
+
+    d_state_timeout_s: float | None
+    kind: ClassVar[str] = "arm"
+    wire: ClassVar[tuple[str, ...]] = ("d",)
+
+    @classmethod
+    def parse(cls, message: Message) -> ArmCommand:
+        """The command in an authenticated ``arm`` message. Raises :class:`WireError`."""
+        return cls(None if message.body.get("d") is None else field(message, "d", float, low=0, high=1e7))
+
+
+@dataclass(frozen=True)
+class ExpectCommand(_Command):
+    """A clean stop began: exits are expected, and the agent no longer ends its host's ranks when
+    the hub goes away. It has no field."""
+
+    kind: ClassVar[str] = "expect"
+
+
+@dataclass(frozen=True)
+class StopCommand(_Command):
+    """Stop the host's other ranks (SIGTERM, ``grace_s``, SIGKILL, ``kill_s``), report, then end the
+    agent's own rank. ``req`` numbers the request; the hub's thread sets it when it sends the
+    stop."""
+
+    grace_s: float
+    kill_s: float
+    req: int | None = None
+    kind: ClassVar[str] = "stop"
+    wire: ClassVar[tuple[str, ...]] = ("grace", "kill", "req")
+
+    @classmethod
+    def parse(cls, message: Message) -> StopCommand:
+        """The command in an authenticated ``stop`` message. Raises :class:`WireError`."""
+        return cls(field(message, "grace", float, low=0, high=1e7), field(message, "kill", float, low=0, high=1e7),
+                   field(message, "req", int, low=1, high=_MAX_SEQ))
+
+
+@dataclass(frozen=True)
+class Rejection(_Command):
+    """The hub does not count this agent's host (``why``): the agent ends."""
+
+    why: str
+    kind: ClassVar[str] = "reject"
+    wire: ClassVar[tuple[str, ...]] = ("why",)
+
+    @classmethod
+    def parse(cls, message: Message) -> Rejection:
+        """The command in an authenticated ``reject`` message. Raises :class:`WireError`."""
+        return cls(field(message, "why", str, max_len=500))
+
+
+Command: TypeAlias = "ArmCommand | ExpectCommand | StopCommand | Rejection"
+"""A hub -> agent command with a record of its own (``snapreq``'s: :mod:`._hub_snapshots`; ``fault``:
+the agent's fault handler reads it)."""
+
+COMMANDS: dict[str, Callable[[Message], Command]] = {
+    "arm": ArmCommand.parse, "expect": lambda _message: ExpectCommand(), "stop": StopCommand.parse,
+    "reject": Rejection.parse}
+"""Each command's parser by its kind: the one parse of what a hub sends an agent."""

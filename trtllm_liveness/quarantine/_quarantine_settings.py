@@ -3,18 +3,16 @@
 A non-restartable failure of a rank on another host is quarantined on that host, by that host's
 agent (:mod:`trtllm_liveness.multihost._agent`): the marker in its own ``quarantine_dir``, the
 actions for its own node. The agent runs in a rank, which has no :class:`~trtllm_liveness.LivenessConfig`
-of the engine's (an engine's settings may be given in code), so the proxy hands it these with the
-hub's settings: :meth:`to_spec` (plain JSON types, in the hub's ``worker_spec``), :meth:`from_spec`
-(read back; the rank re-checks the record it receives with :meth:`check`). The checks are the
-engine's own: the values must be valid ``LivenessConfig`` settings. ``quarantine_dir`` travels as
-configured and is resolved on the host that writes (:func:`~._marker.resolve_directory`: that
-host's environment and user).
+of the engine's (an engine's settings may be given in code), so the proxy hands it these in the
+hub's settings (:attr:`~trtllm_liveness.multihost.AgentSettings.quarantine`; the rank re-checks the
+record it receives with :meth:`check`). The checks are the engine's own: the values must be
+valid ``LivenessConfig`` settings. ``quarantine_dir`` travels as configured and is resolved on the
+host that writes (:func:`~._marker.resolve_directory`: that host's environment and user).
 """
 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,16 +58,5 @@ class QuarantineSettings:
         return cls(**{spec.name: getattr(config, spec.name) for spec in dataclasses.fields(cls)})
 
     def to_spec(self) -> dict[str, Any]:
-        """Plain JSON types (what the hub's ``worker_spec`` carries)."""
+        """Plain JSON types, as :class:`~trtllm_liveness.LivenessConfig` takes them."""
         return dataclasses.asdict(self)
-
-    @classmethod
-    def from_spec(cls, value: object) -> QuarantineSettings | None:
-        """:meth:`to_spec`'s mapping read back; None for None (no quarantine by the agents).
-        Raises ``ValueError`` saying what is wrong."""
-        if value is None:
-            return None
-        names = {spec.name for spec in dataclasses.fields(cls)}
-        if not isinstance(value, Mapping) or set(value) != names:
-            raise ValueError(f"bad quarantine settings {value!r:.200}: want a mapping of exactly {sorted(names)}")
-        return cls(**value)

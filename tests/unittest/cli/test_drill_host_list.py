@@ -17,7 +17,6 @@ from trtllm_liveness.integrations.trtllm import _hosts
 from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.multihost import AgentHub, AgentSettings, _wire
 from trtllm_liveness.multihost._agent_faults import FaultHandler
-from trtllm_liveness.multihost._placement import settings_of
 from trtllm_liveness.process._identity import ProcessIdentity
 
 SID = "0" * 32
@@ -93,12 +92,10 @@ def test_a_reply_round_trips_and_a_malformed_one_is_refused() -> None:
 
 
 def test_an_agent_not_started_for_a_drill_refuses_every_fault_request(caplog: pytest.LogCaptureFixture) -> None:
-    """Every agent's fault handler but a drill's (the settings' default, and what a spec's settings
-    get): refused, logged, nothing made, whichever rank it names."""
+    """Every agent's fault handler but a drill's (the settings' default, and what a plain hub's
+    settings get): refused, logged, nothing made, whichever rank it names."""
     own = ProcessIdentity(rank=2, pid=1, start_time=1, hostname="node2", pid_namespace=None)
     watched = ProcessIdentity(rank=3, pid=1, start_time=1, hostname="node2", pid_namespace=None)
-    spec = {"endpoint": "tcp://10.0.0.1:5555", "secret": "6b" * 32, "heartbeat_timeout_s": 1.0, "drill": True}
-    assert settings_of(spec).faults is FaultHandler  # no key of the hub's spec makes an agent a drill's
     faults = AgentSettings("tcp://10.0.0.1:5555", b"k" * 32, 1.0, None).faults(own, [watched])
     fields = faults.handle(_wire.Message("fault", SID, 1, {"req": 5, "rank": 3, "fault": "kill"}))
     assert fields == {"req": 5, "rank": 3, "fault": "kill", "outcome": "refused", "pid": 0, "age": None,
@@ -123,8 +120,7 @@ def test_only_the_drill_engines_hub_hands_its_agents_the_drills_fault_handler(
             hub = _hosts.start_hub(config, monitor)
             assert hub is not None and type(hub) is kind
             try:
-                settings = _hosts.agent_settings(hub)
-                assert settings is not None and settings.faults is faults
+                assert hub.agent_settings().faults is faults
             finally:
                 hub.close()
     finally:

@@ -129,3 +129,26 @@ def test_base_built_with_int_values_still_accepts_fractions() -> None:
     assert LivenessConfig.from_env({ENV_VAR: "shutdown_grace_s=2.5"}, base=base).shutdown_grace_s == 2.5
     args = SimpleNamespace(env_overrides={ENV_VAR: "shutdown_grace_s=0.5"})
     assert LivenessConfig.from_env_overrides(args, base=base).shutdown_grace_s == 0.5
+
+
+def test_stall_action_and_hosts_are_enums_written_as_their_values() -> None:
+    """The same accepted values and syntax; in code an enum member (its string also accepted), in
+    the variable, JSON and the settings' display the value itself."""
+    import json
+
+    from trtllm_liveness._config import HostsMode, StallAction, format_setting
+
+    config = LivenessConfig.from_env({ENV_VAR: "stall_action= fatal ,hosts=off"})
+    assert config.stall_action is StallAction.FATAL and config.hosts is HostsMode.OFF
+    in_code = LivenessConfig(stall_action="fatal", hosts="off")  # type: ignore[arg-type]
+    assert in_code == LivenessConfig(stall_action=StallAction.FATAL, hosts=HostsMode.OFF)
+    assert in_code.stall_action is StallAction.FATAL
+    assert "stall_action=fatal" in config.to_env() and "hosts=off" in config.to_env()
+    assert LivenessConfig.from_env({ENV_VAR: config.to_env()}) == config
+    assert format_setting(config.hosts) == "off" and json.dumps({"hosts": config.hosts}) == '{"hosts": "off"}'
+    for raw, message in (("stall_action=kill", "stall_action must be one of report, fatal, got 'kill'"),
+                         ("hosts=maybe", "hosts must be one of auto, on, off, got 'maybe'")):
+        with pytest.raises(ValueError, match=message):
+            LivenessConfig.from_env({ENV_VAR: raw})
+    with pytest.raises(ValueError, match="LivenessConfig: hosts must be one of auto, on, off, got 'x'"):
+        LivenessConfig(hosts="x")  # type: ignore[arg-type]

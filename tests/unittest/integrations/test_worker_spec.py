@@ -8,7 +8,6 @@ entry must then neither crash into a hang nor start half of its liveness.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import math
 import os
@@ -33,7 +32,6 @@ from trtllm_liveness.integrations.trtllm._worker_spec import (
     WorkerSpecError,
 )
 from trtllm_liveness.multihost._agent import AgentSettings
-from trtllm_liveness.multihost._placement import settings_of
 from trtllm_liveness.process._identity import ProcessIdentity, local_hostname
 from trtllm_liveness.quarantine._quarantine_settings import QuarantineSettings
 
@@ -131,18 +129,12 @@ def test_a_malformed_spec_is_one_error_naming_the_part(raw: Any, named: str) -> 
         WorkerSpec.from_wire(raw)
 
 
-def test_the_quarantine_settings_travel_in_the_hubs_spec_and_are_read_back() -> None:
-    """What the hub's ``worker_spec`` carries (plain JSON) is read back as the record every rank
-    gets; a spec of no quarantine gives none; a malformed one is an error naming it."""
-    spec = {"endpoint": "tcp://10.0.0.1:5555", "secret": "6b" * 32, "heartbeat_timeout_s": 1.0}
-    settings = settings_of({**spec, "quarantine": json.loads(json.dumps(quarantine().to_spec()))})
-    assert settings.quarantine == quarantine()
+def test_the_quarantine_settings_travel_in_the_hubs_settings() -> None:
+    """The hub's settings carry the record every rank gets; a malformed one is an error naming it."""
+    settings = AgentSettings("tcp://10.0.0.1:5555", b"k" * 32, 1.0, None, quarantine=quarantine())
     assert WorkerSpec.from_wire(wire(WorkerSpec(task, hub=settings))).hub == settings
-    assert settings_of(spec).quarantine is None
-    assert settings_of({**spec, "quarantine": None}).quarantine is None
-    for bad in ({**quarantine().to_spec(), "quarantine_dir": "relative"}, {"quarantine_dir": "/run/q"}, ["/run/q"]):
-        with pytest.raises(ValueError, match="quarantine"):
-            settings_of({**spec, "quarantine": bad})
+    with pytest.raises(ValueError, match="quarantine_dir"):
+        QuarantineSettings(**{**quarantine().to_spec(), "quarantine_dir": "relative"})
 
 
 def test_a_record_of_another_version_is_rejected_by_its_missing_field() -> None:

@@ -29,7 +29,6 @@ from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.monitor._progress_clock import ProgressClock
 from trtllm_liveness.multihost import _wire
 from trtllm_liveness.multihost._hub import AgentHub
-from trtllm_liveness.multihost._hub_records import StopCommand
 from trtllm_liveness.multihost._placement import plan
 from trtllm_liveness.process._identity import ProcessIdentity, capture_identity, parse_identities
 
@@ -110,9 +109,9 @@ def start_agent(procs: ProcessTracker, engine: Engine, *, host: str = "fakehostB
                 stderr: IO[bytes] | None = None, **more: Any) -> Agent:
     """An agent child (``more``: its other options, tests/programs/host_agent_child.py; ``env``:
     its whole environment, default this process's; ``stderr``: where its log goes)."""
-    spec = engine.hub.worker_spec()
-    options = {"host": host, "endpoint": spec["endpoint"], "secret": spec["secret"], "ranks": ranks,
-               "first_rank": first_rank, "heartbeat_timeout_s": spec["heartbeat_timeout_s"], "slow_poll": slow_poll,
+    hub = engine.hub
+    options = {"host": host, "endpoint": hub.endpoint, "secret": hub.secret.hex(), "ranks": ranks,
+               "first_rank": first_rank, "heartbeat_timeout_s": hub.heartbeat_timeout_s, "slow_poll": slow_poll,
                **more}
     popen = subprocess.Popen(["unshare", "--uts", sys.executable, "-m", "tests.programs.host_agent_child",
                               json.dumps(options)], stdout=subprocess.PIPE, start_new_session=True, cwd=REPO,
@@ -333,7 +332,7 @@ class SlowAfterStop(AgentHub):
     report and the close of its connection arrive together, in one poll round."""
 
     def _flush_commands_locked(self) -> None:
-        stopping = any(isinstance(command, StopCommand) for command in self._commands)
+        stopping = any(isinstance(command, _wire.StopCommand) for command in self._commands)
         super()._flush_commands_locked()
         if stopping:
             time.sleep(0.5)

@@ -140,3 +140,36 @@ def test_the_agent_forwards_only_its_own_ranks_iterations(agent: HostAgent) -> N
     agent.note_iteration(OTHER.rank, 6, 0.0)
     agent.note_iteration(99, 7, 0.0)  # not a rank of this host: the hub would reject the whole message
     assert sorted(rank for rank, _count, _at in agent._changed_iterations()) == [OWN.rank, OTHER.rank]
+
+
+class Armed:
+    def __init__(self) -> None:
+        self.armed: list[float | None] = []
+
+    def arm_wedge_detection(self, timeout: float | None) -> None:
+        self.armed.append(timeout)
+
+
+def test_each_command_is_parsed_once_and_a_malformed_one_is_a_logged_rejection(
+        agent: HostAgent, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """The hub's commands reach the agent as typed records; one with a field of the wrong type or
+    range is rejected (counted, logged), never acted on, and the next one is still taken."""
+    import zmq
+
+    from trtllm_liveness.multihost import _wire
+
+    stops: list[Any] = []
+    monkeypatch.setattr(agent, "_stop_requested", lambda sock, monitor, command: stops.append(command))
+    secret, monitor = agent.settings.secret, Armed()
+    frames = [_wire.encode(secret, _wire.TO_AGENT, "arm", agent.sid, 1, d="soon"),
+              _wire.encode(secret, _wire.TO_AGENT, "arm", agent.sid, 2, d=5),
+              _wire.encode(secret, _wire.TO_AGENT, "stop", agent.sid, 3, grace=-1.0, kill=0.1, req=1),
+              _wire.encode(secret, _wire.TO_AGENT, "stop", agent.sid, 4, grace=0.5, kill=1.0, req=7)]
+    with caplog.at_level(logging.WARNING):
+        assert agent._receive(zmq, QueuedFrames(frames), monitor) == "stop"  # type: ignore[arg-type]
+    assert monitor.armed == [5.0]
+    assert stops == [_wire.StopCommand(0.5, 1.0, 7)]
+    assert agent.rejected == 2
+    assert "arm: field 'd' must be a number" in caplog.text and "stop: field 'grace' must be a number" in caplog.text
+    rejection = _wire.encode(secret, _wire.TO_AGENT, "reject", agent.sid, 5, **_wire.Rejection("not ours").fields())
+    assert agent._receive(zmq, QueuedFrames([rejection]), monitor) == "refused"  # type: ignore[arg-type]

@@ -69,9 +69,9 @@ class Agent:
 
     def __init__(self, procs: ProcessTracker, proxy: Proxy, log: Path, *, drill: bool = True,
                  ranks: int = 2, die_at_group: bool = False) -> None:
-        spec = proxy.hub.worker_spec()
-        options = {"host": HOST, "endpoint": spec["endpoint"], "secret": spec["secret"], "ranks": ranks,
-                   "first_rank": 2, "heartbeat_timeout_s": spec["heartbeat_timeout_s"], "drill": drill,
+        hub = proxy.hub
+        options = {"host": HOST, "endpoint": hub.endpoint, "secret": hub.secret.hex(), "ranks": ranks,
+                   "first_rank": 2, "heartbeat_timeout_s": hub.heartbeat_timeout_s, "drill": drill,
                    "die_at_group": die_at_group}
         self.log = log
         with open(log, "wb") as handle:

@@ -133,7 +133,7 @@ def _agent_over(procs: ProcessTracker, stuck: StuckChild, tmp_path: Path, *, obs
     env["PATH"] = f"{tmp_path / 'bin'}:{env['PATH']}"
     with open(tmp_path / "agent.log", "wb") as log:
         start_agent(procs, engine, ranks=0, watch=[[3, stuck.popen.pid]], env=env, stderr=log, observe=observe,
-                    quarantine=engine.hub.worker_spec()["quarantine"])
+                    quarantine=policy.to_spec())
     engine.hub.arm(0.5)
     return engine, delivered, directory
 

@@ -178,18 +178,17 @@ def test_agents_forward_iterations_once_per_an_eighth_of_the_stall_timeout_and_c
     from trtllm_liveness.integrations.trtllm._hosts import iterations_interval_s
     from trtllm_liveness.monitor._monitor import WorkerProcessMonitor
     from trtllm_liveness.multihost import AgentHub
-    from trtllm_liveness.multihost._placement import settings_of
-
     every = iterations_interval_s(LivenessConfig(enabled=True, stall_timeout_s=stall_timeout_s))
     assert every == expected_s
     hub = AgentHub(WorkerProcessMonitor(), bind="127.0.0.1", iterations_interval_s=every)
     hub.endpoint = "tcp://127.0.0.1:1"  # as start() sets it; nothing is bound
     try:
-        assert settings_of(hub.worker_spec()).iterations_interval_s == expected_s
+        assert hub.agent_settings().iterations_interval_s == expected_s
     finally:
         hub.close()
-    # A spec without it (an older proxy) or with a value out of range: the one-second floor.
-    spec = {**hub.worker_spec(), "iterations_interval_s": 0.001}
-    assert settings_of(spec).iterations_interval_s == 1.0
-    del spec["iterations_interval_s"]
-    assert settings_of(spec).iterations_interval_s == 1.0
+    # A value out of range: the one-second floor.
+    hub = AgentHub(WorkerProcessMonitor(), bind="127.0.0.1", iterations_interval_s=0.001)
+    try:
+        assert hub.agent_settings().iterations_interval_s == 1.0
+    finally:
+        hub.close()

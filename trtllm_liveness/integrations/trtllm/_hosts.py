@@ -10,19 +10,17 @@ key does, and the lowest rank of each other host runs that host's agent. With ``
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 from typing import TYPE_CHECKING, Any
 
-from ..._config import LivenessConfig
+from ..._config import HostsMode, LivenessConfig
 from ...exit._process_ending import OwnedThreads
 from ...monitor._monitor import WorkerProcessMonitor
 from ._features import upstream_skips_registration
 
 if TYPE_CHECKING:  # pyzmq and the hub are imported only where an engine runs one
     from ...monitor._progress_clock import ProgressClock
-    from ...multihost._agent import AgentSettings
     from ...multihost._hub import AgentHub
     from ...multihost._hub_records import HostStop
     from ._state import EngineLiveness
@@ -32,9 +30,9 @@ logger = logging.getLogger(__name__.rpartition(".")[0])
 
 
 def wants_hub(config: LivenessConfig, session: Any) -> bool:
-    if config.hosts == "off":
+    if config.hosts is HostsMode.OFF:
         return False
-    return config.hosts == "on" or (upstream_skips_registration(session) and not single_host_launch())
+    return config.hosts is HostsMode.ON or (upstream_skips_registration(session) and not single_host_launch())
 
 
 ITERATIONS_INTERVAL_MAX_S = 15.0
@@ -102,19 +100,6 @@ def connect_hub(state: EngineLiveness, hub: AgentHub) -> None:
         state.diagnoser.remote_bound_s = state.config.diagnosis_before_stop_hosts_s
 
 
-def agent_settings(hub: AgentHub) -> AgentSettings | None:
-    """What every rank's agent needs from ``hub`` (its spec, parsed as the agents' settings, and its
-    agents' fault handler), or None (logged) when it does not parse: then no rank joins the hub."""
-    from ...multihost._placement import settings_of
-
-    try:
-        return dataclasses.replace(settings_of(hub.worker_spec()), faults=hub.agent_faults)
-    except ValueError as exc:
-        logger.error("liveness: the agent hub's settings are not usable by the ranks (%s): ranks on other hosts "
-                     "are not watched", exc)
-        return None
-
-
 def default_bind(advertise: str) -> tuple[str, str]:
     """(bind, advertise) without ``hosts_bind``: the address this host's name resolves to, where the
     ranks will look for it. Where it resolves to loopback (Debian's ``127.0.1.1 <hostname>``, a
@@ -123,7 +108,9 @@ def default_bind(advertise: str) -> tuple[str, str]:
     import ipaddress
     import socket
 
-    name = _own_name()
+    from ...process._identity import local_hostname
+
+    name = local_hostname()
     try:
         address = socket.gethostbyname(name)
     except OSError:
@@ -143,6 +130,8 @@ def stop_remote_hosts(hub: AgentHub, config: LivenessConfig, threads: OwnedThrea
     """Ask every remote agent to stop its host's ranks, in a thread of ``threads`` (the engine's;
     the local stop runs meanwhile); the list fills with the
     :class:`~trtllm_liveness.multihost.HostStop` reports when it ends."""
+    from ...multihost._hub_records import HostOutcome
+
     reports: list[HostStop] = []
     bound = config.shutdown_term_s + config.shutdown_kill_s + 1.0
 
@@ -152,7 +141,7 @@ def stop_remote_hosts(hub: AgentHub, config: LivenessConfig, threads: OwnedThrea
         except Exception:
             logger.warning("liveness: stopping the remote hosts' ranks failed", exc_info=True)
         for report in reports:
-            log = logger.error if report.outcome != "stopped" or report.unkillable else logger.info
+            log = logger.error if report.outcome is not HostOutcome.STOPPED or report.unkillable else logger.info
             log("liveness: host %s (agent rank %d): %s%s%s", report.host, report.agent_rank, report.outcome,
                 f"; unkillable: {[item[2] for item in report.unkillable]}" if report.unkillable else "",
                 f"; {report.detail}" if report.detail else "")
@@ -175,9 +164,3 @@ def single_host_launch(environ: Any = None) -> bool:
     if local is not None and local == world:
         return True
     return env.get("SLURM_STEP_NUM_NODES", env.get("SLURM_NNODES")) == "1"
-
-
-def _own_name() -> str:
-    from ...process._identity import local_hostname
-
-    return local_hostname()

@@ -32,7 +32,7 @@ from collections.abc import Callable, Mapping
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ..._config import LivenessConfig
+from ..._config import LivenessConfig, StallAction
 from ..._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError
 from ...exit._exit_guard import FatalExitGuard
 from ...exit._outcome import mark_running
@@ -149,7 +149,7 @@ class LivenessProxyMixin:
         state.diagnoser = Diagnoser(lambda: monitor.verified_identities(), iteration_counts(state))
         # The engine's progress is always followed (a suspect host and a stopped rank wait for it);
         # the stall timer runs only with stall_timeout_s.
-        state.stall = EngineStall(timeout_s=config.stall_timeout_s, fatal=config.stall_action == "fatal",
+        state.stall = EngineStall(timeout_s=config.stall_timeout_s, fatal=config.stall_action is StallAction.FATAL,
                                   monitor=monitor, pending=pending_counter(weakref.ref(self)),
                                   diagnoser=state.diagnoser, activity=dispatch_activity(weakref.ref(self)))
         announce(type(self)._liveness_base, config)

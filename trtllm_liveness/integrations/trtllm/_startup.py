@@ -20,7 +20,7 @@ from ...monitor._monitor import WorkerProcessMonitor
 from ...process._identity import ProcessIdentity
 from ._engine_stall import beat_interval
 from ._features import upstream_skips_registration, warn_once, warn_session_hooks
-from ._hosts import agent_settings, connect_hub, start_hub, wants_hub
+from ._hosts import connect_hub, start_hub, wants_hub
 from ._side_channel import IdentityChannel
 from ._state import EngineLiveness, state_of
 from ._worker_entry import liveness_worker_entry, proxy_identity
@@ -123,7 +123,7 @@ def wrap_session(proxy: object, state: EngineLiveness) -> Callable[[], None] | N
         state.hub = start_hub(state.config, state.monitor, state.stall.clock if state.stall is not None else None)
         if state.hub is not None:
             connect_hub(state, state.hub)
-    hub = agent_settings(state.hub) if state.hub is not None else None
+    hub = state.hub.agent_settings() if state.hub is not None else None
 
     def wrapped_submit(task: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         kwargs[SPEC_KWARG] = WorkerSpec(task, me, channel.spec if channel is not None else None, progress, hub)

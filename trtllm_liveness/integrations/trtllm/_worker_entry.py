@@ -117,7 +117,9 @@ def start_liveness(spec: WorkerSpec) -> None:
         try:
             from ...multihost._placement import start_for_rank
 
-            _agent, beats = start_for_rank(spec.hub, session_comm(), spec.proxy.as_list() if spec.proxy else None,
+            proxy = spec.proxy
+            _agent, beats = start_for_rank(spec.hub, session_comm(), None if proxy is None else
+                                           (proxy.hostname, proxy.boot_id or "", proxy.pid_namespace),
                                            open_beats=None if progress is None else agent_beats(progress.interval_s))
             if beats is not None and progress is not None:  # a remote host's rank: to its host's agent
                 progress = ProgressSpec(beats[0], beats[1], progress.interval_s)

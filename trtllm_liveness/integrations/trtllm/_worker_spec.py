@@ -150,8 +150,7 @@ class ProgressSpec:
 
 def check_agent_settings(settings: Any) -> None:
     """Raise ``ValueError`` unless ``settings`` is an :class:`~trtllm_liveness.multihost._agent.AgentSettings`
-    whose fields an agent can use (the ranges :func:`~trtllm_liveness.multihost._placement.settings_of`
-    accepts from the hub's spec, and a fault handler)."""
+    whose fields an agent can use (the hub's values in range, and a fault handler)."""
     from ...multihost._agent import AgentSettings
     from ...multihost._agent_faults import FaultHandler
 
