@@ -144,8 +144,11 @@ class JsonRecord:
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (:meth:`from_dict` reads it back)."""
-        return {name: getattr(self, name) if write is None else write(getattr(self, name))
-                for name, write in _form_of(type(self)).writers}
+        data: dict[str, Any] = {}
+        for name, write in (_FORMS.get(type(self)) or _form_of(type(self))).writers:  # a plain loop: the cheapest
+            value = getattr(self, name)
+            data[name] = value if write is None else write(value)
+        return data
 
     @classmethod
     def from_dict(cls: type[_R], data: object) -> _R:
