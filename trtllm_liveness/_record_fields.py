@@ -71,10 +71,6 @@ class JsonFields:
             raise self._bad(name, "a finite number")
         return float(value)
 
-    def number_or_none(self, name: str) -> float | None:
-        """A finite number or null."""
-        return None if self._data.get(name) is None else self.number(name)
-
     def text(self, name: str) -> str:
         """A string."""
         value = self._data.get(name)
@@ -133,14 +129,12 @@ class JsonRecord:
 
     A subclass may set ``json_form`` (the form's keys in order: fields, and derived properties that
     the form writes for readers and :meth:`from_dict` checks with :meth:`JsonFields.agrees`; a
-    field left out is not written and is read as its default), ``json_optional`` (fields the form
-    may lack, read as their default) and ``json_defaults_optional`` (every field with a default may
-    be missing).
+    field left out is not written and is read as its default) and ``json_optional`` (fields the
+    form may lack, read as their default).
     """
 
     json_form: ClassVar[tuple[str, ...]] = ()
     json_optional: ClassVar[tuple[str, ...]] = ()
-    json_defaults_optional: ClassVar[bool] = False
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (:meth:`from_dict` reads it back)."""
@@ -228,17 +222,13 @@ def _form_of(cls: type[JsonRecord]) -> _Form:
     if form is not None:
         return form
     hints = typing.get_type_hints(cls)
-    declared = {item.name: item for item in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    keys = cls.json_form or tuple(declared)
+    declared = tuple(item.name for item in dataclasses.fields(cls))  # type: ignore[arg-type]
+    keys = cls.json_form or declared
     derived = tuple(name for name in keys if name not in declared)
     written = [name for name in keys if name in declared]
     codecs = {name: _codec(cls, name, hints[name]) for name in written}
-    defaulted = {name for name, item in declared.items()
-                 if item.default is not dataclasses.MISSING or item.default_factory is not dataclasses.MISSING}
-    may_lack = {name for name in written
-                if name in cls.json_optional or (cls.json_defaults_optional and name in defaulted)}
     form = _Form(writers=tuple((name, codecs[name][0] if name in declared else _json) for name in keys),
                  readers=tuple((name, codecs[name][1]) for name in written),
-                 required=tuple(name for name in written if name not in may_lack),
-                 optional=(*derived, *sorted(may_lack)), derived=derived)
+                 required=tuple(name for name in written if name not in cls.json_optional),
+                 optional=(*derived, *cls.json_optional), derived=derived)
     return _FORMS.setdefault(cls, form)
