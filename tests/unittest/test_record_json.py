@@ -2,25 +2,30 @@
 rejects anything else with a ``ValueError`` that names the record and the field.
 
 The records come from real runs: a monitor's event for a real SIGKILL, a stop report of a real
-stop with a real unkillable process (``D`` from the freezer or FUSE).
+stop with a real unkillable process (``D`` from the freezer or FUSE). The kit that derives most
+records' forms from their declarations (``JsonRecord``) is checked on a record with a field of each
+type it supports.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib
 import json
 import math
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import trtllm_liveness
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import wait_until
 from trtllm_liveness._events import EventKind, WorkerEvent
-from trtllm_liveness._record_fields import JsonRecord
+from trtllm_liveness._record_fields import JsonRecord, _form_of
 from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.process import capture_identity
 from trtllm_liveness.stop._bounded_stop import stop_processes
@@ -232,3 +237,19 @@ def test_the_kit_needs_every_field_the_form_does_not_mark_optional() -> None:
     del data["ids"]
     with pytest.raises(ValueError, match=r"^_EveryKind: missing field\(s\) ids$"):
         _EveryKind.from_dict(data)
+
+
+def test_every_record_of_the_package_has_a_json_form() -> None:
+    """A field type the kit cannot write or read fails here, not at a record's first ``to_dict``."""
+    root = Path(trtllm_liveness.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        if "(JsonRecord):" in path.read_text():
+            importlib.import_module(".".join(("trtllm_liveness", *path.relative_to(root).with_suffix("").parts)))
+    pending, records = [JsonRecord], []
+    while pending:
+        for record in pending.pop().__subclasses__():
+            pending.append(record)
+            if record.__module__.startswith("trtllm_liveness."):
+                records.append(record)
+                assert _form_of(record).writers, record
+    assert {"StopReport", "ScenarioResult", "DoctorReport"} <= {record.__name__ for record in records}
