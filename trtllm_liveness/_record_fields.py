@@ -226,6 +226,9 @@ def _form_of(cls: type[JsonRecord]) -> _Form:
     keys = cls.json_form or declared
     derived = tuple(name for name in keys if name not in declared)
     written = [name for name in keys if name in declared]
+    if not all(isinstance(getattr(cls, name, None), property) for name in derived) or not set(
+            cls.json_optional) <= set(written):
+        raise TypeError(f"{cls.__name__}: json_form or json_optional names what is neither its field nor its property")
     codecs = {name: _codec(cls, name, hints[name]) for name in written}
     form = _Form(writers=tuple((name, codecs[name][0] if name in declared else _json) for name in keys),
                  readers=tuple((name, codecs[name][1]) for name in written),

@@ -253,3 +253,19 @@ def test_every_record_of_the_package_has_a_json_form() -> None:
                 records.append(record)
                 assert _form_of(record).writers, record
     assert {"StopReport", "ScenarioResult", "DoctorReport"} <= {record.__name__ for record in records}
+
+
+def test_the_kit_refuses_a_form_it_cannot_derive() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Misnamed(JsonRecord):
+        count: int
+        json_form = ("count", "total")
+
+    @dataclasses.dataclass(frozen=True)
+    class Unwritable(JsonRecord):
+        spans: tuple[float, ...]
+
+    with pytest.raises(TypeError, match="Misnamed: json_form or json_optional names"):
+        Misnamed(1).to_dict()
+    with pytest.raises(TypeError, match=r"Unwritable\.spans: no JSON form for type"):
+        Unwritable.from_dict({"spans": []})

@@ -77,8 +77,8 @@ class FaultReply(JsonRecord):
     """What became of one fault request. ``outcome``: ``injected`` (made, ``at`` is when, on the
     proxy's monotonic clock), ``refused`` (not a drill, not a rank the agent watches, or the fault
     is not available on that host: ``detail`` says which), ``failed`` (the rank is gone or its pid
-    was reused, or the freezer failed), ``no-answer`` (nothing from the agent within the bound). Its
-JSON form (``to_dict``, which the drill's engine prints) has ``at`` on the proxy's monotonic clock."""
+    was reused, or the freezer failed), ``no-answer`` (nothing from the agent within the bound).
+    ``to_dict()`` is what the drill's engine prints."""
 
     req: int
     rank: int

@@ -51,10 +51,6 @@ class UnkillableWorker(JsonRecord):
     ``message`` and ``kernel_stack`` in it must be what the other fields give.
     """
 
-    json_form = ("rank", "pid", "hostname", "state", "wchan", "d_tids", "d_wchan", "kill_pending", "signal",
-                 "waited_s", "leader_pid", "message", "basis", "exiting", "kernel_stack", "threads")
-    json_optional = ("basis", "exiting", "threads")
-
     rank: int
     pid: int
     hostname: str
@@ -70,6 +66,10 @@ class UnkillableWorker(JsonRecord):
     basis: UnkillableBasis = UnkillableBasis.SIGKILL_PENDING
     exiting: bool = False
     threads: tuple[StuckThread, ...] = ()
+
+    json_form = ("rank", "pid", "hostname", "state", "wchan", "d_tids", "d_wchan", "kill_pending", "signal",
+                 "waited_s", "leader_pid", "message", "basis", "exiting", "kernel_stack", "threads")
+    json_optional = ("basis", "exiting", "threads")
 
     @property
     def kernel_stack(self) -> tuple[str, ...]:
@@ -135,9 +135,6 @@ class StopReport(JsonRecord):
     JSON form's ``restartable`` and ``all_stopped`` must be what the rest gives.
     """
 
-    json_form = ("restartable", "all_stopped", "grace_s", "kill_s", "term_signal", "elapsed_s", "started_wall",
-                 "workers", "unkillable")
-
     workers: tuple[StoppedWorker, ...]
     unkillable: tuple[UnkillableWorker, ...]
     grace_s: float
@@ -145,6 +142,9 @@ class StopReport(JsonRecord):
     term_signal: str
     elapsed_s: float
     started_wall: float
+
+    json_form = ("restartable", "all_stopped", "grace_s", "kill_s", "term_signal", "elapsed_s", "started_wall",
+                 "workers", "unkillable")
 
     @property
     def restartable(self) -> bool:
