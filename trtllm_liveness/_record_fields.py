@@ -125,7 +125,10 @@ class JsonFields:
 class JsonRecord:
     """A frozen dataclass whose JSON form is derived from its declaration: :meth:`to_dict` writes
     the fields (enums by value, tuples as arrays, nested records through their own ``to_dict``) and
-    :meth:`from_dict` reads them back strictly, each by its type hint.
+    :meth:`from_dict` reads them back strictly, each by its type hint: ``int``, ``float`` (an int
+    read as a float), ``str``, ``bool``, ``X | None``, an enum, ``tuple[int, ...]``,
+    ``tuple[str, ...]``, a nested record (a class with ``to_dict`` and ``from_dict``) or a tuple of
+    them; any other type is a ``TypeError`` when the class's form is first derived.
 
     A subclass may set ``json_form`` (the form's keys in order: fields, and derived properties that
     the form writes for readers and :meth:`from_dict` checks with :meth:`JsonFields.agrees`; a
@@ -213,6 +216,7 @@ class _Form(NamedTuple):
     derived: tuple[str, ...]
 
 
+# Filled on each class's first use; two threads that derive one class's form at once derive the same.
 _FORMS: dict[type, _Form] = {}
 
 
