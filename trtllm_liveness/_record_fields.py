@@ -1,20 +1,25 @@
-"""Strict reading of a record's JSON form (what its ``to_dict()`` writes), for ``from_dict()``.
+"""A record's JSON form: written from its dataclass declaration, read back strictly.
 
-A :class:`JsonFields` takes the mapping and the names the record's form has; every accessor checks
-one field's type (``bool`` is never an int; a number may be an int; sequences are JSON arrays) and
-raises ``ValueError`` naming the record, the field and what was found. Derived fields (the form
-writes them for readers, the record computes them) are checked against the rebuilt record by
-:meth:`JsonFields.agrees`. Standard library only; no state beyond the mapping.
+:class:`JsonRecord` derives a frozen dataclass's ``to_dict()`` and ``from_dict()`` from its
+fields' type hints (resolved once per class). A :class:`JsonFields` takes the mapping and the names
+the record's form has; every accessor checks one field's type (``bool`` is never an int; a number
+may be an int; sequences are JSON arrays) and raises ``ValueError`` naming the record, the field
+and what was found. Derived fields (the form writes them for readers, the record computes them)
+are checked against the rebuilt record by :meth:`JsonFields.agrees`. Standard library only.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import math
-from collections.abc import Iterable, Mapping
-from typing import Any, TypeVar
+import operator
+import types
+import typing
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any, ClassVar, NamedTuple, TypeVar
 
-__all__ = ["JsonFields"]
+__all__ = ["JsonFields", "JsonRecord"]
 
 _E = TypeVar("_E", bound=enum.Enum)
 
@@ -41,6 +46,10 @@ class JsonFields:
         """Whether the form has field ``name``."""
         return name in self._data
 
+    def get(self, name: str) -> Any:
+        """The value of field ``name`` as the form has it (None where it lacks it)."""
+        return self._data.get(name)
+
     def _bad(self, name: str, expected: str) -> ValueError:
         return ValueError(f"{self._record}: field {name!r} must be {expected}, got {self._data.get(name)!r}")
 
@@ -61,10 +70,6 @@ class JsonFields:
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
             raise self._bad(name, "a finite number")
         return float(value)
-
-    def number_or_none(self, name: str) -> float | None:
-        """A finite number or null."""
-        return None if self._data.get(name) is None else self.number(name)
 
     def text(self, name: str) -> str:
         """A string."""
@@ -115,3 +120,122 @@ class JsonFields:
         if name in self._data and (type(self._data[name]) is not type(derived) or self._data[name] != derived):
             raise ValueError(f"{self._record}: field {name!r} is {self._data[name]!r}, but the record's other "
                              f"fields give {derived!r}")
+
+
+class JsonRecord:
+    """A frozen dataclass whose JSON form is derived from its declaration: :meth:`to_dict` writes
+    the fields (enums by value, tuples as arrays, nested records through their own ``to_dict``) and
+    :meth:`from_dict` reads them back strictly, each by its type hint: ``int``, ``float`` (an int
+    read as a float), ``str``, ``bool``, ``X | None``, an enum, ``tuple[int, ...]``,
+    ``tuple[str, ...]``, a nested record (a class with ``to_dict`` and ``from_dict``) or a tuple of
+    them; any other type is a ``TypeError`` when the class's form is first derived.
+
+    A subclass may set ``json_form`` (the form's keys in order: fields, and derived properties that
+    the form writes for readers and :meth:`from_dict` checks with :meth:`JsonFields.agrees`; a
+    field left out is not written and is read as its default) and ``json_optional`` (fields the
+    form may lack, read as their default).
+    """
+
+    json_form: ClassVar[tuple[str, ...]] = ()
+    json_optional: ClassVar[tuple[str, ...]] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready form (:meth:`from_dict` reads it back)."""
+        data: dict[str, Any] = {}
+        for name, write in (_FORMS.get(type(self)) or _form_of(type(self))).writers:  # a plain loop: the cheapest
+            value = getattr(self, name)
+            data[name] = value if write is None else write(value)
+        return data
+
+    @classmethod
+    def from_dict(cls: type[_R], data: object) -> _R:
+        """The record :meth:`to_dict` wrote; ``ValueError`` naming the record and the field otherwise."""
+        form = _form_of(cls)
+        fields = JsonFields(cls.__name__, data, required=form.required, optional=form.optional)
+        record = cls(**{name: read(fields, name) for name, read in form.readers if fields.has(name)})
+        for name in form.derived:
+            fields.agrees(name, _json(getattr(record, name)))
+        return record
+
+
+_R = TypeVar("_R", bound=JsonRecord)
+_Writer = Callable[[Any], Any] | None
+_Reader = Callable[[JsonFields, str], Any]
+
+
+def _json(value: Any) -> Any:
+    """A derived property's value in JSON form (its type is not declared as a field's is)."""
+    if isinstance(value, enum.Enum):
+        return value.value
+    if isinstance(value, (list, tuple)):
+        return [_json(item) for item in value]
+    return value.to_dict() if isinstance(value, JsonRecord) else value
+
+
+def _is_record(hint: Any) -> bool:
+    return isinstance(hint, type) and callable(getattr(hint, "from_dict", None)) and hasattr(hint, "to_dict")
+
+
+def _optional(inner: _Reader) -> _Reader:
+    return lambda fields, name: None if fields.get(name) is None else inner(fields, name)
+
+
+def _codec(owner: type, name: str, hint: Any) -> tuple[_Writer, _Reader]:
+    """How field ``name`` of ``owner``, declared ``hint``, is written (None: as it is) and read."""
+    args = typing.get_args(hint)
+    if isinstance(hint, types.UnionType) or typing.get_origin(hint) is typing.Union:
+        inner = [arg for arg in args if arg is not type(None)]
+        if len(inner) == 1 and len(args) == 2:
+            write, read = _codec(owner, name, inner[0])
+            return (None if write is None else lambda value: None if value is None else write(value)), _optional(read)
+    elif hint in _SCALARS:
+        return None, _SCALARS[hint]
+    elif isinstance(hint, type) and issubclass(hint, enum.Enum):
+        return operator.attrgetter("value"), lambda fields, name: fields.choice(name, hint)
+    elif _is_record(hint):
+        return operator.methodcaller("to_dict"), lambda fields, name: hint.from_dict(fields.get(name))
+    elif typing.get_origin(hint) is tuple and len(args) == 2 and args[1] is Ellipsis:
+        item = args[0]
+        if item in (int, str):
+            return list, JsonFields.integers if item is int else JsonFields.texts
+        if _is_record(item):
+            return (lambda value: [element.to_dict() for element in value],
+                    lambda fields, name: tuple(item.from_dict(element) for element in fields.objects(name)))
+    raise TypeError(f"{owner.__name__}.{name}: no JSON form for type {hint!r}")
+
+
+_SCALARS: dict[Any, _Reader] = {int: JsonFields.integer, float: JsonFields.number, str: JsonFields.text,
+                                bool: JsonFields.flag}
+
+
+class _Form(NamedTuple):
+    writers: tuple[tuple[str, _Writer], ...]
+    readers: tuple[tuple[str, _Reader], ...]
+    required: tuple[str, ...]
+    optional: tuple[str, ...]
+    derived: tuple[str, ...]
+
+
+# Filled on each class's first use; two threads that derive one class's form at once derive the same.
+_FORMS: dict[type, _Form] = {}
+
+
+def _form_of(cls: type[JsonRecord]) -> _Form:
+    """The codecs of ``cls``'s fields, from its type hints (resolved once per class)."""
+    form = _FORMS.get(cls)
+    if form is not None:
+        return form
+    hints = typing.get_type_hints(cls)
+    declared = tuple(item.name for item in dataclasses.fields(cls))  # type: ignore[arg-type]
+    keys = cls.json_form or declared
+    derived = tuple(name for name in keys if name not in declared)
+    written = [name for name in keys if name in declared]
+    if not all(isinstance(getattr(cls, name, None), property) for name in derived) or not set(
+            cls.json_optional) <= set(written):
+        raise TypeError(f"{cls.__name__}: json_form or json_optional names what is neither its field nor its property")
+    codecs = {name: _codec(cls, name, hints[name]) for name in written}
+    form = _Form(writers=tuple((name, codecs[name][0] if name in declared else _json) for name in keys),
+                 readers=tuple((name, codecs[name][1]) for name in written),
+                 required=tuple(name for name in written if name not in cls.json_optional),
+                 optional=(*derived, *cls.json_optional), derived=derived)
+    return _FORMS.setdefault(cls, form)

@@ -2,23 +2,30 @@
 rejects anything else with a ``ValueError`` that names the record and the field.
 
 The records come from real runs: a monitor's event for a real SIGKILL, a stop report of a real
-stop with a real unkillable process (``D`` from the freezer or FUSE).
+stop with a real unkillable process (``D`` from the freezer or FUSE). The kit that derives most
+records' forms from their declarations (``JsonRecord``) is checked on a record with a field of each
+type it supports.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import enum
+import importlib
 import json
 import math
 import signal
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+import trtllm_liveness
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import wait_until
 from trtllm_liveness._events import EventKind, WorkerEvent
+from trtllm_liveness._record_fields import JsonRecord, _form_of
 from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.process import capture_identity
 from trtllm_liveness.stop._bounded_stop import stop_processes
@@ -145,3 +152,120 @@ def test_a_bad_stop_report_is_refused_naming_the_record_and_field(report_form: d
 def test_a_stopped_worker_without_a_pid_reads_back(report_form: dict[str, Any]) -> None:
     report_form["workers"][1]["pid"] = None  # a target that had none (bad input, a Process never started)
     assert StopReport.from_dict(report_form).workers[1].pid is None
+
+
+class _Colour(str, enum.Enum):
+    RED = "red"
+    BLUE = "blue"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Leaf(JsonRecord):
+    name: str
+    weight: float
+
+
+@dataclasses.dataclass(frozen=True)
+class _EveryKind(JsonRecord):
+    """One field of each type the kit reads, a derived property and a field the form may lack."""
+
+    json_form = ("count", "ratio", "label", "flag", "maybe", "colour", "ids", "names", "leaf", "leaves", "total",
+                 "late")
+    json_optional = ("late",)
+
+    count: int
+    ratio: float
+    label: str
+    flag: bool
+    maybe: int | None
+    colour: _Colour
+    ids: tuple[int, ...]
+    names: tuple[str, ...]
+    leaf: _Leaf | None
+    leaves: tuple[_Leaf, ...]
+    late: str = "unset"
+    hidden: int = 7  # not in the form: read back as its default
+
+    @property
+    def total(self) -> float:
+        return self.count + sum(leaf.weight for leaf in self.leaves)
+
+
+_EVERY = _EveryKind(3, 0.5, "x", False, None, _Colour.BLUE, (1, 2), ("a",), _Leaf("l", 1.0),
+                    (_Leaf("m", 2.0), _Leaf("n", 0.25)), late="set")
+
+
+def test_the_kit_writes_every_field_in_order_and_reads_it_back() -> None:
+    data = _EVERY.to_dict()
+    assert list(data) == list(_EveryKind.json_form)
+    assert data["colour"] == "blue" and data["ids"] == [1, 2] and data["leaves"][1] == {"name": "n", "weight": 0.25}
+    assert data["total"] == 5.25 and "hidden" not in data
+    assert _EveryKind.from_dict(_through_json(data)) == _EVERY
+    lacking = {k: v for k, v in data.items() if k not in ("late", "total")}
+    assert _EveryKind.from_dict({**lacking, "ratio": 1, "maybe": 4}) == dataclasses.replace(
+        _EVERY, late="unset", ratio=1.0, maybe=4)
+    assert _EveryKind.from_dict({**data, "leaf": None, "maybe": 0}).leaf is None
+
+
+@pytest.mark.parametrize(("change", "complaint"), [
+    ({"count": True}, "_EveryKind: field 'count' must be an int, got True"),
+    ({"count": 1.0}, "_EveryKind: field 'count' must be an int"),
+    ({"ratio": False}, "_EveryKind: field 'ratio' must be a finite number"),
+    ({"ratio": float("nan")}, "_EveryKind: field 'ratio' must be a finite number"),
+    ({"label": 3}, "_EveryKind: field 'label' must be a string"),
+    ({"flag": 0}, "_EveryKind: field 'flag' must be a bool"),
+    ({"maybe": "1"}, "_EveryKind: field 'maybe' must be an int"),
+    ({"colour": "green"}, "_EveryKind: field 'colour' must be one of 'red', 'blue'"),
+    ({"ids": [1, True]}, "_EveryKind: field 'ids' must be an array of ints"),
+    ({"names": "a"}, "_EveryKind: field 'names' must be an array of strings"),
+    ({"leaf": {"name": "l"}}, "_Leaf: missing field(s) weight"),
+    ({"leaf": []}, "_Leaf: expected a JSON object, got list"),
+    ({"leaves": [{"name": "m", "weight": "2"}]}, "_Leaf: field 'weight' must be a finite number"),
+    ({"leaves": {}}, "_EveryKind: field 'leaves' must be an array"),
+    ({"total": 5}, "_EveryKind: field 'total' is 5, but the record's other fields give 5.25"),
+    ({"hidden": 7}, "_EveryKind: unknown field(s) hidden"),
+    ({"count": None}, "_EveryKind: field 'count' must be an int, got None"),
+])
+def test_the_kit_refuses_a_bad_field_by_name(change: dict[str, Any], complaint: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        _EveryKind.from_dict({**_EVERY.to_dict(), **change})
+    assert complaint in str(raised.value)
+
+
+def test_the_kit_needs_every_field_the_form_does_not_mark_optional() -> None:
+    data = _EVERY.to_dict()
+    del data["ids"]
+    with pytest.raises(ValueError, match=r"^_EveryKind: missing field\(s\) ids$"):
+        _EveryKind.from_dict(data)
+
+
+def test_every_record_of_the_package_has_a_json_form() -> None:
+    """A field type the kit cannot write or read fails here, not at a record's first ``to_dict``."""
+    root = Path(trtllm_liveness.__file__).parent
+    for path in sorted(root.rglob("*.py")):
+        if "(JsonRecord):" in path.read_text():
+            importlib.import_module(".".join(("trtllm_liveness", *path.relative_to(root).with_suffix("").parts)))
+    pending, records = [JsonRecord], []
+    while pending:
+        for record in pending.pop().__subclasses__():
+            pending.append(record)
+            if record.__module__.startswith("trtllm_liveness."):
+                records.append(record)
+                assert _form_of(record).writers, record
+    assert {"StopReport", "ScenarioResult", "DoctorReport"} <= {record.__name__ for record in records}
+
+
+def test_the_kit_refuses_a_form_it_cannot_derive() -> None:
+    @dataclasses.dataclass(frozen=True)
+    class Misnamed(JsonRecord):
+        count: int
+        json_form = ("count", "total")
+
+    @dataclasses.dataclass(frozen=True)
+    class Unwritable(JsonRecord):
+        spans: tuple[float, ...]
+
+    with pytest.raises(TypeError, match="Misnamed: json_form or json_optional names"):
+        Misnamed(1).to_dict()
+    with pytest.raises(TypeError, match=r"Unwritable\.spans: no JSON form for type"):
+        Unwritable.from_dict({"spans": []})

@@ -55,6 +55,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .._record_fields import JsonRecord
 from ..diagnose._diagnosis_text import snapshot_lines
 from ._cgroup_faults import FREEZER_ROOT
 from ._mpi_env import FT_ENABLE_VAR
@@ -256,7 +257,7 @@ def _scenario(args: argparse.Namespace, rank: int, tmpdir: str, *, liveness: boo
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Verdict(JsonRecord):
     """What one run showed, measured: ``kind`` is ``hanging`` (the bound hit with requests still
     pending and ``check_health()`` True), ``noticed`` (health turned False or every request
     failed), ``served`` (every request completed), ``aborted`` (the process ended without a
@@ -267,9 +268,6 @@ class Verdict:
     text: str
     pending: int | None = None
     after_s: float | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "text": self.text, "pending": self.pending, "after_s": self.after_s}
 
 
 def _ended_without_record(run: ScenarioRun, timeout: float, bound_s: float | None = None) -> Verdict:

@@ -5,9 +5,10 @@ it as one JSON line (``to_dict()``); the parent turns the lines back into record
 (``ScenarioResult.from_dict``) and returns them in a :class:`ScenarioRun`, with what only the
 parent can see (the child's exit status and time, the processes its session left behind).
 
-Every record is a frozen dataclass; the executor's events and its stop report are the package's
-own :class:`~trtllm_liveness.WorkerEvent` and :class:`~trtllm_liveness.StopReport`, in their own
-JSON form (their ``from_dict`` reads it back). Sections that only some scenarios fill are ``None``
+Every record is a frozen dataclass whose JSON form is its fields
+(:class:`~trtllm_liveness._record_fields.JsonRecord`: read back strictly); the executor's events
+and its stop report are the package's own :class:`~trtllm_liveness.WorkerEvent` and
+:class:`~trtllm_liveness.StopReport`, in their own JSON form. Sections that only some scenarios fill are ``None``
 when the scenario did not run that part: ``detection`` (a fault while serving), ``shutdown``,
 ``init`` (a fault before READY, or a failed spawn), ``control`` (no-fault load), ``health_probe``
 (concurrent ``check_health()`` callers), ``watcher`` (the watcher thread made to die first) and
@@ -20,9 +21,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
 from .._events import WorkerEvent
+from .._record_fields import JsonRecord
 from ..exit._snapshot_record import FatalSnapshot
 from ..stop._stop_report import StopReport
 
@@ -53,31 +55,6 @@ PHASES = ("serving", "init", "shutdown")
 ENDINGS = ("shutdown", "serve_until_sigint", "interpreter_exit")
 VIAS = ("class", "executor_cls", "autoload", "plain")
 
-_T = TypeVar("_T")
-
-
-def _tuple(value: Any) -> Any:
-    return tuple(value) if isinstance(value, list) else value
-
-
-def _flat(cls: type[_T], data: Mapping[str, Any]) -> _T:
-    """``cls`` from a JSON mapping of scalars and lists (lists become tuples); unknown keys are
-    ignored, missing ones take the field's default (``TypeError`` when it has none)."""
-    kwargs = {f.name: _tuple(data[f.name]) for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-              if f.name in data}
-    return cls(**kwargs)
-
-
-def _json(value: Any) -> Any:
-    if isinstance(value, _Record):
-        return {f.name: _json(getattr(value, f.name)) for f in dataclasses.fields(value)}  # type: ignore[arg-type]
-    if isinstance(value, (WorkerEvent, StopReport, FatalSnapshot)):  # the package's own records: their own JSON form
-        return value.to_dict()
-    if isinstance(value, (list, tuple)):
-        return [_json(item) for item in value]
-    return value
-
-
 def _check_factory_name(option: str, value: Any) -> None:
     """``value`` is "module:attribute" (dotted identifiers), else ``ValueError`` naming ``option``."""
     module, sep, attribute = value.partition(":") if isinstance(value, str) else ("", "", "")
@@ -86,17 +63,8 @@ def _check_factory_name(option: str, value: Any) -> None:
                          "callable (e.g. 'package.module:Factory')")
 
 
-class _Record:
-    """``to_dict()``: the JSON-ready form (nested records as objects, tuples as lists)."""
-
-    def to_dict(self) -> dict[str, Any]:
-        out = _json(self)
-        assert isinstance(out, dict)
-        return out
-
-
 @dataclass(frozen=True)
-class ScenarioOptions(_Record):
+class ScenarioOptions(JsonRecord):
     """What one scenario child does; see :mod:`._scenario_child` for the faults and phases."""
 
     mode: str = "main"
@@ -162,13 +130,16 @@ class ScenarioOptions(_Record):
             _check_factory_name("engine", self.engine)
 
     @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ScenarioOptions:
-        """Options from a JSON mapping; ``ValueError`` naming an unknown key or a bad value."""
+    def from_dict(cls, data: Any) -> ScenarioOptions:
+        """Options from a JSON mapping that names some of them (lists become tuples); ``ValueError``
+        naming an unknown key or a bad value."""
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - known)
         if unknown:
             raise ValueError(f"unknown scenario option(s) {', '.join(unknown)}; valid: {', '.join(sorted(known))}")
-        return _flat(cls, data)
+        options: dict[str, Any] = {name: tuple(value) if isinstance(value, list) else value
+                                   for name, value in data.items()}
+        return cls(**options)
 
     def replace(self, **changes: Any) -> ScenarioOptions:
         """A copy with ``changes`` (validated like the constructor)."""
@@ -176,7 +147,7 @@ class ScenarioOptions(_Record):
 
 
 @dataclass(frozen=True)
-class Victim(_Record):
+class Victim(JsonRecord):
     rank: int
     pid: int
 
@@ -186,7 +157,7 @@ class Victim(_Record):
 
 
 @dataclass(frozen=True)
-class Detection(_Record):
+class Detection(JsonRecord):
     """A fault while serving, from the fault (t0) on; None where it never happened in the window.
 
     ``floor_ms`` is the kernel's own floor on the same kill: a bare pidfd the harness opened on the
@@ -206,7 +177,7 @@ class Detection(_Record):
 
 
 @dataclass(frozen=True)
-class ShutdownOutcome(_Record):
+class ShutdownOutcome(JsonRecord):
     """``shutdown()``: how long it took (None: it hung, or the harness ended the hang), what it did."""
 
     shutdown_ms: float | None
@@ -221,7 +192,7 @@ class ShutdownOutcome(_Record):
 
 
 @dataclass(frozen=True)
-class InitOutcome(_Record):
+class InitOutcome(JsonRecord):
     """A fault before READY (death during the build, or a failed spawn): did construction fail?"""
 
     hung: bool
@@ -233,7 +204,7 @@ class InitOutcome(_Record):
 
 
 @dataclass(frozen=True)
-class ControlOutcome(_Record):
+class ControlOutcome(JsonRecord):
     """No fault, requests kept in flight for ``control_s``: every alarm here is a false one."""
 
     control_s: float
@@ -246,7 +217,7 @@ class ControlOutcome(_Record):
 
 
 @dataclass(frozen=True)
-class HealthProbeOutcome(_Record):
+class HealthProbeOutcome(JsonRecord):
     """``threads`` threads calling ``check_health()`` through the fault."""
 
     threads: int
@@ -258,13 +229,13 @@ class HealthProbeOutcome(_Record):
 
 
 @dataclass(frozen=True)
-class WatcherFaultOutcome(_Record):
+class WatcherFaultOutcome(JsonRecord):
     alive_at_fault: bool
     error: str
 
 
 @dataclass(frozen=True)
-class EndingOutcome(_Record):
+class EndingOutcome(JsonRecord):
     """How a process that ends like a server or a script got there (the exit status is the
     parent's: :attr:`ScenarioRun.returncode`)."""
 
@@ -276,7 +247,7 @@ class EndingOutcome(_Record):
 
 
 @dataclass(frozen=True)
-class ScenarioResult(_Record):
+class ScenarioResult(JsonRecord):
     """One iteration of a scenario."""
 
     iteration: int
@@ -320,31 +291,6 @@ class ScenarioResult(_Record):
         """Whether ``text`` names one of the victims by rank and pid."""
         return any(v.named_in(text) for v in self.victims)
 
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> ScenarioResult:
-        """Rebuild a record from its ``to_dict()`` form. ``KeyError``/``TypeError`` on a malformed one."""
-        nested: dict[str, Any] = {
-            "options": ScenarioOptions.from_dict(data["options"]),
-            "victims": tuple(_flat(Victim, v) for v in data.get("victims", ())),
-            "events": tuple(WorkerEvent.from_dict(e) for e in data.get("events", ())),
-            "snapshot": None if data.get("snapshot") is None else FatalSnapshot.from_dict(data["snapshot"]),
-        }
-        for name, section in (("detection", Detection), ("init", InitOutcome), ("control", ControlOutcome),
-                              ("health_probe", HealthProbeOutcome), ("watcher", WatcherFaultOutcome),
-                              ("ending", EndingOutcome)):
-            value = data.get(name)
-            nested[name] = None if value is None else _flat(section, value)
-        shutdown = data.get("shutdown")
-        if shutdown is not None:
-            report = shutdown.get("report")
-            nested["shutdown"] = dataclasses.replace(
-                _flat(ShutdownOutcome, {k: v for k, v in shutdown.items() if k != "report"}),
-                report=None if report is None else StopReport.from_dict(report))
-        else:
-            nested["shutdown"] = None
-        kwargs = {k: _tuple(v) for k, v in data.items() if k in _SCALAR_FIELDS}
-        return cls(**kwargs, **nested)
-
 
 class ResultInProgress:
     """One iteration's :class:`ScenarioResult` while the scenario child finds it: the record itself,
@@ -357,11 +303,6 @@ class ResultInProgress:
     def update(self, **changes: Any) -> None:
         """Replace the named fields of :attr:`result` (sequences as tuples)."""
         self.result = dataclasses.replace(self.result, **changes)
-
-
-_SCALAR_FIELDS = frozenset(f.name for f in dataclasses.fields(ScenarioResult)) - {
-    "options", "victims", "events", "snapshot", "detection", "shutdown", "init", "control", "health_probe", "watcher",
-    "ending"}
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,8 @@ import sysconfig
 from dataclasses import dataclass
 from typing import Any
 
+from .._record_fields import JsonRecord
+
 __all__ = ["RankStacks", "StackFrame", "StackSource", "StackStatus", "ThreadStack"]
 
 
@@ -46,7 +48,7 @@ class StackSource(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class StackFrame:
+class StackFrame(JsonRecord):
     """One Python frame."""
 
     function: str
@@ -56,10 +58,6 @@ class StackFrame:
     def describe(self) -> str:
         """``function (file:line)`` with the file's base name."""
         return f"{self.function} ({os.path.basename(self.file)}:{self.line})"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"function": self.function, "file": self.file, "line": self.line}
 
 
 @dataclass(frozen=True)

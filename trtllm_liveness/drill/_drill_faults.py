@@ -33,13 +33,13 @@ import uuid
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from .._record_fields import JsonRecord
 from ..multihost import _wire
 from ..multihost._agent_faults import FAULTS, FaultHandler
 from ..multihost._hub import AgentHub
 from ..multihost._hub_records import Connection
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity
-from ._drill_records import _field
 
 if TYPE_CHECKING:
     from ..multihost._hub_records import Session
@@ -75,11 +75,12 @@ class FaultRequest:
 
 
 @dataclass(frozen=True)
-class FaultReply:
+class FaultReply(JsonRecord):
     """What became of one fault request. ``outcome``: ``injected`` (made, ``at`` is when, on the
     proxy's monotonic clock), ``refused`` (not a drill, not a rank the agent watches, or the fault
     is not available on that host: ``detail`` says which), ``failed`` (the rank is gone or its pid
-    was reused, or the freezer failed), ``no-answer`` (nothing from the agent within the bound)."""
+    was reused, or the freezer failed), ``no-answer`` (nothing from the agent within the bound).
+    ``to_dict()`` is what the drill's engine prints."""
 
     req: int
     rank: int
@@ -93,18 +94,6 @@ class FaultReply:
     @property
     def injected(self) -> bool:
         return self.outcome == "injected"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (``at`` is the proxy's monotonic time)."""
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, document: Any) -> FaultReply:
-        """The :meth:`to_dict` form back (the drill's engine prints it). Raises ``ValueError``."""
-        req, rank, pid = (_field(document, key, int) for key in ("req", "rank", "pid"))
-        fault, outcome, host, detail = (_field(document, key, str) for key in ("fault", "outcome", "host", "detail"))
-        at = _field(document, "at", (int, float), optional=True)
-        return cls(req, rank, fault, outcome, host, pid, detail, None if at is None else float(at))
 
     @classmethod
     def parse(cls, host: str, message: _wire.Message) -> FaultReply:

@@ -33,8 +33,8 @@ import logging
 import os
 import threading
 from dataclasses import dataclass
-from typing import Any
 
+from .._record_fields import JsonRecord
 from . import _procfs
 
 logger = logging.getLogger(__name__)
@@ -53,17 +53,13 @@ class SkipReason(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class SkippedRead:
+class SkippedRead(JsonRecord):
     """One ``/proc/<pid>/<file>`` read that was skipped, and why (``detail`` is for people)."""
 
     pid: int
     file: str
     reason: SkipReason
     detail: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"pid": self.pid, "file": self.file, "reason": self.reason.value, "detail": self.detail}
 
 
 def skip_for_d(pid: int, file: str, tids: list[int]) -> SkippedRead:

@@ -39,6 +39,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+from .._record_fields import JsonRecord
 from ..process import _procfs
 
 logger = logging.getLogger(__name__)
@@ -80,7 +81,7 @@ class MarkerError(ValueError):
 
 
 @dataclass(frozen=True)
-class QuarantinedProcess:
+class QuarantinedProcess(JsonRecord):
     """One stuck process as the marker records it."""
 
     pid: int
@@ -121,7 +122,7 @@ class QuarantineMarker:
             "wall_time": self.wall_time,
             "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.wall_time)),
             "reason": self.reason,
-            "processes": [vars(process) for process in self.processes],
+            "processes": [process.to_dict() for process in self.processes],
         }
 
 

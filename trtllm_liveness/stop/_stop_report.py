@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
 from .._events import EventKind, WorkerEvent
-from .._record_fields import JsonFields
+from .._record_fields import JsonRecord
 from ..process._identity import ProcessIdentity
 from ._survivor import StuckThread, UnkillableBasis
 
@@ -39,7 +38,7 @@ class StopOutcome(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class UnkillableWorker:
+class UnkillableWorker(JsonRecord):
     """A process that survived SIGKILL past the kill deadline, as sampled right after it.
 
     Unkillable whatever its state (:mod:`._survivor`): ``basis`` says why (SIGKILL still pending,
@@ -48,7 +47,8 @@ class UnkillableWorker:
     first of them (a driver or NCCL thread may be stuck while the main thread sleeps in ``S``).
     ``threads`` are the main thread and the threads in ``D`` or ``R`` with their kernel stacks
     where readable (root). ``leader_pid`` is set when this is a member of a worker's process group
-    rather than the worker itself.
+    rather than the worker itself. The JSON form has no ``identity`` (None when read back);
+    ``message`` and ``kernel_stack`` in it must be what the other fields give.
     """
 
     rank: int
@@ -66,6 +66,10 @@ class UnkillableWorker:
     basis: UnkillableBasis = UnkillableBasis.SIGKILL_PENDING
     exiting: bool = False
     threads: tuple[StuckThread, ...] = ()
+
+    json_form = ("rank", "pid", "hostname", "state", "wchan", "d_tids", "d_wchan", "kill_pending", "signal",
+                 "waited_s", "leader_pid", "message", "basis", "exiting", "kernel_stack", "threads")
+    json_optional = ("basis", "exiting", "threads")
 
     @property
     def kernel_stack(self) -> tuple[str, ...]:
@@ -101,52 +105,9 @@ class UnkillableWorker:
             f"recycling before its GPUs/NICs are reused"
         )
 
-    @classmethod
-    def from_dict(cls, data: object) -> UnkillableWorker:
-        """The record :meth:`to_dict` wrote. That form has no ``identity`` (None here); ``message``,
-        where present, must be what the other fields give. ``ValueError`` naming the field otherwise."""
-        fields = JsonFields("UnkillableWorker", data, required=(
-            "rank", "pid", "hostname", "state", "wchan", "d_tids", "d_wchan", "kill_pending", "signal", "waited_s",
-            "leader_pid"), optional=("message", "basis", "exiting", "kernel_stack", "threads"))
-        worker = cls(rank=fields.integer("rank"), pid=fields.integer("pid"), hostname=fields.text("hostname"),
-                     state=fields.text("state"), wchan=fields.text("wchan"), d_tids=fields.integers("d_tids"),
-                     d_wchan=fields.text("d_wchan"), kill_pending=fields.flag("kill_pending"),
-                     signal=fields.text("signal"), waited_s=fields.number("waited_s"),
-                     leader_pid=fields.integer_or_none("leader_pid"),
-                     basis=(fields.choice("basis", UnkillableBasis) if fields.has("basis")
-                            else UnkillableBasis.SIGKILL_PENDING),
-                     exiting=fields.flag("exiting") if fields.has("exiting") else False,
-                     threads=tuple(StuckThread.from_dict(item) for item in fields.objects("threads"))
-                     if fields.has("threads") else ())
-        fields.agrees("message", worker.message)
-        if fields.has("kernel_stack") and fields.texts("kernel_stack") != worker.kernel_stack:
-            raise ValueError("UnkillableWorker: field 'kernel_stack' is not what the record's threads give")
-        return worker
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (:meth:`from_dict` reads it back)."""
-        return {
-            "rank": self.rank,
-            "pid": self.pid,
-            "hostname": self.hostname,
-            "state": self.state,
-            "wchan": self.wchan,
-            "d_tids": list(self.d_tids),
-            "d_wchan": self.d_wchan,
-            "kill_pending": self.kill_pending,
-            "signal": self.signal,
-            "waited_s": self.waited_s,
-            "leader_pid": self.leader_pid,
-            "message": self.message,
-            "basis": self.basis.value,
-            "exiting": self.exiting,
-            "kernel_stack": list(self.kernel_stack),
-            "threads": [thread.to_dict() for thread in self.threads],
-        }
-
 
 @dataclass(frozen=True)
-class StoppedWorker:
+class StoppedWorker(JsonRecord):
     """The result for one target of :func:`stop_processes`.
 
     ``pid`` is None for a target that had none (a ``Process`` never started, bad input).
@@ -163,37 +124,15 @@ class StoppedWorker:
     exited_after_s: float | None = None
     signals_sent: tuple[str, ...] = ()
 
-    @classmethod
-    def from_dict(cls, data: object) -> StoppedWorker:
-        """The record :meth:`to_dict` wrote; ``ValueError`` naming the field for anything else."""
-        fields = JsonFields("StoppedWorker", data, required=(
-            "rank", "pid", "hostname", "outcome", "detail", "returncode", "exited_after_s", "signals_sent"))
-        return cls(rank=fields.integer("rank"), pid=fields.integer_or_none("pid"), hostname=fields.text("hostname"),
-                   outcome=fields.choice("outcome", StopOutcome), detail=fields.text("detail"),
-                   returncode=fields.integer_or_none("returncode"),
-                   exited_after_s=fields.number_or_none("exited_after_s"), signals_sent=fields.texts("signals_sent"))
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (:meth:`from_dict` reads it back)."""
-        return {
-            "rank": self.rank,
-            "pid": self.pid,
-            "hostname": self.hostname,
-            "outcome": self.outcome.value,
-            "detail": self.detail,
-            "returncode": self.returncode,
-            "exited_after_s": self.exited_after_s,
-            "signals_sent": list(self.signals_sent),
-        }
-
 
 @dataclass(frozen=True)
-class StopReport:
+class StopReport(JsonRecord):
     """What :func:`stop_processes` did: one :class:`StoppedWorker` per target, in input order.
 
     ``restartable`` is False when anything was unkillable: a task stuck in ``D`` still holds its
     GPU/NIC, so a new worker group on this host would conflict with it (torchrun's policy for
-    ``uninterruptible_state_timeout``). Callers should then stop instead of restarting here.
+    ``uninterruptible_state_timeout``). Callers should then stop instead of restarting here. The
+    JSON form's ``restartable`` and ``all_stopped`` must be what the rest gives.
     """
 
     workers: tuple[StoppedWorker, ...]
@@ -203,6 +142,9 @@ class StopReport:
     term_signal: str
     elapsed_s: float
     started_wall: float
+
+    json_form = ("restartable", "all_stopped", "grace_s", "kill_s", "term_signal", "elapsed_s", "started_wall",
+                 "workers", "unkillable")
 
     @property
     def restartable(self) -> bool:
@@ -237,34 +179,3 @@ class StopReport:
     def outcome_of(self, pid: int | None) -> StopOutcome | None:
         """The outcome of the worker with ``pid``; None if it is not in the report."""
         return next((worker.outcome for worker in self.workers if worker.pid == pid), None)
-
-    @classmethod
-    def from_dict(cls, data: object) -> StopReport:
-        """The report :meth:`to_dict` wrote (its workers and unkillable through their own
-        ``from_dict``); ``restartable`` and ``all_stopped``, where present, must be what the rest
-        gives. ``ValueError`` naming the field (or the worker) for anything else."""
-        fields = JsonFields("StopReport", data, required=(
-            "grace_s", "kill_s", "term_signal", "elapsed_s", "started_wall", "workers", "unkillable"),
-            optional=("restartable", "all_stopped"))
-        report = cls(workers=tuple(StoppedWorker.from_dict(item) for item in fields.objects("workers")),
-                     unkillable=tuple(UnkillableWorker.from_dict(item) for item in fields.objects("unkillable")),
-                     grace_s=fields.number("grace_s"), kill_s=fields.number("kill_s"),
-                     term_signal=fields.text("term_signal"), elapsed_s=fields.number("elapsed_s"),
-                     started_wall=fields.number("started_wall"))
-        fields.agrees("restartable", report.restartable)
-        fields.agrees("all_stopped", report.all_stopped)
-        return report
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (:meth:`from_dict` reads it back)."""
-        return {
-            "restartable": self.restartable,
-            "all_stopped": self.all_stopped,
-            "grace_s": self.grace_s,
-            "kill_s": self.kill_s,
-            "term_signal": self.term_signal,
-            "elapsed_s": self.elapsed_s,
-            "started_wall": self.started_wall,
-            "workers": [worker.to_dict() for worker in self.workers],
-            "unkillable": [item.to_dict() for item in self.unkillable],
-        }

@@ -25,9 +25,8 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Any
 
-from .._record_fields import JsonFields
+from .._record_fields import JsonRecord
 from ..process import _procfs
 from ..process._mm_read import MmReader
 
@@ -48,7 +47,7 @@ class UnkillableBasis(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class StuckThread:
+class StuckThread(JsonRecord):
     """One thread of an unkillable process: state, wait channel, SIGKILL pending, kernel stack
     (innermost first; empty with ``kernel_stack_note`` saying why where it was not read)."""
 
@@ -58,20 +57,6 @@ class StuckThread:
     kill_pending: bool
     kernel_stack: tuple[str, ...] = ()
     kernel_stack_note: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (:meth:`from_dict` reads it back)."""
-        return {"tid": self.tid, "state": self.state, "wchan": self.wchan, "kill_pending": self.kill_pending,
-                "kernel_stack": list(self.kernel_stack), "kernel_stack_note": self.kernel_stack_note}
-
-    @classmethod
-    def from_dict(cls, data: object) -> StuckThread:
-        """The record :meth:`to_dict` wrote; ``ValueError`` naming the field otherwise."""
-        fields = JsonFields("StuckThread", data, required=(
-            "tid", "state", "wchan", "kill_pending", "kernel_stack", "kernel_stack_note"))
-        return cls(tid=fields.integer("tid"), state=fields.text("state"), wchan=fields.text("wchan"),
-                   kill_pending=fields.flag("kill_pending"), kernel_stack=fields.texts("kernel_stack"),
-                   kernel_stack_note=fields.text("kernel_stack_note"))
 
 
 @dataclass(frozen=True)

@@ -35,10 +35,11 @@ import importlib.util
 import os
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ..._config import ENV_VAR, parse_value
+from ..._record_fields import JsonRecord
 from ._classes import CREATE_HOOK_MISSING, _routing_class
 from ._features import (
     REPLACED_HOOKS,
@@ -76,7 +77,7 @@ _NO_PROXY = "no proxy class to subclass or patch: no liveness on any route"
 
 
 @dataclass(frozen=True)
-class HookCheck:
+class HookCheck(JsonRecord):
     """One upstream name: where it was looked for, whether it is there, its role, and what its
     absence means (what is not covered for ``attach``/``needed``, what the extension does instead
     for ``optional``)."""
@@ -93,7 +94,7 @@ class HookCheck:
 
 
 @dataclass(frozen=True)
-class SettingCheck:
+class SettingCheck(JsonRecord):
     """``TRTLLM_WORKER_LIVENESS`` as this environment has it: ``value`` (``None`` when unset), whether
     it switches liveness on, and the parser's error for an invalid value (naming the key)."""
 
@@ -113,7 +114,7 @@ def check_setting(environ: Mapping[str, str] | None = None) -> SettingCheck:
 
 
 @dataclass(frozen=True)
-class DoctorReport:
+class DoctorReport(JsonRecord):
     """The result of :func:`diagnose`; ``to_dict()`` is the ``--json`` form."""
 
     coverage: str
@@ -127,14 +128,12 @@ class DoctorReport:
     uncovered_routes: tuple[str, ...] = field(default_factory=lambda: tuple(UNCOVERED_ROUTES.values()))
     setting: SettingCheck = field(default_factory=check_setting)
 
+    json_form = ("coverage", "location", "version", "flavour", "error", "patched", "hooks", "not_covered",
+                 "uncovered_routes", "setting", "exit_status")
+
     @property
     def exit_status(self) -> int:
         return EXIT_INVALID_SETTING if self.setting.error is not None else EXIT_STATUS[self.coverage]
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["exit_status"] = self.exit_status
-        return data
 
 
 @contextlib.contextmanager
