@@ -22,9 +22,7 @@ snapshot and so has all the evidence.
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
@@ -39,75 +37,52 @@ DEFAULT_CPU_WINDOW_S = 0.1
 spinning thread from a sleeping one."""
 
 
-class Condition(str, enum.Enum):
-    """What was seen of one rank."""
-
-    GONE = "gone"
-    STOPPED = "stopped"
-    IN_D = "in-d"
-    SPINNING = "spinning"
-    SLEEPING = "sleeping"
-    OTHER = "other"  # alive, neither spinning nor sleeping (some CPU), or not measured
-    UNKNOWN = "unknown"  # not seen: another host, unreadable
+_SEEN = frozenset({Activity.IN_D, Activity.STOPPED, Activity.SPINNING, Activity.SLEEPING, Activity.RUNNING})
+"""What a rank alive and seen did; a rank ``running`` (some CPU, or not measured) is neither spinning nor sleeping."""
+_STATE_BASES = (NamingBasis.GONE, NamingBasis.STOPPED, NamingBasis.IN_D)  # strongest first
 
 
-@dataclass(frozen=True)
-class _Evidence:
-    """One rank as the naming sees it; ``detail`` completes the evidence (the state letter, the
-    threads in ``D`` and where they wait, why it is gone)."""
-
-    rank: int
-    pid: int
-    condition: Condition
-    detail: str = ""
+def _activity(rank: RankDiagnosis) -> Activity | None:
+    """What the naming reads of a rank: its activity where it is alive and was seen, else None."""
+    if rank.verdict is None or rank.verdict is Verdict.ACCESS_DENIED or rank.verdict.is_dead:
+        return None
+    return rank.activity if rank.activity in _SEEN else None
 
 
-_CONDITIONS = {Activity.IN_D: Condition.IN_D, Activity.STOPPED: Condition.STOPPED,
-               Activity.SPINNING: Condition.SPINNING, Activity.SLEEPING: Condition.SLEEPING,
-               Activity.RUNNING: Condition.OTHER}
-
-
-def _evidence(rank: RankDiagnosis) -> _Evidence:
-    """What the naming reads of one diagnosed rank."""
-    if rank.verdict is None or rank.verdict is Verdict.ACCESS_DENIED:
-        return _Evidence(rank.rank, rank.pid, Condition.UNKNOWN, rank.detail)
-    if rank.verdict.is_dead:
-        return _Evidence(rank.rank, rank.pid, Condition.GONE, rank.detail)
-    condition = _CONDITIONS.get(rank.activity, Condition.UNKNOWN)
-    if condition is Condition.IN_D:
-        d_threads = [thread for thread in rank.threads if thread.activity is Activity.IN_D]
-        return _Evidence(rank.rank, rank.pid, condition,
-                         in_d_detail(len(d_threads), d_threads[0].wchan if d_threads else ""))
-    if condition is Condition.STOPPED:
-        main = rank.main_thread
-        return _Evidence(rank.rank, rank.pid, condition, main.state if main is not None else "T")
-    return _Evidence(rank.rank, rank.pid, condition)
+def _state_basis(rank: RankDiagnosis) -> NamingBasis | None:
+    """Gone, stopped or in ``D``: why the rank cannot be the one waiting on the others, if so."""
+    if rank.verdict is not None and rank.verdict.is_dead:
+        return NamingBasis.GONE
+    activity = _activity(rank)
+    return NamingBasis.STOPPED if activity is Activity.STOPPED else NamingBasis.IN_D if activity is Activity.IN_D \
+        else None
 
 
 def _ranks(ranks: Sequence[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-_STATE_ORDER = {Condition.GONE: (0, NamingBasis.GONE), Condition.STOPPED: (1, NamingBasis.STOPPED),
-                Condition.IN_D: (2, NamingBasis.IN_D)}
-
-
-def _state_evidence(ranks: Sequence[_Evidence]) -> StalledRank | None:
-    found = sorted(((_STATE_ORDER[rank.condition][0], rank.rank, rank) for rank in ranks
-                    if rank.condition in _STATE_ORDER), key=lambda item: item[:2])
+def _state_evidence(ranks: Sequence[RankDiagnosis]) -> StalledRank | None:
+    found = sorted(((_STATE_BASES.index(basis), rank.rank, rank) for rank in ranks
+                    if (basis := _state_basis(rank)) is not None), key=lambda item: item[:2])
     if not found:
         return None
     rank = found[0][2]
-    basis = _STATE_ORDER[rank.condition][1]
-    text = {NamingBasis.GONE: "is gone", NamingBasis.STOPPED: "is stopped", NamingBasis.IN_D: "has"}[basis]
-    evidence = f"rank {rank.rank} {text} ({rank.detail})" if basis is not NamingBasis.IN_D else \
-        f"rank {rank.rank} has {rank.detail}"
+    basis = _STATE_BASES[found[0][0]]
+    if basis is NamingBasis.GONE:
+        evidence = f"rank {rank.rank} is gone ({rank.detail})"
+    elif basis is NamingBasis.STOPPED:
+        main = rank.main_thread
+        evidence = f"rank {rank.rank} is stopped ({main.state if main is not None else 'T'})"
+    else:
+        d_threads = [thread for thread in rank.threads if thread.activity is Activity.IN_D]
+        evidence = f"rank {rank.rank} has {in_d_detail(len(d_threads), d_threads[0].wchan if d_threads else '')}"
     if len(found) > 1:
         evidence += f"; also {_ranks([item[1] for item in found[1:]])}"
     return StalledRank(rank.rank, rank.pid, basis, evidence)
 
 
-def _iteration_evidence(ranks: Sequence[_Evidence], iterations: Mapping[int, int],
+def _iteration_evidence(ranks: Sequence[RankDiagnosis], iterations: Mapping[int, int],
                         leader: int | None) -> StalledRank | None:
     known = {rank.rank: rank for rank in ranks if rank.rank in iterations}
     counts = {number: iterations[number] for number in known}
@@ -123,11 +98,11 @@ def _iteration_evidence(ranks: Sequence[_Evidence], iterations: Mapping[int, int
     return StalledRank(named, known[named].pid, NamingBasis.BEHIND, evidence)
 
 
-def _spin_evidence(ranks: Sequence[_Evidence], leader: int | None) -> StalledRank | None:
-    seen = [rank for rank in ranks if rank.condition not in (Condition.UNKNOWN, Condition.GONE)]
-    spinning = [rank for rank in seen if rank.condition is Condition.SPINNING and rank.rank != leader]
+def _spin_evidence(ranks: Sequence[RankDiagnosis], leader: int | None) -> StalledRank | None:
+    seen = [rank for rank in ranks if _activity(rank) is not None]
+    spinning = [rank for rank in seen if rank.activity is Activity.SPINNING and rank.rank != leader]
     others = [rank for rank in seen if rank not in spinning and rank.rank != leader]
-    if len(spinning) != 1 or not others or any(rank.condition is not Condition.SLEEPING for rank in others):
+    if len(spinning) != 1 or not others or any(rank.activity is not Activity.SLEEPING for rank in others):
         return None
     (named,) = spinning
     return StalledRank(named.rank, named.pid, NamingBasis.SPINNING,
@@ -142,10 +117,9 @@ def name_stalled_rank(ranks: Sequence[RankDiagnosis], *, iterations: Mapping[int
     from it are not compared); ``leader`` is the rank never named for spinning (None: no leader).
     Returns None when no evidence singles a rank out (never a default rank). Pure function.
     """
-    seen = [_evidence(rank) for rank in ranks]
-    return (_state_evidence(seen)
-            or (_iteration_evidence(seen, iterations, leader) if iterations else None)
-            or _spin_evidence(seen, leader))
+    return (_state_evidence(ranks)
+            or (_iteration_evidence(ranks, iterations, leader) if iterations else None)
+            or _spin_evidence(ranks, leader))
 
 
 def _states_only(rank: int, pid: int, start_time: int | None) -> RankDiagnosis:
@@ -171,7 +145,7 @@ def _states_only(rank: int, pid: int, start_time: int | None) -> RankDiagnosis:
     if info.state in ("T", "t"):
         main = ThreadDiagnosis(pid, "", info.state, Activity.STOPPED, None, "", 0.0, False)
         return RankDiagnosis(rank, pid, Verdict.STOPPED, "", Activity.STOPPED, (main,))
-    # Alive, its CPU not measured: to the naming neither spinning nor sleeping.
+    # Alive, its CPU not measured: to the naming neither spinning nor sleeping (see _SEEN).
     return RankDiagnosis(rank, pid, Verdict.OK, "", Activity.RUNNING, ())
 
 

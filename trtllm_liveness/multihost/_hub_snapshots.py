@@ -139,12 +139,12 @@ def _check_bounds(value: Any, where: str) -> None:
     """Every string of ``value`` at most ``_TEXT`` long, every list at most ``_ITEMS``, every number
     finite and not negative (no field of a reply is). Raises :class:`~._wire.WireError` naming where."""
     if isinstance(value, str) and len(value) > _TEXT:
-        raise _wire.WireError(f"snap: {where} is longer than {_TEXT}")
+        raise _wire.WireError(f"{where} is longer than {_TEXT}")
     if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 <= value < math.inf:
-        raise _wire.WireError(f"snap: {where} is {str(value)[:40]}, not a finite number >= 0")
+        raise _wire.WireError(f"{where} is {str(value)[:40]}, not a finite number >= 0")
     if isinstance(value, list):
         if len(value) > _ITEMS:
-            raise _wire.WireError(f"snap: {where} has more than {_ITEMS} items")
+            raise _wire.WireError(f"{where} has more than {_ITEMS} items")
         for index, item in enumerate(value):
             _check_bounds(item, f"{where}[{index}]")
     elif isinstance(value, dict):
@@ -152,17 +152,23 @@ def _check_bounds(value: Any, where: str) -> None:
             _check_bounds(item, f"{where}.{key}")
 
 
+def _items(message: _wire.Message, name: str, most: int) -> list[Any]:
+    """Field ``name`` of ``message``: a list of at most ``most`` items, all in the wire's bounds
+    (:func:`_check_bounds`). Raises :class:`~._wire.WireError`."""
+    items: list[Any] = _wire.field(message, name, list)
+    if len(items) > most:
+        raise _wire.WireError(f"{message.kind}: {len(items)} items in {name!r}, at most {most} wanted")
+    _check_bounds(items, f"{message.kind}: {name}")
+    return items
+
+
 def parse_snapshot(session: Session, message: _wire.Message) -> tuple[int, HostSnapshot]:
     """``(request id, the host's snapshot)`` from a ``snap`` message. Raises :class:`~._wire.WireError`."""
     req = _wire.field(message, "req", int, low=0, high=1 << 62)
     elapsed = _wire.field(message, "el", float, low=0, high=1e7)
-    items = _wire.field(message, "ranks", list)
     own = {identity.rank: identity for identity in session.ranks}
-    if len(items) > len(own):
-        raise _wire.WireError(f"snap: {len(items)} ranks, host {session.host} has {len(own)}")
-    _check_bounds(items, "ranks")
     ranks, iterations, truncated = [], [], []
-    for item in items:
+    for item in _items(message, "ranks", len(own)):
         fields = dict(item) if isinstance(item, dict) else item
         it = fields.pop("it", None) if isinstance(fields, dict) else None
         cut = fields.pop("cut", None) if isinstance(fields, dict) else False
@@ -207,35 +213,20 @@ def parse_snapshot_request(message: _wire.Message) -> SnapshotRequest:
                            if "exp" in message.body else None)
 
 
-def _int(value: Any, low: int, high: int, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise _wire.WireError(f"iters: bad {what} {str(value)[:40]!r}")
-    return value
-
-
-def _num(value: Any, low: float, high: float, what: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or not low <= value <= high:
-        raise _wire.WireError(f"iters: bad {what} {str(value)[:40]!r}")
-    return float(value)
-
-
-def _list(value: Any, what: str, max_len: int) -> list[Any]:
-    if not isinstance(value, list) or len(value) > max_len:
-        raise _wire.WireError(f"iters: bad {what} (a list of at most {max_len} wanted)")
-    return value
-
-
 def parse_iterations(session: Session, message: _wire.Message) -> list[tuple[int, int, float]]:
     """``(rank, count, seconds since its last iteration)`` of an ``iters`` message. Raises
     :class:`~._wire.WireError`."""
     own = {identity.rank for identity in session.ranks}
     found: dict[int, tuple[int, int, float]] = {}
-    for item in _list(message.body.get("it"), "iterations", len(own)):
-        rank, count, age = _list(item, "iteration entry", 3) + [None] * (3 - len(item))
-        rank = _int(rank, 0, 1 << 24, "rank")
+    for item in _items(message, "it", len(own)):
+        if not isinstance(item, list) or len(item) != 3 or any(isinstance(value, bool) for value in item) \
+                or not isinstance(item[0], int) or not isinstance(item[1], int) or item[1] > 1 << 62 \
+                or not isinstance(item[2], (int, float)) or item[2] > 1e6:
+            raise _wire.WireError(f"iters: bad entry {str(item)[:40]!r} ([rank, count, seconds] wanted)")
+        rank, count, age = item
         if rank not in own or rank in found:
             raise _wire.WireError(f"iters: rank {rank} is not one of host {session.host}'s, or twice")
-        found[rank] = (rank, _int(count, 0, 1 << 62, "iteration count"), _num(age, 0, 1e6, "iteration age"))
+        found[rank] = (rank, count, float(age))
     return list(found.values())
 
 

@@ -1,7 +1,7 @@
 """The snapshot and iteration messages on the hub's wire: strict parsing (a bad or huge field is a
 :class:`~trtllm_liveness.multihost._wire.WireError`, never a crash) of the ranks' diagnosis records
-in their own JSON form, and replies kept under the wire's cap by cutting stacks, which the records say. No hosts needed: the records are made from a
-real snapshot of real local processes."""
+in their own JSON form, and replies kept under the wire's cap by cutting stacks, which the records
+say. No hosts needed: the records are made from a real snapshot of real local processes."""
 
 from __future__ import annotations
 
