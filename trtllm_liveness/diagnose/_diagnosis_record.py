@@ -1,8 +1,8 @@
 """The diagnosis record: one per snapshot (:class:`Diagnosis`), one per rank (:class:`RankDiagnosis`).
 
 What :func:`~._diagnosis.diagnose` takes of every rank, what a host's agent sends its hub (the
-records' JSON form, read back by :meth:`RankDiagnosis.from_dict`), what the hub merges into the
-engine's one view (:func:`~._diagnosis.merge_remote_ranks`), what names a stalled rank
+records' JSON form, read back by :meth:`RankDiagnosis.from_dict`; one :class:`HostSnapshot` per
+host), what the engine merges into its one view (:func:`~._diagnosis.merge_hosts`), what names a stalled rank
 (:mod:`._stalled_rank`) and what the fatal verdict's log line, outcome record and termination
 message are made of (:func:`~._diagnosis_text.snapshot_record`). Records only: taking a snapshot
 is :mod:`._diagnosis`'s.

@@ -169,9 +169,10 @@ def parse_snapshot(session: Session, message: _wire.Message) -> tuple[int, HostS
     own = {identity.rank: identity for identity in session.ranks}
     ranks, iterations, truncated = [], [], []
     for item in _items(message, "ranks", len(own)):
-        fields = dict(item) if isinstance(item, dict) else item
-        it = fields.pop("it", None) if isinstance(fields, dict) else None
-        cut = fields.pop("cut", None) if isinstance(fields, dict) else False
+        if not isinstance(item, dict):
+            raise _wire.WireError("snap: a rank record is not an object")
+        fields = dict(item)
+        it, cut = fields.pop("it", None), fields.pop("cut", None)  # beside the rank's record: see _rank_record
         try:
             rank = RankDiagnosis.from_dict(fields)
         except ValueError as exc:
@@ -320,7 +321,6 @@ class SnapshotBook:
                else "not asked: its hello came after the request went out, or the request could not be sent"
                if unasked else f"no reply within {timeout_s:.2f} s")
         if verdict is not None:
-            return HostSnapshot(verdict.host, verdict.agent_rank, "verdict", verdict.ranks, verdict.iterations,
-                                verdict.truncated, verdict.elapsed_ms, f"{why}; its agent's snapshot at its verdict")
+            return dataclasses.replace(verdict, detail=f"{why}; its agent's snapshot at its verdict")
         outcome = "lost" if session.connection != "connected" else "not-asked" if unasked else "no-answer"
         return HostSnapshot(session.host, session.agent.rank, outcome, detail=why)
