@@ -76,7 +76,8 @@ def _state_evidence(ranks: Sequence[RankDiagnosis]) -> StalledRank | None:
         evidence = f"rank {rank.rank} is stopped ({main.state if main is not None else 'T'})"
     else:
         d_threads = [thread for thread in rank.threads if thread.activity is Activity.IN_D]
-        evidence = f"rank {rank.rank} has {in_d_detail(len(d_threads), d_threads[0].wchan if d_threads else '')}"
+        wchan = d_threads[0].wchan if d_threads else ""
+        evidence = f"rank {rank.rank} has {len(d_threads)} thread(s) in D" + (f" in {wchan}" if wchan else "")
     if len(found) > 1:
         evidence += f"; also {_ranks([item[1] for item in found[1:]])}"
     return StalledRank(rank.rank, rank.pid, basis, evidence)
@@ -147,11 +148,6 @@ def _states_only(rank: int, pid: int, start_time: int | None) -> RankDiagnosis:
         return RankDiagnosis(rank, pid, Verdict.STOPPED, "", Activity.STOPPED, (main,))
     # Alive, its CPU not measured: to the naming neither spinning nor sleeping (see _SEEN).
     return RankDiagnosis(rank, pid, Verdict.OK, "", Activity.RUNNING, ())
-
-
-def in_d_detail(count: int, wchan: str) -> str:
-    """``2 thread(s) in D in request_wait_answer``: the detail of a rank in ``D``."""
-    return f"{count} thread(s) in D" + (f" in {wchan}" if wchan else "")
 
 
 def stalled_rank_now(targets: Sequence[ProcessIdentity], *, iterations: Mapping[int, int] | None = None,
