@@ -29,26 +29,34 @@ verified ranks whose dump handler is registered.
 
 from __future__ import annotations
 
-import enum
+import dataclasses
 import logging
 import os
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
 from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader
 from . import _scan
+from ._diagnosis_record import (
+    Activity,
+    Diagnosis,
+    HostSnapshot,
+    OddRankOut,
+    RankDiagnosis,
+    StalledRank,
+    ThreadDiagnosis,
+)
 from ._py_spy import DEFAULT_STACKS_TIMEOUT_S, find_py_spy, take_stacks
-from ._stack_records import RankStacks, StackFrame, StackStatus
+from ._stack_records import RankStacks, StackStatus
 from ._stack_sources import SourceChoice, StackTarget, take_rank_stacks
-from ._stalled_rank import DEFAULT_CPU_WINDOW_S, Condition, RankEvidence, StalledRank, in_d_detail, name_stalled_rank
+from ._stalled_rank import DEFAULT_CPU_WINDOW_S, name_stalled_rank
 
-# find_py_spy and take_stacks (the stacks, :mod:`._py_spy`) are re-exported for callers of diagnose.
+# The records (:mod:`._diagnosis_record`), find_py_spy and take_stacks (the stacks, :mod:`._py_spy`)
+# are re-exported for callers of diagnose.
 __all__ = ["DEFAULT_WINDOW_S", "Activity", "Diagnosis", "OddRankOut", "RankDiagnosis", "ThreadDiagnosis", "diagnose",
-           "find_odd_ranks", "find_py_spy", "rank_evidence", "stalled_rank_of", "take_stacks"]
+           "find_odd_ranks", "find_py_spy", "merge_hosts", "stalled_rank_of", "take_stacks"]
 
 logger = logging.getLogger(__name__)
 
@@ -63,160 +71,9 @@ _STOPPED = frozenset("Tt")
 _EXITED = frozenset("ZX")
 
 
-class Activity(str, enum.Enum):
-    """What one thread (or, worst of its threads, one rank) did over the window."""
-
-    SPINNING = "spinning"  # on CPU (or runnable) through the window
-    RUNNING = "running"  # some CPU, not continuously
-    SLEEPING = "sleeping"
-    IN_D = "in-d"
-    STOPPED = "stopped"
-    EXITED = "exited"
-    UNKNOWN = "unknown"
-
-
 # Rank-level activity is its most telling thread's: a rank with one thread in D is "in D".
 _RANK_ORDER = (Activity.IN_D, Activity.STOPPED, Activity.SPINNING, Activity.RUNNING, Activity.SLEEPING,
                Activity.EXITED, Activity.UNKNOWN)
-
-
-@dataclass(frozen=True)
-class ThreadDiagnosis:
-    """One thread: the scan's view (state, wchan, D time, SIGKILL) plus its CPU use over the window.
-
-    ``cpu_fraction`` is the share of one core used over the window (None when the thread was not
-    there at both CPU samples).
-    """
-
-    tid: int
-    name: str
-    state: str
-    activity: Activity
-    cpu_fraction: float | None
-    wchan: str
-    d_seconds: float
-    kill_pending: bool
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"tid": self.tid, "name": self.name, "state": self.state, "activity": self.activity.value,
-                "cpu_fraction": None if self.cpu_fraction is None else round(self.cpu_fraction, 3),
-                "wchan": self.wchan, "d_seconds": round(self.d_seconds, 3), "sigkill_pending": self.kill_pending}
-
-
-@dataclass(frozen=True)
-class RankDiagnosis:
-    """One rank: its scan verdict, its threads, its activity and (maybe) its Python stacks.
-
-    ``stacks`` is None when stacks were not asked for. ``report`` is the scan's report (None for a
-    rank that was not scanned: remote, or its PID reused before the snapshot). ``host`` names the
-    rank's host when its host's agent took it (multi-host), else is empty.
-    """
-
-    rank: int
-    pid: int
-    verdict: _scan.Verdict | None  # None: not scanned here (another host or PID namespace)
-    detail: str
-    activity: Activity
-    threads: tuple[ThreadDiagnosis, ...]
-    stacks: RankStacks | None
-    report: _scan.ProcessReport | None = None
-    host: str = ""  # the rank's host where its snapshot was taken by that host's agent; "" here
-
-    @property
-    def main_thread(self) -> ThreadDiagnosis | None:
-        """The thread whose id is the pid."""
-        return next((thread for thread in self.threads if thread.tid == self.pid), None)
-
-    @property
-    def stuck_in(self) -> StackFrame | None:
-        """Where the main thread's Python code is (see :attr:`ThreadStack.stuck_in`), if known."""
-        if self.stacks is None:
-            return None
-        main = self.stacks.main_thread(self.pid)
-        return None if main is None else main.stuck_in
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        stuck = self.stuck_in
-        verdict = None if self.verdict is None else self.verdict.value
-        return {"rank": self.rank, "pid": self.pid, "host": self.host, "verdict": verdict, "detail": self.detail,
-                "activity": self.activity.value, "stuck_in": None if stuck is None else stuck.describe(),
-                "threads": [thread.to_dict() for thread in self.threads],
-                "stacks": None if self.stacks is None else self.stacks.to_dict()}
-
-
-@dataclass(frozen=True)
-class OddRankOut:
-    """One rank that differs, in ``aspect``, from what all the other ranks share."""
-
-    rank: int
-    pid: int
-    aspect: str  # "activity", "python" (innermost Python function), "wchan" (main thread's)
-    value: str
-    others_value: str
-    others: tuple[int, ...]
-
-    @property
-    def reason(self) -> str:
-        """One line for people."""
-        ranks = ", ".join(map(str, self.others))
-        if self.aspect == "activity":
-            return f"rank {self.rank} is {self.value} while ranks {ranks} are {self.others_value}"
-        if self.aspect == "python":
-            return f"rank {self.rank} is in {self.value} while ranks {ranks} are in {self.others_value}"
-        return f"rank {self.rank} waits in {self.value or 'no wait channel'} while ranks {ranks} wait in " \
-               f"{self.others_value or 'no wait channel'}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"rank": self.rank, "pid": self.pid, "aspect": self.aspect, "value": self.value,
-                "others_value": self.others_value, "others": list(self.others), "reason": self.reason}
-
-
-@dataclass(frozen=True)
-class Diagnosis:
-    """A snapshot of every rank; ``odd_ranks`` holds one entry per aspect that singles a rank out."""
-
-    taken_at: float  # wall clock (time.time())
-    window_s: float  # the CPU window actually measured
-    elapsed_ms: float
-    ranks: tuple[RankDiagnosis, ...]
-    odd_ranks: tuple[OddRankOut, ...]
-    scan: _scan.ScanResult
-    py_spy: str  # the py-spy used, "" when none (or stacks not asked for)
-    named: StalledRank | None = None  # the rank a stall of these ranks is named after, if any
-    hosts: tuple[str, ...] = ()  # one line per remote host whose agent was asked (multi-host)
-
-    @property
-    def odd_rank_out(self) -> OddRankOut | None:
-        """The most telling finding (activity before Python function before wait channel)."""
-        return self.odd_ranks[0] if self.odd_ranks else None
-
-    def rank(self, pid: int) -> RankDiagnosis | None:
-        """The diagnosis of the rank with this pid."""
-        return next((rank for rank in self.ranks if rank.pid == pid), None)
-
-    def summary(self) -> str:
-        """One line per finding, for a log record."""
-        parts = [f"rank {r.rank} (pid {r.pid}{f' on host {r.host}' if r.host else ''}) {r.activity.value}"
-                 + (f" in {r.stuck_in.describe()}" if r.stuck_in is not None else "") for r in self.ranks]
-        odd = self.odd_rank_out
-        named = f"; stalled rank: {self.named.evidence}" if self.named is not None else ""
-        return "; ".join(parts) + (f"; odd rank out: {odd.reason}" if odd is not None else "") + named
-
-    def to_dict(self, *, include_scan: bool = True) -> dict[str, Any]:
-        """JSON-ready form (``include_scan=False`` when the caller prints the scan itself)."""
-        data: dict[str, Any] = {
-            "taken_at": self.taken_at, "window_s": round(self.window_s, 3), "elapsed_ms": round(self.elapsed_ms, 1),
-            "py_spy": self.py_spy, "ranks": [rank.to_dict() for rank in self.ranks],
-            "odd_ranks": [odd.to_dict() for odd in self.odd_ranks],
-            "odd_rank_out": None if self.odd_rank_out is None else self.odd_rank_out.reason,
-            "named": None if self.named is None else self.named.to_dict(), "hosts": list(self.hosts),
-        }
-        if include_scan:
-            data["scan"] = self.scan.to_dict()
-        return data
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -331,28 +188,6 @@ def find_odd_ranks(ranks: Sequence[RankDiagnosis], *, leader: int | None = None)
     return tuple(found)
 
 
-_CONDITIONS = {Activity.IN_D: Condition.IN_D, Activity.STOPPED: Condition.STOPPED,
-               Activity.SPINNING: Condition.SPINNING, Activity.SLEEPING: Condition.SLEEPING,
-               Activity.RUNNING: Condition.OTHER}
-
-
-def rank_evidence(rank: RankDiagnosis) -> RankEvidence:
-    """What the stalled-rank naming (:mod:`._stalled_rank`) reads of one diagnosed rank."""
-    if rank.verdict is None or rank.verdict is _scan.Verdict.ACCESS_DENIED:
-        return RankEvidence(rank.rank, rank.pid, Condition.UNKNOWN, rank.detail)
-    if rank.verdict.is_dead:
-        return RankEvidence(rank.rank, rank.pid, Condition.GONE, rank.detail)
-    condition = _CONDITIONS.get(rank.activity, Condition.UNKNOWN)
-    if condition is Condition.IN_D:
-        d_threads = [thread for thread in rank.threads if thread.activity is Activity.IN_D]
-        return RankEvidence(rank.rank, rank.pid, condition,
-                            in_d_detail(len(d_threads), d_threads[0].wchan if d_threads else ""))
-    if condition is Condition.STOPPED:
-        main = rank.main_thread
-        return RankEvidence(rank.rank, rank.pid, condition, main.state if main is not None else "T")
-    return RankEvidence(rank.rank, rank.pid, condition)
-
-
 # ----------------------------------------------------------------------------- snapshot
 
 
@@ -456,20 +291,14 @@ def diagnose(
     if stacks:
         executable = (py_spy if py_spy is not None else find_py_spy()) or ""
         ranks = _with_stacks(ranks, starts, stacks_timeout_s, executable or None, source)
-        unscanned = [_replace_stacks(rank, RankStacks(StackStatus.SKIPPED_NOT_RUNNING, rank.detail))
+        unscanned = [dataclasses.replace(rank, stacks=RankStacks(StackStatus.SKIPPED_NOT_RUNNING, rank.detail))
                      for rank in unscanned]
     all_ranks = tuple(sorted(ranks + unscanned, key=lambda rank: rank.rank))
     diagnosis = Diagnosis(taken_at, measured, (clock() - started) * 1000, all_ranks,
                           find_odd_ranks(all_ranks, leader=leader), result, executable,
-                          name_stalled_rank([rank_evidence(rank) for rank in all_ranks], iterations=iterations,
-                                            leader=leader))
+                          name_stalled_rank(all_ranks, iterations=iterations, leader=leader))
     logger.debug("diagnosis of %d rank(s) in %.0f ms: %s", len(all_ranks), diagnosis.elapsed_ms, diagnosis.summary())
     return diagnosis
-
-
-def _replace_stacks(rank: RankDiagnosis, stacks: RankStacks) -> RankDiagnosis:
-    return RankDiagnosis(rank.rank, rank.pid, rank.verdict, rank.detail, rank.activity, rank.threads, stacks,
-                         rank.report, rank.host)
 
 
 def _with_stacks(ranks: list[RankDiagnosis], starts: Mapping[int, int | None], timeout_s: float,
@@ -491,7 +320,7 @@ def _with_stacks(ranks: list[RankDiagnosis], starts: Mapping[int, int | None], t
                 states[thread.tid] = "D"
         wanted.append(StackTarget(rank.pid, starts.get(rank.pid), states))
     taken = take_rank_stacks(wanted, source=source, timeout_s=timeout_s, py_spy=py_spy) if wanted else {}
-    return [_replace_stacks(rank, skipped.get(rank.pid) or taken[rank.pid]) for rank in ranks]
+    return [dataclasses.replace(rank, stacks=skipped.get(rank.pid) or taken[rank.pid]) for rank in ranks]
 
 
 def stalled_rank_of(targets: Sequence[ProcessIdentity | int], *, iterations: Mapping[int, int] | None = None,
@@ -505,3 +334,20 @@ def stalled_rank_of(targets: Sequence[ProcessIdentity | int], *, iterations: Map
     diagnosis = diagnose(targets, stacks=False, window_s=0.0, cpu_window_s=cpu_window_s, iterations=iterations,
                          leader=leader)
     return diagnosis.named
+
+
+def merge_hosts(diagnosis: Diagnosis, hosts: Sequence[HostSnapshot], iterations: Mapping[int, int] | None = None,
+                *, leader: int | None = 0) -> Diagnosis:
+    """``diagnosis`` (the proxy's own snapshot, remote ranks in it unscanned) with each remote rank
+    as its host's agent saw it, the odd ranks out and the stalled rank named again over every
+    rank (``iterations``, then each host's own counts, which are fresher), and one line per host
+    in ``hosts``. Pure function."""
+    remote = {rank.rank: rank for host in hosts for rank in host.ranks}
+    counts = dict(iterations or {})
+    for host in hosts:
+        counts.update(host.iterations)
+    ranks = tuple(sorted([rank for rank in diagnosis.ranks if rank.rank not in remote] + list(remote.values()),
+                         key=lambda rank: rank.rank))
+    return dataclasses.replace(diagnosis, ranks=ranks, odd_ranks=find_odd_ranks(ranks, leader=leader),
+                               named=name_stalled_rank(ranks, iterations=counts or None, leader=leader),
+                               hosts=tuple(host.line() for host in hosts))

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING
 
 from .._events import EventKind, WorkerEvent
 from ..exit._snapshot_record import MAIN_FRAMES, FatalSnapshot, RankSnapshot
+from ._diagnosis_record import StalledRank
 from ._stack_records import StackStatus
-from ._stalled_rank import StalledRank
 
 if TYPE_CHECKING:
-    from ._diagnosis import Diagnosis, RankDiagnosis
+    from ._diagnosis_record import Diagnosis, RankDiagnosis
 
 MAX_FRAMES = 12
 """Innermost frames shown per thread; the JSON form has them all."""

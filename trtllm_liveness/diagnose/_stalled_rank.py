@@ -12,102 +12,78 @@ first. The evidence, strongest first:
    (rank 0) busy-polls its request queue, so the leader is never named for spinning.
 
 Nothing names the leader by default: without evidence :func:`name_stalled_rank` returns None.
-Each rank comes in as a :class:`RankEvidence` (the diagnosis makes them from its ranks, with the
-CPU window that tells spinning from sleeping). :func:`stalled_rank_now` reads only the thread
-states (no CPU window, so no spinning evidence) for a caller that must not wait, such as the stall
-timer's fatal event; this module imports nothing heavier than procfs parsing for that.
-:func:`~._diagnosis.stalled_rank_of` takes the diagnosis's short snapshot and so has all the evidence.
+Each rank comes in as its :class:`~._diagnosis_record.RankDiagnosis` (the diagnosis's, with the
+CPU window that tells spinning from sleeping, or a remote host's agent's). :func:`stalled_rank_now`
+reads only the thread states (no CPU window, so no spinning evidence) for a caller that must not
+wait, such as the stall timer's fatal event; this module imports nothing heavier than procfs
+parsing and the records for that. :func:`~._diagnosis.stalled_rank_of` takes the diagnosis's short
+snapshot and so has all the evidence.
 """
 
 from __future__ import annotations
 
-import enum
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
 
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
+from ._diagnosis_record import Activity, NamingBasis, RankDiagnosis, StalledRank, ThreadDiagnosis
+from ._scan import Verdict
 
-__all__ = ["DEFAULT_CPU_WINDOW_S", "Condition", "NamingBasis", "RankEvidence", "StalledRank", "name_stalled_rank",
-           "stalled_rank_now"]
+# NamingBasis and StalledRank (:mod:`._diagnosis_record`) are re-exported for callers of the naming.
+__all__ = ["DEFAULT_CPU_WINDOW_S", "NamingBasis", "StalledRank", "name_stalled_rank", "stalled_rank_now"]
 
 DEFAULT_CPU_WINDOW_S = 0.1
 """The CPU window of :func:`~._diagnosis.stalled_rank_of`: 10 ticks at ``CLK_TCK`` 100, enough to tell a
 spinning thread from a sleeping one."""
 
 
-class NamingBasis(str, enum.Enum):
-    """What a stalled rank's naming rests on, strongest first."""
-
-    GONE = "gone"
-    STOPPED = "stopped"
-    IN_D = "in-d"
-    BEHIND = "behind"
-    SPINNING = "spinning"
+_SEEN = frozenset({Activity.IN_D, Activity.STOPPED, Activity.SPINNING, Activity.SLEEPING, Activity.RUNNING})
+"""What a rank alive and seen did; a rank ``running`` (some CPU, or not measured) is neither spinning nor sleeping."""
+_STATE_BASES = (NamingBasis.GONE, NamingBasis.STOPPED, NamingBasis.IN_D)  # strongest first
 
 
-class Condition(str, enum.Enum):
-    """What was seen of one rank."""
-
-    GONE = "gone"
-    STOPPED = "stopped"
-    IN_D = "in-d"
-    SPINNING = "spinning"
-    SLEEPING = "sleeping"
-    OTHER = "other"  # alive, neither spinning nor sleeping (some CPU), or not measured
-    UNKNOWN = "unknown"  # not seen: another host, unreadable
+def _activity(rank: RankDiagnosis) -> Activity | None:
+    """What the naming reads of a rank: its activity where it is alive and was seen, else None."""
+    if rank.verdict is None or rank.verdict is Verdict.ACCESS_DENIED or rank.verdict.is_dead:
+        return None
+    return rank.activity if rank.activity in _SEEN else None
 
 
-@dataclass(frozen=True)
-class RankEvidence:
-    """One rank as the naming sees it; ``detail`` completes the evidence (the state letter, the
-    threads in ``D`` and where they wait, why it is gone)."""
-
-    rank: int
-    pid: int
-    condition: Condition
-    detail: str = ""
-
-
-@dataclass(frozen=True)
-class StalledRank:
-    """The rank a stall is named after, the kind of evidence and that evidence in a few words."""
-
-    rank: int
-    pid: int
-    basis: NamingBasis
-    evidence: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"rank": self.rank, "pid": self.pid, "basis": self.basis.value, "evidence": self.evidence}
+def _state_basis(rank: RankDiagnosis) -> NamingBasis | None:
+    """Gone, stopped or in ``D``: why the rank cannot be the one waiting on the others, if so."""
+    if rank.verdict is not None and rank.verdict.is_dead:
+        return NamingBasis.GONE
+    activity = _activity(rank)
+    return NamingBasis.STOPPED if activity is Activity.STOPPED else NamingBasis.IN_D if activity is Activity.IN_D \
+        else None
 
 
 def _ranks(ranks: Sequence[int]) -> str:
     return ", ".join(map(str, ranks))
 
 
-_STATE_ORDER = {Condition.GONE: (0, NamingBasis.GONE), Condition.STOPPED: (1, NamingBasis.STOPPED),
-                Condition.IN_D: (2, NamingBasis.IN_D)}
-
-
-def _state_evidence(ranks: Sequence[RankEvidence]) -> StalledRank | None:
-    found = sorted(((_STATE_ORDER[rank.condition][0], rank.rank, rank) for rank in ranks
-                    if rank.condition in _STATE_ORDER), key=lambda item: item[:2])
+def _state_evidence(ranks: Sequence[RankDiagnosis]) -> StalledRank | None:
+    found = sorted(((_STATE_BASES.index(basis), rank.rank, rank) for rank in ranks
+                    if (basis := _state_basis(rank)) is not None), key=lambda item: item[:2])
     if not found:
         return None
     rank = found[0][2]
-    basis = _STATE_ORDER[rank.condition][1]
-    text = {NamingBasis.GONE: "is gone", NamingBasis.STOPPED: "is stopped", NamingBasis.IN_D: "has"}[basis]
-    evidence = f"rank {rank.rank} {text} ({rank.detail})" if basis is not NamingBasis.IN_D else \
-        f"rank {rank.rank} has {rank.detail}"
+    basis = _STATE_BASES[found[0][0]]
+    if basis is NamingBasis.GONE:
+        evidence = f"rank {rank.rank} is gone ({rank.detail})"
+    elif basis is NamingBasis.STOPPED:
+        main = rank.main_thread
+        evidence = f"rank {rank.rank} is stopped ({main.state if main is not None else 'T'})"
+    else:
+        d_threads = [thread for thread in rank.threads if thread.activity is Activity.IN_D]
+        wchan = d_threads[0].wchan if d_threads else ""
+        evidence = f"rank {rank.rank} has {len(d_threads)} thread(s) in D" + (f" in {wchan}" if wchan else "")
     if len(found) > 1:
         evidence += f"; also {_ranks([item[1] for item in found[1:]])}"
     return StalledRank(rank.rank, rank.pid, basis, evidence)
 
 
-def _iteration_evidence(ranks: Sequence[RankEvidence], iterations: Mapping[int, int],
+def _iteration_evidence(ranks: Sequence[RankDiagnosis], iterations: Mapping[int, int],
                         leader: int | None) -> StalledRank | None:
     known = {rank.rank: rank for rank in ranks if rank.rank in iterations}
     counts = {number: iterations[number] for number in known}
@@ -123,18 +99,18 @@ def _iteration_evidence(ranks: Sequence[RankEvidence], iterations: Mapping[int, 
     return StalledRank(named, known[named].pid, NamingBasis.BEHIND, evidence)
 
 
-def _spin_evidence(ranks: Sequence[RankEvidence], leader: int | None) -> StalledRank | None:
-    seen = [rank for rank in ranks if rank.condition not in (Condition.UNKNOWN, Condition.GONE)]
-    spinning = [rank for rank in seen if rank.condition is Condition.SPINNING and rank.rank != leader]
+def _spin_evidence(ranks: Sequence[RankDiagnosis], leader: int | None) -> StalledRank | None:
+    seen = [rank for rank in ranks if _activity(rank) is not None]
+    spinning = [rank for rank in seen if rank.activity is Activity.SPINNING and rank.rank != leader]
     others = [rank for rank in seen if rank not in spinning and rank.rank != leader]
-    if len(spinning) != 1 or not others or any(rank.condition is not Condition.SLEEPING for rank in others):
+    if len(spinning) != 1 or not others or any(rank.activity is not Activity.SLEEPING for rank in others):
         return None
     (named,) = spinning
     return StalledRank(named.rank, named.pid, NamingBasis.SPINNING,
                        f"rank {named.rank} spins while ranks {_ranks(sorted(rank.rank for rank in others))} sleep")
 
 
-def name_stalled_rank(ranks: Sequence[RankEvidence], *, iterations: Mapping[int, int] | None = None,
+def name_stalled_rank(ranks: Sequence[RankDiagnosis], *, iterations: Mapping[int, int] | None = None,
                       leader: int | None = 0) -> StalledRank | None:
     """The rank to name for a stall of ``ranks``, by the precedence of the module docstring.
 
@@ -147,48 +123,47 @@ def name_stalled_rank(ranks: Sequence[RankEvidence], *, iterations: Mapping[int,
             or _spin_evidence(ranks, leader))
 
 
-def _states_only(rank: int, pid: int, start_time: int | None) -> RankEvidence:
+def _states_only(rank: int, pid: int, start_time: int | None) -> RankDiagnosis:
     """One rank from its thread states alone: gone, stopped, in D, or alive (not measured)."""
     try:
         info = _procfs.read_stat(pid)
         states = _procfs.read_thread_states(pid)
     except (OSError, ValueError):
-        return RankEvidence(rank, pid, Condition.GONE, "no such process")
+        return RankDiagnosis(rank, pid, Verdict.GONE, "no such process", Activity.EXITED, ())
     if start_time is not None and info.start_time != start_time:
-        return RankEvidence(rank, pid, Condition.GONE, "its pid now belongs to another process")
+        return RankDiagnosis(rank, pid, Verdict.GONE, "its pid now belongs to another process", Activity.EXITED, ())
     if info.state in ("Z", "X"):
-        return RankEvidence(rank, pid, Condition.GONE, "exited, not reaped")
+        return RankDiagnosis(rank, pid, Verdict.ZOMBIE, "exited, not reaped", Activity.EXITED, ())
     d_tids = sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES)
     if d_tids:
         try:
             wchan = _procfs.read_wchan(pid, d_tids[0])
         except OSError:
             wchan = ""
-        return RankEvidence(rank, pid, Condition.IN_D, in_d_detail(len(d_tids), wchan))
+        threads = tuple(ThreadDiagnosis(tid, "", states[tid], Activity.IN_D, None, wchan if tid == d_tids[0] else "",
+                                        0.0, False) for tid in d_tids)
+        return RankDiagnosis(rank, pid, Verdict.D_STATE, "", Activity.IN_D, threads)
     if info.state in ("T", "t"):
-        return RankEvidence(rank, pid, Condition.STOPPED, info.state)
-    return RankEvidence(rank, pid, Condition.OTHER)
-
-
-def in_d_detail(count: int, wchan: str) -> str:
-    """``2 thread(s) in D in request_wait_answer``: the detail of a rank in ``D``."""
-    return f"{count} thread(s) in D" + (f" in {wchan}" if wchan else "")
+        main = ThreadDiagnosis(pid, "", info.state, Activity.STOPPED, None, "", 0.0, False)
+        return RankDiagnosis(rank, pid, Verdict.STOPPED, "", Activity.STOPPED, (main,))
+    # Alive, its CPU not measured: to the naming neither spinning nor sleeping (see _SEEN).
+    return RankDiagnosis(rank, pid, Verdict.OK, "", Activity.RUNNING, ())
 
 
 def stalled_rank_now(targets: Sequence[ProcessIdentity], *, iterations: Mapping[int, int] | None = None,
-                     leader: int | None = 0, remote: Mapping[int, RankEvidence] | None = None) -> StalledRank | None:
+                     leader: int | None = 0, remote: Mapping[int, RankDiagnosis] | None = None) -> StalledRank | None:
     """:func:`name_stalled_rank` from the ranks' thread states read now (one ``stat`` per thread,
     a wait channel for a rank in ``D``) and ``iterations``: no CPU window, so never by spinning.
-    Ranks of another host or PID namespace count by ``remote`` (rank -> evidence, as their hosts'
-    agents saw them) where given, else only by their iterations. Blocks for those procfs reads
+    Ranks of another host or PID namespace count by ``remote`` (rank -> its record, as its host's
+    agent saw it) where given, else only by their iterations. Blocks for those procfs reads
     only; never raises for a process that is gone or unreadable. Thread-safe."""
-    ranks: list[RankEvidence] = []
+    ranks: list[RankDiagnosis] = []
     for identity in targets:
         if remote is not None and identity.rank in remote:
             ranks.append(remote[identity.rank])
         elif identity.hostname != local_hostname() or (
                 identity.pid_namespace is not None and identity.pid_namespace != local_pid_namespace()):
-            ranks.append(RankEvidence(identity.rank, identity.pid, Condition.UNKNOWN, "not local"))
+            ranks.append(RankDiagnosis(identity.rank, identity.pid, None, "not local", Activity.UNKNOWN, ()))
         else:
             ranks.append(_states_only(identity.rank, identity.pid, identity.start_time))
     return name_stalled_rank(ranks, iterations=iterations, leader=leader)

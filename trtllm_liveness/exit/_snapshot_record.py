@@ -12,6 +12,7 @@ Standard library only.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -102,10 +103,9 @@ class FatalSnapshot:
         text = json.dumps(self.to_dict(), separators=(",", ":"))
         if len(text.encode()) <= limit:
             return text
-        ranks = [RankSnapshot(**{**vars(rank), "main_frames": ()}) for rank in self.ranks]
+        ranks = [dataclasses.replace(rank, main_frames=()) for rank in self.ranks]
         while True:
-            text = json.dumps(FatalSnapshot(self.reason, self.taken_at, self.elapsed_ms, self.named, tuple(ranks),
-                                            self.named_rank).to_dict(), separators=(",", ":"))
+            text = json.dumps(dataclasses.replace(self, ranks=tuple(ranks)).to_dict(), separators=(",", ":"))
             if len(text.encode()) <= limit or not ranks:
                 return text
             ranks.pop()

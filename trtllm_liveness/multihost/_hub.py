@@ -32,6 +32,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from .._events import MonitorMethod, WorkerState
+from ..diagnose._diagnosis_record import HostSnapshot
 from ..monitor._monitor import WorkerProcessMonitor
 from ..monitor._progress_clock import ProgressClock
 from ..process._identity import ProcessIdentity, local_hostname
@@ -55,7 +56,7 @@ from ._hub_records import (
     refusal,
 )
 from ._hub_router import open_router
-from ._hub_snapshots import ITERATIONS_INTERVAL_S, HostSnapshot, IterationSink, SnapshotBook, SnapshotCommand
+from ._hub_snapshots import ITERATIONS_INTERVAL_S, IterationSink, SnapshotBook, SnapshotCommand
 from ._tcp import Closure, ConnectionTable, Ending, Key, Silence
 from ._wire import ArmCommand, Command, ExpectCommand, Rejection, StopCommand
 
@@ -214,7 +215,7 @@ class AgentHub:
                  stacks_timeout_s: float = 0.3) -> list[HostSnapshot]:
         """Ask every connected agent for a snapshot of its host's ranks (``cpu_window_s`` of CPU
         time; ``stacks`` within ``stacks_timeout_s``) and wait at most ``timeout_s`` for the
-        replies: one :class:`~._hub_snapshots.HostSnapshot` per host that said hello, by agent
+        replies: one :class:`HostSnapshot` per host that said hello, by agent
         rank (lost hosts ``lost``, silent ones ``no-answer``, each with its verdict's snapshot
         where its agent sent one). Thread-safe, any number of callers at once; never raises for
         what the hosts do."""

@@ -2,16 +2,19 @@
 
 The hub asks every connected agent for a snapshot of its host's ranks (``snapreq``: a request id,
 the CPU window, whether to take stacks and their bound); each agent answers with one ``snap``
-message of typed per-rank records (:func:`encode_ranks`, taken with the proxy's own
+message of its ranks' diagnosis records in their own JSON form
+(:meth:`~trtllm_liveness.diagnose._diagnosis_record.RankDiagnosis.to_dict`, with the rank's
+iterations and whether its stacks were cut; :func:`encode_ranks`, taken with the proxy's own
 :func:`~trtllm_liveness.diagnose._diagnosis.diagnose`), and sends one unasked (request id 0)
 right after the event of its own fatal verdict. Agents also send ``iters``: their ranks' executor
 iterations, at most one message per :data:`ITERATIONS_INTERVAL_S` while progress flows, none while
-idle. Every field is checked (:func:`parse_snapshot`, :func:`parse_iterations`; a bad one raises
+idle. Every field is checked (:func:`parse_snapshot`: every string, list and number of a reply in
+bounds, then each record read back strictly; :func:`parse_iterations`; a bad one raises
 :class:`~._wire.WireError`); a reply is kept under the wire's cap by cutting stacks, which its
 records say. :class:`SnapshotBook` (guarded by the hub's lock) matches replies to requests and
-answers :meth:`~._hub.AgentHub.snapshot` with one :class:`HostSnapshot` per host.
+answers :meth:`~._hub.AgentHub.snapshot` with one
+:class:`~trtllm_liveness.diagnose._diagnosis_record.HostSnapshot` per host.
 """
-
 from __future__ import annotations
 
 import collections
@@ -20,14 +23,11 @@ import json
 import math
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..diagnose._diagnosis import Activity, Diagnosis, RankDiagnosis, ThreadDiagnosis, find_odd_ranks, rank_evidence
-from ..diagnose._scan import Verdict
-from ..diagnose._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack
-from ..diagnose._stalled_rank import RankEvidence, name_stalled_rank
+from ..diagnose._diagnosis_record import Activity, HostSnapshot, RankDiagnosis
 from . import _wire
 from ._hub_records import Session
 
@@ -37,7 +37,8 @@ ITERATIONS_INTERVAL_S = 1.0
 """An agent sends its ranks' iterations at most this often (and only when one changed)."""
 MAX_THREADS = 256  # per rank in a reply
 MAX_FRAMES = 64  # per thread in a reply
-_TEXT = 300
+_TEXT = 300  # the longest string in a reply
+_ITEMS = MAX_THREADS  # the longest list in a reply
 _ENVELOPE_BYTES = 1024  # the reply's own fields, beside its ranks
 
 _MAX_EXPIRY_S = 3600.0  # a snapshot request's caller waits at most this long on the wire
@@ -76,50 +77,18 @@ class SnapshotRequest:
     expires_s: float | None = None
 
 
-@dataclass(frozen=True)
-class HostSnapshot:
-    """One remote host's answer to :meth:`~._hub.AgentHub.snapshot`.
-
-    ``outcome``: ``answered`` (its agent's reply to this request), ``verdict`` (no reply, but the
-    snapshot its agent took at its own fatal verdict), ``lost`` (its connection is gone: nothing
-    could be asked), ``no-answer`` (nothing within the bound), ``not-asked`` (its hello came after
-    the request went out, or the request could not be sent to it: nothing was waited for). ``ranks`` holds one
-    :class:`~trtllm_liveness.diagnose.RankDiagnosis` per rank of the host (``host`` set; empty
-    without an answer); ``iterations`` each rank's executor iterations as its agent counted them;
-    ``truncated`` the ranks whose stacks were cut to fit the wire (their stacks' detail says so).
-    """
-
-    host: str
-    agent_rank: int
-    outcome: str
-    ranks: tuple[RankDiagnosis, ...] = ()
-    iterations: tuple[tuple[int, int], ...] = ()
-    truncated: tuple[int, ...] = ()
-    elapsed_ms: float = 0.0
-    detail: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"host": self.host, "agent_rank": self.agent_rank, "outcome": self.outcome,
-                "ranks": [rank.to_dict() for rank in self.ranks], "iterations": [list(i) for i in self.iterations],
-                "truncated": list(self.truncated), "elapsed_ms": round(self.elapsed_ms, 1), "detail": self.detail}
-
-
 # ----------------------------------------------------------------------------- agent side: encode
 
 
-def _thread_record(thread: ThreadDiagnosis) -> list[Any]:
-    return [thread.tid, thread.name[:64], thread.state[:2], thread.activity.value,
-            None if thread.cpu_fraction is None else round(thread.cpu_fraction, 3), thread.wchan[:64],
-            round(thread.d_seconds, 3), thread.kill_pending]
-
-
-def _stack_record(stacks: RankStacks, frames: int, threads: int) -> dict[str, Any]:
-    return {"status": stacks.status.value, "detail": stacks.detail[:_TEXT], "ms": round(stacks.took_ms, 1),
-            "source": None if stacks.source is None else stacks.source.value, "other": stacks.other[:_TEXT],
-            "threads": [[t.tid, t.name[:64], t.active, t.owns_gil,
-                         [[f.function[:128], f.file[-200:], f.line] for f in t.frames[:frames]]]
-                        for t in stacks.threads[:threads]]}
+def _clipped(value: Any) -> Any:
+    """``value`` (a record's JSON form) with every string cut to the wire's bound."""
+    if isinstance(value, str):
+        return value[:_TEXT]
+    if isinstance(value, dict):
+        return {key: _clipped(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_clipped(item) for item in value]
+    return value
 
 
 def _rank_record(rank: RankDiagnosis, iterations: int | None, frames: int, threads: int,
@@ -129,20 +98,22 @@ def _rank_record(rank: RankDiagnosis, iterations: int | None, frames: int, threa
         len(stacks.threads) > threads or any(len(t.frames) > frames for t in stacks.threads[:threads])))
     # The threads that tell most first (the main thread, then those in D, stopped, spinning).
     telling = sorted(rank.threads, key=lambda t: (t.tid != rank.pid, _TELLING.get(t.activity, 9), t.tid))
-    return {"rank": rank.rank, "pid": rank.pid, "verdict": None if rank.verdict is None else rank.verdict.value,
-            "detail": rank.detail[:_TEXT], "activity": rank.activity.value,
-            "threads": [_thread_record(thread) for thread in telling[:states]], "it": iterations,
-            "stacks": None if stacks is None else _stack_record(stacks, frames, threads), "cut": cut}
+    if stacks is not None:
+        stacks = dataclasses.replace(stacks, threads=tuple(dataclasses.replace(t, frames=t.frames[:frames])
+                                                           for t in stacks.threads[:threads]))
+    sent = dataclasses.replace(rank, threads=tuple(telling[:states]), stacks=stacks)
+    return {**_clipped(sent.to_dict()), "it": iterations, "cut": cut}
 
 
 _TELLING = {Activity.IN_D: 0, Activity.STOPPED: 1, Activity.SPINNING: 2, Activity.RUNNING: 3}
+_KEPT_STATES = 16  # thread states per rank kept before its stacks are cut further
 
 
 def encode_ranks(ranks: Sequence[RankDiagnosis], iterations: dict[int, int], *,
                  max_bytes: int = _wire.MAX_MESSAGE_BYTES) -> list[dict[str, Any]]:
-    """The ranks' records for one ``snap`` message of at most ``max_bytes``: each rank's stacks
-    are cut (fewer frames per thread, then fewer threads) until the whole fits; a rank whose stacks
-    were cut says so (``cut``). Pure function."""
+    """The ranks' records for one ``snap`` message of at most ``max_bytes``: each rank is cut (fewer
+    frames per thread, then fewer thread states down to the :data:`_KEPT_STATES` that tell most,
+    then fewer stacks) until the whole fits; a rank that was cut says so (``cut``). Pure function."""
     budget = max_bytes - _ENVELOPE_BYTES
     frames, threads, states = MAX_FRAMES, MAX_THREADS, MAX_THREADS
     while True:
@@ -151,6 +122,8 @@ def encode_ranks(ranks: Sequence[RankDiagnosis], iterations: dict[int, int], *,
             return records
         if frames > 4:
             frames //= 2
+        elif states > _KEPT_STATES:
+            states //= 2  # the telling ones stay: the main thread, those in D, stopped, spinning
         elif threads > 1:
             threads //= 2
         elif frames or threads:
@@ -162,72 +135,31 @@ def encode_ranks(ranks: Sequence[RankDiagnosis], iterations: dict[int, int], *,
 # ----------------------------------------------------------------------------- hub side: parse
 
 
-def _int(value: Any, low: int, high: int, what: str) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
-        raise _wire.WireError(f"snap: bad {what} {str(value)[:40]!r}")
-    return value
+def _check_bounds(value: Any, where: str) -> None:
+    """Every string of ``value`` at most ``_TEXT`` long, every list at most ``_ITEMS``, every number
+    finite and not negative (no field of a reply is). Raises :class:`~._wire.WireError` naming where."""
+    if isinstance(value, str) and len(value) > _TEXT:
+        raise _wire.WireError(f"{where} is longer than {_TEXT}")
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and not 0 <= value < math.inf:
+        raise _wire.WireError(f"{where} is {str(value)[:40]}, not a finite number >= 0")
+    if isinstance(value, list):
+        if len(value) > _ITEMS:
+            raise _wire.WireError(f"{where} has more than {_ITEMS} items")
+        for index, item in enumerate(value):
+            _check_bounds(item, f"{where}[{index}]")
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            _check_bounds(item, f"{where}.{key}")
 
 
-def _num(value: Any, low: float, high: float, what: str) -> float:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value or not low <= value <= high:
-        raise _wire.WireError(f"snap: bad {what} {str(value)[:40]!r}")
-    return float(value)
-
-
-def _text(value: Any, what: str, max_len: int = _TEXT) -> str:
-    if not isinstance(value, str) or len(value) > max_len:
-        raise _wire.WireError(f"snap: bad {what} (a string of at most {max_len} wanted)")
-    return value
-
-
-def _list(value: Any, what: str, max_len: int) -> list[Any]:
-    if not isinstance(value, list) or len(value) > max_len:
-        raise _wire.WireError(f"snap: bad {what} (a list of at most {max_len} wanted)")
-    return value
-
-
-def _enum(kind: Any, value: Any, what: str) -> Any:
-    try:
-        return kind(value)
-    except ValueError:
-        raise _wire.WireError(f"snap: unknown {what} {str(value)[:40]!r}") from None
-
-
-def _thread(item: Any) -> ThreadDiagnosis:
-    tid, name, state, activity, cpu, wchan, d, kill = _list(item, "thread", 8) + [None] * (8 - len(item))
-    if not isinstance(kill, bool):
-        raise _wire.WireError("snap: bad thread record")
-    return ThreadDiagnosis(_int(tid, 1, 1 << 22, "tid"), _text(name, "thread name", 64), _text(state, "state", 2),
-                           _enum(Activity, activity, "activity"),
-                           None if cpu is None else _num(cpu, 0, 1e3, "cpu fraction"), _text(wchan, "wchan", 64),
-                           _num(d, 0, 1e9, "time in D"), kill)
-
-
-def _thread_stack(item: Any) -> ThreadStack:
-    tid, name, active, gil, frames = _list(item, "stack", 5) + [None] * (5 - len(item))
-    if not isinstance(active, bool) or not isinstance(gil, bool):
-        raise _wire.WireError("snap: bad stack record")
-    parsed = []
-    for frame in _list(frames, "frames", MAX_FRAMES):
-        function, file, line = _list(frame, "frame", 3) + [None] * (3 - len(frame))
-        parsed.append(StackFrame(_text(function, "function", 128), _text(file, "file", 200),
-                                 _int(line, 0, 1 << 30, "line")))
-    return ThreadStack(None if tid is None else _int(tid, 0, 1 << 62, "stack tid"), _text(name, "thread name", 64),
-                       active, gil, tuple(parsed))
-
-
-def _stacks(item: Any, cut: bool) -> RankStacks:
-    if not isinstance(item, dict):
-        raise _wire.WireError("snap: stacks are not an object")
-    source = item.get("source")
-    detail = _text(item.get("detail"), "stacks detail")
-    if cut:
-        detail = (detail + "; " if detail else "") + "stacks or thread list cut to fit the hub's message size"
-    return RankStacks(_enum(StackStatus, item.get("status"), "stack status"), detail,
-                      tuple(_thread_stack(t) for t in _list(item.get("threads"), "stack threads", MAX_THREADS)),
-                      _num(item.get("ms"), 0, 1e7, "stacks time"),
-                      None if source is None else _enum(StackSource, source, "stack source"),
-                      _text(item.get("other"), "other source"))
+def _items(message: _wire.Message, name: str, most: int) -> list[Any]:
+    """Field ``name`` of ``message``: a list of at most ``most`` items, all in the wire's bounds
+    (:func:`_check_bounds`). Raises :class:`~._wire.WireError`."""
+    items: list[Any] = _wire.field(message, name, list)
+    if len(items) > most:
+        raise _wire.WireError(f"{message.kind}: {len(items)} items in {name!r}, at most {most} wanted")
+    _check_bounds(items, f"{message.kind}: {name}")
+    return items
 
 
 def parse_snapshot(session: Session, message: _wire.Message) -> tuple[int, HostSnapshot]:
@@ -236,30 +168,34 @@ def parse_snapshot(session: Session, message: _wire.Message) -> tuple[int, HostS
     elapsed = _wire.field(message, "el", float, low=0, high=1e7)
     own = {identity.rank: identity for identity in session.ranks}
     ranks, iterations, truncated = [], [], []
-    for item in _list(message.body.get("ranks"), "ranks", len(own)):
+    for item in _items(message, "ranks", len(own)):
         if not isinstance(item, dict):
             raise _wire.WireError("snap: a rank record is not an object")
-        rank = _int(item.get("rank"), 0, 1 << 24, "rank")
-        identity = own.get(rank)
+        fields = dict(item)
+        it, cut = fields.pop("it", None), fields.pop("cut", None)  # beside the rank's record: see _rank_record
+        try:
+            rank = RankDiagnosis.from_dict(fields)
+        except ValueError as exc:
+            raise _wire.WireError(f"snap: {exc}") from None
+        identity = own.get(rank.rank)
         if identity is None:
-            raise _wire.WireError(f"snap: rank {rank} is not one of host {session.host}'s")
-        if _int(item.get("pid"), 1, 1 << 22, "pid") != identity.pid:
-            raise _wire.WireError(f"snap: rank {rank}'s pid differs from its hello's")
-        verdict = item.get("verdict")
-        cut = item.get("cut")
-        it = item.get("it")
+            raise _wire.WireError(f"snap: rank {rank.rank} is not one of host {session.host}'s")
+        if rank.pid != identity.pid:
+            raise _wire.WireError(f"snap: rank {rank.rank}'s pid differs from its hello's")
         if not isinstance(cut, bool):
             raise _wire.WireError("snap: bad cut flag")
-        stacks = item.get("stacks")
-        ranks.append(RankDiagnosis(rank, identity.pid, None if verdict is None else _enum(Verdict, verdict, "verdict"),
-                                   _text(item.get("detail"), "detail"),
-                                   _enum(Activity, item.get("activity"), "activity"),
-                                   tuple(_thread(t) for t in _list(item.get("threads"), "threads", MAX_THREADS)),
-                                   None if stacks is None else _stacks(stacks, cut), None, session.host))
+        if it is not None and (not isinstance(it, int) or isinstance(it, bool)):
+            raise _wire.WireError(f"snap: bad iterations {str(it)[:40]!r}")
+        stacks = rank.stacks
+        if cut and stacks is not None:
+            detail = (stacks.detail + "; " if stacks.detail else "") + "stacks or thread list cut to fit the hub's " \
+                "message size"
+            stacks = dataclasses.replace(stacks, detail=detail)
+        ranks.append(dataclasses.replace(rank, stacks=stacks, host=session.host))
         if it is not None:
-            iterations.append((rank, _int(it, 0, 1 << 62, "iterations")))
+            iterations.append((rank.rank, it))
         if cut:
-            truncated.append(rank)
+            truncated.append(rank.rank)
     if len({rank.rank for rank in ranks}) != len(ranks):
         raise _wire.WireError("snap: a rank twice")
     return req, HostSnapshot(session.host, session.agent.rank, "answered" if req else "verdict",
@@ -283,12 +219,15 @@ def parse_iterations(session: Session, message: _wire.Message) -> list[tuple[int
     :class:`~._wire.WireError`."""
     own = {identity.rank for identity in session.ranks}
     found: dict[int, tuple[int, int, float]] = {}
-    for item in _list(message.body.get("it"), "iterations", len(own)):
-        rank, count, age = _list(item, "iteration entry", 3) + [None] * (3 - len(item))
-        rank = _int(rank, 0, 1 << 24, "rank")
+    for item in _items(message, "it", len(own)):
+        if not isinstance(item, list) or len(item) != 3 or any(isinstance(value, bool) for value in item) \
+                or not isinstance(item[0], int) or not isinstance(item[1], int) or item[1] > 1 << 62 \
+                or not isinstance(item[2], (int, float)) or item[2] > 1e6:
+            raise _wire.WireError(f"iters: bad entry {str(item)[:40]!r} ([rank, count, seconds] wanted)")
+        rank, count, age = item
         if rank not in own or rank in found:
             raise _wire.WireError(f"iters: rank {rank} is not one of host {session.host}'s, or twice")
-        found[rank] = (rank, _int(count, 0, 1 << 62, "iteration count"), _num(age, 0, 1e6, "iteration age"))
+        found[rank] = (rank, count, float(age))
     return list(found.values())
 
 
@@ -382,37 +321,6 @@ class SnapshotBook:
                else "not asked: its hello came after the request went out, or the request could not be sent"
                if unasked else f"no reply within {timeout_s:.2f} s")
         if verdict is not None:
-            return HostSnapshot(verdict.host, verdict.agent_rank, "verdict", verdict.ranks, verdict.iterations,
-                                verdict.truncated, verdict.elapsed_ms, f"{why}; its agent's snapshot at its verdict")
+            return dataclasses.replace(verdict, detail=f"{why}; its agent's snapshot at its verdict")
         outcome = "lost" if session.connection != "connected" else "not-asked" if unasked else "no-answer"
         return HostSnapshot(session.host, session.agent.rank, outcome, detail=why)
-
-
-# ----------------------------------------------------------------------------- the engine's one view
-
-
-def remote_evidence(hosts: Sequence[HostSnapshot]) -> dict[int, RankEvidence]:
-    """What the stalled-rank naming reads of each remote rank a host's agent saw, by rank."""
-    return {rank.rank: rank_evidence(rank) for host in hosts for rank in host.ranks}
-
-
-def merge_hosts(diagnosis: Diagnosis, hosts: Sequence[HostSnapshot], iterations: Mapping[int, int] | None = None,
-                *, leader: int | None = 0) -> Diagnosis:
-    """``diagnosis`` (the proxy's own snapshot, remote ranks in it unscanned) with each remote rank
-    as its host's agent saw it, the odd ranks out and the stalled rank named again over every
-    rank (``iterations``, then each host's own counts, which are fresher), and one line per host
-    in ``hosts``. Pure function."""
-    remote = {rank.rank: rank for host in hosts for rank in host.ranks}
-    counts = dict(iterations or {})
-    for host in hosts:
-        counts.update(host.iterations)
-    ranks = tuple(sorted([rank for rank in diagnosis.ranks if rank.rank not in remote] + list(remote.values()),
-                         key=lambda rank: rank.rank))
-    lines = tuple(f"host {host.host} (agent rank {host.agent_rank}): {host.outcome}"
-                  + (f" in {host.elapsed_ms:.0f} ms" if host.ranks else "")
-                  + (f"; stacks cut for ranks {list(host.truncated)}" if host.truncated else "")
-                  + (f" ({host.detail})" if host.detail else "") for host in hosts)
-    return dataclasses.replace(diagnosis, ranks=ranks, odd_ranks=find_odd_ranks(ranks, leader=leader),
-                               named=name_stalled_rank([rank_evidence(rank) for rank in ranks],
-                                                       iterations=counts or None, leader=leader),
-                               hosts=lines)

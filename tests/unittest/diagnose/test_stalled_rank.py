@@ -12,7 +12,7 @@ import pytest
 from tests.support.process_tracker import ProcessTracker
 from tests.support.rank_children import blocked, spinning, stop
 from tests.support.stuck_processes import StuckChild
-from trtllm_liveness.diagnose._diagnosis import diagnose, rank_evidence, stalled_rank_of
+from trtllm_liveness.diagnose._diagnosis import diagnose, stalled_rank_of
 from trtllm_liveness.diagnose._stalled_rank import NamingBasis, StalledRank, name_stalled_rank, stalled_rank_now
 from trtllm_liveness.process._identity import ProcessIdentity, capture_identity
 
@@ -100,9 +100,8 @@ def test_the_naming_is_a_pure_function_of_the_diagnosis(procs: ProcessTracker) -
     ranks = [blocked(procs) for _ in range(3)]
     stop(ranks[1])
     diagnosis = diagnose(_identities(ranks), stacks=False, window_s=0.0)
-    evidence = [rank_evidence(rank) for rank in diagnosis.ranks]
-    assert name_stalled_rank(evidence) == diagnosis.named
-    assert name_stalled_rank(evidence, leader=None) == diagnosis.named  # the leader matters only for spinning
+    assert name_stalled_rank(diagnosis.ranks) == diagnosis.named
+    assert name_stalled_rank(diagnosis.ranks, leader=None) == diagnosis.named  # the leader matters only for spinning
     assert name_stalled_rank(()) is None
 
 

@@ -24,7 +24,7 @@ from tests.support.waits import wait_until
 from tests.unittest.multihost.test_agent_hub import BOUND_S, Engine, start_agent
 from trtllm_liveness.diagnose._stack_records import StackSource, StackStatus
 from trtllm_liveness.diagnose._stalled_rank import NamingBasis, stalled_rank_now
-from trtllm_liveness.multihost._hub_snapshots import ITERATIONS_INTERVAL_S, remote_evidence
+from trtllm_liveness.multihost._hub_snapshots import ITERATIONS_INTERVAL_S
 
 pytestmark = [needs("mpi", "testhosts"), pytest.mark.real_process, pytest.mark.timeout(90)]
 
@@ -66,7 +66,8 @@ def test_a_remote_rank_stopped_with_sigstop_is_the_one_a_stall_names_with_its_ho
     try:
         assert wait_until(lambda: _state(victim) == "T", BOUND_S)
         identities = [status.identity for status in engine.monitor.statuses()]
-        remote = remote_evidence(engine.hub.snapshot(BOUND_S, cpu_window_s=0.0, stacks=False))
+        remote = {rank.rank: rank for host in engine.hub.snapshot(BOUND_S, cpu_window_s=0.0, stacks=False)
+                  for rank in host.ranks}
         named = stalled_rank_now(identities, remote=remote)
         assert named is not None and (named.rank, named.pid, named.basis) == (victim_rank, victim,
                                                                              NamingBasis.STOPPED), named

@@ -1,7 +1,7 @@
 """The snapshot and iteration messages on the hub's wire: strict parsing (a bad or huge field is a
-:class:`~trtllm_liveness.multihost._wire.WireError`, never a crash) and replies kept under the
-wire's cap by cutting stacks, which the records say. No hosts needed: the records are made from a
-real snapshot of real local processes."""
+:class:`~trtllm_liveness.multihost._wire.WireError`, never a crash) of the ranks' diagnosis records
+in their own JSON form, and replies kept under the wire's cap by cutting stacks, which the records
+say. No hosts needed: the records are made from a real snapshot of real local processes."""
 
 from __future__ import annotations
 
@@ -16,14 +16,14 @@ import pytest
 
 from tests.support.process_tracker import ProcessTracker
 from tests.support.waits import wait_until
-from trtllm_liveness.diagnose._diagnosis import Activity, RankDiagnosis, ThreadDiagnosis, diagnose
+from trtllm_liveness.diagnose._diagnosis import Activity, RankDiagnosis, ThreadDiagnosis, diagnose, merge_hosts
+from trtllm_liveness.diagnose._diagnosis_record import HostSnapshot
 from trtllm_liveness.diagnose._scan import Verdict
 from trtllm_liveness.diagnose._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack
 from trtllm_liveness.multihost import _wire
 from trtllm_liveness.multihost._hub_records import Session
 from trtllm_liveness.multihost._hub_snapshots import (
     encode_ranks,
-    merge_hosts,
     parse_iterations,
     parse_snapshot,
     parse_snapshot_request,
@@ -92,15 +92,21 @@ def test_a_reply_round_trips_into_typed_records(ranks: tuple[Session, list[Proce
     (lambda f: f["ranks"][0].update(activity=7), "activity"),
     (lambda f: f["ranks"][0].update(detail="x" * 5000), "detail"),
     (lambda f: f["ranks"][0].update(cut="yes"), "cut"),
-    (lambda f: f["ranks"][0].update(it=-3), "iterations"),
-    (lambda f: f["ranks"][0]["threads"].append([1, "t", "S", "sleeping", None, "", 0.0]), "thread"),
+    (lambda f: f["ranks"][0].update(it=-3), "it"),
+    (lambda f: f["ranks"][0].update(it="3"), "iterations"),
+    (lambda f: f["ranks"][0].update(colour="red"), "colour"),  # a field the record does not have
+    (lambda f: f["ranks"][0]["threads"].append({**f["ranks"][0]["threads"][0], "tid": None}), "tid"),
+    (lambda f: f["ranks"][0]["threads"][0].pop("wchan"), "wchan"),
     (lambda f: f["ranks"][0]["threads"].extend([f["ranks"][0]["threads"][0]] * 300), "threads"),
-    (lambda f: f["ranks"][0]["threads"][0].__setitem__(0, 0), "tid"),
-    (lambda f: f["ranks"][0]["stacks"].update(status="fine"), "stack status"),
-    (lambda f: f["ranks"][0]["stacks"].update(source="gdb"), "stack source"),
-    (lambda f: f["ranks"][0]["stacks"]["threads"][0][4].append(["f", "x.py", "one"]), "line"),
-    (lambda f: f["ranks"][0]["stacks"]["threads"][0].__setitem__(4, [["f", "x.py", 1]] * 65), "frames"),
-    (lambda f: f["ranks"][0].update(stacks=[1, 2]), "stacks"),
+    (lambda f: f["ranks"][0]["threads"][0].update(tid=-1), "tid"),
+    (lambda f: f["ranks"][0]["threads"][0].update(cpu_fraction=float("nan")), "cpu_fraction"),
+    (lambda f: f["ranks"][0]["stacks"].update(status="fine"), "status"),
+    (lambda f: f["ranks"][0]["stacks"].update(source="gdb"), "source"),
+    (lambda f: f["ranks"][0]["stacks"]["threads"][0]["frames"].append({"function": "f", "file": "x.py",
+                                                                      "line": "one"}), "line"),
+    (lambda f: f["ranks"][0]["stacks"]["threads"][0].update(frames=[{"function": "f", "file": "x.py", "line": 1}]
+                                                             * 257), "frames"),
+    (lambda f: f["ranks"][0].update(stacks=[1, 2]), "RankStacks"),
 ])
 def test_a_malformed_reply_is_a_wire_error(ranks: tuple[Session, list[ProcessIdentity]], mutate: Any,
                                            why: str) -> None:
@@ -162,8 +168,6 @@ def test_merging_names_a_remote_rank_behind_in_iterations_with_its_host() -> Non
     local = diagnose([], stacks=False, window_s=0.0, cpu_window_s=0.0)
     remote = [RankDiagnosis(rank, 5000 + rank, Verdict.OK, "", Activity.SLEEPING, (), None, None, "hostB")
               for rank in (2, 3)]
-    from trtllm_liveness.multihost._hub_snapshots import HostSnapshot
-
     merged = merge_hosts(local, [HostSnapshot("hostB", 2, "answered", tuple(remote), ((2, 10), (3, 9)))],
                          {2: 10, 3: 10})
     assert [(r.rank, r.host) for r in merged.ranks] == [(2, "hostB"), (3, "hostB")]

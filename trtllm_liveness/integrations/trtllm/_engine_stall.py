@@ -41,9 +41,8 @@ from ...process._procfs import read_status
 
 if TYPE_CHECKING:
     from ...diagnose._diagnosis import Diagnosis
-    from ...diagnose._stalled_rank import RankEvidence
+    from ...diagnose._diagnosis_record import HostSnapshot, RankDiagnosis
     from ...monitor._monitor import WorkerProcessMonitor
-    from ...multihost._hub_snapshots import HostSnapshot
     from ._progress import IterationBeat, ProgressChannel
     from ._worker_spec import ProgressSpec
 
@@ -189,7 +188,7 @@ class Diagnoser:
         else:
             diagnosis = diagnose(identities, stacks=True, iterations=iterations)
         if remote is not None:
-            from ...multihost._hub_snapshots import merge_hosts
+            from ...diagnose._diagnosis import merge_hosts
 
             remote[0].join(remote[2])
             diagnosis = dataclasses.replace(merge_hosts(diagnosis, list(remote[1]), iterations),
@@ -266,7 +265,7 @@ class EngineStall:
         self._iterations: dict[int, RankIterations] = {}
         self.channel: ProgressChannel | None = None
         self.detector: StallDetector | None = None
-        self.remote_states: Callable[[], Mapping[int, RankEvidence]] | None = None  # the remote ranks' (hub)
+        self.remote_states: Callable[[], Mapping[int, RankDiagnosis]] | None = None  # the remote ranks' (hub)
         self.named: StalledRank | None = None  # the last stall's naming, remote ranks' evidence included
         self._closed = False
 

@@ -86,15 +86,14 @@ def start_hub(config: LivenessConfig, monitor: WorkerProcessMonitor,
 def connect_hub(state: EngineLiveness, hub: AgentHub) -> None:
     """Feed the engine's stall timer the remote ranks' iterations, its stall naming their thread
     states, and its diagnoses every host's snapshot (:meth:`~trtllm_liveness.multihost.AgentHub.snapshot`)."""
-    from ...multihost._hub_snapshots import remote_evidence
-
     if state.stall is not None:
         # At a stall the naming waits for the remote hosts' thread states (a scan each: no stacks,
         # no CPU window) as long as a fatal snapshot may, so a stopped or D rank on another host is
         # named as one on this host is.
         stall, bound = state.stall, state.config.diagnosis_before_stop_hosts_s
         hub.feed_iterations(stall.note_remote_iteration)
-        stall.remote_states = lambda: remote_evidence(hub.snapshot(bound, cpu_window_s=0.0, stacks=False))
+        stall.remote_states = lambda: {rank.rank: rank for host in hub.snapshot(bound, cpu_window_s=0.0, stacks=False)
+                                       for rank in host.ranks}
     if state.diagnoser is not None:
         state.diagnoser.remote = hub.snapshot
         state.diagnoser.remote_bound_s = state.config.diagnosis_before_stop_hosts_s
