@@ -71,6 +71,10 @@ class JsonFields:
             raise self._bad(name, "a finite number")
         return float(value)
 
+    def number_or_none(self, name: str) -> float | None:
+        """A finite number or null."""
+        return None if self._data.get(name) is None else self.number(name)
+
     def text(self, name: str) -> str:
         """A string."""
         value = self._data.get(name)

@@ -29,7 +29,7 @@ from typing import Any, ClassVar
 
 from ..diagnose._diagnosis_record import Activity, HostSnapshot, RankDiagnosis
 from . import _wire
-from ._hub_records import Session
+from ._hub_records import Connection, Session
 
 ITERATIONS_INTERVAL_S = 1.0
 """The shortest interval between two ``iters`` messages of one agent (the hub's
@@ -300,7 +300,7 @@ class SnapshotBook:
             while True:
                 replies = self._replies.get(req, {})
                 asked = self._asked.get(req)
-                pending = [s for s in sessions() if s.connection == "connected" and s.sid not in replies
+                pending = [s for s in sessions() if s.connection is Connection.CONNECTED and s.sid not in replies
                            and (asked is None or s.sid in asked)]
                 left = deadline - time.monotonic()
                 if not pending or left <= 0 or closing():
@@ -316,11 +316,11 @@ class SnapshotBook:
         if reply is not None:
             return reply
         verdict = self._verdicts.get(session.sid)
-        unasked = asked is not None and session.sid not in asked and session.connection == "connected"
-        why = (f"connection {session.connection}" if session.connection != "connected"
+        unasked = asked is not None and session.sid not in asked and session.connection is Connection.CONNECTED
+        why = (f"connection {session.connection}" if session.connection is not Connection.CONNECTED
                else "not asked: its hello came after the request went out, or the request could not be sent"
                if unasked else f"no reply within {timeout_s:.2f} s")
         if verdict is not None:
             return dataclasses.replace(verdict, detail=f"{why}; its agent's snapshot at its verdict")
-        outcome = "lost" if session.connection != "connected" else "not-asked" if unasked else "no-answer"
+        outcome = "lost" if session.connection is not Connection.CONNECTED else "not-asked" if unasked else "no-answer"
         return HostSnapshot(session.host, session.agent.rank, outcome, detail=why)
