@@ -86,7 +86,7 @@ def _verified_stat(pid: int, start_time: int | None) -> bytes:
     state, observed = _procfs.parse_state_and_start_time(data)
     if start_time is not None and observed != start_time:
         raise PidReused(pid, start_time, _procfs.parse_stat(data).comm)
-    if state in ("Z", "X"):
+    if state in _procfs.EXITED_STATES:
         raise ProcessZombie(pid, start_time, _procfs.parse_stat(data).comm)
     return data
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 PROCFS_PATH = "/proc"
@@ -33,9 +33,19 @@ _SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 PF_EXITING = 0x4
 """``include/linux/sched.h``: set when a task begins to exit."""
 
+# The one-letter task states of proc(5), classified here for every caller.
 # States in which a task is in uninterruptible sleep. 'D' is TASK_UNINTERRUPTIBLE; kernels
 # report a frozen or killable-but-uninterruptible task as 'D' too.
 UNINTERRUPTIBLE_STATES = frozenset("D")
+EXITED_STATES = frozenset("ZX")
+"""Zombie (``Z``) and dead (``X``): the task ran its exit; only its reaping is left."""
+STOPPED_STATES = frozenset("Tt")
+"""Stopped by a signal (``T``) or by a tracer (``t``)."""
+
+
+def uninterruptible_tids(states: Mapping[int, str]) -> tuple[int, ...]:
+    """The thread ids of ``states`` (thread id to one-letter state) asleep in ``D``, ascending."""
+    return tuple(sorted(tid for tid, state in states.items() if state in UNINTERRUPTIBLE_STATES))
 
 
 class StatInfo(NamedTuple):
@@ -56,6 +66,11 @@ class StatInfo(NamedTuple):
     def exiting(self) -> bool:
         """``PF_EXITING``: the task is in its exit path (it took its fatal signal, or called exit)."""
         return bool(self.flags & PF_EXITING)
+
+    @property
+    def exited(self) -> bool:
+        """Whether the task is a zombie or dead (:data:`EXITED_STATES`): its exit ran."""
+        return self.state in EXITED_STATES
 
 
 def parse_stat(data: bytes) -> StatInfo:
@@ -201,17 +216,6 @@ def read_thread_states(pid: int) -> dict[int, str]:
     return states
 
 
-def parse_signal_masks(data: bytes) -> tuple[int, int]:
-    """Return ``(SigPnd, ShdPnd)`` from the content of a ``status`` file."""
-    thread_pending = shared_pending = 0
-    for line in data.splitlines():
-        if line.startswith(b"SigPnd:"):
-            thread_pending = int(line.split()[1], 16)
-        elif line.startswith(b"ShdPnd:"):
-            shared_pending = int(line.split()[1], 16)
-    return thread_pending, shared_pending
-
-
 class StatusInfo(NamedTuple):
     """The fields of ``/proc/<pid>/status`` (or a thread's) this package uses beyond the state.
 
@@ -279,13 +283,7 @@ def sigkill_pending(pid: int, tid: int | None = None) -> bool:
     A task in uninterruptible sleep cannot act on SIGKILL; a pending SIGKILL on a ``D`` task is
     what makes it unkillable.
     """
-    path = (
-        f"{PROCFS_PATH}/{pid}/status"
-        if tid is None
-        else f"{PROCFS_PATH}/{pid}/task/{tid}/status"
-    )
-    thread_pending, shared_pending = parse_signal_masks(_read(path))
-    return bool((thread_pending | shared_pending) & _SIGKILL_BIT)
+    return read_status(pid, tid).sigkill_pending
 
 
 def sigkill_stuck(pid: int, info: StatInfo, d_tids: Sequence[int] = ()) -> bool:
@@ -300,7 +298,7 @@ def sigkill_stuck(pid: int, info: StatInfo, d_tids: Sequence[int] = ()) -> bool:
     """
     if d_tids and (sigkill_pending(pid) or sigkill_pending(pid, d_tids[0])):
         return True
-    return info.state not in ("Z", "X") and not info.exiting and sigkill_pending(pid)
+    return not info.exited and not info.exiting and sigkill_pending(pid)
 
 
 def read_wchan(pid: int, tid: int | None = None) -> str:
@@ -311,13 +309,6 @@ def read_wchan(pid: int, tid: int | None = None) -> str:
     except PermissionError:
         return ""
     return "" if text in ("0", "") else text
-
-
-def read_kernel_stack(pid: int, tid: int) -> bytes:
-    """Raw content of ``/proc/<pid>/task/<tid>/stack`` (the kernel's stack of one thread; root only,
-    mode 0400). Raises ``PermissionError`` where it may not be read. A direct read: callers that
-    must not wait on the target go through :class:`~trtllm_liveness.process._mm_read.MmReader`."""
-    return _read(f"{PROCFS_PATH}/{pid}/task/{tid}/stack")
 
 
 def parse_kernel_stack(data: bytes, limit: int = 32) -> tuple[str, ...]:

@@ -271,8 +271,7 @@ def _recorded_process(event: WorkerEvent) -> QuarantinedProcess:
     state = "?"
     try:
         states = _procfs.read_thread_states(pid)
-        state = "D" if any(value in _procfs.UNINTERRUPTIBLE_STATES for value in states.values()) \
-            else _procfs.read_stat(pid).state
+        state = "D" if _procfs.uninterruptible_tids(states) else _procfs.read_stat(pid).state
     except (OSError, ValueError):
         pass
     namespace = identity.pid_namespace or _procfs.pid_namespace_inode("self")
