@@ -20,9 +20,6 @@ from . import _procfs
 
 logger = logging.getLogger(__name__)
 
-# os.PIDFD_NONBLOCK appeared in Python 3.12; O_NONBLOCK has the same value for pidfd_open.
-PIDFD_NONBLOCK = getattr(os, "PIDFD_NONBLOCK", os.O_NONBLOCK)
-
 
 @functools.cache
 def pidfd_supported() -> bool:
