@@ -148,24 +148,24 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
+def _path(pid: int | str, tid: int | None, name: str) -> str:
+    """``/proc/<pid>/<name>``, or ``/proc/<pid>/task/<tid>/<name>`` for one thread."""
+    return f"{PROCFS_PATH}/{pid}/{name}" if tid is None else f"{PROCFS_PATH}/{pid}/task/{tid}/{name}"
+
+
 def read_task_stat(pid: int, tid: int) -> bytes:
     """Raw content of ``/proc/<pid>/task/<tid>/stat``."""
-    return _read(f"{PROCFS_PATH}/{pid}/task/{tid}/stat")
+    return _read(_path(pid, tid, "stat"))
 
 
-def open_stat(pid: int) -> int:
-    """Open ``/proc/<pid>/stat`` for repeated :func:`pread_stat` calls; the caller owns the fd.
+def open_stat(pid: int, tid: int | None = None) -> int:
+    """Open ``/proc/<pid>/stat`` (or one thread's) for repeated :func:`pread_stat` calls; the caller
+    owns the fd.
 
-    The fd pins the process it was opened for: once that process is reaped, reads fail with
+    The fd pins the process (or thread) it was opened for: once that one is reaped, reads fail with
     ``ProcessLookupError`` instead of showing a process that reused the PID.
     """
-    return os.open(f"{PROCFS_PATH}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-
-
-def open_task_stat(pid: int, tid: int) -> int:
-    """Open ``/proc/<pid>/task/<tid>/stat`` for repeated :func:`pread_stat` calls (the caller owns
-    the fd); like :func:`open_stat`'s, reads fail once that thread is gone."""
-    return os.open(f"{PROCFS_PATH}/{pid}/task/{tid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    return os.open(_path(pid, tid, "stat"), os.O_RDONLY | os.O_CLOEXEC)
 
 
 def pread_stat(fd: int) -> bytes:
@@ -183,14 +183,12 @@ def list_tids(pid: int) -> list[int]:
 
 def read_stat_bytes(pid: int) -> bytes:
     """Raw content of ``/proc/<pid>/stat``."""
-    return _read(f"{PROCFS_PATH}/{pid}/stat")
+    return _read(_path(pid, None, "stat"))
 
 
 def read_stat(pid: int, tid: int | None = None) -> StatInfo:
     """Read ``/proc/<pid>/stat``, or ``/proc/<pid>/task/<tid>/stat`` for one thread."""
-    if tid is None:
-        return parse_stat(_read(f"{PROCFS_PATH}/{pid}/stat"))
-    return parse_stat(_read(f"{PROCFS_PATH}/{pid}/task/{tid}/stat"))
+    return parse_stat(_read(_path(pid, tid, "stat")))
 
 
 def read_start_time(pid: int) -> int:
@@ -268,8 +266,7 @@ def parse_status(data: bytes) -> StatusInfo:
 
 def read_status(pid: int | str, tid: int | None = None) -> StatusInfo:
     """Read ``/proc/<pid>/status`` (``pid`` may be ``"self"``), or one thread's."""
-    path = f"{PROCFS_PATH}/{pid}/status" if tid is None else f"{PROCFS_PATH}/{pid}/task/{tid}/status"
-    return parse_status(_read(path))
+    return parse_status(_read(_path(pid, tid, "status")))
 
 
 def signal_bit(signum: int) -> int:
@@ -303,9 +300,8 @@ def sigkill_stuck(pid: int, info: StatInfo, d_tids: Sequence[int] = ()) -> bool:
 
 def read_wchan(pid: int, tid: int | None = None) -> str:
     """The kernel function the task is waiting in, or ``""`` when running or unknown."""
-    path = f"{PROCFS_PATH}/{pid}/wchan" if tid is None else f"{PROCFS_PATH}/{pid}/task/{tid}/wchan"
     try:
-        text = _read(path).decode("ascii", "replace").strip()
+        text = _read(_path(pid, tid, "wchan")).decode("ascii", "replace").strip()
     except PermissionError:
         return ""
     return "" if text in ("0", "") else text

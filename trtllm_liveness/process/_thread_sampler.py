@@ -259,7 +259,7 @@ class ThreadSampler:
         if not _budget.claim():
             return _procfs.read_task_stat(self.pid, tid)
         try:
-            fd = _procfs.open_task_stat(self.pid, tid)
+            fd = _procfs.open_stat(self.pid, tid)
         except (FileNotFoundError, ProcessLookupError):
             _budget.release(1)
             raise
