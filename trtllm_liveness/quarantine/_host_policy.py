@@ -73,7 +73,6 @@ class QuarantineCheck:
 
     marker: MarkerStatus | None
     device_holders: tuple[DeviceHolder, ...]
-    cleared: bool = False
 
     @property
     def quarantined(self) -> bool:
@@ -134,7 +133,7 @@ def check_host(config: LivenessConfig, *, clear: bool) -> QuarantineCheck:
                 status = found
                 break
     holders = find_stuck_device_holders(parse_patterns(config.quarantine_devices))
-    return QuarantineCheck(status, holders, cleared)
+    return QuarantineCheck(status, holders)
 
 
 def _user_marker(directory: str, uid: int) -> MarkerStatus | None:
