@@ -29,7 +29,6 @@ _STIME_INDEX = 12
 _STARTTIME_INDEX = 19
 _EXIT_CODE_INDEX = 49  # field 52, the waitpid(2)-style status; shown for zombies since Linux 3.5
 
-_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 PF_EXITING = 0x4
 """``include/linux/sched.h``: set when a task begins to exit."""
 
@@ -240,7 +239,7 @@ class StatusInfo(NamedTuple):
     @property
     def sigkill_pending(self) -> bool:
         """Whether SIGKILL is queued for this thread or its process, but not delivered."""
-        return bool((self.pending | self.shared_pending) & _SIGKILL_BIT)
+        return bool((self.pending | self.shared_pending) & signal_bit(signal.SIGKILL))
 
 
 _STATUS_MASKS = {b"SigPnd": "pending", b"ShdPnd": "shared_pending", b"SigBlk": "blocked", b"SigIgn": "ignored",
