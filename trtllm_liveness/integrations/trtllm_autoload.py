@@ -250,7 +250,6 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     except OSError as exc:
         sys.stderr.write(f"trtllm_autoload: cannot run {args[0]}: {exc}\n")
         return 126
-    return 126  # not reached: execve returns only by raising
 
 
 if __name__ == "__main__":
