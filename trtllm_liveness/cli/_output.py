@@ -9,6 +9,7 @@ import time
 from typing import TextIO
 
 from ..diagnose import _scan
+from ..process import _procfs
 from ._exit_status import EXIT_USAGE
 
 __all__ = ["Progress", "err", "out", "print_report", "printable", "usage_error"]
@@ -101,7 +102,7 @@ def print_report(report: _scan.ProcessReport, *, all_threads: bool) -> None:
     if report.threads and (all_threads or report.flagged):
         out(f"    {'TID':<8} {'NAME':<16} {'STATE':<5} {'IN-D':>7} {'SIGKILL':<8} WCHAN")
         for thread in report.threads:
-            in_d = f"{thread.d_seconds:.1f}s" if thread.state == "D" else "-"
+            in_d = f"{thread.d_seconds:.1f}s" if thread.state in _procfs.UNINTERRUPTIBLE_STATES else "-"
             pending = "pending" if thread.kill_pending else "-"
             out(f"    {thread.tid:<8} {printable(thread.name)[:16]:<16} {thread.state:<5} {in_d:>7} {pending:<8} "
                  f"{thread.wchan or '-'}")

@@ -246,9 +246,6 @@ class FatalExitGuard:
             "graceful shutdown did not finish within %.1fs after the fatal error; exiting with status %d",
             self._timeout_s, self.exit_code,
         )
-        self._end()
-
-    def _end(self) -> None:
         # The process's ending: stop, cleanups, awaited threads, then the status the first guard
         # triggered in this process decides (see ProcessEnding.end).
         self._ending.end(self)

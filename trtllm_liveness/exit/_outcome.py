@@ -62,8 +62,8 @@ class Outcome:
     snapshot: FatalSnapshot | None = None
 
 
-def _directory(environ: dict[str, str] | None) -> str:
-    return (os.environ if environ is None else environ).get(OUTCOME_ENV, "")
+def _directory() -> str:
+    return os.environ.get(OUTCOME_ENV, "")
 
 
 def _encode(record: dict[str, object], snapshot: FatalSnapshot | None) -> bytes:
@@ -99,10 +99,10 @@ def _write(directory: str, record: dict[str, object], snapshot: FatalSnapshot | 
         logger.warning("liveness: could not record the engine's outcome in %s: %s", directory, exc)
 
 
-def mark_running(exit_code: int, environ: dict[str, str] | None = None) -> None:
+def mark_running(exit_code: int) -> None:
     """An engine of this process starts (synchronous: one small file). Also arranges that a normal
     interpreter exit without a failure records ``clean`` (a cleanup of the process's ending)."""
-    directory = _directory(environ)
+    directory = _directory()
     if not directory:
         return
     ending = process_ending()
@@ -125,20 +125,20 @@ def mark_running(exit_code: int, environ: dict[str, str] | None = None) -> None:
         first = not ledger.clean_at_exit
         ledger.clean_at_exit = True
     if first:
-        ending.add_cleanup(functools.partial(_clean_at_exit, environ), Stage.NORMAL_EXIT)
+        ending.add_cleanup(_clean_at_exit, Stage.NORMAL_EXIT)
 
 
-def _clean_at_exit(environ: dict[str, str] | None) -> None:
+def _clean_at_exit() -> None:
     ledger = process_ending().outcome
     with ledger.lock:
         ledger.running = 0  # a normal interpreter exit: whatever was not shut down ended with it
-    mark_clean(environ, ended=0)
+    mark_clean(ended=0)
 
 
-def mark_clean(environ: dict[str, str] | None = None, *, ended: int = 1) -> None:
+def mark_clean(*, ended: int = 1) -> None:
     """``ended`` engines of this process shut down healthy; once none runs, the record says
     ``clean`` (a no-op after a failure)."""
-    directory = _directory(environ)
+    directory = _directory()
     if not directory:
         return
     ledger = process_ending().outcome
@@ -164,8 +164,7 @@ def _send(ledger: OutcomeLedger, message: str, restartable: bool, exit_code: int
         send_failure(ledger.pipe_fd, PipedFailure(message, restartable, exit_code, os.getpid(), start, namespace))
 
 
-def record_outcome(message: str, restartable: bool, exit_code: int,
-                   environ: dict[str, str] | None = None) -> threading.Thread | None:
+def record_outcome(message: str, restartable: bool, exit_code: int) -> threading.Thread | None:
     """Record this process's first failure: at once into the wrapper's outcome pipe (one
     non-blocking write of a pipe's atomic size), then in a file from a thread of the process's
     ending (never blocks the fatal path; the ending waits for it, bounded); returns the thread, or
@@ -180,11 +179,10 @@ def record_outcome(message: str, restartable: bool, exit_code: int,
         ledger.unrestartable_sent = not restartable
         return True
 
-    return _record(environ, first, "trtllm-liveness-outcome")
+    return _record(first, "trtllm-liveness-outcome")
 
 
-def record_unrestartable(message: str, exit_code: int,
-                         environ: dict[str, str] | None = None) -> threading.Thread | None:
+def record_unrestartable(message: str, exit_code: int) -> threading.Thread | None:
     """This process's recorded failure turned unrestartable (a rank left unkillable, wedged after a
     death): once, one more line into the wrapper's pipe at once, and the failure record rewritten
     with ``exit_code`` from a thread of the process's ending (returned; None: a no-op, without a
@@ -197,14 +195,13 @@ def record_unrestartable(message: str, exit_code: int,
         _send(ledger, message[:4000], False, exit_code)
         return True
 
-    return _record(environ, turn, "trtllm-liveness-outcome-unrestartable")
+    return _record(turn, "trtllm-liveness-outcome-unrestartable")
 
 
-def _record(environ: dict[str, str] | None, change: Callable[[OutcomeLedger], bool],
-            name: str) -> threading.Thread | None:
+def _record(change: Callable[[OutcomeLedger], bool], name: str) -> threading.Thread | None:
     """Apply ``change`` to the failure under the record's lock (the pipe's line with it); where it
     changed something, write the record from a thread of the process's ending (returned)."""
-    directory = _directory(environ)
+    directory = _directory()
     if not directory:
         return None
     ending = process_ending()
@@ -223,10 +220,10 @@ def _rewrite(directory: str, ledger: OutcomeLedger) -> None:
         _write(directory, failure, ledger.snapshot)
 
 
-def record_snapshot(snapshot: FatalSnapshot, environ: dict[str, str] | None = None) -> threading.Thread | None:
+def record_snapshot(snapshot: FatalSnapshot) -> threading.Thread | None:
     """Add the failure's snapshot to this process's failure record, once, in a thread of the
     process's ending; None when no wrapper asked, no failure was recorded or a snapshot was added."""
-    directory = _directory(environ)
+    directory = _directory()
     if not directory:
         return None
     ending = process_ending()

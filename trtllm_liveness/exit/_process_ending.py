@@ -173,9 +173,8 @@ class ProcessEnding:
         self._lock = threading.Lock()
         self._guards: list[EndingGuard] = []  # triggered, in order
         self._sigint_sent = False
-        self._termination_claimed = False
         self._termination_first = ""
-        self._termination_writes = 0
+        self._termination_writes = 0  # 0: no termination message claimed yet
         self.termination_lock = threading.Lock()
         """Held around each termination-message write (the first, then its amendment)."""
         self.termination_written = 0
@@ -210,13 +209,12 @@ class ProcessEnding:
             self._sigint_sent = True
             return True
 
-    def claim_termination_message(self, message: str = "") -> int:
+    def claim_termination_message(self, message: str) -> int:
         """The write's sequence number (1) for the first caller of the process, whose fatal error
         (``message``) is the termination message; 0 for every later caller."""
         with self._lock:
-            if self._termination_claimed:
+            if self._termination_writes:
                 return 0
-            self._termination_claimed = True
             self._termination_first = message
             self._termination_writes = 1
             return 1
@@ -226,7 +224,7 @@ class ProcessEnding:
         (the same fatal error, with what was learnt since: its snapshot); 0 otherwise."""
         with self._lock:
             first = self._termination_first
-            if not self._termination_claimed or not first or not message.startswith(first.rstrip("\n")):
+            if not first or not message.startswith(first.rstrip("\n")):
                 return 0
             self._termination_writes += 1
             return self._termination_writes

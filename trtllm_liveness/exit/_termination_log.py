@@ -64,14 +64,13 @@ def write_termination_message(path: str, message: str, *, create: bool | None = 
     return _start_write(path, message, create, sequence)
 
 
-def amend_termination_message(path: str, message: str, *, create: bool | None = None) -> threading.Thread | None:
+def amend_termination_message(path: str, message: str) -> threading.Thread | None:
     """Rewrite the termination message with ``message``, which must begin with the message this
     process wrote (the same fatal error, with its snapshot after it); otherwise nothing. As
     :func:`write_termination_message`: in a thread of the process's ending, never raises."""
     if not path:
         return None
-    if create is None:
-        create = path != TERMINATION_LOG_DEFAULT
+    create = path != TERMINATION_LOG_DEFAULT
     if not create and not os.path.lexists(path):
         return None
     sequence = process_ending().claim_termination_amendment(message)
@@ -98,12 +97,12 @@ def _write_once(path: str, message: str, create: bool, sequence: int) -> None:
         ending.termination_written = sequence
 
 
-def bounded_message(message: str, limit: int = MESSAGE_LIMIT_BYTES) -> bytes:
-    """``message`` as UTF-8, cut at a character boundary to at most ``limit`` bytes."""
+def bounded_message(message: str) -> bytes:
+    """``message`` as UTF-8, cut at a character boundary to at most :data:`MESSAGE_LIMIT_BYTES` bytes."""
     data = message.encode("utf-8", errors="replace")
-    if len(data) <= limit:
+    if len(data) <= MESSAGE_LIMIT_BYTES:
         return data
-    return data[:limit].decode("utf-8", errors="ignore").encode("utf-8")
+    return data[:MESSAGE_LIMIT_BYTES].decode("utf-8", errors="ignore").encode("utf-8")
 
 
 def _write(path: str, message: str, create: bool) -> None:

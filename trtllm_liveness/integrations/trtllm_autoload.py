@@ -134,26 +134,27 @@ def install(force: bool = False) -> bool:
     return True
 
 
-def _site_dir(site_dir: "str | None") -> str:
-    if site_dir is not None:
-        return site_dir
-    import sysconfig
+def _pth_path(site_dir: "str | None") -> str:
+    """The ``.pth`` file's path in ``site_dir`` (default: this environment's site-packages)."""
+    if site_dir is None:
+        import sysconfig
 
-    return sysconfig.get_paths()["purelib"]
+        site_dir = sysconfig.get_paths()["purelib"]
+    return os.path.join(site_dir, PTH_NAME)
 
 
-def write_pth(site_dir: "str | None" = None, name: str = PTH_NAME) -> str:
+def write_pth(site_dir: "str | None" = None) -> str:
     """Write the ``.pth`` file that loads this module at every interpreter start (default: this
     environment's site-packages); returns its path."""
-    path = os.path.join(_site_dir(site_dir), name)
+    path = _pth_path(site_dir)
     with open(path, "w") as handle:
         handle.write(PTH_LINE)
     return path
 
 
-def remove_pth(site_dir: "str | None" = None, name: str = PTH_NAME) -> "str | None":
+def remove_pth(site_dir: "str | None" = None) -> "str | None":
     """Remove the ``.pth`` file :func:`write_pth` wrote; its path, or ``None`` if there was none."""
-    path = os.path.join(_site_dir(site_dir), name)
+    path = _pth_path(site_dir)
     try:
         os.unlink(path)
     except FileNotFoundError:
@@ -161,10 +162,10 @@ def remove_pth(site_dir: "str | None" = None, name: str = PTH_NAME) -> "str | No
     return path
 
 
-def pth_status(site_dir: "str | None" = None, name: str = PTH_NAME) -> "tuple[str, str | None]":
+def pth_status(site_dir: "str | None" = None) -> "tuple[str, str | None]":
     """``(path, state)``: ``state`` is ``None`` when there is no file, ``"current"`` when it holds
     :data:`PTH_LINE`, ``"other"`` when it holds something else (an older line: rewrite it)."""
-    path = os.path.join(_site_dir(site_dir), name)
+    path = _pth_path(site_dir)
     try:
         with open(path) as handle:
             text = handle.read()
@@ -249,7 +250,6 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     except OSError as exc:
         sys.stderr.write(f"trtllm_autoload: cannot run {args[0]}: {exc}\n")
         return 126
-    return 126  # not reached: execve returns only by raising
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ Data flow::
                                                                                         claim event
     wedge scan (watcher only, outside the lock, due by WedgeScan):                         ^
         ThreadSampler per rank (process/_thread_sampler), verdict by its WedgeTracker -----+
-    apply_remote[_many](): agents' reports, merge_remote_reports (_remote_reports) --------+
+    apply_remote_many(): agents' reports, merge_remote_reports (_remote_reports) ----------+
                                                                                            v
                                           EventLog (_delivery): every subscriber, each event once
 
@@ -296,34 +296,28 @@ class WorkerProcessMonitor:
 
     # ----------------------------------------------------------------- remote ranks (agents)
 
-    def apply_remote(self, identity: ProcessIdentity, state: WorkerState, detail: str, *, via: MonitorMethod | str,
-                     tid: int | None = None, wchan: str = "", fault_at: float | None = None) -> bool:
-        """Record what a remote host's agent (or the hub, for a lost host) says of one remote rank.
-
-        The rank's record (made here if ``register`` never saw it) takes ``state`` and ``detail``
-        and shows ``via`` as its method (``MonitorMethod.AGENT`` or ``NONE``, or its value; one that
-        observes on this host, ``pidfd`` or ``procfs``, raises ``ValueError``: a rank only heard of
-        is never a signal target); a fatal state becomes an event through the same exactly-once
-        path as a local observation (a death after :meth:`mark_expected_exits` is
-        expected, no event). A death, or any fatal verdict, stands: a later non-fatal report is a
-        late message. Nothing here signals anything, and a remote rank is never a signal target
-        (:meth:`verified_identities`). Returns False, changing nothing, when the identity is local
-        (this host's ranks are observed here, not hearsay), when it contradicts the one registered
-        for that rank (another pid or start time), or after :meth:`close`. Thread-safe; delivers
-        in this thread like :meth:`check`.
-        """
-        return self.apply_remote_many([(identity, state, detail)], via=via, tid=tid, wchan=wchan,
-                                      fault_at=fault_at) == 1
-
     def apply_remote_many(self, updates: Sequence[tuple[ProcessIdentity, WorkerState, str]], *,
                           via: MonitorMethod | str,
                           tid: int | None = None, wchan: str = "", fault_at: float | None = None,
                           deliver: bool = True) -> int:
-        """:meth:`apply_remote` for several ranks at once (a lost host's): every state is set
-        before any event is delivered, so a subscriber sees the whole host's view. Returns how
-        many updates were taken. ``deliver=False``: states, failure and log line at once, but no
-        subscriber is called here (an agent hub under its lock); :meth:`deliver` does that, and so
-        does the next :meth:`check` or :meth:`flush` of any thread."""
+        """Record what remote hosts' agents (or the hub, for a lost host) say of remote ranks.
+
+        Each update's rank record (made here if ``register`` never saw it) takes the update's state
+        and detail and shows ``via`` as its method (``MonitorMethod.AGENT`` or ``NONE``, or its
+        value; one that observes on this host, ``pidfd`` or ``procfs``, raises ``ValueError``: a rank
+        only heard of is never a signal target); a fatal state becomes an event through the same
+        exactly-once path as a local observation (a death after :meth:`mark_expected_exits` is
+        expected, no event). A death, or any fatal verdict, stands: a later non-fatal report is a
+        late message. Nothing here signals anything, and a remote rank is never a signal target
+        (:meth:`verified_identities`). An update is not taken when its identity is local (this
+        host's ranks are observed here, not hearsay), when it contradicts the one registered for
+        that rank (another pid or start time), or after :meth:`close`. Every state is set before any
+        event is delivered, so a subscriber sees the whole host's view. Returns how many updates
+        were taken. ``deliver=False``: states, failure and log line at once, but no subscriber is
+        called here (an agent hub under its lock); :meth:`deliver` does that, and so does the next
+        :meth:`check` or :meth:`flush` of any thread. Thread-safe; delivers in this thread like
+        :meth:`check`.
+        """
         method = MonitorMethod(via)
         if method.signals:
             raise ValueError(f"a remote report comes via an agent or none, not {method}: a rank only heard of is "
@@ -389,11 +383,6 @@ class WorkerProcessMonitor:
             return
         with self._lock:
             self._expecting_exits = True
-
-    @property
-    def expecting_exits(self) -> bool:
-        """Whether :meth:`mark_expected_exits` was called."""
-        return self._expecting_exits
 
     def arm_wedge_detection(self, d_state_timeout_s: float | None = None) -> None:
         """Start calling workers wedged; with ``d_state_timeout_s``, from now on with that timeout.

@@ -126,7 +126,7 @@ def classify_exit(record: WatchedRank) -> None:
     if expected_start is not None and info.start_time != expected_start:
         detail = "process exited (reaped; PID already reused)"
         record.set_state(WorkerState.EXITED, with_oom_cause(record, detail, None))
-    elif info.state in ("Z", "X"):
+    elif info.exited:
         how = "" if info.exit_code is None else f", {_procfs.describe_wait_status(info.exit_code)}"
         detail = f"process exited (zombie, not yet reaped{how})"
         record.set_state(WorkerState.ZOMBIE, with_oom_cause(record, detail, info.exit_code))

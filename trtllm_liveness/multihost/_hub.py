@@ -3,7 +3,7 @@
 One thread owns a ZMQ ROUTER bound where the ranks can reach it (TCP, the hub's ZMTP PINGs on), the
 socket's monitor, a :class:`~._tcp.ConnectionTable`, a wakeup pipe and every agent session. It
 merges what the agents report into the engine's own :class:`~trtllm_liveness.monitor.WorkerProcessMonitor`
-(:meth:`~trtllm_liveness.monitor.WorkerProcessMonitor.apply_remote`), so remote ranks have real states in
+(:meth:`~trtllm_liveness.monitor.WorkerProcessMonitor.apply_remote_many`), so remote ranks have real states in
 ``statuses()`` and their fatal events take the path a local death takes (subscribers, health,
 pending requests failed, Dynamo, metrics, exit guard), exactly once per rank and kind; the states
 at once, the subscribers' calls off its thread (:mod:`._hub_delivery`).

@@ -17,21 +17,21 @@ from dataclasses import dataclass
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
-def _read_counter(path: str, key: bytes) -> int | None:
+def _read_oom_kill(path: str) -> int | None:
     try:
         with open(path, "rb") as handle:
             for line in handle:
                 name, _, value = line.partition(b" ")
-                if name == key:
+                if name == b"oom_kill":
                     return int(value)
     except (OSError, ValueError):
         return None
     return None
 
 
-def _read_cgroup_file(pid: int | str, procfs: str) -> bytes | None:
+def _read_cgroup_file(pid: int | str) -> bytes | None:
     try:
-        fd = os.open(f"{procfs}/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(f"/proc/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
         try:
             return os.read(fd, 65536)
         finally:
@@ -61,18 +61,7 @@ def _counter_file_of(cgroup_file: bytes) -> str | None:
     return None
 
 
-def memory_cgroup_counter_file(pid: int, procfs: str = "/proc") -> str | None:
-    """Path of the file holding ``oom_kill`` for ``pid``'s memory cgroup, or None."""
-    content = _read_cgroup_file(pid, procfs)
-    return None if content is None else _counter_file_of(content)
-
-
-_VMSTAT = "/proc/vmstat"
-
-
-def machine_oom_kills() -> int | None:
-    """The machine-wide OOM kill count (``oom_kill`` in ``/proc/vmstat``), or None."""
-    return _read_counter(_VMSTAT, b"oom_kill")
+_VMSTAT = "/proc/vmstat"  # the machine-wide OOM kill count, as ``oom_kill``
 
 
 def _members(counter_file: str) -> dict[int, str]:
@@ -114,13 +103,13 @@ class OomCounters:
     def counter_file(self, pid: int) -> str | None:
         if not self._own_listed:
             self._own_listed = True
-            own = self._resolve(_read_cgroup_file("self", "/proc"))
+            own = self._resolve(_read_cgroup_file("self"))
             if own is not None:
                 self._listed.update(_members(own))
         listed = self._listed.get(pid)
         if listed is not None:
             return listed
-        path = self._resolve(_read_cgroup_file(pid, "/proc"))
+        path = self._resolve(_read_cgroup_file(pid))
         if path is not None:
             self._found[path] = self._found.get(path, 0) + 1
             if self._found[path] == 2:
@@ -136,7 +125,7 @@ class OomCounters:
 
     def value(self, path: str) -> int | None:
         if path not in self._values:
-            self._values[path] = _read_counter(path, b"oom_kill")
+            self._values[path] = _read_oom_kill(path)
         return self._values[path]
 
 
@@ -163,7 +152,7 @@ class OomProbe:
     def verdict(self) -> str | None:
         """A cause string if an OOM kill happened since capture, else None."""
         if self.counter_file is not None and self.cgroup_kills is not None:
-            now = _read_counter(self.counter_file, b"oom_kill")
+            now = _read_oom_kill(self.counter_file)
             if now is not None:
                 if now > self.cgroup_kills:
                     group = os.path.dirname(self.counter_file)
@@ -174,7 +163,7 @@ class OomProbe:
                 # The exact per-cgroup count says no; an OOM kill elsewhere on the machine is not ours.
                 return None
         if self.machine_kills is not None:
-            now = machine_oom_kills()
+            now = _read_oom_kill(_VMSTAT)
             if now is not None and now > self.machine_kills:
                 return f"likely killed by the kernel OOM killer (machine oom_kill {self.machine_kills} -> {now})"
         return None

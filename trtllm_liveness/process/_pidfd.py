@@ -20,9 +20,6 @@ from . import _procfs
 
 logger = logging.getLogger(__name__)
 
-# os.PIDFD_NONBLOCK appeared in Python 3.12; O_NONBLOCK has the same value for pidfd_open.
-PIDFD_NONBLOCK = getattr(os, "PIDFD_NONBLOCK", os.O_NONBLOCK)
-
 
 @functools.cache
 def pidfd_supported() -> bool:
@@ -86,7 +83,7 @@ def _verified_stat(pid: int, start_time: int | None) -> bytes:
     state, observed = _procfs.parse_state_and_start_time(data)
     if start_time is not None and observed != start_time:
         raise PidReused(pid, start_time, _procfs.parse_stat(data).comm)
-    if state in ("Z", "X"):
+    if state in _procfs.EXITED_STATES:
         raise ProcessZombie(pid, start_time, _procfs.parse_stat(data).comm)
     return data
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 PROCFS_PATH = "/proc"
@@ -29,13 +29,22 @@ _STIME_INDEX = 12
 _STARTTIME_INDEX = 19
 _EXIT_CODE_INDEX = 49  # field 52, the waitpid(2)-style status; shown for zombies since Linux 3.5
 
-_SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 PF_EXITING = 0x4
 """``include/linux/sched.h``: set when a task begins to exit."""
 
+# The one-letter task states of proc(5), classified here for every caller.
 # States in which a task is in uninterruptible sleep. 'D' is TASK_UNINTERRUPTIBLE; kernels
 # report a frozen or killable-but-uninterruptible task as 'D' too.
 UNINTERRUPTIBLE_STATES = frozenset("D")
+EXITED_STATES = frozenset("ZX")
+"""Zombie (``Z``) and dead (``X``): the task ran its exit; only its reaping is left."""
+STOPPED_STATES = frozenset("Tt")
+"""Stopped by a signal (``T``) or by a tracer (``t``)."""
+
+
+def uninterruptible_tids(states: Mapping[int, str]) -> tuple[int, ...]:
+    """The thread ids of ``states`` (thread id to one-letter state) asleep in ``D``, ascending."""
+    return tuple(sorted(tid for tid, state in states.items() if state in UNINTERRUPTIBLE_STATES))
 
 
 class StatInfo(NamedTuple):
@@ -56,6 +65,11 @@ class StatInfo(NamedTuple):
     def exiting(self) -> bool:
         """``PF_EXITING``: the task is in its exit path (it took its fatal signal, or called exit)."""
         return bool(self.flags & PF_EXITING)
+
+    @property
+    def exited(self) -> bool:
+        """Whether the task is a zombie or dead (:data:`EXITED_STATES`): its exit ran."""
+        return self.state in EXITED_STATES
 
 
 def parse_stat(data: bytes) -> StatInfo:
@@ -133,24 +147,24 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
+def _path(pid: int | str, tid: int | None, name: str) -> str:
+    """``/proc/<pid>/<name>``, or ``/proc/<pid>/task/<tid>/<name>`` for one thread."""
+    return f"{PROCFS_PATH}/{pid}/{name}" if tid is None else f"{PROCFS_PATH}/{pid}/task/{tid}/{name}"
+
+
 def read_task_stat(pid: int, tid: int) -> bytes:
     """Raw content of ``/proc/<pid>/task/<tid>/stat``."""
-    return _read(f"{PROCFS_PATH}/{pid}/task/{tid}/stat")
+    return _read(_path(pid, tid, "stat"))
 
 
-def open_stat(pid: int) -> int:
-    """Open ``/proc/<pid>/stat`` for repeated :func:`pread_stat` calls; the caller owns the fd.
+def open_stat(pid: int, tid: int | None = None) -> int:
+    """Open ``/proc/<pid>/stat`` (or one thread's) for repeated :func:`pread_stat` calls; the caller
+    owns the fd.
 
-    The fd pins the process it was opened for: once that process is reaped, reads fail with
+    The fd pins the process (or thread) it was opened for: once that one is reaped, reads fail with
     ``ProcessLookupError`` instead of showing a process that reused the PID.
     """
-    return os.open(f"{PROCFS_PATH}/{pid}/stat", os.O_RDONLY | os.O_CLOEXEC)
-
-
-def open_task_stat(pid: int, tid: int) -> int:
-    """Open ``/proc/<pid>/task/<tid>/stat`` for repeated :func:`pread_stat` calls (the caller owns
-    the fd); like :func:`open_stat`'s, reads fail once that thread is gone."""
-    return os.open(f"{PROCFS_PATH}/{pid}/task/{tid}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    return os.open(_path(pid, tid, "stat"), os.O_RDONLY | os.O_CLOEXEC)
 
 
 def pread_stat(fd: int) -> bytes:
@@ -168,14 +182,12 @@ def list_tids(pid: int) -> list[int]:
 
 def read_stat_bytes(pid: int) -> bytes:
     """Raw content of ``/proc/<pid>/stat``."""
-    return _read(f"{PROCFS_PATH}/{pid}/stat")
+    return _read(_path(pid, None, "stat"))
 
 
 def read_stat(pid: int, tid: int | None = None) -> StatInfo:
     """Read ``/proc/<pid>/stat``, or ``/proc/<pid>/task/<tid>/stat`` for one thread."""
-    if tid is None:
-        return parse_stat(_read(f"{PROCFS_PATH}/{pid}/stat"))
-    return parse_stat(_read(f"{PROCFS_PATH}/{pid}/task/{tid}/stat"))
+    return parse_stat(_read(_path(pid, tid, "stat")))
 
 
 def read_start_time(pid: int) -> int:
@@ -199,17 +211,6 @@ def read_thread_states(pid: int) -> dict[int, str]:
         if state:
             states[tid] = state
     return states
-
-
-def parse_signal_masks(data: bytes) -> tuple[int, int]:
-    """Return ``(SigPnd, ShdPnd)`` from the content of a ``status`` file."""
-    thread_pending = shared_pending = 0
-    for line in data.splitlines():
-        if line.startswith(b"SigPnd:"):
-            thread_pending = int(line.split()[1], 16)
-        elif line.startswith(b"ShdPnd:"):
-            shared_pending = int(line.split()[1], 16)
-    return thread_pending, shared_pending
 
 
 class StatusInfo(NamedTuple):
@@ -238,7 +239,7 @@ class StatusInfo(NamedTuple):
     @property
     def sigkill_pending(self) -> bool:
         """Whether SIGKILL is queued for this thread or its process, but not delivered."""
-        return bool((self.pending | self.shared_pending) & _SIGKILL_BIT)
+        return bool((self.pending | self.shared_pending) & signal_bit(signal.SIGKILL))
 
 
 _STATUS_MASKS = {b"SigPnd": "pending", b"ShdPnd": "shared_pending", b"SigBlk": "blocked", b"SigIgn": "ignored",
@@ -264,8 +265,7 @@ def parse_status(data: bytes) -> StatusInfo:
 
 def read_status(pid: int | str, tid: int | None = None) -> StatusInfo:
     """Read ``/proc/<pid>/status`` (``pid`` may be ``"self"``), or one thread's."""
-    path = f"{PROCFS_PATH}/{pid}/status" if tid is None else f"{PROCFS_PATH}/{pid}/task/{tid}/status"
-    return parse_status(_read(path))
+    return parse_status(_read(_path(pid, tid, "status")))
 
 
 def signal_bit(signum: int) -> int:
@@ -279,13 +279,7 @@ def sigkill_pending(pid: int, tid: int | None = None) -> bool:
     A task in uninterruptible sleep cannot act on SIGKILL; a pending SIGKILL on a ``D`` task is
     what makes it unkillable.
     """
-    path = (
-        f"{PROCFS_PATH}/{pid}/status"
-        if tid is None
-        else f"{PROCFS_PATH}/{pid}/task/{tid}/status"
-    )
-    thread_pending, shared_pending = parse_signal_masks(_read(path))
-    return bool((thread_pending | shared_pending) & _SIGKILL_BIT)
+    return read_status(pid, tid).sigkill_pending
 
 
 def sigkill_stuck(pid: int, info: StatInfo, d_tids: Sequence[int] = ()) -> bool:
@@ -300,24 +294,16 @@ def sigkill_stuck(pid: int, info: StatInfo, d_tids: Sequence[int] = ()) -> bool:
     """
     if d_tids and (sigkill_pending(pid) or sigkill_pending(pid, d_tids[0])):
         return True
-    return info.state not in ("Z", "X") and not info.exiting and sigkill_pending(pid)
+    return not info.exited and not info.exiting and sigkill_pending(pid)
 
 
 def read_wchan(pid: int, tid: int | None = None) -> str:
     """The kernel function the task is waiting in, or ``""`` when running or unknown."""
-    path = f"{PROCFS_PATH}/{pid}/wchan" if tid is None else f"{PROCFS_PATH}/{pid}/task/{tid}/wchan"
     try:
-        text = _read(path).decode("ascii", "replace").strip()
+        text = _read(_path(pid, tid, "wchan")).decode("ascii", "replace").strip()
     except PermissionError:
         return ""
     return "" if text in ("0", "") else text
-
-
-def read_kernel_stack(pid: int, tid: int) -> bytes:
-    """Raw content of ``/proc/<pid>/task/<tid>/stack`` (the kernel's stack of one thread; root only,
-    mode 0400). Raises ``PermissionError`` where it may not be read. A direct read: callers that
-    must not wait on the target go through :class:`~trtllm_liveness.process._mm_read.MmReader`."""
-    return _read(f"{PROCFS_PATH}/{pid}/task/{tid}/stack")
 
 
 def parse_kernel_stack(data: bytes, limit: int = 32) -> tuple[str, ...]:

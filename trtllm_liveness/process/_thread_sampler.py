@@ -101,7 +101,7 @@ class DStateSample:
 
 
 def _d_sample(pid: int, states: dict[int, str]) -> DStateSample | None:
-    d_tids = tuple(sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES))
+    d_tids = _procfs.uninterruptible_tids(states)
     if not d_tids:
         return None
     # One read of each D thread's status gives both its SIGKILL bits (the thread's own and its
@@ -259,7 +259,7 @@ class ThreadSampler:
         if not _budget.claim():
             return _procfs.read_task_stat(self.pid, tid)
         try:
-            fd = _procfs.open_task_stat(self.pid, tid)
+            fd = _procfs.open_stat(self.pid, tid)
         except (FileNotFoundError, ProcessLookupError):
             _budget.release(1)
             raise

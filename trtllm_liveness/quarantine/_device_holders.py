@@ -42,9 +42,8 @@ from ..process._thread_sampler import DStateSample, sample_d_state
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["DEFAULT_DEVICE_PATTERNS", "DeviceHolder", "find_stuck_device_holders", "parse_patterns"]
+__all__ = ["DeviceHolder", "find_stuck_device_holders", "parse_patterns"]
 
-DEFAULT_DEVICE_PATTERNS = "/dev/nvidia*"
 RESAMPLE_S = 1.0
 """Interval between the two samples of a suspect (a healthy driver call leaves ``D`` long before)."""
 

@@ -73,7 +73,6 @@ class QuarantineCheck:
 
     marker: MarkerStatus | None
     device_holders: tuple[DeviceHolder, ...]
-    cleared: bool = False
 
     @property
     def quarantined(self) -> bool:
@@ -134,7 +133,7 @@ def check_host(config: LivenessConfig, *, clear: bool) -> QuarantineCheck:
                 status = found
                 break
     holders = find_stuck_device_holders(parse_patterns(config.quarantine_devices))
-    return QuarantineCheck(status, holders, cleared)
+    return QuarantineCheck(status, holders)
 
 
 def _user_marker(directory: str, uid: int) -> MarkerStatus | None:
@@ -271,8 +270,7 @@ def _recorded_process(event: WorkerEvent) -> QuarantinedProcess:
     state = "?"
     try:
         states = _procfs.read_thread_states(pid)
-        state = "D" if any(value in _procfs.UNINTERRUPTIBLE_STATES for value in states.values()) \
-            else _procfs.read_stat(pid).state
+        state = "D" if _procfs.uninterruptible_tids(states) else _procfs.read_stat(pid).state
     except (OSError, ValueError):
         pass
     namespace = identity.pid_namespace or _procfs.pid_namespace_inode("self")

@@ -516,8 +516,8 @@ def check_process(process: QuarantinedProcess) -> RecordedProcessCheck:
         if info.start_time != process.start_time:
             return RecordedProcessCheck(process, ProcessVerdict.PID_REUSED, info.state, "")
         states = _procfs.read_thread_states(process.pid)
-        d_tids = sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES)
-        if info.state in ("Z", "X") and not d_tids:
+        d_tids = _procfs.uninterruptible_tids(states)
+        if info.exited and not d_tids:
             return RecordedProcessCheck(process, ProcessVerdict.GONE, info.state, "")
         # Unkillable in any state: a recorded process (it outlived the stop's kill grace) that still
         # has SIGKILL pending, asleep in D or running in the kernel in R (a driver spin loop), unless

@@ -335,17 +335,9 @@ def _finish(target: PreparedTarget, t0: float) -> StoppedWorker:
         outcome = StopOutcome.EXITED_AFTER_TERM
     if target.members:
         details.append(f"{len(target.members)} group member(s) awaited")
-    if target.returncode is not None:
-        details.append(_describe_returncode(target.returncode))
+    if target.returncode is not None:  # Popen's form (-N: killed by signal N) as a waitpid(2) status
+        code = target.returncode
+        details.append(_procfs.describe_wait_status(-code if code < 0 else code << 8))
     exited = None if leader.exited_at is None else leader.exited_at - t0
     return StoppedWorker(target.rank, target.pid, target.hostname, outcome, "; ".join(details),
                          target.returncode, exited, signals)
-
-
-def _describe_returncode(code: int) -> str:
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"

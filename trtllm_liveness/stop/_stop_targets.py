@@ -217,7 +217,7 @@ def _open_current(target: PreparedTarget, pid: int) -> None:
         os.close(fd)
         target.outcome, target.detail = StopOutcome.UNVERIFIED, f"unreadable /proc stat ({exc}); not signalled"
         return
-    if info.state in ("Z", "X") or _pidfd.is_exited(fd):
+    if info.exited or _pidfd.is_exited(fd):
         os.close(fd)
         target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (zombie, not yet reaped)"
         return
@@ -256,7 +256,7 @@ def prepare_groups(targets: list[PreparedTarget]) -> None:
         except (OSError, ValueError):
             continue
         group = by_pgid.get(member.pgrp)
-        if group is None or pid == member.pgrp or member.state in ("Z", "X"):
+        if group is None or pid == member.pgrp or member.exited:
             continue
         if len(group.members) >= _MAX_GROUP_MEMBERS:
             continue

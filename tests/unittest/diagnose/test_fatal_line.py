@@ -89,18 +89,18 @@ def test_the_snapshot_record_round_trips_and_bad_forms_are_named() -> None:
     assert len(json.dumps(small, separators=(",", ":"))) <= 300 and small["ranks"][0]["main_frames"] == []
 
 
-def test_the_outcome_record_carries_the_snapshot_once(tmp_path: Path) -> None:
-    environ = {OUTCOME_ENV: str(tmp_path)}
-    writer = record_outcome("MPI worker rank 1 ... exited unexpectedly; evidence: rank 1 is gone", True, 1, environ)
+def test_the_outcome_record_carries_the_snapshot_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(OUTCOME_ENV, str(tmp_path))
+    writer = record_outcome("MPI worker rank 1 ... exited unexpectedly; evidence: rank 1 is gone", True, 1)
     assert writer is not None
-    snapshot_writer = record_snapshot(SNAPSHOT, environ)
+    snapshot_writer = record_snapshot(SNAPSHOT)
     assert snapshot_writer is not None
     for thread in (writer, snapshot_writer):
         thread.join(10)
     (outcome,) = read_outcomes(str(tmp_path))
     assert outcome.state == "failed" and "evidence: rank 1 is gone" in outcome.message
     assert outcome.snapshot == SNAPSHOT
-    assert record_snapshot(SNAPSHOT, environ) is None  # once
+    assert record_snapshot(SNAPSHOT) is None  # once
 
 
 def test_the_termination_message_is_amended_with_the_snapshot_and_never_by_another_error(tmp_path: Path) -> None:

@@ -473,7 +473,7 @@ def test_a_remote_report_cannot_make_a_rank_a_signal_target() -> None:
     with WorkerProcessMonitor() as monitor:
         for via in ("pidfd", MonitorMethod.PROCFS, "ptrace"):
             with pytest.raises(ValueError):
-                monitor.apply_remote(remote, WorkerState.ALIVE, "hearsay", via=via)
+                monitor.apply_remote_many([(remote, WorkerState.ALIVE, "hearsay")], via=via)
         assert monitor.statuses() == [] and monitor.verified_identities() == []
-        assert monitor.apply_remote(remote, WorkerState.ALIVE, "ok", via="agent")
+        assert monitor.apply_remote_many([(remote, WorkerState.ALIVE, "ok")], via="agent") == 1
         assert monitor.statuses()[0].method is MonitorMethod.AGENT and monitor.verified_identities() == []

@@ -628,13 +628,14 @@ def test_a_remote_identity_with_the_proxys_pid_is_kept() -> None:
 def test_a_remote_report_never_overrides_a_local_rank() -> None:
     with WorkerProcessMonitor() as monitor:
         me = capture_identity(3, os.getppid())
-        assert not monitor.apply_remote(me, WorkerState.EXITED, "hearsay", via="agent")
+        assert not monitor.apply_remote_many([(me, WorkerState.EXITED, "hearsay")], via="agent")
         assert monitor.failure is None
         start = start_time_or_none(os.getpid())
         remote = ProcessIdentity(4, os.getpid(), start, "fakehostB", 1)
-        assert monitor.apply_remote(remote, WorkerState.ALIVE, "ok", via="agent")
-        assert not monitor.apply_remote(remote._replace(pid=remote.pid + 1), WorkerState.EXITED, "x", via="agent")
-        assert monitor.apply_remote(remote, WorkerState.EXITED, "gone", via="agent")
-        assert not monitor.apply_remote(remote, WorkerState.ALIVE, "late", via="agent") or \
+        assert monitor.apply_remote_many([(remote, WorkerState.ALIVE, "ok")], via="agent")
+        other_pid = remote._replace(pid=remote.pid + 1)
+        assert not monitor.apply_remote_many([(other_pid, WorkerState.EXITED, "x")], via="agent")
+        assert monitor.apply_remote_many([(remote, WorkerState.EXITED, "gone")], via="agent")
+        assert not monitor.apply_remote_many([(remote, WorkerState.ALIVE, "late")], via="agent") or \
             monitor.statuses()[0].state is WorkerState.EXITED
         assert [event.kind for event in monitor.events] == [EventKind.DIED]

@@ -15,8 +15,8 @@ from tests.support.process_tracker import ProcessTracker
 from tests.support.stuck_processes import MemoryCgroup
 from trtllm_liveness import EventKind, WorkerEvent
 from trtllm_liveness.monitor import WorkerProcessMonitor
-from trtllm_liveness.process import capture_identity
-from trtllm_liveness.process._oom import OomCounters, OomProbe, memory_cgroup_counter_file
+from trtllm_liveness.process import _oom, capture_identity
+from trtllm_liveness.process._oom import OomCounters, OomProbe
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60)]
 
@@ -129,6 +129,8 @@ def test_shared_counters_give_each_worker_the_file_of_its_own_cgroup(
     order = [inside[0], outside[0], inside[1], outside[1], inside[2]]
     probes = {child.pid: OomProbe.capture(child.pid, counters) for child in order}
     for child in order:
-        assert probes[child.pid].counter_file == memory_cgroup_counter_file(child.pid), child.pid
+        content = _oom._read_cgroup_file(child.pid)  # the worker's own file, read directly
+        assert content is not None
+        assert probes[child.pid].counter_file == _oom._counter_file_of(content), child.pid
     assert memory_cgroup.path in str(probes[inside[0].pid].counter_file)
     assert probes[outside[0].pid].counter_file != probes[inside[0].pid].counter_file

@@ -270,7 +270,8 @@ def test_sampler_of_reused_pid_reports_gone(procs: ProcessTracker) -> None:
 
 def test_signal_masks_and_wait_status() -> None:
     data = b"Name:\tx\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000000100\nSigBlk:\t0\n"
-    assert _procfs.parse_signal_masks(data) == (0, 0x100)
+    status = _procfs.parse_status(data)
+    assert (status.pending, status.shared_pending) == (0, 0x100)
     assert _procfs.describe_wait_status(signal.SIGKILL) == "killed by SIGKILL"
     assert _procfs.describe_wait_status(3 << 8) == "exit code 3"
 

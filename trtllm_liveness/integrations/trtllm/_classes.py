@@ -21,7 +21,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
-import os
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -152,7 +151,7 @@ def liveness_executor_class(executor_cls: type | None = None, proxy_cls: type | 
                 use_worker=use_worker, **extra)
 
     def create(*args: Any, **kwargs: Any) -> Any:
-        warn_route(route_of(kwargs, os.environ))
+        warn_route(route_of(kwargs))
         with _requested(liveness_proxy):
             return base_executor.create(*args, **kwargs)  # type: ignore[attr-defined]
 

@@ -320,11 +320,9 @@ class EngineStall:
             if self._closed or self.detector is not None or self.timeout_s <= 0:
                 return
             self.detector = StallDetector(self.timeout_s, self._pending, on_stall=self._on_stall,
-                                          on_resume=self._on_resume, probe=self._any_output)
+                                          on_resume=self._on_resume,
+                                          probe=lambda: self.clock.sample_output(always=True))
         self.detector.start()
-
-    def _any_output(self) -> float:
-        return self.clock.sample_output(always=True)
 
     def _on_stall(self, info: StallInfo) -> None:
         monitor = self._monitor

@@ -206,7 +206,7 @@ UNCOVERED_ROUTES: Mapping[str, str] = {
 }
 
 
-def route_of(kwargs: Mapping[str, Any], environ: Mapping[str, str]) -> str:
+def route_of(kwargs: Mapping[str, Any]) -> str:
     """Which orchestrator ``GenerationExecutor.create(**kwargs)`` uses: ``rpc``, ``ray`` or ``mpi``.
 
     The single-process worker is a branch inside the MPI route whose condition (world size, session,

@@ -67,7 +67,7 @@ from ._fatal import (
 from ._features import detect_features, warn_missing_hooks
 from ._request_socket import owns_request_socket, quiet_after_fatal
 from ._shim import MonitorShim
-from ._startup import announce, arm_wedges, export_metrics, new_monitor, wrap_session
+from ._startup import announce, export_metrics, new_monitor, wrap_session
 from ._state import MISSING, STATE_ATTR, EngineLiveness, iteration_counts, state_of
 from ._upstream_teardown import forget_results, run_upstream_shutdown
 
@@ -265,7 +265,8 @@ class LivenessProxyMixin:
                 restore()
         state.ready = True
         if state.monitor is not None:
-            arm_wedges(state.monitor, state.config)
+            # Time in D before READY does not count towards the READY bound (the monitor resets it).
+            state.monitor.arm_wedge_detection(d_state_timeout_s=state.config.d_state_timeout_s)
             if state.stall is not None:  # a stopped rank is a verdict with the engine's progress as its second signal
                 state.monitor.watch_stopped_ranks(state.stall.clock, state.config.stopped_timeout_s)
         if state.hub is not None:

@@ -31,15 +31,11 @@ logger = logging.getLogger(__name__.rpartition(".")[0])
 
 def new_monitor(config: LivenessConfig) -> WorkerProcessMonitor:
     """The engine's monitor: deaths from the start; before READY, wedge verdicts only with the
-    start-up bound (none by default); :func:`arm_wedges` switches to the READY bound."""
+    start-up bound (none by default); :meth:`~WorkerProcessMonitor.arm_wedge_detection` at READY
+    switches to the READY bound."""
     startup = config.startup_d_state_timeout_s or None
     return WorkerProcessMonitor(d_state_timeout_s=startup if startup is not None else config.d_state_timeout_s or None,
                                 scan_interval_s=config.scan_interval_s, wedge_armed=startup is not None)
-
-
-def arm_wedges(monitor: WorkerProcessMonitor, config: LivenessConfig) -> None:
-    # Time in D before READY does not count towards the READY bound (the monitor resets it).
-    monitor.arm_wedge_detection(d_state_timeout_s=config.d_state_timeout_s)
 
 
 def export_metrics(state: EngineLiveness, llm_args: Any) -> None:

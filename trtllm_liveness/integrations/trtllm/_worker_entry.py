@@ -358,9 +358,9 @@ def session_comm() -> Any:
     return MPI.COMM_WORLD
 
 
-def announce_identities(channel: IdentityChannelSpec, comm: Any = None) -> None:
-    """Gather every rank's identity over ``comm`` (default :func:`session_comm`); the leader sends them."""
-    comm = session_comm() if comm is None else comm
+def announce_identities(channel: IdentityChannelSpec) -> None:
+    """Gather every rank's identity over the session's communicator (:func:`session_comm`); the leader sends them."""
+    comm = session_comm()
     rank = comm.Get_rank()
     try:
         mine: list[Any] | None = list(capture_identity(rank))
