@@ -67,8 +67,6 @@ SPIN_FRACTION = 0.5
 RUNNING_FRACTION = 0.05
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
-_STOPPED = frozenset("Tt")
-_EXITED = frozenset("ZX")
 
 
 # Rank-level activity is its most telling thread's: a rank with one thread in D is "in D".
@@ -109,9 +107,9 @@ def _classify(state: str, before: tuple[str, int] | None, after: tuple[str, int]
               window_s: float) -> tuple[Activity, float | None]:
     if state in _procfs.UNINTERRUPTIBLE_STATES:
         return Activity.IN_D, _fraction(before, after, window_s)
-    if state in _STOPPED:
+    if state in _procfs.STOPPED_STATES:
         return Activity.STOPPED, _fraction(before, after, window_s)
-    if state in _EXITED:
+    if state in _procfs.EXITED_STATES:
         return Activity.EXITED, None
     fraction = _fraction(before, after, window_s)
     if fraction is None:  # no window, or a thread new since the first CPU sample: its state alone

@@ -412,13 +412,13 @@ class _DumpRequest:
         except OSError:
             states = {}
         main = states.get(pid, "")
-        if not main or main in "ZX":
+        if not main or main in _procfs.EXITED_STATES:
             raise _Unavailable(StackStatus.SKIPPED_NOT_RUNNING, "stacks skipped: gone or exited")
-        if main in "Tt":
+        if main in _procfs.STOPPED_STATES:
             raise _Unavailable(StackStatus.SKIPPED_STOPPED, "stopped (T): its dump handler cannot run until it is "
                                                             "continued; not signalled")
         if main in _procfs.UNINTERRUPTIBLE_STATES:
-            d_tids = sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES)
+            d_tids = _procfs.uninterruptible_tids(states)
             raise _Unavailable(StackStatus.SKIPPED_TASK_IN_D,
                                f"stacks skipped: task in D (main thread, {len(d_tids)} of {len(states)} threads): "
                                "a dump signal would wait for it to leave D; not signalled")

@@ -47,9 +47,6 @@ RECYCLE_ADVICE = (
     "until the kernel lets go, and no signal will end it; do not start new workers on this host"
 )
 
-_STOPPED_STATES = frozenset("Tt")
-_ZOMBIE_STATES = frozenset("ZX")
-
 
 class Verdict(str, enum.Enum):
     """What a scan concludes about one process, from best to worst within its kind."""
@@ -230,7 +227,7 @@ class _ProcessSampler:
                 self.gone = "exited during the scan (PID already reused)"
                 return
             states = _procfs.read_thread_states(self.pid)
-            d_sample = sample_d_state(self.pid) if info.state not in _ZOMBIE_STATES else None
+            d_sample = sample_d_state(self.pid) if info.state not in _procfs.EXITED_STATES else None
             pending = _procfs.sigkill_stuck(self.pid, info)  # the any-state rule; D is the tracker's
         except (FileNotFoundError, ProcessLookupError):
             self.gone = "no such process" if self.samples == 0 else "exited during the scan"
@@ -293,7 +290,7 @@ class _ProcessSampler:
         first_d = next((thread for thread in d_threads if thread.tid == named), d_threads[0] if d_threads else None)
         where = "" if first_d is None else f"thread {first_d.tid} ({first_d.name}) wchan {first_d.wchan or '?'}"
         base = (info.pid, info.comm, cmdline, info.ppid, info.state)
-        if info.state in _ZOMBIE_STATES:
+        if info.state in _procfs.EXITED_STATES:
             status = "" if info.exit_code is None else _procfs.describe_wait_status(info.exit_code)
             detail = "exited, not yet reaped" + (f" ({status})" if status else "")
             advice = (
@@ -325,7 +322,7 @@ class _ProcessSampler:
             )
             return ProcessReport(*base, Verdict.D_STATE, detail, advice, kill_pending, d_seconds,
                                  self.samples, threads=threads, skipped=skipped)
-        if info.state in _STOPPED_STATES:
+        if info.state in _procfs.STOPPED_STATES:
             how = "by a tracer" if info.state == "t" else "by a signal (SIGSTOP/SIGTSTP)"
             return ProcessReport(*base, Verdict.STOPPED, f"stopped {how}", "SIGCONT resumes it; SIGKILL ends it",
                                  kill_pending, 0.0, self.samples, threads=threads, skipped=skipped)

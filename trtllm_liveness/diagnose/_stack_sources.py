@@ -54,11 +54,11 @@ class StackTarget:
 
     @property
     def d_tids(self) -> list[int]:
-        return sorted(tid for tid, state in self.states.items() if state in _procfs.UNINTERRUPTIBLE_STATES)
+        return list(_procfs.uninterruptible_tids(self.states))
 
     @property
     def stopped(self) -> bool:
-        return self.states.get(self.pid, "") in ("T", "t")
+        return self.states.get(self.pid, "") in _procfs.STOPPED_STATES
 
 
 _D_REASON = "a thread is in D: py-spy reads its memory and could hang on its mm lock"

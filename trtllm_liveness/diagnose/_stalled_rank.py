@@ -132,9 +132,9 @@ def _states_only(rank: int, pid: int, start_time: int | None) -> RankDiagnosis:
         return RankDiagnosis(rank, pid, Verdict.GONE, "no such process", Activity.EXITED, ())
     if start_time is not None and info.start_time != start_time:
         return RankDiagnosis(rank, pid, Verdict.GONE, "its pid now belongs to another process", Activity.EXITED, ())
-    if info.state in ("Z", "X"):
+    if info.exited:
         return RankDiagnosis(rank, pid, Verdict.ZOMBIE, "exited, not reaped", Activity.EXITED, ())
-    d_tids = sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES)
+    d_tids = _procfs.uninterruptible_tids(states)
     if d_tids:
         try:
             wchan = _procfs.read_wchan(pid, d_tids[0])
@@ -143,7 +143,7 @@ def _states_only(rank: int, pid: int, start_time: int | None) -> RankDiagnosis:
         threads = tuple(ThreadDiagnosis(tid, "", states[tid], Activity.IN_D, None, wchan if tid == d_tids[0] else "",
                                         0.0, False) for tid in d_tids)
         return RankDiagnosis(rank, pid, Verdict.D_STATE, "", Activity.IN_D, threads)
-    if info.state in ("T", "t"):
+    if info.state in _procfs.STOPPED_STATES:
         main = ThreadDiagnosis(pid, "", info.state, Activity.STOPPED, None, "", 0.0, False)
         return RankDiagnosis(rank, pid, Verdict.STOPPED, "", Activity.STOPPED, (main,))
     # Alive, its CPU not measured: to the naming neither spinning nor sleeping (see _SEEN).

@@ -146,7 +146,7 @@ def sample_survivor(pid: int, *, reader: MmReader | None = None) -> SurvivorSamp
         wchan = _procfs.read_wchan(pid)
     except OSError:
         shared_pending, wchan = False, ""
-    d_tids = tuple(sorted(tid for tid, state in states.items() if state in _procfs.UNINTERRUPTIBLE_STATES))
+    d_tids = _procfs.uninterruptible_tids(states)
     running = sorted(tid for tid, state in states.items() if state == "R" and tid != pid)
     chosen = list(dict.fromkeys([pid, *d_tids, *running]))[:MAX_THREADS]
     own_reader = reader is None
