@@ -70,12 +70,23 @@ def cpu_cgroup_available() -> str | None:
 
 class _Group:
     root = ""
-    members_file = "tasks"
 
-    def __init__(self, prefix: str) -> None:
+    def __init__(self, prefix: str = "trtllm-liveness", settings: tuple[tuple[str, str], ...] = ()) -> None:
+        """Make the group and write ``settings`` (file, value) into it; on an ``OSError`` the
+        group is removed again and the error raised."""
         self.path = os.path.join(self.root, f"{prefix}-{uuid.uuid4().hex[:12]}")
         os.mkdir(self.path)
         self.removed = False
+        try:
+            for name, value in settings:
+                self._write(name, value)
+        except OSError:
+            self.remove()
+            raise
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into the group; raises ``OSError`` if gone."""
+        self._write("cgroup.procs", str(pid))
 
     def _write(self, name: str, value: str) -> None:
         with open(os.path.join(self.path, name), "w") as handle:
@@ -157,9 +168,6 @@ class FreezerGroup(_Group):
 
     root = FREEZER_ROOT
 
-    def __init__(self, prefix: str = "trtllm-liveness") -> None:
-        super().__init__(prefix)
-
     def add(self, pid: int) -> None:
         """Move every thread of ``pid`` into the group (``tasks`` takes one tid at a time).
 
@@ -208,16 +216,7 @@ class MemoryGroup(_Group):
     root = MEMORY_ROOT
 
     def __init__(self, limit_bytes: int, prefix: str = "trtllm-liveness") -> None:
-        super().__init__(prefix)
-        try:
-            self._write("memory.limit_in_bytes", str(limit_bytes))
-        except OSError:
-            self.remove()
-            raise
-
-    def add(self, pid: int) -> None:
-        """Move process ``pid`` (all its threads) into the group; raises ``OSError`` if gone."""
-        self._write("cgroup.procs", str(pid))
+        super().__init__(prefix, (("memory.limit_in_bytes", str(limit_bytes)),))
 
     def oom_kills(self) -> int | None:
         """The group's ``oom_kill`` counter (None if unreadable)."""
@@ -247,17 +246,8 @@ class CpuGroup(_Group):
     def __init__(self, share: float, period_us: int = 100_000, prefix: str = "trtllm-liveness") -> None:
         if not 0 < share <= 1 or not 1_000 <= period_us <= 1_000_000:
             raise ValueError(f"share in (0, 1] and period_us in [1000, 1000000], not {share}, {period_us}")
-        super().__init__(prefix)
-        try:
-            self._write("cpu.cfs_period_us", str(period_us))
-            self._write("cpu.cfs_quota_us", str(max(1_000, round(share * period_us))))
-        except OSError:
-            self.remove()
-            raise
-
-    def add(self, pid: int) -> None:
-        """Move process ``pid`` (all its threads) into the group; raises ``OSError`` if gone."""
-        self._write("cgroup.procs", str(pid))
+        super().__init__(prefix, (("cpu.cfs_period_us", str(period_us)),
+                                  ("cpu.cfs_quota_us", str(max(1_000, round(share * period_us))))))
 
     def throttled(self) -> tuple[int, float]:
         """``cpu.stat``: the periods in which the group ran out of quota and how long its tasks

@@ -185,17 +185,10 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 def _mounts_under(path: str) -> list[str]:
-    """Mount points at or below ``path`` (a FUSE stall's, if its owner died mid-run)."""
-    prefix = path.rstrip("/") + "/"
-    found = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as handle:
-        for line in handle:
-            fields = line.split()
-            if len(fields) > 4:
-                point = fields[4].replace("\\040", " ")
-                if point == path or point.startswith(prefix):
-                    found.append(point)
-    return found
+    """FUSE stall mounts at or below ``path`` (left there if their owner died mid-run)."""
+    from ._fuse_mounts import fuse_mounts
+
+    return [point for point in fuse_mounts() if point == path or point.startswith(path.rstrip("/") + "/")]
 
 
 def _remove_private_tmpdir(path: str, timeout: float = 5.0) -> bool:
@@ -204,7 +197,7 @@ def _remove_private_tmpdir(path: str, timeout: float = 5.0) -> bool:
     Mounts left below it are detached first (their owners are dead by now, see
     ``_fuse_stall.remove_leftover_mounts``); a tree with a mount still in it is never walked."""
     if _mounts_under(path):
-        from ._fuse_stall import remove_leftover_mounts
+        from ._fuse_mounts import remove_leftover_mounts
 
         remove_leftover_mounts()
     deadline = time.monotonic() + timeout
@@ -276,16 +269,15 @@ def _ended_without_record(run: ScenarioRun, timeout: float, bound_s: float | Non
     if run.timed_out:
         return Verdict("timed_out", f"did not finish within --timeout ({timeout:g} s); the demo killed it")
     if run.exit_ms is not None and run.returncode not in (None, 0):
+        observed = _observed(run)
         if bound_s is not None and run.exit_ms >= bound_s * 1e3:
             # It outlived the whole watch; the demo's own kill of the workers at the bound is what
             # made MPI abort it (its default error handler), before the record was printed.
-            observed = _observed(run)
             pending = None if observed is None else observed.get("pending_not_done")
             count = f"{pending} requests pending" if isinstance(pending, int) else "requests pending (not recorded)"
             return Verdict("hanging", f"still hanging after {bound_s:g} s, {count}; when the demo then killed the "
                                       f"workers, MPI aborted the process (exit status {run.returncode})",
                            pending=pending if isinstance(pending, int) else None, after_s=bound_s)
-        observed = _observed(run)
         before = ""
         if observed is not None:
             health = observed.get("health_false_ms")
@@ -413,10 +405,7 @@ def _run_single(args: argparse.Namespace, rank: int, tmpdir: str) -> int:
     out = run.results[0]
     ok = _on_ok(run, args.fault)
     if args.json:
-        record = out.to_dict()
-        record.pop("options", None)
-        record.update(survivors=list(run.survivors), ok=ok)
-        sys.stdout.write(json.dumps(record) + "\n")
+        sys.stdout.write(json.dumps(_record(run, ok=ok)) + "\n")
     else:
         sys.stdout.write("\n".join(_single_lines(args, rank, out, run, ok)) + "\n")
     return 0 if ok else 1
@@ -469,8 +458,10 @@ def _run_compare(args: argparse.Namespace, rank: int, tmpdir: str) -> int:
     if args.json:
         sys.stdout.write(json.dumps({
             "fault": args.fault, "mode": args.mode, "rank": rank, "mpi": _mpi_setting(),
-            "off": {"verdict": verdict.to_dict(), "result": _record(off)},
-            "on": {"ok": ok, "verdict": on_text, "result": _record(on)}, "ok": ok,
+            "off": {"verdict": verdict.to_dict(),
+                    "result": _record(off, returncode=off.returncode, exit_ms=off.exit_ms)},
+            "on": {"ok": ok, "verdict": on_text, "result": _record(on, returncode=on.returncode, exit_ms=on.exit_ms)},
+            "ok": ok,
         }) + "\n")
         return 0 if ok else 1
     left, right = _column(off), _column(on)
@@ -492,12 +483,13 @@ def _run_compare(args: argparse.Namespace, rank: int, tmpdir: str) -> int:
     return 0 if ok else 1
 
 
-def _record(run: ScenarioRun) -> dict[str, Any] | None:
+def _record(run: ScenarioRun, **extra: Any) -> dict[str, Any] | None:
+    """A run's JSON form: its result without the options, the processes left and ``extra``."""
     if not run.results:
         return None
     record = run.results[0].to_dict()
     record.pop("options", None)
-    record.update(survivors=list(run.survivors), returncode=run.returncode, exit_ms=run.exit_ms)
+    record.update(survivors=list(run.survivors), **extra)
     return record
 
 

@@ -232,17 +232,28 @@ class GenerationExecutorProxy(GenerationExecutor):
         deadline = time.monotonic() + self.upstream_wait_s
         while True:
             if self.worker_init_status_queue.poll(1000):
-                peer, status = self._recv_status()
-                ready_signal, error_trace = status  # 1.2.x unpacks exactly two fields
-                self._ack(peer)
-                break
-            if any(f.done() for f in self.mpi_futures):
-                logger.error("Executor worker died during initialization.")
-                raise RuntimeError("Executor worker died during initialization")
+                ready = self._take_status(*self._recv_status())
+                if ready is not None:
+                    break
+                continue
+            self._check_init_workers()
             if time.monotonic() > deadline:
                 raise RuntimeError("Executor workers did not become ready")
             self._handle_background_error()
-        self._check_ready(ready_signal, error_trace)
+        self._check_ready(*ready)
+
+    def _take_status(self, peer: bytes, status: Any) -> tuple[Any, Any] | None:
+        """``(ready_signal, error_trace)`` from one status message, acknowledged; None for a
+        message that is not the ready status."""
+        ready_signal, error_trace = status  # 1.2.x unpacks exactly two fields
+        self._ack(peer)
+        return ready_signal, error_trace
+
+    def _check_init_workers(self) -> None:
+        """Raise ``RuntimeError`` if a worker ended while the workers start."""
+        if any(f.done() for f in self.mpi_futures):
+            logger.error("Executor worker died during initialization.")
+            raise RuntimeError("Executor worker died during initialization")
 
     def _check_ready(self, ready_signal: Any, error_trace: Any) -> None:
         if ready_signal != self.READY_SIGNAL:
@@ -405,31 +416,26 @@ class MainGenerationExecutorProxy(GenerationExecutorProxy):
     def _protocol_mode(self) -> str:
         return "main"
 
+    def _take_status(self, peer: bytes, status: Any) -> tuple[Any, Any] | None:
+        if status[0] == self.WORKER_PROCESS_IDENTITIES_SIGNAL:
+            self._register_worker_identities(status[2])
+            return None
+        self._ack(peer)
+        if len(status) > 2:
+            self._register_worker_identities(status[2])
+        return status[0], status[1]
+
+    def _check_init_workers(self) -> None:
+        dead = self._worker_process_monitor.find_dead_worker()
+        if dead is not None:
+            raise RuntimeError(
+                f"MPI worker rank {dead.rank} (pid {dead.pid}) exited unexpectedly during initialization"
+            )
+        if any(f.done() for f in self.mpi_futures):
+            raise RuntimeError("Executor worker died during initialization")
+
     def _start_executor_workers(self, worker_kwargs: dict[str, Any]) -> None:
-        self._submit_to_workers(worker_kwargs)
-        deadline = time.monotonic() + self.upstream_wait_s
-        while True:
-            if self.worker_init_status_queue.poll(1000):
-                peer, status = self._recv_status()
-                if status[0] == self.WORKER_PROCESS_IDENTITIES_SIGNAL:
-                    self._register_worker_identities(status[2])
-                    continue
-                ready_signal, error_trace = status[0], status[1]
-                self._ack(peer)
-                if len(status) > 2:
-                    self._register_worker_identities(status[2])
-                break
-            dead = self._worker_process_monitor.find_dead_worker()
-            if dead is not None:
-                raise RuntimeError(
-                    f"MPI worker rank {dead.rank} (pid {dead.pid}) exited unexpectedly during initialization"
-                )
-            if any(f.done() for f in self.mpi_futures):
-                raise RuntimeError("Executor worker died during initialization")
-            if time.monotonic() > deadline:
-                raise RuntimeError("Executor workers did not become ready")
-            self._handle_background_error()
-        self._check_ready(ready_signal, error_trace)
+        super()._start_executor_workers(worker_kwargs)
         self._error_monitor_thread = threading.Thread(
             target=self._error_monitor_loop, name="proxy_error_monitor", daemon=True
         )

@@ -69,15 +69,14 @@ from ._scenario_executor import (
     build_executor,
     expected_tokens,
     fatal_fields,
-    pre_shutdown_runs,
-    stop_report,
+    shutdown_outcome,
     submit,
     upstream_api,
 )
 from ._scenario_faults import alive, inject, kill_watcher, victims_of
 from ._scenario_observe import CriticalLog, HealthHammer, ThreadExceptions, observe, run_control, snapshot_of_ranks
 from ._scenario_phases import run_init_fault, run_shutdown_fault, run_spawn_failure
-from ._scenario_records import ResultInProgress, ScenarioOptions, ScenarioResult, ShutdownOutcome, Victim
+from ._scenario_records import ResultInProgress, ScenarioOptions, ScenarioResult, ShutdownOutcome
 
 __all__ = ["LIVENESS_ENV_VAR", "liveness_env", "main", "run_once"]
 
@@ -161,8 +160,7 @@ def _run_once(opts: ScenarioOptions, thread_exceptions: ThreadExceptions, draft:
             run_shutdown_fault(opts, proxy, identities, announce, draft)
             return
         else:
-            victims = victims_of(opts, identities)
-            draft.update(victims=tuple(Victim(v.rank, v.pid) for v in victims))
+            victims = victims_of(opts, identities, draft)
             if opts.watcher_fault:
                 draft.update(watcher=kill_watcher(proxy))
             hammer = HealthHammer(proxy, opts.health_probe, opts.health_threads) if opts.health_threads else None
@@ -221,15 +219,13 @@ def _finish(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity]
         t = time.monotonic()
         proxy.shutdown()
         shutdown_ms = round((time.monotonic() - t) * 1e3, 3)
-        report = stop_report(proxy)
         fatal = getattr(proxy, "liveness_fatal_error", None)
         state = getattr(proxy, "liveness_state", None)  # how many calls reached upstream's pre_shutdown()
-        draft.update(shutdown=ShutdownOutcome(
-            shutdown_ms=shutdown_ms, pre_shutdown_calls=getattr(state, "pre_shutdown_entries", None),
-            pre_shutdown_runs=pre_shutdown_runs(proxy), report=report,
-            unkillable=() if report is None else tuple(u.pid for u in report.unkillable),
-            restartable=None if report is None else report.restartable,
-            fatal_restartable=None if fatal is None else fatal.restartable))
+        outcome = shutdown_outcome(proxy, shutdown_ms=shutdown_ms,
+                                   pre_shutdown_calls=getattr(state, "pre_shutdown_entries", None),
+                                   fatal_restartable=None if fatal is None else fatal.restartable)
+        draft.update(shutdown=dataclasses.replace(
+            outcome, restartable=None if outcome.report is None else outcome.report.restartable))
         if os.path.isdir(getattr(proxy, "_ipc_dir", "")):  # upstream's shutdown was abandoned
             with contextlib.suppress(Exception):
                 proxy._close_queues()

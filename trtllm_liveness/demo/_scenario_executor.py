@@ -17,11 +17,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..stop._stop_report import StopReport
-from ._scenario_records import ScenarioOptions
+from ._scenario_records import ScenarioOptions, ShutdownOutcome
 
 __all__ = ["Build", "bounded", "build_executor", "build_in_thread", "engine_factory", "expected_tokens",
-           "fatal_fields", "health", "pre_shutdown_runs", "settled_fatal_error", "stop_report", "submit",
-           "upstream_api"]
+           "fatal_fields", "health", "settled_fatal_error", "shutdown_outcome", "submit", "upstream_api"]
 
 
 def build_executor(opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> Any:
@@ -159,14 +158,15 @@ def expected_tokens(opts: ScenarioOptions, prompt: int) -> list[int]:
     return list(range(1, opts.tokens + 1)) if upstream_api(opts) else [prompt] * opts.tokens
 
 
-def pre_shutdown_runs(proxy: Any) -> int | None:
-    """How often upstream's ``pre_shutdown()`` did its work (the reference's counter, or the
-    count an instrumented upstream-shaped executor keeps of it)."""
-    for name in ("pre_shutdown_runs", "_fake_pre_shutdown_runs"):
-        value = getattr(proxy, name, None)
-        if isinstance(value, int):
-            return value
-    return None
+def shutdown_outcome(proxy: Any, **fields: Any) -> ShutdownOutcome:
+    """``fields`` and what the executor's shutdown left: how often upstream's ``pre_shutdown()`` did
+    its work (the reference's counter, or the count an instrumented upstream-shaped executor keeps of
+    it), the liveness shutdown's stop report (None without one) and the pids it found unkillable."""
+    runs = next((value for name in ("pre_shutdown_runs", "_fake_pre_shutdown_runs")
+                 if isinstance(value := getattr(proxy, name, None), int)), None)
+    report: StopReport | None = getattr(proxy, "liveness_shutdown_report", None)
+    return ShutdownOutcome(pre_shutdown_runs=runs, report=report,
+                           unkillable=() if report is None else tuple(u.pid for u in report.unkillable), **fields)
 
 
 def bounded(action: Any, timeout: float = 5.0) -> None:
@@ -189,8 +189,8 @@ def health(proxy: Any, probe: str) -> bool:
     return bool(check()) if callable(check) else not proxy.is_shutdown()
 
 
-def settled_fatal_error(proxy: Any, timeout: float = 2.0) -> Any:
-    """The executor's recorded fatal error, waiting (bounded) for it to be published.
+def settled_fatal_error(proxy: Any, wait: bool = True, timeout: float = 2.0) -> Any:
+    """The executor's recorded fatal error, waiting (bounded; only if ``wait``) for it to be published.
 
     The liveness extension turns ``check_health()`` False at once but may publish ``_fatal_error``
     a few milliseconds later (after its fatal path's other steps), so a reader that just saw
@@ -198,7 +198,7 @@ def settled_fatal_error(proxy: Any, timeout: float = 2.0) -> Any:
     """
     deadline = time.monotonic() + timeout
     fatal = getattr(proxy, "_fatal_error", None)
-    while fatal is None and time.monotonic() < deadline:
+    while wait and fatal is None and time.monotonic() < deadline:
         time.sleep(0.001)
         fatal = getattr(proxy, "_fatal_error", None)
     return fatal
@@ -210,12 +210,6 @@ def fatal_fields(proxy: Any, fatal: Any) -> dict[str, Any]:
     return {"events": tuple(getattr(proxy, "liveness_events", [])),
             "fatal_error": None if fatal is None else str(fatal),
             "fatal_error_type": None if fatal is None else type(fatal).__name__}
-
-
-def stop_report(proxy: Any) -> StopReport | None:
-    """The liveness shutdown's stop report; None without one."""
-    report: StopReport | None = getattr(proxy, "liveness_shutdown_report", None)
-    return report
 
 
 @dataclass
