@@ -96,6 +96,15 @@ class _Group:
         with open(os.path.join(self.path, name)) as handle:
             return handle.read()
 
+    def _counters(self, name: str) -> dict[str, int]:
+        """The ``name value`` lines of the group's file ``name`` (as far as readable)."""
+        counters: dict[str, int] = {}
+        with contextlib.suppress(OSError, ValueError):
+            for line in self._read(name).splitlines():
+                key, _, value = line.partition(" ")
+                counters[key] = int(value)
+        return counters
+
     def tasks(self) -> list[int]:
         """Thread ids in the group (empty once it is removed)."""
         try:
@@ -220,12 +229,7 @@ class MemoryGroup(_Group):
 
     def oom_kills(self) -> int | None:
         """The group's ``oom_kill`` counter (None if unreadable)."""
-        with contextlib.suppress(OSError, ValueError):
-            for line in self._read("memory.oom_control").splitlines():
-                name, _, value = line.partition(" ")
-                if name == "oom_kill":
-                    return int(value)
-        return None
+        return self._counters("memory.oom_control").get("oom_kill")
 
     def limit_hits(self) -> int | None:
         """``memory.failcnt``: how many times a charge found the group at its limit and had to
@@ -252,12 +256,8 @@ class CpuGroup(_Group):
     def throttled(self) -> tuple[int, float]:
         """``cpu.stat``: the periods in which the group ran out of quota and how long its tasks
         waited for the next one, in seconds ((0, 0.0) if unreadable)."""
-        fields: dict[str, int] = {}
-        with contextlib.suppress(OSError, ValueError):
-            for line in self._read("cpu.stat").splitlines():
-                name, _, value = line.partition(" ")
-                fields[name] = int(value)
-        return fields.get("nr_throttled", 0), fields.get("throttled_time", 0) / 1e9
+        counters = self._counters("cpu.stat")
+        return counters.get("nr_throttled", 0), counters.get("throttled_time", 0) / 1e9
 
 
 def remove_leftover_groups(prefix: str) -> list[str]:

@@ -322,10 +322,11 @@ def off_verdict(run: ScenarioRun, timeout: float, bound_s: float) -> Verdict:
 
 
 def _on_ok(run: ScenarioRun, fault: str) -> bool:
-    if not run.results:
-        return False
-    out = run.results[0]
-    return _detected(out, fault) is not None and _shutdown_ms(out) is not None and not run.survivors
+    """Whether the fault was noticed (the stall for ``stop``, not a liveness failure, else the
+    event) and shutdown ended within its bounds with no process left."""
+    detection = run.results[0].detection if run.results else None
+    noticed = None if detection is None else detection.stall_detected_ms if fault == "stop" else detection.detected_ms
+    return noticed is not None and _shutdown_ms(run.results[0]) is not None and not run.survivors
 
 
 def _timeline(out: ScenarioResult, fault: str) -> list[tuple[str, float | None]]:
@@ -528,13 +529,6 @@ def run(args: argparse.Namespace) -> int:
     except _Terminated:
         sys.stderr.write("trtllm-liveness: demo: terminated (SIGTERM); its processes and files are removed\n")
         return 143
-
-
-def _detected(out: ScenarioResult, fault: str) -> float | None:
-    """When the fault was noticed: the stall for ``stop`` (not a liveness failure), else the event."""
-    if out.detection is None:
-        return None
-    return out.detection.stall_detected_ms if fault == "stop" else out.detection.detected_ms
 
 
 def _shutdown_ms(out: ScenarioResult) -> float | None:

@@ -28,6 +28,7 @@ import select
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 __all__ = ["HELD_READ_NAME", "HELD_READ_SIZE", "SLOW_READ_DELAY_S", "SLOW_READ_NAME", "SLOW_READ_PERIOD",
            "SLOW_READ_SIZE", "FuseServer"]
@@ -183,16 +184,13 @@ class FuseServer:
 
     def wait_held(self, tid: int, timeout: float) -> bool:
         """Wait until a request from thread ``tid`` is held; False on timeout or after :meth:`stop`."""
-        with self._cond:
-            return self._cond.wait_for(lambda: tid in self._held.values() or self._stopped, timeout) and (
-                tid in self._held.values()
-            )
+        return self._wait_until(lambda: tid in self._held.values(), timeout)
 
     def wait_read_held(self, tid: int, timeout: float) -> bool:
         """Wait until a READ of the held-read file from thread ``tid`` is held; False on timeout."""
-        def held() -> bool:
-            return any(self._held.get(unique) == tid for unique in self._held_reads)
+        return self._wait_until(lambda: any(self._held.get(unique) == tid for unique in self._held_reads), timeout)
 
+    def _wait_until(self, held: Callable[[], bool], timeout: float) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: held() or self._stopped, timeout) and held()
 

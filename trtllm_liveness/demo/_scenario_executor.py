@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..stop._stop_report import StopReport
+from ._executor_protocol import GenerationResult
 from ._scenario_records import ScenarioOptions, ShutdownOutcome
 
 __all__ = ["Build", "bounded", "build_executor", "build_in_thread", "engine_factory", "expected_tokens",
@@ -75,7 +76,7 @@ def upstream_api(opts: ScenarioOptions) -> bool:
     return opts.via != "class"
 
 
-class _UpstreamRequest:
+class _UpstreamRequest(GenerationResult):
     """A request on an upstream-shaped executor, seen through the reference result's surface
     (``started``, ``done``, ``tokens``, ``error``, ``finished_at``, ``wait``, ``result``).
 
@@ -85,13 +86,9 @@ class _UpstreamRequest:
     """
 
     def __init__(self, result: Any, stop: threading.Event) -> None:
+        super().__init__(result.request_id)
         self._result = result
         self._stop = stop
-        self.tokens: list[int] = []
-        self.error: BaseException | None = None
-        self.finished_at: float | None = None
-        self.started = threading.Event()
-        self._event = threading.Event()
         self._last_delivery: float | None = None
         self._time_deliveries(getattr(result, "queue", None))
         threading.Thread(target=self._read, name="scenario-request", daemon=True).start()
@@ -111,10 +108,6 @@ class _UpstreamRequest:
 
         item_queue.put = timed_put
 
-    @property
-    def done(self) -> bool:
-        return self._event.is_set()
-
     def _read(self) -> None:
         import queue
 
@@ -132,16 +125,6 @@ class _UpstreamRequest:
             return  # stopped, not finished: stays pending
         self.finished_at = self._last_delivery if self._last_delivery is not None else time.monotonic()
         self._event.set()
-
-    def wait(self, timeout: float) -> bool:
-        return self._event.wait(timeout)
-
-    def result(self, timeout: float) -> list[int]:
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"request {self._result.request_id} not finished after {timeout}s")
-        if self.error is not None:
-            raise self.error
-        return list(self.tokens)
 
 
 def submit(opts: ScenarioOptions, proxy: Any, prompt: int, stop: threading.Event) -> Any:
