@@ -128,7 +128,6 @@ class FuseServer:
         self._thread: threading.Thread | None = None
         self._cond = threading.Condition()
         self._stopped = False
-        self._initialized = False
         self._primed = False
         self._held: dict[int, int] = {}  # unique id of each unanswered request -> caller tid
         self._held_reads: set[int] = set()  # unique ids in _held that are READs of the held-read file
@@ -262,10 +261,7 @@ class FuseServer:
             _, minor = _INIT_IN.unpack_from(data, _IN_HEADER.size)
             minor = min(minor, _FUSE_MINOR)
             out = _INIT_OUT.pack(_FUSE_MAJOR, minor, 0, _FUSE_PARALLEL_DIROPS, 0, 0, 0, 0, 0, 0, 0, *([0] * 7))
-            if self._reply(unique, 0, out if minor >= 23 else out[:_INIT_OUT_COMPAT_SIZE]):
-                with self._cond:
-                    self._initialized = True
-                    self._cond.notify_all()
+            self._reply(unique, 0, out if minor >= 23 else out[:_INIT_OUT_COMPAT_SIZE])
         elif opcode == _FUSE_INTERRUPT:
             (target,) = _INTERRUPT_IN.unpack_from(data, _IN_HEADER.size)
             # ENOSYS must come while the interrupted request is still unanswered (the kernel looks

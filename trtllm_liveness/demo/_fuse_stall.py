@@ -220,11 +220,6 @@ class FuseStall:
                 logger.debug("cannot remove FUSE mountpoint %s: %s", self.mountpoint, exc)
         self._server.drop_held()
 
-    @property
-    def released(self) -> bool:
-        """Whether :meth:`release` ran (the mount is gone or was never made)."""
-        return self._released
-
     # ------------------------------------------------------------------ queries
 
     def new_path(self) -> str:

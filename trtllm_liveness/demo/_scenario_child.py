@@ -57,6 +57,7 @@ import time
 import traceback
 from typing import Any
 
+from .._config import ENV_VAR as LIVENESS_ENV_VAR
 from ..process._identity import ProcessIdentity
 from ..stop._bounded_stop import stop_processes
 from ._cgroup_faults import FreezerGroup, MemoryGroup
@@ -79,8 +80,6 @@ from ._scenario_phases import run_init_fault, run_shutdown_fault, run_spawn_fail
 from ._scenario_records import ResultInProgress, ScenarioOptions, ScenarioResult, ShutdownOutcome
 
 __all__ = ["LIVENESS_ENV_VAR", "liveness_env", "main", "run_once"]
-
-LIVENESS_ENV_VAR = "TRTLLM_WORKER_LIVENESS"
 
 
 def liveness_env(opts: ScenarioOptions) -> str:
