@@ -124,7 +124,9 @@ def _fmt(value: float | None) -> str:
 
 
 def _problem(args: argparse.Namespace) -> str | None:
-    """Why the arguments cannot run, or None."""
+    """Why the arguments cannot run, or the fault cannot be made here; None when they can."""
+    if args.fault in ("remote-kill", "host-crash", "partition", "remote-wedge"):
+        return f"--fault {args.fault} needs --hosts N"
     if not 2 <= args.workers <= _MAX_WORKERS:
         return f"--workers must be >= 2 and <= {_MAX_WORKERS}"
     if args.rank is not None and not 0 <= args.rank < args.workers:
@@ -135,6 +137,14 @@ def _problem(args: argparse.Namespace) -> str | None:
                         ("--compare-bound", getattr(args, "compare_bound", 10.0))):
         if not (math.isfinite(value) and value > 0):
             return f"{name} must be a positive number of seconds, not {value}"
+    if args.fault == "wedge" and not os.access(FREEZER_ROOT, os.W_OK):
+        return f"--fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT}"
+    if args.fault == "fuse":
+        from ._fuse_stall import fuse_available
+
+        reason = fuse_available()
+        if reason is not None:
+            return f"--fault fuse cannot run here: {reason}"
     return None
 
 
@@ -149,18 +159,6 @@ def compare_default(mode: str | None) -> tuple[str, str, str]:
                                f"(--fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT})")
     return "kill", mode or "main", (f"--fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT}; in main "
                                     "mode upstream's own monitor notices a kill: try --mode 1.2")
-
-
-def _fault_unavailable(fault: str) -> str | None:
-    if fault == "wedge" and not os.access(FREEZER_ROOT, os.W_OK):
-        return f"--fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT}"
-    if fault == "fuse":
-        from ._fuse_stall import fuse_available
-
-        reason = fuse_available()
-        if reason is not None:
-            return f"--fault fuse cannot run here: {reason}"
-    return None
 
 
 class _Terminated(BaseException):
@@ -511,12 +509,7 @@ def run(args: argparse.Namespace) -> int:
     args.fault = args.fault or "kill"
     args.mode = args.mode or "main"
     args.compare_choice = choice
-    if args.fault in ("remote-kill", "host-crash", "partition", "remote-wedge"):
-        sys.stderr.write(f"trtllm-liveness: demo: --fault {args.fault} needs --hosts N\n")
-        return 2
     problem = _problem(args)
-    if problem is None:
-        problem = _fault_unavailable(args.fault)
     if problem is not None:
         sys.stderr.write(f"trtllm-liveness: demo: {problem}\n")
         return 2

@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import logging
 import os
+import pickle
 import queue
 import shutil
 import tempfile
@@ -112,26 +113,6 @@ class GenerationExecutor:
     def shutdown(self) -> None:
         raise NotImplementedError
 
-    @staticmethod
-    def _create_ipc_executor(
-        worker_kwargs: dict[str, Any],
-        model_world_size: int,
-        mpi_session: Any,
-        postproc_worker_config: Any = None,
-        is_llm_executor: bool | None = None,
-        use_worker: bool = False,
-    ) -> GenerationExecutor:
-        del use_worker
-        mode = worker_kwargs.get("mode", "1.2")
-        cls = MainGenerationExecutorProxy if mode == "main" else GenerationExecutorProxy
-        return cls(worker_kwargs, model_world_size=model_world_size, mpi_session=mpi_session,
-                   postproc_worker_config=postproc_worker_config, is_llm_executor=is_llm_executor)
-
-    @classmethod
-    def create(cls, *, model_world_size: int = 1, mpi_session: Any = None, **worker_kwargs: Any) -> GenerationExecutor:
-        """Build a proxy with ``cls._create_ipc_executor`` (the route ``executor_cls`` takes)."""
-        return cls._create_ipc_executor(worker_kwargs, model_world_size, mpi_session)
-
 
 class GenerationExecutorProxy(GenerationExecutor):
     """The 1.2.x-like proxy. Construction blocks until the leader reports READY (no timeout,
@@ -203,13 +184,9 @@ class GenerationExecutorProxy(GenerationExecutor):
 
     def _recv_status(self) -> tuple[bytes, Any]:
         peer, payload = self.worker_init_status_queue.recv_multipart()
-        import pickle
-
         return peer, pickle.loads(payload)
 
     def _ack(self, peer: bytes) -> None:
-        import pickle
-
         self.worker_init_status_queue.send_multipart([peer, pickle.dumps(ACK)])
 
     def _submit_to_workers(self, worker_kwargs: dict[str, Any]) -> None:

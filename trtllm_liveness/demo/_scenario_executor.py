@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -109,8 +110,6 @@ class _UpstreamRequest(GenerationResult):
         item_queue.put = timed_put
 
     def _read(self) -> None:
-        import queue
-
         while not self._result.finished and not self._stop.is_set():
             try:
                 self._result._result_step(0.1)
