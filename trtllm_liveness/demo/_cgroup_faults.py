@@ -148,22 +148,6 @@ class _Group:
             self.removed = True
             return True
 
-    @classmethod
-    def remove_leftovers(cls, prefix: str) -> list[str]:
-        """Remove groups named ``prefix-*`` that a crashed owner left behind; returns their paths.
-
-        Only for a prefix unique to the caller: another owner's live group would be thawed.
-        """
-        removed = []
-        with contextlib.suppress(OSError):
-            for name in os.listdir(cls.root):
-                if name.startswith(prefix + "-"):
-                    group = cls.__new__(cls)
-                    group.path, group.removed = os.path.join(cls.root, name), False
-                    if group.remove():
-                        removed.append(group.path)
-        return removed
-
     def __enter__(self) -> _Group:
         return self
 
@@ -261,6 +245,18 @@ class CpuGroup(_Group):
 
 
 def remove_leftover_groups(prefix: str) -> list[str]:
-    """Freezer, memory and cpu groups named ``prefix-*`` removed now (see :meth:`_Group.remove_leftovers`)."""
-    return FreezerGroup.remove_leftovers(prefix) + MemoryGroup.remove_leftovers(prefix) + \
-        CpuGroup.remove_leftovers(prefix)
+    """Remove the freezer, memory and cpu groups named ``prefix-*`` that a crashed owner left
+    behind; returns their paths.
+
+    Only for a prefix unique to the caller: another owner's live group would be thawed.
+    """
+    removed = []
+    for cls in (FreezerGroup, MemoryGroup, CpuGroup):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(cls.root):
+                if name.startswith(prefix + "-"):
+                    group = cls.__new__(cls)
+                    group.path, group.removed = os.path.join(cls.root, name), False
+                    if group.remove():
+                        removed.append(group.path)
+    return removed

@@ -116,8 +116,8 @@ class FuseServer:
     caller waits in the kernel until the connection is aborted.
 
     Lifecycle: :meth:`start` on the connection's descriptor (owned by the caller, who aborts the
-    connection and closes it), :meth:`stop` the thread, :meth:`close` the wakeup pipe, then
-    :meth:`drop_held`. The queries and waits are thread-safe.
+    connection and closes it), :meth:`stop` the thread, then :meth:`close` (the wake-up pipe and
+    the held requests). The queries and waits are thread-safe.
     """
 
     def __init__(self, read_delay_s: tuple[float, float] = SLOW_READ_DELAY_S) -> None:
@@ -157,7 +157,8 @@ class FuseServer:
                 logger.debug("FUSE stall server thread did not stop within %.1f s", timeout)
 
     def close(self) -> None:
-        """Close the wake-up pipe (after :meth:`stop`). Idempotent."""
+        """Close the wake-up pipe (after :meth:`stop`), forget every held request (their callers were
+        released with the connection) and wake every waiter. Idempotent."""
         for name in ("_wake_r", "_wake_w"):
             fd = getattr(self, name)
             if fd >= 0:
@@ -166,9 +167,6 @@ class FuseServer:
                 except OSError as exc:
                     logger.debug("closing %s failed: %s", name, exc)
                 setattr(self, name, -1)
-
-    def drop_held(self) -> None:
-        """Forget every held request (their callers were released) and wake every waiter."""
         with self._cond:
             self._held.clear()
             self._held_reads.clear()

@@ -210,7 +210,6 @@ class FuseStall:
             except OSError as exc:
                 logger.debug("closing _fd failed: %s", exc)
             self._fd = -1
-        self._server.close()
         if self.mountpoint:
             try:
                 os.rmdir(self.mountpoint)
@@ -218,7 +217,7 @@ class FuseStall:
                 pass
             except OSError as exc:
                 logger.debug("cannot remove FUSE mountpoint %s: %s", self.mountpoint, exc)
-        self._server.drop_held()
+        self._server.close()
 
     # ------------------------------------------------------------------ queries
 
