@@ -461,10 +461,7 @@ class MainGenerationExecutorProxy(GenerationExecutorProxy):
         if self.doing_shutdown or self._fatal_error is not None:
             return False
         item = self._pop_background_error()
-        if item is not None:
-            self._on_fatal(item)
-            return False
-        error = self._check_workers()
+        error = item if item is not None else self._check_workers()
         if error is not None:
             self._on_fatal(error)
             return False

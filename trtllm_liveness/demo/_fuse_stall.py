@@ -101,7 +101,7 @@ class FuseStall:
     """A FUSE mount where ``stat()`` of any name blocks in ``D`` until :meth:`release`.
 
     Use it as a context manager. :meth:`__enter__` raises ``OSError`` when it cannot be made (see
-    :func:`fuse_available`). A caller that stats :attr:`path` or a :meth:`new_path` shows ``D`` at
+    :func:`fuse_available`). A caller that stats a :meth:`new_path` shows ``D`` at
     once (wchan ``request_wait_answer``); once :meth:`wait_held` is true for it, SIGKILL stays
     pending and it stays in ``D`` until :meth:`release`, which ends every wait.
 
@@ -123,7 +123,6 @@ class FuseStall:
             raise ValueError(f"read_delay_s must be 0 <= low <= high <= {_MAX_READ_DELAY_S:g}, not {read_delay_s}")
         self.timeout = timeout
         self.mountpoint = ""
-        self.path = ""  # <mountpoint>/stall, for one caller
         self.read_path = ""  # <mountpoint>/held-read: opens and maps; its READ is never answered
         self.slow_read_path = ""  # <mountpoint>/slow-read: every READ answered, late
         self._fd = -1
@@ -150,7 +149,6 @@ class FuseStall:
         if self._released or self._mounted:
             raise RuntimeError("a FuseStall is entered once")
         self.mountpoint = tempfile.mkdtemp(prefix=f"{MOUNT_PREFIX}-{os.getpid()}-")
-        self.path = os.path.join(self.mountpoint, "stall")
         self.read_path = os.path.join(self.mountpoint, HELD_READ_NAME)
         self.slow_read_path = os.path.join(self.mountpoint, SLOW_READ_NAME)
         # Non-blocking, so that the server thread can poll it together with its wake-up pipe.

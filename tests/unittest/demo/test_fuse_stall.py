@@ -161,7 +161,7 @@ def test_each_caller_and_thread_is_held_on_its_own(procs: ProcessTracker, fuse_s
 def test_the_owner_process_is_never_stalled(fuse_stall: FuseStall) -> None:
     # Requests from the owner's own threads are answered EIO at once (else a stray access would
     # hang the test runner beyond what a SIGALRM-based timeout can end).
-    assert not os.path.exists(fuse_stall.path)
+    assert not os.path.exists(fuse_stall.new_path())
     with pytest.raises(OSError) as caught:
         os.stat(fuse_stall.new_path())
     assert caught.value.errno == errno.EIO
