@@ -229,21 +229,18 @@ def _mpi_setting() -> str:
     return f"Open MPI with {FT_ENABLE_VAR}={value} (its default error handler)"
 
 
-def _options(args: argparse.Namespace, rank: int, *, liveness: bool) -> ScenarioOptions:
-    settings = {name: value for name, value, _, _ in DEMO_SETTINGS}
+def _scenario(args: argparse.Namespace, rank: int, tmpdir: str, *, liveness: bool) -> ScenarioRun:
+    """Run the fault once, with the extension or without it (then watched for ``--compare-bound``)."""
     bound = float(args.compare_bound)
-    return ScenarioOptions(
+    options = ScenarioOptions(
         mode=args.mode, workers=args.workers, fault=args.fault, fault_rank=rank, requests=args.requests,
         liveness=liveness,
         # Without the extension the run is watched for the bound and then cut; a stop is watched
         # the same way (the scenario would end its watch at the first stall otherwise).
         stall_timeout_s=bound if not liveness and args.fault == "stop" else args.stall_timeout,
-        observe_s=bound if not liveness else max(5.0, args.timeout / 3)).replace(**settings)
-
-
-def _scenario(args: argparse.Namespace, rank: int, tmpdir: str, *, liveness: bool) -> ScenarioRun:
-    timeout = args.timeout + (0.0 if liveness else float(args.compare_bound))
-    return run_scenario(_options(args, rank, liveness=liveness), timeout, env={"TMPDIR": tmpdir})
+        observe_s=bound if not liveness else max(5.0, args.timeout / 3),
+    ).replace(**{name: value for name, value, _, _ in DEMO_SETTINGS})
+    return run_scenario(options, args.timeout + (0.0 if liveness else bound), env={"TMPDIR": tmpdir})
 
 
 @dataclass(frozen=True)
