@@ -14,14 +14,13 @@ import importlib
 import queue
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from ..stop._stop_report import StopReport
 from ._executor_protocol import GenerationResult
 from ._scenario_records import ScenarioOptions, ShutdownOutcome
 
-__all__ = ["Build", "bounded", "build_executor", "build_in_thread", "engine_factory", "expected_tokens",
+__all__ = ["Build", "bounded", "build_executor", "engine_factory", "expected_tokens",
            "fatal_fields", "health", "settled_fatal_error", "shutdown_outcome", "submit", "upstream_api"]
 
 
@@ -194,27 +193,21 @@ def fatal_fields(proxy: Any, fatal: Any) -> dict[str, Any]:
             "fatal_error_type": None if fatal is None else type(fatal).__name__}
 
 
-@dataclass
 class Build:
-    """A build in a daemon thread: ``proxy``, or ``error`` and ``at`` (``time.monotonic()`` of the raise)."""
+    """The executor built in a daemon thread (construction blocks until READY, or forever): ``proxy``,
+    or ``error`` and ``at`` (``time.monotonic()`` of the raise)."""
 
-    thread: threading.Thread | None = None
-    proxy: Any = None
-    error: BaseException | None = None
-    at: float | None = None
+    def __init__(self, opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> None:
+        self.proxy: Any = None
+        self.error: BaseException | None = None
+        self.at: float | None = None
+        self.thread = threading.Thread(target=self._build, args=(opts, worker_kwargs), name="scenario-build",
+                                       daemon=True)
+        self.thread.start()
 
-
-def build_in_thread(opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> Build:
-    """Start building the executor in a daemon thread (construction blocks until READY, or forever)."""
-    holder = Build()
-
-    def build() -> None:
+    def _build(self, opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> None:
         try:
-            holder.proxy = build_executor(opts, worker_kwargs)
+            self.proxy = build_executor(opts, worker_kwargs)
         except BaseException as exc:
-            holder.error = exc
-            holder.at = time.monotonic()
-
-    holder.thread = threading.Thread(target=build, name="scenario-build", daemon=True)
-    holder.thread.start()
-    return holder
+            self.error = exc
+            self.at = time.monotonic()

@@ -21,7 +21,7 @@ from ..stop._bounded_stop import stop_processes
 from ._cgroup_faults import FreezerGroup
 from ._executor_worker import read_announced_identities
 from ._scenario_endings import emit
-from ._scenario_executor import bounded, build_in_thread, fatal_fields, settled_fatal_error, shutdown_outcome
+from ._scenario_executor import Build, bounded, fatal_fields, settled_fatal_error, shutdown_outcome
 from ._scenario_faults import alive, inject, victims_of
 from ._scenario_observe import ThreadExceptions
 from ._scenario_records import InitOutcome, ResultInProgress, ScenarioOptions
@@ -32,8 +32,7 @@ __all__ = ["run_init_fault", "run_shutdown_fault", "run_spawn_failure"]
 def run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announce: str, freezer: FreezerGroup | None,
                    draft: ResultInProgress, identities: list[ProcessIdentity]) -> None:
     """Inject the fault while the executor is being built (its ranks announced, READY not yet sent)."""
-    build = build_in_thread(opts, worker_kwargs)
-    assert build.thread is not None
+    build = Build(opts, worker_kwargs)
     identities.extend(read_announced_identities(announce, opts.workers, 10))
     draft.update(pids=tuple(i.pid for i in identities))
     emit({"pids": list(draft.result.pids), "iteration": draft.result.iteration})
@@ -56,8 +55,7 @@ def run_spawn_failure(opts: ScenarioOptions, worker_kwargs: dict[str, Any], draf
                       thread_exceptions: ThreadExceptions) -> None:
     """Build while MPI_Comm_spawn fails (the child's ``main`` made PRRTE's session base unusable).
     The latency is from the death of mpi4py's manager thread to the constructor's error."""
-    build = build_in_thread(opts, worker_kwargs)
-    assert build.thread is not None
+    build = Build(opts, worker_kwargs)
     build.thread.join(opts.observe_s)
     error = build.error
     spawn_died = next((t for t, m in zip(thread_exceptions.times, thread_exceptions.messages, strict=True)
