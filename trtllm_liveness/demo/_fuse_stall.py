@@ -10,7 +10,7 @@ in the page fault (a stand-in for a fault on an NFS or GPU-unified-memory mappin
 exception is the healthy look-alike of a wedge, :attr:`FuseStall.slow_read_path`: every ``READ`` of
 it is answered, each after a delay of 100-300 ms (``read_delay_s``), so its reader sleeps in ``D``
 most of the time while it makes progress, as one streaming weights from a network file system does
-(:mod:`._fuse_slow_reads` runs such a reader). It is a second
+(``tests/support/slow_reads.py`` runs such a reader). It is a second
 stand-in, next to the cgroup v1 freezer (:mod:`._cgroup_faults`), for a worker wedged in a GPU
 driver, and works where cgroup v2 is mounted instead.
 

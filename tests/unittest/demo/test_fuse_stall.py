@@ -19,9 +19,9 @@ import pytest
 
 from tests.support.facilities import require_or_skip
 from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.slow_reads import SlowReadResult, slow_reader_cmd
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerState
-from trtllm_liveness.demo._fuse_slow_reads import SlowReadResult, slow_reader_cmd
 from trtllm_liveness.demo._fuse_stall import (
     MOUNT_PREFIX,
     FuseStall,
