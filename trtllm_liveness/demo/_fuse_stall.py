@@ -62,8 +62,6 @@ from types import TracebackType
 
 from ._fuse_mounts import (
     DEV_FUSE,
-    FUSE_FSTYPE,
-    FUSE_SOURCE,
     MOUNT_PREFIX,
     fuse_available,
     fuse_mounts,
@@ -71,22 +69,10 @@ from ._fuse_mounts import (
     remove_leftover_mounts,
     umount_fuse,
 )
-from ._fuse_server import HELD_READ_NAME, HELD_READ_SIZE, SLOW_READ_DELAY_S, SLOW_READ_NAME, FuseServer
+from ._fuse_server import HELD_READ_NAME, SLOW_READ_DELAY_S, SLOW_READ_NAME, FuseServer
 
-# The mount helpers and the held-read file's names are re-exported: callers set up and clean up
-# FUSE stalls through this module.
-__all__ = [
-    "FUSE_FSTYPE",
-    "FUSE_SOURCE",
-    "HELD_READ_NAME",
-    "HELD_READ_SIZE",
-    "MOUNT_PREFIX",
-    "SLOW_READ_DELAY_S",
-    "FuseStall",
-    "fuse_available",
-    "fuse_mounts",
-    "remove_leftover_mounts",
-]
+# The mount helpers are re-exported: callers set up and clean up FUSE stalls through this module.
+__all__ = ["MOUNT_PREFIX", "FuseStall", "fuse_available", "fuse_mounts", "remove_leftover_mounts"]
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +91,7 @@ class FuseStall:
     once (wchan ``request_wait_answer``); once :meth:`wait_held` is true for it, SIGKILL stays
     pending and it stays in ``D`` until :meth:`release`, which ends every wait.
 
-    :attr:`read_path` is a regular read-only file of :data:`HELD_READ_SIZE` bytes that opens and
+    :attr:`read_path` is a regular read-only file of :data:`~._fuse_server.HELD_READ_SIZE` bytes that opens and
     maps normally; reading it (``read(2)`` or a page fault on a mapping) blocks the same way, in
     the READ request (:meth:`wait_read_held`).
 
