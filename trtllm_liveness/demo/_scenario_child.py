@@ -110,11 +110,9 @@ def _run_once(opts: ScenarioOptions, thread_exceptions: ThreadExceptions, draft:
     worker_kwargs: dict[str, Any] = {"token_delay_s": opts.token_delay_s, "init_delay_s": opts.init_delay_s,
                                      "announce_dir": announce}
     freezer = FreezerGroup(opts.cgroup_prefix) if opts.fault == "wedge" else None
-    if freezer is not None:
-        draft.update(freezer_path=freezer.path)
     memory = MemoryGroup(opts.oom_limit_mb << 20, opts.cgroup_prefix) if opts.fault == "oom" else None
-    if memory is not None:
-        draft.update(memory_cgroup_path=memory.path)
+    draft.update(freezer_path=None if freezer is None else freezer.path,
+                 memory_cgroup_path=None if memory is None else memory.path)
     stall = FuseStall().__enter__() if opts.fault == "fuse" else None
     if opts.fault in ("exit0", "oom", "fuse"):
         worker_kwargs["fault"] = {"kind": opts.fault, "rank": opts.fault_rank,
@@ -192,15 +190,12 @@ def _run_once(opts: ScenarioOptions, thread_exceptions: ThreadExceptions, draft:
         if memory is not None:
             draft.update(oom_kills=memory.oom_kills())
             memory.remove()
-        released = False
         if freezer is not None:
             freezer.remove()
-            released = True
         if stall is not None:
             stall.release()
-            released = True
         frozen = draft.result.survivors
-        if released and frozen:
+        if (freezer is not None or stall is not None) and frozen:
             # An unkillable (frozen or FUSE-stuck) rank dies as soon as it is released: wait for that.
             deadline = time.monotonic() + 5
             left = [i for i in identities if i.pid in frozen]
