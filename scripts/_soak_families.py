@@ -25,10 +25,10 @@ import _multihost_agents as agents
 from tests.support import netem
 from tests.support.multihost_engine import TWO_ON_B, Engine, StartFailed, start_hosts, timed_fatal
 from tests.support.rank_loader import HandOver, hand_over
+from tests.support.slow_reads import SlowReadResult
 from tests.support.testhosts import TestHosts, wait_for
 from trtllm_liveness.demo._cgroup_faults import CpuGroup, MemoryGroup
 from trtllm_liveness.demo._fuse_server import SLOW_READ_PERIOD
-from trtllm_liveness.demo._fuse_slow_reads import SlowReadResult
 from trtllm_liveness.demo._fuse_stall import FuseStall
 
 D_STATE_TIMEOUT_S = 3.0

@@ -17,7 +17,7 @@ and comes within its bound:
   slow-io       rank 3's loader thread reads a FUSE file, each  the same thread reads a    wedged   3+1+1 s
                 READ answered after 0.1-0.3 s: in D most of the FUSE file never answered
                 time, switching at each answer (the look-alike  (D, no context switch)
-                of a wedge, demo/_fuse_slow_reads.py)
+                of a wedge, tests/support/slow_reads.py)
   cpu-throttle  rank 1 limited to 10% of a CPU (cgroup v1        rank 1 SIGSTOPped, held    stalled  5+1+1 s
                 cpu.cfs_quota_us 10000 / cfs_period_us 100000,
                 cgroup v2's cpu.max "10000 100000")

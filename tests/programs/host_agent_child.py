@@ -72,7 +72,7 @@ def main(options: dict[str, object]) -> int:
 
         def made_then_die(self: _cgroup_faults.FreezerGroup, prefix: str = "trtllm-liveness",
                           name: str | None = None) -> None:
-            made(self, prefix, name)
+            made(self, prefix, name=name)
             os.kill(os.getpid(), signal.SIGKILL)
 
         _cgroup_faults.FreezerGroup.__init__ = made_then_die  # type: ignore[method-assign]

@@ -17,8 +17,8 @@ import sys
 from dataclasses import dataclass, field
 
 from tests.support.leak_checks import LEAKED
+from tests.support.slow_reads import slow_reader_cmd
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness.demo._fuse_slow_reads import slow_reader_cmd
 from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.process import _procfs
 

@@ -18,7 +18,7 @@ caller is not visible there; an open file is, when handed over. So:
     memory group limited below that, the kernel's OOM killer ends the rank);
 
   each answers ``started <tid>`` at once, then one result line: a read the
-  :class:`~trtllm_liveness.demo._fuse_slow_reads.SlowReadResult` line ``<reads> <bytes>
+  :class:`~tests.support.slow_reads.SlowReadResult` line ``<reads> <bytes>
   <mismatches> <longest read s>``, an allocation ``allocated <bytes>``; ``error <text>`` when it
   failed;
 - outside, :func:`hand_over` starts a short-lived child that opens the file, connects, sends the

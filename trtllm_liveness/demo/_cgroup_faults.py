@@ -70,12 +70,24 @@ def cpu_cgroup_available() -> str | None:
 
 class _Group:
     root = ""
-    members_file = "tasks"
 
-    def __init__(self, prefix: str, name: str | None = None) -> None:
+    def __init__(self, prefix: str = "trtllm-liveness", settings: tuple[tuple[str, str], ...] = (), *,
+                 name: str | None = None) -> None:
+        """Make the group ``name`` (by default ``prefix`` and a random suffix) and write ``settings``
+        (file, value) into it; on an ``OSError`` the group is removed again and the error raised."""
         self.path = os.path.join(self.root, name or f"{prefix}-{uuid.uuid4().hex[:12]}")
         os.mkdir(self.path)
         self.removed = False
+        try:
+            for name, value in settings:
+                self._write(name, value)
+        except OSError:
+            self.remove()
+            raise
+
+    def add(self, pid: int) -> None:
+        """Move process ``pid`` (all its threads) into the group; raises ``OSError`` if gone."""
+        self._write("cgroup.procs", str(pid))
 
     def _write(self, name: str, value: str) -> None:
         with open(os.path.join(self.path, name), "w") as handle:
@@ -84,6 +96,15 @@ class _Group:
     def _read(self, name: str) -> str:
         with open(os.path.join(self.path, name)) as handle:
             return handle.read()
+
+    def _counters(self, name: str) -> dict[str, int]:
+        """The ``name value`` lines of the group's file ``name`` (as far as readable)."""
+        counters: dict[str, int] = {}
+        with contextlib.suppress(OSError, ValueError):
+            for line in self._read(name).splitlines():
+                key, _, value = line.partition(" ")
+                counters[key] = int(value)
+        return counters
 
     def tasks(self) -> list[int]:
         """Thread ids in the group (empty once it is removed)."""
@@ -128,22 +149,6 @@ class _Group:
             self.removed = True
             return True
 
-    @classmethod
-    def remove_leftovers(cls, prefix: str) -> list[str]:
-        """Remove groups named ``prefix-*`` that a crashed owner left behind; returns their paths.
-
-        Only for a prefix unique to the caller: another owner's live group would be thawed.
-        """
-        removed = []
-        with contextlib.suppress(OSError):
-            for name in os.listdir(cls.root):
-                if name.startswith(prefix + "-"):
-                    group = cls.__new__(cls)
-                    group.path, group.removed = os.path.join(cls.root, name), False
-                    if group.remove():
-                        removed.append(group.path)
-        return removed
-
     def __enter__(self) -> _Group:
         return self
 
@@ -157,9 +162,6 @@ class FreezerGroup(_Group):
     and a random suffix). Raises ``OSError`` if it cannot be made."""
 
     root = FREEZER_ROOT
-
-    def __init__(self, prefix: str = "trtllm-liveness", name: str | None = None) -> None:
-        super().__init__(prefix, name)
 
     def add(self, pid: int) -> None:
         """Move every thread of ``pid`` into the group (``tasks`` takes one tid at a time).
@@ -209,25 +211,11 @@ class MemoryGroup(_Group):
     root = MEMORY_ROOT
 
     def __init__(self, limit_bytes: int, prefix: str = "trtllm-liveness") -> None:
-        super().__init__(prefix)
-        try:
-            self._write("memory.limit_in_bytes", str(limit_bytes))
-        except OSError:
-            self.remove()
-            raise
-
-    def add(self, pid: int) -> None:
-        """Move process ``pid`` (all its threads) into the group; raises ``OSError`` if gone."""
-        self._write("cgroup.procs", str(pid))
+        super().__init__(prefix, (("memory.limit_in_bytes", str(limit_bytes)),))
 
     def oom_kills(self) -> int | None:
         """The group's ``oom_kill`` counter (None if unreadable)."""
-        with contextlib.suppress(OSError, ValueError):
-            for line in self._read("memory.oom_control").splitlines():
-                name, _, value = line.partition(" ")
-                if name == "oom_kill":
-                    return int(value)
-        return None
+        return self._counters("memory.oom_control").get("oom_kill")
 
     def limit_hits(self) -> int | None:
         """``memory.failcnt``: how many times a charge found the group at its limit and had to
@@ -248,30 +236,29 @@ class CpuGroup(_Group):
     def __init__(self, share: float, period_us: int = 100_000, prefix: str = "trtllm-liveness") -> None:
         if not 0 < share <= 1 or not 1_000 <= period_us <= 1_000_000:
             raise ValueError(f"share in (0, 1] and period_us in [1000, 1000000], not {share}, {period_us}")
-        super().__init__(prefix)
-        try:
-            self._write("cpu.cfs_period_us", str(period_us))
-            self._write("cpu.cfs_quota_us", str(max(1_000, round(share * period_us))))
-        except OSError:
-            self.remove()
-            raise
-
-    def add(self, pid: int) -> None:
-        """Move process ``pid`` (all its threads) into the group; raises ``OSError`` if gone."""
-        self._write("cgroup.procs", str(pid))
+        super().__init__(prefix, (("cpu.cfs_period_us", str(period_us)),
+                                  ("cpu.cfs_quota_us", str(max(1_000, round(share * period_us))))))
 
     def throttled(self) -> tuple[int, float]:
         """``cpu.stat``: the periods in which the group ran out of quota and how long its tasks
         waited for the next one, in seconds ((0, 0.0) if unreadable)."""
-        fields: dict[str, int] = {}
-        with contextlib.suppress(OSError, ValueError):
-            for line in self._read("cpu.stat").splitlines():
-                name, _, value = line.partition(" ")
-                fields[name] = int(value)
-        return fields.get("nr_throttled", 0), fields.get("throttled_time", 0) / 1e9
+        counters = self._counters("cpu.stat")
+        return counters.get("nr_throttled", 0), counters.get("throttled_time", 0) / 1e9
 
 
 def remove_leftover_groups(prefix: str) -> list[str]:
-    """Freezer, memory and cpu groups named ``prefix-*`` removed now (see :meth:`_Group.remove_leftovers`)."""
-    return FreezerGroup.remove_leftovers(prefix) + MemoryGroup.remove_leftovers(prefix) + \
-        CpuGroup.remove_leftovers(prefix)
+    """Remove the freezer, memory and cpu groups named ``prefix-*`` that a crashed owner left
+    behind; returns their paths.
+
+    Only for a prefix unique to the caller: another owner's live group would be thawed.
+    """
+    removed = []
+    for cls in (FreezerGroup, MemoryGroup, CpuGroup):
+        with contextlib.suppress(OSError):
+            for name in os.listdir(cls.root):
+                if name.startswith(prefix + "-"):
+                    group = cls.__new__(cls)
+                    group.path, group.removed = os.path.join(cls.root, name), False
+                    if group.remove():
+                        removed.append(group.path)
+    return removed

@@ -125,7 +125,9 @@ def _fmt(value: float | None) -> str:
 
 
 def _problem(args: argparse.Namespace) -> str | None:
-    """Why the arguments cannot run, or None."""
+    """Why the arguments cannot run, or the fault cannot be made here; None when they can."""
+    if args.fault in ("remote-kill", "host-crash", "partition", "remote-wedge"):
+        return f"--fault {args.fault} needs --hosts N"
     if not 2 <= args.workers <= _MAX_WORKERS:
         return f"--workers must be >= 2 and <= {_MAX_WORKERS}"
     if args.rank is not None and not 0 <= args.rank < args.workers:
@@ -136,6 +138,14 @@ def _problem(args: argparse.Namespace) -> str | None:
                         ("--compare-bound", getattr(args, "compare_bound", 10.0))):
         if not (math.isfinite(value) and value > 0):
             return f"{name} must be a positive number of seconds, not {value}"
+    if args.fault == "wedge" and not os.access(FREEZER_ROOT, os.W_OK):
+        return f"--fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT}"
+    if args.fault == "fuse":
+        from ._fuse_stall import fuse_available
+
+        reason = fuse_available()
+        if reason is not None:
+            return f"--fault fuse cannot run here: {reason}"
     return None
 
 
@@ -150,18 +160,6 @@ def compare_default(mode: str | None) -> tuple[str, str, str]:
                                f"(--fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT})")
     return "kill", mode or "main", (f"--fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT}; in main "
                                     "mode upstream's own monitor notices a kill: try --mode 1.2")
-
-
-def _fault_unavailable(fault: str) -> str | None:
-    if fault == "wedge" and not os.access(FREEZER_ROOT, os.W_OK):
-        return f"--fault wedge needs a writable cgroup v1 freezer at {FREEZER_ROOT}"
-    if fault == "fuse":
-        from ._fuse_stall import fuse_available
-
-        reason = fuse_available()
-        if reason is not None:
-            return f"--fault fuse cannot run here: {reason}"
-    return None
 
 
 class _Terminated(BaseException):
@@ -186,17 +184,10 @@ def _sigterm_unwinds() -> Iterator[None]:
 
 
 def _mounts_under(path: str) -> list[str]:
-    """Mount points at or below ``path`` (a FUSE stall's, if its owner died mid-run)."""
-    prefix = path.rstrip("/") + "/"
-    found = []
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as handle:
-        for line in handle:
-            fields = line.split()
-            if len(fields) > 4:
-                point = fields[4].replace("\\040", " ")
-                if point == path or point.startswith(prefix):
-                    found.append(point)
-    return found
+    """FUSE stall mounts at or below ``path`` (left there if their owner died mid-run)."""
+    from ._fuse_mounts import fuse_mounts
+
+    return [point for point in fuse_mounts() if point == path or point.startswith(path.rstrip("/") + "/")]
 
 
 def _remove_private_tmpdir(path: str, timeout: float = 5.0) -> bool:
@@ -205,7 +196,7 @@ def _remove_private_tmpdir(path: str, timeout: float = 5.0) -> bool:
     Mounts left below it are detached first (their owners are dead by now, see
     ``_fuse_stall.remove_leftover_mounts``); a tree with a mount still in it is never walked."""
     if _mounts_under(path):
-        from ._fuse_stall import remove_leftover_mounts
+        from ._fuse_mounts import remove_leftover_mounts
 
         remove_leftover_mounts()
     deadline = time.monotonic() + timeout
@@ -239,21 +230,18 @@ def _mpi_setting() -> str:
     return f"Open MPI with {FT_ENABLE_VAR}={value} (its default error handler)"
 
 
-def _options(args: argparse.Namespace, rank: int, *, liveness: bool) -> ScenarioOptions:
-    settings = {name: value for name, value, _, _ in DEMO_SETTINGS}
+def _scenario(args: argparse.Namespace, rank: int, tmpdir: str, *, liveness: bool) -> ScenarioRun:
+    """Run the fault once, with the extension or without it (then watched for ``--compare-bound``)."""
     bound = float(args.compare_bound)
-    return ScenarioOptions(
+    options = ScenarioOptions(
         mode=args.mode, workers=args.workers, fault=args.fault, fault_rank=rank, requests=args.requests,
         liveness=liveness,
         # Without the extension the run is watched for the bound and then cut; a stop is watched
         # the same way (the scenario would end its watch at the first stall otherwise).
         stall_timeout_s=bound if not liveness and args.fault == "stop" else args.stall_timeout,
-        observe_s=bound if not liveness else max(5.0, args.timeout / 3)).replace(**settings)
-
-
-def _scenario(args: argparse.Namespace, rank: int, tmpdir: str, *, liveness: bool) -> ScenarioRun:
-    timeout = args.timeout + (0.0 if liveness else float(args.compare_bound))
-    return run_scenario(_options(args, rank, liveness=liveness), timeout, env={"TMPDIR": tmpdir})
+        observe_s=bound if not liveness else max(5.0, args.timeout / 3),
+    ).replace(**{name: value for name, value, _, _ in DEMO_SETTINGS})
+    return run_scenario(options, args.timeout + (0.0 if liveness else bound), env={"TMPDIR": tmpdir})
 
 
 @dataclass(frozen=True)
@@ -274,16 +262,15 @@ def _ended_without_record(run: ScenarioRun, timeout: float, bound_s: float | Non
     if run.timed_out:
         return Verdict("timed_out", f"did not finish within --timeout ({timeout:g} s); the demo killed it")
     if run.exit_ms is not None and run.returncode not in (None, 0):
+        observed = _observed(run)
         if bound_s is not None and run.exit_ms >= bound_s * 1e3:
             # It outlived the whole watch; the demo's own kill of the workers at the bound is what
             # made MPI abort it (its default error handler), before the record was printed.
-            observed = _observed(run)
             pending = None if observed is None else observed.get("pending_not_done")
             count = f"{pending} requests pending" if isinstance(pending, int) else "requests pending (not recorded)"
             return Verdict("hanging", f"still hanging after {bound_s:g} s, {count}; when the demo then killed the "
                                       f"workers, MPI aborted the process (exit status {run.returncode})",
                            pending=pending if isinstance(pending, int) else None, after_s=bound_s)
-        observed = _observed(run)
         before = ""
         if observed is not None:
             health = observed.get("health_false_ms")
@@ -328,10 +315,11 @@ def off_verdict(run: ScenarioRun, timeout: float, bound_s: float) -> Verdict:
 
 
 def _on_ok(run: ScenarioRun, fault: str) -> bool:
-    if not run.results:
-        return False
-    out = run.results[0]
-    return _detected(out, fault) is not None and _shutdown_ms(out) is not None and not run.survivors
+    """Whether the fault was noticed (the stall for ``stop``, not a liveness failure, else the
+    event) and shutdown ended within its bounds with no process left."""
+    detection = run.results[0].detection if run.results else None
+    noticed = None if detection is None else detection.stall_detected_ms if fault == "stop" else detection.detected_ms
+    return noticed is not None and _shutdown_ms(run.results[0]) is not None and not run.survivors
 
 
 def _timeline(out: ScenarioResult, fault: str) -> list[tuple[str, float | None]]:
@@ -411,10 +399,7 @@ def _run_single(args: argparse.Namespace, rank: int, tmpdir: str) -> int:
     out = run.results[0]
     ok = _on_ok(run, args.fault)
     if args.json:
-        record = out.to_dict()
-        record.pop("options", None)
-        record.update(survivors=list(run.survivors), ok=ok)
-        sys.stdout.write(json.dumps(record) + "\n")
+        sys.stdout.write(json.dumps(_record(run, ok=ok)) + "\n")
     else:
         sys.stdout.write("\n".join(_single_lines(args, rank, out, run, ok)) + "\n")
     return 0 if ok else 1
@@ -467,8 +452,10 @@ def _run_compare(args: argparse.Namespace, rank: int, tmpdir: str) -> int:
     if args.json:
         sys.stdout.write(json.dumps({
             "fault": args.fault, "mode": args.mode, "rank": rank, "mpi": _mpi_setting(),
-            "off": {"verdict": verdict.to_dict(), "result": _record(off)},
-            "on": {"ok": ok, "verdict": on_text, "result": _record(on)}, "ok": ok,
+            "off": {"verdict": verdict.to_dict(),
+                    "result": _record(off, returncode=off.returncode, exit_ms=off.exit_ms)},
+            "on": {"ok": ok, "verdict": on_text, "result": _record(on, returncode=on.returncode, exit_ms=on.exit_ms)},
+            "ok": ok,
         }) + "\n")
         return 0 if ok else 1
     left, right = _column(off), _column(on)
@@ -490,12 +477,13 @@ def _run_compare(args: argparse.Namespace, rank: int, tmpdir: str) -> int:
     return 0 if ok else 1
 
 
-def _record(run: ScenarioRun) -> dict[str, Any] | None:
+def _record(run: ScenarioRun, **extra: Any) -> dict[str, Any] | None:
+    """A run's JSON form: its result without the options, the processes left and ``extra``."""
     if not run.results:
         return None
     record = run.results[0].to_dict()
     record.pop("options", None)
-    record.update(survivors=list(run.survivors), returncode=run.returncode, exit_ms=run.exit_ms)
+    record.update(survivors=list(run.survivors), **extra)
     return record
 
 
@@ -516,12 +504,7 @@ def run(args: argparse.Namespace) -> int:
     args.fault = args.fault or "kill"
     args.mode = args.mode or "main"
     args.compare_choice = choice
-    if args.fault in ("remote-kill", "host-crash", "partition", "remote-wedge"):
-        sys.stderr.write(f"trtllm-liveness: demo: --fault {args.fault} needs --hosts N\n")
-        return 2
     problem = _problem(args)
-    if problem is None:
-        problem = _fault_unavailable(args.fault)
     if problem is not None:
         sys.stderr.write(f"trtllm-liveness: demo: {problem}\n")
         return 2
@@ -534,13 +517,6 @@ def run(args: argparse.Namespace) -> int:
     except _Terminated:
         sys.stderr.write("trtllm-liveness: demo: terminated (SIGTERM); its processes and files are removed\n")
         return 143
-
-
-def _detected(out: ScenarioResult, fault: str) -> float | None:
-    """When the fault was noticed: the stall for ``stop`` (not a liveness failure), else the event."""
-    if out.detection is None:
-        return None
-    return out.detection.stall_detected_ms if fault == "stop" else out.detection.detected_ms
 
 
 def _shutdown_ms(out: ScenarioResult) -> float | None:

@@ -32,6 +32,7 @@ import contextlib
 import itertools
 import logging
 import os
+import pickle
 import queue
 import shutil
 import tempfile
@@ -112,26 +113,6 @@ class GenerationExecutor:
     def shutdown(self) -> None:
         raise NotImplementedError
 
-    @staticmethod
-    def _create_ipc_executor(
-        worker_kwargs: dict[str, Any],
-        model_world_size: int,
-        mpi_session: Any,
-        postproc_worker_config: Any = None,
-        is_llm_executor: bool | None = None,
-        use_worker: bool = False,
-    ) -> GenerationExecutor:
-        del use_worker
-        mode = worker_kwargs.get("mode", "1.2")
-        cls = MainGenerationExecutorProxy if mode == "main" else GenerationExecutorProxy
-        return cls(worker_kwargs, model_world_size=model_world_size, mpi_session=mpi_session,
-                   postproc_worker_config=postproc_worker_config, is_llm_executor=is_llm_executor)
-
-    @classmethod
-    def create(cls, *, model_world_size: int = 1, mpi_session: Any = None, **worker_kwargs: Any) -> GenerationExecutor:
-        """Build a proxy with ``cls._create_ipc_executor`` (the route ``executor_cls`` takes)."""
-        return cls._create_ipc_executor(worker_kwargs, model_world_size, mpi_session)
-
 
 class GenerationExecutorProxy(GenerationExecutor):
     """The 1.2.x-like proxy. Construction blocks until the leader reports READY (no timeout,
@@ -203,13 +184,9 @@ class GenerationExecutorProxy(GenerationExecutor):
 
     def _recv_status(self) -> tuple[bytes, Any]:
         peer, payload = self.worker_init_status_queue.recv_multipart()
-        import pickle
-
         return peer, pickle.loads(payload)
 
     def _ack(self, peer: bytes) -> None:
-        import pickle
-
         self.worker_init_status_queue.send_multipart([peer, pickle.dumps(ACK)])
 
     def _submit_to_workers(self, worker_kwargs: dict[str, Any]) -> None:
@@ -232,17 +209,28 @@ class GenerationExecutorProxy(GenerationExecutor):
         deadline = time.monotonic() + self.upstream_wait_s
         while True:
             if self.worker_init_status_queue.poll(1000):
-                peer, status = self._recv_status()
-                ready_signal, error_trace = status  # 1.2.x unpacks exactly two fields
-                self._ack(peer)
-                break
-            if any(f.done() for f in self.mpi_futures):
-                logger.error("Executor worker died during initialization.")
-                raise RuntimeError("Executor worker died during initialization")
+                ready = self._take_status(*self._recv_status())
+                if ready is not None:
+                    break
+                continue
+            self._check_init_workers()
             if time.monotonic() > deadline:
                 raise RuntimeError("Executor workers did not become ready")
             self._handle_background_error()
-        self._check_ready(ready_signal, error_trace)
+        self._check_ready(*ready)
+
+    def _take_status(self, peer: bytes, status: Any) -> tuple[Any, Any] | None:
+        """``(ready_signal, error_trace)`` from one status message, acknowledged; None for a
+        message that is not the ready status."""
+        ready_signal, error_trace = status  # 1.2.x unpacks exactly two fields
+        self._ack(peer)
+        return ready_signal, error_trace
+
+    def _check_init_workers(self) -> None:
+        """Raise ``RuntimeError`` if a worker ended while the workers start."""
+        if any(f.done() for f in self.mpi_futures):
+            logger.error("Executor worker died during initialization.")
+            raise RuntimeError("Executor worker died during initialization")
 
     def _check_ready(self, ready_signal: Any, error_trace: Any) -> None:
         if ready_signal != self.READY_SIGNAL:
@@ -405,31 +393,26 @@ class MainGenerationExecutorProxy(GenerationExecutorProxy):
     def _protocol_mode(self) -> str:
         return "main"
 
+    def _take_status(self, peer: bytes, status: Any) -> tuple[Any, Any] | None:
+        if status[0] == self.WORKER_PROCESS_IDENTITIES_SIGNAL:
+            self._register_worker_identities(status[2])
+            return None
+        self._ack(peer)
+        if len(status) > 2:
+            self._register_worker_identities(status[2])
+        return status[0], status[1]
+
+    def _check_init_workers(self) -> None:
+        dead = self._worker_process_monitor.find_dead_worker()
+        if dead is not None:
+            raise RuntimeError(
+                f"MPI worker rank {dead.rank} (pid {dead.pid}) exited unexpectedly during initialization"
+            )
+        if any(f.done() for f in self.mpi_futures):
+            raise RuntimeError("Executor worker died during initialization")
+
     def _start_executor_workers(self, worker_kwargs: dict[str, Any]) -> None:
-        self._submit_to_workers(worker_kwargs)
-        deadline = time.monotonic() + self.upstream_wait_s
-        while True:
-            if self.worker_init_status_queue.poll(1000):
-                peer, status = self._recv_status()
-                if status[0] == self.WORKER_PROCESS_IDENTITIES_SIGNAL:
-                    self._register_worker_identities(status[2])
-                    continue
-                ready_signal, error_trace = status[0], status[1]
-                self._ack(peer)
-                if len(status) > 2:
-                    self._register_worker_identities(status[2])
-                break
-            dead = self._worker_process_monitor.find_dead_worker()
-            if dead is not None:
-                raise RuntimeError(
-                    f"MPI worker rank {dead.rank} (pid {dead.pid}) exited unexpectedly during initialization"
-                )
-            if any(f.done() for f in self.mpi_futures):
-                raise RuntimeError("Executor worker died during initialization")
-            if time.monotonic() > deadline:
-                raise RuntimeError("Executor workers did not become ready")
-            self._handle_background_error()
-        self._check_ready(ready_signal, error_trace)
+        super()._start_executor_workers(worker_kwargs)
         self._error_monitor_thread = threading.Thread(
             target=self._error_monitor_loop, name="proxy_error_monitor", daemon=True
         )
@@ -478,10 +461,7 @@ class MainGenerationExecutorProxy(GenerationExecutorProxy):
         if self.doing_shutdown or self._fatal_error is not None:
             return False
         item = self._pop_background_error()
-        if item is not None:
-            self._on_fatal(item)
-            return False
-        error = self._check_workers()
+        error = item if item is not None else self._check_workers()
         if error is not None:
             self._on_fatal(error)
             return False

@@ -39,20 +39,12 @@ _TAG_ACK = 12
 _POLL_S = 0.001
 
 
-def _wait_request(request: Any, deadline: float | None = None) -> Any:
+def _wait_request(request: Any) -> Any:
     """Poll an MPI request to completion; returns its message (or None for a barrier)."""
     while True:
         done, message = request.test()
         if done:
             return message
-        if deadline is not None and time.monotonic() > deadline:
-            raise TimeoutError("MPI request not complete before the deadline")
-        time.sleep(_POLL_S)
-
-
-def _barrier(comm: Any) -> None:
-    request = comm.Ibarrier()
-    while not request.Test():
         time.sleep(_POLL_S)
 
 
@@ -98,7 +90,7 @@ def worker_main(
             status.send_pyobj((WORKER_PROCESS_IDENTITIES_SIGNAL, None, identities))
     if init_delay_s > 0:
         time.sleep(init_delay_s)  # stands in for building the model
-    _barrier(comm)
+    _wait_request(comm.Ibarrier())
     if status is None:
         _subordinate_loop(comm)
         return

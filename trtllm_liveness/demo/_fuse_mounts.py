@@ -16,6 +16,7 @@ import errno
 import functools
 import logging
 import os
+import re
 import sys
 import tempfile
 
@@ -80,15 +81,7 @@ def umount_fuse(mountpoint: str) -> None:
 
 def _unescape_mount_field(field: str) -> str:
     """Undo the octal escapes (``\\040`` for a space) that /proc/self/mounts uses in paths."""
-    out, i = [], 0
-    while i < len(field):
-        if field[i] == "\\" and i + 3 < len(field) and all(c in "01234567" for c in field[i + 1:i + 4]):
-            out.append(chr(int(field[i + 1:i + 4], 8)))
-            i += 4
-        else:
-            out.append(field[i])
-            i += 1
-    return "".join(out)
+    return re.sub(r"\\([0-7]{3})", lambda match: chr(int(match.group(1), 8)), field)
 
 
 def fuse_mounts() -> list[str]:

@@ -28,6 +28,7 @@ import select
 import struct
 import threading
 import time
+from collections.abc import Callable
 
 __all__ = ["HELD_READ_NAME", "HELD_READ_SIZE", "SLOW_READ_DELAY_S", "SLOW_READ_NAME", "SLOW_READ_PERIOD",
            "SLOW_READ_SIZE", "FuseServer"]
@@ -115,8 +116,8 @@ class FuseServer:
     caller waits in the kernel until the connection is aborted.
 
     Lifecycle: :meth:`start` on the connection's descriptor (owned by the caller, who aborts the
-    connection and closes it), :meth:`stop` the thread, :meth:`close` the wakeup pipe, then
-    :meth:`drop_held`. The queries and waits are thread-safe.
+    connection and closes it), :meth:`stop` the thread, then :meth:`close` (the wake-up pipe and
+    the held requests). The queries and waits are thread-safe.
     """
 
     def __init__(self, read_delay_s: tuple[float, float] = SLOW_READ_DELAY_S) -> None:
@@ -127,7 +128,6 @@ class FuseServer:
         self._thread: threading.Thread | None = None
         self._cond = threading.Condition()
         self._stopped = False
-        self._initialized = False
         self._primed = False
         self._held: dict[int, int] = {}  # unique id of each unanswered request -> caller tid
         self._held_reads: set[int] = set()  # unique ids in _held that are READs of the held-read file
@@ -157,7 +157,8 @@ class FuseServer:
                 logger.debug("FUSE stall server thread did not stop within %.1f s", timeout)
 
     def close(self) -> None:
-        """Close the wake-up pipe (after :meth:`stop`). Idempotent."""
+        """Close the wake-up pipe (after :meth:`stop`), forget every held request (their callers were
+        released with the connection) and wake every waiter. Idempotent."""
         for name in ("_wake_r", "_wake_w"):
             fd = getattr(self, name)
             if fd >= 0:
@@ -166,9 +167,6 @@ class FuseServer:
                 except OSError as exc:
                     logger.debug("closing %s failed: %s", name, exc)
                 setattr(self, name, -1)
-
-    def drop_held(self) -> None:
-        """Forget every held request (their callers were released) and wake every waiter."""
         with self._cond:
             self._held.clear()
             self._held_reads.clear()
@@ -183,16 +181,13 @@ class FuseServer:
 
     def wait_held(self, tid: int, timeout: float) -> bool:
         """Wait until a request from thread ``tid`` is held; False on timeout or after :meth:`stop`."""
-        with self._cond:
-            return self._cond.wait_for(lambda: tid in self._held.values() or self._stopped, timeout) and (
-                tid in self._held.values()
-            )
+        return self._wait_until(lambda: tid in self._held.values(), timeout)
 
     def wait_read_held(self, tid: int, timeout: float) -> bool:
         """Wait until a READ of the held-read file from thread ``tid`` is held; False on timeout."""
-        def held() -> bool:
-            return any(self._held.get(unique) == tid for unique in self._held_reads)
+        return self._wait_until(lambda: any(self._held.get(unique) == tid for unique in self._held_reads), timeout)
 
+    def _wait_until(self, held: Callable[[], bool], timeout: float) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: held() or self._stopped, timeout) and held()
 
@@ -264,10 +259,7 @@ class FuseServer:
             _, minor = _INIT_IN.unpack_from(data, _IN_HEADER.size)
             minor = min(minor, _FUSE_MINOR)
             out = _INIT_OUT.pack(_FUSE_MAJOR, minor, 0, _FUSE_PARALLEL_DIROPS, 0, 0, 0, 0, 0, 0, 0, *([0] * 7))
-            if self._reply(unique, 0, out if minor >= 23 else out[:_INIT_OUT_COMPAT_SIZE]):
-                with self._cond:
-                    self._initialized = True
-                    self._cond.notify_all()
+            self._reply(unique, 0, out if minor >= 23 else out[:_INIT_OUT_COMPAT_SIZE])
         elif opcode == _FUSE_INTERRUPT:
             (target,) = _INTERRUPT_IN.unpack_from(data, _IN_HEADER.size)
             # ENOSYS must come while the interrupted request is still unanswered (the kernel looks

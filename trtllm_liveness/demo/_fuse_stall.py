@@ -10,7 +10,7 @@ in the page fault (a stand-in for a fault on an NFS or GPU-unified-memory mappin
 exception is the healthy look-alike of a wedge, :attr:`FuseStall.slow_read_path`: every ``READ`` of
 it is answered, each after a delay of 100-300 ms (``read_delay_s``), so its reader sleeps in ``D``
 most of the time while it makes progress, as one streaming weights from a network file system does
-(:mod:`._fuse_slow_reads` runs such a reader). It is a second
+(``tests/support/slow_reads.py`` runs such a reader). It is a second
 stand-in, next to the cgroup v1 freezer (:mod:`._cgroup_faults`), for a worker wedged in a GPU
 driver, and works where cgroup v2 is mounted instead.
 
@@ -38,7 +38,7 @@ the ordinary fault (``filemap_fault``) drops it (or the per-VMA lock) before it 
 READ, but a fault made by ``get_user_pages`` without ``FOLL_UNLOCKABLE`` (``/proc/PID/mem``,
 ``ptrace(PEEKDATA)``) keeps ``mmap_read_lock`` for the whole wait: a writer (``mmap``/``munmap``)
 then queues behind it, and every later reader of that mm (``/proc/PID/cmdline``, ``environ``,
-``maps``) queues behind the writer. :data:`MEM_FAULT_TARGET_CODE` builds exactly that process.
+``maps``) queues behind the writer. ``tests/unittest/diagnose/test_scan_nonblocking.py`` builds exactly that process.
 
 Each caller should use its own name (:meth:`FuseStall.new_path`): a second lookup of a name that
 is already being looked up waits on the first one in the VFS (``d_alloc_parallel``), not in FUSE,
@@ -62,8 +62,6 @@ from types import TracebackType
 
 from ._fuse_mounts import (
     DEV_FUSE,
-    FUSE_FSTYPE,
-    FUSE_SOURCE,
     MOUNT_PREFIX,
     fuse_available,
     fuse_mounts,
@@ -71,69 +69,15 @@ from ._fuse_mounts import (
     remove_leftover_mounts,
     umount_fuse,
 )
-from ._fuse_server import HELD_READ_NAME, HELD_READ_SIZE, SLOW_READ_DELAY_S, SLOW_READ_NAME, FuseServer
+from ._fuse_server import HELD_READ_NAME, SLOW_READ_DELAY_S, SLOW_READ_NAME, FuseServer
 
-# The mount helpers and the held-read file's names are re-exported: callers set up and clean up
-# FUSE stalls through this module.
-__all__ = [
-    "FUSE_FSTYPE",
-    "FUSE_SOURCE",
-    "HELD_READ_NAME",
-    "HELD_READ_SIZE",
-    "MEM_FAULT_TARGET_CODE",
-    "MOUNT_PREFIX",
-    "SLOW_READ_DELAY_S",
-    "FuseStall",
-    "fuse_available",
-    "fuse_mounts",
-    "remove_leftover_mounts",
-]
+# The mount helpers are re-exported: callers set up and clean up FUSE stalls through this module.
+__all__ = ["MOUNT_PREFIX", "FuseStall", "fuse_available", "fuse_mounts", "remove_leftover_mounts"]
 
 logger = logging.getLogger(__name__)
 
 # The stuck child: one stat() into the mount; an error after release (ENOTCONN) exits quietly.
 _STAT_CODE = "import os, sys\ntry:\n    os.stat(sys.argv[1])\nexcept OSError:\n    sys.exit(3)\n"
-
-# A process stuck in a page fault on the held READ while holding its mmap lock, with a second
-# thread queued on that lock for write. argv: the held-read path, then a name for the process's
-# comm (prctl PR_SET_NAME; at most 15 bytes). Both threads are started first (starting a thread
-# maps its stack, which would queue on the lock too), then it prints "<fault tid> <mmap tid>" and
-# lets them go. The fault goes through /proc/self/mem: get_user_pages without FOLL_UNLOCKABLE
-# keeps mmap_read_lock across the READ (an ordinary fault would drop it); the other thread's
-# mmap(2) then waits for mmap_write_lock. After release the read fails and the process exits 3.
-MEM_FAULT_TARGET_CODE = """\
-import ctypes, mmap, os, sys, threading, time
-libc = ctypes.CDLL(None, use_errno=True)
-libc.mmap.restype = ctypes.c_void_p
-libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-libc.prctl(15, sys.argv[2].encode()[:15], 0, 0, 0)
-fd = os.open(sys.argv[1], os.O_RDONLY)
-addr = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-if addr in (None, ctypes.c_void_p(-1).value):
-    sys.exit(f"mmap failed: {os.strerror(ctypes.get_errno())}")
-mem = os.open("/proc/self/mem", os.O_RDONLY)
-go = threading.Event()
-def fault():
-    go.wait(60)
-    try:
-        os.pread(mem, 1, addr)
-    except OSError:
-        pass
-def remap():
-    go.wait(60)
-    time.sleep(0.2)  # let the fault take the lock first: the writer must queue behind it
-    try:
-        mmap.mmap(-1, 4096).close()
-    except OSError:
-        pass
-a = threading.Thread(target=fault, daemon=True)
-b = threading.Thread(target=remap, daemon=True)
-a.start(); b.start()
-sys.stdout.write(f"{a.native_id} {b.native_id}\\n"); sys.stdout.flush()
-go.set()
-a.join(3600); b.join(3600)  # stuck until the test releases the FUSE server (or kills this)
-sys.exit(3)
-"""
 
 _DEFAULT_TIMEOUT_S = 10.0
 _MAX_READ_DELAY_S = 10.0  # a late answer is still an answer: waits on it stay bounded
@@ -143,11 +87,11 @@ class FuseStall:
     """A FUSE mount where ``stat()`` of any name blocks in ``D`` until :meth:`release`.
 
     Use it as a context manager. :meth:`__enter__` raises ``OSError`` when it cannot be made (see
-    :func:`fuse_available`). A caller that stats :attr:`path` or a :meth:`new_path` shows ``D`` at
+    :func:`fuse_available`). A caller that stats a :meth:`new_path` shows ``D`` at
     once (wchan ``request_wait_answer``); once :meth:`wait_held` is true for it, SIGKILL stays
     pending and it stays in ``D`` until :meth:`release`, which ends every wait.
 
-    :attr:`read_path` is a regular read-only file of :data:`HELD_READ_SIZE` bytes that opens and
+    :attr:`read_path` is a regular read-only file of :data:`~._fuse_server.HELD_READ_SIZE` bytes that opens and
     maps normally; reading it (``read(2)`` or a page fault on a mapping) blocks the same way, in
     the READ request (:meth:`wait_read_held`).
 
@@ -165,7 +109,6 @@ class FuseStall:
             raise ValueError(f"read_delay_s must be 0 <= low <= high <= {_MAX_READ_DELAY_S:g}, not {read_delay_s}")
         self.timeout = timeout
         self.mountpoint = ""
-        self.path = ""  # <mountpoint>/stall, for one caller
         self.read_path = ""  # <mountpoint>/held-read: opens and maps; its READ is never answered
         self.slow_read_path = ""  # <mountpoint>/slow-read: every READ answered, late
         self._fd = -1
@@ -192,7 +135,6 @@ class FuseStall:
         if self._released or self._mounted:
             raise RuntimeError("a FuseStall is entered once")
         self.mountpoint = tempfile.mkdtemp(prefix=f"{MOUNT_PREFIX}-{os.getpid()}-")
-        self.path = os.path.join(self.mountpoint, "stall")
         self.read_path = os.path.join(self.mountpoint, HELD_READ_NAME)
         self.slow_read_path = os.path.join(self.mountpoint, SLOW_READ_NAME)
         # Non-blocking, so that the server thread can poll it together with its wake-up pipe.
@@ -252,7 +194,6 @@ class FuseStall:
             except OSError as exc:
                 logger.debug("closing _fd failed: %s", exc)
             self._fd = -1
-        self._server.close()
         if self.mountpoint:
             try:
                 os.rmdir(self.mountpoint)
@@ -260,12 +201,7 @@ class FuseStall:
                 pass
             except OSError as exc:
                 logger.debug("cannot remove FUSE mountpoint %s: %s", self.mountpoint, exc)
-        self._server.drop_held()
-
-    @property
-    def released(self) -> bool:
-        """Whether :meth:`release` ran (the mount is gone or was never made)."""
-        return self._released
+        self._server.close()
 
     # ------------------------------------------------------------------ queries
 

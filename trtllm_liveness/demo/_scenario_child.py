@@ -57,6 +57,7 @@ import time
 import traceback
 from typing import Any
 
+from .._config import ENV_VAR as LIVENESS_ENV_VAR
 from ..process._identity import ProcessIdentity
 from ..stop._bounded_stop import stop_processes
 from ._cgroup_faults import FreezerGroup, MemoryGroup
@@ -69,19 +70,16 @@ from ._scenario_executor import (
     build_executor,
     expected_tokens,
     fatal_fields,
-    pre_shutdown_runs,
-    stop_report,
+    shutdown_outcome,
     submit,
     upstream_api,
 )
 from ._scenario_faults import alive, inject, kill_watcher, victims_of
 from ._scenario_observe import CriticalLog, HealthHammer, ThreadExceptions, observe, run_control, snapshot_of_ranks
 from ._scenario_phases import run_init_fault, run_shutdown_fault, run_spawn_failure
-from ._scenario_records import ResultInProgress, ScenarioOptions, ScenarioResult, ShutdownOutcome, Victim
+from ._scenario_records import ResultInProgress, ScenarioOptions, ScenarioResult, ShutdownOutcome
 
 __all__ = ["LIVENESS_ENV_VAR", "liveness_env", "main", "run_once"]
-
-LIVENESS_ENV_VAR = "TRTLLM_WORKER_LIVENESS"
 
 
 def liveness_env(opts: ScenarioOptions) -> str:
@@ -112,11 +110,9 @@ def _run_once(opts: ScenarioOptions, thread_exceptions: ThreadExceptions, draft:
     worker_kwargs: dict[str, Any] = {"token_delay_s": opts.token_delay_s, "init_delay_s": opts.init_delay_s,
                                      "announce_dir": announce}
     freezer = FreezerGroup(opts.cgroup_prefix) if opts.fault == "wedge" else None
-    if freezer is not None:
-        draft.update(freezer_path=freezer.path)
     memory = MemoryGroup(opts.oom_limit_mb << 20, opts.cgroup_prefix) if opts.fault == "oom" else None
-    if memory is not None:
-        draft.update(memory_cgroup_path=memory.path)
+    draft.update(freezer_path=None if freezer is None else freezer.path,
+                 memory_cgroup_path=None if memory is None else memory.path)
     stall = FuseStall().__enter__() if opts.fault == "fuse" else None
     if opts.fault in ("exit0", "oom", "fuse"):
         worker_kwargs["fault"] = {"kind": opts.fault, "rank": opts.fault_rank,
@@ -161,8 +157,7 @@ def _run_once(opts: ScenarioOptions, thread_exceptions: ThreadExceptions, draft:
             run_shutdown_fault(opts, proxy, identities, announce, draft)
             return
         else:
-            victims = victims_of(opts, identities)
-            draft.update(victims=tuple(Victim(v.rank, v.pid) for v in victims))
+            victims = victims_of(opts, identities, draft)
             if opts.watcher_fault:
                 draft.update(watcher=kill_watcher(proxy))
             hammer = HealthHammer(proxy, opts.health_probe, opts.health_threads) if opts.health_threads else None
@@ -195,15 +190,12 @@ def _run_once(opts: ScenarioOptions, thread_exceptions: ThreadExceptions, draft:
         if memory is not None:
             draft.update(oom_kills=memory.oom_kills())
             memory.remove()
-        released = False
         if freezer is not None:
             freezer.remove()
-            released = True
         if stall is not None:
             stall.release()
-            released = True
         frozen = draft.result.survivors
-        if released and frozen:
+        if (freezer is not None or stall is not None) and frozen:
             # An unkillable (frozen or FUSE-stuck) rank dies as soon as it is released: wait for that.
             deadline = time.monotonic() + 5
             left = [i for i in identities if i.pid in frozen]
@@ -221,15 +213,13 @@ def _finish(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity]
         t = time.monotonic()
         proxy.shutdown()
         shutdown_ms = round((time.monotonic() - t) * 1e3, 3)
-        report = stop_report(proxy)
         fatal = getattr(proxy, "liveness_fatal_error", None)
         state = getattr(proxy, "liveness_state", None)  # how many calls reached upstream's pre_shutdown()
-        draft.update(shutdown=ShutdownOutcome(
-            shutdown_ms=shutdown_ms, pre_shutdown_calls=getattr(state, "pre_shutdown_entries", None),
-            pre_shutdown_runs=pre_shutdown_runs(proxy), report=report,
-            unkillable=() if report is None else tuple(u.pid for u in report.unkillable),
-            restartable=None if report is None else report.restartable,
-            fatal_restartable=None if fatal is None else fatal.restartable))
+        outcome = shutdown_outcome(proxy, shutdown_ms=shutdown_ms,
+                                   pre_shutdown_calls=getattr(state, "pre_shutdown_entries", None),
+                                   fatal_restartable=None if fatal is None else fatal.restartable)
+        draft.update(shutdown=dataclasses.replace(
+            outcome, restartable=None if outcome.report is None else outcome.report.restartable))
         if os.path.isdir(getattr(proxy, "_ipc_dir", "")):  # upstream's shutdown was abandoned
             with contextlib.suppress(Exception):
                 proxy._close_queues()

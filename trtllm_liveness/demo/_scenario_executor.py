@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import queue
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 from ..stop._stop_report import StopReport
-from ._scenario_records import ScenarioOptions
+from ._executor_protocol import GenerationResult
+from ._scenario_records import ScenarioOptions, ShutdownOutcome
 
-__all__ = ["Build", "bounded", "build_executor", "build_in_thread", "engine_factory", "expected_tokens",
-           "fatal_fields", "health", "pre_shutdown_runs", "settled_fatal_error", "stop_report", "submit",
-           "upstream_api"]
+__all__ = ["Build", "bounded", "build_executor", "engine_factory", "expected_tokens",
+           "fatal_fields", "health", "settled_fatal_error", "shutdown_outcome", "submit", "upstream_api"]
 
 
 def build_executor(opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> Any:
@@ -76,7 +76,7 @@ def upstream_api(opts: ScenarioOptions) -> bool:
     return opts.via != "class"
 
 
-class _UpstreamRequest:
+class _UpstreamRequest(GenerationResult):
     """A request on an upstream-shaped executor, seen through the reference result's surface
     (``started``, ``done``, ``tokens``, ``error``, ``finished_at``, ``wait``, ``result``).
 
@@ -86,13 +86,9 @@ class _UpstreamRequest:
     """
 
     def __init__(self, result: Any, stop: threading.Event) -> None:
+        super().__init__(result.request_id)
         self._result = result
         self._stop = stop
-        self.tokens: list[int] = []
-        self.error: BaseException | None = None
-        self.finished_at: float | None = None
-        self.started = threading.Event()
-        self._event = threading.Event()
         self._last_delivery: float | None = None
         self._time_deliveries(getattr(result, "queue", None))
         threading.Thread(target=self._read, name="scenario-request", daemon=True).start()
@@ -112,13 +108,7 @@ class _UpstreamRequest:
 
         item_queue.put = timed_put
 
-    @property
-    def done(self) -> bool:
-        return self._event.is_set()
-
     def _read(self) -> None:
-        import queue
-
         while not self._result.finished and not self._stop.is_set():
             try:
                 self._result._result_step(0.1)
@@ -133,16 +123,6 @@ class _UpstreamRequest:
             return  # stopped, not finished: stays pending
         self.finished_at = self._last_delivery if self._last_delivery is not None else time.monotonic()
         self._event.set()
-
-    def wait(self, timeout: float) -> bool:
-        return self._event.wait(timeout)
-
-    def result(self, timeout: float) -> list[int]:
-        if not self._event.wait(timeout):
-            raise TimeoutError(f"request {self._result.request_id} not finished after {timeout}s")
-        if self.error is not None:
-            raise self.error
-        return list(self.tokens)
 
 
 def submit(opts: ScenarioOptions, proxy: Any, prompt: int, stop: threading.Event) -> Any:
@@ -159,14 +139,15 @@ def expected_tokens(opts: ScenarioOptions, prompt: int) -> list[int]:
     return list(range(1, opts.tokens + 1)) if upstream_api(opts) else [prompt] * opts.tokens
 
 
-def pre_shutdown_runs(proxy: Any) -> int | None:
-    """How often upstream's ``pre_shutdown()`` did its work (the reference's counter, or the
-    count an instrumented upstream-shaped executor keeps of it)."""
-    for name in ("pre_shutdown_runs", "_fake_pre_shutdown_runs"):
-        value = getattr(proxy, name, None)
-        if isinstance(value, int):
-            return value
-    return None
+def shutdown_outcome(proxy: Any, **fields: Any) -> ShutdownOutcome:
+    """``fields`` and what the executor's shutdown left: how often upstream's ``pre_shutdown()`` did
+    its work (the reference's counter, or the count an instrumented upstream-shaped executor keeps of
+    it), the liveness shutdown's stop report (None without one) and the pids it found unkillable."""
+    runs = next((value for name in ("pre_shutdown_runs", "_fake_pre_shutdown_runs")
+                 if isinstance(value := getattr(proxy, name, None), int)), None)
+    report: StopReport | None = getattr(proxy, "liveness_shutdown_report", None)
+    return ShutdownOutcome(pre_shutdown_runs=runs, report=report,
+                           unkillable=() if report is None else tuple(u.pid for u in report.unkillable), **fields)
 
 
 def bounded(action: Any, timeout: float = 5.0) -> None:
@@ -189,8 +170,8 @@ def health(proxy: Any, probe: str) -> bool:
     return bool(check()) if callable(check) else not proxy.is_shutdown()
 
 
-def settled_fatal_error(proxy: Any, timeout: float = 2.0) -> Any:
-    """The executor's recorded fatal error, waiting (bounded) for it to be published.
+def settled_fatal_error(proxy: Any, wait: bool = True, timeout: float = 2.0) -> Any:
+    """The executor's recorded fatal error, waiting (bounded; only if ``wait``) for it to be published.
 
     The liveness extension turns ``check_health()`` False at once but may publish ``_fatal_error``
     a few milliseconds later (after its fatal path's other steps), so a reader that just saw
@@ -198,7 +179,7 @@ def settled_fatal_error(proxy: Any, timeout: float = 2.0) -> Any:
     """
     deadline = time.monotonic() + timeout
     fatal = getattr(proxy, "_fatal_error", None)
-    while fatal is None and time.monotonic() < deadline:
+    while wait and fatal is None and time.monotonic() < deadline:
         time.sleep(0.001)
         fatal = getattr(proxy, "_fatal_error", None)
     return fatal
@@ -212,33 +193,21 @@ def fatal_fields(proxy: Any, fatal: Any) -> dict[str, Any]:
             "fatal_error_type": None if fatal is None else type(fatal).__name__}
 
 
-def stop_report(proxy: Any) -> StopReport | None:
-    """The liveness shutdown's stop report; None without one."""
-    report: StopReport | None = getattr(proxy, "liveness_shutdown_report", None)
-    return report
-
-
-@dataclass
 class Build:
-    """A build in a daemon thread: ``proxy``, or ``error`` and ``at`` (``time.monotonic()`` of the raise)."""
+    """The executor built in a daemon thread (construction blocks until READY, or forever): ``proxy``,
+    or ``error`` and ``at`` (``time.monotonic()`` of the raise)."""
 
-    thread: threading.Thread | None = None
-    proxy: Any = None
-    error: BaseException | None = None
-    at: float | None = None
+    def __init__(self, opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> None:
+        self.proxy: Any = None
+        self.error: BaseException | None = None
+        self.at: float | None = None
+        self.thread = threading.Thread(target=self._build, args=(opts, worker_kwargs), name="scenario-build",
+                                       daemon=True)
+        self.thread.start()
 
-
-def build_in_thread(opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> Build:
-    """Start building the executor in a daemon thread (construction blocks until READY, or forever)."""
-    holder = Build()
-
-    def build() -> None:
+    def _build(self, opts: ScenarioOptions, worker_kwargs: dict[str, Any]) -> None:
         try:
-            holder.proxy = build_executor(opts, worker_kwargs)
+            self.proxy = build_executor(opts, worker_kwargs)
         except BaseException as exc:
-            holder.error = exc
-            holder.at = time.monotonic()
-
-    holder.thread = threading.Thread(target=build, name="scenario-build", daemon=True)
-    holder.thread.start()
-    return holder
+            self.error = exc
+            self.at = time.monotonic()

@@ -23,7 +23,7 @@ from typing import Any
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity
 from ._cgroup_faults import FreezerGroup
-from ._scenario_records import ScenarioOptions, WatcherFaultOutcome
+from ._scenario_records import ResultInProgress, ScenarioOptions, Victim, WatcherFaultOutcome
 
 __all__ = ["PidfdFloor", "alive", "inject", "kill_watcher", "victims_of"]
 
@@ -39,9 +39,12 @@ def alive(identity: ProcessIdentity) -> bool:
     return True
 
 
-def victims_of(opts: ScenarioOptions, identities: list[ProcessIdentity]) -> list[ProcessIdentity]:
-    """The identities of the ranks ``opts`` hits (``fault_ranks``, else ``fault_rank``)."""
-    return [identities[rank] for rank in (opts.fault_ranks or (opts.fault_rank,))]
+def victims_of(opts: ScenarioOptions, identities: list[ProcessIdentity],
+               draft: ResultInProgress) -> list[ProcessIdentity]:
+    """The identities of the ranks ``opts`` hits (``fault_ranks``, else ``fault_rank``), noted in ``draft``."""
+    victims = [identities[rank] for rank in (opts.fault_ranks or (opts.fault_rank,))]
+    draft.update(victims=tuple(Victim(v.rank, v.pid) for v in victims))
+    return victims
 
 
 # The floor's timer: a bare process blocked in poll() on the victim's pidfd (inherited), printing
@@ -96,9 +99,9 @@ class PidfdFloor:
 
 
 def inject(opts: ScenarioOptions, victims: list[ProcessIdentity], freezer: FreezerGroup | None,
-            announce: str) -> tuple[float, PidfdFloor | None]:
-    """Inject the fault; returns its time (``time.monotonic()``, system-wide) and, for the signals
-    that end a process, the floor timer on the first victim."""
+           announce: str, timed: bool = True) -> tuple[float, PidfdFloor | None]:
+    """Inject the fault; returns its time (``time.monotonic()``, system-wide) and, if ``timed``, for
+    the signals that end a process, the floor timer on the first victim."""
     if opts.fault == "wedge":
         assert freezer is not None
         t0 = time.monotonic()
@@ -119,7 +122,7 @@ def inject(opts: ScenarioOptions, victims: list[ProcessIdentity], freezer: Freez
     try:
         for victim in victims:  # opened and verified first: never a recycled pid
             fds.append(_pidfd.open_verified_pidfd(victim.pid, victim.start_time))
-        floor = PidfdFloor(fds[0]) if opts.fault in ("kill", "segv") else None
+        floor = PidfdFloor(fds[0]) if timed and opts.fault in ("kill", "segv") else None
         t0 = time.monotonic()
         for fd in fds:
             _pidfd.send_signal(fd, _SIGNALS[opts.fault])

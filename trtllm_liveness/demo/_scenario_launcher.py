@@ -23,7 +23,6 @@ import tempfile
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from ..process import _pidfd, _procfs
@@ -36,8 +35,9 @@ __all__ = ["CHILD_MODULE", "kill_session", "run_scenario", "session_members"]
 CHILD_MODULE = "trtllm_liveness.demo._scenario_child"
 
 
-def session_members(sid: int) -> list[int]:
-    """PIDs whose session id is ``sid`` (the scenario child's session: it, prte and the workers)."""
+def session_members(sid: int) -> list[_procfs.StatInfo]:
+    """The stat of each live process whose session id is ``sid`` (the scenario child's session: it,
+    prte and the workers)."""
     members = []
     for name in os.listdir(_procfs.PROCFS_PATH):
         if not name.isdigit():
@@ -47,12 +47,12 @@ def session_members(sid: int) -> list[int]:
         except (OSError, ValueError):  # gone since the listing
             continue
         if info.session == sid and info.state not in ("Z", "X"):
-            members.append(int(name))
+            members.append(info)
     return members
 
 
 def kill_session(sid: int, timeout: float = 5.0) -> list[int]:
-    """SIGKILL every live member of session ``sid`` (verified through a pidfd); return survivors.
+    """SIGKILL every live member of session ``sid`` (verified through a pidfd); return survivors' pids.
 
     Only for a session this process created (``start_new_session=True``): its members are ours.
     """
@@ -60,29 +60,13 @@ def kill_session(sid: int, timeout: float = 5.0) -> list[int]:
     while True:
         members = session_members(sid)
         if not members or time.monotonic() > deadline:
-            return members
-        for pid in members:
+            return [info.pid for info in members]
+        for info in members:
+            # Verified against the listing's start time after opening: the pid may have been
+            # recycled since, and only the process listed in this session is ours to kill.
             with contextlib.suppress(Exception):
-                fd = _pidfd.open_pidfd(pid)
-                try:
-                    # Verified after opening: the pid may have been recycled since the listing,
-                    # and only a process still in this session is ours to kill.
-                    info = _procfs.read_stat(pid)
-                    if info.session == sid and info.state not in ("Z", "X"):
-                        _pidfd.send_signal(fd, signal.SIGKILL)
-                finally:
-                    os.close(fd)
+                _pidfd.signal_verified(info.pid, info.start_time, signal.SIGKILL)
         time.sleep(0.05)
-
-
-@dataclass
-class _ChildOutput:
-    lines: list[dict[str, Any]]
-    stderr: str
-    survivors: list[int]
-    returncode: int | None
-    exited_at: float | None
-    timed_out: bool
 
 
 class _ExitWatch:
@@ -120,8 +104,20 @@ class _ExitWatch:
         return self.exited_at
 
 
-def _run_child(options: Mapping[str, Any], timeout: float, env: Mapping[str, str] | None,
-               program: Sequence[str] | None = None) -> _ChildOutput:
+def run_scenario(options: ScenarioOptions | Mapping[str, Any], timeout: float,
+                 env: Mapping[str, str] | None = None, program: Sequence[str] | None = None) -> ScenarioRun:
+    """Run a scenario in a child process in a new session, with an outer ``timeout`` (seconds);
+    always kill what it left in that session. Blocks up to ``timeout`` + ~15 s.
+
+    ``options``: a :class:`ScenarioOptions` or its mapping form (``ValueError`` here, before
+    anything starts, for an unknown key or bad value). ``env`` is added to this process's
+    environment for the child. Returns what the child reported, its exit status and exit time
+    and the pids of its session still alive after cleanup (should be none); a malformed record
+    line is reported in ``error``, never raised. ``program``: another scenario program (argv
+    before the options' JSON) that prints the same records, e.g. one driving an upstream-shaped
+    ``tensorrt_llm`` through its own API; default :data:`CHILD_MODULE`.
+    """
+    opts = options if isinstance(options, ScenarioOptions) else ScenarioOptions.from_dict(options)
     command = list(program) if program else [sys.executable, "-m", CHILD_MODULE]
     child_env = {**os.environ, **(env or {})}
     # A wedge scenario quarantines "the host" (a marker, see quarantine/_marker.py): the demo, the matrix
@@ -132,8 +128,8 @@ def _run_child(options: Mapping[str, Any], timeout: float, env: Mapping[str, str
         quarantine = tempfile.mkdtemp(prefix="trtllm-liveness-quarantine-")
         child_env[QUARANTINE_DIR_VAR] = quarantine
     try:
-        child = subprocess.Popen([*command, json.dumps(options)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                 start_new_session=True, env=child_env)
+        child = subprocess.Popen([*command, json.dumps(opts.to_dict())], stdout=subprocess.PIPE,
+                                 stderr=subprocess.PIPE, start_new_session=True, env=child_env)
     except BaseException:
         if quarantine is not None:
             shutil.rmtree(quarantine, ignore_errors=True)
@@ -168,31 +164,12 @@ def _run_child(options: Mapping[str, Any], timeout: float, env: Mapping[str, str
             value = json.loads(line)
             if isinstance(value, dict):
                 lines.append(value)
-    return _ChildOutput(lines, stderr.decode(errors="replace")[-4000:], survivors, child.returncode,
-                        exited_at, timed_out)
-
-
-def run_scenario(options: ScenarioOptions | Mapping[str, Any], timeout: float,
-                 env: Mapping[str, str] | None = None, program: Sequence[str] | None = None) -> ScenarioRun:
-    """Run a scenario in a child process in a new session, with an outer ``timeout`` (seconds);
-    always kill what it left in that session. Blocks up to ``timeout`` + ~15 s.
-
-    ``options``: a :class:`ScenarioOptions` or its mapping form (``ValueError`` here, before
-    anything starts, for an unknown key or bad value). ``env`` is added to this process's
-    environment for the child. Returns what the child reported, its exit status and exit time
-    and the pids of its session still alive after cleanup (should be none); a malformed record
-    line is reported in ``error``, never raised. ``program``: another scenario program (argv
-    before the options' JSON) that prints the same records, e.g. one driving an upstream-shaped
-    ``tensorrt_llm`` through its own API; default :data:`CHILD_MODULE`.
-    """
-    opts = options if isinstance(options, ScenarioOptions) else ScenarioOptions.from_dict(options)
-    out = _run_child(opts.to_dict(), timeout, env, program)
     try:
-        results, other = ScenarioRun.parse(out.lines)
+        results, other = ScenarioRun.parse(lines)
         error = next((str(line["error"]) for line in other if "error" in line), None)
     except (KeyError, TypeError, ValueError) as exc:  # a child of another version, or a bug: say so
-        results, other, error = (), tuple(out.lines), f"malformed scenario record: {exc!r}"
+        results, other, error = (), tuple(lines), f"malformed scenario record: {exc!r}"
     return ScenarioRun(
-        results=results, survivors=tuple(out.survivors), done=any(line.get("done") for line in other),
-        error=error, stderr=out.stderr, returncode=out.returncode, exited_at=out.exited_at,
-        timed_out=out.timed_out, progress=tuple(line for line in other if "done" not in line and "error" not in line))
+        results=results, survivors=tuple(survivors), done=any(line.get("done") for line in other), error=error,
+        stderr=stderr.decode(errors="replace")[-4000:], returncode=child.returncode, exited_at=exited_at,
+        timed_out=timed_out, progress=tuple(line for line in other if "done" not in line and "error" not in line))

@@ -143,7 +143,7 @@ def observe(opts: ScenarioOptions, proxy: Any, results: list[Any], t0: float,
         stall_detected_ms=ms(stalled), floor_ms=None if floor is None else floor.elapsed_ms(t0),
         pending_errors=tuple(sorted({type(r.error).__name__ for r in results if r.error is not None})),
         new_request_error=new_request_error, window_s=opts.observe_s)
-    fatal = settled_fatal_error(proxy) if health_false is not None else getattr(proxy, "_fatal_error", None)
+    fatal = settled_fatal_error(proxy, wait=health_false is not None)
     return detection, fatal, sum(1 for r in results if not r.done)
 
 

@@ -21,17 +21,10 @@ from ..stop._bounded_stop import stop_processes
 from ._cgroup_faults import FreezerGroup
 from ._executor_worker import read_announced_identities
 from ._scenario_endings import emit
-from ._scenario_executor import (
-    bounded,
-    build_in_thread,
-    fatal_fields,
-    pre_shutdown_runs,
-    settled_fatal_error,
-    stop_report,
-)
+from ._scenario_executor import Build, bounded, fatal_fields, settled_fatal_error, shutdown_outcome
 from ._scenario_faults import alive, inject, victims_of
 from ._scenario_observe import ThreadExceptions
-from ._scenario_records import InitOutcome, ResultInProgress, ScenarioOptions, ShutdownOutcome, Victim
+from ._scenario_records import InitOutcome, ResultInProgress, ScenarioOptions
 
 __all__ = ["run_init_fault", "run_shutdown_fault", "run_spawn_failure"]
 
@@ -39,18 +32,13 @@ __all__ = ["run_init_fault", "run_shutdown_fault", "run_spawn_failure"]
 def run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announce: str, freezer: FreezerGroup | None,
                    draft: ResultInProgress, identities: list[ProcessIdentity]) -> None:
     """Inject the fault while the executor is being built (its ranks announced, READY not yet sent)."""
-    build = build_in_thread(opts, worker_kwargs)
-    assert build.thread is not None
+    build = Build(opts, worker_kwargs)
     identities.extend(read_announced_identities(announce, opts.workers, 10))
     draft.update(pids=tuple(i.pid for i in identities))
     emit({"pids": list(draft.result.pids), "iteration": draft.result.iteration})
     time.sleep(min(0.2, opts.init_delay_s / 4))
-    victims = victims_of(opts, identities)
-    draft.update(victims=tuple(Victim(v.rank, v.pid) for v in victims))
-    t0, floor = inject(opts, victims, freezer, announce)
+    t0, _ = inject(opts, victims_of(opts, identities, draft), freezer, announce, timed=False)
     draft.update(fault_at=t0)
-    if floor is not None:
-        floor.close()
     build.thread.join(opts.observe_s)
     hung = build.thread.is_alive()
     error = build.error
@@ -67,8 +55,7 @@ def run_spawn_failure(opts: ScenarioOptions, worker_kwargs: dict[str, Any], draf
                       thread_exceptions: ThreadExceptions) -> None:
     """Build while MPI_Comm_spawn fails (the child's ``main`` made PRRTE's session base unusable).
     The latency is from the death of mpi4py's manager thread to the constructor's error."""
-    build = build_in_thread(opts, worker_kwargs)
-    assert build.thread is not None
+    build = Build(opts, worker_kwargs)
     build.thread.join(opts.observe_s)
     error = build.error
     spawn_died = next((t for t, m in zip(thread_exceptions.times, thread_exceptions.messages, strict=True)
@@ -83,8 +70,7 @@ def run_spawn_failure(opts: ScenarioOptions, worker_kwargs: dict[str, Any], draf
 def run_shutdown_fault(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity], announce: str,
                        draft: ResultInProgress) -> None:
     """Kill ``fault_rank`` while ``shutdown()`` runs: shutdown must stay bounded and account for it."""
-    victims = victims_of(opts, identities)
-    draft.update(victims=tuple(Victim(v.rank, v.pid) for v in victims))
+    victims = victims_of(opts, identities, draft)
     done = threading.Event()
 
     def shut() -> None:
@@ -96,19 +82,12 @@ def run_shutdown_fault(opts: ScenarioOptions, proxy: Any, identities: list[Proce
     t_start = time.monotonic()
     threading.Thread(target=shut, name="scenario-shutdown", daemon=True).start()
     with contextlib.suppress(Exception):  # the rank may already be gone: that is the race
-        fault_at, floor = inject(opts, victims, None, announce)
+        fault_at, _ = inject(opts, victims, None, announce, timed=False)
         draft.update(fault_at=fault_at)
-        if floor is not None:
-            floor.close()
     finished = done.wait(opts.observe_s)
-    report = stop_report(proxy)
-    draft.update(shutdown=ShutdownOutcome(
-        shutdown_ms=round((time.monotonic() - t_start) * 1e3, 3) if finished else None, hung=not finished,
-        pre_shutdown_runs=pre_shutdown_runs(proxy), report=report,
-        unkillable=() if report is None else tuple(u.pid for u in report.unkillable)))
-    fatal = settled_fatal_error(proxy) if getattr(proxy, "liveness_events", []) else getattr(
-        proxy, "_fatal_error", None)
-    draft.update(**fatal_fields(proxy, fatal))
+    draft.update(shutdown=shutdown_outcome(
+        proxy, shutdown_ms=round((time.monotonic() - t_start) * 1e3, 3) if finished else None, hung=not finished))
+    draft.update(**fatal_fields(proxy, settled_fatal_error(proxy, wait=bool(getattr(proxy, "liveness_events", [])))))
     if not finished or os.path.isdir(getattr(proxy, "_ipc_dir", "")):
         stop_processes(identities, grace_s=0.0, kill_s=2.0)
         bounded(proxy._close_queues)

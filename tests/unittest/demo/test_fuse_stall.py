@@ -19,9 +19,9 @@ import pytest
 
 from tests.support.facilities import require_or_skip
 from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.slow_reads import SlowReadResult, slow_reader_cmd
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerState
-from trtllm_liveness.demo._fuse_slow_reads import SlowReadResult, slow_reader_cmd
 from trtllm_liveness.demo._fuse_stall import (
     MOUNT_PREFIX,
     FuseStall,
@@ -72,7 +72,6 @@ def _dev_fuse_fds() -> list[int]:
 
 
 def _assert_cleaned_up(stall: FuseStall) -> None:
-    assert stall.released
     assert stall.mountpoint not in fuse_mounts()
     assert not os.path.exists(stall.mountpoint)  # safe: unmounted, so nothing can block
     assert _dev_fuse_fds() == []
@@ -162,7 +161,7 @@ def test_each_caller_and_thread_is_held_on_its_own(procs: ProcessTracker, fuse_s
 def test_the_owner_process_is_never_stalled(fuse_stall: FuseStall) -> None:
     # Requests from the owner's own threads are answered EIO at once (else a stray access would
     # hang the test runner beyond what a SIGALRM-based timeout can end).
-    assert not os.path.exists(fuse_stall.path)
+    assert not os.path.exists(fuse_stall.new_path())
     with pytest.raises(OSError) as caught:
         os.stat(fuse_stall.new_path())
     assert caught.value.errno == errno.EIO

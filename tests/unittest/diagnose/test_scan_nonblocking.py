@@ -27,9 +27,50 @@ import pytest
 from tests.support.facilities import require_facility
 from tests.support.process_tracker import SLEEPER, ProcessTracker, state_of
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness.demo._fuse_stall import MEM_FAULT_TARGET_CODE, FuseStall
+from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._mm_read import MmReader, SkippedRead, SkipReason
+
+# A process stuck in a page fault on the held READ while holding its mmap lock, with a second
+# thread queued on that lock for write. argv: the held-read path, then a name for the process's
+# comm (prctl PR_SET_NAME; at most 15 bytes). Both threads are started first (starting a thread
+# maps its stack, which would queue on the lock too), then it prints "<fault tid> <mmap tid>" and
+# lets them go. The fault goes through /proc/self/mem: get_user_pages without FOLL_UNLOCKABLE
+# keeps mmap_read_lock across the READ (an ordinary fault would drop it); the other thread's
+# mmap(2) then waits for mmap_write_lock. After release the read fails and the process exits 3.
+MEM_FAULT_TARGET_CODE = """\
+import ctypes, mmap, os, sys, threading, time
+libc = ctypes.CDLL(None, use_errno=True)
+libc.mmap.restype = ctypes.c_void_p
+libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+libc.prctl(15, sys.argv[2].encode()[:15], 0, 0, 0)
+fd = os.open(sys.argv[1], os.O_RDONLY)
+addr = libc.mmap(None, 4096, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+if addr in (None, ctypes.c_void_p(-1).value):
+    sys.exit(f"mmap failed: {os.strerror(ctypes.get_errno())}")
+mem = os.open("/proc/self/mem", os.O_RDONLY)
+go = threading.Event()
+def fault():
+    go.wait(60)
+    try:
+        os.pread(mem, 1, addr)
+    except OSError:
+        pass
+def remap():
+    go.wait(60)
+    time.sleep(0.2)  # let the fault take the lock first: the writer must queue behind it
+    try:
+        mmap.mmap(-1, 4096).close()
+    except OSError:
+        pass
+a = threading.Thread(target=fault, daemon=True)
+b = threading.Thread(target=remap, daemon=True)
+a.start(); b.start()
+sys.stdout.write(f"{a.native_id} {b.native_id}\\n"); sys.stdout.flush()
+go.set()
+a.join(3600); b.join(3600)  # stuck until the test releases the FUSE server (or kills this)
+sys.exit(3)
+"""
 
 # The fuse marker names the facility (skip with the reason, or fail where it is required); the
 # fuse_stall fixture probes it with fuse_available().
