@@ -46,7 +46,7 @@ def session_members(sid: int) -> list[_procfs.StatInfo]:
             info = _procfs.read_stat(int(name))
         except (OSError, ValueError):  # gone since the listing
             continue
-        if info.session == sid and info.state not in ("Z", "X"):
+        if info.session == sid and not info.exited:
             members.append(info)
     return members
 
