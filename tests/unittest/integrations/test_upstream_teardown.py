@@ -213,7 +213,7 @@ for _engine in range(3):
     session = MpiPoolSession.__new__(MpiPoolSession)      # 1.2.x's session class: no abandon()
     session.mpi_pool = None
     proxy = types.SimpleNamespace(mpi_session=session, _owns_mpi_session=True)
-    abandon_session(proxy, EngineLiveness(config=LivenessConfig(enabled=True)), owned=True)
+    abandon_session(proxy, EngineLiveness(config=LivenessConfig(enabled=True)))
 print("NOTES", *notes)
 """
 

@@ -80,7 +80,7 @@ def tampered(path: str, value: Any) -> Any:
 def test_a_full_spec_survives_the_wire_and_is_accepted() -> None:
     received = WorkerSpec.from_wire(wire(full_spec()))
     assert received == full_spec()
-    assert received.proxy is not None and received.proxy.as_list() == [4242, 100, "elsewhere", 4026531836, "boot"]
+    assert received.proxy == ProxyIdentity(4242, 100, "elsewhere", 4026531836, "boot")
     assert WorkerSpec.from_wire(wire(WorkerSpec(task))).hub is None
 
 

@@ -17,7 +17,6 @@ Where each part lives::
     _startup.py       an engine's start: its monitor, metrics on trtllm-serve's page, the "on" line,
                       the session's submit wrapped so every rank runs liveness_worker_entry
     _engine_shutdown.py  the bounded shutdown; the exit guard's graceful action and last resort
-    _request_socket.py  who owns upstream's request socket; keeping the extension from sending on it
     _engine_stall.py  stall detection of an engine (progress in, stall out) and its diagnoses
     _progress.py      executor iterations as progress: the ranks' counter and the proxy's listener
     _fatal.py         the fatal path (publish, fail, guard, then pre_shutdown in a helper)

@@ -142,13 +142,9 @@ def liveness_executor_class(executor_cls: type | None = None, proxy_cls: type | 
     liveness_proxy = liveness_proxy_class(proxy_cls, default_enabled=True, config=config)
     _install_create_hook(_routing_class(base_executor), base_executor)
 
-    def _create_ipc_executor(worker_kwargs: Any, model_world_size: int = 1, mpi_session: Any = None,
-                             postproc_worker_config: Any = None, is_llm_executor: Any = None,
-                             use_worker: bool = False, **extra: Any) -> Any:
+    def _create_ipc_executor(*args: Any, **kwargs: Any) -> Any:
         with _requested(liveness_proxy):
-            return base_executor._create_ipc_executor(  # type: ignore[attr-defined]
-                worker_kwargs, model_world_size, mpi_session, postproc_worker_config, is_llm_executor,
-                use_worker=use_worker, **extra)
+            return base_executor._create_ipc_executor(*args, **kwargs)  # type: ignore[attr-defined]
 
     def create(*args: Any, **kwargs: Any) -> Any:
         warn_route(route_of(kwargs))

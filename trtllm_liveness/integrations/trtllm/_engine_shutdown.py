@@ -30,11 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..._errors import LivenessError
 from ..._events import WorkerFailedError, WorkerState
@@ -47,7 +48,6 @@ from ...process._pidfd import verify_start_time
 from ...stop._bounded_stop import StopOutcome, StopReport
 from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
 from ._hosts import stop_remote_hosts
-from ._request_socket import owns_request_socket, zmq_debug
 from ._state import EngineLiveness, state_of
 from ._upstream_teardown import abandon_session, owns_session, release_upstream_waits
 
@@ -90,7 +90,7 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
     else:
         # Workers exiting now are expected: stop the watcher so they are not reported dead.
         state.monitor.stop()
-        if zmq_debug() and owns_request_socket(state):
+        if zmq_debug() and state.owns_request_socket():
             # Upstream's debug mode raises on a send from a thread that does not own its
             # request socket: this one does, so upstream's pre_shutdown() (stop sentinel,
             # cancellations) runs here; the shutdown() below then finds it done. The engine is
@@ -116,7 +116,7 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
     upstream.join(max(0.0, stopped_at + _UPSTREAM_SHUTDOWN_AFTER_STOP_S - time.monotonic()))
     if upstream.is_alive():
         logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
-        abandon_session(proxy, state, owns_session(proxy, state))
+        abandon_session(proxy, state)
     release(state)
     if state.fatal is None and not (report is not None and report.unkillable):
         mark_clean()
@@ -129,9 +129,15 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
             proxy._fatal_error = state.fatal
 
 
+def zmq_debug() -> bool:
+    """Upstream's debug mode, which raises on a send from a thread that does not own the socket."""
+    # Upstream's ipc reads it per queue at construction; the same word here (docs/upstream-contract.md).
+    return os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG", "0") != "0"
+
+
 def wait_exit(state: EngineLiveness, deadline: float) -> None:
     """Wait until every registered rank has exited, or until ``deadline`` (monotonic)."""
-    pending = state.monitor.identities if state.monitor is not None else []
+    pending = state.identities
     while pending and time.monotonic() < deadline:
         pending = [identity for identity in pending if _is_running(identity)]
         if pending:
@@ -167,9 +173,8 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
 def _stop_workers_once(state: EngineLiveness) -> StopReport | None:
     from ...stop._bounded_stop import stop_processes
 
-    identities = state.monitor.identities if state.monitor is not None else []
     # Never signal an identity whose start time was not verified (a recycled pid).
-    identities = [identity for identity in identities if identity.start_time is not None]
+    identities = [identity for identity in state.identities if identity.start_time is not None]
     if not identities and state.hub is None:
         return None
     config = state.config
@@ -228,21 +233,10 @@ def release(state: EngineLiveness) -> None:
     state.closing.set()
     if state.stop_at_exit is not None:
         process_ending().discard_cleanup(state.stop_at_exit, Stage.STOP)
-    if state.hub is not None:
-        with contextlib.suppress(Exception):
-            state.hub.close()
-    if state.channel is not None:
-        with contextlib.suppress(Exception):
-            state.channel.close()
-    if state.stall is not None:
-        with contextlib.suppress(Exception):
-            state.stall.close()
-    if state.monitor is not None:
-        with contextlib.suppress(Exception):
-            state.monitor.close()
-    if state.metrics is not None:
-        with contextlib.suppress(Exception):
-            state.metrics.close()
+    for held in (state.hub, state.channel, state.stall, state.monitor, state.metrics):
+        if held is not None:
+            with contextlib.suppress(Exception):
+                held.close()
     left = state.threads.join()
     if state.diagnoser is not None:
         left += state.diagnoser.close()
@@ -271,7 +265,7 @@ def graceful(state: EngineLiveness) -> Callable[[], None]:
     return interrupt
 
 
-def stop_at_exit(ref: weakref.ReferenceType[object]) -> Callable[[], None]:
+def stop_at_exit(ref: weakref.ReferenceType[Any]) -> Callable[[], None]:
     """The engine's STOP cleanup of the process's ending: its ranks are not our children (prte
     spawned them), so nobody else reaps them once this process is gone; stop them first, bounded.
     A rank the stop leaves unkillable quarantines the host (awaited by the ending) and makes the

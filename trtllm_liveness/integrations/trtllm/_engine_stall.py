@@ -72,18 +72,11 @@ class RankIterations:
 
 
 def pending_count(proxy: Any) -> int:
+    """How many requests of ``proxy`` (None: a dropped engine, none) wait for their final response."""
     # Upstream's _results holds every request whose final response has not been dispatched
     # (docs/upstream-contract.md); len() of a dict is atomic, so any thread may read it.
     results = getattr(proxy, "_results", None)
     return len(results) if isinstance(results, dict) else 0
-
-
-def pending_counter(ref: weakref.ReferenceType[Any]) -> Callable[[], int]:
-    def pending() -> int:
-        proxy = ref()
-        return 0 if proxy is None else pending_count(proxy)
-
-    return pending
 
 
 def dispatch_activity(ref: weakref.ReferenceType[Any]) -> Callable[[], int | None]:
@@ -130,7 +123,6 @@ class Diagnoser:
         self.remote: Callable[..., list[HostSnapshot]] | None = None
         self.remote_bound_s = 1.0
         self.latest: Diagnosis | None = None
-        self.reason = ""
         self.done = threading.Event()  # set after each finished diagnosis (tests wait on it)
         self.snapshot_taken = threading.Event()
         """Set once the snapshot of a fatal verdict (``request(..., snapshot=True)``) ended: the
@@ -225,7 +217,7 @@ class Diagnoser:
             diagnosis = self.take(snapshot=snapshot)
             if diagnosis is None:
                 return
-            self.latest, self.reason = diagnosis, reason
+            self.latest = diagnosis
             if on_done is not None:
                 on_done(diagnosis)
             else:

@@ -53,7 +53,6 @@ from ...diagnose._diagnosis_text import fatal_line, instant_evidence, snapshot_r
 from ...diagnose._stalled_rank import stalled_rank_now
 from ...exit._outcome import record_outcome, record_snapshot, record_unrestartable
 from ...exit._termination_log import MESSAGE_LIMIT_BYTES, amend_termination_message, write_termination_message
-from .._futures import fail_pending
 from ._features import find_symbol, warn_once
 from ._state import EngineLiveness
 from ._upstream_teardown import forget_late_responses, release_exit_joins
@@ -117,8 +116,7 @@ def observe_verdict(state: EngineLiveness, event: WorkerEvent) -> None:
     unchanged, nothing stopped, no exit, no quarantine. Never blocks; never raises."""
     with state.lock:
         first = not state.would_fail
-        if not any(seen is event for seen in state.events):
-            state.events.append(event)
+        state.remember(event)
         state.would_fail[event.kind] = state.would_fail.get(event.kind, 0) + 1
     if not first:
         # Enforcing, the first verdict would have stopped the engine: what comes after it is its
@@ -150,14 +148,11 @@ def fatal_evidence(state: EngineLiveness, event: WorkerEvent | None = None) -> s
     which takes a CPU window and the stacks, follows in its own line (:func:`report_snapshot`).
     A stall's line keeps the evidence its naming read, other hosts' ranks included (their agents')."""
     try:
-        identities = state.monitor.identities if state.monitor is not None else []
-        stall = state.stall
-        named = stall.named if stall is not None else None
+        named = state.stall.named if state.stall is not None else None
         if event is not None and event.kind is EventKind.STALLED and named is not None \
                 and named.rank == event.identity.rank:
             return instant_evidence(named)
-        counts = {rank: last.count for rank, last in stall.iterations().items()} if stall is not None else None
-        return instant_evidence(stalled_rank_now(identities, iterations=counts or None))
+        return instant_evidence(stalled_rank_now(state.identities, iterations=state.iteration_counts() or None))
     except Exception:  # the line goes out whatever the evidence does
         logger.debug("liveness: the fatal line's evidence could not be read", exc_info=True)
         return "none read"
@@ -168,11 +163,8 @@ def report_snapshot(state: EngineLiveness, reason: str, diagnosis: Diagnosis) ->
     rank (state, wait channel, CPU class, iterations, stack source), and the whole record in the
     outcome record and the termination message (after the fatal line). Never raises."""
     try:
-        identities = state.monitor.identities if state.monitor is not None else []
-        stall = state.stall
-        counts = {rank: last.count for rank, last in stall.iterations().items()} if stall is not None else {}
-        record = snapshot_record(diagnosis, reason, hosts={who.rank: who.hostname for who in identities},
-                                 iterations=counts)
+        record = snapshot_record(diagnosis, reason, hosts={who.rank: who.hostname for who in state.identities},
+                                 iterations=state.iteration_counts())
         state.snapshot = record
         logger.warning("liveness: diagnosis (%s): %s", reason, record.summary())
         record_snapshot(record)
@@ -190,7 +182,7 @@ def report_later_event(state: EngineLiveness, event: WorkerEvent) -> None:
     WARNING, and a wedge or an unkillable rank, a fact about the host, an ERROR."""
     if event.kind is not EventKind.DIED:
         logger.error("liveness: %s", event.message)
-    elif state.fatal is not None or state.shutdown_started or state.expected_exits:
+    elif state.failed_or_stopping:
         who = event.identity
         logger.info("liveness: MPI worker rank %d (pid %d) on host %s exited after the engine's failure or stop "
                     "began: %s", who.rank, who.pid, who.hostname, event.cause)
@@ -322,7 +314,7 @@ def _pre_shutdown_helper(proxy: Any, state: EngineLiveness, error: WorkerFailedE
         if worker.is_alive():
             logger.warning("liveness: upstream pre_shutdown() still blocked after %.1fs (a send to a dead peer?); "
                            "left in its daemon thread", 2 * PRE_SHUTDOWN_WAIT_S)
-    fail_pending(state.mpi_futures if isinstance(state.mpi_futures, list) else [], error)
+    state.fail_worker_futures(error)
     state.fatal_done.set()
 
 

@@ -153,12 +153,12 @@ def stop_remote_hosts(hub: AgentHub, config: LivenessConfig, threads: OwnedThrea
     return threads.start(run, name="trtllm-liveness-remote-stop", bound_s=bound + 1.0), reports
 
 
-def single_host_launch(environ: Any = None) -> bool:
+def single_host_launch() -> bool:
     """Whether the launcher says every rank runs on this host (mpirun's or Slurm's environment in
     the proxy's process): then no agent is needed, and ``hosts=auto`` starts no hub."""
     import os
 
-    env = os.environ if environ is None else environ
+    env = os.environ
     local, world = env.get("OMPI_COMM_WORLD_LOCAL_SIZE"), env.get("OMPI_COMM_WORLD_SIZE")
     if local is not None and local == world:
         return True

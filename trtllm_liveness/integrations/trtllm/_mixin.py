@@ -49,7 +49,6 @@ from ._engine_stall import (
     EngineStall,
     dispatch_activity,
     pending_count,
-    pending_counter,
 )
 from ._fatal import (
     DELIVERY_WAIT_S,
@@ -65,10 +64,9 @@ from ._fatal import (
     run_fatal_path,
 )
 from ._features import detect_features, warn_missing_hooks
-from ._request_socket import owns_request_socket, quiet_after_fatal
 from ._shim import MonitorShim
 from ._startup import announce, export_metrics, new_monitor, wrap_session
-from ._state import MISSING, STATE_ATTR, EngineLiveness, iteration_counts, state_of
+from ._state import MISSING, STATE_ATTR, EngineLiveness, state_of
 from ._upstream_teardown import forget_results, run_upstream_shutdown
 
 if TYPE_CHECKING:
@@ -127,31 +125,32 @@ class LivenessProxyMixin:
     def _liveness_start(self, state: EngineLiveness, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         config = state.config
         check_host(config)  # quarantine: refuses to start on a host where a wedged worker still is
-        state.features = features = detect_features(type(self)._liveness_base)
+        features = detect_features(type(self)._liveness_base)
         warn_missing_hooks(type(self)._liveness_base)
         session = kwargs.get("mpi_session", args[1] if len(args) > 1 else None)
         state.owns_session = session is None
         if not features.fatal_error:
             self._fatal_error: BaseException | None = None  # Dynamo reads it on every version
         monitor = new_monitor(config)
-        state.subscriber = _subscriber(weakref.ref(self))
+        ref = weakref.ref(self)
+        state.subscriber = _subscriber(ref)
         monitor.subscribe(state.subscriber, reports=True)  # the fatal line, or _liveness_on_event's
         if config.exit_on_fatal:
             state.exit_guard = FatalExitGuard(graceful=graceful(state), timeout_s=config.exit_timeout_s,
                                               exit_code=config.exit_code,
                                               exit_code_unrestartable=config.exit_code_unrestartable)
-            state.stop_at_exit = stop_at_exit(weakref.ref(self))
+            state.stop_at_exit = stop_at_exit(ref)
             process_ending().add_cleanup(state.stop_at_exit, Stage.STOP)
         state.monitor = monitor  # before start(): a failure from here on closes it (abort_start)
         monitor.start()
         mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success
         state.shim = MonitorShim(monitor, on_close=self._liveness_expected_exits, own_view=config.observe)
-        state.diagnoser = Diagnoser(lambda: monitor.verified_identities(), iteration_counts(state))
+        state.diagnoser = Diagnoser(lambda: monitor.verified_identities(), state.iteration_counts)
         # The engine's progress is always followed (a suspect host and a stopped rank wait for it);
         # the stall timer runs only with stall_timeout_s.
         state.stall = EngineStall(timeout_s=config.stall_timeout_s, fatal=config.stall_action is StallAction.FATAL,
-                                  monitor=monitor, pending=pending_counter(weakref.ref(self)),
-                                  diagnoser=state.diagnoser, activity=dispatch_activity(weakref.ref(self)))
+                                  monitor=monitor, pending=lambda: pending_count(ref()),
+                                  diagnoser=state.diagnoser, activity=dispatch_activity(ref))
         announce(type(self)._liveness_base, config)
 
     # -- public view ---------------------------------------------------------------------
@@ -248,9 +247,7 @@ class LivenessProxyMixin:
             return
         restore = wrap_session(self, state)
         # A failed MPI_Comm_spawn leaves the futures pending and upstream's loop waiting forever.
-        pool_watch = PoolManagerWatch(getattr(self, "mpi_session", None),
-                                      lambda: state.mpi_futures if isinstance(state.mpi_futures, list) else None
-                                      ).start()
+        pool_watch = PoolManagerWatch(getattr(self, "mpi_session", None), state.worker_futures).start()
         try:
             super()._start_executor_workers(worker_kwargs)  # type: ignore[misc]
         except BaseException as exc:
@@ -263,7 +260,6 @@ class LivenessProxyMixin:
             pool_watch.disarm()
             if restore is not None:
                 restore()
-        state.ready = True
         if state.monitor is not None:
             # Time in D before READY does not count towards the READY bound (the monitor resets it).
             state.monitor.arm_wedge_detection(d_state_timeout_s=state.config.d_state_timeout_s)
@@ -334,8 +330,8 @@ class LivenessProxyMixin:
         a request that registered after the fatal sweep (1.2.x would leave it pending forever).
         Serialized with the fatal path's ``pre_shutdown()`` (``send_lock``): upstream's sockets
         have no lock. A request on an idle engine starts the stall clock."""
-        state: EngineLiveness = self.__dict__[STATE_ATTR]
-        if not state.config.enabled:
+        state = state_of(self)
+        if not state.enabled:
             return super().submit(request)  # type: ignore[misc]
         if state.fatal is not None:
             raise dead_error(self, state.fatal)
@@ -371,7 +367,7 @@ class LivenessProxyMixin:
         After a fatal error, in a thread other than the request socket's owner (the thread of the
         first ``submit()``), upstream's makes no socket send: the pending requests were failed and
         forgotten (no ``CancellingRequest``), and the worker futures are failed first (no stop
-        sentinel, see :func:`._request_socket.quiet_after_fatal`)."""
+        sentinel)."""
         state = state_of(self)
         if not state.enabled:
             super().pre_shutdown()  # type: ignore[misc]
@@ -383,8 +379,16 @@ class LivenessProxyMixin:
         try:
             with state.lock:
                 state.pre_shutdown_entries += 1
-            if state.fatal is not None and not owns_request_socket(state):
-                quiet_after_fatal(state, state.fatal)
+            if state.fatal is not None and not state.owns_request_socket():
+                # Upstream's pre_shutdown() sends its stop sentinel (put_noblock(None)) only while
+                # worker futures are pending (main: any; 1.2.x: all). After a fatal error it runs in
+                # the fatal path's helper thread (or the upstream-shutdown thread); once a caller's
+                # thread owns upstream's request socket, a send from another thread breaks ZMQ's rule
+                # (sockets are not thread-safe) and raises with TLLM_LLMAPI_ZMQ_DEBUG=1. Failing the
+                # futures (upstream's mirrors) first keeps upstream from sending at all; a leader
+                # still alive is then ended by the bounded stop of shutdown() / the exit guard
+                # instead of returning by itself.
+                state.fail_worker_futures(state.fatal)
             super().pre_shutdown()  # type: ignore[misc]
         finally:
             state.pre_shutdown_lock.release()

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ._worker_spec import ProgressSpec
+from ._worker_spec import ProgressSpec, is_int
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -58,10 +58,6 @@ class IterationBeat:
     at: float
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def parse_beat(raw: bytes, token: str) -> IterationBeat:
     """Parse and check one beat; raises ``ValueError`` saying what is wrong."""
     if len(raw) > MAX_MESSAGE_BYTES:
@@ -78,9 +74,9 @@ def parse_beat(raw: bytes, token: str) -> IterationBeat:
     rank: Any = message.get("rank")
     count: Any = message.get("count")
     at: Any = message.get("at")
-    if not _is_int(rank) or not 0 <= rank < 1 << 20:
+    if not is_int(rank) or not 0 <= rank < 1 << 20:
         raise ValueError(f"bad rank {rank!r}")
-    if not _is_int(count) or count < 0:
+    if not is_int(count) or count < 0:
         raise ValueError(f"bad count {count!r}")
     if not isinstance(at, (int, float)) or isinstance(at, bool) or not 0 <= at < 1e12:
         raise ValueError(f"bad time {at!r}")

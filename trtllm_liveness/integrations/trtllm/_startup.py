@@ -19,7 +19,7 @@ from ..._config import LivenessConfig
 from ...monitor._monitor import WorkerProcessMonitor
 from ...process._identity import ProcessIdentity
 from ._engine_stall import beat_interval
-from ._features import upstream_skips_registration, warn_once, warn_session_hooks
+from ._features import detect_features, upstream_skips_registration, warn_once, warn_session_hooks
 from ._hosts import connect_hub, start_hub, wants_hub
 from ._side_channel import IdentityChannel
 from ._state import EngineLiveness, state_of
@@ -78,7 +78,7 @@ def announce(base: type, config: LivenessConfig) -> None:
         sys.stderr.flush()
 
 
-def wrap_session(proxy: object, state: EngineLiveness) -> Callable[[], None] | None:
+def wrap_session(proxy: Any, state: EngineLiveness) -> Callable[[], None] | None:
     """Wrap ``proxy.mpi_session.submit`` so that every rank's task runs in
     :func:`~._worker_entry.liveness_worker_entry`; opens the identity side channel where upstream
     registers no identities, the progress channel and the agent hub where wanted. Returns the
@@ -89,11 +89,10 @@ def wrap_session(proxy: object, state: EngineLiveness) -> Callable[[], None] | N
     if session is None or not callable(submit):
         return None
     channel: IdentityChannel | None = None
-    assert state.features is not None
     # main sends the ranks' identities itself, but registers them only for sessions it spawned:
     # for an mpirun-launched (MpiCommSession) or remote session it skips them, so the side
     # channel serves there too (as on 1.2.x, which sends none).
-    if not state.features.identities_signal or upstream_skips_registration(session):
+    if not detect_features(type(proxy)._liveness_base).identities_signal or upstream_skips_registration(session):
         ref = weakref.ref(proxy)
 
         def on_identities(identities: list[ProcessIdentity]) -> None:

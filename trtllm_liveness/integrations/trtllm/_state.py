@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Final
@@ -22,9 +22,10 @@ from ...exit._snapshot_record import FatalSnapshot
 from ...monitor._delivery import Subscriber
 from ...monitor._monitor import WorkerProcessMonitor
 from ...monitor._stall_timer import StallInfo
+from ...process._identity import ProcessIdentity
 from ...stop._bounded_stop import StopReport
+from .._futures import fail_pending
 from ._engine_stall import Diagnoser, EngineStall
-from ._features import UpstreamFeatures
 from ._shim import MonitorShim
 from ._side_channel import IdentityChannel
 
@@ -65,7 +66,6 @@ class EngineLiveness:
 
     Attributes:
         config: the resolved configuration (``enabled`` False: everything else stays empty).
-        features: what the upstream class offers.
         monitor / shim / exit_guard: the engine's monitor, what upstream main sees as its monitor,
             and the exit guard (``exit_on_fatal`` only).
         subscriber: the engine's subscription to the monitor (the reaction's only caller).
@@ -74,7 +74,6 @@ class EngineLiveness:
         events: every event seen (the first is the fatal error's).
         expected_exits: set once a clean stop began (upstream's ``pre_shutdown()``/monitor
             ``close()``, or ``shutdown()`` of a healthy engine): deaths after it are not fatal.
-        ready: the engine reported READY (the wedge timer is armed from then on).
         owns_session: the proxy created its MPI session (none was passed in).
         shutdown_started / shutdown_report: ``shutdown()`` ran, and what its bounded stop did.
         fatal_line / snapshot: the fatal ERROR line's text (with its evidence) and the typed
@@ -104,7 +103,6 @@ class EngineLiveness:
     """
 
     config: LivenessConfig
-    features: UpstreamFeatures | None = None
     monitor: WorkerProcessMonitor | None = None
     subscriber: Subscriber | None = None
     shim: MonitorShim | None = None
@@ -120,7 +118,6 @@ class EngineLiveness:
     fatal: WorkerFailedError | None = None
     events: list[WorkerEvent] = field(default_factory=list)
     expected_exits: bool = False
-    ready: bool = False
     owns_session: bool = True
     shutdown_started: bool = False
     shutdown_report: StopReport | None = None
@@ -158,12 +155,47 @@ class EngineLiveness:
         Thread-safe; never blocks beyond the state lock.
         """
         with self.lock:
-            if not any(seen is event for seen in self.events):
-                self.events.append(event)
-            if self.fatal is not None or self.shutdown_started or self.expected_exits:
+            self.remember(event)
+            if self.failed_or_stopping:
                 return None
             self.fatal = WorkerFailedError(event)
             return self.fatal
+
+    def remember(self, event: WorkerEvent) -> None:
+        """Add ``event`` to :attr:`events` unless it is there already; the caller holds :attr:`lock`."""
+        if not any(seen is event for seen in self.events):
+            self.events.append(event)
+
+    @property
+    def failed_or_stopping(self) -> bool:
+        """The engine has failed, or a clean stop or ``shutdown()`` began: a death is no news now."""
+        return self.fatal is not None or self.shutdown_started or self.expected_exits
+
+    @property
+    def identities(self) -> list[ProcessIdentity]:
+        """The ranks the engine's monitor knows (none without a monitor)."""
+        return self.monitor.identities if self.monitor is not None else []
+
+    def iteration_counts(self) -> dict[int, int]:
+        """Each rank's last reported executor iteration count (empty without stall detection)."""
+        stall = self.stall
+        return {} if stall is None else {rank: last.count for rank, last in stall.iterations().items()}
+
+    def worker_futures(self) -> list[Any]:
+        """What upstream holds as its worker futures (the mirrors), once it set a list; else empty."""
+        return self.mpi_futures if isinstance(self.mpi_futures, list) else []
+
+    def owns_request_socket(self) -> bool:
+        """Whether this thread may send on upstream's request socket (``TLLM_LLMAPI_ZMQ_DEBUG``'s
+        check, docs/upstream-contract.md, "Request queue and blocking sends"): ZMQ sockets are not
+        thread-safe, and upstream's queues have no lock. No submit yet: nobody owns the socket,
+        and the thread that sends now becomes its owner."""
+        owner = self.request_socket_owner
+        return owner is None or owner == threading.get_ident()
+
+    def fail_worker_futures(self, error: BaseException) -> None:
+        """Fail every worker future upstream still waits on with ``error``."""
+        fail_pending(self.worker_futures(), error)
 
     def begin_expected_exits(self) -> bool:
         """Mark that workers may now exit without it being a failure; True the first time.
@@ -174,16 +206,6 @@ class EngineLiveness:
             if self.fatal is not None or self.expected_exits:
                 return False
             self.expected_exits = True
-        mark = getattr(self.monitor, "mark_expected_exits", None)
-        if callable(mark):
-            mark()
+        if self.monitor is not None:
+            self.monitor.mark_expected_exits()
         return True
-
-
-def iteration_counts(state: EngineLiveness) -> Callable[[], Mapping[int, int]]:
-    """Each rank's last reported executor iteration count (empty without stall detection)."""
-    def counts() -> Mapping[int, int]:
-        stall = state.stall
-        return {} if stall is None else {rank: last.count for rank, last in stall.iterations().items()}
-
-    return counts

@@ -36,7 +36,6 @@ from typing import Any
 
 from ..._events import WorkerFailedError
 from ...stop._stop_report import StopOutcome, StopReport
-from .._futures import fail_pending
 from ._features import log_once, warn_once
 from ._state import EngineLiveness
 
@@ -162,10 +161,8 @@ def release_upstream_waits(proxy: Any, state: EngineLiveness, report: StopReport
     if state.fatal is None and (report is None or not any(
             worker.outcome in _SIGNALLED for worker in report.workers)):
         return
-    futures = state.mpi_futures if isinstance(state.mpi_futures, list) else []
-    error: BaseException = state.fatal if state.fatal is not None else EngineStoppedError(
-        "the engine's ranks were stopped by the bounded shutdown")
-    fail_pending(futures, error)
+    state.fail_worker_futures(state.fatal if state.fatal is not None else EngineStoppedError(
+        "the engine's ranks were stopped by the bounded shutdown"))
     end_dispatch(proxy)
 
 
@@ -194,13 +191,13 @@ def _is_the_engines_failure(exc: BaseException, state: EngineLiveness) -> bool:
     return False
 
 
-def abandon_session(proxy: Any, state: EngineLiveness, owned: bool) -> None:
+def abandon_session(proxy: Any, state: EngineLiveness) -> None:
     """Upstream's ``shutdown()`` is still blocked after the workers were stopped: give up its
     session without waiting. main: ``abandon()``. 1.2.x has none; what it would add is the
     release of mpi4py's exit join of the pool thread, which the extension does itself: only when
     that cannot be done, one INFO note per process. A session the proxy does not own is left to
     its owner."""
-    if not owned:
+    if not owns_session(proxy, state):
         logger.info("liveness: the MPI session belongs to the caller; not abandoned")
         return
     session = getattr(proxy, "mpi_session", None)

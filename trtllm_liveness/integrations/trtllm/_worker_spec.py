@@ -44,7 +44,8 @@ class WorkerSpecError(ValueError):
     """A worker spec a rank cannot use; the text names the part and what is wrong."""
 
 
-def _is_int(value: Any) -> bool:
+def is_int(value: Any) -> bool:
+    """An ``int`` that is not a ``bool``."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -85,13 +86,13 @@ class ProxyIdentity:
 
     def check(self) -> None:
         """Raise ``ValueError`` naming the first field of the wrong type or range."""
-        if not _is_int(self.pid) or not 1 <= self.pid <= _MAX_PID:
+        if not is_int(self.pid) or not 1 <= self.pid <= _MAX_PID:
             raise ValueError(f"bad proxy pid {self.pid!r}")
-        if self.start_time is not None and (not _is_int(self.start_time) or self.start_time < 0):
+        if self.start_time is not None and (not is_int(self.start_time) or self.start_time < 0):
             raise ValueError(f"bad proxy start time {self.start_time!r}")
         if not isinstance(self.hostname, str) or len(self.hostname) > _MAX_HOSTNAME:
             raise ValueError(f"bad proxy hostname {self.hostname!r:.80}")
-        if self.pid_namespace is not None and not _is_int(self.pid_namespace):
+        if self.pid_namespace is not None and not is_int(self.pid_namespace):
             raise ValueError(f"bad proxy PID namespace {self.pid_namespace!r}")
         if self.boot_id is not None and (not isinstance(self.boot_id, str) or len(self.boot_id) > 64):
             raise ValueError(f"bad proxy boot id {self.boot_id!r:.80}")
@@ -104,11 +105,6 @@ class ProxyIdentity:
             raise ValueError(f"bad proxy identity {value!r:.200}: want [pid, start_time, hostname, "
                              "pid_namespace(, boot_id)]")
         return cls(*value)
-
-    def as_list(self) -> list[Any]:
-        """The list form :meth:`from_sequence` reads (JSON-ready)."""
-        head: list[Any] = [self.pid, self.start_time, self.hostname, self.pid_namespace]
-        return head if self.boot_id is None else [*head, self.boot_id]
 
 
 @dataclass(frozen=True)
