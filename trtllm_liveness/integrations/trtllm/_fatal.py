@@ -222,10 +222,9 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
 
 def mark_shutdown_signalled(proxy: Any) -> None:
     # Plain attribute stores: upstream reads both without a lock.
-    with contextlib.suppress(Exception):
-        proxy.doing_shutdown = True
-    with contextlib.suppress(Exception):
-        proxy._shutdown_signal_sent = True
+    for name in ("doing_shutdown", "_shutdown_signal_sent"):
+        with contextlib.suppress(Exception):
+            setattr(proxy, name, True)
 
 
 def publish_fatal(proxy: Any, error: WorkerFailedError) -> None:

@@ -153,8 +153,8 @@ def log_once(level: int, key: str, subject: str, message: str, *args: Any, exc_i
     return True
 
 
-def warn_missing_hooks(proxy_cls: type) -> list[str]:
-    """One WARNING per hook of ``REQUIRED_HOOKS`` that ``proxy_cls`` lacks; returns their names."""
+def warn_missing_hooks(proxy_cls: type) -> None:
+    """One WARNING per hook of ``REQUIRED_HOOKS`` that ``proxy_cls`` lacks."""
     base = getattr(proxy_cls, "_liveness_base", proxy_cls)
     features = detect_features(base)
     subject = f"{base.__module__}.{base.__qualname__}"
@@ -163,7 +163,6 @@ def warn_missing_hooks(proxy_cls: type) -> list[str]:
     for name, instead in REPLACED_HOOKS.items():
         if not features.has(name):
             logger.debug("liveness: %s has no %s: %s", subject, name, instead)
-    return list(features.missing_hooks)
 
 
 # Hooks of the MPI session whose absence costs coverage: name -> what is then not covered.

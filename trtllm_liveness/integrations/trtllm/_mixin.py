@@ -424,7 +424,4 @@ class LivenessProxyMixin:
         if not state.enabled or state.monitor is None:
             super().shutdown()  # type: ignore[misc]
             return
-        shutdown_engine(self, state, self._liveness_upstream_shutdown)
-
-    def _liveness_upstream_shutdown(self) -> None:
-        run_upstream_shutdown(super().shutdown, state_of(self))  # type: ignore[misc]
+        shutdown_engine(self, state, functools.partial(run_upstream_shutdown, super().shutdown, state))  # type: ignore[misc]

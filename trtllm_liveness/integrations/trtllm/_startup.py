@@ -97,8 +97,14 @@ def wrap_session(proxy: Any, state: EngineLiveness) -> Callable[[], None] | None
 
         def on_identities(identities: list[ProcessIdentity]) -> None:
             owner = ref()
-            if owner is not None and register_identities(state_of(owner), identities):
-                logger.info("liveness: watching %d worker ranks", len(identities))
+            monitor = None if owner is None else state_of(owner).monitor
+            if monitor is None:
+                return
+            try:
+                monitor.register(identities)
+            except RuntimeError:  # closed meanwhile
+                return
+            logger.info("liveness: watching %d worker ranks", len(identities))
 
         channel = IdentityChannel(on_identities, state.config.identities_timeout_s,
                                   exclude_pids=frozenset({os.getpid()}))
@@ -132,14 +138,3 @@ def wrap_session(proxy: Any, state: EngineLiveness) -> Callable[[], None] | None
 
     return restore
 
-
-def register_identities(state: EngineLiveness, identities: list[ProcessIdentity]) -> bool:
-    """Hand the ranks' identities to the engine's monitor; False when it is gone or closed."""
-    monitor = state.monitor
-    if monitor is None:
-        return False
-    try:
-        monitor.register(identities)
-    except RuntimeError:  # closed meanwhile
-        return False
-    return True
