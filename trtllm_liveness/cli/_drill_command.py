@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -42,14 +41,13 @@ from ..drill._drill_records import DrillOptions, DrillRank, EngineReady, EngineR
 from ..drill._drill_session import DrillSession, EngineEnded, FaultNotMade
 from ..exit._outcome import OUTCOME_ENV
 from ..process._identity import is_local
-from ._arg_types import int_arg, seconds_arg
+from ._arg_types import add_command, int_arg, seconds_arg
 from ._exit_status import EXIT_FAILED, EXIT_OK, EXIT_USAGE
 from ._launch_command import EXIT_INVALID_SETTING, effective_settings
-from ._output import err
+from ._output import err, print_result
 
 __all__ = ["add_drill_parser", "run_drill"]
 
-EXIT_NOT_CAUGHT = EXIT_FAILED
 EXIT_QUARANTINED = 3
 EXIT_NOT_STARTED = 4  # as doctor's 4 (no TensorRT-LLM): nothing was tested, the drill could not run
 
@@ -97,10 +95,9 @@ _SLACK_S = 5.0
 
 def add_drill_parser(sub: Any) -> None:
     """Add the ``drill`` subcommand to ``sub`` (argparse subparsers)."""
-    drill = sub.add_parser("drill", help="a real fault in your own model's engine on this host: the timeline, the "
-                                         "verdict, the exit status and quarantine marker a server would leave",
-                           description=DESCRIPTION, epilog=DRILL_STATUS_HELP,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    drill = add_command(sub, "drill", run_drill, description=DESCRIPTION, epilog=DRILL_STATUS_HELP,
+                        help="a real fault in your own model's engine on this host: the timeline, the verdict, the "
+                             "exit status and quarantine marker a server would leave")
     drill.add_argument("model", metavar="MODEL", help="what you pass to tensorrt_llm.LLM: a model directory or name")
     drill.add_argument("--tp", type=int_arg(1, 4096), default=None, metavar="N",
                        help="tensor_parallel_size (default 1; with --hosts, the hosts' slots)")
@@ -130,11 +127,6 @@ def add_drill_parser(sub: Any) -> None:
                        help="for testing: a callable, called with MODEL, whose result is passed to LLM instead of "
                             "MODEL (the test suite's fake TensorRT-LLM takes an engine object)")
     drill.add_argument("--json", action="store_true", help="print one JSON object instead of the timeline")
-    drill.set_defaults(func=run_drill)
-
-
-def _err(text: str) -> None:
-    err(f"drill: {text}")
 
 
 def _observe_s(fault: str, config: LivenessConfig) -> float:
@@ -358,19 +350,20 @@ def _tensorrt_llm_missing() -> bool:
 
 
 def run_drill(args: argparse.Namespace) -> int:
+    """Run ``drill``; returns the exit status (see ``DRILL_STATUS_HELP``)."""
     try:
         user = parse_value(os.environ.get(ENV_VAR), base=LivenessConfig(enabled=True))
     except ValueError as exc:
-        _err(f"{exc}; nothing started")
+        err(f"drill: {exc}; nothing started")
         return EXIT_INVALID_SETTING
     try:
         hosts = parse_hosts(args.hosts) if args.hosts else ()
     except ValueError as exc:
-        _err(str(exc))
+        err(f"drill: {exc}")
         return EXIT_USAGE
     slots = sum(count for _, count in hosts)
     if hosts and args.tp is not None and args.tp != slots:
-        _err(f"--tp {args.tp} differs from the {slots} slots of --hosts {args.hosts}")
+        err(f"drill: --tp {args.tp} differs from the {slots} slots of --hosts {args.hosts}")
         return EXIT_USAGE
     args.tp = slots or args.tp or 1
     if args.fault == "wedge" and not hosts:  # across hosts the rank's own agent says whether it can
@@ -378,17 +371,17 @@ def run_drill(args: argparse.Namespace) -> int:
 
         reason = freezer_available()
         if reason is not None:
-            _err(f"--fault wedge needs the cgroup v1 freezer: {reason}")
+            err(f"drill: --fault wedge needs the cgroup v1 freezer: {reason}")
             return EXIT_USAGE
     from ..quarantine._host_policy import RECYCLE_ADVICE, check_host
 
     check = check_host(user, clear=False)
     if check.quarantined:
-        _err(f"refusing to run: this host is quarantined: {check.describe()}; {RECYCLE_ADVICE}")
+        err(f"drill: refusing to run: this host is quarantined: {check.describe()}; {RECYCLE_ADVICE}")
         return EXIT_QUARANTINED
     if not hosts and _tensorrt_llm_missing():  # across hosts the proxy's host decides: the engine says
-        _err(f"TensorRT-LLM is not installed (tensorrt_llm is not importable by {sys.executable}): no engine to "
-             "drill; nothing started")
+        err(f"drill: TensorRT-LLM is not installed (tensorrt_llm is not importable by {sys.executable}): no engine "
+            "to drill; nothing started")
         return EXIT_NOT_STARTED
     from ..demo._demo_run import _sigterm_unwinds, _Terminated
 
@@ -409,17 +402,14 @@ def run_drill(args: argparse.Namespace) -> int:
             finally:
                 session.close()
     except _Terminated:
-        _err("terminated (SIGTERM); its processes and files are removed")
+        err("drill: terminated (SIGTERM); its processes and files are removed")
         return 143
     outcome = dataclasses.replace(outcome, left=tuple(session.survivors),
                                   would_mark=_would_mark(user, session.marker, outcome.victim.host
                                                          if hosts and outcome.victim is not None else ""),
                                   would_act=_would_act(user, session.marker))
     if outcome.t0 is None:  # nothing was injected: say why, with the engine's last words
-        _err(f"{outcome.verdict}\n--- the engine's log (last lines):\n{session.last_log}")
+        err(f"drill: {outcome.verdict}\n--- the engine's log (last lines):\n{session.last_log}")
         return EXIT_NOT_STARTED
-    if args.json:
-        sys.stdout.write(json.dumps(outcome.to_dict()) + "\n")
-    else:
-        sys.stdout.write("\n".join(_lines(outcome)) + "\n")
-    return EXIT_OK if outcome.ok else EXIT_NOT_CAUGHT
+    print_result(args.json, outcome.to_dict(), _lines(outcome))
+    return EXIT_OK if outcome.ok else EXIT_FAILED

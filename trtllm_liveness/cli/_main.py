@@ -150,7 +150,3 @@ def main(argv: Sequence[str] | None = None) -> int:
         if restore_logging is not None:
             restore_logging()
     return status
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

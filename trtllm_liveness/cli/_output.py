@@ -4,15 +4,17 @@ text (``--json`` prints ``to_dict()`` instead)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from typing import TextIO
+from collections.abc import Iterable, Mapping
+from typing import Any, TextIO
 
 from ..diagnose import _scan
 from ..process import _procfs
 from ._exit_status import EXIT_USAGE
 
-__all__ = ["Progress", "err", "out", "print_report", "printable", "usage_error"]
+__all__ = ["Progress", "err", "out", "print_report", "print_result", "printable", "stderr_line", "usage_error"]
 
 
 def out(text: str) -> None:
@@ -21,10 +23,24 @@ def out(text: str) -> None:
     sys.stdout.flush()
 
 
+def stderr_line(text: str) -> None:
+    """One line on stderr as it is given, flushed."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
 def err(text: str) -> None:
     """One error line on stderr, flushed."""
-    sys.stderr.write(f"trtllm-liveness: {text}\n")
-    sys.stderr.flush()
+    stderr_line(f"trtllm-liveness: {text}")
+
+
+def print_result(as_json: bool, data: Mapping[str, Any], lines: Iterable[str] = ()) -> None:
+    """A command's result: ``data`` as one JSON object with ``--json``, else ``lines``."""
+    if as_json:
+        out(json.dumps(data))
+        return
+    for line in lines:
+        out(line)
 
 
 def usage_error(text: str) -> int:

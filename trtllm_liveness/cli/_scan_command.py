@@ -15,7 +15,7 @@ from typing import Any
 from ..diagnose import _process_selection, _scan
 from ..process._mm_read import DEFAULT_TIMEOUT_S as DEFAULT_READ_TIMEOUT_S
 from ..process._mm_read import MmReader, SkippedRead
-from ._arg_types import int_arg, parent_arg, pid_arg, seconds_arg
+from ._arg_types import JSON_HELP, add_command, int_arg, parent_arg, pid_arg, seconds_arg
 from ._exit_status import EXIT_DIED, EXIT_FAILED, EXIT_OK, EXIT_STATUS_HELP, EXIT_WEDGED
 from ._output import Progress, err, out, print_report, printable, usage_error
 
@@ -38,9 +38,8 @@ Give PIDs, or select the processes of a job with filters (combined with AND):
 
 def add_scan_parser(sub: Any) -> None:
     """Add the ``scan`` subcommand to ``sub`` (argparse subparsers)."""
-    scan = sub.add_parser("scan", help="diagnose processes now: D state, SIGKILL pending, zombies, what to do",
-                          description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    scan = add_command(sub, "scan", run_scan, description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
+                       help="diagnose processes now: D state, SIGKILL pending, zombies, what to do")
     scan.add_argument("pids", nargs="*", type=pid_arg, metavar="PID", help="process ids to scan")
     scan.add_argument("--name", metavar="SUBSTR", help="select processes whose name or command line contains SUBSTR")
     scan.add_argument("--parent", type=parent_arg, metavar="PID", help="select the descendants of PID")
@@ -56,8 +55,7 @@ def add_scan_parser(sub: Any) -> None:
                       f"default {DEFAULT_READ_TIMEOUT_S:g}); a process with a thread in D is not read")
     scan.add_argument("--stacks", action="store_true", help="also: each thread spinning/sleeping (CPU over "
                       "0.2 s), Python stacks by py-spy (extra 'diagnose'; none for a process in D), odd rank out")
-    scan.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    scan.set_defaults(func=run_scan)
+    scan.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def run_scan(args: argparse.Namespace) -> int:

@@ -7,7 +7,6 @@ The pids are verified by start time and watched by a :class:`~trtllm_liveness.mo
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import threading
 import time
@@ -18,9 +17,9 @@ from .._events import EventKind, WorkerEvent, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, capture_identity
-from ._arg_types import pid_arg, seconds_arg
+from ._arg_types import add_command, pid_arg, seconds_arg
 from ._exit_status import EXIT_DIED, EXIT_INTERRUPTED, EXIT_STATUS_HELP, EXIT_WEDGED
-from ._output import Progress, err, out, printable, usage_error
+from ._output import Progress, err, print_result, printable, usage_error
 
 __all__ = ["add_watch_parser", "run_watch"]
 
@@ -34,9 +33,8 @@ recycled pid is never mistaken for the process. No signal is ever sent.
 
 def add_watch_parser(sub: Any) -> None:
     """Add the ``watch`` subcommand to ``sub`` (argparse subparsers)."""
-    watch = sub.add_parser("watch", help="block until one of the processes dies or wedges",
-                           description=_WATCH_DESCRIPTION, epilog=EXIT_STATUS_HELP,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    watch = add_command(sub, "watch", run_watch, help="block until one of the processes dies or wedges",
+                        description=_WATCH_DESCRIPTION, epilog=EXIT_STATUS_HELP)
     watch.add_argument("pids", nargs="+", type=pid_arg, metavar="PID", help="process ids to watch")
     watch.add_argument("--d-state-timeout", type=seconds_arg(allow_zero=False), default=None, metavar="S",
                        help="report a process wedged once a thread is in D without a context switch this long "
@@ -44,7 +42,6 @@ def add_watch_parser(sub: Any) -> None:
     watch.add_argument("--scan-interval", type=seconds_arg(allow_zero=False), default=None, metavar="S",
                        help="how often to sample thread states (default min(1, S/5))")
     watch.add_argument("--json", action="store_true", help="print the event as one JSON object")
-    watch.set_defaults(func=run_watch)
 
 
 def run_watch(args: argparse.Namespace) -> int:
@@ -94,7 +91,7 @@ def run_watch(args: argparse.Namespace) -> int:
             return EXIT_INTERRUPTED
         progress.done()
     event = events[0]
-    out(json.dumps(event.to_dict()) if args.json else event.describe(_process_label(event.identity.pid, names)))
+    print_result(args.json, event.to_dict(), [event.describe(_process_label(event.identity.pid, names))])
     return EXIT_DIED if event.kind is EventKind.DIED else EXIT_WEDGED
 
 
