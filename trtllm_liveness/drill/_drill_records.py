@@ -6,7 +6,6 @@ TensorRT-LLM.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from .._record_fields import JsonRecord
@@ -36,13 +35,6 @@ class DrillOptions(JsonRecord):
     stream_timeout_s: float = 600.0
     fault_wait_s: float = 60.0
     observe_s: float = 10.0
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
-
-    @classmethod
-    def from_json(cls, text: str) -> DrillOptions:
-        return cls.from_dict(json.loads(text))
 
 
 @dataclass(frozen=True)

@@ -76,7 +76,7 @@ class DrillSession:
         """Start the engine process with ``env`` (its ``TMPDIR`` is the working directory); ``launch``
         goes in front of it (``--hosts``: ``trtllm-liveness launch -- mpirun ... trtllm-llmapi-launch``)."""
         with open(self._log_path, "wb") as log:
-            self.child = subprocess.Popen([*launch, sys.executable, "-m", _ENGINE, options.to_json()],
+            self.child = subprocess.Popen([*launch, sys.executable, "-m", _ENGINE, json.dumps(options.to_dict())],
                                           stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=log, start_new_session=True,
                                           env={**env, "TMPDIR": self.workdir})
