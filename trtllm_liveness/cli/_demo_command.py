@@ -22,8 +22,8 @@ from .._events import WorkerEvent
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import capture_identity
 from ._arg_types import add_command, int_arg
-from ._exit_status import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from ._output import err, out
+from ._exit_status import EXIT_FAILED, EXIT_OK
+from ._output import error_status, out
 
 __all__ = ["add_demo_arguments", "add_demo_parsers", "run_demo", "run_demo_processes"]
 
@@ -64,8 +64,7 @@ def run_demo(args: argparse.Namespace) -> int:
     """Run ``demo``: the reference MPI executor with a fault; returns the exit status."""
     error = getattr(args, "demo_import_error", None)
     if error is not None:
-        err(f"demo needs the 'mpi' extra (pip install 'trtllm-liveness[mpi]'): {error}")
-        return EXIT_USAGE
+        return error_status(f"demo needs the 'mpi' extra (pip install 'trtllm-liveness[mpi]'): {error}")
 
     from ..demo import _demo_run as demo
 

@@ -42,9 +42,9 @@ from ..drill._drill_session import DrillSession, EngineEnded, FaultNotMade
 from ..exit._outcome import OUTCOME_ENV
 from ..process._identity import is_local
 from ._arg_types import add_command, int_arg, seconds_arg
-from ._exit_status import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from ._exit_status import EXIT_FAILED, EXIT_OK
 from ._launch_command import EXIT_INVALID_SETTING, effective_settings
-from ._output import err, print_result
+from ._output import error_status, print_result
 
 __all__ = ["add_drill_parser", "run_drill"]
 
@@ -354,35 +354,30 @@ def run_drill(args: argparse.Namespace) -> int:
     try:
         user = parse_value(os.environ.get(ENV_VAR), base=LivenessConfig(enabled=True))
     except ValueError as exc:
-        err(f"drill: {exc}; nothing started")
-        return EXIT_INVALID_SETTING
+        return error_status(f"drill: {exc}; nothing started", EXIT_INVALID_SETTING)
     try:
         hosts = parse_hosts(args.hosts) if args.hosts else ()
     except ValueError as exc:
-        err(f"drill: {exc}")
-        return EXIT_USAGE
+        return error_status(f"drill: {exc}")
     slots = sum(count for _, count in hosts)
     if hosts and args.tp is not None and args.tp != slots:
-        err(f"drill: --tp {args.tp} differs from the {slots} slots of --hosts {args.hosts}")
-        return EXIT_USAGE
+        return error_status(f"drill: --tp {args.tp} differs from the {slots} slots of --hosts {args.hosts}")
     args.tp = slots or args.tp or 1
     if args.fault == "wedge" and not hosts:  # across hosts the rank's own agent says whether it can
         from ..demo._cgroup_faults import freezer_available
 
         reason = freezer_available()
         if reason is not None:
-            err(f"drill: --fault wedge needs the cgroup v1 freezer: {reason}")
-            return EXIT_USAGE
+            return error_status(f"drill: --fault wedge needs the cgroup v1 freezer: {reason}")
     from ..quarantine._host_policy import RECYCLE_ADVICE, check_host
 
     check = check_host(user, clear=False)
     if check.quarantined:
-        err(f"drill: refusing to run: this host is quarantined: {check.describe()}; {RECYCLE_ADVICE}")
-        return EXIT_QUARANTINED
+        return error_status(f"drill: refusing to run: this host is quarantined: {check.describe()}; {RECYCLE_ADVICE}",
+                            EXIT_QUARANTINED)
     if not hosts and _tensorrt_llm_missing():  # across hosts the proxy's host decides: the engine says
-        err(f"drill: TensorRT-LLM is not installed (tensorrt_llm is not importable by {sys.executable}): no engine "
-            "to drill; nothing started")
-        return EXIT_NOT_STARTED
+        return error_status(f"drill: TensorRT-LLM is not installed (tensorrt_llm is not importable by "
+                            f"{sys.executable}): no engine to drill; nothing started", EXIT_NOT_STARTED)
     from ..demo._demo_run import _sigterm_unwinds, _Terminated
 
     options = DrillOptions(model=args.model, tp=args.tp, engine=args.engine, session=args.session,
@@ -402,14 +397,13 @@ def run_drill(args: argparse.Namespace) -> int:
             finally:
                 session.close()
     except _Terminated:
-        err("drill: terminated (SIGTERM); its processes and files are removed")
-        return 143
+        return error_status("drill: terminated (SIGTERM); its processes and files are removed", 143)
     outcome = dataclasses.replace(outcome, left=tuple(session.survivors),
                                   would_mark=_would_mark(user, session.marker, outcome.victim.host
                                                          if hosts and outcome.victim is not None else ""),
                                   would_act=_would_act(user, session.marker))
     if outcome.t0 is None:  # nothing was injected: say why, with the engine's last words
-        err(f"drill: {outcome.verdict}\n--- the engine's log (last lines):\n{session.last_log}")
-        return EXIT_NOT_STARTED
+        return error_status(f"drill: {outcome.verdict}\n--- the engine's log (last lines):\n{session.last_log}",
+                            EXIT_NOT_STARTED)
     print_result(args.json, outcome.to_dict(), _lines(outcome))
     return EXIT_OK if outcome.ok else EXIT_FAILED

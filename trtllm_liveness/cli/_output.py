@@ -14,7 +14,7 @@ from ..diagnose import _scan
 from ..process import _procfs
 from ._exit_status import EXIT_USAGE
 
-__all__ = ["Progress", "err", "out", "print_report", "print_result", "printable", "stderr_line", "usage_error"]
+__all__ = ["Progress", "err", "error_status", "out", "print_report", "print_result", "printable", "stderr_line"]
 
 
 def out(text: str) -> None:
@@ -43,18 +43,18 @@ def print_result(as_json: bool, data: Mapping[str, Any], lines: Iterable[str] = 
         out(line)
 
 
-def usage_error(text: str) -> int:
-    """Report a usage error; returns the status for it."""
+def error_status(text: str, status: int = EXIT_USAGE) -> int:
+    """Report an error (one line, see :func:`err`); returns ``status``, what the command exits with."""
     err(text)
-    return EXIT_USAGE
+    return status
 
 
 class Progress:
     """A progress line on stderr: redrawn in place on a terminal, else repeated every ``every_s``."""
 
-    def __init__(self, stream: TextIO, every_s: float = 30.0) -> None:
-        self._stream = stream
-        self._tty = stream.isatty()
+    def __init__(self, every_s: float = 30.0) -> None:
+        self._stream: TextIO = sys.stderr
+        self._tty = self._stream.isatty()
         self._every_s = every_s
         self._last = time.monotonic()
         self._drawn = False

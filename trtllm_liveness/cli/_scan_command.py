@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from typing import Any
 
 from ..diagnose import _process_selection, _scan
@@ -17,7 +16,7 @@ from ..process._mm_read import DEFAULT_TIMEOUT_S as DEFAULT_READ_TIMEOUT_S
 from ..process._mm_read import MmReader, SkippedRead
 from ._arg_types import JSON_HELP, add_command, int_arg, parent_arg, pid_arg, seconds_arg
 from ._exit_status import EXIT_DIED, EXIT_FAILED, EXIT_OK, EXIT_STATUS_HELP, EXIT_WEDGED
-from ._output import Progress, err, out, print_report, printable, usage_error
+from ._output import Progress, err, error_status, out, print_report, printable
 
 __all__ = ["add_scan_parser", "run_scan"]
 
@@ -63,9 +62,9 @@ def run_scan(args: argparse.Namespace) -> int:
     filters = {"name": args.name, "parent": args.parent, "cgroup": args.cgroup}
     given = {key: value for key, value in filters.items() if value is not None}
     if args.pids and given:
-        return usage_error("give PIDs or a filter (--name/--parent/--cgroup), not both")
+        return error_status("give PIDs or a filter (--name/--parent/--cgroup), not both")
     if not args.pids and not given:
-        return usage_error("give PIDs to scan, or a filter: --name SUBSTR, --parent PID or --cgroup PATH")
+        return error_status("give PIDs to scan, or a filter: --name SUBSTR, --parent PID or --cgroup PATH")
     if args.pids:
         # No pre-check: a gone pid is reported gone (status 3) beside the others, and a process
         # of another user is scanned as far as /proc lets this user read it (its stat and status
@@ -82,10 +81,9 @@ def run_scan(args: argparse.Namespace) -> int:
             err(f"pid {skip.pid} not matched by its command line: {skip.detail}; scan it by pid")
         if not pids:
             described = " ".join(f"--{key} {value}" for key, value in given.items())
-            err(f"no process matches {described}")
-            return EXIT_FAILED
+            return error_status(f"no process matches {described}", EXIT_FAILED)
     samples = 1 if args.window == 0 else args.samples
-    progress = Progress(sys.stderr)
+    progress = Progress()
     if args.window >= 1.0:
         progress.line(f"sampling {len(pids)} process(es) for up to {args.window:g}s ({samples} samples; "
                       "ends after the first when no thread is in D)...")

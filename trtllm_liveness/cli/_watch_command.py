@@ -7,7 +7,6 @@ The pids are verified by start time and watched by a :class:`~trtllm_liveness.mo
 from __future__ import annotations
 
 import argparse
-import sys
 import threading
 import time
 from typing import Any
@@ -19,7 +18,7 @@ from ..process import _procfs
 from ..process._identity import ProcessIdentity, capture_identity
 from ._arg_types import add_command, pid_arg, seconds_arg
 from ._exit_status import EXIT_DIED, EXIT_INTERRUPTED, EXIT_STATUS_HELP, EXIT_WEDGED
-from ._output import Progress, err, print_result, printable, usage_error
+from ._output import Progress, error_status, print_result, printable
 
 __all__ = ["add_watch_parser", "run_watch"]
 
@@ -48,14 +47,14 @@ def run_watch(args: argparse.Namespace) -> int:
     """Run ``watch``; returns the exit status."""
     pids: list[int] = args.pids
     if len(set(pids)) != len(pids):
-        return usage_error("a pid is given more than once")
+        return error_status("a pid is given more than once")
     identities: list[ProcessIdentity] = []
     names: dict[int, str] = {}  # pid -> comm, read at the start: the event's line names the process
     for rank, pid in enumerate(pids):
         try:
             identities.append(capture_identity(rank, pid))
         except LivenessError as exc:
-            return usage_error(_describe_pid_error(pid, exc))
+            return error_status(_describe_pid_error(pid, exc))
         try:
             names[pid] = _procfs.read_stat(pid).comm
         except (OSError, ValueError):
@@ -69,13 +68,13 @@ def run_watch(args: argparse.Namespace) -> int:
         events.append(event)
         got.set()
 
-    progress = Progress(sys.stderr, every_s=60.0)
+    progress = Progress(every_s=60.0)
     with WorkerProcessMonitor(d_state_timeout_s=timeout, scan_interval_s=interval) as monitor:
         monitor.subscribe(on_event)
         monitor.register(identities)
         for status in monitor.statuses():
             if status.state in (WorkerState.UNMONITORED_OTHER_NAMESPACE, WorkerState.UNMONITORED_REMOTE):
-                return usage_error(f"cannot watch pid {status.identity.pid}: {status.detail}")
+                return error_status(f"cannot watch pid {status.identity.pid}: {status.detail}")
         monitor.start()
         what = "death" if timeout is None else f"death, or a thread in D without a context switch for {timeout:g}s"
         progress.line(f"watching {len(identities)} process(es) ({' '.join(map(str, pids))}) for {what}; "
@@ -87,8 +86,7 @@ def run_watch(args: argparse.Namespace) -> int:
                               f"{time.monotonic() - started:.0f}s")
         except KeyboardInterrupt:
             progress.done()
-            err("interrupted")
-            return EXIT_INTERRUPTED
+            return error_status("interrupted", EXIT_INTERRUPTED)
         progress.done()
     event = events[0]
     print_result(args.json, event.to_dict(), [event.describe(_process_label(event.identity.pid, names))])
