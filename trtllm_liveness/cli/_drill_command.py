@@ -1,26 +1,11 @@
 """``trtllm-liveness drill MODEL``: a real fault in your own model's engine, on this host, and what
 the extension does with it. The first command to run on a new cluster (docs/drill.md).
 
-Starts MODEL through the installed TensorRT-LLM's LLM API (``LLM(MODEL, tensor_parallel_size=N)``,
-the extension on through its executor class) with your ``TRTLLM_WORKER_LIVENESS`` settings, streams
-requests, injects the fault into one rank of this host by its verified pid (``kill``: SIGKILL;
-``stop``: SIGSTOP; ``wedge``: the cgroup v1 freezer, real ``D`` state; root), and prints the
-timeline (fault, detection, health False, requests failed, shutdown), the verdict, and what a server
-with these settings would leave behind: its exit status and the host's quarantine marker. It
-leaves neither: ``exit_on_fatal`` is off, the marker goes to a private directory (read, shown,
-removed), the termination log and the quarantine's orchestrator actions (Slurm drain, Kubernetes
-cordon or taint, hook) are off; they are named instead.
-
-Refuses to run on a quarantined host (the check an engine start makes, read only). Bounded by
-``--timeout`` (model load included); on every way out it stops every rank it started (by verified
-pid), kills what is left of the engine's session and removes its files.
-
-``--hosts H1:N1,H2:N2`` runs the engine across hosts as the README's multi-host line does
-(``trtllm-liveness launch -- mpirun --host ... trtllm-llmapi-launch ...``, :mod:`trtllm_liveness.drill._drill_hosts`)
-and has the fault made in a rank of another host than the proxy's by that host's agent, which
-verifies the rank by its own pidfd (:mod:`trtllm_liveness.drill._drill_faults`): the drill never
-signals a pid of another host. Each agent stops its host's ranks (and thaws a wedge) when the engine
-stops or goes.
+:data:`DESCRIPTION`, its ``--help`` text, says what it starts, injects, prints and leaves behind.
+The quarantine check it makes first is an engine start's, read only. With ``--hosts``, the launch
+is :mod:`trtllm_liveness.drill._drill_hosts`'s and the fault in a rank of another host is made by
+that host's agent (:mod:`trtllm_liveness.drill._drill_faults`): the drill never signals a pid of
+another host.
 """
 
 from __future__ import annotations
@@ -37,10 +22,9 @@ from .._config import LivenessConfig, parse_value
 from .._errors import LivenessError
 from .._switch import ENV_VAR
 from ..drill._drill_hosts import launch_argv, parse_hosts, remote_victim
-from ..drill._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport, choose_victim
+from ..drill._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport, choose_victim, local_ranks
 from ..drill._drill_session import DrillSession, EngineEnded, FaultNotMade
 from ..exit._outcome import OUTCOME_ENV
-from ..process._identity import is_local
 from ._arg_types import add_command, int_arg, seconds_arg
 from ._exit_status import EXIT_FAILED, EXIT_OK
 from ._launch_command import EXIT_INVALID_SETTING, effective_settings
@@ -64,7 +48,7 @@ exit status:
   78   TRTLLM_WORKER_LIVENESS is invalid: nothing started
   130  interrupted (Ctrl-C), 143 terminated (SIGTERM); everything is cleaned up first
 """
-# The --help text: the module docstring in plain words (no reST markup on a terminal).
+# The --help text, in plain words (no reST markup on a terminal).
 DESCRIPTION = """\
 A real fault in your own model's engine on this host, and what the extension does with it: the
 first command to run on a new cluster (docs/drill.md).
@@ -148,9 +132,8 @@ def _drill_config(user: LivenessConfig, quarantine_dir: str) -> LivenessConfig:
 
 def _victim(ready: EngineReady, wanted: int | None) -> DrillRank | str:
     """The rank to hit, or why there is none."""
-    candidates = [rank for rank in ready.ranks if is_local(rank.identity()) and rank.start_time is not None
-                  and rank.pid != ready.proxy_pid]
-    return choose_victim(candidates, wanted, where="a rank of this host outside the engine's process",
+    return choose_victim(local_ranks(ready.ranks, ready.proxy_pid), wanted,
+                         where="a rank of this host outside the engine's process",
                          none="no rank of this engine runs on this host outside the engine's own process")
 
 

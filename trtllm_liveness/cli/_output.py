@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
@@ -84,9 +85,7 @@ class Progress:
 
 
 def _thread_summary(report: _scan.ProcessReport) -> str:
-    counts: dict[str, int] = {}
-    for thread in report.threads:
-        counts[thread.state] = counts.get(thread.state, 0) + 1
+    counts = Counter(thread.state for thread in report.threads)
     states = ", ".join(f"{state} {count}" for state, count in sorted(counts.items()))
     return f"{len(report.threads)} thread(s) ({states})"
 

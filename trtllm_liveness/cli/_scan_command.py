@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from collections import Counter
 from typing import Any
 
 from ..diagnose import _process_selection, _scan
@@ -110,9 +111,7 @@ def run_scan(args: argparse.Namespace) -> int:
             rank = None if diagnosis is None else diagnosis.rank(report.pid)
             for line in [] if rank is None else _diagnosis_text.rank_lines(rank, printable):
                 out(line)
-        counts: dict[str, int] = {}
-        for report in result.processes:
-            counts[report.verdict.value] = counts.get(report.verdict.value, 0) + 1
+        counts = Counter(report.verdict.value for report in result.processes)
         summary = ", ".join(f"{count} {verdict}" for verdict, count in counts.items())
         out(f"summary: {len(result.processes)} process(es) over {result.window_s:g}s, {result.samples} "
              f"sample(s): {summary}")

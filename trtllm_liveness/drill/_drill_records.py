@@ -9,9 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .._record_fields import JsonRecord
-from ..process._identity import ProcessIdentity
+from ..process._identity import ProcessIdentity, is_local
 
-__all__ = ["DrillOptions", "DrillRank", "EngineReady", "EngineReport"]
+__all__ = ["DrillOptions", "DrillRank", "EngineReady", "EngineReport", "choose_victim", "local_ranks"]
 
 
 @dataclass(frozen=True)
@@ -102,3 +102,9 @@ def choose_victim(candidates: list[DrillRank], wanted: int | None, *, where: str
     if not candidates:
         return none
     return max(candidates, key=lambda rank: rank.rank)
+
+
+def local_ranks(ranks: tuple[DrillRank, ...], besides: int) -> list[DrillRank]:
+    """The ranks of ``ranks`` that run on this host, their identity verified (a start time), but the
+    process ``besides`` (the engine's own, which hosts rank 0)."""
+    return [rank for rank in ranks if is_local(rank.identity()) and rank.start_time is not None and rank.pid != besides]
