@@ -12,7 +12,7 @@ from typing import Any
 
 from ..process import _procfs
 
-__all__ = ["JSON_HELP", "add_command", "int_arg", "package_version", "parent_arg", "pid_arg", "seconds_arg"]
+__all__ = ["JSON_HELP", "add_command", "int_arg", "parent_arg", "pid_arg", "seconds_arg"]
 
 JSON_HELP = "print the result as one JSON object"
 
@@ -24,12 +24,6 @@ def add_command(sub: Any, name: str, run: Callable[[argparse.Namespace], int], *
                                                      **texts)
     parser.set_defaults(func=run)
     return parser
-
-
-def package_version() -> str:
-    from .. import __version__
-
-    return __version__
 
 
 def pid_arg(value: str) -> int:

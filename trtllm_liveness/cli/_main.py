@@ -34,8 +34,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from .. import __version__
 from .._errors import LivenessError
-from ._arg_types import package_version
 from ._autoload_command import add_autoload_parser
 from ._config_command import add_config_parser
 from ._demo_command import add_demo_arguments, add_demo_parsers
@@ -85,7 +85,7 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     """
     parser = _Parser(prog="trtllm-liveness", description=_MAIN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"trtllm-liveness {package_version()}")
+    parser.add_argument("--version", action="version", version=f"trtllm-liveness {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log the library's warnings (-v) or debug messages (-vv) to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
