@@ -1,5 +1,6 @@
 """Argument types of the ``trtllm-liveness`` command: each parses one word or raises
-``argparse.ArgumentTypeError`` with a one-line reason (the CLI turns it into exit status 2)."""
+``argparse.ArgumentTypeError`` with a one-line reason (the CLI turns it into exit status 2); and
+:func:`add_command`, how every subcommand adds its parser."""
 
 from __future__ import annotations
 
@@ -7,16 +8,22 @@ import argparse
 import math
 import os
 from collections.abc import Callable
+from typing import Any
 
 from ..process import _procfs
 
-__all__ = ["int_arg", "package_version", "parent_arg", "pid_arg", "seconds_arg"]
+__all__ = ["JSON_HELP", "add_command", "int_arg", "parent_arg", "pid_arg", "seconds_arg"]
+
+JSON_HELP = "print the result as one JSON object"
 
 
-def package_version() -> str:
-    from .. import __version__
-
-    return __version__
+def add_command(sub: Any, name: str, run: Callable[[argparse.Namespace], int], **texts: str) -> argparse.ArgumentParser:
+    """Add subcommand ``name`` to ``sub`` (argparse subparsers), handled by ``run``; ``texts`` are its
+    ``help``, ``description`` and ``epilog``, printed as written (their line breaks kept)."""
+    parser: argparse.ArgumentParser = sub.add_parser(name, formatter_class=argparse.RawDescriptionHelpFormatter,
+                                                     **texts)
+    parser.set_defaults(func=run)
+    return parser
 
 
 def pid_arg(value: str) -> int:

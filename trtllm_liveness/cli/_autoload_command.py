@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ._arg_types import add_command
 from ._exit_status import EXIT_DIED, EXIT_FAILED, EXIT_OK
 from ._output import out
 
@@ -29,12 +30,11 @@ exit status:
 
 def add_autoload_parser(sub: Any) -> None:
     """Add the ``autoload`` subcommand to ``sub`` (argparse subparsers)."""
-    autoload = sub.add_parser("autoload", help="install, remove or show the autoload .pth of this environment",
-                              description=_AUTOLOAD_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    autoload = add_command(sub, "autoload", run_autoload, description=_AUTOLOAD_DESCRIPTION,
+                           help="install, remove or show the autoload .pth of this environment")
     autoload.add_argument("action", choices=["install", "remove", "status"])
     autoload.add_argument("--site", metavar="DIR", default=None,
                           help="site-packages directory (default: this interpreter's purelib)")
-    autoload.set_defaults(func=run_autoload)
 
 
 def run_autoload(args: argparse.Namespace) -> int:

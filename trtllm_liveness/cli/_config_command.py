@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 from typing import Any
 
 from .._config import ENV_VAR, LivenessConfig, changed_settings, format_setting, parse_value
+from ._arg_types import JSON_HELP, add_command
+from ._exit_status import EXIT_FAILED, EXIT_OK
+from ._output import print_result, printable
 
 __all__ = ["CONFIG_STATUS_HELP", "add_config_parser", "run_config"]
-
-STATUS_VALID = 0
-STATUS_INVALID = 1
 
 CONFIG_STATUS_HELP = """\
 exit status:
@@ -41,39 +40,29 @@ docs/configuration.md lists every key, its default and its meaning.
 
 def add_config_parser(sub: Any) -> None:
     """Add the ``config`` subcommand to ``sub`` (argparse subparsers)."""
-    config = sub.add_parser("config", help=f"check a {ENV_VAR} value and print the settings it gives",
-                            description=_DESCRIPTION, epilog=CONFIG_STATUS_HELP,
-                            formatter_class=argparse.RawDescriptionHelpFormatter)
+    config = add_command(sub, "config", run_config, help=f"check a {ENV_VAR} value and print the settings it gives",
+                         description=_DESCRIPTION, epilog=CONFIG_STATUS_HELP)
     config.add_argument("action", choices=["check"])
     config.add_argument("value", nargs="?", default=None, metavar="VALUE",
                         help=f"the value to check (default: ${ENV_VAR})")
-    config.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    config.set_defaults(func=run_config)
+    config.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def run_config(args: argparse.Namespace) -> int:
     """Run ``config check``; returns the exit status."""
-    from ._output import out, printable
-
     given = args.value is not None
     raw: str | None = args.value if given else os.environ.get(ENV_VAR)
     source = "the value" if given else ENV_VAR
     try:
         config = parse_value(raw, source)
     except ValueError as exc:
-        if args.json:
-            out(json.dumps({"valid": False, "value": raw, "error": str(exc)}))
-        else:
-            out(f"INVALID: {printable(str(exc))}")
-        return STATUS_INVALID
+        print_result(args.json, {"valid": False, "value": raw, "error": str(exc)}, [f"INVALID: {printable(str(exc))}"])
+        return EXIT_FAILED
     changed = changed_settings(config)
-    if args.json:
-        out(json.dumps({"valid": True, "value": raw, "enabled": config.enabled, "changed": list(changed),
-                        "settings": dataclasses.asdict(config)}))
-        return STATUS_VALID
-    for line in _lines(raw, source, config, changed):
-        out(printable(line) if line else line)
-    return STATUS_VALID
+    print_result(args.json, {"valid": True, "value": raw, "enabled": config.enabled, "changed": list(changed),
+                             "settings": dataclasses.asdict(config)},
+                 map(printable, _lines(raw, source, config, changed)))
+    return EXIT_OK
 
 
 def _lines(raw: str | None, source: str, config: LivenessConfig, changed: tuple[str, ...]) -> list[str]:

@@ -21,9 +21,9 @@ from typing import Any
 from .._events import WorkerEvent
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import capture_identity
-from ._arg_types import int_arg
-from ._exit_status import EXIT_FAILED, EXIT_OK, EXIT_USAGE
-from ._output import err, out
+from ._arg_types import add_command, int_arg
+from ._exit_status import EXIT_FAILED, EXIT_OK
+from ._output import error_status, out
 
 __all__ = ["add_demo_arguments", "add_demo_parsers", "run_demo", "run_demo_processes"]
 
@@ -42,11 +42,11 @@ def add_demo_parsers(sub: Any) -> None:
     )
     demo.set_defaults(func=run_demo)
 
-    plain = sub.add_parser("demo-processes", help="the monitor alone: SIGKILL one of N plain processes")
+    plain = add_command(sub, "demo-processes", run_demo_processes,
+                        help="the monitor alone: SIGKILL one of N plain processes")
     plain.add_argument("--workers", type=int_arg(1, 256), default=4, help="number of worker processes (default 4)")
     plain.add_argument("--rank", type=int_arg(0, 255), default=1, help="rank to kill (default 1)")
     plain.add_argument("--json", action="store_true", help="also print the result as one JSON object")
-    plain.set_defaults(func=run_demo_processes)
 
 
 def add_demo_arguments(parser: argparse.ArgumentParser) -> None:
@@ -64,8 +64,7 @@ def run_demo(args: argparse.Namespace) -> int:
     """Run ``demo``: the reference MPI executor with a fault; returns the exit status."""
     error = getattr(args, "demo_import_error", None)
     if error is not None:
-        err(f"demo needs the 'mpi' extra (pip install 'trtllm-liveness[mpi]'): {error}")
-        return EXIT_USAGE
+        return error_status(f"demo needs the 'mpi' extra (pip install 'trtllm-liveness[mpi]'): {error}")
 
     from ..demo import _demo_run as demo
 

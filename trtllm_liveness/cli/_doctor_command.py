@@ -7,10 +7,10 @@ command runs (``--help`` must not load the integration).
 from __future__ import annotations
 
 import argparse
-import json
 from typing import Any
 
-from ._output import out
+from ._arg_types import JSON_HELP, add_command
+from ._output import print_result
 
 __all__ = ["DOCTOR_STATUS_HELP", "add_doctor_parser", "run_doctor"]
 
@@ -27,12 +27,11 @@ exit status:
 
 def add_doctor_parser(sub: Any) -> None:
     """Add the ``doctor`` subcommand to ``sub`` (argparse subparsers)."""
-    doctor = sub.add_parser("doctor", help="what the installed TensorRT-LLM lets the extension cover",
-                            description="Check the tensorrt_llm this interpreter would import: each upstream name "
-                            "the extension uses, found or missing, and the resulting coverage (docs/doctor.md).",
-                            epilog=DOCTOR_STATUS_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    doctor.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    doctor.set_defaults(func=run_doctor)
+    doctor = add_command(sub, "doctor", run_doctor, help="what the installed TensorRT-LLM lets the extension cover",
+                         description="Check the tensorrt_llm this interpreter would import: each upstream name "
+                         "the extension uses, found or missing, and the resulting coverage (docs/doctor.md).",
+                         epilog=DOCTOR_STATUS_HELP)
+    doctor.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def run_doctor(args: argparse.Namespace) -> int:
@@ -40,9 +39,5 @@ def run_doctor(args: argparse.Namespace) -> int:
     from ..integrations.trtllm import _doctor  # not at import: --help must not load the integration
 
     report = _doctor.diagnose()
-    if args.json:
-        out(json.dumps(report.to_dict()))
-    else:
-        for line in _doctor.format_report(report):
-            out(line)
+    print_result(args.json, report.to_dict(), _doctor.format_report(report))
     return report.exit_status

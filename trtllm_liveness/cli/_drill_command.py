@@ -1,26 +1,11 @@
 """``trtllm-liveness drill MODEL``: a real fault in your own model's engine, on this host, and what
 the extension does with it. The first command to run on a new cluster (docs/drill.md).
 
-Starts MODEL through the installed TensorRT-LLM's LLM API (``LLM(MODEL, tensor_parallel_size=N)``,
-the extension on through its executor class) with your ``TRTLLM_WORKER_LIVENESS`` settings, streams
-requests, injects the fault into one rank of this host by its verified pid (``kill``: SIGKILL;
-``stop``: SIGSTOP; ``wedge``: the cgroup v1 freezer, real ``D`` state; root), and prints the
-timeline (fault, detection, health False, requests failed, shutdown), the verdict, and what a server
-with these settings would leave behind: its exit status and the host's quarantine marker. It
-leaves neither: ``exit_on_fatal`` is off, the marker goes to a private directory (read, shown,
-removed), the termination log and the quarantine's orchestrator actions (Slurm drain, Kubernetes
-cordon or taint, hook) are off; they are named instead.
-
-Refuses to run on a quarantined host (the check an engine start makes, read only). Bounded by
-``--timeout`` (model load included); on every way out it stops every rank it started (by verified
-pid), kills what is left of the engine's session and removes its files.
-
-``--hosts H1:N1,H2:N2`` runs the engine across hosts as the README's multi-host line does
-(``trtllm-liveness launch -- mpirun --host ... trtllm-llmapi-launch ...``, :mod:`trtllm_liveness.drill._drill_hosts`)
-and has the fault made in a rank of another host than the proxy's by that host's agent, which
-verifies the rank by its own pidfd (:mod:`trtllm_liveness.drill._drill_faults`): the drill never
-signals a pid of another host. Each agent stops its host's ranks (and thaws a wedge) when the engine
-stops or goes.
+:data:`DESCRIPTION`, its ``--help`` text, says what it starts, injects, prints and leaves behind.
+The quarantine check it makes first is an engine start's, read only. With ``--hosts``, the launch
+is :mod:`trtllm_liveness.drill._drill_hosts`'s and the fault in a rank of another host is made by
+that host's agent (:mod:`trtllm_liveness.drill._drill_faults`): the drill never signals a pid of
+another host.
 """
 
 from __future__ import annotations
@@ -28,7 +13,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import importlib.util
-import json
 import os
 import sys
 import time
@@ -38,18 +22,16 @@ from .._config import LivenessConfig, parse_value
 from .._errors import LivenessError
 from .._switch import ENV_VAR
 from ..drill._drill_hosts import launch_argv, parse_hosts, remote_victim
-from ..drill._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport, choose_victim
+from ..drill._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport, choose_victim, local_ranks
 from ..drill._drill_session import DrillSession, EngineEnded, FaultNotMade
 from ..exit._outcome import OUTCOME_ENV
-from ..process._identity import is_local
-from ._arg_types import int_arg, seconds_arg
-from ._exit_status import EXIT_FAILED, EXIT_OK, EXIT_USAGE
+from ._arg_types import add_command, int_arg, seconds_arg
+from ._exit_status import EXIT_FAILED, EXIT_OK
 from ._launch_command import EXIT_INVALID_SETTING, effective_settings
-from ._output import err
+from ._output import error_status, print_result
 
 __all__ = ["add_drill_parser", "run_drill"]
 
-EXIT_NOT_CAUGHT = EXIT_FAILED
 EXIT_QUARANTINED = 3
 EXIT_NOT_STARTED = 4  # as doctor's 4 (no TensorRT-LLM): nothing was tested, the drill could not run
 
@@ -66,7 +48,7 @@ exit status:
   78   TRTLLM_WORKER_LIVENESS is invalid: nothing started
   130  interrupted (Ctrl-C), 143 terminated (SIGTERM); everything is cleaned up first
 """
-# The --help text: the module docstring in plain words (no reST markup on a terminal).
+# The --help text, in plain words (no reST markup on a terminal).
 DESCRIPTION = """\
 A real fault in your own model's engine on this host, and what the extension does with it: the
 first command to run on a new cluster (docs/drill.md).
@@ -97,10 +79,9 @@ _SLACK_S = 5.0
 
 def add_drill_parser(sub: Any) -> None:
     """Add the ``drill`` subcommand to ``sub`` (argparse subparsers)."""
-    drill = sub.add_parser("drill", help="a real fault in your own model's engine on this host: the timeline, the "
-                                         "verdict, the exit status and quarantine marker a server would leave",
-                           description=DESCRIPTION, epilog=DRILL_STATUS_HELP,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    drill = add_command(sub, "drill", run_drill, description=DESCRIPTION, epilog=DRILL_STATUS_HELP,
+                        help="a real fault in your own model's engine on this host: the timeline, the verdict, the "
+                             "exit status and quarantine marker a server would leave")
     drill.add_argument("model", metavar="MODEL", help="what you pass to tensorrt_llm.LLM: a model directory or name")
     drill.add_argument("--tp", type=int_arg(1, 4096), default=None, metavar="N",
                        help="tensor_parallel_size (default 1; with --hosts, the hosts' slots)")
@@ -130,11 +111,6 @@ def add_drill_parser(sub: Any) -> None:
                        help="for testing: a callable, called with MODEL, whose result is passed to LLM instead of "
                             "MODEL (the test suite's fake TensorRT-LLM takes an engine object)")
     drill.add_argument("--json", action="store_true", help="print one JSON object instead of the timeline")
-    drill.set_defaults(func=run_drill)
-
-
-def _err(text: str) -> None:
-    err(f"drill: {text}")
 
 
 def _observe_s(fault: str, config: LivenessConfig) -> float:
@@ -156,9 +132,8 @@ def _drill_config(user: LivenessConfig, quarantine_dir: str) -> LivenessConfig:
 
 def _victim(ready: EngineReady, wanted: int | None) -> DrillRank | str:
     """The rank to hit, or why there is none."""
-    candidates = [rank for rank in ready.ranks if is_local(rank.identity()) and rank.start_time is not None
-                  and rank.pid != ready.proxy_pid]
-    return choose_victim(candidates, wanted, where="a rank of this host outside the engine's process",
+    return choose_victim(local_ranks(ready.ranks, ready.proxy_pid), wanted,
+                         where="a rank of this host outside the engine's process",
                          none="no rank of this engine runs on this host outside the engine's own process")
 
 
@@ -358,38 +333,34 @@ def _tensorrt_llm_missing() -> bool:
 
 
 def run_drill(args: argparse.Namespace) -> int:
+    """Run ``drill``; returns the exit status (see ``DRILL_STATUS_HELP``)."""
     try:
         user = parse_value(os.environ.get(ENV_VAR), base=LivenessConfig(enabled=True))
     except ValueError as exc:
-        _err(f"{exc}; nothing started")
-        return EXIT_INVALID_SETTING
+        return error_status(f"drill: {exc}; nothing started", EXIT_INVALID_SETTING)
     try:
         hosts = parse_hosts(args.hosts) if args.hosts else ()
     except ValueError as exc:
-        _err(str(exc))
-        return EXIT_USAGE
+        return error_status(f"drill: {exc}")
     slots = sum(count for _, count in hosts)
     if hosts and args.tp is not None and args.tp != slots:
-        _err(f"--tp {args.tp} differs from the {slots} slots of --hosts {args.hosts}")
-        return EXIT_USAGE
+        return error_status(f"drill: --tp {args.tp} differs from the {slots} slots of --hosts {args.hosts}")
     args.tp = slots or args.tp or 1
     if args.fault == "wedge" and not hosts:  # across hosts the rank's own agent says whether it can
         from ..demo._cgroup_faults import freezer_available
 
         reason = freezer_available()
         if reason is not None:
-            _err(f"--fault wedge needs the cgroup v1 freezer: {reason}")
-            return EXIT_USAGE
+            return error_status(f"drill: --fault wedge needs the cgroup v1 freezer: {reason}")
     from ..quarantine._host_policy import RECYCLE_ADVICE, check_host
 
     check = check_host(user, clear=False)
     if check.quarantined:
-        _err(f"refusing to run: this host is quarantined: {check.describe()}; {RECYCLE_ADVICE}")
-        return EXIT_QUARANTINED
+        return error_status(f"drill: refusing to run: this host is quarantined: {check.describe()}; {RECYCLE_ADVICE}",
+                            EXIT_QUARANTINED)
     if not hosts and _tensorrt_llm_missing():  # across hosts the proxy's host decides: the engine says
-        _err(f"TensorRT-LLM is not installed (tensorrt_llm is not importable by {sys.executable}): no engine to "
-             "drill; nothing started")
-        return EXIT_NOT_STARTED
+        return error_status(f"drill: TensorRT-LLM is not installed (tensorrt_llm is not importable by "
+                            f"{sys.executable}): no engine to drill; nothing started", EXIT_NOT_STARTED)
     from ..demo._demo_run import _sigterm_unwinds, _Terminated
 
     options = DrillOptions(model=args.model, tp=args.tp, engine=args.engine, session=args.session,
@@ -409,17 +380,13 @@ def run_drill(args: argparse.Namespace) -> int:
             finally:
                 session.close()
     except _Terminated:
-        _err("terminated (SIGTERM); its processes and files are removed")
-        return 143
+        return error_status("drill: terminated (SIGTERM); its processes and files are removed", 143)
     outcome = dataclasses.replace(outcome, left=tuple(session.survivors),
                                   would_mark=_would_mark(user, session.marker, outcome.victim.host
                                                          if hosts and outcome.victim is not None else ""),
                                   would_act=_would_act(user, session.marker))
     if outcome.t0 is None:  # nothing was injected: say why, with the engine's last words
-        _err(f"{outcome.verdict}\n--- the engine's log (last lines):\n{session.last_log}")
-        return EXIT_NOT_STARTED
-    if args.json:
-        sys.stdout.write(json.dumps(outcome.to_dict()) + "\n")
-    else:
-        sys.stdout.write("\n".join(_lines(outcome)) + "\n")
-    return EXIT_OK if outcome.ok else EXIT_NOT_CAUGHT
+        return error_status(f"drill: {outcome.verdict}\n--- the engine's log (last lines):\n{session.last_log}",
+                            EXIT_NOT_STARTED)
+    print_result(args.json, outcome.to_dict(), _lines(outcome))
+    return EXIT_OK if outcome.ok else EXIT_FAILED

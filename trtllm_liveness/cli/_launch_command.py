@@ -51,8 +51,11 @@ from .._config import LivenessConfig, changed_settings, format_setting, parse_va
 from .._switch import ENV_VAR
 from ..exit._outcome import OUTCOME_ENV, Outcome, read_outcomes
 from ..exit._outcome_pipe import OutcomePipe, PipedFailure
-from ._launched_job import LAUNCHER_GRACE_S, TERM_GRACE_S, LaunchedJob, stderr_line
+from ._arg_types import add_command
+from ._exit_status import EXIT_USAGE
+from ._launched_job import LAUNCHER_GRACE_S, TERM_GRACE_S, LaunchedJob
 from ._launcher_env import Forwarding, forwarding_for
+from ._output import stderr_line
 
 EXIT_INVALID_SETTING = 78  # sysexits' EX_CONFIG, as the autoload launcher's: the command never ran
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
@@ -95,28 +98,26 @@ exit_on_fatal at the latest exit_delay_s + exit_timeout_s + shutdown_term_s + sh
 """
 
 
-
 def add_launch_parser(sub: Any) -> None:
     """Add the ``launch`` subcommand to ``sub`` (argparse subparsers)."""
-    launch = sub.add_parser("launch", help="run mpirun/srun/trtllm-serve with liveness on in every Python on every "
-                                           "host; exit non-zero whenever the engine recorded a fatal error "
-                                           "(mpirun exits 0 after a host crash)",
-                            description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    launch = add_command(sub, "launch", run_launch, description=DESCRIPTION,
+                         help="run mpirun/srun/trtllm-serve with liveness on in every Python on every host; exit "
+                              "non-zero whenever the engine recorded a fatal error (mpirun exits 0 after a host crash)")
     launch.add_argument("--outcome-dir", default=None, metavar="DIR",
                         help="where the engines' outcome files are made (default: $TMPDIR); the proxy (rank 0) must "
                              "see it: a local directory where rank 0 runs on the launching host, else a shared one")
     launch.add_argument("argv", nargs=argparse.REMAINDER, metavar="-- COMMAND [ARGS...]",
                         help="the launcher and its arguments")
-    launch.set_defaults(func=run_launch)
 
 
 def run_launch(args: argparse.Namespace) -> int:
+    """Run ``launch``; returns the exit status (see the module docstring)."""
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
     if not argv:
-        print("trtllm-liveness launch: no command given", file=sys.stderr)
-        return 2
+        stderr_line("trtllm-liveness launch: no command given")
+        return EXIT_USAGE
     # Imported here: importing it installs the hook in this process where the switch is on.
     from ..integrations.trtllm_autoload import launch_env
 
@@ -124,10 +125,10 @@ def run_launch(args: argparse.Namespace) -> int:
     try:
         config = parse_value(env[ENV_VAR])
     except ValueError as exc:
-        print(f"trtllm-liveness launch: {exc}; nothing started", file=sys.stderr)
+        stderr_line(f"trtllm-liveness launch: {exc}; nothing started")
         return EXIT_INVALID_SETTING
     if shutil.which(argv[0], path=env.get("PATH")) is None:
-        print(f"trtllm-liveness launch: command not found: {argv[0]}", file=sys.stderr)
+        stderr_line(f"trtllm-liveness launch: command not found: {argv[0]}")
         return 127
     # 0700: only this user writes there
     directory = tempfile.mkdtemp(prefix="trtllm-liveness-launch-", dir=args.outcome_dir)
@@ -241,7 +242,7 @@ def _run(argv: list[str], env: dict[str, str], pipe: OutcomePipe | None, config:
     for signum in FORWARDED:
         previous[signum] = signal.signal(signum, forward)
     try:
-        job = LaunchedJob(argv, env, pipe, config, stderr_line)
+        job = LaunchedJob(argv, env, pipe, config)
         started.append(job)
         for pending in held:
             job.send_signal(pending)

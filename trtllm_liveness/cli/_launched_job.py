@@ -27,15 +27,14 @@ import os
 import select
 import signal
 import subprocess
-import sys
 import time
-from collections.abc import Callable
 
 from .._config import LivenessConfig
 from .._errors import AccessDenied, PidReused, ProcessGone, ProcessZombie
 from ..exit._outcome_pipe import OutcomePipe, PipedFailure
 from ..process._pidfd import open_pidfd, open_verified_pidfd, pidfd_supported, send_signal, verify_start_time
 from ..process._procfs import pid_namespace_inode
+from ._output import stderr_line
 
 LAUNCHER_GRACE_S = 2.0
 """How long the launcher may outlive the engine process that failed (``mpirun`` collects its other
@@ -61,11 +60,9 @@ class LaunchedJob:
     """The launcher started with ``argv`` and ``env``, watched until it ends (:meth:`wait`);
     ``pipe`` None: no outcome pipe could be made (the outcome files still say what failed)."""
 
-    def __init__(self, argv: list[str], env: dict[str, str], pipe: OutcomePipe | None, config: LivenessConfig,
-                 say: Callable[[str], None]) -> None:
+    def __init__(self, argv: list[str], env: dict[str, str], pipe: OutcomePipe | None, config: LivenessConfig) -> None:
         self._pipe = pipe
         self._config = config
-        self._say = say
         self.failures: list[PipedFailure] = []
         self.status = 0  # the launcher's exit status, once :meth:`wait` returned
         self._failed: PipedFailure | None = None  # the first failure's process, while it is watched
@@ -91,7 +88,7 @@ class LaunchedJob:
             try:
                 send_signal(self._child_fd, signum)
             except OSError as exc:
-                self._say(f"trtllm-liveness launch: could not send signal {signum} to the launcher: {exc}")
+                stderr_line(f"trtllm-liveness launch: could not send signal {signum} to the launcher: {exc}")
         elif self.child.returncode is None:
             self.child.send_signal(signum)
 
@@ -185,7 +182,7 @@ class LaunchedJob:
         if not self._termed:
             self._termed = True
             since = time.monotonic() - self._why_at
-            self._say(f"trtllm-liveness launch: ending {name} (pid {self.child.pid}), still running {since:.1f} s "
+            stderr_line(f"trtllm-liveness launch: ending {name} (pid {self.child.pid}), still running {since:.1f} s "
                       f"after {self._why}: SIGTERM")
             self.send_signal(signal.SIGTERM)
             self._deadline = time.monotonic() + TERM_GRACE_S
@@ -197,7 +194,7 @@ class LaunchedJob:
                     failed = f" and the failed engine process (pid {self.failures[0].pid})"
             except OSError as exc:  # EPERM: another user's process (a setuid launcher's rank)
                 failed = f" (not to the failed engine process, pid {self.failures[0].pid}: {exc})"
-            self._say(f"trtllm-liveness launch: {name} (pid {self.child.pid}) outlived SIGTERM by "
+            stderr_line(f"trtllm-liveness launch: {name} (pid {self.child.pid}) outlived SIGTERM by "
                       f"{TERM_GRACE_S:g} s: SIGKILL to it{failed}")
             self.send_signal(signal.SIGKILL)
             self._deadline = None
@@ -215,9 +212,3 @@ def _own_pid_namespace() -> int | None:
         return pid_namespace_inode()
     except OSError:
         return None
-
-
-def stderr_line(text: str) -> None:
-    """One line on the wrapper's stderr, flushed."""
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()

@@ -93,9 +93,7 @@ def _srun_options(argv: Sequence[str]) -> int:
     index = 0
     while index < len(argv):
         word = argv[index]
-        if word == "--":
-            return index
-        if not word.startswith("-") or word == "-":
+        if word in ("--", "-") or not word.startswith("-"):  # the end of the options, or the program
             return index
         takes_next = (word in _SRUN_LONG_WITH_VALUE if word.startswith("--")
                       else len(word) == 2 and word[1] in _SRUN_SHORT_WITH_VALUE)

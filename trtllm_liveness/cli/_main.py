@@ -34,8 +34,8 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
+from .. import __version__
 from .._errors import LivenessError
-from ._arg_types import package_version
 from ._autoload_command import add_autoload_parser
 from ._config_command import add_config_parser
 from ._demo_command import add_demo_arguments, add_demo_parsers
@@ -43,7 +43,7 @@ from ._doctor_command import add_doctor_parser
 from ._drill_command import add_drill_parser
 from ._exit_status import EXIT_FAILED, EXIT_INTERRUPTED, EXIT_STATUS_HELP, EXIT_USAGE
 from ._launch_command import add_launch_parser
-from ._output import err
+from ._output import error_status
 from ._quarantine_command import add_quarantine_parser
 from ._scan_command import add_scan_parser
 from ._watch_command import add_watch_parser
@@ -85,7 +85,7 @@ def build_parser(*, with_demo: bool = True) -> argparse.ArgumentParser:
     """
     parser = _Parser(prog="trtllm-liveness", description=_MAIN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--version", action="version", version=f"trtllm-liveness {package_version()}")
+    parser.add_argument("--version", action="version", version=f"trtllm-liveness {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log the library's warnings (-v) or debug messages (-vv) to stderr")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -132,8 +132,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         restore_logging = _configure_logging(args.verbose)
         status: int = args.func(args)
     except KeyboardInterrupt:
-        err("interrupted")
-        return EXIT_INTERRUPTED
+        return error_status("interrupted", EXIT_INTERRUPTED)
     except BrokenPipeError:
         # The reader went away (``| head``): stop quietly, and keep Python from complaining at exit.
         devnull = os.open(os.devnull, os.O_WRONLY)
@@ -141,16 +140,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         os.close(devnull)
         return EXIT_FAILED
     except LivenessError as exc:
-        err(str(exc))
-        return EXIT_FAILED
+        return error_status(str(exc), EXIT_FAILED)
     except OSError as exc:
-        err(f"{exc.strerror or exc} ({exc.filename})" if exc.filename else str(exc))
-        return EXIT_FAILED
+        return error_status(f"{exc.strerror or exc} ({exc.filename})" if exc.filename else str(exc), EXIT_FAILED)
     finally:
         if restore_logging is not None:
             restore_logging()
     return status
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())

@@ -4,15 +4,18 @@ text (``--json`` prints ``to_dict()`` instead)."""
 
 from __future__ import annotations
 
+import json
 import sys
 import time
-from typing import TextIO
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from typing import Any, TextIO
 
 from ..diagnose import _scan
 from ..process import _procfs
 from ._exit_status import EXIT_USAGE
 
-__all__ = ["Progress", "err", "out", "print_report", "printable", "usage_error"]
+__all__ = ["Progress", "err", "error_status", "out", "print_report", "print_result", "printable", "stderr_line"]
 
 
 def out(text: str) -> None:
@@ -21,24 +24,38 @@ def out(text: str) -> None:
     sys.stdout.flush()
 
 
-def err(text: str) -> None:
-    """One error line on stderr, flushed."""
-    sys.stderr.write(f"trtllm-liveness: {text}\n")
+def stderr_line(text: str) -> None:
+    """One line on stderr as it is given, flushed."""
+    sys.stderr.write(text + "\n")
     sys.stderr.flush()
 
 
-def usage_error(text: str) -> int:
-    """Report a usage error; returns the status for it."""
+def err(text: str) -> None:
+    """One error line on stderr, flushed."""
+    stderr_line(f"trtllm-liveness: {text}")
+
+
+def print_result(as_json: bool, data: Mapping[str, Any], lines: Iterable[str] = ()) -> None:
+    """A command's result: ``data`` as one JSON object with ``--json``, else ``lines``."""
+    if as_json:
+        out(json.dumps(data))
+        return
+    for line in lines:
+        out(line)
+
+
+def error_status(text: str, status: int = EXIT_USAGE) -> int:
+    """Report an error (one line, see :func:`err`); returns ``status``, what the command exits with."""
     err(text)
-    return EXIT_USAGE
+    return status
 
 
 class Progress:
     """A progress line on stderr: redrawn in place on a terminal, else repeated every ``every_s``."""
 
-    def __init__(self, stream: TextIO, every_s: float = 30.0) -> None:
-        self._stream = stream
-        self._tty = stream.isatty()
+    def __init__(self, every_s: float = 30.0) -> None:
+        self._stream: TextIO = sys.stderr
+        self._tty = self._stream.isatty()
         self._every_s = every_s
         self._last = time.monotonic()
         self._drawn = False
@@ -68,9 +85,7 @@ class Progress:
 
 
 def _thread_summary(report: _scan.ProcessReport) -> str:
-    counts: dict[str, int] = {}
-    for thread in report.threads:
-        counts[thread.state] = counts.get(thread.state, 0) + 1
+    counts = Counter(thread.state for thread in report.threads)
     states = ", ".join(f"{state} {count}" for state, count in sorted(counts.items()))
     return f"{len(report.threads)} thread(s) ({states})"
 

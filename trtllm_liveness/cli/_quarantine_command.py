@@ -18,7 +18,6 @@ ever undoes what it did:
 from __future__ import annotations
 
 import argparse
-import json
 import os
 from typing import Any
 
@@ -32,6 +31,8 @@ from ..quarantine._marker import (
     inspect_marker,
     resolve_directory,
 )
+from ._arg_types import JSON_HELP, add_command
+from ._output import out, print_result
 
 __all__ = ["QUARANTINE_STATUS_HELP", "add_quarantine_parser", "run_quarantine"]
 
@@ -76,9 +77,8 @@ def _defaults(args: argparse.Namespace) -> LivenessConfig:
 
 def add_quarantine_parser(sub: Any) -> None:
     """Add the ``quarantine`` subcommand to ``sub`` (argparse subparsers)."""
-    quarantine = sub.add_parser("quarantine", help="show or clear this host's quarantine after a wedged worker",
-                                description=_DESCRIPTION, epilog=QUARANTINE_STATUS_HELP,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    quarantine = add_command(sub, "quarantine", run_quarantine, description=_DESCRIPTION, epilog=QUARANTINE_STATUS_HELP,
+                             help="show or clear this host's quarantine after a wedged worker")
     quarantine.add_argument("action", choices=["status", "clear"])
     quarantine.add_argument("--dir", metavar="DIR", default=None,
                             help=f"marker directory (default: quarantine_dir, {DEFAULT_QUARANTINE_DIR})")
@@ -96,14 +96,11 @@ def add_quarantine_parser(sub: Any) -> None:
                             help="Slurm node for --slurm-drain (default $SLURMD_NODENAME, else the short hostname); "
                                  "Kubernetes node for --k8s-cordon/--k8s-taint (default $NODE_NAME)")
     quarantine.add_argument("--force", action="store_true", help="clear: remove the marker even while it applies")
-    quarantine.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    quarantine.set_defaults(func=run_quarantine)
+    quarantine.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def run_quarantine(args: argparse.Namespace) -> int:
     """Run ``quarantine status`` or ``quarantine clear``; returns the exit status."""
-    from ._output import out
-
     try:
         base = _defaults(args)
         config = LivenessConfig(
@@ -122,11 +119,7 @@ def run_quarantine(args: argparse.Namespace) -> int:
     problem = None if check.quarantined else _directory_problem(check)
     if problem is not None:
         return _unknown(problem, as_json=args.json)
-    if args.json:
-        out(json.dumps(_check_dict(check)))
-    else:
-        for line in _check_lines(check):
-            out(line)
+    print_result(args.json, _check_dict(check), _check_lines(check))
     if check.quarantined and args.slurm_drain:
         from ..quarantine._orchestrator_actions import slurm_drain
 
@@ -146,9 +139,7 @@ def run_quarantine(args: argparse.Namespace) -> int:
 
 
 def _unknown(message: str, *, as_json: bool) -> int:
-    from ._output import out
-
-    out(json.dumps({"quarantined": None, "message": f"UNKNOWN: {message}"}) if as_json else f"UNKNOWN: {message}")
+    print_result(as_json, {"quarantined": None, "message": f"UNKNOWN: {message}"}, [f"UNKNOWN: {message}"])
     return STATUS_UNKNOWN
 
 
@@ -197,26 +188,22 @@ def _check_dict(check: QuarantineCheck) -> dict[str, Any]:
 
 
 def _clear(config: LivenessConfig, *, force: bool, as_json: bool) -> int:
-    from ._output import out
-
     directory = resolve_directory(config.quarantine_dir)
     if not directory:
         out("nothing to clear: quarantine_dir is empty (off)")
         return 0
     status = inspect_marker(directory)
+    removed = False
     if status.verdict is MarkerVerdict.NONE:
-        removed, message = False, f"nothing to clear: no marker in {directory}"
+        message = f"nothing to clear: no marker in {directory}"
     elif status.quarantined and not force:
         message = f"refused: {status.describe()}; use --force to remove it anyway"
-        out(json.dumps({"removed": False, "message": message}) if as_json else message)
-        return 1
     else:
         try:
             removed = clear_marker(directory, expected=None if force else status.marker)
         except (MarkerError, OSError) as exc:
             message = f"could not clear {status.path}: {exc}"
-            out(json.dumps({"removed": False, "message": message}) if as_json else message)
-            return 1
-        message = f"removed {status.path} ({status.describe()})" if removed else f"{status.path} changed; kept"
-    out(json.dumps({"removed": removed, "message": message}) if as_json else message)
+        else:
+            message = f"removed {status.path} ({status.describe()})" if removed else f"{status.path} changed; kept"
+    print_result(as_json, {"removed": removed, "message": message}, [message])
     return 0 if removed or status.verdict is MarkerVerdict.NONE else 1

@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
+from collections import Counter
 from typing import Any
 
 from ..diagnose import _process_selection, _scan
 from ..process._mm_read import DEFAULT_TIMEOUT_S as DEFAULT_READ_TIMEOUT_S
 from ..process._mm_read import MmReader, SkippedRead
-from ._arg_types import int_arg, parent_arg, pid_arg, seconds_arg
+from ._arg_types import JSON_HELP, add_command, int_arg, parent_arg, pid_arg, seconds_arg
 from ._exit_status import EXIT_DIED, EXIT_FAILED, EXIT_OK, EXIT_STATUS_HELP, EXIT_WEDGED
-from ._output import Progress, err, out, print_report, printable, usage_error
+from ._output import Progress, err, error_status, out, print_report, printable
 
 __all__ = ["add_scan_parser", "run_scan"]
 
@@ -38,9 +38,8 @@ Give PIDs, or select the processes of a job with filters (combined with AND):
 
 def add_scan_parser(sub: Any) -> None:
     """Add the ``scan`` subcommand to ``sub`` (argparse subparsers)."""
-    scan = sub.add_parser("scan", help="diagnose processes now: D state, SIGKILL pending, zombies, what to do",
-                          description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
-                          formatter_class=argparse.RawDescriptionHelpFormatter)
+    scan = add_command(sub, "scan", run_scan, description=_SCAN_DESCRIPTION, epilog=EXIT_STATUS_HELP,
+                       help="diagnose processes now: D state, SIGKILL pending, zombies, what to do")
     scan.add_argument("pids", nargs="*", type=pid_arg, metavar="PID", help="process ids to scan")
     scan.add_argument("--name", metavar="SUBSTR", help="select processes whose name or command line contains SUBSTR")
     scan.add_argument("--parent", type=parent_arg, metavar="PID", help="select the descendants of PID")
@@ -56,8 +55,7 @@ def add_scan_parser(sub: Any) -> None:
                       f"default {DEFAULT_READ_TIMEOUT_S:g}); a process with a thread in D is not read")
     scan.add_argument("--stacks", action="store_true", help="also: each thread spinning/sleeping (CPU over "
                       "0.2 s), Python stacks by py-spy (extra 'diagnose'; none for a process in D), odd rank out")
-    scan.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    scan.set_defaults(func=run_scan)
+    scan.add_argument("--json", action="store_true", help=JSON_HELP)
 
 
 def run_scan(args: argparse.Namespace) -> int:
@@ -65,9 +63,9 @@ def run_scan(args: argparse.Namespace) -> int:
     filters = {"name": args.name, "parent": args.parent, "cgroup": args.cgroup}
     given = {key: value for key, value in filters.items() if value is not None}
     if args.pids and given:
-        return usage_error("give PIDs or a filter (--name/--parent/--cgroup), not both")
+        return error_status("give PIDs or a filter (--name/--parent/--cgroup), not both")
     if not args.pids and not given:
-        return usage_error("give PIDs to scan, or a filter: --name SUBSTR, --parent PID or --cgroup PATH")
+        return error_status("give PIDs to scan, or a filter: --name SUBSTR, --parent PID or --cgroup PATH")
     if args.pids:
         # No pre-check: a gone pid is reported gone (status 3) beside the others, and a process
         # of another user is scanned as far as /proc lets this user read it (its stat and status
@@ -84,10 +82,9 @@ def run_scan(args: argparse.Namespace) -> int:
             err(f"pid {skip.pid} not matched by its command line: {skip.detail}; scan it by pid")
         if not pids:
             described = " ".join(f"--{key} {value}" for key, value in given.items())
-            err(f"no process matches {described}")
-            return EXIT_FAILED
+            return error_status(f"no process matches {described}", EXIT_FAILED)
     samples = 1 if args.window == 0 else args.samples
-    progress = Progress(sys.stderr)
+    progress = Progress()
     if args.window >= 1.0:
         progress.line(f"sampling {len(pids)} process(es) for up to {args.window:g}s ({samples} samples; "
                       "ends after the first when no thread is in D)...")
@@ -114,9 +111,7 @@ def run_scan(args: argparse.Namespace) -> int:
             rank = None if diagnosis is None else diagnosis.rank(report.pid)
             for line in [] if rank is None else _diagnosis_text.rank_lines(rank, printable):
                 out(line)
-        counts: dict[str, int] = {}
-        for report in result.processes:
-            counts[report.verdict.value] = counts.get(report.verdict.value, 0) + 1
+        counts = Counter(report.verdict.value for report in result.processes)
         summary = ", ".join(f"{count} {verdict}" for verdict, count in counts.items())
         out(f"summary: {len(result.processes)} process(es) over {result.window_s:g}s, {result.samples} "
              f"sample(s): {summary}")

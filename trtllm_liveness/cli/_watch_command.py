@@ -7,8 +7,6 @@ The pids are verified by start time and watched by a :class:`~trtllm_liveness.mo
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 import threading
 import time
 from typing import Any
@@ -18,9 +16,9 @@ from .._events import EventKind, WorkerEvent, WorkerState
 from ..monitor._monitor import WorkerProcessMonitor
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, capture_identity
-from ._arg_types import pid_arg, seconds_arg
+from ._arg_types import add_command, pid_arg, seconds_arg
 from ._exit_status import EXIT_DIED, EXIT_INTERRUPTED, EXIT_STATUS_HELP, EXIT_WEDGED
-from ._output import Progress, err, out, printable, usage_error
+from ._output import Progress, error_status, print_result, printable
 
 __all__ = ["add_watch_parser", "run_watch"]
 
@@ -34,9 +32,8 @@ recycled pid is never mistaken for the process. No signal is ever sent.
 
 def add_watch_parser(sub: Any) -> None:
     """Add the ``watch`` subcommand to ``sub`` (argparse subparsers)."""
-    watch = sub.add_parser("watch", help="block until one of the processes dies or wedges",
-                           description=_WATCH_DESCRIPTION, epilog=EXIT_STATUS_HELP,
-                           formatter_class=argparse.RawDescriptionHelpFormatter)
+    watch = add_command(sub, "watch", run_watch, help="block until one of the processes dies or wedges",
+                        description=_WATCH_DESCRIPTION, epilog=EXIT_STATUS_HELP)
     watch.add_argument("pids", nargs="+", type=pid_arg, metavar="PID", help="process ids to watch")
     watch.add_argument("--d-state-timeout", type=seconds_arg(allow_zero=False), default=None, metavar="S",
                        help="report a process wedged once a thread is in D without a context switch this long "
@@ -44,21 +41,20 @@ def add_watch_parser(sub: Any) -> None:
     watch.add_argument("--scan-interval", type=seconds_arg(allow_zero=False), default=None, metavar="S",
                        help="how often to sample thread states (default min(1, S/5))")
     watch.add_argument("--json", action="store_true", help="print the event as one JSON object")
-    watch.set_defaults(func=run_watch)
 
 
 def run_watch(args: argparse.Namespace) -> int:
     """Run ``watch``; returns the exit status."""
     pids: list[int] = args.pids
     if len(set(pids)) != len(pids):
-        return usage_error("a pid is given more than once")
+        return error_status("a pid is given more than once")
     identities: list[ProcessIdentity] = []
     names: dict[int, str] = {}  # pid -> comm, read at the start: the event's line names the process
     for rank, pid in enumerate(pids):
         try:
             identities.append(capture_identity(rank, pid))
         except LivenessError as exc:
-            return usage_error(_describe_pid_error(pid, exc))
+            return error_status(_describe_pid_error(pid, exc))
         try:
             names[pid] = _procfs.read_stat(pid).comm
         except (OSError, ValueError):
@@ -72,13 +68,13 @@ def run_watch(args: argparse.Namespace) -> int:
         events.append(event)
         got.set()
 
-    progress = Progress(sys.stderr, every_s=60.0)
+    progress = Progress(every_s=60.0)
     with WorkerProcessMonitor(d_state_timeout_s=timeout, scan_interval_s=interval) as monitor:
         monitor.subscribe(on_event)
         monitor.register(identities)
         for status in monitor.statuses():
             if status.state in (WorkerState.UNMONITORED_OTHER_NAMESPACE, WorkerState.UNMONITORED_REMOTE):
-                return usage_error(f"cannot watch pid {status.identity.pid}: {status.detail}")
+                return error_status(f"cannot watch pid {status.identity.pid}: {status.detail}")
         monitor.start()
         what = "death" if timeout is None else f"death, or a thread in D without a context switch for {timeout:g}s"
         progress.line(f"watching {len(identities)} process(es) ({' '.join(map(str, pids))}) for {what}; "
@@ -90,11 +86,10 @@ def run_watch(args: argparse.Namespace) -> int:
                               f"{time.monotonic() - started:.0f}s")
         except KeyboardInterrupt:
             progress.done()
-            err("interrupted")
-            return EXIT_INTERRUPTED
+            return error_status("interrupted", EXIT_INTERRUPTED)
         progress.done()
     event = events[0]
-    out(json.dumps(event.to_dict()) if args.json else event.describe(_process_label(event.identity.pid, names)))
+    print_result(args.json, event.to_dict(), [event.describe(_process_label(event.identity.pid, names))])
     return EXIT_DIED if event.kind is EventKind.DIED else EXIT_WEDGED
 
 

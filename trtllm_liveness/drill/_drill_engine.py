@@ -27,7 +27,6 @@ and ``outputs[0].token_ids`` (or ``token_ids``), ``llm._executor`` and ``llm.shu
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import json
 import os
@@ -38,6 +37,7 @@ import threading
 import time
 from typing import Any
 
+from ..demo._scenario_executor import engine_factory
 from ._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
 
 PROMPT = [1, 2, 3, 4]  # token ids: no tokenizer needed
@@ -94,13 +94,8 @@ class _Stream:
         return self.finished or self.error is not None
 
 
-def _factory(name: str) -> Any:
-    module_name, _, attribute = name.partition(":")
-    return getattr(importlib.import_module(module_name), attribute)
-
-
 def _model(options: DrillOptions) -> Any:
-    return _factory(options.engine)(options.model) if options.engine else options.model
+    return engine_factory(options.engine)(options.model) if options.engine else options.model
 
 
 def _submit(llm: Any, max_tokens: int) -> Any:
@@ -198,7 +193,7 @@ def run(options: DrillOptions) -> int:
     from ._drill_faults import DrillHub
 
     _hosts.use_hub_class(DrillHub)  # this engine's agent hub (across hosts) is a drill's: its agents make its faults
-    extra = {"_mpi_session": _factory(options.session)()} if options.session else {}
+    extra = {"_mpi_session": engine_factory(options.session)()} if options.session else {}
     llm = LLM(_model(options), tensor_parallel_size=options.tp, executor_cls=liveness_executor_class(), **extra)
     executor = llm._executor
     if not hasattr(executor, "liveness_statuses"):
@@ -240,7 +235,7 @@ def run(options: DrillOptions) -> int:
 def main(argv: list[str]) -> None:
     code = 2
     try:
-        code = run(DrillOptions.from_json(argv[0]))
+        code = run(DrillOptions.from_dict(json.loads(argv[0])))
     except BaseException as exc:  # one line for the drill, never a hang in a half-built engine
         emit("error", f"{type(exc).__name__}: {exc}")
         code = 1

@@ -6,13 +6,12 @@ TensorRT-LLM.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from .._record_fields import JsonRecord
-from ..process._identity import ProcessIdentity
+from ..process._identity import ProcessIdentity, is_local
 
-__all__ = ["DrillOptions", "DrillRank", "EngineReady", "EngineReport"]
+__all__ = ["DrillOptions", "DrillRank", "EngineReady", "EngineReport", "choose_victim", "local_ranks"]
 
 
 @dataclass(frozen=True)
@@ -36,13 +35,6 @@ class DrillOptions(JsonRecord):
     stream_timeout_s: float = 600.0
     fault_wait_s: float = 60.0
     observe_s: float = 10.0
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict())
-
-    @classmethod
-    def from_json(cls, text: str) -> DrillOptions:
-        return cls.from_dict(json.loads(text))
 
 
 @dataclass(frozen=True)
@@ -110,3 +102,9 @@ def choose_victim(candidates: list[DrillRank], wanted: int | None, *, where: str
     if not candidates:
         return none
     return max(candidates, key=lambda rank: rank.rank)
+
+
+def local_ranks(ranks: tuple[DrillRank, ...], besides: int) -> list[DrillRank]:
+    """The ranks of ``ranks`` that run on this host, their identity verified (a start time), but the
+    process ``besides`` (the engine's own, which hosts rank 0)."""
+    return [rank for rank in ranks if is_local(rank.identity()) and rank.start_time is not None and rank.pid != besides]

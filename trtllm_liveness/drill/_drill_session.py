@@ -29,8 +29,7 @@ from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
 from ..process import _pidfd
-from ..process._identity import is_local
-from ._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
+from ._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport, local_ranks
 
 if TYPE_CHECKING:
     from ..quarantine._marker import QuarantineMarker
@@ -40,6 +39,7 @@ __all__ = ["DrillSession", "EngineEnded", "FaultNotMade"]
 
 _EXIT_WAIT_S = 10.0
 _STOP_KILL_S = 2.0
+_LOG_TAIL_CHARS = 3000
 _ENGINE = "trtllm_liveness.drill._drill_engine"
 _SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
@@ -76,7 +76,7 @@ class DrillSession:
         """Start the engine process with ``env`` (its ``TMPDIR`` is the working directory); ``launch``
         goes in front of it (``--hosts``: ``trtllm-liveness launch -- mpirun ... trtllm-llmapi-launch``)."""
         with open(self._log_path, "wb") as log:
-            self.child = subprocess.Popen([*launch, sys.executable, "-m", _ENGINE, options.to_json()],
+            self.child = subprocess.Popen([*launch, sys.executable, "-m", _ENGINE, json.dumps(options.to_dict())],
                                           stdin=subprocess.PIPE,
                                           stdout=subprocess.PIPE, stderr=log, start_new_session=True,
                                           env={**env, "TMPDIR": self.workdir})
@@ -175,14 +175,6 @@ class DrillSession:
                 self._freezer.remove()
             self._freezer = None
 
-    def log_tail(self, chars: int = 3000) -> str:
-        """The end of the engine process's stderr (TensorRT-LLM's and the extension's log)."""
-        try:
-            with open(self._log_path, errors="replace") as handle:
-                return handle.read()[-chars:]
-        except OSError:
-            return ""
-
     def close(self) -> None:
         """Release everything (see the module docstring); records the marker the engine left in
         :attr:`marker` and the processes left in :attr:`survivors` (empty normally). Idempotent."""
@@ -192,7 +184,9 @@ class DrillSession:
         self.release_fault()
         if self.child is not None:
             self._end_engine(self.child)
-        self.last_log = self.log_tail()
+        with contextlib.suppress(OSError):  # the end of TensorRT-LLM's and the extension's log
+            with open(self._log_path, errors="replace") as handle:
+                self.last_log = handle.read()[-_LOG_TAIL_CHARS:]
         shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _end_engine(self, child: subprocess.Popen[bytes]) -> None:
@@ -212,8 +206,7 @@ class DrillSession:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 child.wait(_EXIT_WAIT_S)
         self.marker = self._read_marker()  # the engine process is gone: whatever it wrote is there
-        identities = [rank.identity() for rank in self.ranks
-                      if is_local(rank.identity()) and rank.start_time is not None and rank.pid != child.pid]
+        identities = [rank.identity() for rank in local_ranks(self.ranks, child.pid)]
         if identities:
             report = stop_processes(identities, grace_s=0.0, kill_s=_STOP_KILL_S)
             self.survivors = sorted(worker.pid for worker in report.unkillable)
