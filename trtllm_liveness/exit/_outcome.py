@@ -32,8 +32,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .._record_fields import JsonFields
 from ..process._procfs import pid_namespace_inode, read_start_time
-from ._outcome_pipe import PipedFailure, open_writer, send_failure
+from ._outcome_pipe import PipedFailure, compact_json, open_writer, send_failure
 from ._process_ending import OutcomeLedger, Stage, process_ending
 from ._snapshot_record import FatalSnapshot
 
@@ -70,13 +71,7 @@ def _encode(record: dict[str, object], snapshot: FatalSnapshot | None) -> bytes:
     """``record`` (with this pid) as compact JSON of at most :data:`_LIMIT` bytes, measured as
     written: the message is shortened until the record fits, then ``snapshot`` gets the room left
     (its frames and ranks go first; left out when not even its verdict fits). Always whole JSON."""
-    fields = {**record, "pid": os.getpid()}
-    while True:
-        data = json.dumps(fields, separators=(",", ":")).encode()
-        message = fields.get("message")
-        if len(data) <= _LIMIT or not isinstance(message, str) or not message:
-            break
-        fields["message"] = message[: len(message) // 2]
+    data = compact_json({**record, "pid": os.getpid()}, _LIMIT)
     if snapshot is None:
         return data
     key = b',"snapshot":'
@@ -258,17 +253,17 @@ def read_outcomes(directory: str) -> list[Outcome]:
         finally:
             os.close(fd)
         data = json.loads(raw) if len(raw) <= _LIMIT else None
+        fields = JsonFields(f"outcome file {path} is malformed", data, optional=("snapshot",),
+                            required=("state", "message", "restartable", "exit_code", "pid"))
+        state, code = fields.text("state"), fields.integer("exit_code")
+        if state not in _STATES or not 1 <= code <= 255:
+            raise ValueError(f"outcome file {path} is malformed")
         snapshot = None
-        if isinstance(data, dict) and data.get("snapshot") is not None:
+        if fields.get("snapshot") is not None:
             try:
-                snapshot = FatalSnapshot.from_dict(data["snapshot"])
+                snapshot = FatalSnapshot.from_dict(fields.get("snapshot"))
             except ValueError as exc:
                 logger.warning("liveness: outcome file %s has a malformed snapshot, read without it: %s", path, exc)
-        if not isinstance(data, dict) or data.get("state") not in _STATES or not isinstance(data.get("message"), str) \
-                or not isinstance(data.get("restartable"), bool) or not isinstance(data.get("exit_code"), int) \
-                or isinstance(data.get("exit_code"), bool) or not 1 <= data["exit_code"] <= 255 \
-                or not isinstance(data.get("pid"), int):
-            raise ValueError(f"outcome file {path} is malformed")
-        outcomes.append(Outcome(data["state"], data["message"], data["restartable"], data["exit_code"], data["pid"],
+        outcomes.append(Outcome(state, fields.text("message"), fields.flag("restartable"), code, fields.integer("pid"),
                                 snapshot))
     return outcomes

@@ -67,17 +67,23 @@ def open_writer(directory: str) -> int:
     return fd
 
 
+def compact_json(fields: dict[str, object], limit: int) -> bytes:
+    """``fields`` as compact JSON of at most ``limit`` bytes, its ``message`` halved until it fits
+    (as it is where no message is left to shorten). Shortens ``fields``' message in place."""
+    while True:
+        data = json.dumps(fields, separators=(",", ":")).encode()
+        message = fields.get("message")
+        if len(data) <= limit or not isinstance(message, str) or not message:
+            return data
+        fields["message"] = message[: len(message) // 2]
+
+
 def encode_failure(failure: PipedFailure) -> bytes:
     """``failure`` as one JSON line of at most :data:`LINE_LIMIT` bytes (its message shortened to fit)."""
     fields = {"state": "failed", "message": failure.message, "restartable": failure.restartable,
               "exit_code": failure.exit_code, "pid": failure.pid, "start_time": failure.start_time,
               "pid_ns": failure.pid_namespace}
-    while True:
-        line = json.dumps(fields, separators=(",", ":")).encode() + b"\n"
-        message = str(fields["message"])
-        if len(line) <= LINE_LIMIT or not message:
-            return line
-        fields["message"] = message[: len(message) // 2]
+    return compact_json(fields, LINE_LIMIT - 1) + b"\n"
 
 
 def send_failure(fd: int, failure: PipedFailure) -> bool:
