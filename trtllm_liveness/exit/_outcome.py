@@ -211,35 +211,20 @@ def _rewrite(directory: str, ledger: OutcomeLedger) -> None:
     """Write the failure record as it stands now, with its snapshot where one was added."""
     with ledger.lock:
         with ledger.record_lock:
-            failure = dict(ledger.failure)
-        _write(directory, failure, ledger.snapshot)
+            failure, snapshot = dict(ledger.failure), ledger.snapshot
+        _write(directory, failure, snapshot)
 
 
 def record_snapshot(snapshot: FatalSnapshot) -> threading.Thread | None:
     """Add the failure's snapshot to this process's failure record, once, in a thread of the
     process's ending; None when no wrapper asked, no failure was recorded or a snapshot was added."""
-    directory = _directory()
-    if not directory:
-        return None
-    ending = process_ending()
-    ledger = ending.outcome
-    with ledger.record_lock:
-        if not ledger.failed or not ledger.failure:
-            return None
-    if ledger.snapshot_recorded:  # read without the file's lock (a write may hold it); the thread checks again
-        return None
+    def add(ledger: OutcomeLedger) -> bool:
+        if not ledger.failed or not ledger.failure or ledger.snapshot is not None:
+            return False
+        ledger.snapshot = snapshot
+        return True
 
-    def write() -> None:
-        with ledger.lock:
-            if ledger.snapshot_recorded:
-                return
-            ledger.snapshot_recorded = True
-            ledger.snapshot = snapshot
-            with ledger.record_lock:
-                failure = dict(ledger.failure)
-            _write(directory, failure, snapshot)
-
-    return ending.threads.start(write, name="trtllm-liveness-outcome-snapshot", bound_s=WRITE_BOUND_S)
+    return _record(add, "trtllm-liveness-outcome-snapshot")
 
 
 def read_outcomes(directory: str) -> list[Outcome]:
