@@ -131,11 +131,6 @@ class OwnedThreads:
             self._threads = [(t, d) for t, d in self._threads if t.is_alive()]
         return left
 
-    def alive(self) -> list[str]:
-        """Names of the threads still running."""
-        with self._lock:
-            return [t.name for t, _ in self._threads if t.is_alive()]
-
 
 @dataclass(eq=False)
 class OutcomeLedger:
