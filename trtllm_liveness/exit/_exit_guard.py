@@ -35,6 +35,7 @@ import signal
 import threading
 from collections.abc import Callable
 
+from ..process import _procfs
 from ._process_ending import ProcessEnding, Stage, process_ending
 
 logger = logging.getLogger(__name__)
@@ -90,13 +91,9 @@ def _main_blocks_sigint() -> bool:
     # /proc/self/status is the thread group leader's, i.e. the main thread's signal mask (and,
     # unlike /proc/<getpid()>, right also where /proc belongs to another PID namespace).
     try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("SigBlk:"):
-                    return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
-    except (OSError, ValueError, IndexError):
-        pass
-    return False
+        return bool(_procfs.read_status("self").blocked & _procfs.signal_bit(signal.SIGINT))
+    except (OSError, ValueError):
+        return False
 
 
 def _interrupt_self() -> None:

@@ -32,8 +32,9 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from .._record_fields import JsonFields
 from ..process._procfs import pid_namespace_inode, read_start_time
-from ._outcome_pipe import PipedFailure, open_writer, send_failure
+from ._outcome_pipe import PipedFailure, compact_json, open_writer, send_failure
 from ._process_ending import OutcomeLedger, Stage, process_ending
 from ._snapshot_record import FatalSnapshot
 
@@ -70,13 +71,7 @@ def _encode(record: dict[str, object], snapshot: FatalSnapshot | None) -> bytes:
     """``record`` (with this pid) as compact JSON of at most :data:`_LIMIT` bytes, measured as
     written: the message is shortened until the record fits, then ``snapshot`` gets the room left
     (its frames and ranks go first; left out when not even its verdict fits). Always whole JSON."""
-    fields = {**record, "pid": os.getpid()}
-    while True:
-        data = json.dumps(fields, separators=(",", ":")).encode()
-        message = fields.get("message")
-        if len(data) <= _LIMIT or not isinstance(message, str) or not message:
-            break
-        fields["message"] = message[: len(message) // 2]
+    data = compact_json({**record, "pid": os.getpid()}, _LIMIT)
     if snapshot is None:
         return data
     key = b',"snapshot":'
@@ -216,35 +211,20 @@ def _rewrite(directory: str, ledger: OutcomeLedger) -> None:
     """Write the failure record as it stands now, with its snapshot where one was added."""
     with ledger.lock:
         with ledger.record_lock:
-            failure = dict(ledger.failure)
-        _write(directory, failure, ledger.snapshot)
+            failure, snapshot = dict(ledger.failure), ledger.snapshot
+        _write(directory, failure, snapshot)
 
 
 def record_snapshot(snapshot: FatalSnapshot) -> threading.Thread | None:
     """Add the failure's snapshot to this process's failure record, once, in a thread of the
     process's ending; None when no wrapper asked, no failure was recorded or a snapshot was added."""
-    directory = _directory()
-    if not directory:
-        return None
-    ending = process_ending()
-    ledger = ending.outcome
-    with ledger.record_lock:
-        if not ledger.failed or not ledger.failure:
-            return None
-    if ledger.snapshot_recorded:  # read without the file's lock (a write may hold it); the thread checks again
-        return None
+    def add(ledger: OutcomeLedger) -> bool:
+        if not ledger.failed or not ledger.failure or ledger.snapshot is not None:
+            return False
+        ledger.snapshot = snapshot
+        return True
 
-    def write() -> None:
-        with ledger.lock:
-            if ledger.snapshot_recorded:
-                return
-            ledger.snapshot_recorded = True
-            ledger.snapshot = snapshot
-            with ledger.record_lock:
-                failure = dict(ledger.failure)
-            _write(directory, failure, snapshot)
-
-    return ending.threads.start(write, name="trtllm-liveness-outcome-snapshot", bound_s=WRITE_BOUND_S)
+    return _record(add, "trtllm-liveness-outcome-snapshot")
 
 
 def read_outcomes(directory: str) -> list[Outcome]:
@@ -258,17 +238,17 @@ def read_outcomes(directory: str) -> list[Outcome]:
         finally:
             os.close(fd)
         data = json.loads(raw) if len(raw) <= _LIMIT else None
+        fields = JsonFields(f"outcome file {path} is malformed", data, optional=("snapshot",),
+                            required=("state", "message", "restartable", "exit_code", "pid"))
+        state, code = fields.text("state"), fields.integer("exit_code")
+        if state not in _STATES or not 1 <= code <= 255:
+            raise ValueError(f"outcome file {path} is malformed")
         snapshot = None
-        if isinstance(data, dict) and data.get("snapshot") is not None:
+        if fields.get("snapshot") is not None:
             try:
-                snapshot = FatalSnapshot.from_dict(data["snapshot"])
+                snapshot = FatalSnapshot.from_dict(fields.get("snapshot"))
             except ValueError as exc:
                 logger.warning("liveness: outcome file %s has a malformed snapshot, read without it: %s", path, exc)
-        if not isinstance(data, dict) or data.get("state") not in _STATES or not isinstance(data.get("message"), str) \
-                or not isinstance(data.get("restartable"), bool) or not isinstance(data.get("exit_code"), int) \
-                or isinstance(data.get("exit_code"), bool) or not 1 <= data["exit_code"] <= 255 \
-                or not isinstance(data.get("pid"), int):
-            raise ValueError(f"outcome file {path} is malformed")
-        outcomes.append(Outcome(data["state"], data["message"], data["restartable"], data["exit_code"], data["pid"],
+        outcomes.append(Outcome(state, fields.text("message"), fields.flag("restartable"), code, fields.integer("pid"),
                                 snapshot))
     return outcomes

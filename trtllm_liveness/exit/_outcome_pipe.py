@@ -30,6 +30,8 @@ import select
 import stat
 from dataclasses import dataclass
 
+from .._record_fields import JsonFields
+
 logger = logging.getLogger(__name__)
 
 PIPE_NAME = "outcome.fifo"
@@ -67,17 +69,23 @@ def open_writer(directory: str) -> int:
     return fd
 
 
+def compact_json(fields: dict[str, object], limit: int) -> bytes:
+    """``fields`` as compact JSON of at most ``limit`` bytes, its ``message`` halved until it fits
+    (as it is where no message is left to shorten). Shortens ``fields``' message in place."""
+    while True:
+        data = json.dumps(fields, separators=(",", ":")).encode()
+        message = fields.get("message")
+        if len(data) <= limit or not isinstance(message, str) or not message:
+            return data
+        fields["message"] = message[: len(message) // 2]
+
+
 def encode_failure(failure: PipedFailure) -> bytes:
     """``failure`` as one JSON line of at most :data:`LINE_LIMIT` bytes (its message shortened to fit)."""
     fields = {"state": "failed", "message": failure.message, "restartable": failure.restartable,
               "exit_code": failure.exit_code, "pid": failure.pid, "start_time": failure.start_time,
               "pid_ns": failure.pid_namespace}
-    while True:
-        line = json.dumps(fields, separators=(",", ":")).encode() + b"\n"
-        message = str(fields["message"])
-        if len(line) <= LINE_LIMIT or not message:
-            return line
-        fields["message"] = message[: len(message) // 2]
+    return compact_json(fields, LINE_LIMIT - 1) + b"\n"
 
 
 def send_failure(fd: int, failure: PipedFailure) -> bool:
@@ -92,18 +100,17 @@ def send_failure(fd: int, failure: PipedFailure) -> bool:
 
 def _decode(line: bytes) -> PipedFailure | None:
     try:
-        data = json.loads(line)
+        fields = JsonFields("outcome line", json.loads(line), optional=("start_time", "pid_ns"),
+                            required=("state", "message", "restartable", "exit_code", "pid"))
+        failure = PipedFailure(fields.text("message"), fields.flag("restartable"), fields.integer("exit_code"),
+                               fields.integer("pid"), fields.integer_or_none("start_time"),
+                               fields.integer_or_none("pid_ns"))
     except (ValueError, RecursionError):  # RecursionError: a line of nested brackets, not ours
         return None
-    if not isinstance(data, dict) or data.get("state") != "failed":
+    if fields.get("state") != "failed" or not 1 <= failure.exit_code <= 255 or failure.pid <= 0 \
+            or any(value is not None and value < 0 for value in (failure.start_time, failure.pid_namespace)):
         return None
-    message, restartable, code = data.get("message"), data.get("restartable"), data.get("exit_code")
-    pid, start, namespace = data.get("pid"), data.get("start_time"), data.get("pid_ns")
-    if not isinstance(message, str) or not isinstance(restartable, bool) or type(code) is not int \
-            or not 1 <= code <= 255 or type(pid) is not int or pid <= 0 \
-            or not all(value is None or (type(value) is int and value >= 0) for value in (start, namespace)):
-        return None
-    return PipedFailure(message, restartable, code, pid, start, namespace)
+    return failure
 
 
 class OutcomePipe:

@@ -131,17 +131,12 @@ class OwnedThreads:
             self._threads = [(t, d) for t, d in self._threads if t.is_alive()]
         return left
 
-    def alive(self) -> list[str]:
-        """Names of the threads still running."""
-        with self._lock:
-            return [t.name for t, _ in self._threads if t.is_alive()]
-
 
 @dataclass(eq=False)
 class OutcomeLedger:
     """The outcome record's process-wide part (:mod:`._outcome`). ``lock`` guards the file and is held
-    while it is written (``running``, ``clean_at_exit``, the snapshot); ``record_lock`` guards the
-    failure and the pipe, and is never held across a file's I/O, so the fatal path never waits on
+    while it is written (``running``, ``clean_at_exit``); ``record_lock`` guards the failure, its
+    snapshot and the pipe, and is never held across a file's I/O, so the fatal path never waits on
     a file system. Where both are taken, ``lock`` first."""
 
     lock: threading.Lock = field(default_factory=threading.Lock)
@@ -150,8 +145,7 @@ class OutcomeLedger:
     running: int = 0  # engines started and not yet shut down healthy
     clean_at_exit: bool = False  # the NORMAL_EXIT cleanup that records "clean" is registered
     failure: dict[str, object] = field(default_factory=dict)  # the failure record written (its fields)
-    snapshot_recorded: bool = False  # the failure's snapshot was added to it: once
-    snapshot: FatalSnapshot | None = None  # that snapshot, kept for a rewrite of the record
+    snapshot: FatalSnapshot | None = None  # the failure's snapshot, added once, kept for a rewrite of the record
     pipe_fd: int | None = None  # the outcome pipe's write end: None until an engine starts, -1 for none
     pipe_identity: tuple[int | None, int | None] = (None, None)  # this process's start time, PID namespace
     unrestartable_sent: bool = False  # the failure's turn to unrestartable was written to the pipe: once

@@ -17,7 +17,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from .._record_fields import JsonFields
+from .._record_fields import JsonRecord
 
 __all__ = ["FatalSnapshot", "RankSnapshot"]
 
@@ -26,7 +26,7 @@ MAIN_FRAMES = 8
 
 
 @dataclass(frozen=True)
-class RankSnapshot:
+class RankSnapshot(JsonRecord):
     """One rank at the fatal verdict. ``state`` is its main thread's state letter (empty: gone or
     not seen), ``cpu`` its CPU class over the window (``spinning``, ``sleeping``, ``in-d``, ...),
     ``iterations`` its last reported executor iteration count (None: none reported),
@@ -52,25 +52,9 @@ class RankSnapshot:
         where = f" in {self.main_frames[0]}" if self.main_frames else ""
         return f"rank {self.rank} (pid {self.pid}) on host {self.hostname or '?'}: {', '.join(parts)}{where}"
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (:meth:`from_dict` reads it back)."""
-        return {"rank": self.rank, "pid": self.pid, "hostname": self.hostname, "state": self.state,
-                "wchan": self.wchan, "cpu": self.cpu, "iterations": self.iterations, "stacks": self.stacks,
-                "main_frames": list(self.main_frames)}
-
-    @classmethod
-    def from_dict(cls, data: object) -> RankSnapshot:
-        """The record :meth:`to_dict` wrote; ``ValueError`` naming the field otherwise."""
-        fields = JsonFields("RankSnapshot", data, required=(
-            "rank", "pid", "hostname", "state", "wchan", "cpu", "iterations", "stacks", "main_frames"))
-        return cls(rank=fields.integer("rank"), pid=fields.integer("pid"), hostname=fields.text("hostname"),
-                   state=fields.text("state"), wchan=fields.text("wchan"), cpu=fields.text("cpu"),
-                   iterations=fields.integer_or_none("iterations"), stacks=fields.text("stacks"),
-                   main_frames=fields.texts("main_frames"))
-
 
 @dataclass(frozen=True)
-class FatalSnapshot:
+class FatalSnapshot(JsonRecord):
     """Every rank at the fatal verdict (taken before the bounded stop signalled one): ``reason`` the
     verdict (``died of rank 1``), ``named`` the evidence that singles a rank out (empty: none does)
     and ``named_rank`` that rank, ``taken_at`` wall clock, ``elapsed_ms`` what the snapshot took."""
@@ -82,6 +66,9 @@ class FatalSnapshot:
     ranks: tuple[RankSnapshot, ...]
     named_rank: int | None = None
 
+    json_form = ("reason", "taken_at", "elapsed_ms", "named", "named_rank", "ranks")
+    json_optional = ("named_rank",)
+
     def rank(self, number: int) -> RankSnapshot | None:
         """The snapshot of rank ``number``, if it was seen."""
         return next((rank for rank in self.ranks if rank.rank == number), None)
@@ -92,9 +79,10 @@ class FatalSnapshot:
         return line + (f"; named: {self.named}" if self.named else "")
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (:meth:`from_dict` reads it back)."""
-        return {"reason": self.reason, "taken_at": self.taken_at, "elapsed_ms": round(self.elapsed_ms, 1),
-                "named": self.named, "named_rank": self.named_rank, "ranks": [rank.to_dict() for rank in self.ranks]}
+        """JSON-ready form (:meth:`from_dict` reads it back): ``elapsed_ms`` rounded to a tenth."""
+        data = super().to_dict()
+        data["elapsed_ms"] = round(self.elapsed_ms, 1)
+        return data
 
     def to_json(self, limit: int) -> str:
         """The compact JSON form if it fits in ``limit`` bytes; otherwise the same without the
@@ -109,14 +97,3 @@ class FatalSnapshot:
             if len(text.encode()) <= limit or not ranks:
                 return text
             ranks.pop()
-
-    @classmethod
-    def from_dict(cls, data: object) -> FatalSnapshot:
-        """The record :meth:`to_dict` wrote; ``ValueError`` naming the field otherwise."""
-        fields = JsonFields("FatalSnapshot", data, required=("reason", "taken_at", "elapsed_ms", "named", "ranks"),
-                            optional=("named_rank",))
-        raw = fields.objects("ranks")
-        return cls(reason=fields.text("reason"), taken_at=fields.number("taken_at"),
-                   elapsed_ms=fields.number("elapsed_ms"), named=fields.text("named"),
-                   ranks=tuple(RankSnapshot.from_dict(item) for item in raw),
-                   named_rank=fields.integer_or_none("named_rank") if fields.has("named_rank") else None)

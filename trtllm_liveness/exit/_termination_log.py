@@ -47,17 +47,10 @@ def write_termination_message(path: str, message: str, *, create: bool | None = 
     only for a path other than :data:`TERMINATION_LOG_DEFAULT`. Returns the started thread (callers
     may wait on it with a timeout), or ``None`` when off. Failures are logged, never raised.
     """
-    if not path:
+    create = path != TERMINATION_LOG_DEFAULT if create is None else create
+    if not _wanted(path, create):
         return None
-    if create is None:
-        create = path != TERMINATION_LOG_DEFAULT
-    if not create and not os.path.lexists(path):
-        # Not in a container that asked for one: no thread at all (one stat; the fatal path runs
-        # this at the moment everything else wants the CPU).
-        logger.debug("no %s: termination message not written", path)
-        return None
-    ending = process_ending()
-    sequence = ending.claim_termination_message(message)
+    sequence = process_ending().claim_termination_message(message)
     if not sequence:  # the first fatal error of the process is the reason
         logger.debug("termination message already written by this process; %r not written", message[:80])
         return None
@@ -68,16 +61,24 @@ def amend_termination_message(path: str, message: str) -> threading.Thread | Non
     """Rewrite the termination message with ``message``, which must begin with the message this
     process wrote (the same fatal error, with its snapshot after it); otherwise nothing. As
     :func:`write_termination_message`: in a thread of the process's ending, never raises."""
-    if not path:
-        return None
     create = path != TERMINATION_LOG_DEFAULT
-    if not create and not os.path.lexists(path):
+    if not _wanted(path, create):
         return None
     sequence = process_ending().claim_termination_amendment(message)
     if not sequence:
         logger.debug("termination message not amended: %r extends no message of this process", message[:80])
         return None
     return _start_write(path, message, create, sequence)
+
+
+def _wanted(path: str, create: bool) -> bool:
+    """Whether a message goes to ``path``: one is set, and is to be created or exists already."""
+    if path and not create and not os.path.lexists(path):
+        # Not in a container that asked for one: no thread at all (one stat; the fatal path runs
+        # this at the moment everything else wants the CPU).
+        logger.debug("no %s: termination message not written", path)
+        return False
+    return bool(path)
 
 
 def _start_write(path: str, message: str, create: bool, sequence: int) -> threading.Thread | None:

@@ -111,8 +111,8 @@ def check_host(config: LivenessConfig, *, clear: bool) -> QuarantineCheck:
     """
     status = None
     cleared = False
-    if config.quarantine_dir:
-        directory = resolve_directory(config.quarantine_dir)
+    directory = resolve_directory(config.quarantine_dir)  # "" where the marker is off
+    if directory:
         status = inspect_marker(directory)
         if status.verdict is MarkerVerdict.UNTRUSTED:
             logger.warning("liveness: %s; ignored", status.describe())
@@ -123,12 +123,11 @@ def check_host(config: LivenessConfig, *, clear: bool) -> QuarantineCheck:
                 logger.warning("liveness: could not clear %s: %s", status.path, exc)
             if cleared:
                 logger.warning("liveness: %s: cleared", status.describe())
-    if config.quarantine_dir and resolve_directory(config.quarantine_dir) == DEFAULT_QUARANTINE_DIR \
-            and os.geteuid() == 0 and not (status and status.quarantined):
+    if directory == DEFAULT_QUARANTINE_DIR and os.geteuid() == 0 and not (status and status.quarantined):
         # Root (the node's health check, a root server) also sees what servers of other users
         # recorded in their fallback directories: a Slurm job runs as its user.
-        for directory, uid in user_marker_directories():
-            found = _user_marker(directory, uid)
+        for user_directory, uid in user_marker_directories():
+            found = _user_marker(user_directory, uid)
             if found is not None:
                 status = found
                 break
@@ -201,7 +200,7 @@ def quarantine_host(config: Policy, events: Iterable[WorkerEvent], *,
         if not fresh:
             return None
         ledger.recorded.update((event.identity.pid, event.identity.start_time) for event in fresh)
-        run_actions = not ledger.actions_started and _any_action(config)
+        run_actions = not ledger.actions_started and _action_requests(config) > 0
         ledger.actions_started = ledger.actions_started or run_actions
     worker = ending.threads.start(_quarantine, name="trtllm-liveness-quarantine", bound_s=_bound_s(config),
                                   args=(config, ledger, fresh, run_actions, marker_done))
@@ -211,17 +210,16 @@ def quarantine_host(config: Policy, events: Iterable[WorkerEvent], *,
     return worker
 
 
+def _action_requests(config: Policy) -> int:
+    """How many requests the configured actions make, one after another (0: no action)."""
+    k8s = 2 if config.quarantine_k8s_cordon or config.quarantine_k8s_taint else 0  # read, then patch
+    return int(config.quarantine_slurm_drain) + k8s + int(bool(config.quarantine_hook))
+
+
 def _bound_s(config: Policy) -> float:
     """How long a quarantine's thread may take: ``quarantine_action_timeout_s`` per request its
-    actions make, one after another, plus a second for the marker."""
-    k8s = 2 if config.quarantine_k8s_cordon or config.quarantine_k8s_taint else 0  # read, then patch
-    requests = int(config.quarantine_slurm_drain) + k8s + int(bool(config.quarantine_hook))
-    return requests * config.quarantine_action_timeout_s + 1.0
-
-
-def _any_action(config: Policy) -> bool:
-    return config.quarantine_slurm_drain or config.quarantine_k8s_cordon or config.quarantine_k8s_taint \
-        or bool(config.quarantine_hook)
+    actions make, plus a second for the marker."""
+    return _action_requests(config) * config.quarantine_action_timeout_s + 1.0
 
 
 def _quarantine(config: Policy, ledger: QuarantineLedger, events: list[WorkerEvent], run_actions: bool,

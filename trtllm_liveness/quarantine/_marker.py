@@ -301,32 +301,35 @@ _LOCK_WAIT_S = 2.0
 
 
 @contextlib.contextmanager
-def _directory_lock(fd: int, directory: str) -> Iterator[None]:
-    """``flock`` on the directory: read-merge-rename and judge-then-unlink of concurrent writers
-    (two engines of one host, a start-up clearing while another writes) do not lose records. A
-    bounded wait: past it the operation goes on unlocked, with a WARNING (a holder is a few file
-    operations long; only a stuck one makes it wait)."""
+def _locked_directory(directory: str, *, create: bool) -> Iterator[int]:
+    """An fd of ``directory`` (checked and, with ``create``, made: :func:`_open_directory`), with an
+    ``flock`` on it while the block runs: read-merge-rename and judge-then-unlink of concurrent
+    writers (two engines of one host, a start-up clearing while another writes) do not lose
+    records. A bounded wait: past it the operation goes on unlocked, with a WARNING (a holder is a
+    few file operations long; only a stuck one makes it wait)."""
+    fd = _open_directory(directory, create=create)
     deadline = time.monotonic() + _LOCK_WAIT_S
     locked = False
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            locked = True
-            break
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                logger.warning("liveness: the quarantine directory %s stayed locked for %.0f s; going on unlocked",
-                               directory, _LOCK_WAIT_S)
-                break
-            time.sleep(0.01)
-        except OSError:  # a file system without flock
-            break
     try:
-        yield
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    logger.warning("liveness: the quarantine directory %s stayed locked for %.0f s; going on "
+                                   "unlocked", directory, _LOCK_WAIT_S)
+                    break
+                time.sleep(0.01)
+            except OSError:  # a file system without flock
+                break
+        yield fd
     finally:
         if locked:
             with contextlib.suppress(OSError):
                 fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
 
 
 def write_marker(directory: str, processes: Iterable[QuarantinedProcess], reason: str) -> str:
@@ -337,15 +340,11 @@ def write_marker(directory: str, processes: Iterable[QuarantinedProcess], reason
     sees the old marker or the new one, never half of one). Blocks for those few local file
     operations (the directory should be a tmpfs: ``/run``). Raises :class:`MarkerError` for an
     untrusted directory, ``OSError`` for a failed write. Concurrent writers (other processes)
-    are serialized by a lock on the directory (:func:`_directory_lock`), so none loses another's
+    are serialized by a lock on the directory (:func:`_locked_directory`), so none loses another's
     records.
     """
-    fd = _open_directory(directory, create=True)
-    try:
-        with _directory_lock(fd, directory):
-            return _write_marker_locked(fd, directory, processes, reason)
-    finally:
-        os.close(fd)
+    with _locked_directory(directory, create=True) as fd:
+        return _write_marker_locked(fd, directory, processes, reason)
 
 
 def _write_marker_locked(fd: int, directory: str, processes: Iterable[QuarantinedProcess], reason: str) -> str:
@@ -575,21 +574,14 @@ def clear_marker(directory: str, *, expected: QuarantineMarker | None = None) ->
     was judged is kept). Raises :class:`MarkerError` for an untrusted directory.
     """
     try:
-        fd = _open_directory(directory, create=False)
-    except FileNotFoundError:
-        return False
-    try:
-        with _directory_lock(fd, directory):
+        with _locked_directory(directory, create=False) as fd:
             if expected is not None:
                 try:
                     if _read_marker_at(fd, directory) != expected:
                         return False
                 except (FileNotFoundError, MarkerError):
                     return False
-            try:
-                os.unlink(MARKER_NAME, dir_fd=fd)
-            except FileNotFoundError:
-                return False
+            os.unlink(MARKER_NAME, dir_fd=fd)
             return True
-    finally:
-        os.close(fd)
+    except FileNotFoundError:  # no such directory, or no marker in it
+        return False

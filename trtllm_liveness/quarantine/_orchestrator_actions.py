@@ -32,7 +32,6 @@ __all__ = [
     "k8s_mark_node",
     "run_hook",
     "slurm_drain",
-    "slurm_node_name",
 ]
 
 K8S_NODE_ENV = "NODE_NAME"
@@ -59,14 +58,10 @@ def one_line(text: str, limit: int = _MAX_REASON) -> str:
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
 
 
-def slurm_node_name() -> str:
-    """This node's Slurm name: ``SLURMD_NODENAME`` (set in jobs), else the short hostname."""
-    return os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-
-
 def slurm_drain(reason: str, *, node: str | None = None, timeout_s: float = 10.0) -> ActionResult:
-    """``scontrol update NodeName=<node> State=DRAIN Reason=<reason>``, killed after ``timeout_s``."""
-    name = node or slurm_node_name()
+    """``scontrol update NodeName=<node> State=DRAIN Reason=<reason>``, killed after ``timeout_s``;
+    ``node`` defaults to ``$SLURMD_NODENAME`` (set in jobs), else the short hostname."""
+    name = node or os.environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     argv = ["scontrol", "update", f"NodeName={name}", "State=DRAIN", f"Reason={one_line(reason)}"]
     return _run("slurm-drain", argv, timeout_s, {})
 

@@ -151,19 +151,12 @@ def _prepare_pid(index: int, pid: int, hostname: str) -> PreparedTarget:
 def _prepare_popen(index: int, popen: subprocess.Popen[Any], hostname: str) -> PreparedTarget:
     target = PreparedTarget(index, popen.pid, hostname, owner=popen)
     if popen.returncode is not None:
-        target.outcome = StopOutcome.ALREADY_GONE
-        target.returncode = popen.returncode
-        target.detail = "already exited and reaped"
-        return target
+        return _reaped(target, popen.returncode)
     _open_current(target, popen.pid)
     # An unreaped child pins its pid, so the pidfd is the child's unless another thread reaped it
     # in between; then the returncode is already set and the fd is not trusted.
     if target.leader is not None and popen.returncode is not None:
-        os.close(target.leader.pidfd)
-        target.leader = None
-        target.outcome = StopOutcome.ALREADY_GONE
-        target.returncode = popen.returncode
-        target.detail = "already exited and reaped"
+        return _reaped(target, popen.returncode)
     return target
 
 
@@ -176,19 +169,22 @@ def _prepare_mp_process(index: int, process: multiprocessing.process.BaseProcess
     exitcode = process.exitcode  # reaps it if it has exited
     target = PreparedTarget(index, pid, hostname, owner=process)
     if exitcode is not None:
-        target.outcome = StopOutcome.ALREADY_GONE
-        target.returncode = exitcode
-        target.detail = "already exited and reaped"
-        return target
+        return _reaped(target, exitcode)
     _open_current(target, pid)
     popen = getattr(process, "_popen", None)
     returncode = getattr(popen, "returncode", None)
     if target.leader is not None and returncode is not None:  # reaped meanwhile by another thread
+        return _reaped(target, returncode)
+    return target
+
+
+def _reaped(target: PreparedTarget, returncode: int) -> PreparedTarget:
+    """``target``, a child of the caller, as already exited and reaped with ``returncode``; a pidfd
+    opened on its pid meanwhile is closed (the pid may be another process's by now)."""
+    if target.leader is not None:
         os.close(target.leader.pidfd)
         target.leader = None
-        target.outcome = StopOutcome.ALREADY_GONE
-        target.returncode = returncode
-        target.detail = "already exited and reaped"
+    target.outcome, target.returncode, target.detail = StopOutcome.ALREADY_GONE, returncode, "already exited and reaped"
     return target
 
 
@@ -196,11 +192,8 @@ def _open_current(target: PreparedTarget, pid: int) -> None:
     """Open a pidfd on whatever process has ``pid`` now, then read its start time from it."""
     try:
         fd = _pidfd.open_pidfd(pid)
-    except ProcessLookupError:
-        target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (no such process)"
-        return
     except OSError as exc:
-        if exc.errno == errno.ESRCH:
+        if exc.errno == errno.ESRCH:  # ProcessLookupError
             target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (no such process)"
         else:
             target.outcome = StopOutcome.UNVERIFIED
