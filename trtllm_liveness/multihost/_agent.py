@@ -63,6 +63,7 @@ from ..process._identity import ProcessIdentity
 from . import _wire
 from ._agent_faults import FaultHandler
 from ._agent_quarantine import HostQuarantine
+from ._channel import AGENT_SEND_TIMEOUT_MS, Channel, Tally, open_dealer
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, SnapshotRequest, encode_ranks, parse_snapshot_request
 from ._tcp import cut, duplicate, last_heard
 
@@ -75,7 +76,6 @@ PROXY_LOST_EXIT_STATUS = 75
 """Exit status of a rank ended because its proxy is gone (EX_TEMPFAIL, as the proxy-death watch)."""
 
 _TICK_S = 0.5  # the loop wakes at least this often to send state changes; not a detection bound
-_SEND_TIMEOUT_MS = 1000  # a send to a hub whose host is gone must not hold the agent
 _RECEIVE_BATCH = 64  # messages from the hub read ahead of handling them (each capped by the wire)
 _MAX_ITERATIONS_PER_MESSAGE = 1000  # ~40 bytes each: well under the wire's cap
 VERDICT_SNAPSHOT = SnapshotRequest(0, 0.1, True, 0.3)
@@ -153,16 +153,14 @@ class HostAgent:
         self._peer_seq = 0
         self._pending: collections.deque[WorkerEvent] = collections.deque()
         self._lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._channel: Channel | None = None  # the DEALER, its monitor and the wake pipe (the thread's)
         self._closing = False
         self._welcomed = threading.Event()
         self._released = False
         self._ending: str | None = None  # why the rank must end (the proxy is gone), once decided
         self._ending_set = threading.Event()
         self._stopped = threading.Event()  # the host's other ranks were stopped
-        self.rejected = 0
+        self.rejected = Tally(logger, "liveness: the host agent rejected a message (%d so far): %s", 0)
         self._link: socket.socket | None = None  # a duplicate of the connection's descriptor (the thread's)
         self._silent_for: float | None = None  # the hub's silence the agent cut the connection at
         self._suspect_since: float | None = None  # the thread's: monotonic, since when the hub is silent
@@ -238,10 +236,9 @@ class HostAgent:
     # ----------------------------------------------------------------- the thread
 
     def _wake(self) -> None:
-        with self._lock:
-            if self._wake_w >= 0:
-                with contextlib.suppress(BlockingIOError, OSError):
-                    os.write(self._wake_w, b"x")
+        channel = self._channel
+        if channel is not None:
+            channel.wake()
 
     def _on_event(self, event: WorkerEvent) -> None:  # the monitor's thread
         self._quarantine.note([event])  # a wedge: this host's marker, awaited before the event leaves
@@ -251,30 +248,17 @@ class HostAgent:
     def _run(self) -> None:
         import zmq
 
-        ctx = zmq.Context(io_threads=1)
-        sock = ctx.socket(zmq.DEALER)
-        monitor_sock = None
         monitor = WorkerProcessMonitor(d_state_timeout_s=self.settings.d_state_timeout_s,
                                        scan_interval_s=self.settings.scan_interval_s, wedge_armed=False)
+        channel: Channel | None = None
         ending: tuple[Callable[[str], None], str] | None = None
         try:
-            sock.setsockopt(zmq.ROUTING_ID, self.sid.encode())
-            sock.setsockopt(zmq.LINGER, 500)  # bounds how long a last report may take to leave
-            sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
-            sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
-            sock.setsockopt(zmq.RECONNECT_IVL, 100)
-            # This agent's PINGs are what the hub's silence check reads, and the hub's answers what
-            # this one's reads. ZMQ never drops the connection on its own (timeout 0): a silence ends
-            # it only by the agent's decision (_check_hub_silence), which asks its ranks' progress.
-            timeout_ms = max(20, int(self.settings.heartbeat_timeout_s * 1000))
-            sock.setsockopt(zmq.HEARTBEAT_IVL, max(5, int(timeout_ms * _wire.PING_INTERVAL_TIMEOUTS)))
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 0)
-            monitor_sock = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            channel = self._channel = open_dealer(self.sid, self.settings.heartbeat_timeout_s)
             monitor.register(self.identities)
             monitor.subscribe(self._on_event)
             monitor.start()
-            sock.connect(self.settings.endpoint)
-            ending = self._loop(zmq, sock, monitor_sock, monitor)
+            channel.sock.connect(self.settings.endpoint)
+            ending = self._loop(zmq, channel, monitor)
         except Exception:
             logger.exception("liveness: the host agent failed; this host's ranks are no longer watched")
         finally:
@@ -284,28 +268,15 @@ class HostAgent:
             self._faults.release()
             monitor.close()
             self._close_owned()
-            if monitor_sock is not None:
-                with contextlib.suppress(Exception):
-                    sock.disable_monitor()
-                monitor_sock.close(0)
-            sock.close()  # with its LINGER: a last report still leaves
-            ctx.term()
-            with self._lock:
-                os.close(self._wake_r)
-                os.close(self._wake_w)
-                self._wake_r = self._wake_w = -1
+            if channel is not None:
+                channel.close()  # with its LINGER: a last report still leaves
         if ending is not None:
             ending[0](ending[1])
 
-    def _loop(self, zmq: Any, sock: Any, monitor_sock: Any,
+    def _loop(self, zmq: Any, channel: Channel,
               monitor: WorkerProcessMonitor) -> tuple[Callable[[str], None], str] | None:
         """Serve until closed (None) or until the rank must end: (what ends it, the reason)."""
-        from zmq.utils.monitor import parse_monitor_message
-
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor_sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        sock = channel.sock
         sent: dict[int, tuple[str, str]] = {}
         connected_once = False
         started = time.monotonic()
@@ -314,53 +285,45 @@ class HostAgent:
             with self._lock:
                 if self._closing:
                     return None
-            ready = dict(poller.poll(self._poll_ms()))
-            if self._wake_r in ready:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._wake_r, 4096)
-            if sock in ready:
+            readable, monitored = channel.poll(self._poll_ms())
+            if readable:
                 action = self._receive(zmq, sock, monitor)
                 if action == "stop":
                     return self._on_stop, "stopped by the proxy"
                 if action == "refused":
                     return None
-            if monitor_sock in ready:
-                while True:
-                    try:
-                        event = parse_monitor_message(monitor_sock.recv_multipart(zmq.NOBLOCK))
-                    except zmq.Again:
-                        break
-                    if event["event"] == zmq.EVENT_CONNECTED:
-                        connected_once = True
-                        if self._link is not None:
-                            self._link.close()
-                        self._link = duplicate(int(event["value"]))
-                        self._send(sock, "hello", **self._hello())
-                    elif event["event"] == zmq.EVENT_DISCONNECTED and connected_once:
-                        # What the hub sent before it closed (an "expect" of a clean stop, a
-                        # stop) is already queued: read it first, or a clean stop would look
-                        # like the proxy's death.
-                        action = self._receive(zmq, sock, monitor)
-                        if action == "stop":
-                            return self._on_stop, "stopped by the proxy"
-                        if self._released or action == "refused":
-                            logger.info("liveness: the proxy's hub closed after a clean stop; agent ends")
-                            return None
-                        if self._silent_for is not None:
-                            reason = (f"nothing from the proxy's hub at {self.settings.endpoint} for "
-                                      f"{self._silent_for:.2f} s (beyond heartbeat_ceiling_s) while this host's "
-                                      "ranks made no progress (this host cut off, the proxy's host lost, or the "
-                                      "proxy frozen)")
-                        else:
-                            reason = (f"the connection to the proxy's hub at {self.settings.endpoint} dropped "
-                                      "(proxy gone, or this host cut off)")
-                        if self.settings.observe:
-                            logger.warning("liveness: would end this host's ranks: %s (observe=1: nothing ended)",
-                                           reason)
-                            return None
-                        self._proxy_lost(monitor, reason)
-                        self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
+            for event, fd in channel.events() if monitored else ():
+                if event == zmq.EVENT_CONNECTED:
+                    connected_once = True
+                    if self._link is not None:
+                        self._link.close()
+                    self._link = duplicate(fd)
+                    self._send(sock, "hello", **self._hello())
+                elif event == zmq.EVENT_DISCONNECTED and connected_once:
+                    # What the hub sent before it closed (an "expect" of a clean stop, a
+                    # stop) is already queued: read it first, or a clean stop would look
+                    # like the proxy's death.
+                    action = self._receive(zmq, sock, monitor)
+                    if action == "stop":
+                        return self._on_stop, "stopped by the proxy"
+                    if self._released or action == "refused":
+                        logger.info("liveness: the proxy's hub closed after a clean stop; agent ends")
                         return None
+                    if self._silent_for is not None:
+                        reason = (f"nothing from the proxy's hub at {self.settings.endpoint} for "
+                                  f"{self._silent_for:.2f} s (beyond heartbeat_ceiling_s) while this host's "
+                                  "ranks made no progress (this host cut off, the proxy's host lost, or the "
+                                  "proxy frozen)")
+                    else:
+                        reason = (f"the connection to the proxy's hub at {self.settings.endpoint} dropped "
+                                  "(proxy gone, or this host cut off)")
+                    if self.settings.observe:
+                        logger.warning("liveness: would end this host's ranks: %s (observe=1: nothing ended)",
+                                       reason)
+                        return None
+                    self._proxy_lost(monitor, reason)
+                    self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
+                    return None
             self._check_hub_silence()
             if not self._welcomed.is_set():
                 # Events wait for the welcome: the hub takes nothing before it has the hello.
@@ -457,7 +420,7 @@ class HostAgent:
             sock.send(_wire.encode(self.settings.secret, _wire.TO_HUB, kind, self.sid, self._seq, **fields))
         except zmq.Again:
             logger.warning("liveness: the hub did not take the agent's %s message within %d ms", kind,
-                           _SEND_TIMEOUT_MS)
+                           AGENT_SEND_TIMEOUT_MS)
 
     def _receive(self, zmq: Any, sock: Any, monitor: WorkerProcessMonitor) -> str | None:
         """Handle what the hub sent: ``"stop"`` (the host's ranks were stopped: end this rank),
@@ -482,9 +445,7 @@ class HostAgent:
                 parse = _COMMANDS.get(message.kind)
                 command = parse(message) if parse is not None else None  # welcome, fault, probe: no record
             except _wire.WireError as exc:
-                self.rejected += 1
-                if self.rejected <= 5 or self.rejected % 1000 == 0:
-                    logger.warning("liveness: the host agent rejected a message (%d so far): %s", self.rejected, exc)
+                self.rejected.note(exc)
                 continue
             self._peer_seq = message.seq
             match command:
