@@ -155,7 +155,7 @@ class HostAgent:
         self._lock = threading.Lock()
         self._channel: Channel | None = None  # the DEALER, its monitor and the wake pipe (the thread's)
         self._closing = False
-        self._welcomed = threading.Event()
+        self.welcomed = threading.Event()  # set once the hub accepted this agent's hello
         self._released = False
         self._ending: str | None = None  # why the rank must end (the proxy is gone), once decided
         self._ending_set = threading.Event()
@@ -193,7 +193,7 @@ class HostAgent:
         for the agent's verdict and end the rank with status 75 if the proxy is gone. A released
         agent (clean stop) or a closed one lets the exit go on at once."""
         self._close_owned()
-        if self._released or self._closing or not self._welcomed.is_set():
+        if self._released or self._closing or not self.welcomed.is_set():
             return
         if not self._ending_set.wait(self.settings.hub_silence_s + _TICK_S + 0.5):
             return
@@ -219,11 +219,6 @@ class HostAgent:
             known = self._iterations.get(rank)
             if known is None or count > known[0]:
                 self._iterations[rank] = (count, at)
-
-    @property
-    def welcomed(self) -> threading.Event:
-        """Set once the hub accepted this agent's hello."""
-        return self._welcomed
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop the agent (its ranks are left as they are) and join it for at most ``timeout``."""
@@ -325,7 +320,7 @@ class HostAgent:
                     self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
                     return None
             self._check_hub_silence()
-            if not self._welcomed.is_set():
+            if not self.welcomed.is_set():
                 # Events wait for the welcome: the hub takes nothing before it has the hello.
                 if not warned and time.monotonic() - started > max(30.0, 10 * self.settings.heartbeat_timeout_s):
                     warned = True
@@ -366,7 +361,7 @@ class HostAgent:
         while this host's ranks make no progress, the connection is cut: ZMQ then reports it
         dropped, and the loop ends the host's ranks as for a hub that went away (observe mode:
         one WARNING saying so instead)."""
-        if self._link is None or self._silent_for is not None or not self._welcomed.is_set():
+        if self._link is None or self._silent_for is not None or not self.welcomed.is_set():
             return
         heard = last_heard(self._link)
         if heard is None:
@@ -468,7 +463,7 @@ class HostAgent:
                     self._released = True  # never act on a proxy that does not count this host
                     return "refused"
                 case None if message.kind == "welcome":
-                    self._welcomed.set()
+                    self.welcomed.set()
                 case None if message.kind == "fault":  # refused, unless a drill's hub gave this agent its handler
                     self._send(sock, "faulted", **self._faults.handle(message))
 
@@ -502,7 +497,7 @@ class HostAgent:
 
     def _poll_ms(self) -> int:
         """The loop's wait: a tick, or less when changed iterations are due sooner."""
-        if self._welcomed.is_set() and self._changed_iterations():
+        if self.welcomed.is_set() and self._changed_iterations():
             return max(0, min(int(_TICK_S * 1000), int((self._iterations_due - time.time()) * 1000) + 1))
         return int(_TICK_S * 1000)
 

@@ -1,23 +1,16 @@
-"""One end of the channel between the hub and its agents: what the hub and every agent share.
+"""Each end's socket, the socket's monitor and a wakeup pipe (:class:`Channel`), and the count of
+bad input each end logs (:class:`Tally`): what the hub and its agents share.
 
-A :class:`Channel` is the ZMQ socket of one end, the socket's monitor, and a wakeup pipe, polled
-together by the one thread that owns them; other threads only :meth:`~Channel.wake` it. The hub's
-is a bound ROUTER (:func:`open_router`), each agent's a DEALER connected to it (:func:`open_dealer`).
-Both take the options the wire relies on:
-
-- ``MAXMSGSIZE``: an oversized message ends its connection (:data:`~._wire.MAX_MESSAGE_BYTES`);
-- ``LINGER`` 500 ms: a last message (the hub's ``expect``, an agent's stop report) may leave at close;
-- every send is bounded: the hub's never waits (``SNDTIMEO`` 0), an agent's at most
-  :data:`AGENT_SEND_TIMEOUT_MS`.
-
-The hub's ROUTER also has ``ROUTER_MANDATORY`` (a message to a routing id whose connection is gone
-fails at once: how the hub probes a connection it cannot match to a session) and ``HANDSHAKE_IVL``
-5 s (a peer that never completes ZMTP holds its descriptors 5 s, not 30). The agents PING (every
-``PING_INTERVAL_TIMEOUTS`` timeouts) and the hub's ZMQ answers: what both ends' silence checks read.
-The hub sends no PINGs and ZMQ never drops a connection on its own account: whether a silent host
-is lost is the hub's decision (:mod:`._host_silence`), whether a silent hub is gone the agent's.
-
-Bad input from the network is counted and logged by a :class:`Tally`, never raised.
+The hub's is a bound ROUTER (:func:`open_router`), each agent's a DEALER connected to it
+(:func:`open_dealer`). Both have ``MAXMSGSIZE`` (an oversized message ends its connection:
+:data:`~._wire.MAX_MESSAGE_BYTES`), ``LINGER`` 500 ms (a last ``expect`` or stop report may leave at
+close) and a bounded send (the hub's ``SNDTIMEO`` 0: never waits on a dead peer). The ROUTER also has
+``ROUTER_MANDATORY`` (a message to a routing id whose connection is gone fails at once: how the hub
+probes a connection it cannot match to a session) and ``HANDSHAKE_IVL`` 5 s (a peer that never
+completes ZMTP holds its descriptors 5 s, not 30). The agents PING (every ``PING_INTERVAL_TIMEOUTS``
+timeouts) and the hub's ZMQ answers: what both ends' silence checks read. The hub sends no PINGs and
+ZMQ never drops a connection on its own account: whether a silent host is lost is the hub's decision
+(:mod:`._host_silence`).
 """
 
 from __future__ import annotations
@@ -39,9 +32,8 @@ _LOG_EVERY = 1000
 
 
 class Tally:
-    """How often one kind of trouble happened (:attr:`count`); its WARNING ``text`` is logged the
-    first five times, then every thousandth (a flooding peer costs no flood of lines). The count is
-    the ``count_at``-th argument of ``text``."""
+    """How often one kind of bad input came (:attr:`count`); its WARNING ``text`` (the count its
+    ``count_at``-th argument) is logged the first five times, then every thousandth."""
 
     def __init__(self, log: logging.Logger, text: str, count_at: int) -> None:
         self.count = 0

@@ -513,9 +513,8 @@ class AgentHub:
         updates, fault_at = end_session(session, ending, expecting=self._expecting, stopping=self._stop is not None,
                                         heartbeat_timeout_s=self.heartbeat_timeout_s, silent_s=silent_s,
                                         corroboration=corroboration)
-        self._cond.notify_all()  # its stop, where one runs, is there now
         self._apply_many(updates, **({} if fault_at is None else {"fault_at": fault_at}))
-        self._cond.notify_all()
+        self._cond.notify_all()  # its stop, where one runs, is there now
 
 
 def _peer(frame: Any) -> str:

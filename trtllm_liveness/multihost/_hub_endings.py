@@ -27,7 +27,7 @@ Update = tuple[ProcessIdentity, WorkerState, str]
 
 
 def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: bool, heartbeat_timeout_s: float,
-                silent_s: float | None, corroboration: str = "") -> tuple[list[Update], float | None]:
+                silent_s: float | None, corroboration: str) -> tuple[list[Update], float | None]:
     """End ``session`` (``connection`` and ``since`` set; ``stop`` set where a stop runs and the
     host has not reported): the updates for its ranks, and when the fault began for a silent host
     (else None). ``expecting``: a clean stop is under way; ``stopping``: the extension's own stop;

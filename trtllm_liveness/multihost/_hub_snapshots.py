@@ -34,7 +34,6 @@ from ._hub_records import Connection, Session
 ITERATIONS_INTERVAL_S = 1.0
 """The shortest interval between two ``iters`` messages of one agent (the hub's
 ``iterations_interval_s`` may be longer: a stall timer of minutes needs no finer progress)."""
-"""An agent sends its ranks' iterations at most this often (and only when one changed)."""
 MAX_THREADS = 256  # per rank in a reply
 MAX_FRAMES = 64  # per thread in a reply
 _TEXT = 300  # the longest string in a reply
@@ -109,12 +108,11 @@ _TELLING = {Activity.IN_D: 0, Activity.STOPPED: 1, Activity.SPINNING: 2, Activit
 _KEPT_STATES = 16  # thread states per rank kept before its stacks are cut further
 
 
-def encode_ranks(ranks: Sequence[RankDiagnosis], iterations: dict[int, int], *,
-                 max_bytes: int = _wire.MAX_MESSAGE_BYTES) -> list[dict[str, Any]]:
-    """The ranks' records for one ``snap`` message of at most ``max_bytes``: each rank is cut (fewer
+def encode_ranks(ranks: Sequence[RankDiagnosis], iterations: dict[int, int]) -> list[dict[str, Any]]:
+    """The ranks' records for one ``snap`` message within the wire's cap: each rank is cut (fewer
     frames per thread, then fewer thread states down to the :data:`_KEPT_STATES` that tell most,
     then fewer stacks) until the whole fits; a rank that was cut says so (``cut``). Pure function."""
-    budget = max_bytes - _ENVELOPE_BYTES
+    budget = _wire.MAX_MESSAGE_BYTES - _ENVELOPE_BYTES
     frames, threads, states = MAX_FRAMES, MAX_THREADS, MAX_THREADS
     while True:
         records = [_rank_record(rank, iterations.get(rank.rank), frames, threads, states) for rank in ranks]
@@ -250,7 +248,7 @@ class SnapshotBook:
         self._iterations: collections.deque[tuple[int, int, float]] = collections.deque()
 
     def open_locked(self, cpu_window_s: float, stacks: bool, stacks_timeout_s: float,
-                    timeout_s: float = math.inf) -> SnapshotCommand:
+                    timeout_s: float) -> SnapshotCommand:
         self._next += 1
         self._replies[self._next] = {}
         while len(self._replies) > 64:  # requests nobody waits for any more
