@@ -34,7 +34,7 @@ from .._events import MonitorMethod, WorkerState
 from ..diagnose._diagnosis_record import HostSnapshot
 from ..monitor._monitor import WorkerProcessMonitor
 from ..monitor._progress_clock import ProgressClock
-from ..process._identity import ProcessIdentity, local_hostname
+from ..process._identity import local_hostname
 from . import _wire
 from ._agent import AgentSettings
 from ._agent_faults import FaultHandler
@@ -49,6 +49,7 @@ from ._hub_records import (
     HostStop,
     HostView,
     Session,
+    Update,
     parse_event,
     parse_hello,
     parse_report,
@@ -203,8 +204,7 @@ class AgentHub:
         with self._cond:
             self._cond.wait_for(lambda: self._closing or all(s.stop is not None for s in self._sessions.values()),
                                 max(0.0, timeout_s))
-            return [s.stop or HostStop(s.host, s.agent.rank, tuple(r.rank for r in s.ranks), HostOutcome.NO_ANSWER,
-                                       detail=f"no report within {timeout_s:.1f} s")
+            return [s.stop or s.host_stop(HostOutcome.NO_ANSWER, f"no report within {timeout_s:.1f} s")
                     for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
 
     def snapshot(self, timeout_s: float, *, cpu_window_s: float = 0.1, stacks: bool = True,
@@ -300,7 +300,7 @@ class AgentHub:
                     if session.connection is Connection.CONNECTED:
                         session.connection = Connection.LOST
                         cause = f"the proxy's agent hub failed ({exc!r}); host {session.host}'s agent ends its ranks"
-                        self._apply_many([(identity, WorkerState.LOST, cause) for identity in session.ranks])
+                        self._apply_many(session.updates(WorkerState.LOST, cause))
                 self._cond.notify_all()
         finally:
             self._release()
@@ -323,9 +323,7 @@ class AgentHub:
                     command = self._stop = dataclasses.replace(command, req=next(self._req_ids))
                     for session in self._sessions.values():
                         if session.connection is not Connection.CONNECTED and session.stop is None:
-                            session.stop = HostStop(session.host, session.agent.rank,
-                                                    tuple(r.rank for r in session.ranks), HostOutcome.LOST,
-                                                    detail=f"connection {session.connection}")
+                            session.stop = session.host_stop(HostOutcome.LOST, f"connection {session.connection}")
                     self._cond.notify_all()
             sent = {session.sid for session in self._sessions.values() if session.connection is Connection.CONNECTED
                     and self._send(session, command.kind, **command.fields())}
@@ -405,8 +403,7 @@ class AgentHub:
         key = (peer, port) if peer != "?" and port else None
         session = Session(message.sid, host, agent, ranks, key, seq_in=message.seq)
         self._sessions[message.sid] = session
-        detail = f"watched by the agent on host {host} (rank {agent.rank})"
-        self._apply_many([(identity, WorkerState.ALIVE, detail) for identity in ranks])
+        self._apply_many(session.updates(WorkerState.ALIVE))
         logger.info("liveness: host %s's agent (rank %d) watches ranks %s", host, agent.rank,
                     [identity.rank for identity in ranks])
         self._send(session, "welcome")
@@ -432,7 +429,7 @@ class AgentHub:
         session.stop = parse_report(session, message)
         self._cond.notify_all()
 
-    def _apply_many(self, updates: list[tuple[ProcessIdentity, WorkerState, str]], **extra: Any) -> None:
+    def _apply_many(self, updates: list[Update], **extra: Any) -> None:
         # States now, in the hub's order; subscribers in the delivery's thread: they may ask the hub.
         if self.monitor.apply_remote_many(updates, via=MonitorMethod.AGENT, deliver=False, **extra):
             self._delivery.poke()

@@ -25,6 +25,7 @@ _EVENT_STATES = {"died": WorkerState.EXITED, "wedged": WorkerState.WEDGED, "unki
 # A "state" message carries only non-fatal states: fatal ones come as events (with their thread and
 # wait channel, exactly once), and a state message must not claim an event without them.
 _REPORTED_STATES = {state.value: state for state in (WorkerState.ALIVE, WorkerState.EXITED_EXPECTED)}
+Update = tuple[ProcessIdentity, WorkerState, str]  # one rank's new state, and its detail
 
 
 class HostOutcome(TextEnum):
@@ -105,6 +106,15 @@ class Session:
         if self.connection is Connection.CONNECTED and self.suspect_since is not None:
             return Connection.SUSPECT, self.suspect_since
         return self.connection, self.since
+
+    def updates(self, state: WorkerState, detail: str = "") -> list[Update]:
+        """``state`` for every rank of this host, with ``detail`` (default: watched by its agent)."""
+        detail = detail or f"watched by the agent on host {self.host} (rank {self.agent.rank})"
+        return [(identity, state, detail) for identity in self.ranks]
+
+    def host_stop(self, outcome: HostOutcome, detail: str) -> HostStop:
+        """What became of this host at a stop, where its agent did not report it."""
+        return HostStop(self.host, self.agent.rank, tuple(r.rank for r in self.ranks), outcome, detail=detail)
 
 
 class Hello(NamedTuple):
