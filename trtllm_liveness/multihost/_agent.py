@@ -420,29 +420,29 @@ class HostAgent:
     def _receive(self, zmq: Any, sock: Any, monitor: WorkerProcessMonitor) -> str | None:
         """Handle what the hub sent: ``"stop"`` (the host's ranks were stopped: end this rank),
         ``"refused"`` (the hub does not count this host: the agent ends), else None."""
-        # What is queued now is read at once, each with when it was taken: a snapshot request whose
-        # caller gave up meanwhile (the snapshots before it took that long) is skipped, not run
-        # ahead of a stop behind it.
-        queued: collections.deque[tuple[bytes, float]] = collections.deque()
+        # What is queued now is read and parsed at once: a snapshot request whose caller gave up
+        # meanwhile (the snapshots before it took that long) is skipped, not run ahead of a stop
+        # behind it.
+        queued: collections.deque[tuple[_wire.Message, _wire.Command | SnapshotRequest | None]] = collections.deque()
         while True:
             while len(queued) < _RECEIVE_BATCH:
                 try:
-                    queued.append((sock.recv(zmq.NOBLOCK), time.monotonic()))
+                    frame = sock.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                try:
+                    message = _wire.decode(self.settings.secret, _wire.TO_AGENT, frame)
+                    if message.sid != self.sid or message.seq <= self._peer_seq:
+                        raise _wire.WireError("not for this session, or replayed")
+                    parse = _COMMANDS.get(message.kind)  # welcome, fault, probe: no record
+                    queued.append((message, parse(message) if parse is not None else None))
+                except _wire.WireError as exc:
+                    self.rejected.note(exc)
+                    continue
+                self._peer_seq = message.seq
             if not queued:
                 return None
-            frame, taken_at = queued.popleft()
-            try:
-                message = _wire.decode(self.settings.secret, _wire.TO_AGENT, frame)
-                if message.sid != self.sid or message.seq <= self._peer_seq:
-                    raise _wire.WireError("not for this session, or replayed")
-                parse = _COMMANDS.get(message.kind)
-                command = parse(message) if parse is not None else None  # welcome, fault, probe: no record
-            except _wire.WireError as exc:
-                self.rejected.note(exc)
-                continue
-            self._peer_seq = message.seq
+            message, command = queued.popleft()
             match command:
                 case _wire.ArmCommand():
                     monitor.arm_wedge_detection(command.d_state_timeout_s)
@@ -453,7 +453,7 @@ class HostAgent:
                     self._stop_requested(sock, monitor, command)
                     return "stop"
                 case SnapshotRequest():
-                    if command.expires_s is not None and time.monotonic() - taken_at > command.expires_s:
+                    if command.deadline is not None and time.monotonic() > command.deadline:
                         logger.info("liveness: the host agent skips snapshot request %d: its caller waits no longer",
                                     command.req)
                         continue

@@ -56,7 +56,7 @@ from ._hub_records import (
     parse_state,
     refusal,
 )
-from ._hub_snapshots import ITERATIONS_INTERVAL_S, IterationSink, SnapshotBook, SnapshotCommand
+from ._hub_snapshots import ITERATIONS_INTERVAL_S, IterationSink, SnapshotBook, SnapshotRequest
 from ._tcp import Closure, ConnectionTable, Ending, Key, Silence
 from ._wire import ArmCommand, Command, ExpectCommand, Rejection, StopCommand
 
@@ -131,7 +131,7 @@ class AgentHub:
             logger, "liveness: agent hub: a connection from %s ended without a valid hello (%d so far; an oversized "
             "message ends it, limit %d bytes)", 1)
         self._cond = threading.Condition()
-        self._commands: collections.deque[Command | SnapshotCommand] = collections.deque()
+        self._commands: collections.deque[Command | SnapshotRequest] = collections.deque()
         self._book = SnapshotBook(self._cond)  # snapshot requests and replies, remote iterations
         self._handlers: dict[str, Callable[[Session, _wire.Message], None]] = {  # by kind, after the hello
             "event": self._update_locked, "state": self._update_locked, "report": self._report_locked,
@@ -327,7 +327,7 @@ class AgentHub:
                     self._cond.notify_all()
             sent = {session.sid for session in self._sessions.values() if session.connection is Connection.CONNECTED
                     and self._send(session, command.kind, **command.fields())}
-            if isinstance(command, SnapshotCommand):
+            if isinstance(command, SnapshotRequest):
                 self._book.asked_locked(command.req, sent)  # its callers wait for those only
 
     def _send(self, session: Session, kind: str, /, **fields: Any) -> bool:
