@@ -153,7 +153,7 @@ class HostAgent:
         self._peer_seq = 0
         self._pending: collections.deque[WorkerEvent] = collections.deque()
         self._lock = threading.Lock()
-        self._channel: Channel | None = None  # the DEALER, its monitor and the wake pipe (the thread's)
+        self._wake: Callable[[], None] = lambda: None  # ends the thread's wait: its channel's, once made
         self._closing = False
         self.welcomed = threading.Event()  # set once the hub accepted this agent's hello
         self._released = False
@@ -230,11 +230,6 @@ class HostAgent:
 
     # ----------------------------------------------------------------- the thread
 
-    def _wake(self) -> None:
-        channel = self._channel
-        if channel is not None:
-            channel.wake()
-
     def _on_event(self, event: WorkerEvent) -> None:  # the monitor's thread
         self._quarantine.note([event])  # a wedge: this host's marker, awaited before the event leaves
         self._pending.append(event)
@@ -248,7 +243,8 @@ class HostAgent:
         channel: Channel | None = None
         ending: tuple[Callable[[str], None], str] | None = None
         try:
-            channel = self._channel = open_dealer(self.sid, self.settings.heartbeat_timeout_s)
+            channel = open_dealer(self.sid, self.settings.heartbeat_timeout_s)
+            self._wake = channel.wake
             monitor.register(self.identities)
             monitor.subscribe(self._on_event)
             monitor.start()

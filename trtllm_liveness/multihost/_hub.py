@@ -154,12 +154,14 @@ class AgentHub:
         self._closing = False
         self._thread: threading.Thread | None = None
         self._channel: Channel | None = None  # the ROUTER, its monitor and the wake pipe, from start() on
+        self._wake: Callable[[], None] = lambda: None  # ends the thread's wait: its channel's, from start() on
 
     # ----------------------------------------------------------------- public
 
     def start(self) -> AgentHub:
         """Bind (in this thread, so a bad address raises here) and start the hub's thread."""
         self._channel, self.port = open_router(self.bind, self.port)
+        self._wake = self._channel.wake
         advertise = self.advertise or (self.bind if self.bind not in ("*", "0.0.0.0") else local_hostname())
         self.endpoint = f"tcp://{advertise}:{self.port}"
         self._delivery.start()
@@ -246,11 +248,6 @@ class AgentHub:
         with self._cond:
             self._commands.append(command)
         self._wake()
-
-    def _wake(self) -> None:
-        channel = self._channel
-        if channel is not None:
-            channel.wake()
 
     def _release(self) -> None:
         self._conns.close()
