@@ -136,19 +136,17 @@ class HostAgent:
     ``identities`` are the host's ranks other than the agent's own (``own``): the agent cannot
     watch the process it runs in, and its hub watches it through the connection.
     ``on_proxy_lost(reason)`` runs in the agent's thread once the host's other ranks are stopped
-    (default :func:`end_rank`); ``on_stop()`` after a ``stop`` request's report is sent (default:
-    the same, with the reason "stopped by the proxy").
+    (default :func:`end_rank`): the proxy is gone, or it asked for the stop (the reason "stopped by
+    the proxy", once the stop's report is sent).
     """
 
     def __init__(self, settings: AgentSettings, own: ProcessIdentity, identities: Sequence[ProcessIdentity], *,
-                 on_proxy_lost: Callable[[str], None] = end_rank,
-                 on_stop: Callable[[str], None] | None = None) -> None:
+                 on_proxy_lost: Callable[[str], None] = end_rank) -> None:
         self.settings = settings
         self.own = own
         self.identities = tuple(identities)
         self.sid = secrets.token_hex(16)
         self._on_proxy_lost = on_proxy_lost
-        self._on_stop = on_stop if on_stop is not None else on_proxy_lost
         self._seq = 0
         self._peer_seq = 0
         self._pending: collections.deque[WorkerEvent] = collections.deque()
@@ -280,7 +278,7 @@ class HostAgent:
             if readable:
                 action = self._receive(zmq, sock, monitor)
                 if action == "stop":
-                    return self._on_stop, "stopped by the proxy"
+                    return self._on_proxy_lost, "stopped by the proxy"
                 if action == "refused":
                     return None
             for event, fd in channel.events() if monitored else ():
@@ -296,7 +294,7 @@ class HostAgent:
                     # like the proxy's death.
                     action = self._receive(zmq, sock, monitor)
                     if action == "stop":
-                        return self._on_stop, "stopped by the proxy"
+                        return self._on_proxy_lost, "stopped by the proxy"
                     if self._released or action == "refused":
                         logger.info("liveness: the proxy's hub closed after a clean stop; agent ends")
                         return None

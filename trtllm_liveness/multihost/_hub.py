@@ -219,8 +219,7 @@ class AgentHub:
         what the hosts do."""
         with self._cond:
             command = self._book.open_locked(cpu_window_s, stacks, stacks_timeout_s, timeout_s)
-            self._commands.append(command)
-        self._wake()
+        self._command(command)
         return self._book.wait(command.req, self._sessions.values, timeout_s, lambda: self._closing)
 
     def feed_iterations(self, sink: IterationSink | None) -> None:
@@ -244,7 +243,7 @@ class AgentHub:
 
     # ----------------------------------------------------------------- the thread
 
-    def _command(self, command: Command) -> None:
+    def _command(self, command: Command | SnapshotRequest) -> None:
         with self._cond:
             self._commands.append(command)
         self._wake()
