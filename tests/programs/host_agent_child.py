@@ -6,7 +6,7 @@ host's other ranks, in sessions of their own), builds a :class:`HostAgent` whose
 process (rank ``first_rank``; the children take the next ones), prints one JSON line
 ``{"ready": true, "pid": ..., "ranks": [[rank, pid, start], ...]}`` once its hello is welcomed
 (or ``{"ready": false}`` after 20 s), then serves until its rank is ended:
-``on_proxy_lost``/``on_stop`` print ``{"ended": reason}`` and exit with 75.
+``on_proxy_lost`` (the proxy gone, or its stop done) prints ``{"ended": reason}`` and exits with 75.
 Options: ``endpoint``, ``secret`` (hex), ``heartbeat_timeout_s``, ``d_state_timeout_s``,
 ``drill`` (the agent's engine is a drill's: it makes the faults its hub asks for, with the drill's
 handler; otherwise it refuses them, as a server's agent does), ``slow_poll``

@@ -11,9 +11,10 @@
   its own agent (its marker, the actions for its own node), never the proxy's;
 - :mod:`._hub_records`: the hub's result types, sessions and checks of each agent message;
   :mod:`._hub_endings`: what a session's end means; :mod:`._hub_delivery`: remote events to the
-  monitor's subscribers off the hub's thread; :mod:`._hub_router`: its bound ROUTER socket;
+  monitor's subscribers off the hub's thread;
 - :mod:`._agent_faults`: an agent refuses its hub's fault requests (a drill's hub hands its own handler);
-- :mod:`._wire`: the authenticated messages between them; :mod:`._tcp`: why a connection ended.
+- :mod:`._wire`: the authenticated messages between them; :mod:`._channel`: each end's socket, its
+  monitor and wake pipe, and its count of bad input; :mod:`._tcp`: why a connection ended.
 
 Needs ``pyzmq`` (the ``mpi`` extra). Imported only when a session may have remote ranks.
 """

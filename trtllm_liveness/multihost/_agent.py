@@ -63,6 +63,7 @@ from ..process._identity import ProcessIdentity
 from . import _wire
 from ._agent_faults import FaultHandler
 from ._agent_quarantine import HostQuarantine
+from ._channel import AGENT_SEND_TIMEOUT_MS, Channel, Tally, open_dealer
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, SnapshotRequest, encode_ranks, parse_snapshot_request
 from ._tcp import cut, duplicate, last_heard
 
@@ -75,7 +76,6 @@ PROXY_LOST_EXIT_STATUS = 75
 """Exit status of a rank ended because its proxy is gone (EX_TEMPFAIL, as the proxy-death watch)."""
 
 _TICK_S = 0.5  # the loop wakes at least this often to send state changes; not a detection bound
-_SEND_TIMEOUT_MS = 1000  # a send to a hub whose host is gone must not hold the agent
 _RECEIVE_BATCH = 64  # messages from the hub read ahead of handling them (each capped by the wire)
 _MAX_ITERATIONS_PER_MESSAGE = 1000  # ~40 bytes each: well under the wire's cap
 VERDICT_SNAPSHOT = SnapshotRequest(0, 0.1, True, 0.3)
@@ -136,33 +136,29 @@ class HostAgent:
     ``identities`` are the host's ranks other than the agent's own (``own``): the agent cannot
     watch the process it runs in, and its hub watches it through the connection.
     ``on_proxy_lost(reason)`` runs in the agent's thread once the host's other ranks are stopped
-    (default :func:`end_rank`); ``on_stop()`` after a ``stop`` request's report is sent (default:
-    the same, with the reason "stopped by the proxy").
+    (default :func:`end_rank`): the proxy is gone, or it asked for the stop (the reason "stopped by
+    the proxy", once the stop's report is sent).
     """
 
     def __init__(self, settings: AgentSettings, own: ProcessIdentity, identities: Sequence[ProcessIdentity], *,
-                 on_proxy_lost: Callable[[str], None] = end_rank,
-                 on_stop: Callable[[str], None] | None = None) -> None:
+                 on_proxy_lost: Callable[[str], None] = end_rank) -> None:
         self.settings = settings
         self.own = own
         self.identities = tuple(identities)
         self.sid = secrets.token_hex(16)
         self._on_proxy_lost = on_proxy_lost
-        self._on_stop = on_stop if on_stop is not None else on_proxy_lost
         self._seq = 0
         self._peer_seq = 0
         self._pending: collections.deque[WorkerEvent] = collections.deque()
         self._lock = threading.Lock()
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
+        self._wake: Callable[[], None] = lambda: None  # ends the thread's wait: its channel's, once made
         self._closing = False
-        self._welcomed = threading.Event()
+        self.welcomed = threading.Event()  # set once the hub accepted this agent's hello
         self._released = False
         self._ending: str | None = None  # why the rank must end (the proxy is gone), once decided
         self._ending_set = threading.Event()
         self._stopped = threading.Event()  # the host's other ranks were stopped
-        self.rejected = 0
+        self.rejected = Tally(logger, "liveness: the host agent rejected a message (%d so far): %s", 0)
         self._link: socket.socket | None = None  # a duplicate of the connection's descriptor (the thread's)
         self._silent_for: float | None = None  # the hub's silence the agent cut the connection at
         self._suspect_since: float | None = None  # the thread's: monotonic, since when the hub is silent
@@ -195,7 +191,7 @@ class HostAgent:
         for the agent's verdict and end the rank with status 75 if the proxy is gone. A released
         agent (clean stop) or a closed one lets the exit go on at once."""
         self._close_owned()
-        if self._released or self._closing or not self._welcomed.is_set():
+        if self._released or self._closing or not self.welcomed.is_set():
             return
         if not self._ending_set.wait(self.settings.hub_silence_s + _TICK_S + 0.5):
             return
@@ -222,11 +218,6 @@ class HostAgent:
             if known is None or count > known[0]:
                 self._iterations[rank] = (count, at)
 
-    @property
-    def welcomed(self) -> threading.Event:
-        """Set once the hub accepted this agent's hello."""
-        return self._welcomed
-
     def close(self, timeout: float = 1.0) -> None:
         """Stop the agent (its ranks are left as they are) and join it for at most ``timeout``."""
         with self._lock:
@@ -237,12 +228,6 @@ class HostAgent:
 
     # ----------------------------------------------------------------- the thread
 
-    def _wake(self) -> None:
-        with self._lock:
-            if self._wake_w >= 0:
-                with contextlib.suppress(BlockingIOError, OSError):
-                    os.write(self._wake_w, b"x")
-
     def _on_event(self, event: WorkerEvent) -> None:  # the monitor's thread
         self._quarantine.note([event])  # a wedge: this host's marker, awaited before the event leaves
         self._pending.append(event)
@@ -251,30 +236,18 @@ class HostAgent:
     def _run(self) -> None:
         import zmq
 
-        ctx = zmq.Context(io_threads=1)
-        sock = ctx.socket(zmq.DEALER)
-        monitor_sock = None
         monitor = WorkerProcessMonitor(d_state_timeout_s=self.settings.d_state_timeout_s,
                                        scan_interval_s=self.settings.scan_interval_s, wedge_armed=False)
+        channel: Channel | None = None
         ending: tuple[Callable[[str], None], str] | None = None
         try:
-            sock.setsockopt(zmq.ROUTING_ID, self.sid.encode())
-            sock.setsockopt(zmq.LINGER, 500)  # bounds how long a last report may take to leave
-            sock.setsockopt(zmq.SNDTIMEO, _SEND_TIMEOUT_MS)
-            sock.setsockopt(zmq.MAXMSGSIZE, _wire.MAX_MESSAGE_BYTES)
-            sock.setsockopt(zmq.RECONNECT_IVL, 100)
-            # This agent's PINGs are what the hub's silence check reads, and the hub's answers what
-            # this one's reads. ZMQ never drops the connection on its own (timeout 0): a silence ends
-            # it only by the agent's decision (_check_hub_silence), which asks its ranks' progress.
-            timeout_ms = max(20, int(self.settings.heartbeat_timeout_s * 1000))
-            sock.setsockopt(zmq.HEARTBEAT_IVL, max(5, int(timeout_ms * _wire.PING_INTERVAL_TIMEOUTS)))
-            sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 0)
-            monitor_sock = sock.get_monitor_socket(zmq.EVENT_CONNECTED | zmq.EVENT_DISCONNECTED)
+            channel = open_dealer(self.sid, self.settings.heartbeat_timeout_s)
+            self._wake = channel.wake
             monitor.register(self.identities)
             monitor.subscribe(self._on_event)
             monitor.start()
-            sock.connect(self.settings.endpoint)
-            ending = self._loop(zmq, sock, monitor_sock, monitor)
+            channel.sock.connect(self.settings.endpoint)
+            ending = self._loop(zmq, channel, monitor)
         except Exception:
             logger.exception("liveness: the host agent failed; this host's ranks are no longer watched")
         finally:
@@ -284,28 +257,15 @@ class HostAgent:
             self._faults.release()
             monitor.close()
             self._close_owned()
-            if monitor_sock is not None:
-                with contextlib.suppress(Exception):
-                    sock.disable_monitor()
-                monitor_sock.close(0)
-            sock.close()  # with its LINGER: a last report still leaves
-            ctx.term()
-            with self._lock:
-                os.close(self._wake_r)
-                os.close(self._wake_w)
-                self._wake_r = self._wake_w = -1
+            if channel is not None:
+                channel.close()  # with its LINGER: a last report still leaves
         if ending is not None:
             ending[0](ending[1])
 
-    def _loop(self, zmq: Any, sock: Any, monitor_sock: Any,
+    def _loop(self, zmq: Any, channel: Channel,
               monitor: WorkerProcessMonitor) -> tuple[Callable[[str], None], str] | None:
         """Serve until closed (None) or until the rank must end: (what ends it, the reason)."""
-        from zmq.utils.monitor import parse_monitor_message
-
-        poller = zmq.Poller()
-        poller.register(sock, zmq.POLLIN)
-        poller.register(monitor_sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        sock = channel.sock
         sent: dict[int, tuple[str, str]] = {}
         connected_once = False
         started = time.monotonic()
@@ -314,55 +274,47 @@ class HostAgent:
             with self._lock:
                 if self._closing:
                     return None
-            ready = dict(poller.poll(self._poll_ms()))
-            if self._wake_r in ready:
-                with contextlib.suppress(BlockingIOError):
-                    os.read(self._wake_r, 4096)
-            if sock in ready:
+            readable, monitored = channel.poll(self._poll_ms())
+            if readable:
                 action = self._receive(zmq, sock, monitor)
                 if action == "stop":
-                    return self._on_stop, "stopped by the proxy"
+                    return self._on_proxy_lost, "stopped by the proxy"
                 if action == "refused":
                     return None
-            if monitor_sock in ready:
-                while True:
-                    try:
-                        event = parse_monitor_message(monitor_sock.recv_multipart(zmq.NOBLOCK))
-                    except zmq.Again:
-                        break
-                    if event["event"] == zmq.EVENT_CONNECTED:
-                        connected_once = True
-                        if self._link is not None:
-                            self._link.close()
-                        self._link = duplicate(int(event["value"]))
-                        self._send(sock, "hello", **self._hello())
-                    elif event["event"] == zmq.EVENT_DISCONNECTED and connected_once:
-                        # What the hub sent before it closed (an "expect" of a clean stop, a
-                        # stop) is already queued: read it first, or a clean stop would look
-                        # like the proxy's death.
-                        action = self._receive(zmq, sock, monitor)
-                        if action == "stop":
-                            return self._on_stop, "stopped by the proxy"
-                        if self._released or action == "refused":
-                            logger.info("liveness: the proxy's hub closed after a clean stop; agent ends")
-                            return None
-                        if self._silent_for is not None:
-                            reason = (f"nothing from the proxy's hub at {self.settings.endpoint} for "
-                                      f"{self._silent_for:.2f} s (beyond heartbeat_ceiling_s) while this host's "
-                                      "ranks made no progress (this host cut off, the proxy's host lost, or the "
-                                      "proxy frozen)")
-                        else:
-                            reason = (f"the connection to the proxy's hub at {self.settings.endpoint} dropped "
-                                      "(proxy gone, or this host cut off)")
-                        if self.settings.observe:
-                            logger.warning("liveness: would end this host's ranks: %s (observe=1: nothing ended)",
-                                           reason)
-                            return None
-                        self._proxy_lost(monitor, reason)
-                        self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
+            for event, fd in channel.events() if monitored else ():
+                if event == zmq.EVENT_CONNECTED:
+                    connected_once = True
+                    if self._link is not None:
+                        self._link.close()
+                    self._link = duplicate(fd)
+                    self._send(sock, "hello", **self._hello())
+                elif event == zmq.EVENT_DISCONNECTED and connected_once:
+                    # What the hub sent before it closed (an "expect" of a clean stop, a
+                    # stop) is already queued: read it first, or a clean stop would look
+                    # like the proxy's death.
+                    action = self._receive(zmq, sock, monitor)
+                    if action == "stop":
+                        return self._on_proxy_lost, "stopped by the proxy"
+                    if self._released or action == "refused":
+                        logger.info("liveness: the proxy's hub closed after a clean stop; agent ends")
                         return None
+                    if self._silent_for is not None:
+                        reason = (f"nothing from the proxy's hub at {self.settings.endpoint} for "
+                                  f"{self._silent_for:.2f} s (beyond heartbeat_ceiling_s) while this host's "
+                                  "ranks made no progress (this host cut off, the proxy's host lost, or the "
+                                  "proxy frozen)")
+                    else:
+                        reason = (f"the connection to the proxy's hub at {self.settings.endpoint} dropped "
+                                  "(proxy gone, or this host cut off)")
+                    if self.settings.observe:
+                        logger.warning("liveness: would end this host's ranks: %s (observe=1: nothing ended)",
+                                       reason)
+                        return None
+                    self._proxy_lost(monitor, reason)
+                    self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
+                    return None
             self._check_hub_silence()
-            if not self._welcomed.is_set():
+            if not self.welcomed.is_set():
                 # Events wait for the welcome: the hub takes nothing before it has the hello.
                 if not warned and time.monotonic() - started > max(30.0, 10 * self.settings.heartbeat_timeout_s):
                     warned = True
@@ -403,7 +355,7 @@ class HostAgent:
         while this host's ranks make no progress, the connection is cut: ZMQ then reports it
         dropped, and the loop ends the host's ranks as for a hub that went away (observe mode:
         one WARNING saying so instead)."""
-        if self._link is None or self._silent_for is not None or not self._welcomed.is_set():
+        if self._link is None or self._silent_for is not None or not self.welcomed.is_set():
             return
         heard = last_heard(self._link)
         if heard is None:
@@ -457,36 +409,34 @@ class HostAgent:
             sock.send(_wire.encode(self.settings.secret, _wire.TO_HUB, kind, self.sid, self._seq, **fields))
         except zmq.Again:
             logger.warning("liveness: the hub did not take the agent's %s message within %d ms", kind,
-                           _SEND_TIMEOUT_MS)
+                           AGENT_SEND_TIMEOUT_MS)
 
     def _receive(self, zmq: Any, sock: Any, monitor: WorkerProcessMonitor) -> str | None:
         """Handle what the hub sent: ``"stop"`` (the host's ranks were stopped: end this rank),
         ``"refused"`` (the hub does not count this host: the agent ends), else None."""
-        # What is queued now is read at once, each with when it was taken: a snapshot request whose
-        # caller gave up meanwhile (the snapshots before it took that long) is skipped, not run
-        # ahead of a stop behind it.
-        queued: collections.deque[tuple[bytes, float]] = collections.deque()
+        # What is queued now is read and parsed at once: a snapshot request whose caller gave up
+        # meanwhile (the snapshots before it took that long) is skipped, not run ahead of a stop
+        # behind it.
+        queued: collections.deque[tuple[_wire.Message, _wire.Command | SnapshotRequest | None]] = collections.deque()
         while True:
             while len(queued) < _RECEIVE_BATCH:
                 try:
-                    queued.append((sock.recv(zmq.NOBLOCK), time.monotonic()))
+                    frame = sock.recv(zmq.NOBLOCK)
                 except zmq.Again:
                     break
+                try:
+                    message = _wire.decode(self.settings.secret, _wire.TO_AGENT, frame)
+                    if message.sid != self.sid or message.seq <= self._peer_seq:
+                        raise _wire.WireError("not for this session, or replayed")
+                    parse = _COMMANDS.get(message.kind)  # welcome, fault, probe: no record
+                    queued.append((message, parse(message) if parse is not None else None))
+                except _wire.WireError as exc:
+                    self.rejected.note(exc)
+                    continue
+                self._peer_seq = message.seq
             if not queued:
                 return None
-            frame, taken_at = queued.popleft()
-            try:
-                message = _wire.decode(self.settings.secret, _wire.TO_AGENT, frame)
-                if message.sid != self.sid or message.seq <= self._peer_seq:
-                    raise _wire.WireError("not for this session, or replayed")
-                parse = _COMMANDS.get(message.kind)
-                command = parse(message) if parse is not None else None  # welcome, fault, probe: no record
-            except _wire.WireError as exc:
-                self.rejected += 1
-                if self.rejected <= 5 or self.rejected % 1000 == 0:
-                    logger.warning("liveness: the host agent rejected a message (%d so far): %s", self.rejected, exc)
-                continue
-            self._peer_seq = message.seq
+            message, command = queued.popleft()
             match command:
                 case _wire.ArmCommand():
                     monitor.arm_wedge_detection(command.d_state_timeout_s)
@@ -497,7 +447,7 @@ class HostAgent:
                     self._stop_requested(sock, monitor, command)
                     return "stop"
                 case SnapshotRequest():
-                    if command.expires_s is not None and time.monotonic() - taken_at > command.expires_s:
+                    if command.deadline is not None and time.monotonic() > command.deadline:
                         logger.info("liveness: the host agent skips snapshot request %d: its caller waits no longer",
                                     command.req)
                         continue
@@ -507,7 +457,7 @@ class HostAgent:
                     self._released = True  # never act on a proxy that does not count this host
                     return "refused"
                 case None if message.kind == "welcome":
-                    self._welcomed.set()
+                    self.welcomed.set()
                 case None if message.kind == "fault":  # refused, unless a drill's hub gave this agent its handler
                     self._send(sock, "faulted", **self._faults.handle(message))
 
@@ -541,7 +491,7 @@ class HostAgent:
 
     def _poll_ms(self) -> int:
         """The loop's wait: a tick, or less when changed iterations are due sooner."""
-        if self._welcomed.is_set() and self._changed_iterations():
+        if self.welcomed.is_set() and self._changed_iterations():
             return max(0, min(int(_TICK_S * 1000), int((self._iterations_due - time.time()) * 1000) + 1))
         return int(_TICK_S * 1000)
 

@@ -21,19 +21,18 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 
 from .._events import WorkerState
 from ..monitor._progress_clock import ProgressClock
-from ..process._identity import ProcessIdentity
-from ._hub_records import Session
+from ._hub_records import Session, Update
 from ._tcp import Ending, Silence
 
 __all__ = ["SilenceRule"]
 
 logger = logging.getLogger(__name__.rpartition(".")[0] + "._hub")
 
-Apply = Callable[[list[tuple[ProcessIdentity, WorkerState, str]]], None]
+Apply = Callable[[list[Update]], None]
 Lose = Callable[[Session, Ending, float, str], None]
 
 
@@ -132,17 +131,11 @@ class SilenceRule:
         self.suspect_episodes += 1
         detail = (f"suspect: no heartbeat from host {session.host}'s agent for {silence_s:.2f} s"
                   f"{' (its process silent, its host acknowledging)' if mute else ''}; the engine's progress decides")
-        apply(_all(session.ranks, WorkerState.SUSPECT, detail))
+        apply(session.updates(WorkerState.SUSPECT, detail))
 
     def _heard_again(self, session: Session, silence_s: float, apply: Apply) -> None:
         since = session.suspect_since if session.suspect_since is not None else time.monotonic()
         session.suspect_since = None
         logger.info("liveness: host %s's agent heard again after %.2f s without contact (it was suspect)",
                     session.host, time.monotonic() - since - silence_s)
-        apply(_all(session.ranks, WorkerState.ALIVE,
-                   f"watched by the agent on host {session.host} (rank {session.agent.rank})"))
-
-
-def _all(ranks: Sequence[ProcessIdentity], state: WorkerState,
-         detail: str) -> list[tuple[ProcessIdentity, WorkerState, str]]:
-    return [(identity, state, detail) for identity in ranks]
+        apply(session.updates(WorkerState.ALIVE))

@@ -24,7 +24,6 @@ import contextlib
 import dataclasses
 import itertools
 import logging
-import os
 import secrets
 import threading
 import time
@@ -35,10 +34,11 @@ from .._events import MonitorMethod, WorkerState
 from ..diagnose._diagnosis_record import HostSnapshot
 from ..monitor._monitor import WorkerProcessMonitor
 from ..monitor._progress_clock import ProgressClock
-from ..process._identity import ProcessIdentity, local_hostname
+from ..process._identity import local_hostname
 from . import _wire
 from ._agent import AgentSettings
 from ._agent_faults import FaultHandler
+from ._channel import Channel, Tally, open_router
 from ._host_silence import SilenceRule
 from ._hub_delivery import RemoteDelivery
 from ._hub_endings import end_session
@@ -49,14 +49,14 @@ from ._hub_records import (
     HostStop,
     HostView,
     Session,
+    Update,
     parse_event,
     parse_hello,
     parse_report,
     parse_state,
     refusal,
 )
-from ._hub_router import open_router
-from ._hub_snapshots import ITERATIONS_INTERVAL_S, IterationSink, SnapshotBook, SnapshotCommand
+from ._hub_snapshots import ITERATIONS_INTERVAL_S, IterationSink, SnapshotBook, SnapshotRequest
 from ._tcp import Closure, ConnectionTable, Ending, Key, Silence
 from ._wire import ArmCommand, Command, ExpectCommand, Rejection, StopCommand
 
@@ -65,7 +65,6 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-_REJECT_LOG_EVERY = 1000
 _POLL_MS = 1000  # the thread's wait is bounded; the wake pipe ends it at once for close() and commands
 _PROBE_POLL_MS = 50  # while an unmatched connection's end is still being looked for
 _DELIVERY_CLOSE_S = 0.5  # at close, how long a subscriber still busy with a remote event is waited for
@@ -125,11 +124,14 @@ class AgentHub:
             scan_interval_s=scan_interval_s if 0.01 <= scan_interval_s <= 60 else 1.0,  # the agents' range
             iterations_interval_s=min(3600.0, max(ITERATIONS_INTERVAL_S, iterations_interval_s)), observe=observe,
             heartbeat_ceiling_s=self.silence.ceiling_s, faults=self.agent_faults, quarantine=quarantine)
-        self.rejected = 0
-        self.send_failures = 0
-        self.closed_without_hello = 0  # connections that ended before a valid hello (MAXMSGSIZE: oversized)
+        self.rejected = Tally(logger, "liveness: agent hub rejected a message from %s (%d so far): %s", 1)
+        self.send_failures = Tally(logger, "liveness: could not send %s to the agent on host %s (%d failed sends so "
+                                   "far): %s", 2)
+        self.closed_without_hello = Tally(  # connections that ended before a valid hello (MAXMSGSIZE: oversized)
+            logger, "liveness: agent hub: a connection from %s ended without a valid hello (%d so far; an oversized "
+            "message ends it, limit %d bytes)", 1)
         self._cond = threading.Condition()
-        self._commands: collections.deque[Command | SnapshotCommand] = collections.deque()
+        self._commands: collections.deque[Command | SnapshotRequest] = collections.deque()
         self._book = SnapshotBook(self._cond)  # snapshot requests and replies, remote iterations
         self._handlers: dict[str, Callable[[Session, _wire.Message], None]] = {  # by kind, after the hello
             "event": self._update_locked, "state": self._update_locked, "report": self._report_locked,
@@ -149,20 +151,17 @@ class AgentHub:
         self._silence_due: float | None = None  # when the connections' silences are next read
         self._stalled = False  # the engine's progress had stopped (requests pending) at the last look
         self._probe_closure = Closure(None, Ending.UNKNOWN)
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
         self._closing = False
         self._thread: threading.Thread | None = None
-        self._ctx: Any = None
-        self._sock: Any = None
-        self._monitor_sock: Any = None
+        self._channel: Channel | None = None  # the ROUTER, its monitor and the wake pipe, from start() on
+        self._wake: Callable[[], None] = lambda: None  # ends the thread's wait: its channel's, from start() on
 
     # ----------------------------------------------------------------- public
 
     def start(self) -> AgentHub:
         """Bind (in this thread, so a bad address raises here) and start the hub's thread."""
-        self._ctx, self._sock, self._monitor_sock, self.port = open_router(self.bind, self.port)
+        self._channel, self.port = open_router(self.bind, self.port)
+        self._wake = self._channel.wake
         advertise = self.advertise or (self.bind if self.bind not in ("*", "0.0.0.0") else local_hostname())
         self.endpoint = f"tcp://{advertise}:{self.port}"
         self._delivery.start()
@@ -207,8 +206,7 @@ class AgentHub:
         with self._cond:
             self._cond.wait_for(lambda: self._closing or all(s.stop is not None for s in self._sessions.values()),
                                 max(0.0, timeout_s))
-            return [s.stop or HostStop(s.host, s.agent.rank, tuple(r.rank for r in s.ranks), HostOutcome.NO_ANSWER,
-                                       detail=f"no report within {timeout_s:.1f} s")
+            return [s.stop or s.host_stop(HostOutcome.NO_ANSWER, f"no report within {timeout_s:.1f} s")
                     for s in sorted(self._sessions.values(), key=lambda s: s.agent.rank)]
 
     def snapshot(self, timeout_s: float, *, cpu_window_s: float = 0.1, stacks: bool = True,
@@ -221,8 +219,7 @@ class AgentHub:
         what the hosts do."""
         with self._cond:
             command = self._book.open_locked(cpu_window_s, stacks, stacks_timeout_s, timeout_s)
-            self._commands.append(command)
-        self._wake()
+        self._command(command)
         return self._book.wait(command.req, self._sessions.values, timeout_s, lambda: self._closing)
 
     def feed_iterations(self, sink: IterationSink | None) -> None:
@@ -246,42 +243,23 @@ class AgentHub:
 
     # ----------------------------------------------------------------- the thread
 
-    def _command(self, command: Command) -> None:
+    def _command(self, command: Command | SnapshotRequest) -> None:
         with self._cond:
             self._commands.append(command)
         self._wake()
 
-    def _wake(self) -> None:
-        with self._cond:
-            if self._wake_w >= 0:
-                with contextlib.suppress(BlockingIOError, OSError):
-                    os.write(self._wake_w, b"x")
-
     def _release(self) -> None:
         self._conns.close()
-        if self._monitor_sock is not None:
-            with contextlib.suppress(Exception):
-                self._sock.disable_monitor()
-            self._monitor_sock.close(0)
-        if self._sock is not None:
-            self._sock.close()
-        if self._ctx is not None:
-            self._ctx.term()
+        if self._channel is not None:
+            self._channel.close()
         with self._cond:
-            for fd in (self._wake_r, self._wake_w):
-                if fd >= 0:
-                    os.close(fd)
-            self._wake_r = self._wake_w = -1
             self._cond.notify_all()
 
     def _run(self) -> None:
         import zmq
-        from zmq.utils.monitor import parse_monitor_message
 
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._monitor_sock, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        assert self._channel is not None
+        channel = self._channel
         try:
             while True:
                 with self._cond:
@@ -292,27 +270,19 @@ class AgentHub:
                 for due in (self._silence_due, self.silence.stall_due()):
                     if due is not None:
                         wait_ms = max(0, min(wait_ms, int((due - time.monotonic()) * 1000) + 1))
-                ready = dict(poller.poll(wait_ms))
-                if self._wake_r in ready:
-                    with contextlib.suppress(BlockingIOError):
-                        os.read(self._wake_r, 4096)
+                readable, monitored = channel.poll(wait_ms)
                 # The monitor first: a connection's EVENT_ACCEPTED is queued before its handshake, so
                 # it is then seen before the hello it carries, and the hello finds its connection.
-                if self._monitor_sock in ready:
-                    while True:
-                        try:
-                            event = parse_monitor_message(self._monitor_sock.recv_multipart(zmq.NOBLOCK))
-                        except zmq.Again:
-                            break
-                        if event["event"] == zmq.EVENT_ACCEPTED:
-                            self._conns.accepted(int(event["value"]))
-                            self._silence_due = time.monotonic()
-                        elif event["event"] == zmq.EVENT_DISCONNECTED:
-                            # What the peer sent before it closed (a stop's report, its last event)
-                            # is already queued: read it first, or its session would end as lost.
-                            self._drain(zmq, _DRAIN_BEFORE_CLOSE)
-                            self._disconnected(self._conns.disconnected(int(event["value"])))
-                if self._sock in ready:
+                for event, fd in channel.events() if monitored else ():
+                    if event == zmq.EVENT_ACCEPTED:
+                        self._conns.accepted(fd)
+                        self._silence_due = time.monotonic()
+                    elif event == zmq.EVENT_DISCONNECTED:
+                        # What the peer sent before it closed (a stop's report, its last event)
+                        # is already queued: read it first, or its session would end as lost.
+                        self._drain(zmq, _DRAIN_BEFORE_CLOSE)
+                        self._disconnected(self._conns.disconnected(fd))
+                if readable:
                     self._drain(zmq, _DRAIN_PER_ROUND)
                 self._check_silence()
                 with self._cond:
@@ -326,7 +296,7 @@ class AgentHub:
                     if session.connection is Connection.CONNECTED:
                         session.connection = Connection.LOST
                         cause = f"the proxy's agent hub failed ({exc!r}); host {session.host}'s agent ends its ranks"
-                        self._apply_many([(identity, WorkerState.LOST, cause) for identity in session.ranks])
+                        self._apply_many(session.updates(WorkerState.LOST, cause))
                 self._cond.notify_all()
         finally:
             self._release()
@@ -349,46 +319,45 @@ class AgentHub:
                     command = self._stop = dataclasses.replace(command, req=next(self._req_ids))
                     for session in self._sessions.values():
                         if session.connection is not Connection.CONNECTED and session.stop is None:
-                            session.stop = HostStop(session.host, session.agent.rank,
-                                                    tuple(r.rank for r in session.ranks), HostOutcome.LOST,
-                                                    detail=f"connection {session.connection}")
+                            session.stop = session.host_stop(HostOutcome.LOST, f"connection {session.connection}")
                     self._cond.notify_all()
             sent = {session.sid for session in self._sessions.values() if session.connection is Connection.CONNECTED
                     and self._send(session, command.kind, **command.fields())}
-            if isinstance(command, SnapshotCommand):
+            if isinstance(command, SnapshotRequest):
                 self._book.asked_locked(command.req, sent)  # its callers wait for those only
 
     def _send(self, session: Session, kind: str, /, **fields: Any) -> bool:
         """Whether the message left (never blocks)."""
+        session.seq_out += 1
+        failed = self._deliver(session.sid, kind, session.seq_out, fields)
+        if failed is not None:
+            self.send_failures.note(kind, session.host, failed)
+        return failed is None
+
+    def _deliver(self, sid: str, kind: str, seq: int, fields: dict[str, Any]) -> Exception | None:
+        """Send one message to session ``sid``'s agent without ever blocking: None once it left,
+        else why not (its connection is gone, ``ROUTER_MANDATORY``, or its queue is full)."""
         import zmq
 
-        session.seq_out += 1
-        frame = _wire.encode(self.secret, _wire.TO_AGENT, kind, session.sid, session.seq_out, **fields)
+        assert self._channel is not None
+        frame = _wire.encode(self.secret, _wire.TO_AGENT, kind, sid, seq, **fields)
         try:
-            self._sock.send_multipart([session.sid.encode(), frame], zmq.NOBLOCK)
-        except zmq.ZMQError as exc:  # gone (ROUTER_MANDATORY) or its queue is full: never block
-            self.send_failures += 1
-            if self.send_failures <= 5 or self.send_failures % _REJECT_LOG_EVERY == 0:
-                logger.warning("liveness: could not send %s to the agent on host %s (%d failed sends so far): %s",
-                               kind, session.host, self.send_failures, exc)
-            return False
-        return True
-
-    def _reject(self, why: str, peer: str = "?") -> None:
-        self.rejected += 1
-        if self.rejected <= 5 or self.rejected % _REJECT_LOG_EVERY == 0:
-            logger.warning("liveness: agent hub rejected a message from %s (%d so far): %s", peer, self.rejected, why)
+            self._channel.sock.send_multipart([sid.encode(), frame], zmq.NOBLOCK)
+        except zmq.ZMQError as exc:
+            return exc
+        return None
 
     def _drain(self, zmq: Any, limit: int) -> None:
         """Read at most ``limit`` messages (a flooding peer must not starve the monitor socket and
         the commands; the poller reports the rest next round)."""
+        assert self._channel is not None
         for _ in range(limit):
             try:
-                frames = self._sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                frames = self._channel.sock.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             if len(frames) != 2:
-                self._reject(f"{len(frames) - 1} frames instead of 1", _peer(frames[-1]))
+                self.rejected.note(_peer(frames[-1]), f"{len(frames) - 1} frames instead of 1")
                 continue
             routing_id, frame = frames[0].bytes, frames[1].bytes
             try:
@@ -398,7 +367,7 @@ class AgentHub:
                 with self._cond:  # the peer's address only where used (a syscall per message)
                     self._handle_locked(message, _peer(frames[-1]) if message.kind == "hello" else "?")
             except _wire.WireError as exc:
-                self._reject(str(exc), _peer(frames[-1]))
+                self.rejected.note(_peer(frames[-1]), str(exc))
             self._book.feed_iterations()
 
     def _handle_locked(self, message: _wire.Message, peer: str) -> None:
@@ -424,14 +393,13 @@ class AgentHub:
         host, agent, ranks, port = hello.host, hello.agent, hello.ranks, hello.port
         why = refusal(hello, self._sessions.values())
         if why or agent is None:
-            self._reject(f"hello from host {host!r} refused: {why}", peer)
-            self._refuse(message.sid, why)
+            self.rejected.note(peer, f"hello from host {host!r} refused: {why}")
+            self._deliver(message.sid, Rejection.kind, 1, Rejection(why[:500]).fields())
             return
         key = (peer, port) if peer != "?" and port else None
         session = Session(message.sid, host, agent, ranks, key, seq_in=message.seq)
         self._sessions[message.sid] = session
-        detail = f"watched by the agent on host {host} (rank {agent.rank})"
-        self._apply_many([(identity, WorkerState.ALIVE, detail) for identity in ranks])
+        self._apply_many(session.updates(WorkerState.ALIVE))
         logger.info("liveness: host %s's agent (rank %d) watches ranks %s", host, agent.rank,
                     [identity.rank for identity in ranks])
         self._send(session, "welcome")
@@ -448,13 +416,6 @@ class AgentHub:
             logger.warning("liveness: host %s's agent connection (%s, port %s) matches none the hub accepted "
                            "(address or port translation between them?); its end is found by probing", host, peer, port)
 
-    def _refuse(self, sid: str, why: str) -> None:
-        import zmq
-
-        frame = _wire.encode(self.secret, _wire.TO_AGENT, Rejection.kind, sid, 1, **Rejection(why[:500]).fields())
-        with contextlib.suppress(zmq.ZMQError):
-            self._sock.send_multipart([sid.encode(), frame], zmq.NOBLOCK)
-
     def _update_locked(self, session: Session, message: _wire.Message) -> None:  # an event or a state
         update = (parse_event if message.kind == "event" else parse_state)(session, message)
         self._apply_many([(update.identity, update.state, update.detail)], tid=update.tid, wchan=update.wchan,
@@ -464,7 +425,7 @@ class AgentHub:
         session.stop = parse_report(session, message)
         self._cond.notify_all()
 
-    def _apply_many(self, updates: list[tuple[ProcessIdentity, WorkerState, str]], **extra: Any) -> None:
+    def _apply_many(self, updates: list[Update], **extra: Any) -> None:
         # States now, in the hub's order; subscribers in the delivery's thread: they may ask the hub.
         if self.monitor.apply_remote_many(updates, via=MonitorMethod.AGENT, deliver=False, **extra):
             self._delivery.poke()
@@ -484,12 +445,9 @@ class AgentHub:
             session = self._sessions.get(sid) if sid is not None else None
             return session if session is not None and session.connection is Connection.CONNECTED else None
 
-        def cut(silence: Silence) -> None:
-            self._conns.cut(silence.fd, silence.seconds)
-
         with self._cond:
             next_s = self.silence.check_locked(self._conns.silences(), session_of, self._apply_many,
-                                               self._lost_locked, cut)
+                                               self._lost_locked, self._conns.cut)
         every = next_s if stalled else max(next_s, self.heartbeat_timeout_s)
         self._silence_due = time.monotonic() + every if len(self._conns) else None
 
@@ -508,12 +466,7 @@ class AgentHub:
                     self._probe_deadline = None
                     return
             if session is None:
-                self.closed_without_hello += 1
-                if self.closed_without_hello <= 5 or self.closed_without_hello % _REJECT_LOG_EVERY == 0:
-                    logger.warning("liveness: agent hub: a connection from %s ended without a valid hello (%d so "
-                                   "far; an oversized message ends it, limit %d bytes)",
-                                   f"{key[0]}:{key[1]}" if key else "?", self.closed_without_hello,
-                                   _wire.MAX_MESSAGE_BYTES)
+                self.closed_without_hello.note(f"{key[0]}:{key[1]}" if key else "?", _wire.MAX_MESSAGE_BYTES)
                 if key is not None:
                     self._closed_keys[key] = ending
                     while len(self._closed_keys) > 4 * MAX_RANKS_PER_HOST:
@@ -538,13 +491,10 @@ class AgentHub:
             if session.key is not None or session.connection is not Connection.CONNECTED:
                 continue
             session.seq_out += 1
-            frame = _wire.encode(self.secret, _wire.TO_AGENT, "probe", session.sid, session.seq_out)
-            try:
-                self._sock.send_multipart([session.sid.encode(), frame], zmq.NOBLOCK)
-            except zmq.ZMQError as exc:
-                if exc.errno == zmq.EHOSTUNREACH:
-                    found = True
-                    self._lost_locked(session, closure.ending, closure.silent_s)
+            failed = self._deliver(session.sid, "probe", session.seq_out, {})
+            if isinstance(failed, zmq.ZMQError) and failed.errno == zmq.EHOSTUNREACH:
+                found = True
+                self._lost_locked(session, closure.ending, closure.silent_s)
         return found
 
     def _lost_locked(self, session: Session, ending: Ending, silent_s: float | None = None,
@@ -556,9 +506,8 @@ class AgentHub:
         updates, fault_at = end_session(session, ending, expecting=self._expecting, stopping=self._stop is not None,
                                         heartbeat_timeout_s=self.heartbeat_timeout_s, silent_s=silent_s,
                                         corroboration=corroboration)
-        self._cond.notify_all()  # its stop, where one runs, is there now
         self._apply_many(updates, **({} if fault_at is None else {"fault_at": fault_at}))
-        self._cond.notify_all()
+        self._cond.notify_all()  # its stop, where one runs, is there now
 
 
 def _peer(frame: Any) -> str:

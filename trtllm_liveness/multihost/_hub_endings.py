@@ -19,15 +19,12 @@ from __future__ import annotations
 import time
 
 from .._events import WorkerState
-from ..process._identity import ProcessIdentity
-from ._hub_records import Connection, HostOutcome, HostStop, Session
+from ._hub_records import Connection, HostOutcome, Session, Update
 from ._tcp import Ending
-
-Update = tuple[ProcessIdentity, WorkerState, str]
 
 
 def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: bool, heartbeat_timeout_s: float,
-                silent_s: float | None, corroboration: str = "") -> tuple[list[Update], float | None]:
+                silent_s: float | None, corroboration: str) -> tuple[list[Update], float | None]:
     """End ``session`` (``connection`` and ``since`` set; ``stop`` set where a stop runs and the
     host has not reported): the updates for its ranks, and when the fault began for a silent host
     (else None). ``expecting``: a clean stop is under way; ``stopping``: the extension's own stop;
@@ -57,8 +54,8 @@ def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: 
     elif expecting and not ending.is_silence:
         # A clean stop: the agent's rank exited (its connection closed).
         session.connection = Connection.CLOSED
-        updates = [(r, WorkerState.EXITED_EXPECTED, f"ended with the stop (host {session.host}; its agent's "
-                    "connection closed)") for r in session.ranks]
+        updates = session.updates(WorkerState.EXITED_EXPECTED, f"ended with the stop (host {session.host}; its "
+                                  "agent's connection closed)")
     elif ending.is_silence:
         session.connection = Connection.LOST
         silent = silent_s if silent_s is not None else heartbeat_timeout_s
@@ -77,6 +74,5 @@ def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: 
                     f"went down (it hosted host {session.host}'s agent)"),
                    *[(identity, WorkerState.LOST, gone) for identity in others]]
     if session.stop is None and stopping:
-        session.stop = HostStop(session.host, agent.rank, tuple(r.rank for r in session.ranks), HostOutcome.LOST,
-                                detail=f"connection {session.connection} before its report")
+        session.stop = session.host_stop(HostOutcome.LOST, f"connection {session.connection} before its report")
     return updates, fault_at

@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 from .._config import TextEnum
 from .._events import WorkerState
 from ..process._identity import ProcessIdentity, is_local, parse_identities
+from ..stop._stop_report import StopReport
 from . import _wire
 from ._tcp import Key
 
@@ -24,6 +25,7 @@ _EVENT_STATES = {"died": WorkerState.EXITED, "wedged": WorkerState.WEDGED, "unki
 # A "state" message carries only non-fatal states: fatal ones come as events (with their thread and
 # wait channel, exactly once), and a state message must not claim an event without them.
 _REPORTED_STATES = {state.value: state for state in (WorkerState.ALIVE, WorkerState.EXITED_EXPECTED)}
+Update = tuple[ProcessIdentity, WorkerState, str]  # one rank's new state, and its detail
 
 
 class HostOutcome(TextEnum):
@@ -104,6 +106,15 @@ class Session:
         if self.connection is Connection.CONNECTED and self.suspect_since is not None:
             return Connection.SUSPECT, self.suspect_since
         return self.connection, self.since
+
+    def updates(self, state: WorkerState, detail: str = "") -> list[Update]:
+        """``state`` for every rank of this host, with ``detail`` (default: watched by its agent)."""
+        detail = detail or f"watched by the agent on host {self.host} (rank {self.agent.rank})"
+        return [(identity, state, detail) for identity in self.ranks]
+
+    def host_stop(self, outcome: HostOutcome, detail: str) -> HostStop:
+        """What became of this host at a stop, where its agent did not report it."""
+        return HostStop(self.host, self.agent.rank, tuple(r.rank for r in self.ranks), outcome, detail=detail)
 
 
 class Hello(NamedTuple):
@@ -189,23 +200,12 @@ def parse_state(session: Session, message: _wire.Message) -> RemoteUpdate:
 
 
 def parse_report(session: Session, message: _wire.Message) -> HostStop:
-    stop = _wire.field(message, "stop", dict)
-    workers, unkillable = stop.get("workers"), stop.get("unkillable")
-    if not isinstance(workers, list) or not isinstance(unkillable, list) \
-            or len(workers) + len(unkillable) > 2 * MAX_RANKS_PER_HOST:
-        raise _wire.WireError("report: workers and unkillable must be lists")
+    """A ``report``: the agent's :class:`~trtllm_liveness.stop._stop_report.StopReport` of its host's
+    other ranks, read back strictly. Raises :class:`~._wire.WireError`."""
+    try:
+        report = StopReport.from_dict(message.body.get("stop"))
+    except ValueError as exc:
+        raise _wire.WireError(f"report: {exc}") from None
     return HostStop(session.host, session.agent.rank, tuple(r.rank for r in session.ranks), HostOutcome.STOPPED,
-                    stopped=tuple(_triple(item, "outcome") for item in workers),
-                    unkillable=tuple(_triple(item, "message") for item in unkillable))
-
-
-def _triple(item: Any, text_field: str) -> tuple[int, int, str]:
-    if not isinstance(item, dict):
-        raise _wire.WireError("report: an entry is not an object")
-    rank, pid, text = item.get("rank"), item.get("pid"), item.get(text_field)
-    if not isinstance(rank, int) or isinstance(rank, bool) or not isinstance(pid, (int, type(None))) \
-            or not isinstance(text, str):
-        raise _wire.WireError(f"report: bad entry {str(item)[:200]}")
-    return rank, pid if isinstance(pid, int) else 0, text[:2000]
-
-
+                    stopped=tuple((w.rank, w.pid or 0, w.outcome.value) for w in report.workers),
+                    unkillable=tuple((u.rank, u.pid, u.message[:2000]) for u in report.unkillable))

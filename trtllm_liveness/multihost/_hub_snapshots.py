@@ -34,7 +34,6 @@ from ._hub_records import Connection, Session
 ITERATIONS_INTERVAL_S = 1.0
 """The shortest interval between two ``iters`` messages of one agent (the hub's
 ``iterations_interval_s`` may be longer: a stall timer of minutes needs no finer progress)."""
-"""An agent sends its ranks' iterations at most this often (and only when one changed)."""
 MAX_THREADS = 256  # per rank in a reply
 MAX_FRAMES = 64  # per thread in a reply
 _TEXT = 300  # the longest string in a reply
@@ -47,34 +46,24 @@ IterationSink = Callable[[int, int, float], None]
 
 
 @dataclass(frozen=True)
-class SnapshotCommand:
+class SnapshotRequest:
     """Snapshot your host's ranks now: ``cpu_window_s`` of CPU time, ``stacks`` within
-    ``stacks_timeout_s``. ``req`` numbers the request (set by :meth:`SnapshotBook.open`); its
-    callers wait until ``deadline`` (the hub's monotonic clock), sent as the seconds left (``exp``)."""
+    ``stacks_timeout_s``. ``req`` numbers the request (set by :meth:`SnapshotBook.open_locked`); its
+    callers wait until ``deadline``, monotonic on the clock of the side that holds the request
+    (None: no bound, an agent's own verdict snapshot), sent as the seconds left (``exp``)."""
 
     req: int
     cpu_window_s: float
     stacks: bool
     stacks_timeout_s: float
-    deadline: float = math.inf
+    deadline: float | None = None
     kind: ClassVar[str] = "snapreq"
 
     def fields(self) -> dict[str, Any]:
         """The message's fields on the wire."""
+        left = math.inf if self.deadline is None else self.deadline - time.monotonic()
         return {"req": self.req, "cpu": self.cpu_window_s, "stacks": self.stacks, "st": self.stacks_timeout_s,
-                "exp": round(min(_MAX_EXPIRY_S, max(0.0, self.deadline - time.monotonic())), 3)}
-
-
-@dataclass(frozen=True)
-class SnapshotRequest:
-    """A ``snapreq`` as the agent reads it (bounds checked). ``expires_s``: how long after the
-    agent took it its caller still waits (None: no bound, the agent's own verdict snapshot)."""
-
-    req: int
-    cpu_window_s: float
-    stacks: bool
-    stacks_timeout_s: float
-    expires_s: float | None = None
+                "exp": round(min(_MAX_EXPIRY_S, max(0.0, left)), 3)}
 
 
 # ----------------------------------------------------------------------------- agent side: encode
@@ -109,12 +98,11 @@ _TELLING = {Activity.IN_D: 0, Activity.STOPPED: 1, Activity.SPINNING: 2, Activit
 _KEPT_STATES = 16  # thread states per rank kept before its stacks are cut further
 
 
-def encode_ranks(ranks: Sequence[RankDiagnosis], iterations: dict[int, int], *,
-                 max_bytes: int = _wire.MAX_MESSAGE_BYTES) -> list[dict[str, Any]]:
-    """The ranks' records for one ``snap`` message of at most ``max_bytes``: each rank is cut (fewer
+def encode_ranks(ranks: Sequence[RankDiagnosis], iterations: dict[int, int]) -> list[dict[str, Any]]:
+    """The ranks' records for one ``snap`` message within the wire's cap: each rank is cut (fewer
     frames per thread, then fewer thread states down to the :data:`_KEPT_STATES` that tell most,
     then fewer stacks) until the whole fits; a rank that was cut says so (``cut``). Pure function."""
-    budget = max_bytes - _ENVELOPE_BYTES
+    budget = _wire.MAX_MESSAGE_BYTES - _ENVELOPE_BYTES
     frames, threads, states = MAX_FRAMES, MAX_THREADS, MAX_THREADS
     while True:
         records = [_rank_record(rank, iterations.get(rank.rank), frames, threads, states) for rank in ranks]
@@ -203,14 +191,15 @@ def parse_snapshot(session: Session, message: _wire.Message) -> tuple[int, HostS
 
 
 def parse_snapshot_request(message: _wire.Message) -> SnapshotRequest:
-    """A ``snapreq`` as the agent takes it. Raises :class:`~._wire.WireError`."""
+    """A ``snapreq`` as the agent takes it now (its deadline on the agent's clock). Raises
+    :class:`~._wire.WireError`."""
     stacks = message.body.get("stacks")
     if not isinstance(stacks, bool):
         raise _wire.WireError("snapreq: bad stacks flag")
     return SnapshotRequest(_wire.field(message, "req", int, low=1, high=1 << 62),
                            _wire.field(message, "cpu", float, low=0, high=1.0), stacks,
                            _wire.field(message, "st", float, low=0, high=5.0),
-                           _wire.field(message, "exp", float, low=0, high=_MAX_EXPIRY_S)
+                           time.monotonic() + _wire.field(message, "exp", float, low=0, high=_MAX_EXPIRY_S)
                            if "exp" in message.body else None)
 
 
@@ -250,14 +239,14 @@ class SnapshotBook:
         self._iterations: collections.deque[tuple[int, int, float]] = collections.deque()
 
     def open_locked(self, cpu_window_s: float, stacks: bool, stacks_timeout_s: float,
-                    timeout_s: float = math.inf) -> SnapshotCommand:
+                    timeout_s: float) -> SnapshotRequest:
         self._next += 1
         self._replies[self._next] = {}
         while len(self._replies) > 64:  # requests nobody waits for any more
             old = next(iter(self._replies))
             self._replies.pop(old)
             self._asked.pop(old, None)
-        return SnapshotCommand(self._next, cpu_window_s, stacks, stacks_timeout_s,
+        return SnapshotRequest(self._next, cpu_window_s, stacks, stacks_timeout_s,
                                time.monotonic() + max(0.0, timeout_s))
 
     def asked_locked(self, req: int, sids: set[str]) -> None:

@@ -33,13 +33,6 @@ def plan(everyone: Sequence[tuple[ProcessIdentity, str]], rank: int,
             sorted((identity for identity in host if identity.rank != rank), key=lambda identity: identity.rank))
 
 
-def host_agent_rank(everyone: Sequence[tuple[ProcessIdentity, str]], rank: int,
-                    proxy_host: HostKey | None) -> int | None:
-    """The rank that runs the agent of ``rank``'s host (None on the proxy's host, or unknown)."""
-    host = _host_ranks(everyone, rank, proxy_host)
-    return None if host is None else min(identity.rank for identity in host)
-
-
 def _host_ranks(everyone: Sequence[tuple[ProcessIdentity, str]], rank: int,
                 proxy_host: HostKey | None) -> list[ProcessIdentity] | None:
     """The ranks of ``rank``'s host, its own among them (None on the proxy's host, or unknown)."""
@@ -105,7 +98,8 @@ def start_for_rank(settings: AgentSettings, comm: Any, proxy_host: HostKey | Non
             logger.warning("liveness: host %s's agent could not open its progress channel: its ranks' iterations "
                            "are not counted", agent.own.hostname, exc_info=True)
     channels = comm.allgather(beats)  # every rank takes part, also where the channel failed
-    agent_rank = host_agent_rank(everyone, rank, proxy_host)
+    host = _host_ranks(everyone, rank, proxy_host)
+    agent_rank = None if host is None else min(identity.rank for identity in host)  # this host's agent's
     found = channels[agent_rank] if agent_rank is not None and 0 <= agent_rank < len(channels) else None
     if isinstance(found, (list, tuple)) and len(found) == 2 and all(isinstance(part, str) for part in found):
         return agent, (found[0], found[1])

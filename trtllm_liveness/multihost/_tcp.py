@@ -156,12 +156,12 @@ class ConnectionTable:
                 found.append(Silence(fd, key, heard[0], heard[1] < heard[0] and heard[1] < _MUTE_ACK_S))
         return found
 
-    def cut(self, fd: int, silence: float) -> None:
-        """End connection ``fd`` (its peer was silent for ``silence`` s): ZMQ drops it next, and
-        :meth:`disconnected` then says ``SILENT``."""
-        entry = self._by_fd.get(fd)
-        if entry is not None and fd not in self._cut:
-            self._cut[fd] = silence
+    def cut(self, silence: Silence) -> None:
+        """End ``silence``'s connection (its peer was silent for ``silence.seconds``): ZMQ drops it
+        next, and :meth:`disconnected` then says ``SILENT``."""
+        entry = self._by_fd.get(silence.fd)
+        if entry is not None and silence.fd not in self._cut:
+            self._cut[silence.fd] = silence.seconds
             cut(entry[1])
 
     def disconnected(self, fd: int) -> Closure:

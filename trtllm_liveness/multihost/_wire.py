@@ -81,7 +81,7 @@ def decode(secret: bytes, direction: bytes, frame: bytes) -> Message:
         raise WireError("authentication failed (wrong or missing secret, or a tampered message)")
     try:
         parsed = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:  # authenticated garbage: a bug, not an attack
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # authenticated garbage: a bug, not an attack
         raise WireError(f"authenticated body is no JSON: {exc}") from None
     if not isinstance(parsed, dict):
         raise WireError(f"body is a {type(parsed).__name__}, not an object")

@@ -488,10 +488,10 @@ def test_bad_messages_are_rejected_and_logged_and_the_hub_keeps_working(
     for frame in bad:
         raw.send(frame)
     raw.send_multipart([b"a", b"b"])  # two frames
-    assert wait_until(lambda: engine.hub.rejected >= len(bad) + 1, BOUND_S)
+    assert wait_until(lambda: engine.hub.rejected.count >= len(bad) + 1, BOUND_S)
     huge = _raw_dealer(endpoint)
     huge.send(b"x" * (2 << 20))  # oversized: libzmq drops the connection (MAXMSGSIZE), nothing is read
-    assert wait_until(lambda: engine.hub.closed_without_hello >= 1, BOUND_S)
+    assert wait_until(lambda: engine.hub.closed_without_hello.count >= 1, BOUND_S)
     # A valid session, then a replayed message of it, a replayed hello, a wrong-host rank.
     sid = "ef" * 16  # a new connection (the ROUTER refuses a second one with a routing id in use)
     hello = _wire.encode(secret, _wire.TO_HUB, "hello", sid, 1, host="fakehostZ", rank=7, port=0, ranks=[remote])
@@ -499,7 +499,7 @@ def test_bad_messages_are_rejected_and_logged_and_the_hub_keeps_working(
     good.send(hello)
     assert wait_until(lambda: any(s.identity.rank == 7 for s in engine.monitor.statuses()), BOUND_S)
     state = _wire.encode(secret, _wire.TO_HUB, "state", sid, 2, rank=7, state="alive", detail="x")
-    before = engine.hub.rejected
+    before = engine.hub.rejected.count
     good.send(state)
     good.send(state)  # replayed
     good.send(hello)  # hello of a session already seen
@@ -507,7 +507,7 @@ def test_bad_messages_are_rejected_and_logged_and_the_hub_keeps_working(
     good.send(_wire.encode(secret, _wire.TO_HUB, "event", sid, 4, what="exploded", rank=7, pid=9, cause="", age=0))
     good.send(_wire.encode(secret, _wire.TO_HUB, "event", sid, 5, what="died", rank=7, pid=9, cause=7, age=0))
     good.send(_wire.encode(secret, _wire.TO_HUB, "state", sid, 6, rank=7, state="wedged", detail="no"))  # events only
-    assert wait_until(lambda: engine.hub.rejected >= before + 6, BOUND_S)
+    assert wait_until(lambda: engine.hub.rejected.count >= before + 6, BOUND_S)
     assert engine.events == [] and engine.monitor.failure is None
     # A hello claiming this host's ranks is refused (they are watched here).
     local = _raw_dealer(endpoint, ("cd" * 16).encode())

@@ -6,7 +6,6 @@ verdict snapshot is taken once per verdict."""
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -34,12 +33,7 @@ class RecordingSocket:
 
 @pytest.fixture
 def agent() -> Iterator[HostAgent]:
-    made = HostAgent(AgentSettings("tcp://127.0.0.1:1", b"k" * 32, 1.0, None, iterations_interval_s=1.0), OWN, [OTHER])
-    try:
-        yield made
-    finally:
-        os.close(made._wake_r)
-        os.close(made._wake_w)
+    yield HostAgent(AgentSettings("tcp://127.0.0.1:1", b"k" * 32, 1.0, None, iterations_interval_s=1.0), OWN, [OTHER])
 
 
 def test_a_wall_clock_stepped_back_does_not_silence_the_iterations(agent: HostAgent,
@@ -169,7 +163,7 @@ def test_each_command_is_parsed_once_and_a_malformed_one_is_a_logged_rejection(
         assert agent._receive(zmq, QueuedFrames(frames), monitor) == "stop"  # type: ignore[arg-type]
     assert monitor.armed == [5.0]
     assert stops == [_wire.StopCommand(0.5, 1.0, 7)]
-    assert agent.rejected == 2
+    assert agent.rejected.count == 2
     assert "arm: field 'd' must be a number" in caplog.text and "stop: field 'grace' must be a number" in caplog.text
     rejection = _wire.encode(secret, _wire.TO_AGENT, "reject", agent.sid, 5, **_wire.Rejection("not ours").fields())
     assert agent._receive(zmq, QueuedFrames([rejection]), monitor) == "refused"  # type: ignore[arg-type]
