@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ..process import _procfs
-from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
+from ..process._identity import ProcessIdentity, is_local
 from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader
 from . import _scan
 from ._diagnosis_record import (
@@ -80,7 +80,7 @@ _RANK_ORDER = (Activity.IN_D, Activity.STOPPED, Activity.SPINNING, Activity.RUNN
 def _cpu_ticks(pid: int, tid: int) -> tuple[str, int] | None:
     """``(state, utime + stime)`` of one thread; None when gone or unreadable."""
     try:
-        info = _procfs.parse_stat(_procfs.read_task_stat(pid, tid))
+        info = _procfs.read_stat(pid, tid)
     except (OSError, ValueError):
         return None
     return info.state, info.cpu_ticks
@@ -202,8 +202,7 @@ def _targets(targets: Sequence[ProcessIdentity | int]
             except (OSError, ValueError):
                 local.append((index, target, None))
             continue
-        if target.hostname != local_hostname() or (
-                target.pid_namespace is not None and target.pid_namespace != local_pid_namespace()):
+        if not is_local(target):
             unscanned.append(RankDiagnosis(target.rank, target.pid, None,
                                            f"not local (host {target.hostname}): not diagnosed here",
                                            Activity.UNKNOWN, (), None))

@@ -17,7 +17,7 @@ from typing import Any
 
 from .._record_fields import JsonFields, JsonRecord
 from . import _scan
-from ._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack
+from ._stack_records import RankStacks, StackFrame
 
 __all__ = ["Activity", "Diagnosis", "HostSnapshot", "NamingBasis", "OddRankOut", "RankDiagnosis", "StalledRank",
            "ThreadDiagnosis"]
@@ -121,7 +121,7 @@ class RankDiagnosis:
                    None if data["verdict"] is None else fields.choice("verdict", _scan.Verdict), fields.text("detail"),
                    fields.choice("activity", Activity),
                    tuple(ThreadDiagnosis.from_dict(item) for item in fields.objects("threads")),
-                   None if data["stacks"] is None else _rank_stacks(data["stacks"]), host=fields.text("host"))
+                   None if data["stacks"] is None else RankStacks.from_dict(data["stacks"]), host=fields.text("host"))
 
 
 @dataclass(frozen=True)
@@ -243,24 +243,3 @@ class Diagnosis:
         if include_scan:
             data["scan"] = self.scan.to_dict()
         return data
-
-
-# ----------------------------------------------------------------------------- JSON forms read back
-
-
-def _thread_stack(data: object) -> ThreadStack:
-    # "stuck_in" is derived (by this host's standard library paths), so recomputed, never compared.
-    fields = JsonFields("ThreadStack", data, required=("tid", "name", "active", "owns_gil", "frames"),
-                        optional=("stuck_in",))
-    return ThreadStack(fields.integer_or_none("tid"), fields.text("name"), fields.flag("active"),
-                       fields.flag("owns_gil"), tuple(StackFrame.from_dict(item) for item in fields.objects("frames")))
-
-
-def _rank_stacks(data: object) -> RankStacks:
-    fields = JsonFields("RankStacks", data, required=("status", "detail", "took_ms", "source", "other_source",
-                                                      "threads"))
-    assert isinstance(data, Mapping)  # JsonFields checked it
-    return RankStacks(fields.choice("status", StackStatus), fields.text("detail"),
-                      tuple(_thread_stack(item) for item in fields.objects("threads")), fields.number("took_ms"),
-                      None if data["source"] is None else fields.choice("source", StackSource),
-                      fields.text("other_source"))

@@ -25,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..process import _procfs
-from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
+from ..process._identity import ProcessIdentity, is_local
 from ._diagnosis_record import Activity, NamingBasis, RankDiagnosis, StalledRank, ThreadDiagnosis
 from ._scan import Verdict
 
@@ -161,8 +161,7 @@ def stalled_rank_now(targets: Sequence[ProcessIdentity], *, iterations: Mapping[
     for identity in targets:
         if remote is not None and identity.rank in remote:
             ranks.append(remote[identity.rank])
-        elif identity.hostname != local_hostname() or (
-                identity.pid_namespace is not None and identity.pid_namespace != local_pid_namespace()):
+        elif not is_local(identity):
             ranks.append(RankDiagnosis(identity.rank, identity.pid, None, "not local", Activity.UNKNOWN, ()))
         else:
             ranks.append(_states_only(identity.rank, identity.pid, identity.start_time))
