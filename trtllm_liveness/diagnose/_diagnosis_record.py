@@ -11,7 +11,6 @@ is :mod:`._diagnosis`'s.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -116,12 +115,12 @@ class RankDiagnosis:
         standard library's paths, which differ between the host that wrote it and this one."""
         fields = JsonFields("RankDiagnosis", data, required=(
             "rank", "pid", "host", "verdict", "detail", "activity", "threads", "stacks"), optional=("stuck_in",))
-        assert isinstance(data, Mapping)  # JsonFields checked it
         return cls(fields.integer("rank"), fields.integer("pid"),
-                   None if data["verdict"] is None else fields.choice("verdict", _scan.Verdict), fields.text("detail"),
-                   fields.choice("activity", Activity),
+                   None if fields.get("verdict") is None else fields.choice("verdict", _scan.Verdict),
+                   fields.text("detail"), fields.choice("activity", Activity),
                    tuple(ThreadDiagnosis.from_dict(item) for item in fields.objects("threads")),
-                   None if data["stacks"] is None else RankStacks.from_dict(data["stacks"]), host=fields.text("host"))
+                   None if fields.get("stacks") is None else RankStacks.from_dict(fields.get("stacks")),
+                   host=fields.text("host"))
 
 
 @dataclass(frozen=True)
