@@ -350,7 +350,7 @@ class _ProcessSampler:
                 d_seconds=d_seconds,
                 d_samples=track.d_samples,
                 kill_pending=_thread_kill_pending(self.pid, tid),
-                wchan=_thread_wchan(self.pid, tid),
+                wchan=wchan_or_empty(self.pid, tid),
             )
 
 
@@ -361,7 +361,8 @@ def _thread_kill_pending(pid: int, tid: int | None) -> bool:
         return False
 
 
-def _thread_wchan(pid: int, tid: int) -> str:
+def wchan_or_empty(pid: int, tid: int) -> str:
+    """Thread ``tid``'s wait channel; ``""`` when it cannot be read (gone, not permitted)."""
     try:
         return _procfs.read_wchan(pid, tid)
     except OSError:
