@@ -164,7 +164,7 @@ def serve_until_killed(llm: Any, ranks: list[list[int]], *, watch_fatal: bool = 
 def snapshot_rows(diagnosis: Any) -> list[list[Any]]:
     """``[rank, host, activity, stack status, stack source, why not the other]`` of each rank."""
     return [[r.rank, r.host, r.activity.value, r.stacks.status.value if r.stacks else None,
-             r.stacks.source.value if r.stacks and r.stacks.source else None, r.stacks.other if r.stacks else ""]
+             r.stacks.source.value if r.stacks and r.stacks.source else None, r.stacks.other_source if r.stacks else ""]
             for r in diagnosis.ranks]
 
 

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 
 from ..process import _procfs
-from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
+from ..process._identity import ProcessIdentity, is_local
 from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader
 from . import _scan
 from ._diagnosis_record import (
@@ -48,15 +48,14 @@ from ._diagnosis_record import (
     StalledRank,
     ThreadDiagnosis,
 )
-from ._py_spy import DEFAULT_STACKS_TIMEOUT_S, find_py_spy, take_stacks
+from ._py_spy import DEFAULT_STACKS_TIMEOUT_S, find_py_spy
 from ._stack_records import RankStacks, StackStatus
 from ._stack_sources import SourceChoice, StackTarget, take_rank_stacks
 from ._stalled_rank import DEFAULT_CPU_WINDOW_S, name_stalled_rank
 
-# The records (:mod:`._diagnosis_record`), find_py_spy and take_stacks (the stacks, :mod:`._py_spy`)
-# are re-exported for callers of diagnose.
+# The records (:mod:`._diagnosis_record`) are re-exported for callers of diagnose.
 __all__ = ["DEFAULT_WINDOW_S", "Activity", "Diagnosis", "OddRankOut", "RankDiagnosis", "ThreadDiagnosis", "diagnose",
-           "find_odd_ranks", "find_py_spy", "merge_hosts", "stalled_rank_of", "take_stacks"]
+           "find_odd_ranks", "merge_hosts", "stalled_rank_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,16 +76,8 @@ _RANK_ORDER = (Activity.IN_D, Activity.STOPPED, Activity.SPINNING, Activity.RUNN
 # ----------------------------------------------------------------------------- helpers
 
 
-def _cpu_ticks(pid: int, tid: int) -> tuple[str, int] | None:
-    """``(state, utime + stime)`` of one thread; None when gone or unreadable."""
-    try:
-        info = _procfs.parse_stat(_procfs.read_task_stat(pid, tid))
-    except (OSError, ValueError):
-        return None
-    return info.state, info.cpu_ticks
-
-
 def _cpu_sample(pids: Sequence[int]) -> dict[tuple[int, int], tuple[str, int]]:
+    """``(state, utime + stime)`` of each thread of ``pids``; threads gone or unreadable are left out."""
     sample: dict[tuple[int, int], tuple[str, int]] = {}
     for pid in pids:
         try:
@@ -94,9 +85,11 @@ def _cpu_sample(pids: Sequence[int]) -> dict[tuple[int, int], tuple[str, int]]:
         except OSError:
             continue
         for tid in tids:
-            ticks = _cpu_ticks(pid, tid)
-            if ticks is not None:
-                sample[(pid, tid)] = ticks
+            try:
+                info = _procfs.read_stat(pid, tid)
+            except (OSError, ValueError):
+                continue
+            sample[(pid, tid)] = (info.state, info.cpu_ticks)
     return sample
 
 
@@ -202,8 +195,7 @@ def _targets(targets: Sequence[ProcessIdentity | int]
             except (OSError, ValueError):
                 local.append((index, target, None))
             continue
-        if target.hostname != local_hostname() or (
-                target.pid_namespace is not None and target.pid_namespace != local_pid_namespace()):
+        if not is_local(target):
             unscanned.append(RankDiagnosis(target.rank, target.pid, None,
                                            f"not local (host {target.hostname}): not diagnosed here",
                                            Activity.UNKNOWN, (), None))

@@ -11,13 +11,12 @@ is :mod:`._diagnosis`'s.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from .._record_fields import JsonFields
+from .._record_fields import JsonFields, JsonRecord
 from . import _scan
-from ._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack
+from ._stack_records import RankStacks, StackFrame
 
 __all__ = ["Activity", "Diagnosis", "HostSnapshot", "NamingBasis", "OddRankOut", "RankDiagnosis", "StalledRank",
            "ThreadDiagnosis"]
@@ -116,17 +115,19 @@ class RankDiagnosis:
         standard library's paths, which differ between the host that wrote it and this one."""
         fields = JsonFields("RankDiagnosis", data, required=(
             "rank", "pid", "host", "verdict", "detail", "activity", "threads", "stacks"), optional=("stuck_in",))
-        assert isinstance(data, Mapping)  # JsonFields checked it
         return cls(fields.integer("rank"), fields.integer("pid"),
-                   None if data["verdict"] is None else fields.choice("verdict", _scan.Verdict), fields.text("detail"),
-                   fields.choice("activity", Activity),
+                   None if fields.get("verdict") is None else fields.choice("verdict", _scan.Verdict),
+                   fields.text("detail"), fields.choice("activity", Activity),
                    tuple(ThreadDiagnosis.from_dict(item) for item in fields.objects("threads")),
-                   None if data["stacks"] is None else _rank_stacks(data["stacks"]), host=fields.text("host"))
+                   None if fields.get("stacks") is None else RankStacks.from_dict(fields.get("stacks")),
+                   host=fields.text("host"))
 
 
 @dataclass(frozen=True)
-class OddRankOut:
+class OddRankOut(JsonRecord):
     """One rank that differs, in ``aspect``, from what all the other ranks share."""
+
+    json_form = ("rank", "pid", "aspect", "value", "others_value", "others", "reason")
 
     rank: int
     pid: int
@@ -145,11 +146,6 @@ class OddRankOut:
             return f"rank {self.rank} is in {self.value} while ranks {ranks} are in {self.others_value}"
         return f"rank {self.rank} waits in {self.value or 'no wait channel'} while ranks {ranks} wait in " \
                f"{self.others_value or 'no wait channel'}"
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"rank": self.rank, "pid": self.pid, "aspect": self.aspect, "value": self.value,
-                "others_value": self.others_value, "others": list(self.others), "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -194,17 +190,13 @@ class NamingBasis(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class StalledRank:
+class StalledRank(JsonRecord):
     """The rank a stall is named after, the kind of evidence and that evidence in a few words."""
 
     rank: int
     pid: int
     basis: NamingBasis
     evidence: str
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"rank": self.rank, "pid": self.pid, "basis": self.basis.value, "evidence": self.evidence}
 
 
 @dataclass(frozen=True)
@@ -250,29 +242,3 @@ class Diagnosis:
         if include_scan:
             data["scan"] = self.scan.to_dict()
         return data
-
-
-# ----------------------------------------------------------------------------- JSON forms read back
-
-
-def _frame(data: object) -> StackFrame:
-    fields = JsonFields("StackFrame", data, required=("function", "file", "line"))
-    return StackFrame(fields.text("function"), fields.text("file"), fields.integer("line"))
-
-
-def _thread_stack(data: object) -> ThreadStack:
-    # "stuck_in" is derived (by this host's standard library paths), so recomputed, never compared.
-    fields = JsonFields("ThreadStack", data, required=("tid", "name", "active", "owns_gil", "frames"),
-                        optional=("stuck_in",))
-    return ThreadStack(fields.integer_or_none("tid"), fields.text("name"), fields.flag("active"),
-                       fields.flag("owns_gil"), tuple(_frame(item) for item in fields.objects("frames")))
-
-
-def _rank_stacks(data: object) -> RankStacks:
-    fields = JsonFields("RankStacks", data, required=("status", "detail", "took_ms", "source", "other_source",
-                                                      "threads"))
-    assert isinstance(data, Mapping)  # JsonFields checked it
-    return RankStacks(fields.choice("status", StackStatus), fields.text("detail"),
-                      tuple(_thread_stack(item) for item in fields.objects("threads")), fields.number("took_ms"),
-                      None if data["source"] is None else fields.choice("source", StackSource),
-                      fields.text("other_source"))

@@ -53,7 +53,8 @@ def rank_lines(rank: RankDiagnosis, clean: Callable[[str], str] = str) -> list[s
     if stacks is None:
         return lines
     if stacks.source is not None:
-        lines.append(f"  stacks from {stacks.source.value}" + (f" ({clean(stacks.other)})" if stacks.other else ""))
+        other = f" ({clean(stacks.other_source)})" if stacks.other_source else ""
+        lines.append(f"  stacks from {stacks.source.value}{other}")
     if stacks.status is not StackStatus.TAKEN:
         lines.append(f"  stacks: {stacks.status.value}: {clean(stacks.detail)}")
         return lines

@@ -488,8 +488,8 @@ class _DumpRequest:
         threads = parse_faulthandler_dump(data.decode("ascii", "replace"), main_ident=main_ident, pid=pid)
         if not threads:
             raise _Unavailable(StackStatus.FAILED, f"its dump had no thread ({len(data)} bytes)")
-        return RankStacks(StackStatus.TAKEN, "", threads, (time.monotonic() - started) * 1000,
-                          StackSource.FAULTHANDLER)
+        return RankStacks(StackStatus.TAKEN, "", (time.monotonic() - started) * 1000, StackSource.FAULTHANDLER,
+                          threads=threads)
 
 
 class DumpRequests:
@@ -509,7 +509,7 @@ class DumpRequests:
             result = request.result
             if result is None:
                 result = RankStacks(StackStatus.TIMED_OUT, "reading its dump did not finish by the deadline")
-            results[request.pid] = result.with_source(StackSource.FAULTHANDLER, result.other)
+            results[request.pid] = result.with_source(StackSource.FAULTHANDLER, result.other_source)
         return results
 
 

@@ -50,8 +50,7 @@ def _cgroup_paths(pid: int) -> list[str]:
     # /proc/<pid>/cgroup: "hierarchy-id:controllers:path" per line (v1), "0::path" (v2).
     # Here, not in process/_procfs.py: nothing but the operator's selection needs it.
     try:
-        with open(f"{_procfs.PROCFS_PATH}/{pid}/cgroup", "rb") as handle:
-            data = handle.read()
+        data = _procfs.read_whole(f"{_procfs.PROCFS_PATH}/{pid}/cgroup")
     except OSError:
         return []
     paths = []

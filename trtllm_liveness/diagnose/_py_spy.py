@@ -35,14 +35,19 @@ from typing import IO
 from ..process import _procfs
 from ._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack
 
-__all__ = ["DEFAULT_STACKS_TIMEOUT_S", "KILL_WAIT_S", "RankStacks", "StackFrame", "StackStatus", "ThreadStack",
-           "find_py_spy", "ptrace_access", "take_stacks"]
+__all__ = ["DEFAULT_STACKS_TIMEOUT_S", "KILL_WAIT_S", "NO_PY_SPY", "RankStacks", "StackFrame", "StackStatus",
+           "ThreadStack", "find_py_spy", "ptrace_access", "take_stacks"]
 
 logger = logging.getLogger(__name__)
 
 DEFAULT_STACKS_TIMEOUT_S = 2.0
 KILL_WAIT_S = 0.2
 """How long a SIGKILLed ``py-spy`` is waited for before it is left behind."""
+
+
+NO_PY_SPY = RankStacks(StackStatus.NO_PY_SPY, "py-spy is not installed (pip install 'trtllm-liveness[diagnose]')",
+                      source=StackSource.PY_SPY)
+"""What a rank's stacks are when they are asked of ``py-spy`` and it is not installed."""
 
 
 def find_py_spy() -> str | None:
@@ -207,7 +212,7 @@ def _finish_dump(dump: _Dump, deadline: float, timeout_s: float) -> RankStacks:
             threads = _parse_json_dump(data) if dump.json_format else _parse_text_dump(data.decode("utf-8", "replace"))
         except (ValueError, TypeError, AttributeError) as exc:
             return RankStacks(StackStatus.FAILED, f"py-spy output not understood: {exc}"[:300], took_ms=took_ms)
-        return RankStacks(StackStatus.TAKEN, "", threads, took_ms)
+        return RankStacks(StackStatus.TAKEN, "", took_ms, threads=threads)
     finally:
         dump.out.close()
         dump.err.close()
@@ -241,8 +246,7 @@ def take_stacks(pids: Sequence[int], *, timeout_s: float = DEFAULT_STACKS_TIMEOU
     """
     executable = py_spy if py_spy is not None else find_py_spy()
     if executable is None:
-        return {pid: RankStacks(StackStatus.NO_PY_SPY, "py-spy is not installed (pip install "
-                                "'trtllm-liveness[diagnose]')", source=StackSource.PY_SPY) for pid in pids}
+        return dict.fromkeys(pids, NO_PY_SPY)
     json_format = _supports_json(executable)
     deadline = time.monotonic() + timeout_s
     started: dict[int, _Dump | RankStacks] = {}

@@ -272,8 +272,8 @@ class _ProcessSampler:
         threads = tuple(self._thread_reports())
         # The freshest thread states (just read): a thread in D may hold the mm lock the command
         # line read needs, so it is not read at all; otherwise it is read with a deadline.
-        in_d = [thread.tid for thread in threads if thread.state in _procfs.UNINTERRUPTIBLE_STATES]
-        cmdline, skip = read_cmdline(self.pid, reader, in_d)
+        d_threads = [thread for thread in threads if thread.state in _procfs.UNINTERRUPTIBLE_STATES]
+        cmdline, skip = read_cmdline(self.pid, reader, [thread.tid for thread in d_threads])
         skipped = () if skip is None else (skip,)
         if self.gone:
             return ProcessReport(
@@ -284,12 +284,16 @@ class _ProcessSampler:
             thread.kill_pending for thread in threads
         )
         d_seconds = self.wedge.stuck_seconds(self.last_now)
-        d_threads = [thread for thread in threads if thread.state in _procfs.UNINTERRUPTIBLE_STATES]
         # The thread the rules single out (stuck longest; the unkillable one), else the first in D.
         named = self.wedge.unkillable_tid or self.wedge.stuck_tid()
         first_d = next((thread for thread in d_threads if thread.tid == named), d_threads[0] if d_threads else None)
         where = "" if first_d is None else f"thread {first_d.tid} ({first_d.name}) wchan {first_d.wchan or '?'}"
-        base = (info.pid, info.comm, cmdline, info.ppid, info.state)
+
+        def judged(verdict: Verdict, detail: str, advice: str = "", d_seconds: float = 0.0,
+                   exit_status: str = "") -> ProcessReport:
+            return ProcessReport(info.pid, info.comm, cmdline, info.ppid, info.state, verdict, detail, advice,
+                                 kill_pending, d_seconds, self.samples, exit_status, threads, skipped)
+
         if info.state in _procfs.EXITED_STATES:
             status = "" if info.exit_code is None else _procfs.describe_wait_status(info.exit_code)
             detail = "exited, not yet reaped" + (f" ({status})" if status else "")
@@ -297,8 +301,7 @@ class _ProcessSampler:
                 f"its parent (pid {info.ppid}) has not reaped it; if the parent is the engine, the engine "
                 "has not noticed the death: restart the engine"
             )
-            return ProcessReport(*base, Verdict.ZOMBIE, detail, advice, kill_pending, 0.0, self.samples,
-                                 exit_status=status, threads=threads, skipped=skipped)
+            return judged(Verdict.ZOMBIE, detail, advice, exit_status=status)
         held_d = self.wedge.unkillable_tid is not None and first_d is not None
         if held_d or self.kill_pending_samples >= 2:
             from ..stop._survivor import sample_survivor  # state, wait channel, kernel stack (root)
@@ -307,8 +310,7 @@ class _ProcessSampler:
             detail = (f"in D with SIGKILL pending and no context switch for at least {d_seconds:.1f}s: {where} ({seen})"
                       if held_d else
                       f"SIGKILL pending on {self.kill_pending_samples} consecutive samples, not in D: {seen}")
-            return ProcessReport(*base, Verdict.UNKILLABLE, detail, RECYCLE_ADVICE, kill_pending, d_seconds,
-                                 self.samples, threads=threads, skipped=skipped)
+            return judged(Verdict.UNKILLABLE, detail, RECYCLE_ADVICE, d_seconds)
         # Stuck since the first sample: in D on every sample, never switching in between.
         stuck_all_along = self.wedge.stuck_since == self.first_now and first_d is not None
         if stuck_all_along and (self.samples >= 2 or window_s <= 0):
@@ -320,20 +322,17 @@ class _ProcessSampler:
                 "probably wedged in a driver, NCCL or RDMA; scan again with a longer --window; if it stays "
                 "in D, SIGKILL it and scan again: if SIGKILL stays pending, " + RECYCLE_ADVICE
             )
-            return ProcessReport(*base, Verdict.D_STATE, detail, advice, kill_pending, d_seconds,
-                                 self.samples, threads=threads, skipped=skipped)
+            return judged(Verdict.D_STATE, detail, advice, d_seconds)
         if info.state in _procfs.STOPPED_STATES:
             how = "by a tracer" if info.state == "t" else "by a signal (SIGSTOP/SIGTSTP)"
-            return ProcessReport(*base, Verdict.STOPPED, f"stopped {how}", "SIGCONT resumes it; SIGKILL ends it",
-                                 kill_pending, 0.0, self.samples, threads=threads, skipped=skipped)
+            return judged(Verdict.STOPPED, f"stopped {how}", "SIGCONT resumes it; SIGKILL ends it")
         seen_d = max((track.d_samples for track in self.threads.values()), default=0)
         detail = ""
         if seen_d == self.samples > 1:
             detail = f"in D on {seen_d} of {self.samples} samples, with context switches between them (making progress)"
         elif seen_d:
             detail = f"briefly in D ({seen_d} of {self.samples} samples)"
-        return ProcessReport(*base, Verdict.OK, detail, "", kill_pending, d_seconds, self.samples, threads=threads,
-                             skipped=skipped)
+        return judged(Verdict.OK, detail, "", d_seconds)
 
     def _thread_reports(self) -> Iterable[ThreadReport]:
         for tid in sorted(self.last_states):
@@ -351,7 +350,7 @@ class _ProcessSampler:
                 d_seconds=d_seconds,
                 d_samples=track.d_samples,
                 kill_pending=_thread_kill_pending(self.pid, tid),
-                wchan=_thread_wchan(self.pid, tid),
+                wchan=wchan_or_empty(self.pid, tid),
             )
 
 
@@ -362,7 +361,8 @@ def _thread_kill_pending(pid: int, tid: int | None) -> bool:
         return False
 
 
-def _thread_wchan(pid: int, tid: int) -> str:
+def wchan_or_empty(pid: int, tid: int) -> str:
+    """Thread ``tid``'s wait channel; ``""`` when it cannot be read (gone, not permitted)."""
     try:
         return _procfs.read_wchan(pid, tid)
     except OSError:

@@ -12,6 +12,7 @@ path the target gave: it may be on a stalled mount).
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import os
@@ -21,7 +22,7 @@ import sysconfig
 from dataclasses import dataclass
 from typing import Any
 
-from .._record_fields import JsonRecord
+from .._record_fields import JsonFields, JsonRecord
 
 __all__ = ["RankStacks", "StackFrame", "StackSource", "StackStatus", "ThreadStack"]
 
@@ -91,22 +92,34 @@ class ThreadStack:
                 "stuck_in": None if stuck is None else stuck.function,
                 "frames": [frame.to_dict() for frame in self.frames]}
 
+    @classmethod
+    def from_dict(cls, data: object) -> ThreadStack:
+        """The record :meth:`to_dict` wrote; ``ValueError`` naming the field otherwise. ``stuck_in``
+        is derived (by this host's standard library paths), so recomputed, never compared."""
+        fields = JsonFields("ThreadStack", data, required=("tid", "name", "active", "owns_gil", "frames"),
+                            optional=("stuck_in",))
+        return cls(fields.integer_or_none("tid"), fields.text("name"), fields.flag("active"), fields.flag("owns_gil"),
+                   tuple(StackFrame.from_dict(item) for item in fields.objects("frames")))
+
 
 @dataclass(frozen=True)
-class RankStacks:
+class RankStacks(JsonRecord):
     """The outcome of taking one rank's stacks; ``threads`` is empty unless ``status`` is TAKEN.
 
     ``source`` is the source that gave the result (None when no source was tried, e.g. a rank
-    that is gone); ``other`` says why the other source was not used (empty when it was not
-    needed or not known).
+    that is gone); ``other_source`` says why the other source was not used (empty when it was not
+    needed or not known). ``took_ms`` is kept to a tenth of a millisecond, as its JSON form has it.
     """
 
     status: StackStatus
     detail: str = ""
-    threads: tuple[ThreadStack, ...] = ()
     took_ms: float = 0.0
     source: StackSource | None = None
-    other: str = ""
+    other_source: str = ""
+    threads: tuple[ThreadStack, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "took_ms", round(self.took_ms, 1))
 
     def main_thread(self, pid: int) -> ThreadStack | None:
         """The stack of the thread whose id is ``pid`` (the main thread), else the first one."""
@@ -117,13 +130,7 @@ class RankStacks:
 
     def with_source(self, source: StackSource | None, other: str = "") -> RankStacks:
         """This result, naming its source and why the other one was not used."""
-        return RankStacks(self.status, self.detail, self.threads, self.took_ms, source, other)
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"status": self.status.value, "detail": self.detail, "took_ms": round(self.took_ms, 1),
-                "source": None if self.source is None else self.source.value, "other_source": self.other,
-                "threads": [thread.to_dict() for thread in self.threads]}
+        return dataclasses.replace(self, source=source, other_source=other)
 
 
 @functools.lru_cache(maxsize=1)

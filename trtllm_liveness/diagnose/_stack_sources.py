@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 
 from ..process import _procfs
 from ._faulthandler_stacks import DumpRequests
-from ._py_spy import DEFAULT_STACKS_TIMEOUT_S, ptrace_access, take_stacks
+from ._py_spy import DEFAULT_STACKS_TIMEOUT_S, NO_PY_SPY, ptrace_access, take_stacks
 from ._stack_records import RankStacks, StackSource, StackStatus
 
 __all__ = ["SourceChoice", "StackTarget", "take_rank_stacks"]
@@ -102,10 +102,7 @@ def take_rank_stacks(targets: Sequence[StackTarget], *, source: SourceChoice | s
     spied = take_stacks([target.pid for target in by_spy], timeout_s=max(0.0, deadline - time.monotonic()),
                         py_spy=py_spy or "") if by_spy and py_spy is not None else {}
     for target in by_spy:
-        result = spied.get(target.pid)
-        if result is None:  # py-spy asked for explicitly but not installed
-            result = RankStacks(StackStatus.NO_PY_SPY, "py-spy is not installed (pip install "
-                                "'trtllm-liveness[diagnose]')", source=StackSource.PY_SPY)
+        result = spied.get(target.pid, NO_PY_SPY)  # absent: py-spy asked for explicitly but not installed
         if result.status is StackStatus.FAILED and choice is SourceChoice.AUTO and not target.stopped:
             retry = {target.pid: f"py-spy failed: {result.detail}"}
             late = _start_dumps(retry, starts, deadline, done)
@@ -127,7 +124,7 @@ def _start_dumps(reasons: Mapping[int, str], starts: Mapping[int, int | None], d
         start = starts.get(pid)
         if start is None:
             done[pid] = RankStacks(StackStatus.SKIPPED_NOT_RUNNING, "no start time known: a dump signal goes only to "
-                                   "a verified process", source=StackSource.FAULTHANDLER, other=why)
+                                   "a verified process", source=StackSource.FAULTHANDLER, other_source=why)
         else:
             verified.append((pid, start))
     return DumpRequests(verified, deadline) if verified else None

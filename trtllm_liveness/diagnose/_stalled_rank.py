@@ -25,9 +25,9 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from ..process import _procfs
-from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
+from ..process._identity import ProcessIdentity, is_local
 from ._diagnosis_record import Activity, NamingBasis, RankDiagnosis, StalledRank, ThreadDiagnosis
-from ._scan import Verdict
+from ._scan import Verdict, wchan_or_empty
 
 # NamingBasis and StalledRank (:mod:`._diagnosis_record`) are re-exported for callers of the naming.
 __all__ = ["DEFAULT_CPU_WINDOW_S", "NamingBasis", "StalledRank", "name_stalled_rank", "stalled_rank_now"]
@@ -136,10 +136,7 @@ def _states_only(rank: int, pid: int, start_time: int | None) -> RankDiagnosis:
         return RankDiagnosis(rank, pid, Verdict.ZOMBIE, "exited, not reaped", Activity.EXITED, ())
     d_tids = _procfs.uninterruptible_tids(states)
     if d_tids:
-        try:
-            wchan = _procfs.read_wchan(pid, d_tids[0])
-        except OSError:
-            wchan = ""
+        wchan = wchan_or_empty(pid, d_tids[0])
         threads = tuple(ThreadDiagnosis(tid, "", states[tid], Activity.IN_D, None, wchan if tid == d_tids[0] else "",
                                         0.0, False) for tid in d_tids)
         return RankDiagnosis(rank, pid, Verdict.D_STATE, "", Activity.IN_D, threads)
@@ -161,8 +158,7 @@ def stalled_rank_now(targets: Sequence[ProcessIdentity], *, iterations: Mapping[
     for identity in targets:
         if remote is not None and identity.rank in remote:
             ranks.append(remote[identity.rank])
-        elif identity.hostname != local_hostname() or (
-                identity.pid_namespace is not None and identity.pid_namespace != local_pid_namespace()):
+        elif not is_local(identity):
             ranks.append(RankDiagnosis(identity.rank, identity.pid, None, "not local", Activity.UNKNOWN, ()))
         else:
             ranks.append(_states_only(identity.rank, identity.pid, identity.start_time))

@@ -49,7 +49,7 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from .._events import WorkerEvent
@@ -152,7 +152,7 @@ class DynamoLivenessBridge:
         """The JSON document served at ``/engine/<route>`` (an inert bridge serves none: healthy,
         no ranks; an observing engine's verdicts are lines, not failures: healthy)."""
         monitor = self._monitor
-        failure = None if monitor is None or self._observing() else monitor.failure
+        failure = None if monitor is None or _observes(self._executor) else monitor.failure
         document: dict[str, Any] = {
             "healthy": failure is None,
             "failure": None if failure is None else failure.to_dict(),
@@ -172,13 +172,8 @@ class DynamoLivenessBridge:
     async def _serve_status(self, body: dict[str, Any]) -> dict[str, Any]:
         return self.status()
 
-    def _observing(self) -> bool:
-        """Whether the engine observes (``observe=1``): its verdicts are lines, not failures."""
-        config = getattr(self._executor, "liveness_config", None)
-        return bool(getattr(config, "observe", False))
-
     def _on_event(self, event: WorkerEvent) -> None:
-        if self._observing():
+        if _observes(self._executor):
             return  # the engine's own "would fail" line is the whole reaction
         # Health first: it is one call into the runtime and what the orchestrator acts on.
         try:
@@ -196,15 +191,27 @@ class DynamoLivenessBridge:
         self._runtime.shutdown()
 
 
+def _held(engine: Any) -> Iterator[Any]:
+    """``engine``, then the object it holds in ``_executor`` (else ``executor``), and so on: at most
+    4, none twice."""
+    seen: list[Any] = []
+    candidate = engine
+    while candidate is not None and len(seen) < 4 and not any(candidate is s for s in seen):
+        yield candidate
+        seen.append(candidate)
+        candidate = getattr(candidate, "_executor", None) or getattr(candidate, "executor", None)
+
+
 def _liveness_executor_of(engine: Any) -> Any:
     """The liveness executor behind ``engine`` (itself, ``_executor`` or ``executor``), or None."""
-    candidate, hops = engine, 0
-    while candidate is not None and hops < 4:
-        if callable(getattr(candidate, "liveness_diagnosis", None)) and hasattr(candidate, "liveness_state"):
-            return candidate
-        candidate = getattr(candidate, "_executor", None) or getattr(candidate, "executor", None)
-        hops += 1
-    return None
+    return next((candidate for candidate in _held(engine) if callable(getattr(candidate, "liveness_diagnosis", None))
+                 and hasattr(candidate, "liveness_state")), None)
+
+
+def _observes(engine: Any) -> bool:
+    """Whether the liveness executor behind ``engine`` observes (``observe=1``): its verdicts are
+    lines, not failures."""
+    return bool(getattr(getattr(_liveness_executor_of(engine), "liveness_config", None), "observe", False))
 
 
 def liveness_monitor_of(engine: Any) -> WorkerProcessMonitor:
@@ -215,16 +222,12 @@ def liveness_monitor_of(engine: Any) -> WorkerProcessMonitor:
     ``executor``. Raises ``ValueError`` when none is found (the extension is off or the object is
     something else). Non-blocking.
     """
-    seen: list[Any] = []
-    candidate = engine
-    while candidate is not None and len(seen) < 4 and not any(candidate is s for s in seen):
+    for candidate in _held(engine):
         if isinstance(candidate, WorkerProcessMonitor):
             return candidate
-        seen.append(candidate)
         monitor = getattr(candidate, "liveness_monitor", None)
         if isinstance(monitor, WorkerProcessMonitor):
             return monitor
-        candidate = getattr(candidate, "_executor", None) or getattr(candidate, "executor", None)
     raise ValueError(
         f"{type(engine).__name__} has no liveness monitor: is the TensorRT-LLM liveness extension enabled?"
     )
@@ -320,9 +323,7 @@ def expose_metrics_on_dynamo(endpoint: Any, metrics: Any) -> Any:
             return None
     from .prometheus import LivenessMetrics  # optional dependency: imported only when asked for
 
-    config = getattr(_liveness_executor_of(metrics), "liveness_config", None)
-    liveness = metrics if isinstance(metrics, LivenessMetrics) else \
-        LivenessMetrics(monitor, observe=bool(getattr(config, "observe", False)))
+    liveness = metrics if isinstance(metrics, LivenessMetrics) else LivenessMetrics(monitor, observe=_observes(metrics))
 
     def render() -> str:
         # Runs in Dynamo's scrape path: an exception there would fail the whole /metrics page.

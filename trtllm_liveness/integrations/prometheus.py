@@ -116,10 +116,20 @@ MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
 REFRESHER_JOIN_S = 1.0
 """How long ``close()`` waits for the refresh thread (woken at once; one refresh's file reads at most)."""
 
-_STATE_NAME = "trtllm_liveness_worker_state"
-_STATE_HELP = "1 for the state each worker rank is in now, 0 for the other states"
-_UNKILLABLE_NAME = "trtllm_liveness_unkillable_workers"
-_UNKILLABLE_HELP = "Worker ranks in uninterruptible sleep (D) with SIGKILL pending; non-zero: recycle the host"
+# The counters by kind: the failures, then the verdicts an observing engine did not act on.
+_COUNTERS = (
+    ("trtllm_liveness_worker_failures",
+     "Fatal worker events by kind: died, wedged (D past the timeout), unkillable (SIGKILL pending in D)"),
+    ("trtllm_liveness_would_fail",
+     "Verdicts an observing engine (observe=1) did not act on, by kind: what enforcing would have failed"),
+)
+# The state gauges (name, help, labels): built at each scrape, and mirrored in the multiprocess files.
+_STATE_GAUGES: tuple[tuple[str, str, list[str]], ...] = (
+    ("trtllm_liveness_worker_state", "1 for the state each worker rank is in now, 0 for the other states",
+     ["rank", "host", "state"]),
+    ("trtllm_liveness_unkillable_workers",
+     "Worker ranks in uninterruptible sleep (D) with SIGKILL pending; non-zero: recycle the host", []),
+)
 
 
 def multiprocess_mode_active() -> bool:
@@ -153,10 +163,7 @@ class _StateCollector(Collector):
 
     @staticmethod
     def _families() -> list[GaugeMetricFamily]:
-        return [
-            GaugeMetricFamily(_STATE_NAME, _STATE_HELP, labels=["rank", "host", "state"]),
-            GaugeMetricFamily(_UNKILLABLE_NAME, _UNKILLABLE_HELP),
-        ]
+        return [GaugeMetricFamily(name, text, labels=labels) for name, text, labels in _STATE_GAUGES]
 
 
 def _unkillable_count(statuses: list[RankStatus]) -> int:
@@ -175,9 +182,8 @@ class _FileStateGauges:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._state = Gauge(_STATE_NAME, _STATE_HELP, ["rank", "host", "state"], registry=None,
-                            multiprocess_mode="livemax")
-        self._unkillable = Gauge(_UNKILLABLE_NAME, _UNKILLABLE_HELP, registry=None, multiprocess_mode="livemax")
+        self._state, self._unkillable = (Gauge(name, text, labels, registry=None, multiprocess_mode="livemax")
+                                         for name, text, labels in _STATE_GAUGES)
         self._unkillable.set(0)
         self._unkillable_written = 0
         # Each series' last written state (None: 0 in every state). A gauge is written only when
@@ -255,18 +261,7 @@ class LivenessMetrics:
         self._counted: set[tuple[ProcessIdentity, EventKind]] = set()
         self._collector = _StateCollector(self)
         self._observe = observe
-        self._failures = Counter(
-            "trtllm_liveness_worker_failures",
-            "Fatal worker events by kind: died, wedged (D past the timeout), unkillable (SIGKILL pending in D)",
-            ["kind"],
-            registry=None,
-        )
-        self._would_fail = Counter(
-            "trtllm_liveness_would_fail",
-            "Verdicts an observing engine (observe=1) did not act on, by kind: what enforcing would have failed",
-            ["kind"],
-            registry=None,
-        )
+        self._failures, self._would_fail = (Counter(name, text, ["kind"], registry=None) for name, text in _COUNTERS)
         self._latency = Histogram(
             "trtllm_liveness_detection_latency_seconds",
             "Seconds from a worker fault to the delivery of the monitor's event; origin: where the fault time "
@@ -282,9 +277,10 @@ class LivenessMetrics:
             self._would_fail.labels(kind.value)
             for origin in LATENCY_ORIGINS[kind]:
                 self._latency.labels(kind.value, origin)
+        self._collectors: tuple[Any, ...] = (self._failures, self._would_fail, self._latency, self._collector)
         registered: list[Any] = []
         try:
-            for collector in (self._failures, self._would_fail, self._latency, self._collector):
+            for collector in self._collectors:
                 registry.register(collector)
                 registered.append(collector)
         except ValueError:
@@ -353,7 +349,7 @@ class LivenessMetrics:
             if refresher.is_alive():
                 logger.warning("liveness metrics refresh thread did not stop within %g s (daemon: left to exit)",
                                REFRESHER_JOIN_S)
-        for collector in (self._failures, self._would_fail, self._latency, self._collector):
+        for collector in self._collectors:
             try:
                 self.registry.unregister(collector)
             except KeyError:
@@ -430,14 +426,11 @@ class LivenessMetrics:
                 noted = None
         if noted is not None:
             return noted, "noted"
-        if event.kind is EventKind.DIED:
-            return event.detected_at, "exit_seen"
-        if event.kind is EventKind.STALLED:
-            return event.fault_at, "last_progress"  # the stall's last progress (its clock's start)
-        if event.kind is EventKind.LOST:
-            return event.fault_at, "last_heard"  # the host's agent was last known to answer then
-        # The monitor's first sample of the stuck thread in D (None only for events built without it).
-        return event.fault_at, "d_state_start"
+        # The monitor's own time is the second origin of LATENCY_ORIGINS: the exit's handling for a
+        # death, else the event's fault_at (the first sample of the stuck thread in D, the stall's
+        # last progress, the lost host's agent last heard; None only for events built without it).
+        origin = LATENCY_ORIGINS[event.kind][1]
+        return (event.detected_at if event.kind is EventKind.DIED else event.fault_at), origin
 
     # ----------------------------------------------------------------- multiprocess files
 

@@ -140,7 +140,7 @@ class WorkerProcessMonitor:
             # Workers of one job share a memory cgroup: resolve and read it once per call.
             oom_counters = OomCounters()
             for identity in parsed:
-                existing = self._ranks.get(identity.rank)
+                existing = self._ranks.records.get(identity.rank)
                 if existing is not None:
                     if existing.identity == identity:
                         continue

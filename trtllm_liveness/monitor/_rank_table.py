@@ -33,9 +33,6 @@ class RankTable:
         self._watcher = watcher
         self._by_fd: dict[int, WatchedRank] = {}
 
-    def get(self, rank: int) -> WatchedRank | None:
-        return self.records.get(rank)
-
     def is_current(self, record: WatchedRank) -> bool:
         """Whether ``record`` is still its rank's (not replaced by a re-registration)."""
         return self.records.get(record.identity.rank) is record

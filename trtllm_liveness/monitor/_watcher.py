@@ -215,10 +215,6 @@ class PidfdWatcher:
         thread = self._thread
         return thread is not None and thread.is_alive()
 
-    @property
-    def released(self) -> bool:
-        return self._released
-
     def _run(self, ref: weakref.ReferenceType[WatchTarget]) -> None:
         poller: select.poll | None = None
         if self._watch_set is None:
@@ -270,13 +266,7 @@ class PidfdWatcher:
         if self._released or not self._closed or self._running:
             return
         self._released = True
-        for fd in self._pidfds:
-            _close_quietly(fd)
-        self._pidfds.clear()
-        for epoll in (self._watch_set, self._check_set):
-            if epoll is not None:
-                epoll.close()
-        self._wakeup.close()
+        self._close_descriptors()
 
     def release_in_forked_child(self) -> None:
         """Drop this (forked) process's copies of the descriptors without taking the lock.
@@ -288,8 +278,13 @@ class PidfdWatcher:
             return
         self._released = True
         self._closed = True
-        for fd in list(self._pidfds):
+        self._close_descriptors()
+
+    def _close_descriptors(self) -> None:
+        """Close every descriptor the watcher owns: the pidfds, the epoll sets and the wakeup."""
+        for fd in self._pidfds:
             _close_quietly(fd)
+        self._pidfds.clear()
         for epoll in (self._watch_set, self._check_set):
             if epoll is not None:
                 epoll.close()

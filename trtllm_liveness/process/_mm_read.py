@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import enum
 import logging
-import os
 import threading
 from dataclasses import dataclass
 
@@ -111,14 +110,7 @@ class _Helper:
             if job is None:
                 return
             try:
-                fd = os.open(job.path, os.O_RDONLY | os.O_CLOEXEC)
-                try:
-                    chunks = []
-                    while chunk := os.read(fd, 65536):  # cmdline/environ can exceed one page
-                        chunks.append(chunk)
-                    job.data = b"".join(chunks)
-                finally:
-                    os.close(fd)
+                job.data = _procfs.read_whole(job.path)
             except OSError as exc:
                 job.error = exc
             job.done.set()

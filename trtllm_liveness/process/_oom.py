@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from . import _procfs
+
 CGROUP_ROOT = "/sys/fs/cgroup"
 
 
@@ -31,11 +33,7 @@ def _read_oom_kill(path: str) -> int | None:
 
 def _read_cgroup_file(pid: int | str) -> bytes | None:
     try:
-        fd = os.open(f"/proc/{pid}/cgroup", os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            return os.read(fd, 65536)
-        finally:
-            os.close(fd)
+        return _procfs.read_whole(f"/proc/{pid}/cgroup")
     except OSError:
         return None
 
@@ -67,15 +65,9 @@ _VMSTAT = "/proc/vmstat"  # the machine-wide OOM kill count, as ``oom_kill``
 def _members(counter_file: str) -> dict[int, str]:
     """Each process (thread-group id) whose memory cgroup is the one holding ``counter_file``,
     mapped to that file: the cgroup's ``cgroup.procs``, read whole. Empty when unreadable."""
-    chunks = []
     try:
-        fd = os.open(os.path.join(os.path.dirname(counter_file), "cgroup.procs"), os.O_RDONLY | os.O_CLOEXEC)
-        try:
-            while chunk := os.read(fd, 65536):
-                chunks.append(chunk)
-        finally:
-            os.close(fd)
-        return {int(pid): counter_file for pid in b"".join(chunks).split()}
+        data = _procfs.read_whole(os.path.join(os.path.dirname(counter_file), "cgroup.procs"))
+        return {int(pid): counter_file for pid in data.split()}
     except (OSError, ValueError):
         return {}
 

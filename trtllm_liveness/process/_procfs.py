@@ -147,6 +147,19 @@ def _read(path: str) -> bytes:
         os.close(fd)
 
 
+def read_whole(path: str) -> bytes:
+    """The whole content of ``path``, however long (``cmdline``, ``environ`` and ``cgroup.procs`` can
+    exceed one read)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
 def _path(pid: int | str, tid: int | None, name: str) -> str:
     """``/proc/<pid>/<name>``, or ``/proc/<pid>/task/<tid>/<name>`` for one thread."""
     return f"{PROCFS_PATH}/{pid}/{name}" if tid is None else f"{PROCFS_PATH}/{pid}/task/{tid}/{name}"

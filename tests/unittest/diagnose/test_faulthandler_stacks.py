@@ -239,7 +239,7 @@ def test_a_helper_thread_in_d_leaves_py_spy_out_and_the_dump_still_comes(
                                     stacks_timeout_s=10 * WAIT_SCALE)
     (rank,) = diagnosis.ranks
     assert rank.stacks is not None and rank.stacks.status is StackStatus.TAKEN, rank.stacks
-    assert rank.stacks.source is StackSource.FAULTHANDLER and "a thread is in D" in rank.stacks.other
+    assert rank.stacks.source is StackSource.FAULTHANDLER and "a thread is in D" in rank.stacks.other_source
     assert rank.stuck_in is not None and rank.stuck_in.function == "wait_for_a_peer_that_never_comes"
 
 

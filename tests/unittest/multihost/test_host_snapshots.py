@@ -52,7 +52,7 @@ def test_the_hubs_snapshot_has_every_remote_rank_with_its_stacks_and_their_sourc
         assert rank.stacks.source in (StackSource.PY_SPY, StackSource.FAULTHANDLER), rank.stacks
         assert rank.stacks.threads and rank.stuck_in is not None, rank.stacks
         if rank.stacks.source is StackSource.FAULTHANDLER:  # why py-spy was not used is said
-            assert rank.stacks.other, rank.stacks
+            assert rank.stacks.other_source, rank.stacks
     # The agents' own ranks are in it too (stacks by either source, or why not).
     for own in (2, 5):
         assert by_rank[own].stacks is not None and by_rank[own].stacks.source is not None, by_rank[own]

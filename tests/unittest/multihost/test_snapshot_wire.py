@@ -132,8 +132,8 @@ def test_huge_stacks_are_cut_to_fit_the_wire_and_the_record_says_so() -> None:
     states = tuple(ThreadDiagnosis(1000 + n, f"thread-{n}", "S", Activity.SLEEPING, 0.0, "futex_wait", 0.0, False)
                    for n in range(200))
     identities = [ProcessIdentity(rank, 1000 + rank * 1000, 1, "hostB", None) for rank in range(4)]
-    big = [RankDiagnosis(i.rank, i.pid, Verdict.OK, "", Activity.SLEEPING, states,
-                         RankStacks(StackStatus.TAKEN, "", threads, 5.0, StackSource.PY_SPY)) for i in identities]
+    stacks = RankStacks(StackStatus.TAKEN, "", 5.0, StackSource.PY_SPY, threads=threads)
+    big = [RankDiagnosis(i.rank, i.pid, Verdict.OK, "", Activity.SLEEPING, states, stacks) for i in identities]
     records = encode_ranks(big, {})
     frame = _wire.encode(SECRET, _wire.TO_HUB, "snap", SID, 1, req=1, el=1.0, ranks=records)
     assert len(frame) <= _wire.MAX_MESSAGE_BYTES
