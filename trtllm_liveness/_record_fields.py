@@ -26,9 +26,11 @@ _E = TypeVar("_E", bound=enum.Enum)
 
 class JsonFields:
     """The fields of one record's JSON form. ``ValueError`` at construction if ``data`` is not a
-    mapping, lacks one of ``required`` or has a name that is neither ``required`` nor ``optional``."""
+    mapping, lacks one of ``required`` or has a name that is neither ``required`` nor ``optional``
+    (unless ``newer_fields``: a form another version of the package writes, read for what it knows)."""
 
-    def __init__(self, record: str, data: object, *, required: Iterable[str], optional: Iterable[str] = ()) -> None:
+    def __init__(self, record: str, data: object, *, required: Iterable[str], optional: Iterable[str] = (),
+                 newer_fields: bool = False) -> None:
         self._record = record
         if not isinstance(data, Mapping):
             raise ValueError(f"{record}: expected a JSON object, got {type(data).__name__}")
@@ -37,7 +39,7 @@ class JsonFields:
         if missing:
             raise ValueError(f"{record}: missing field(s) {', '.join(missing)}")
         unknown = sorted(str(name) for name in data if name not in required and name not in optional)
-        if unknown:
+        if unknown and not newer_fields:
             raise ValueError(f"{record}: unknown field(s) {', '.join(unknown)}; "
                              f"known: {', '.join(sorted((*required, *optional)))}")
         self._data: Mapping[str, Any] = data

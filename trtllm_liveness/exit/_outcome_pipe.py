@@ -100,7 +100,7 @@ def send_failure(fd: int, failure: PipedFailure) -> bool:
 
 def _decode(line: bytes) -> PipedFailure | None:
     try:
-        fields = JsonFields("outcome line", json.loads(line), optional=("start_time", "pid_ns"),
+        fields = JsonFields("outcome line", json.loads(line), optional=("start_time", "pid_ns"), newer_fields=True,
                             required=("state", "message", "restartable", "exit_code", "pid"))
         failure = PipedFailure(fields.text("message"), fields.flag("restartable"), fields.integer("exit_code"),
                                fields.integer("pid"), fields.integer_or_none("start_time"),

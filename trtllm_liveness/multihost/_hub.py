@@ -58,7 +58,7 @@ from ._hub_records import (
 )
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, IterationSink, SnapshotBook, SnapshotRequest
 from ._tcp import Closure, ConnectionTable, Ending, Key, Silence
-from ._wire import ArmCommand, Command, ExpectCommand, Rejection, StopCommand
+from ._wire import MAX_COMMAND_S, ArmCommand, Command, ExpectCommand, Rejection, StopCommand
 
 if TYPE_CHECKING:
     from ..quarantine._quarantine_settings import QuarantineSettings
@@ -183,7 +183,8 @@ class AgentHub:
 
     def arm(self, d_state_timeout_s: float | None = None) -> None:
         """Tell every agent (and every later one) to make wedge verdicts from now on."""
-        self._command(ArmCommand(self._agents.d_state_timeout_s if d_state_timeout_s is None else d_state_timeout_s))
+        bound = self._agents.d_state_timeout_s if d_state_timeout_s is None else d_state_timeout_s
+        self._command(ArmCommand(None if bound is None else min(bound, MAX_COMMAND_S)))
 
     def expect_exits(self) -> None:
         """A stop began: agents treat exits as expected and no longer end their ranks without a hub."""
@@ -201,8 +202,8 @@ class AgentHub:
         wait at most ``timeout_s`` for the reports. Returns one :class:`HostStop` per host; a lost
         host is reported lost, one that did not answer in time ``no-answer``. Never raises for
         what the hosts do; at most one stop runs (a second call waits for the same reports)."""
-        self._command(StopCommand(self._agents.grace_s if grace_s is None else grace_s,
-                                  self._agents.kill_s if kill_s is None else kill_s))
+        self._command(StopCommand(min(self._agents.grace_s if grace_s is None else grace_s, MAX_COMMAND_S),
+                                  min(self._agents.kill_s if kill_s is None else kill_s, MAX_COMMAND_S)))
         with self._cond:
             self._cond.wait_for(lambda: self._closing or all(s.stop is not None for s in self._sessions.values()),
                                 max(0.0, timeout_s))

@@ -69,12 +69,13 @@ class SnapshotRequest:
 # ----------------------------------------------------------------------------- agent side: encode
 
 
-def _clipped(value: Any) -> Any:
-    """``value`` (a record's JSON form) with every string cut to the wire's bound."""
+def _clipped(value: Any, key: str = "") -> Any:
+    """``value`` (a record's JSON form) with every string cut to the wire's bound; a frame's file
+    keeps its end (its base name is what a stack line shows)."""
     if isinstance(value, str):
-        return value[:_TEXT]
+        return value[-_TEXT:] if key == "file" else value[:_TEXT]
     if isinstance(value, dict):
-        return {key: _clipped(item) for key, item in value.items()}
+        return {name: _clipped(item, name) for name, item in value.items()}
     if isinstance(value, list):
         return [_clipped(item) for item in value]
     return value

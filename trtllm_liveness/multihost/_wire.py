@@ -120,6 +120,10 @@ def field(message: Message, name: str, kind: type, *, low: float | None = None, 
     return value
 
 
+MAX_COMMAND_S = 1e7
+"""The longest bound a command carries (115 days); the hub sends a longer setting as this one."""
+
+
 @dataclass(frozen=True)
 class _Command:
     """A hub -> agent command: a typed record whose fields travel under the names in ``wire``."""
@@ -143,7 +147,7 @@ class ArmCommand(_Command):
     @classmethod
     def parse(cls, message: Message) -> ArmCommand:
         """The command in an authenticated ``arm`` message. Raises :class:`WireError`."""
-        return cls(None if message.body.get("d") is None else field(message, "d", float, low=0, high=1e7))
+        return cls(None if message.body.get("d") is None else field(message, "d", float, low=0, high=MAX_COMMAND_S))
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,8 @@ class StopCommand(_Command):
     @classmethod
     def parse(cls, message: Message) -> StopCommand:
         """The command in an authenticated ``stop`` message. Raises :class:`WireError`."""
-        return cls(field(message, "grace", float, low=0, high=1e7), field(message, "kill", float, low=0, high=1e7),
+        return cls(field(message, "grace", float, low=0, high=MAX_COMMAND_S),
+                   field(message, "kill", float, low=0, high=MAX_COMMAND_S),
                    field(message, "req", int, low=1, high=_MAX_SEQ))
 
 

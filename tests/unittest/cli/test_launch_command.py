@@ -104,10 +104,23 @@ def test_malformed_or_linked_records_are_refused(tmp_path: os.PathLike[str]) -> 
         handle.write('{"state": "failed", "message": "x", "restartable": true, "exit_code": 0, "pid": 1}')
     with pytest.raises(ValueError, match="malformed"):
         read_outcomes(directory)
+    with open(path, "w") as handle:
+        handle.write("[" * 5000 + "]" * 5000)  # deeper than the JSON reader's recursion: malformed too
+    with pytest.raises(ValueError, match="malformed"):
+        read_outcomes(directory)
     os.unlink(path)
     os.symlink("/etc/passwd", path)
     with pytest.raises(OSError):
         read_outcomes(directory)  # O_NOFOLLOW: never a file the link points to
+
+
+def test_a_record_with_fields_of_a_newer_version_is_read_for_what_it_knows(tmp_path: os.PathLike[str]) -> None:
+    """Another host's newer package may write more fields: its verdict still decides the status."""
+    with open(os.path.join(str(tmp_path), "outcome.1.json"), "w") as handle:
+        handle.write('{"state": "failed", "message": "x", "restartable": false, "exit_code": 76, "pid": 1, '
+                     '"added_later": [1]}')
+    (outcome,) = read_outcomes(str(tmp_path))
+    assert (outcome.state, outcome.exit_code, outcome.restartable) == ("failed", 76, False)
 
 
 # ------------------------------------------------------------------ switching on: the hook, the settings, the line

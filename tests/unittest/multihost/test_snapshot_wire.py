@@ -145,6 +145,21 @@ def test_huge_stacks_are_cut_to_fit_the_wire_and_the_record_says_so() -> None:
         assert rank.stacks.threads and rank.stacks.source is StackSource.PY_SPY
 
 
+def test_a_frame_with_a_long_path_keeps_its_file_name_on_the_wire() -> None:
+    """Strings are cut to the wire's bound; a frame's file keeps its end, the base name its stack
+    line shows."""
+    path = "/very/deep/" + "d" * 400 + "/nccl_wait.py"
+    stacks = RankStacks(StackStatus.TAKEN, "", 5.0, StackSource.PY_SPY,
+                        threads=(ThreadStack(1000, "main", True, False, (StackFrame("all_reduce_wait", path, 42),)),))
+    identity = ProcessIdentity(2, 1000, 1, "hostB", None)
+    rank = RankDiagnosis(2, 1000, Verdict.OK, "", Activity.SLEEPING, (), stacks)
+    frame = _wire.encode(SECRET, _wire.TO_HUB, "snap", SID, 1, req=1, el=1.0, ranks=encode_ranks([rank], {}))
+    session = Session(SID, "hostB", identity, (identity,), None, seq_in=0)
+    _req, host = parse_snapshot(session, _wire.decode(SECRET, _wire.TO_HUB, frame))
+    got = host.ranks[0].stacks
+    assert got is not None and got.threads[0].frames[0].describe() == "all_reduce_wait (nccl_wait.py:42)", got
+
+
 def test_a_snapshot_request_is_checked() -> None:
     good = {"req": 3, "cpu": 0.1, "stacks": True, "st": 0.3}
     request = parse_snapshot_request(_message("snapreq", **good))
