@@ -330,8 +330,8 @@ class LivenessProxyMixin:
         a request that registered after the fatal sweep (1.2.x would leave it pending forever).
         Serialized with the fatal path's ``pre_shutdown()`` (``send_lock``): upstream's sockets
         have no lock. A request on an idle engine starts the stall clock."""
-        state = state_of(self)
-        if not state.enabled:
+        state: EngineLiveness = self.__dict__[STATE_ATTR]  # per request: read inline, no call
+        if not state.config.enabled:
             return super().submit(request)  # type: ignore[misc]
         if state.fatal is not None:
             raise dead_error(self, state.fatal)
