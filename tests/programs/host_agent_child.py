@@ -20,15 +20,10 @@ each rank, one every ``every_s``, as its host's progress channel would; then one
 ``{"beats_sent": count, "messages": n}``, n the iteration messages the agent sent),
 ``iterations_interval_s`` (the agent's interval between two iteration messages, default 1 s),
 ``watch`` (``[[rank, pid], ...]``: processes of the caller's watched as this host's ranks too, after
-<<<<<<< HEAD
-the sleepers), ``quarantine`` (the hub's spec of how the agent quarantines this host, as
-``worker_spec()["quarantine"]`` carries it), ``observe`` (the engine observes) and
-``die_at_group`` (this process SIGKILLs itself as soon as its drill's freezer group is made,
-before anything is frozen: a launcher's teardown there).
-=======
 the sleepers), ``quarantine`` (how the agent quarantines this host, in the JSON form of
-``QuarantineSettings.to_spec()``) and ``observe`` (the engine observes).
->>>>>>> typedcmds
+``QuarantineSettings.to_spec()``), ``observe`` (the engine observes) and ``die_at_group`` (this
+process SIGKILLs itself as soon as its drill's freezer group is made, before anything is frozen: a
+launcher's teardown there).
 """
 
 from __future__ import annotations

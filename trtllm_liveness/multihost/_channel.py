@@ -59,7 +59,11 @@ class Channel:
         self._wake_r = self._wake_w = -1
         self.monitor_sock: Any = None
         self.ctx = zmq.Context(io_threads=1)
-        self.sock = self.ctx.socket(kind)
+        try:
+            self.sock = self.ctx.socket(kind)
+        except BaseException:
+            self.ctx.term()  # no socket: its I/O thread ends at once
+            raise
         try:
             for option, value in {zmq.LINGER: 500, zmq.MAXMSGSIZE: _wire.MAX_MESSAGE_BYTES, **options}.items():
                 self.sock.setsockopt(option, value)
