@@ -17,8 +17,9 @@ interleaved round by round (median over ``--rounds``; CPU of the calling thread,
   (a profiler in the dispatch thread, in a run of its own, not timed);
 - ``submit_added_ns``: per request, the mixin's ``submit()`` (the fatal checks, the send lock)
   minus upstream's, reduced to handing the request on;
-- ``note_submitted_ns``: the stall timer's note per submitted request (a running
-  :class:`StallDetector`, a request pending), which the submit wrapper adds;
+- ``note_submitted_ns``: the stall timer's notes per submitted request (``note_submitted`` and
+  ``note_registered`` of a running :class:`StallDetector`, a request pending), which the submit
+  wrapper adds;
 - ``output_sample_us``: one read of the dispatch thread's activity, the output progress the
   clock samples (per read of the clock, at most once a second by the stall timer while a request
   is pending: never per request);
@@ -176,7 +177,11 @@ def _note_submitted_ns(calls: int) -> float:
     detector = StallDetector(3600.0, lambda: 1, on_stall=lambda info: None)
     detector.start()
     try:
-        return _per_call_ns(lambda: detector.note_submitted(was_idle=False), calls)
+        def notes() -> None:
+            detector.note_submitted(was_idle=False)
+            detector.note_registered()
+
+        return _per_call_ns(notes, calls)
     finally:
         detector.close()
 

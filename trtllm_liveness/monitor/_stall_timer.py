@@ -160,8 +160,8 @@ class StallDetector:
         self._last_source = ProgressSource.STARTED
         self._current: StallInfo | None = None
         self._idle = False  # the timer found nothing pending and waits for work
-        # Each submission writes a new number here, without the lock: a number the timer has not
-        # seen tells it a request came while it looked at pending() or waited (unregistered yet).
+        # Each registered request writes a new number here, without the lock: a number the timer
+        # has not seen tells it a request came while it looked at pending() or waited.
         self._submission_numbers = itertools.count(1)
         self._submission = 0
         self._count = 0
@@ -194,21 +194,25 @@ class StallDetector:
                     self._cond.notify()
 
     def note_submitted(self, *, was_idle: bool) -> None:
-        """A request was submitted; ``was_idle``: no request was pending just before it. Only
-        then does the clock restart (a new request is not progress of a stalled engine); a stall
-        under way then ends too (with nothing pending, it was over)."""
-        self._submission = next(self._submission_numbers)  # before the idle check (see _step_locked)
-        if not was_idle and not self._idle:
-            return  # a busy engine's request: nothing to note (the timer is not waiting for work)
+        """A request is being submitted (before it is registered); ``was_idle``: no request was
+        pending just before it. Only then does the clock restart (a new request is not progress of
+        a stalled engine); a stall under way then ends too (with nothing pending, it was over)."""
+        if not was_idle:
+            return  # a busy engine's request: the clock runs on (note_registered wakes an idle timer)
         now = time.monotonic()
         with self._cond:
-            if was_idle and now > self._last:
+            if now > self._last:
                 self._last = now
                 self._last_source = ProgressSource.SUBMITTED
-            if was_idle or self._idle:
-                # The timer may be waiting for work: also when this submitter still saw a request
-                # pending that finished before the timer looked (the clock then runs from that
-                # request's last output, which is recent).
+            self._cond.notify()
+
+    def note_registered(self) -> None:
+        """A submitted request is registered (``pending()`` counts it). Writes a new submission
+        number, then wakes the timer if it waits for work: either the timer's last look at the
+        number finds it new, or this call finds the timer idle (see :meth:`_step_locked`)."""
+        self._submission = next(self._submission_numbers)
+        if self._idle:
+            with self._cond:
                 self._cond.notify()
 
     @property
@@ -298,10 +302,10 @@ class StallDetector:
             logger.exception("liveness: the stall detector's pending() raised; taken as idle")
             pending = 0
         if pending <= 0:
-            # Idle: never a stall. Wait until a submission (note_submitted) wakes us. Idle is set
-            # before the last look at the submission number: a submitter that wrote its number
-            # after that look reads idle and wakes us. A request submitted since pending() was
-            # read may not be registered yet: its clock starts now (a stall only later, never false).
+            # Idle: never a stall. Wait until a request (note_submitted, note_registered) wakes
+            # us. Idle is set before the last look at the submission number: a request registered
+            # after that look reads idle and wakes us. One registered since `seen` was taken may
+            # have been missed by pending(): its clock starts now (a stall only later, never false).
             self._idle = True
             if self._submission == seen:
                 self._cond.wait(_RECHECK_S)

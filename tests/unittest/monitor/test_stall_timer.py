@@ -97,8 +97,9 @@ def test_a_submission_that_still_saw_a_pending_request_wakes_an_idle_timer() -> 
     try:
         settled = time.monotonic() + 0.3  # past its first deadline: it found nothing pending, went idle
         assert wait_until(lambda: time.monotonic() > settled, 10)
+        detector.note_submitted(was_idle=False)  # as the mixin: noted, registered, then note_registered
         pending[0] = 1
-        detector.note_submitted(was_idle=False)
+        detector.note_registered()
         assert wait_until(lambda: rec.stalls, 10)
         assert rec.stalls[0].pending == 1
     finally:
@@ -114,20 +115,51 @@ def test_a_submission_while_the_timer_reads_pending_is_not_missed() -> None:
     submitted: list[float] = []
 
     def read_pending() -> int:
-        if not submitted:  # B arrives exactly now, registered only after this read
+        if not submitted:  # B arrives and is registered exactly now, after this read took its count
             submitted.append(time.monotonic())
             detector.note_submitted(was_idle=False)
+            pending[0] = 1
+            detector.note_registered()
             return 0
         return pending[0]
 
     detector = StallDetector(0.05, read_pending, on_stall=rec.on_stall)
-    pending[0] = 1
     detector.start()
     try:
         assert wait_until(lambda: rec.stalls, 10)
         info = rec.stalls[0]
         assert info.pending == 1 and info.last_progress_at >= submitted[0], info
         assert info.last_progress_source == ProgressSource.SUBMITTED
+    finally:
+        detector.close()
+
+
+def test_a_request_noted_before_the_timer_looks_and_registered_after_it_read_pending_wakes_it() -> None:
+    """Request B's note (the submitter still saw A pending) lands before the timer looks at the
+    submission number; the timer then reads pending() as 0 (A finished, B not registered yet) and
+    goes idle; B is registered after. Its registration must wake the timer, not leave it for 60 s."""
+    pending = [0]
+    reads = [0]
+    rec = Recorder()
+    noted: list[float] = []
+
+    def probe() -> float:  # runs in the timer's step before it looks at the submission number
+        if not noted:
+            noted.append(time.monotonic())
+            detector.note_submitted(was_idle=False)
+        return 0.0
+
+    def read_pending() -> int:
+        reads[0] += 1
+        return pending[0]
+
+    detector = StallDetector(0.05, read_pending, on_stall=rec.on_stall, probe=probe).start()
+    try:
+        assert wait_until(lambda: reads[0] >= 1, 10)
+        pending[0] = 1
+        detector.note_registered()
+        assert wait_until(lambda: rec.stalls, 10)
+        assert rec.stalls[0].pending == 1
     finally:
         detector.close()
 
@@ -141,6 +173,7 @@ def test_busy_submission_does_not_restart_the_clock() -> None:
         last, source = detector.last_progress
         for _ in range(20):
             detector.note_submitted(was_idle=False)
+            detector.note_registered()
         assert wait_until(lambda: rec.stalls, 10)
         assert rec.stalls[0].last_progress_at == last and rec.stalls[0].last_progress_source == source
     finally:
@@ -221,6 +254,7 @@ def test_adversary_progress_and_submissions_race_the_timer() -> None:
                                        time.monotonic() - rng.random() * 0.01)
             elif action < 0.7:
                 detector.note_submitted(was_idle=rng.random() < 0.5)
+                detector.note_registered()
             elif action < 0.8:
                 pending[0] = rng.choice([0, 1, 2])
             else:

@@ -299,6 +299,11 @@ class EngineStall:
         if detector is not None:
             detector.note_submitted(was_idle=was_idle)
 
+    def note_registered(self) -> None:
+        detector = self.detector
+        if detector is not None:
+            detector.note_registered()
+
     def iterations(self) -> dict[int, RankIterations]:
         """Each rank's last report, by rank."""
         with self._lock:

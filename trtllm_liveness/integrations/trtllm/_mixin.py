@@ -349,6 +349,8 @@ class LivenessProxyMixin:
             if state.request_socket_owner is None:
                 state.request_socket_owner = threading.get_ident()
             result = super().submit(request)  # type: ignore[misc]
+            if state.stall is not None:
+                state.stall.note_registered()  # after upstream registered it: pending() counts it
             fatal = state.fatal
             if fatal is not None:
                 # The sweep may have run between upstream's registration and now. Failed (and
