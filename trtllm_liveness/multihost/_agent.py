@@ -275,13 +275,8 @@ class HostAgent:
                 if self._closing:
                     return None
             readable, monitored = channel.poll(self._poll_ms())
-            if readable:
-                action = self._receive(zmq, sock, monitor)
-                if action == "stop":
-                    return self._on_proxy_lost, "stopped by the proxy"
-                if action == "refused":
-                    return None
-            for event, fd in channel.events() if monitored else ():
+            action = self._receive(zmq, sock, monitor) if readable else None
+            for event, fd in channel.events() if monitored and action is None else ():
                 if event == zmq.EVENT_CONNECTED:
                     connected_once = True
                     if self._link is not None:
@@ -294,7 +289,7 @@ class HostAgent:
                     # like the proxy's death.
                     action = self._receive(zmq, sock, monitor)
                     if action == "stop":
-                        return self._on_proxy_lost, "stopped by the proxy"
+                        break
                     if self._released or action == "refused":
                         logger.info("liveness: the proxy's hub closed after a clean stop; agent ends")
                         return None
@@ -313,6 +308,10 @@ class HostAgent:
                     self._proxy_lost(monitor, reason)
                     self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
                     return None
+            if action == "stop":
+                return self._on_proxy_lost, "stopped by the proxy"
+            if action == "refused":
+                return None
             self._check_hub_silence()
             if not self.welcomed.is_set():
                 # Events wait for the welcome: the hub takes nothing before it has the hello.
@@ -444,7 +443,8 @@ class HostAgent:
                     self._released = True
                     monitor.mark_expected_exits()
                 case _wire.StopCommand():
-                    self._stop_requested(sock, monitor, command)
+                    report = self._stop_ranks(monitor, command.grace_s, command.kill_s)
+                    self._send(sock, "report", req=command.req, stop=report.to_dict())
                     return "stop"
                 case SnapshotRequest():
                     if command.deadline is not None and time.monotonic() > command.deadline:
@@ -525,10 +525,6 @@ class HostAgent:
         report = self._faults.after_stop(stop_processes(targets, grace_s=grace_s, kill_s=kill_s))  # a drill's: thaw
         self._quarantine.note(report.events())  # the ranks the stop left unkillable
         return report
-
-    def _stop_requested(self, sock: Any, monitor: WorkerProcessMonitor, command: _wire.StopCommand) -> None:
-        report = self._stop_ranks(monitor, command.grace_s, command.kill_s)
-        self._send(sock, "report", req=command.req, stop=report.to_dict())
 
     def _proxy_lost(self, monitor: WorkerProcessMonitor, reason: str) -> None:
         self._ending = reason
