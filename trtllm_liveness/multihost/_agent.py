@@ -443,8 +443,7 @@ class HostAgent:
                     self._released = True
                     monitor.mark_expected_exits()
                 case _wire.StopCommand():
-                    report = self._stop_ranks(monitor, command.grace_s, command.kill_s)
-                    self._send(sock, "report", req=command.req, stop=report.to_dict())
+                    self._stop_requested(sock, monitor, command)
                     return "stop"
                 case SnapshotRequest():
                     if command.deadline is not None and time.monotonic() > command.deadline:
@@ -525,6 +524,10 @@ class HostAgent:
         report = self._faults.after_stop(stop_processes(targets, grace_s=grace_s, kill_s=kill_s))  # a drill's: thaw
         self._quarantine.note(report.events())  # the ranks the stop left unkillable
         return report
+
+    def _stop_requested(self, sock: Any, monitor: WorkerProcessMonitor, command: _wire.StopCommand) -> None:
+        report = self._stop_ranks(monitor, command.grace_s, command.kill_s)
+        self._send(sock, "report", req=command.req, stop=report.to_dict())
 
     def _proxy_lost(self, monitor: WorkerProcessMonitor, reason: str) -> None:
         self._ending = reason

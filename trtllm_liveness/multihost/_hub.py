@@ -50,10 +50,9 @@ from ._hub_records import (
     HostView,
     Session,
     Update,
-    parse_event,
     parse_hello,
     parse_report,
-    parse_state,
+    parse_update,
     refusal,
 )
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, IterationSink, SnapshotBook, SnapshotRequest
@@ -410,7 +409,7 @@ class AgentHub:
                            "(address or port translation between them?); its end is found by probing", host, peer, port)
 
     def _update_locked(self, session: Session, message: _wire.Message) -> None:  # an event or a state
-        update = (parse_event if message.kind == "event" else parse_state)(session, message)
+        update = parse_update(session, message)
         self._apply_many([(update.identity, update.state, update.detail)], tid=update.tid, wchan=update.wchan,
                          fault_at=update.fault_at)
 
