@@ -245,7 +245,7 @@ class LivenessConfig:
         non-mapping ``env_overrides`` or a non-string value is a ``ValueError``.
         """
         base = base if base is not None else cls()
-        overrides = getattr(llm_args, ENV_OVERRIDES_FIELD, None) if llm_args is not None else None
+        overrides = getattr(llm_args, ENV_OVERRIDES_FIELD, None)
         if overrides is None:
             return base
         source = f"llm_args.{ENV_OVERRIDES_FIELD}[{ENV_VAR!r}]"
