@@ -54,7 +54,12 @@ if TYPE_CHECKING:  # it imports this module
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["OutcomeLedger", "OwnedThreads", "ProcessEnding", "QuarantineLedger", "Stage", "process_ending"]
+__all__ = ["WRITE_BOUND_S", "OutcomeLedger", "OwnedThreads", "ProcessEnding", "QuarantineLedger", "Stage",
+           "process_ending"]
+
+WRITE_BOUND_S = 2.0
+"""How long the process's ending waits for a record's write from its thread (the outcome file, the
+termination message: one small local file, one ``write``)."""
 
 SECOND_ENDER_WAIT_S = 30.0
 """How long a second thread ending the process (a watchdog while the interpreter's exit runs the

@@ -24,15 +24,12 @@ import os
 import stat
 import threading
 
-from ._process_ending import process_ending
+from ._process_ending import WRITE_BOUND_S, process_ending
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MESSAGE_LIMIT_BYTES", "TERMINATION_LOG_DEFAULT", "WRITE_BOUND_S", "amend_termination_message",
            "write_termination_message"]
-
-WRITE_BOUND_S = 2.0
-"""How long the process's ending waits for the write (a local file, one ``write``)."""
 
 TERMINATION_LOG_DEFAULT = "/dev/termination-log"
 MESSAGE_LIMIT_BYTES = 4096
