@@ -45,28 +45,21 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING
 
 from ._snapshot_record import FatalSnapshot
 
+if TYPE_CHECKING:  # it imports this module
+    from ._exit_guard import FatalExitGuard
+
 logger = logging.getLogger(__name__)
 
+__all__ = ["WRITE_BOUND_S", "OutcomeLedger", "OwnedThreads", "ProcessEnding", "QuarantineLedger", "Stage",
+           "process_ending"]
 
-class EndingGuard(Protocol):
-    """What the ending reads of an exit guard (:class:`~._exit_guard.FatalExitGuard`)."""
-
-    @property
-    def disarmed(self) -> bool: ...
-
-    @property
-    def unrestartable(self) -> bool: ...
-
-    @property
-    def exit_fn(self) -> Callable[[int], object]: ...
-
-    def status(self, unrestartable: bool) -> int: ...
-
-__all__ = ["OutcomeLedger", "OwnedThreads", "ProcessEnding", "QuarantineLedger", "Stage", "process_ending"]
+WRITE_BOUND_S = 2.0
+"""How long the process's ending waits for a record's write from its thread (the outcome file, the
+termination message: one small local file, one ``write``)."""
 
 SECOND_ENDER_WAIT_S = 30.0
 """How long a second thread ending the process (a watchdog while the interpreter's exit runs the
@@ -165,7 +158,7 @@ class ProcessEnding:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._guards: list[EndingGuard] = []  # triggered, in order
+        self._guards: list[FatalExitGuard] = []  # triggered, in order
         self._sigint_sent = False
         self._termination_first = ""
         self._termination_writes = 0  # 0: no termination message claimed yet
@@ -184,13 +177,13 @@ class ProcessEnding:
 
     # ------------------------------------------------------------------ the exit decision
 
-    def guard_triggered(self, guard: EndingGuard) -> None:
+    def guard_triggered(self, guard: FatalExitGuard) -> None:
         """``guard`` saw its first fatal event: it takes part in the decision, in this order."""
         with self._lock:
             if guard not in self._guards:
                 self._guards.append(guard)
 
-    def deciding_guard(self) -> EndingGuard | None:
+    def deciding_guard(self) -> FatalExitGuard | None:
         """The first guard triggered and not disarmed, or None."""
         with self._lock:
             return next((guard for guard in self._guards if not guard.disarmed), None)
@@ -203,23 +196,17 @@ class ProcessEnding:
             self._sigint_sent = True
             return True
 
-    def claim_termination_message(self, message: str) -> int:
-        """The write's sequence number (1) for the first caller of the process, whose fatal error
-        (``message``) is the termination message; 0 for every later caller."""
-        with self._lock:
-            if self._termination_writes:
-                return 0
-            self._termination_first = message
-            self._termination_writes = 1
-            return 1
-
-    def claim_termination_amendment(self, message: str) -> int:
-        """A later write's sequence number where ``message`` extends the message the claim wrote
-        (the same fatal error, with what was learnt since: its snapshot); 0 otherwise."""
+    def claim_termination(self, message: str, *, amend: bool = False) -> int:
+        """A termination-message write's sequence number, 0 for none: 1 for the first caller of the
+        process, whose fatal error (``message``) is the termination message; for an amendment
+        (``amend``), the next one where ``message`` extends that message (the same fatal error,
+        with what was learnt since: its snapshot)."""
         with self._lock:
             first = self._termination_first
-            if not first or not message.startswith(first.rstrip("\n")):
+            claimed = bool(first) and message.startswith(first.rstrip("\n")) if amend else not self._termination_writes
+            if not claimed:
                 return 0
+            self._termination_first = first if amend else message
             self._termination_writes += 1
             return self._termination_writes
 
@@ -251,7 +238,7 @@ class ProcessEnding:
 
     # ------------------------------------------------------------------ the ending
 
-    def end(self, ender: EndingGuard) -> None:
+    def end(self, ender: FatalExitGuard) -> None:
         """End the process (the data flow of the module docstring); ``ender`` is the guard whose
         watchdog expired or the deciding guard at the interpreter's exit. The first call runs the
         stages and calls ``ender.exit_fn``; a later or concurrent call waits for it (at most
@@ -285,7 +272,7 @@ class ProcessEnding:
         finally:
             self._ended.set()
 
-    def _status(self, ender: EndingGuard) -> int:
+    def _status(self, ender: FatalExitGuard) -> int:
         deciding = self.deciding_guard() or ender
         with self._lock:
             # A non-restartable failure seen by any guard of this process (the engine's, a Dynamo
