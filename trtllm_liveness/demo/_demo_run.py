@@ -190,37 +190,32 @@ def _mounts_under(path: str) -> list[str]:
     return [point for point in fuse_mounts() if point == path or point.startswith(path.rstrip("/") + "/")]
 
 
-def _remove_private_tmpdir(path: str, timeout: float = 5.0) -> bool:
-    """Remove the demo's TMPDIR; True when it is gone. Bounded: retried for up to ``timeout`` s,
-    since the daemons of a killed MPI launcher may still write session files while they exit.
-    Mounts left below it are detached first (their owners are dead by now, see
-    ``_fuse_stall.remove_leftover_mounts``); a tree with a mount still in it is never walked."""
-    if _mounts_under(path):
-        from ._fuse_mounts import remove_leftover_mounts
-
-        remove_leftover_mounts()
-    deadline = time.monotonic() + timeout
-    while True:
-        if not _mounts_under(path):
-            shutil.rmtree(path, ignore_errors=True)
-        if not os.path.lexists(path) or time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
-    gone = not os.path.lexists(path)
-    if not gone:
-        sys.stderr.write(f"trtllm-liveness: demo: could not remove its temporary directory {path}\n")
-    return gone
-
-
 @contextlib.contextmanager
-def _private_tmpdir() -> Iterator[str]:
+def _private_tmpdir(timeout: float = 5.0) -> Iterator[str]:
     """A fresh directory for everything the scenario child and its MPI processes write (their
-    ``TMPDIR``), removed on the way out, whichever way that is."""
+    ``TMPDIR``), removed on the way out, whichever way that is.
+
+    The removal is bounded: retried for up to ``timeout`` s, since the daemons of a killed MPI
+    launcher may still write session files while they exit. Mounts left below it are detached
+    first (their owners are dead by now, see ``_fuse_mounts.remove_leftover_mounts``); a tree with
+    a mount still in it is never walked."""
     path = tempfile.mkdtemp(prefix=TMP_PREFIX)
     try:
         yield path
     finally:
-        _remove_private_tmpdir(path)
+        if _mounts_under(path):
+            from ._fuse_mounts import remove_leftover_mounts
+
+            remove_leftover_mounts()
+        deadline = time.monotonic() + timeout
+        while True:
+            if not _mounts_under(path):
+                shutil.rmtree(path, ignore_errors=True)
+            if not os.path.lexists(path) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if os.path.lexists(path):
+            sys.stderr.write(f"trtllm-liveness: demo: could not remove its temporary directory {path}\n")
 
 
 def _mpi_setting() -> str:

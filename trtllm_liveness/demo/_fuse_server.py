@@ -180,11 +180,17 @@ class FuseServer:
             return set(self._held.values())
 
     def wait_held(self, tid: int, timeout: float) -> bool:
-        """Wait until a request from thread ``tid`` is held; False on timeout or after :meth:`stop`."""
+        """Wait until a request from thread ``tid`` (a pid for a one-thread process) is held; False
+        on timeout or after :meth:`stop`. From then on SIGKILL cannot end that thread before the
+        connection is aborted."""
         return self._wait_until(lambda: tid in self._held.values(), timeout)
 
     def wait_read_held(self, tid: int, timeout: float) -> bool:
-        """Wait until a READ of the held-read file from thread ``tid`` is held; False on timeout."""
+        """Wait until a READ of the held-read file from thread ``tid`` is held; False on timeout.
+
+        The kernel sends the READ from the thread that reads or faults (readahead here is
+        synchronous: INIT does not offer ``FUSE_ASYNC_READ``).
+        """
         return self._wait_until(lambda: any(self._held.get(unique) == tid for unique in self._held_reads), timeout)
 
     def _wait_until(self, held: Callable[[], bool], timeout: float) -> bool:
