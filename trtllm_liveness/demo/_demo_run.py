@@ -83,6 +83,8 @@ _SETTINGS_HELP = (
     + ". The defaults are longer on purpose: a driver call may sit in D for seconds without being wedged, "
     "and upstream's own shutdown deserves time to finish cleanly."
 )
+_BOUNDS_LINE = ("  demo bounds: " + ", ".join(f"{name}={value:g}" for name, value, _, _ in DEMO_SETTINGS)
+                + " (short for the demo; see --help)")
 _MAX_WORKERS = 64
 _MAX_REQUESTS = 256
 
@@ -363,7 +365,7 @@ def _single_lines(args: argparse.Namespace, rank: int, out: ScenarioResult, run:
             lines.append(_FREEZER_WCHAN_NOTE)
     lines += _release_lines(out)
     lines.append(f"  processes left: {list(run.survivors) or 'none'}")
-    lines.append(f"  demo bounds: {_short_settings()} (short for the demo; see --help)")
+    lines.append(_BOUNDS_LINE)
     lines.append("  result: " + ("OK: detected and shut down within bounds" if ok else "FAILED"))
     return lines
 
@@ -377,10 +379,6 @@ def _release_lines(out: ScenarioResult) -> list[str]:
         lines.append(f"  the demo then {how} so pids {list(out.survivors_while_frozen)} could die "
                      "(a really wedged rank would stay until the host is recycled)")
     return lines
-
-
-def _short_settings() -> str:
-    return ", ".join(f"{name}={value:g}" for name, value, _, _ in DEMO_SETTINGS)
 
 
 def _run_single(args: argparse.Namespace, rank: int, tmpdir: str) -> int:
@@ -466,7 +464,7 @@ def _run_compare(args: argparse.Namespace, rank: int, tmpdir: str) -> int:
                      "--fault wedge show what it does not catch)")
     if verdict.kind == "aborted":
         lines.append(f"  (with {FT_ENABLE_VAR} off a death aborts the parent, loudly: see docs/affected.md)")
-    lines.append(f"  demo bounds: {_short_settings()} (short for the demo; see --help)")
+    lines.append(_BOUNDS_LINE)
     lines.append("  result: " + ("OK: detected and shut down within bounds with the extension" if ok else "FAILED"))
     sys.stdout.write("\n".join(lines) + "\n")
     return 0 if ok else 1

@@ -159,7 +159,15 @@ class FuseServer:
     def close(self) -> None:
         """Close the wake-up pipe (after :meth:`stop`), forget every held request (their callers were
         released with the connection) and wake every waiter. Idempotent."""
-        for name in ("_wake_r", "_wake_w"):
+        self._close_fds("_wake_r", "_wake_w")
+        with self._cond:
+            self._held.clear()
+            self._held_reads.clear()
+            self._cond.notify_all()
+
+    def _close_fds(self, *names: str) -> None:
+        """Close each descriptor attribute named in ``names`` that is open, and mark it closed (-1)."""
+        for name in names:
             fd = getattr(self, name)
             if fd >= 0:
                 try:
@@ -167,10 +175,6 @@ class FuseServer:
                 except OSError as exc:
                     logger.debug("closing %s failed: %s", name, exc)
                 setattr(self, name, -1)
-        with self._cond:
-            self._held.clear()
-            self._held_reads.clear()
-            self._cond.notify_all()
 
     # ------------------------------------------------------------------ queries
 

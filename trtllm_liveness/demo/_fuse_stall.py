@@ -115,7 +115,6 @@ class FuseStall(FuseServer):
         self.mountpoint = ""
         self.read_path = ""  # <mountpoint>/held-read: opens and maps; its READ is never answered
         self.slow_read_path = ""  # <mountpoint>/slow-read: every READ answered, late
-        self._fd = -1
         self._mounted = False
         self._released = False
         self._names = 0
@@ -141,12 +140,12 @@ class FuseStall(FuseServer):
         self.read_path = os.path.join(self.mountpoint, HELD_READ_NAME)
         self.slow_read_path = os.path.join(self.mountpoint, SLOW_READ_NAME)
         # Non-blocking, so that the server thread can poll it together with its wake-up pipe.
-        self._fd = os.open(DEV_FUSE, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
-        code = mount_fuse(self._fd, self.mountpoint)
+        self._dev_fd = os.open(DEV_FUSE, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+        code = mount_fuse(self._dev_fd, self.mountpoint)
         if code:
             raise OSError(code, f"mount(2) of a fuse file system failed: {os.strerror(code)}", self.mountpoint)
         self._mounted = True
-        self.start(self._fd)
+        self.start(self._dev_fd)
         self._prime()
 
     def _prime(self) -> None:
@@ -191,12 +190,7 @@ class FuseStall(FuseServer):
         if self._mounted:
             umount_fuse(self.mountpoint)  # aborts the connection: releases the callers
             self._mounted = False
-        if self._fd >= 0:
-            try:
-                os.close(self._fd)
-            except OSError as exc:
-                logger.debug("closing _fd failed: %s", exc)
-            self._fd = -1
+        self._close_fds("_dev_fd")
         if self.mountpoint:
             try:
                 os.rmdir(self.mountpoint)

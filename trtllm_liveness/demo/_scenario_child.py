@@ -249,8 +249,7 @@ def main(argv: list[str]) -> None:
         for iteration in range(options.iterations):
             record = run_once(options, iteration, at_exit)
             if record is not None:
-                pidfds, fds = open_fds()
-                emit(dataclasses.replace(record, pidfds_open=pidfds, fds_open=fds).to_dict())
+                emit(dataclasses.replace(record, **open_fds()).to_dict())
         if at_exit is None:
             emit({"done": True})
     except BaseException:
