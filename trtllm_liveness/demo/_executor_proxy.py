@@ -275,19 +275,6 @@ class GenerationExecutorProxy:
         self._handle_background_error()
         return result
 
-    def _abort_all_requests(self) -> None:
-        for result in list(self._results.values()):
-            result.abort()
-
-    def _send_stop_sentinel(self) -> None:
-        import zmq
-
-        try:
-            with self._request_send_lock:
-                self.request_queue.send_pyobj(None)
-        except (zmq.Again, zmq.ZMQError):
-            logger.warning("could not send the stop sentinel to the leader rank")
-
     def _should_send_sentinel(self) -> bool:
         return all(not f.done() for f in self.mpi_futures)  # 1.2.x's condition
 
@@ -298,9 +285,16 @@ class GenerationExecutorProxy:
         self.doing_pre_shutdown = True
         self.doing_shutdown = True
         self.pre_shutdown_runs += 1
-        self._abort_all_requests()
+        for result in list(self._results.values()):
+            result.abort()
         if self._should_send_sentinel():
-            self._send_stop_sentinel()
+            import zmq
+
+            try:
+                with self._request_send_lock:
+                    self.request_queue.send_pyobj(None)
+            except (zmq.Again, zmq.ZMQError):
+                logger.warning("could not send the stop sentinel to the leader rank")
 
     def shutdown(self) -> None:
         """Upstream 1.2.x shutdown: waits for every worker future (forever upstream; here up to
