@@ -314,22 +314,26 @@ def off_verdict(run: ScenarioRun, timeout: float, bound_s: float) -> Verdict:
 def _on_ok(run: ScenarioRun, fault: str) -> bool:
     """Whether the fault was noticed (the stall for ``stop``, not a liveness failure, else the
     event) and shutdown ended within its bounds with no process left."""
-    detection = run.results[0].detection if run.results else None
-    noticed = None if detection is None else detection.stall_detected_ms if fault == "stop" else detection.detected_ms
+    if not run.results:
+        return False
+    noticed = _stamp(run.results[0], "stall_detected_ms" if fault == "stop" else "detected_ms")
     return noticed is not None and _shutdown_ms(run.results[0]) is not None and not run.survivors
+
+
+# The stamps of a run's detection (field, label): the timeline's rows and the comparison's cells.
+_STALL_STAMP = ("stall_detected_ms", "stall noticed (no tokens)")
+_STAMPS = (("detected_ms", "detected by the monitor"), ("health_false_ms", "check_health() False"),
+           ("requests_failed_ms", "every request failed"))
+
+
+def _stamp(out: ScenarioResult, name: str) -> float | None:
+    """The run's detection stamp ``name`` (ms after the fault); None where it has none."""
+    return None if out.detection is None else getattr(out.detection, name)
 
 
 def _timeline(out: ScenarioResult, fault: str) -> list[tuple[str, float | None]]:
     """The run's stamps (ms after the fault), in time order; a stamp never reached comes last."""
-    detection = out.detection
-    if fault == "stop":
-        rows = [("stall noticed (no tokens)", None if detection is None else detection.stall_detected_ms)]
-    else:
-        rows = [
-            ("detected by the monitor", None if detection is None else detection.detected_ms),
-            ("check_health() False", None if detection is None else detection.health_false_ms),
-            ("every request failed", None if detection is None else detection.requests_failed_ms),
-        ]
+    rows = [(label, _stamp(out, name)) for name, label in ((_STALL_STAMP,) if fault == "stop" else _STAMPS)]
     rows.sort(key=lambda row: (row[1] is None, row[1] or 0.0))
     return rows
 
@@ -403,19 +407,15 @@ def _column(run: ScenarioRun) -> dict[str, str]:
     if not run.results:
         return {}
     out = run.results[0]
-    detection = out.detection
     total = out.in_flight if out.in_flight is not None else out.options.requests
-    cells = {
-        "detected by the monitor": "- (no extension)" if not out.options.liveness
-        else _fmt(None if detection is None else detection.detected_ms),
-        "check_health() False": "never" if detection is None or detection.health_false_ms is None
-        else _fmt(detection.health_false_ms),
-        "every request failed": "never" if detection is None or detection.requests_failed_ms is None
-        else _fmt(detection.requests_failed_ms),
-        "requests pending at end": f"{out.pending_not_done} of {total}",
-    }
+    # A stamp never reached: "-" for the monitor's, "never" for what a caller sees.
+    cells = {label: "never" if _stamp(out, name) is None and name != "detected_ms" else _fmt(_stamp(out, name))
+             for name, label in _STAMPS}
+    if not out.options.liveness:
+        cells["detected by the monitor"] = "- (no extension)"
+    cells["requests pending at end"] = f"{out.pending_not_done} of {total}"
     if out.options.fault == "stop":
-        cells["stall noticed (no tokens)"] = _fmt(None if detection is None else detection.stall_detected_ms)
+        cells[_STALL_STAMP[1]] = _fmt(_stamp(out, _STALL_STAMP[0]))
     shutdown = out.shutdown
     if shutdown is not None and shutdown.by_harness:
         cells["shutdown()"] = "not called: the demo killed the workers"
