@@ -159,7 +159,15 @@ class FuseServer:
     def close(self) -> None:
         """Close the wake-up pipe (after :meth:`stop`), forget every held request (their callers were
         released with the connection) and wake every waiter. Idempotent."""
-        for name in ("_wake_r", "_wake_w"):
+        self._close_fds("_wake_r", "_wake_w")
+        with self._cond:
+            self._held.clear()
+            self._held_reads.clear()
+            self._cond.notify_all()
+
+    def _close_fds(self, *names: str) -> None:
+        """Close each descriptor attribute named in ``names`` that is open, and mark it closed (-1)."""
+        for name in names:
             fd = getattr(self, name)
             if fd >= 0:
                 try:
@@ -167,10 +175,6 @@ class FuseServer:
                 except OSError as exc:
                     logger.debug("closing %s failed: %s", name, exc)
                 setattr(self, name, -1)
-        with self._cond:
-            self._held.clear()
-            self._held_reads.clear()
-            self._cond.notify_all()
 
     # ------------------------------------------------------------------ queries
 
@@ -180,11 +184,17 @@ class FuseServer:
             return set(self._held.values())
 
     def wait_held(self, tid: int, timeout: float) -> bool:
-        """Wait until a request from thread ``tid`` is held; False on timeout or after :meth:`stop`."""
+        """Wait until a request from thread ``tid`` (a pid for a one-thread process) is held; False
+        on timeout or after :meth:`stop`. From then on SIGKILL cannot end that thread before the
+        connection is aborted."""
         return self._wait_until(lambda: tid in self._held.values(), timeout)
 
     def wait_read_held(self, tid: int, timeout: float) -> bool:
-        """Wait until a READ of the held-read file from thread ``tid`` is held; False on timeout."""
+        """Wait until a READ of the held-read file from thread ``tid`` is held; False on timeout.
+
+        The kernel sends the READ from the thread that reads or faults (readahead here is
+        synchronous: INIT does not offer ``FUSE_ASYNC_READ``).
+        """
         return self._wait_until(lambda: any(self._held.get(unique) == tid for unique in self._held_reads), timeout)
 
     def _wait_until(self, held: Callable[[], bool], timeout: float) -> bool:

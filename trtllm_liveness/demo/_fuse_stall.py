@@ -83,7 +83,7 @@ _DEFAULT_TIMEOUT_S = 10.0
 _MAX_READ_DELAY_S = 10.0  # a late answer is still an answer: waits on it stay bounded
 
 
-class FuseStall:
+class FuseStall(FuseServer):
     """A FUSE mount where ``stat()`` of any name blocks in ``D`` until :meth:`release`.
 
     Use it as a context manager. :meth:`__enter__` raises ``OSError`` when it cannot be made (see
@@ -100,6 +100,9 @@ class FuseStall:
     10) for each READ; byte ``i`` is ``i % SLOW_READ_PERIOD``. A reader shows ``D`` in
     ``request_wait_answer`` most of the time, and its context-switch count grows with each answer.
     Raises ``ValueError`` for a ``read_delay_s`` outside ``0 <= low <= high <= 10``.
+
+    It is its own server (:class:`~._fuse_server.FuseServer`): the queries ``held_tids``,
+    ``wait_held``, ``wait_read_held`` and ``slow_reads_answered`` are the server's.
     """
 
     def __init__(self, timeout: float = _DEFAULT_TIMEOUT_S,
@@ -107,14 +110,13 @@ class FuseStall:
         low, high = read_delay_s
         if not 0 <= low <= high <= _MAX_READ_DELAY_S:
             raise ValueError(f"read_delay_s must be 0 <= low <= high <= {_MAX_READ_DELAY_S:g}, not {read_delay_s}")
+        super().__init__(read_delay_s)
         self.timeout = timeout
         self.mountpoint = ""
         self.read_path = ""  # <mountpoint>/held-read: opens and maps; its READ is never answered
         self.slow_read_path = ""  # <mountpoint>/slow-read: every READ answered, late
-        self._fd = -1
         self._mounted = False
         self._released = False
-        self._server = FuseServer(read_delay_s)
         self._names = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -138,12 +140,12 @@ class FuseStall:
         self.read_path = os.path.join(self.mountpoint, HELD_READ_NAME)
         self.slow_read_path = os.path.join(self.mountpoint, SLOW_READ_NAME)
         # Non-blocking, so that the server thread can poll it together with its wake-up pipe.
-        self._fd = os.open(DEV_FUSE, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
-        code = mount_fuse(self._fd, self.mountpoint)
+        self._dev_fd = os.open(DEV_FUSE, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+        code = mount_fuse(self._dev_fd, self.mountpoint)
         if code:
             raise OSError(code, f"mount(2) of a fuse file system failed: {os.strerror(code)}", self.mountpoint)
         self._mounted = True
-        self._server.start(self._fd)
+        self.start(self._dev_fd)
         self._prime()
 
     def _prime(self) -> None:
@@ -157,12 +159,12 @@ class FuseStall:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        self._server.prime_pid = child.pid
+        self.prime_pid = child.pid
         try:
             if not self.wait_held(child.pid, self.timeout):
                 raise OSError(errno.ETIMEDOUT, "the priming child's request never reached the FUSE server")
             child.kill()
-            if not self._server.wait_primed(self.timeout):
+            if not self.wait_primed(self.timeout):
                 raise OSError(errno.ETIMEDOUT, "the kernel sent no FUSE_INTERRUPT for the priming child")
             try:
                 child.wait(self.timeout)
@@ -184,16 +186,11 @@ class FuseStall:
         if self._released:
             return
         self._released = True
-        self._server.stop(self.timeout)
+        self.stop(self.timeout)
         if self._mounted:
             umount_fuse(self.mountpoint)  # aborts the connection: releases the callers
             self._mounted = False
-        if self._fd >= 0:
-            try:
-                os.close(self._fd)
-            except OSError as exc:
-                logger.debug("closing _fd failed: %s", exc)
-            self._fd = -1
+        self._close_fds("_dev_fd")
         if self.mountpoint:
             try:
                 os.rmdir(self.mountpoint)
@@ -201,7 +198,7 @@ class FuseStall:
                 pass
             except OSError as exc:
                 logger.debug("cannot remove FUSE mountpoint %s: %s", self.mountpoint, exc)
-        self._server.close()
+        self.close()
 
     # ------------------------------------------------------------------ queries
 
@@ -217,26 +214,3 @@ class FuseStall:
         After :meth:`release` it exits (status 3 when it was not killed).
         """
         return [sys.executable, "-I", "-S", "-c", _STAT_CODE, path or self.new_path()]
-
-    def held_tids(self) -> set[int]:
-        """Thread ids whose request the server has read and holds unanswered."""
-        return self._server.held_tids()
-
-    def wait_held(self, tid: int, timeout: float) -> bool:
-        """Wait until the server holds a request from thread ``tid`` (a pid for a one-thread process).
-
-        From then on SIGKILL cannot end that thread before :meth:`release`. False on timeout.
-        """
-        return self._server.wait_held(tid, timeout)
-
-    def wait_read_held(self, tid: int, timeout: float) -> bool:
-        """Wait until the server holds a READ of :attr:`read_path` from thread ``tid``.
-
-        The kernel sends the READ from the thread that reads or faults (readahead here is
-        synchronous: INIT does not offer ``FUSE_ASYNC_READ``). False on timeout.
-        """
-        return self._server.wait_read_held(tid, timeout)
-
-    def slow_reads_answered(self) -> int:
-        """How many READs of :attr:`slow_read_path` were answered so far."""
-        return self._server.slow_reads_answered()
