@@ -64,8 +64,9 @@ from typing import Any, NamedTuple
 
 import _bench
 
+from tests.support.cgroups import memory_cgroup_available, remove_leftover_groups
 from tests.support.upstream_fakes import FAKE_ENGINE, tree
-from trtllm_liveness.demo._cgroup_faults import freezer_available, memory_cgroup_available, remove_leftover_groups
+from trtllm_liveness.demo._cgroup_faults import freezer_available
 from trtllm_liveness.demo._fuse_stall import fuse_available, fuse_mounts, remove_leftover_mounts
 from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
 from trtllm_liveness.demo._scenario_launcher import run_scenario

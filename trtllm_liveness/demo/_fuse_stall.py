@@ -3,16 +3,12 @@
 :class:`FuseStall` mounts a file system (:mod:`._fuse_mounts`) served by a thread of this process
 that speaks the raw FUSE protocol on ``/dev/fuse`` (:mod:`._fuse_server`, no libfuse). It answers
 ``FUSE_INIT`` and otherwise reads every request and never replies, so a process that calls
-``stat()`` on a path inside the mount waits in the kernel for an answer that never comes. One file
-is the exception, :attr:`FuseStall.read_path`: its lookup, attributes, open, flush and release are
-answered and only its ``READ`` is held, so a process can open and ``mmap`` it and then gets stuck
-in the page fault (a stand-in for a fault on an NFS or GPU-unified-memory mapping). The other
-exception is the healthy look-alike of a wedge, :attr:`FuseStall.slow_read_path`: every ``READ`` of
-it is answered, each after a delay of 100-300 ms (``read_delay_s``), so its reader sleeps in ``D``
-most of the time while it makes progress, as one streaming weights from a network file system does
-(``tests/support/slow_reads.py`` runs such a reader). It is a second
-stand-in, next to the cgroup v1 freezer (:mod:`._cgroup_faults`), for a worker wedged in a GPU
-driver, and works where cgroup v2 is mounted instead.
+``stat()`` on a path inside the mount waits in the kernel for an answer that never comes. It is a
+second stand-in, next to the cgroup v1 freezer (:mod:`._cgroup_faults`), for a worker wedged in a
+GPU driver, and works where cgroup v2 is mounted instead. The tests' stall
+(``tests/support/fuse_stall.py``) serves two files in the mount besides: one whose READ is held
+(a process stuck in a page fault) and one whose every READ is answered late (the healthy
+look-alike of a wedge).
 
 What the kernel does (Linux ``fs/fuse``; measured on 6.18, see the tests):
 
@@ -32,13 +28,6 @@ What the kernel does (Linux ``fs/fuse``; measured on 6.18, see the tests):
   killable wait into the uninterruptible one, so it shows ``R`` for a moment (~1-10 ms) in between.
 - Aborting the connection (the last ``/dev/fuse`` file closed, or ``umount2`` with ``MNT_FORCE``)
   ends every wait with ``ENOTCONN``: the callers return, and those with SIGKILL pending die.
-
-A page fault on :attr:`FuseStall.read_path` holds the target's mmap lock only on some paths:
-the ordinary fault (``filemap_fault``) drops it (or the per-VMA lock) before it waits for the
-READ, but a fault made by ``get_user_pages`` without ``FOLL_UNLOCKABLE`` (``/proc/PID/mem``,
-``ptrace(PEEKDATA)``) keeps ``mmap_read_lock`` for the whole wait: a writer (``mmap``/``munmap``)
-then queues behind it, and every later reader of that mm (``/proc/PID/cmdline``, ``environ``,
-``maps``) queues behind the writer. ``tests/unittest/diagnose/test_scan_nonblocking.py`` builds exactly that process.
 
 Each caller should use its own name (:meth:`FuseStall.new_path`): a second lookup of a name that
 is already being looked up waits on the first one in the VFS (``d_alloc_parallel``), not in FUSE,
@@ -69,7 +58,7 @@ from ._fuse_mounts import (
     remove_leftover_mounts,
     umount_fuse,
 )
-from ._fuse_server import HELD_READ_NAME, SLOW_READ_DELAY_S, SLOW_READ_NAME, FuseServer
+from ._fuse_server import FuseServer
 
 # The mount helpers are re-exported: callers set up and clean up FUSE stalls through this module.
 __all__ = ["MOUNT_PREFIX", "FuseStall", "fuse_available", "fuse_mounts", "remove_leftover_mounts"]
@@ -80,7 +69,6 @@ logger = logging.getLogger(__name__)
 _STAT_CODE = "import os, sys\ntry:\n    os.stat(sys.argv[1])\nexcept OSError:\n    sys.exit(3)\n"
 
 _DEFAULT_TIMEOUT_S = 10.0
-_MAX_READ_DELAY_S = 10.0  # a late answer is still an answer: waits on it stay bounded
 
 
 class FuseStall(FuseServer):
@@ -91,30 +79,13 @@ class FuseStall(FuseServer):
     once (wchan ``request_wait_answer``); once :meth:`wait_held` is true for it, SIGKILL stays
     pending and it stays in ``D`` until :meth:`release`, which ends every wait.
 
-    :attr:`read_path` is a regular read-only file of :data:`~._fuse_server.HELD_READ_SIZE` bytes that opens and
-    maps normally; reading it (``read(2)`` or a page fault on a mapping) blocks the same way, in
-    the READ request (:meth:`wait_read_held`).
-
-    :attr:`slow_read_path` is a regular read-only file (opened for direct I/O: no page cache) whose
-    every READ is answered, after a delay drawn uniformly from ``read_delay_s`` (seconds, at most
-    10) for each READ; byte ``i`` is ``i % SLOW_READ_PERIOD``. A reader shows ``D`` in
-    ``request_wait_answer`` most of the time, and its context-switch count grows with each answer.
-    Raises ``ValueError`` for a ``read_delay_s`` outside ``0 <= low <= high <= 10``.
-
-    It is its own server (:class:`~._fuse_server.FuseServer`): the queries ``held_tids``,
-    ``wait_held``, ``wait_read_held`` and ``slow_reads_answered`` are the server's.
+    It is its own server (:class:`~._fuse_server.FuseServer`): the query ``wait_held`` is the server's.
     """
 
-    def __init__(self, timeout: float = _DEFAULT_TIMEOUT_S,
-                 read_delay_s: tuple[float, float] = SLOW_READ_DELAY_S) -> None:
-        low, high = read_delay_s
-        if not 0 <= low <= high <= _MAX_READ_DELAY_S:
-            raise ValueError(f"read_delay_s must be 0 <= low <= high <= {_MAX_READ_DELAY_S:g}, not {read_delay_s}")
-        super().__init__(read_delay_s)
+    def __init__(self, timeout: float = _DEFAULT_TIMEOUT_S) -> None:
+        super().__init__()
         self.timeout = timeout
         self.mountpoint = ""
-        self.read_path = ""  # <mountpoint>/held-read: opens and maps; its READ is never answered
-        self.slow_read_path = ""  # <mountpoint>/slow-read: every READ answered, late
         self._mounted = False
         self._released = False
         self._names = 0
@@ -137,8 +108,6 @@ class FuseStall(FuseServer):
         if self._released or self._mounted:
             raise RuntimeError("a FuseStall is entered once")
         self.mountpoint = tempfile.mkdtemp(prefix=f"{MOUNT_PREFIX}-{os.getpid()}-")
-        self.read_path = os.path.join(self.mountpoint, HELD_READ_NAME)
-        self.slow_read_path = os.path.join(self.mountpoint, SLOW_READ_NAME)
         # Non-blocking, so that the server thread can poll it together with its wake-up pipe.
         self._dev_fd = os.open(DEV_FUSE, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
         code = mount_fuse(self._dev_fd, self.mountpoint)
@@ -206,11 +175,3 @@ class FuseStall(FuseServer):
         """A fresh path in the mount for one more caller (each name is looked up once at a time)."""
         self._names += 1
         return os.path.join(self.mountpoint, f"stall-{self._names}")
-
-    def stuck_child_cmd(self, path: str | None = None) -> list[str]:
-        """argv of a process that stats ``path`` (default: a :meth:`new_path`) and so gets stuck.
-
-        Start it with ``start_new_session=True`` and wait for :meth:`wait_held` before killing it.
-        After :meth:`release` it exits (status 3 when it was not killed).
-        """
-        return [sys.executable, "-I", "-S", "-c", _STAT_CODE, path or self.new_path()]

@@ -15,15 +15,11 @@ from typing import Any
 
 import pytest
 
+from tests.support.cgroups import CpuGroup, limit_hits, remove_leftover_groups
 from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness.demo._cgroup_faults import (
-    CpuGroup,
-    FreezerGroup,
-    MemoryGroup,
-    remove_leftover_groups,
-)
+from trtllm_liveness.demo._cgroup_faults import FreezerGroup, MemoryGroup
 from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
 
@@ -146,7 +142,7 @@ def test_a_memory_group_at_its_limit_reclaims_page_cache_without_killing(procs: 
         child.stdin.write(b"go\n")
         child.stdin.flush()
         assert child.stdout.readline() == b"ready\n"
-        assert wait_until(lambda: (group.limit_hits() or 0) >= 100, 20), group.limit_hits()
+        assert wait_until(lambda: (limit_hits(group) or 0) >= 100, 20), limit_hits(group)
         assert child.poll() is None and group.oom_kills() == 0
     finally:
         assert group.remove()
