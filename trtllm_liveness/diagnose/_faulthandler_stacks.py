@@ -72,8 +72,7 @@ from ..process import _pidfd, _procfs
 from ._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack
 
 __all__ = ["DUMP_SIGNALS", "DumpRequests", "StackDumpFile", "dump_directory", "parse_faulthandler_dump",
-           "register_stack_dump", "register_stack_dump_or_warn", "remove_gone_dump_files", "signal_name",
-           "take_faulthandler_stacks"]
+           "register_stack_dump", "register_stack_dump_or_warn", "signal_name", "take_faulthandler_stacks"]
 
 logger = logging.getLogger(__name__)
 
@@ -167,24 +166,6 @@ def _sweep(dir_fd: int, pid_namespace: int) -> None:
         if _procfs.start_time_or_none(pid) != start:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=dir_fd)
-
-
-def remove_gone_dump_files(*, uid: int | None = None, base: str | None = None) -> None:
-    """Remove the dump files of ``uid``'s processes of this PID namespace that are gone (ranks
-    ended by SIGKILL or ``os._exit`` leave theirs): for a proxy after it stopped its ranks. A
-    directory that is missing or not private is left alone. Never raises; local file operations."""
-    owner = os.geteuid() if uid is None else uid
-    directory = dump_directory(owner, base)
-    try:
-        dir_fd = _open_private_dir(directory, owner)
-    except OSError:
-        return
-    try:
-        _sweep(dir_fd, _procfs.pid_namespace_inode())
-    except (OSError, ValueError) as exc:
-        logger.debug("liveness: dump files in %s not swept: %s", directory, exc)
-    finally:
-        os.close(dir_fd)
 
 
 def register_stack_dump(*, base: str | None = None) -> StackDumpFile | None:
