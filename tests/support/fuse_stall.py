@@ -111,6 +111,10 @@ class FuseStall(_fuse_stall.FuseStall):
         self._due: list[tuple[float, int, bytes]] = []
         self._random = random.Random()
 
+    def __enter__(self) -> FuseStall:
+        super().__enter__()
+        return self
+
     def _start(self) -> None:
         super()._start()
         self.read_path = os.path.join(self.mountpoint, HELD_READ_NAME)
