@@ -45,14 +45,27 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ._snapshot_record import FatalSnapshot
 
-if TYPE_CHECKING:  # it imports this module
-    from ._exit_guard import FatalExitGuard
-
 logger = logging.getLogger(__name__)
+
+
+class EndingGuard(Protocol):
+    """What the ending reads of an exit guard (:class:`~._exit_guard.FatalExitGuard`, which imports
+    this module)."""
+
+    @property
+    def disarmed(self) -> bool: ...
+
+    @property
+    def unrestartable(self) -> bool: ...
+
+    @property
+    def exit_fn(self) -> Callable[[int], object]: ...
+
+    def status(self, unrestartable: bool) -> int: ...
 
 __all__ = ["WRITE_BOUND_S", "OutcomeLedger", "OwnedThreads", "ProcessEnding", "QuarantineLedger", "Stage",
            "process_ending"]
@@ -158,7 +171,7 @@ class ProcessEnding:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._guards: list[FatalExitGuard] = []  # triggered, in order
+        self._guards: list[EndingGuard] = []  # triggered, in order
         self._sigint_sent = False
         self._termination_first = ""
         self._termination_writes = 0  # 0: no termination message claimed yet
@@ -177,13 +190,13 @@ class ProcessEnding:
 
     # ------------------------------------------------------------------ the exit decision
 
-    def guard_triggered(self, guard: FatalExitGuard) -> None:
+    def guard_triggered(self, guard: EndingGuard) -> None:
         """``guard`` saw its first fatal event: it takes part in the decision, in this order."""
         with self._lock:
             if guard not in self._guards:
                 self._guards.append(guard)
 
-    def deciding_guard(self) -> FatalExitGuard | None:
+    def deciding_guard(self) -> EndingGuard | None:
         """The first guard triggered and not disarmed, or None."""
         with self._lock:
             return next((guard for guard in self._guards if not guard.disarmed), None)
@@ -238,7 +251,7 @@ class ProcessEnding:
 
     # ------------------------------------------------------------------ the ending
 
-    def end(self, ender: FatalExitGuard) -> None:
+    def end(self, ender: EndingGuard) -> None:
         """End the process (the data flow of the module docstring); ``ender`` is the guard whose
         watchdog expired or the deciding guard at the interpreter's exit. The first call runs the
         stages and calls ``ender.exit_fn``; a later or concurrent call waits for it (at most
@@ -272,7 +285,7 @@ class ProcessEnding:
         finally:
             self._ended.set()
 
-    def _status(self, ender: FatalExitGuard) -> int:
+    def _status(self, ender: EndingGuard) -> int:
         deciding = self.deciding_guard() or ender
         with self._lock:
             # A non-restartable failure seen by any guard of this process (the engine's, a Dynamo
