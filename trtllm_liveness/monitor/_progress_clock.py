@@ -84,7 +84,11 @@ class ProgressClock:
         """A rank's executor iteration at monotonic ``at`` (a time in the future counts as now)."""
         at = min(at, time.monotonic())
         with self._lock:
-            self.iterations_seen = True
+            if not self.iterations_seen:
+                # Iterations take over from sampled output: the output already dated stays the floor,
+                # so the last progress a reader saw never moves back.
+                self.iterations_seen = True
+                self._iteration_at = max(self._iteration_at, self._output_at)
             if at > self._iteration_at:
                 # A step's length: from the previous iteration (or the work's arrival on an idle engine).
                 self._note_gap(at, at - max(self._iteration_at, self._busy_since))

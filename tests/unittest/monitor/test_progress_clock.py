@@ -130,6 +130,23 @@ def test_racing_notes_and_reads_keep_progress_monotonic_and_the_longest_gap_a_re
     assert 0 < clock.longest_gap_s() <= max(made) + 0.001
 
 
+def test_the_first_iteration_never_moves_the_last_progress_back_behind_output_already_seen() -> None:
+    """Output dated by a read, then the first iteration report of a moment before that read (its
+    beat was on its way): iterations take over as the clock's progress, and the last progress a
+    reader saw stays where it was."""
+    activity = [0]
+    clock = ProgressClock(lambda: 1, lambda: activity[0])
+    before = time.monotonic()
+    activity[0] += 1
+    seen = clock.last_progress()  # the change dates output at this read
+    assert seen > before
+    clock.note_iteration(before)
+    assert clock.last_progress() >= seen
+    later = time.monotonic()
+    clock.note_iteration(later)
+    assert clock.last_progress() == later
+
+
 def test_output_is_the_dispatch_threads_activity_and_a_stall_timer_samples_it() -> None:
     """1.2.x reports no iterations: output is the only progress, seen as the context switches of
     upstream's dispatch thread (a real thread blocked in a real ZMQ receive). The count moves for
