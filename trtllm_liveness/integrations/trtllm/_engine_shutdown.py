@@ -38,7 +38,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..._errors import LivenessError
-from ..._events import WorkerFailedError, WorkerState
+from ..._events import WorkerState
 from ...exit._exit_guard import interrupt_self_once
 from ...exit._outcome import mark_clean
 from ...exit._process_ending import Stage, process_ending
@@ -76,16 +76,14 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
     (never raises). Blocks for at most about ``shutdown_grace_s + shutdown_term_s +
     shutdown_kill_s + 2`` seconds. Idempotent: only the first call does anything."""
     proxy._liveness_expected_exits()  # a death already known is delivered first
-    with state.lock:
-        if state.shutdown_started:
-            return
-        state.shutdown_started = True
-        failed = state.fatal is not None
+    failed = state.fatal_path.begin_shutdown()
+    if failed is None:
+        return
     config = state.config
     owned = owns_session(proxy, state)
     assert state.monitor is not None
     if failed:
-        state.fatal_done.wait(PRE_SHUTDOWN_WAIT_S)
+        state.fatal_path.done.wait(PRE_SHUTDOWN_WAIT_S)
         snapshot_first(state)  # before upstream's shutdown too: its session's teardown ends the ranks
     else:
         # Workers exiting now are expected: stop the watcher so they are not reported dead.
@@ -118,15 +116,13 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
         logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
         abandon_session(proxy, state)
     release(state)
-    if state.fatal is None and not (report is not None and report.unkillable):
+    if state.fatal_path.fatal is None and not (report is not None and report.unkillable):
         mark_clean()
-    if report is not None and report.unkillable:
-        events = report.events()
-        with state.lock:
-            if state.fatal is None and events:
-                state.fatal = WorkerFailedError(events[0])
-        if events and getattr(proxy, "_fatal_error", None) is None:
-            proxy._fatal_error = state.fatal
+    events = report.events() if report is not None and report.unkillable else []
+    if events:
+        fatal = state.fatal_path.fail_after_stop(events[0])
+        if getattr(proxy, "_fatal_error", None) is None:
+            proxy._fatal_error = fatal
 
 
 def zmq_debug() -> bool:
@@ -178,18 +174,18 @@ def _stop_workers_once(state: EngineLiveness) -> StopReport | None:
     if not identities and state.hub is None:
         return None
     config = state.config
-    if not state.shutdown_started:  # shutdown() waited before it started upstream's shutdown
+    if not state.fatal_path.shutdown_started:  # shutdown() waited before it started upstream's shutdown
         snapshot_first(state)
     if state.monitor is not None:
         state.monitor.mark_expected_exits()  # the ranks this stop ends are no deaths
-    remote = stop_remote_hosts(state.hub, config, state.threads) if state.hub is not None else None
+    remote = stop_remote_hosts(state.hub, config, state.fatal_path.threads) if state.hub is not None else None
     identities = [identity for identity in identities if is_local(identity)]
     report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
     if remote is not None:
         if remote[0] is not None:
             remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
         state.host_stops = list(remote[1])
-    log_stopped(report, state.monitor if state.fatal is not None else None)
+    log_stopped(report, state.monitor if state.fatal_path.fatal is not None else None)
     note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
     return report
 
@@ -197,7 +193,7 @@ def _stop_workers_once(state: EngineLiveness) -> StopReport | None:
 def snapshot_first(state: EngineLiveness) -> None:
     """After a fatal verdict, wait :func:`snapshot_bound_s` at most for its diagnosis' snapshot:
     it shows the ranks as the failure left them, not as the stop does."""
-    if state.fatal is not None and state.diagnoser is not None:
+    if state.fatal_path.fatal is not None and state.diagnoser is not None:
         state.diagnoser.await_snapshot(snapshot_bound_s(state))
 
 
@@ -230,14 +226,14 @@ def release(state: EngineLiveness) -> None:
     leave the process's ending, and join the fatal path's threads and the diagnosis, each until its
     deadline (the exit guard's trigger first stops waiting for ``exit_delay_s``). A thread still
     running then (``pre_shutdown()`` blocked on a dead peer) is named in one WARNING."""
-    state.closing.set()
+    state.fatal_path.closing.set()
     if state.stop_at_exit is not None:
         process_ending().discard_cleanup(state.stop_at_exit, Stage.STOP)
     for held in (state.hub, state.channel, state.stall, state.monitor, state.metrics):
         if held is not None:
             with contextlib.suppress(Exception):
                 held.close()
-    left = state.threads.join()
+    left = state.fatal_path.threads.join()
     if state.diagnoser is not None:
         left += state.diagnoser.close()
     if left:
@@ -256,7 +252,7 @@ def graceful(state: EngineLiveness) -> Callable[[], None]:
     """The exit guard's graceful action: ONE SIGINT per process, and none once this executor's
     ``shutdown()`` has begun (a SIGINT from trtllm-serve's ``/health`` got there first)."""
     def interrupt() -> None:
-        if state.shutdown_started:
+        if state.fatal_path.shutdown_started:
             logger.info("liveness: the executor is already shutting down; the exit guard sends no SIGINT")
             return
         if not interrupt_self_once():
