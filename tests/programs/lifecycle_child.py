@@ -259,7 +259,7 @@ def sends(options: dict[str, Any]) -> int:
         emit({"violations": violations.seen, "fatal": None if proxy.liveness_fatal_error is None
               else str(proxy.liveness_fatal_error), "submitted": submitted,
               "debug": os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG"),
-              "signalled": _signalled(proxy.liveness_state.shutdown_report),
+              "signalled": _signalled(proxy.liveness_shutdown_report),
               "shutdown_s": round(time.monotonic() - started, 3)})
         return 0
     killer = threading.Timer(0.3, kill_rank, (proxy, int(options.get("rank", 1))))

@@ -35,7 +35,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..._errors import LivenessError
 from ..._events import WorkerState
@@ -50,6 +50,9 @@ from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
 from ._hosts import stop_remote_hosts
 from ._state import EngineLiveness, state_of
 from ._upstream_teardown import abandon_session, owns_session, release_upstream_waits
+
+if TYPE_CHECKING:
+    from ...multihost._hub_records import HostStop
 
 
 class EngineProxy(Protocol):
@@ -146,33 +149,22 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
     to stop. A rank the stop leaves unkillable quarantines the host.
 
     ``shutdown()``, the process's ending (the exit guard's watchdog, the STOP stage) and a failed
-    start may all call it, from different threads at the same time: the first runs the stop under
-    the engine's ``stop_lock``; every other caller waits for it (at most the stop's own bound) and
-    gets the same report, so no rank is signalled twice, no unkillable rank is noted twice and
-    ``shutdown_report`` is never overwritten."""
+    start may all call it, from different threads at the same time: :meth:`~._state.EngineStop.once`
+    runs it for the first; every other caller waits for it (at most the stop's own bound) and gets
+    the same report, so no unkillable rank is noted twice either."""
     config = state.config
     bound = (snapshot_bound_s(state) + config.shutdown_term_s + config.shutdown_kill_s
              + STOP_MARGIN_S + (config.shutdown_term_s + config.shutdown_kill_s + 2.0 if state.hub is not None else 0))
-    if not state.stop_lock.acquire(timeout=bound):
-        logger.warning("liveness: the engine's bounded stop, under way in another thread, did not end within "
-                       "%.1fs; not waiting for it", bound)
-        return state.shutdown_report
-    try:
-        if not state.stopped:
-            state.shutdown_report = _stop_workers_once(state)
-            state.stopped = True
-        return state.shutdown_report
-    finally:
-        state.stop_lock.release()
+    return state.stop.once(bound, lambda: _stop_workers_once(state))
 
 
-def _stop_workers_once(state: EngineLiveness) -> StopReport | None:
+def _stop_workers_once(state: EngineLiveness) -> tuple[StopReport | None, list[HostStop]]:
     from ...stop._bounded_stop import stop_processes
 
     # Never signal an identity whose start time was not verified (a recycled pid).
     identities = [identity for identity in state.identities if identity.start_time is not None]
     if not identities and state.hub is None:
-        return None
+        return None, []
     config = state.config
     if not state.fatal_path.shutdown_started:  # shutdown() waited before it started upstream's shutdown
         snapshot_first(state)
@@ -181,13 +173,11 @@ def _stop_workers_once(state: EngineLiveness) -> StopReport | None:
     remote = stop_remote_hosts(state.hub, config, state.fatal_path.threads) if state.hub is not None else None
     identities = [identity for identity in identities if is_local(identity)]
     report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
-    if remote is not None:
-        if remote[0] is not None:
-            remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
-        state.host_stops = list(remote[1])
+    if remote is not None and remote[0] is not None:
+        remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
     log_stopped(report, state.monitor if state.fatal_path.fatal is not None else None)
     note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
-    return report
+    return report, [] if remote is None else list(remote[1])
 
 
 def snapshot_first(state: EngineLiveness) -> None:

@@ -184,7 +184,7 @@ class LivenessProxyMixin:
     @property
     def liveness_shutdown_report(self) -> StopReport | None:
         """The :class:`~trtllm_liveness.stop._bounded_stop.StopReport` of ``shutdown()``, once it ran."""
-        return state_of(self).shutdown_report
+        return state_of(self).stop.report
 
     def liveness_statuses(self) -> list[RankStatus]:
         """Per-rank status snapshot (empty when disabled)."""

@@ -8,6 +8,7 @@ extension lands on the upstream object (besides what upstream itself reads: ``_f
 from __future__ import annotations
 
 import enum
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -35,6 +36,8 @@ if TYPE_CHECKING:  # optional extras: imported only where an engine uses them
     from ..prometheus import LivenessMetrics
 
 STATE_ATTR = "_liveness"
+
+logger = logging.getLogger(__name__.rpartition(".")[0])
 
 
 class Missing(enum.Enum):
@@ -152,6 +155,37 @@ class FatalPath:
             return self.fatal
 
 
+class EngineStop:
+    """The bounded stop of the engine's ranks (``_engine_shutdown.stop_workers``), which runs exactly
+    once whoever asks: ``shutdown()``, the process's ending (the exit guard's watchdog, the STOP
+    stage) and a failed start may all ask, from different threads at the same time. It owns its
+    lock and what the stop found: ``report`` (the local ranks') and ``host_stops`` (the remote
+    hosts' :class:`~trtllm_liveness.multihost.HostStop` reports, with an agent hub)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.done = False
+        self.report: StopReport | None = None
+        self.host_stops: list[HostStop] = []
+
+    def once(self, bound_s: float, stop: Callable[[], tuple[StopReport | None, list[HostStop]]]
+             ) -> StopReport | None:
+        """The report of the one stop: the first caller runs ``stop`` under the lock; every other
+        caller waits for it (``bound_s`` at most) and gets the same report, so no rank is signalled
+        twice and the report is never overwritten."""
+        if not self._lock.acquire(timeout=bound_s):
+            logger.warning("liveness: the engine's bounded stop, under way in another thread, did not end within "
+                           "%.1fs; not waiting for it", bound_s)
+            return self.report
+        try:
+            if not self.done:
+                self.report, self.host_stops = stop()
+                self.done = True
+            return self.report
+        finally:
+            self._lock.release()
+
+
 @dataclass(eq=False)
 class EngineLiveness:
     """Per-engine liveness state: what the engine's parts hold, set as they start; the engine's fate
@@ -165,7 +199,7 @@ class EngineLiveness:
         channel: the 1.2.x identity side channel, while start-up runs.
         fatal_path: the engine's fate (:class:`FatalPath`): its fatal error, events, fatal line.
         owns_session: the proxy created its MPI session (none was passed in).
-        shutdown_report: what the bounded stop of ``shutdown()`` did.
+        stop: the bounded stop of the engine's ranks (:class:`EngineStop`): run once, and its reports.
         stop_at_exit: the engine's STOP cleanup of the process's ending (``exit_on_fatal`` only).
         pre_shutdown_entries: calls of upstream's ``pre_shutdown()`` the extension made or passed on
             (counted under ``pre_shutdown_lock``).
@@ -179,8 +213,7 @@ class EngineLiveness:
             (1.2.x, after a death; main's session does it itself).
         metrics: the engine's ``LivenessMetrics`` when the extension exported them itself
             (trtllm-serve's multiprocess Prometheus page), else None.
-        hub / host_stops: the multi-host agent hub, where one runs, and its ``HostStop`` reports
-            after a fatal shutdown.
+        hub: the multi-host agent hub, where one runs.
         mpi_futures / upstream_monitor: storage behind upstream's ``mpi_futures`` and
             ``_worker_process_monitor`` attributes (``MISSING`` until upstream sets them; what
             upstream stores there is its own: the extension only looks for a list of futures).
@@ -200,11 +233,7 @@ class EngineLiveness:
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     channel: IdentityChannel | None = None
     owns_session: bool = True
-    shutdown_report: StopReport | None = None
-    # Held around the bounded stop of the engine's ranks: it runs once (``stopped``), whoever
-    # calls it (shutdown(), the process's ending, a failed start) and however many at once.
-    stop_lock: threading.Lock = field(default_factory=threading.Lock)
-    stopped: bool = False
+    stop: EngineStop = field(default_factory=EngineStop)
     stop_at_exit: Callable[[], None] | None = None
     pre_shutdown_entries: int = 0
     real_mpi_futures: list[Future[Any]] | None = None
@@ -214,7 +243,6 @@ class EngineLiveness:
     diagnoser: Diagnoser | None = None
     exit_join_released: bool = False
     hub: AgentHub | None = None
-    host_stops: list[HostStop] = field(default_factory=list)
     mpi_futures: object = MISSING
     upstream_monitor: object = MISSING
 
