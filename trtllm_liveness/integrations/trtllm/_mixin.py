@@ -316,7 +316,8 @@ class LivenessProxyMixin:
         failure, _delivered = self._liveness_deliver(state)
         if failure is not None:
             return
-        if state.begin_expected_exits():
+        if state.fatal_path.expect_exits():
+            state.monitor.mark_expected_exits()
             logger.debug("liveness: clean stop: worker exits from now on are expected")
             if state.hub is not None:
                 state.hub.expect_exits()

@@ -28,16 +28,14 @@ import hmac
 import json
 import logging
 import os
-import secrets
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ._side_channel import close_listener, open_listener
 from ._worker_spec import ProgressSpec, is_int
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
@@ -92,36 +90,24 @@ class ProgressChannel:
     """
 
     def __init__(self, on_beat: Callable[[IterationBeat], None], interval_s: float) -> None:
-        import zmq
-
-        self._dir = _private_dir()
-        self.token = secrets.token_hex(16)
-        self.address = f"ipc://{os.path.join(self._dir, 'progress')}"
+        self._dir, self.token, self.address, self._context, self._sock = open_listener("progress",
+                                                                                       MAX_MESSAGE_BYTES)
         self.interval_s = interval_s
         self.rejected = 0
         self._on_beat = on_beat
         self._closed = threading.Event()
         self._wake_lock = threading.Lock()  # the write end: close() writes it, then closes it
         self._wake_w: int | None = None
-        self._context: Any = None
         try:
-            self._context = zmq.Context()
-            self._sock = self._context.socket(zmq.PULL)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-            self._sock.bind(self.address)
             self._wake_r, self._wake_w = os.pipe()
             self._thread = threading.Thread(target=self._run, name="trtllm-liveness-progress", daemon=True)
             self._thread.start()
         except BaseException:
-            with contextlib.suppress(Exception):
-                if self._context is not None:
-                    self._context.destroy(0)
             for fd in (getattr(self, "_wake_r", None), self._wake_w):
                 if fd is not None:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-            shutil.rmtree(self._dir, ignore_errors=True)
+            close_listener(self._context, self._dir)
             raise
 
     @property
@@ -169,13 +155,9 @@ class ProgressChannel:
     def _release(self) -> None:
         # The thread owns the socket, the context, the pipe's read end and the directory; the
         # write end is close()'s (a write after a close here could hit a reused fd number).
-        with contextlib.suppress(Exception):
-            self._sock.close(0)
-        with contextlib.suppress(Exception):
-            self._context.term()
+        close_listener(self._context, self._dir)
         with contextlib.suppress(OSError):
             os.close(self._wake_r)
-        shutil.rmtree(self._dir, ignore_errors=True)
         with self._wake_lock:
             if not self._closed.is_set():  # ended on its own (an error): nobody will close it
                 self._close_wake_w()
@@ -199,18 +181,6 @@ class ProgressChannel:
             self._thread.join(timeout)
         with self._wake_lock:
             self._close_wake_w()
-
-
-_MAX_IPC_PATH = 100  # sockaddr_un's sun_path holds 108 bytes; a long TMPDIR (Slurm's) overflows it
-
-
-def _private_dir() -> str:
-    """A new 0700 directory for the socket, under TMPDIR unless the path would be too long."""
-    directory = tempfile.mkdtemp(prefix="trtllm-liveness-")
-    if len(os.path.join(directory, "progress")) <= _MAX_IPC_PATH:
-        return directory
-    os.rmdir(directory)
-    return tempfile.mkdtemp(prefix="trtllm-liveness-", dir="/tmp")
 
 
 class IterationReporter:

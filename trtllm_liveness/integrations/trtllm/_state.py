@@ -276,13 +276,3 @@ class EngineLiveness:
         """Fail every worker future upstream still waits on with ``error``."""
         fail_pending(self.worker_futures(), error)
 
-    def begin_expected_exits(self) -> bool:
-        """Mark that workers may now exit without it being a failure; True the first time.
-
-        No effect after a fatal error (that one stays). Tells the monitor where it can.
-        """
-        if not self.fatal_path.expect_exits():
-            return False
-        if self.monitor is not None:
-            self.monitor.mark_expected_exits()
-        return True
