@@ -35,7 +35,7 @@ import _thread
 import os
 import sys
 
-from .._switch import ENV_VAR, switch_word
+from .._switch import ENV_VAR, autoload_wanted
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # no typing, collections.abc or importlib.abc at run time: see the docstring
@@ -107,18 +107,15 @@ class _Finder:
         return None
 
 
-def _switched_on() -> bool:
-    """The switch. A settings value (neither a plain word nor unset) counts as on: the engine
-    validates it when it starts (``LivenessConfig``), so that a malformed one fails that start
-    instead of leaving the server unprotected, and no interpreter pays for ``dataclasses`` here."""
-    return switch_word() is not False
-
-
 def install(force: bool = False) -> bool:
     """Install the patch (now or at TensorRT-LLM's import) if the environment switches liveness
-    on, or always with ``force``. Idempotent and thread-safe. Returns whether the hook is active."""
+    on, or always with ``force``. Idempotent and thread-safe. Returns whether the hook is active.
+
+    A settings value (neither a plain word nor unset) counts as on (:func:`~trtllm_liveness._switch.autoload_wanted`):
+    the engine validates it when it starts (``LivenessConfig``), so that a malformed one fails that
+    start instead of leaving the server unprotected, and no interpreter pays for ``dataclasses`` here."""
     global _installed
-    if not force and not _switched_on():
+    if not force and not autoload_wanted():
         return False
     with _lock:
         if _installed:
@@ -199,21 +196,6 @@ def launch_env(environ: "dict[str, str]") -> "dict[str, str]":
     return env
 
 
-def _check_setting(env: "dict[str, str]") -> "tuple[bool, str | None]":
-    """``(enabled, None)`` for a valid ``ENV_VAR`` in ``env``, ``(False, error)`` for an invalid one.
-    A plain word needs no parser; a settings value is parsed as an engine start would (reading
-    ``@file``), here in the launcher alone, so no other interpreter pays for ``_config``."""
-    word = switch_word(env)
-    if word is not None:
-        return word, None
-    from .._config import parse_value
-
-    try:
-        return parse_value(env[ENV_VAR]).enabled, None
-    except ValueError as exc:
-        return False, str(exc)
-
-
 def main(argv: "Sequence[str] | None" = None) -> int:
     """The launcher (see :data:`USAGE`); returns only on an error (else it execs the command)."""
     import shutil
@@ -238,9 +220,14 @@ def main(argv: "Sequence[str] | None" = None) -> int:
             sys.stderr.write(f"trtllm_autoload: command not found: {args[0]}\n")
             return 127
         program, argv_out = found, args
-    enabled, problem = _check_setting(env)
-    if problem is not None:
-        sys.stderr.write(f"trtllm_autoload: {problem}; nothing started (see 'trtllm-liveness config check')\n")
+    # Parsed as an engine start would (reading @file), here in the launcher alone: no other
+    # interpreter pays for _config.
+    from .._config import parse_value
+
+    try:
+        enabled = parse_value(env[ENV_VAR]).enabled
+    except ValueError as exc:
+        sys.stderr.write(f"trtllm_autoload: {exc}; nothing started (see 'trtllm-liveness config check')\n")
         return EXIT_INVALID_SETTING
     state = "on" if enabled else "off"
     sys.stderr.write(f"trtllm-liveness: worker liveness {state} ({ENV_VAR}={env[ENV_VAR]}) for: {' '.join(args)}\n")

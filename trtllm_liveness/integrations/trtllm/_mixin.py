@@ -66,7 +66,7 @@ from ._fatal import (
 from ._features import detect_features, warn_missing_hooks
 from ._shim import MonitorShim
 from ._startup import announce, export_metrics, new_monitor, wrap_session
-from ._state import MISSING, STATE_ATTR, EngineLiveness, state_of
+from ._state import STATE_ATTR, EngineLiveness, state_of
 from ._upstream_teardown import forget_results, run_upstream_shutdown
 
 if TYPE_CHECKING:
@@ -201,10 +201,10 @@ class LivenessProxyMixin:
 
     @property
     def mpi_futures(self) -> Any:
-        futures = state_of(self).mpi_futures
-        if futures is MISSING:
-            raise AttributeError("mpi_futures")
-        return futures
+        try:
+            return state_of(self).upstream["mpi_futures"]
+        except KeyError:
+            raise AttributeError("mpi_futures") from None
 
     @mpi_futures.setter
     def mpi_futures(self, futures: Any) -> None:
@@ -213,16 +213,16 @@ class LivenessProxyMixin:
         if state.enabled and isinstance(futures, list):
             state.real_mpi_futures = list(futures)
             futures = [mirror_future(f) if isinstance(f, Future) else f for f in futures]
-        state.mpi_futures = futures
+        state.upstream["mpi_futures"] = futures
 
     @property
     def _worker_process_monitor(self) -> Any:
         state = state_of(self)
         if state.shim is not None:
             return state.shim
-        if state.upstream_monitor is MISSING:
+        if "_worker_process_monitor" not in state.upstream:
             raise AttributeError("_worker_process_monitor")
-        return state.upstream_monitor
+        return state.upstream["_worker_process_monitor"]
 
     @_worker_process_monitor.setter
     def _worker_process_monitor(self, value: Any) -> None:
@@ -234,7 +234,7 @@ class LivenessProxyMixin:
             if callable(close):
                 with contextlib.suppress(Exception):
                     close()
-        state.upstream_monitor = value
+        state.upstream["_worker_process_monitor"] = value
 
     # -- start ---------------------------------------------------------------------------
 

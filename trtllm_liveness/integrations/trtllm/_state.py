@@ -7,13 +7,12 @@ extension lands on the upstream object (besides what upstream itself reads: ``_f
 
 from __future__ import annotations
 
-import enum
 import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from ..._config import LivenessConfig
 from ..._events import EventKind, WorkerEvent, WorkerFailedError
@@ -38,15 +37,6 @@ if TYPE_CHECKING:  # optional extras: imported only where an engine uses them
 STATE_ATTR = "_liveness"
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
-
-
-class Missing(enum.Enum):
-    """The value of an upstream attribute upstream has not set yet."""
-
-    MISSING = "missing"
-
-
-MISSING: Final = Missing.MISSING
 
 
 def state_of(proxy: object) -> EngineLiveness:
@@ -214,8 +204,8 @@ class EngineLiveness:
         metrics: the engine's ``LivenessMetrics`` when the extension exported them itself
             (trtllm-serve's multiprocess Prometheus page), else None.
         hub: the multi-host agent hub, where one runs.
-        mpi_futures / upstream_monitor: storage behind upstream's ``mpi_futures`` and
-            ``_worker_process_monitor`` attributes (``MISSING`` until upstream sets them; what
+        upstream: storage behind upstream's ``mpi_futures`` and ``_worker_process_monitor``
+            attributes, by name (absent until upstream sets them; what
             upstream stores there is its own: the extension only looks for a list of futures).
     """
 
@@ -243,8 +233,7 @@ class EngineLiveness:
     diagnoser: Diagnoser | None = None
     exit_join_released: bool = False
     hub: AgentHub | None = None
-    mpi_futures: object = MISSING
-    upstream_monitor: object = MISSING
+    upstream: dict[str, Any] = field(default_factory=dict)
 
     @property
     def enabled(self) -> bool:
@@ -262,7 +251,8 @@ class EngineLiveness:
 
     def worker_futures(self) -> list[Any]:
         """What upstream holds as its worker futures (the mirrors), once it set a list; else empty."""
-        return self.mpi_futures if isinstance(self.mpi_futures, list) else []
+        futures = self.upstream.get("mpi_futures")
+        return futures if isinstance(futures, list) else []
 
     def owns_request_socket(self) -> bool:
         """Whether this thread may send on upstream's request socket (``TLLM_LLMAPI_ZMQ_DEBUG``'s
