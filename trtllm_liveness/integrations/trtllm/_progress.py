@@ -35,6 +35,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import PatchingFinder
 from ._side_channel import close_listener, open_listener
 from ._worker_spec import ProgressSpec, is_int
 
@@ -308,43 +309,18 @@ def _wrap_checkpoint(module: Any, reporter: IterationReporter) -> None:
 
 
 def _patch_when_imported(name: str, patch: Callable[[Any], None]) -> None:
-    """Run ``patch(module)`` now if ``name`` is imported, else right after its first import."""
+    """Run ``patch(module)`` now if ``name`` is imported, else right after its first import (a
+    failure then is logged: it must not fail upstream's import)."""
     module = sys.modules.get(name)
     if module is not None:
         patch(module)
         return
-    sys.meta_path.insert(0, _AfterImport(name, patch))
 
+    def patch_logged(module: Any) -> None:
+        try:
+            patch(module)
+        except Exception:
+            logger.warning("liveness: could not count executor iterations", exc_info=True)
 
-class _AfterImport:
-    """A one-module finder: lets the normal finders find ``name``, patches it once it executed."""
+    sys.meta_path.insert(0, PatchingFinder(name, patch_logged))
 
-    def __init__(self, name: str, patch: Callable[[Any], None]) -> None:
-        self._name = name
-        self._patch = patch
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self._name:
-            return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)  # once: also keeps this from finding itself below
-        import importlib.util
-
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        loader, patch = spec.loader, self._patch
-
-        class _Loader:
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: Any) -> None:
-                loader.exec_module(module)
-                try:
-                    patch(module)
-                except Exception:
-                    logger.warning("liveness: could not count executor iterations", exc_info=True)
-
-        spec.loader = _Loader()  # type: ignore[assignment]
-        return spec
