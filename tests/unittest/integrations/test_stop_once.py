@@ -2,7 +2,7 @@
 
 ``shutdown()`` (a server's SIGINT handler, its ``finally``, a frontend's own call) and the
 process's ending (the exit guard's watchdog runs the engine's STOP cleanup,
-``_engine_shutdown.stop_at_exit``, i.e. ``stop_workers``) may reach the bounded stop at the same
+``_engine_shutdown.arm_exit_guard``'s, i.e. ``stop_workers``) may reach the bounded stop at the same
 time after a fatal event. Here several threads call ``shutdown()`` and several the ending's stop
 at once, right after a real death (SIGKILL) of one rank, while the other rank ignores SIGTERM (the
 stop must SIGKILL it) or is really stuck in ``D`` (freezer or FUSE: left unkillable). Exactly

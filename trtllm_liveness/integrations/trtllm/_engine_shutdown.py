@@ -39,7 +39,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from ..._errors import LivenessError
 from ..._events import WorkerState
-from ...exit._exit_guard import interrupt_self_once
+from ...exit._exit_guard import FatalExitGuard, interrupt_self_once
 from ...exit._outcome import mark_clean
 from ...exit._process_ending import Stage, process_ending
 from ...monitor._monitor import WorkerProcessMonitor
@@ -238,9 +238,14 @@ def abort_start(state: EngineLiveness) -> None:
     release(state)
 
 
-def graceful(state: EngineLiveness) -> Callable[[], None]:
-    """The exit guard's graceful action: ONE SIGINT per process, and none once this executor's
-    ``shutdown()`` has begun (a SIGINT from trtllm-serve's ``/health`` got there first)."""
+def arm_exit_guard(state: EngineLiveness, ref: weakref.ReferenceType[Any]) -> None:
+    """The exit policy's one way into the engine (``exit_on_fatal``): the exit guard, whose graceful
+    action is ONE SIGINT per process, and none once this executor's ``shutdown()`` has begun (a
+    SIGINT from trtllm-serve's ``/health`` got there first); and the engine's STOP cleanup of the
+    process's ending: its ranks are not our children (prte spawned them), so nobody else reaps them
+    once this process is gone; they are stopped first, bounded (a rank the stop leaves unkillable
+    quarantines the host, awaited by the ending, and makes the exit status
+    ``exit_code_unrestartable``). The cleanup holds the proxy by weakref; :func:`release` drops it."""
     def interrupt() -> None:
         if state.fatal_path.shutdown_started:
             logger.info("liveness: the executor is already shutting down; the exit guard sends no SIGINT")
@@ -248,20 +253,16 @@ def graceful(state: EngineLiveness) -> Callable[[], None]:
         if not interrupt_self_once():
             logger.info("liveness: graceful shutdown already requested by another exit guard of this process")
 
-    return interrupt
-
-
-def stop_at_exit(ref: weakref.ReferenceType[Any]) -> Callable[[], None]:
-    """The engine's STOP cleanup of the process's ending: its ranks are not our children (prte
-    spawned them), so nobody else reaps them once this process is gone; stop them first, bounded.
-    A rank the stop leaves unkillable quarantines the host (awaited by the ending) and makes the
-    exit status ``exit_code_unrestartable``. Holds the proxy by weakref."""
     def stop() -> None:
         proxy = ref()
         if proxy is not None:
             stop_workers(state_of(proxy))
 
-    return stop
+    config = state.config
+    state.exit_guard = FatalExitGuard(graceful=interrupt, timeout_s=config.exit_timeout_s, exit_code=config.exit_code,
+                                      exit_code_unrestartable=config.exit_code_unrestartable)
+    state.stop_at_exit = stop
+    process_ending().add_cleanup(stop, Stage.STOP)
 
 
 def _is_running(identity: ProcessIdentity) -> bool:

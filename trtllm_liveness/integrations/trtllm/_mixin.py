@@ -34,15 +34,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..._config import LivenessConfig, StallAction
 from ..._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError
-from ...exit._exit_guard import FatalExitGuard
 from ...exit._outcome import mark_running
-from ...exit._process_ending import Stage, process_ending
 from ...monitor._monitor import WorkerProcessMonitor
 from ...process._identity import is_local
 from ...stop._bounded_stop import StopReport
 from .._futures import mirror_future
 from .._pool_manager_watch import PoolManagerWatch
-from ._engine_shutdown import abort_start, graceful, shutdown_engine, stop_at_exit
+from ._engine_shutdown import abort_start, arm_exit_guard, shutdown_engine
 from ._engine_stall import (
     AFTER_FATAL_DELAY_S,
     Diagnoser,
@@ -136,11 +134,7 @@ class LivenessProxyMixin:
         state.subscriber = _subscriber(ref)
         monitor.subscribe(state.subscriber, reports=True)  # the fatal line, or _liveness_on_event's
         if config.exit_on_fatal:
-            state.exit_guard = FatalExitGuard(graceful=graceful(state), timeout_s=config.exit_timeout_s,
-                                              exit_code=config.exit_code,
-                                              exit_code_unrestartable=config.exit_code_unrestartable)
-            state.stop_at_exit = stop_at_exit(ref)
-            process_ending().add_cleanup(state.stop_at_exit, Stage.STOP)
+            arm_exit_guard(state, ref)
         state.monitor = monitor  # before start(): a failure from here on closes it (abort_start)
         monitor.start()
         mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success
