@@ -23,13 +23,13 @@ from typing import Any
 import _multihost_agents as agents
 
 from tests.support import netem
+from tests.support.cgroups import CpuGroup, limit_hits
+from tests.support.fuse_stall import SLOW_READ_PERIOD, FuseStall
 from tests.support.multihost_engine import TWO_ON_B, Engine, StartFailed, start_hosts, timed_fatal
 from tests.support.rank_loader import HandOver, hand_over
 from tests.support.slow_reads import SlowReadResult
 from tests.support.testhosts import TestHosts, wait_for
-from trtllm_liveness.demo._cgroup_faults import CpuGroup, MemoryGroup
-from trtllm_liveness.demo._fuse_server import SLOW_READ_PERIOD
-from trtllm_liveness.demo._fuse_stall import FuseStall
+from trtllm_liveness.demo._cgroup_faults import MemoryGroup
 
 D_STATE_TIMEOUT_S = 3.0
 SCAN_INTERVAL_S = 1.0
@@ -225,7 +225,7 @@ class _Round:
             reader = self.hand({"op": "read", "seconds": seconds, "size": 1 << 20, "pause_s": 0.02, "check": True},
                                self.data_file)
             line = reader.line(seconds + 30)
-            return {**_read_evidence(line), "limit_hits": group.limit_hits(), **sampler.stop()}
+            return {**_read_evidence(line), "limit_hits": limit_hits(group), **sampler.stop()}
         if family == "cpu-throttle":
             group = CpuGroup(CPU_SHARE, prefix=self.prefix)
             self.groups.append(group)

@@ -50,6 +50,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tests.support.leftovers import remove_gone_dump_files
 from trtllm_liveness.diagnose import _diagnosis, _faulthandler_stacks, _py_spy
 from trtllm_liveness.process import _procfs
 
@@ -99,7 +100,7 @@ def _stop(procs: list[subprocess.Popen[bytes]]) -> None:
             print(f"rank pid {proc.pid} did not exit", file=sys.stderr)
         if proc.stdout is not None:
             proc.stdout.close()
-    _faulthandler_stacks.remove_gone_dump_files()  # the killed ranks' dump files
+    remove_gone_dump_files()  # the killed ranks' dump files
 
 
 def _baseline(pids: list[int]) -> float:

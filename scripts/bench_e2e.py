@@ -66,8 +66,8 @@ from typing import Any
 
 import _bench
 
+from tests.support.leftovers import remove_orphaned_prte_tmpdirs
 from tests.support.upstream_fakes import FAKE_ENGINE, tree
-from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
 from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import Detection, ScenarioResult
 

@@ -180,7 +180,7 @@ def _busy_cores(count: int) -> list[subprocess.Popen[bytes]]:
 def measure(cycles: int = 20, control_s: float = 60.0, timeout_s: float = 1.0,
             control_timeout_s: float = 2.0) -> dict[str, Any]:
     """Both parts; the figures as one dict (see the module docstring)."""
-    from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
+    from tests.support.leftovers import remove_orphaned_prte_tmpdirs
 
     started = time.monotonic()
     cyc = _run_child("cycles", cycles, timeout_s, cycles * (timeout_s + 12) + 120)

@@ -42,10 +42,11 @@ from dataclasses import dataclass
 
 from _bench import finish, percentile
 
+from tests.support.fuse_stall import FuseStall
 from tests.support.slow_reads import slow_reader_cmd
 from trtllm_liveness import EventKind, WorkerEvent
 from trtllm_liveness.demo._cgroup_faults import FreezerGroup, freezer_available
-from trtllm_liveness.demo._fuse_stall import FuseStall, fuse_available
+from trtllm_liveness.demo._fuse_stall import fuse_available
 from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.process import capture_identity
 

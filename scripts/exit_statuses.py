@@ -56,10 +56,11 @@ from typing import Any
 
 import _bench
 
+from tests.support.cgroups import remove_leftover_groups
 from tests.support.upstream_fakes import FAKE_ENGINE, tree
 from trtllm_liveness._config import parse_value
 from trtllm_liveness.cli._launched_job import job_end_bound_s
-from trtllm_liveness.demo._cgroup_faults import freezer_available, remove_leftover_groups
+from trtllm_liveness.demo._cgroup_faults import freezer_available
 from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioRun
 from trtllm_liveness.quarantine._marker import MARKER_NAME, QUARANTINE_DIR_VAR

@@ -64,10 +64,12 @@ from typing import Any, NamedTuple
 
 import _bench
 
+from tests.support.cgroups import memory_cgroup_available, remove_leftover_groups
+from tests.support.leftovers import remove_orphaned_prte_tmpdirs
 from tests.support.upstream_fakes import FAKE_ENGINE, tree
-from trtllm_liveness.demo._cgroup_faults import freezer_available, memory_cgroup_available, remove_leftover_groups
+from tests.support.victims import names_a_victim
+from trtllm_liveness.demo._cgroup_faults import freezer_available
 from trtllm_liveness.demo._fuse_stall import fuse_available, fuse_mounts, remove_leftover_mounts
-from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
 from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioOptions, ScenarioResult, ScenarioRun
 
@@ -121,7 +123,7 @@ def judge_death(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:
     if r is None or r.detection is None:
         return Verdict(False, False, None, "no record")
     d = r.detection
-    ok = d.health_false_ms is not None and r.names_a_victim(r.fatal_error)
+    ok = d.health_false_ms is not None and names_a_victim(r, r.fatal_error)
     return Verdict(ok, False, d.detected_ms if d.detected_ms is not None else d.health_false_ms, _cause(r))
 
 
@@ -132,7 +134,7 @@ def _init_cause(r: ScenarioResult) -> str:
 def judge_init(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:
     if r is None or r.init is None:
         return Verdict(False, False, None, "no record")
-    ok = r.init.hung is False and r.names_a_victim(r.init.error)
+    ok = r.init.hung is False and names_a_victim(r, r.init.error)
     return Verdict(ok, False, r.init.error_ms, _init_cause(r))
 
 
@@ -163,7 +165,7 @@ def judge_stop(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:
 def judge_wedge(r: ScenarioResult | None, run: ScenarioRun) -> Verdict:
     if r is None or r.detection is None:
         return Verdict(False, False, None, "no record")
-    ok = bool(r.events) and r.events[0].kind == "wedged" and r.names_a_victim(r.fatal_error)
+    ok = bool(r.events) and r.events[0].kind == "wedged" and names_a_victim(r, r.fatal_error)
     unkillable = [] if r.shutdown is None else list(r.shutdown.unkillable)
     return Verdict(ok, False, r.detection.detected_ms, _cause(r) + f"; shutdown: unkillable {unkillable}")
 

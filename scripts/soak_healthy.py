@@ -74,10 +74,10 @@ from typing import Any
 import _bench
 import _soak_families as soak
 
+from tests.support.cgroups import cpu_cgroup_available, memory_cgroup_available, remove_leftover_groups
 from tests.support.netem import unavailable as netem_unavailable
 from tests.support.testhosts import NS_PREFIX, netns_names
 from tests.support.testhosts import unavailable as testhosts_unavailable
-from trtllm_liveness.demo._cgroup_faults import cpu_cgroup_available, memory_cgroup_available, remove_leftover_groups
 from trtllm_liveness.demo._fuse_stall import MOUNT_PREFIX, fuse_available, fuse_mounts
 
 FULL_S = {"slow-io": 60.0, "cpu-throttle": 20.0, "short-stops": 40.0, "mgmt-netem": 60.0, "mgmt-outage": 30.0,

@@ -30,7 +30,9 @@ import pytest
 
 from tests.support import facilities
 from tests.support.facilities import REQUIRE_VAR, item_facilities, require_facility
+from tests.support.fuse_stall import FuseStall
 from tests.support.leak_checks import LEAKED, MachineDirectoryCheck, TempLeakCheck, directory_state, tempdir_as
+from tests.support.leftovers import remove_orphaned_prte_tmpdirs
 from tests.support.process_ending import fresh_process_ending  # noqa: F401 - autouse: each test its own ending
 from tests.support.process_tracker import ProcessTracker
 from tests.support.stuck_processes import (
@@ -40,8 +42,7 @@ from tests.support.stuck_processes import (
     StuckChild,
     remove_or_report,
 )
-from trtllm_liveness.demo._fuse_stall import FuseStall, fuse_mounts, remove_leftover_mounts
-from trtllm_liveness.demo._mpi_env import remove_orphaned_prte_tmpdirs
+from trtllm_liveness.demo._fuse_stall import fuse_mounts, remove_leftover_mounts
 from trtllm_liveness.quarantine._marker import DEFAULT_QUARANTINE_DIR, QUARANTINE_DIR_VAR
 
 _TEMP_CHECK: list[TempLeakCheck] = []

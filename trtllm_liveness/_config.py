@@ -35,17 +35,19 @@ import dataclasses
 import enum
 import math
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
+
+from ._switch import ENV_VAR
+from ._switch import FALSE_WORDS as _FALSE
+from ._switch import TRUE_WORDS as _TRUE
 
 __all__ = ["ENV_OVERRIDES_FIELD", "ENV_VAR", "LivenessConfig", "changed_settings", "format_setting", "parse_value"]
 
-ENV_VAR = "TRTLLM_WORKER_LIVENESS"
 ENV_OVERRIDES_FIELD = "env_overrides"
 _MAX_FILE_BYTES = 64 << 10
-
-_TRUE = frozenset({"1", "true", "on", "yes"})
-_FALSE = frozenset({"0", "false", "off", "no"})
+# The numeric settings bounded on both sides: [low, high].
+_RANGES = {"hosts_port": (0, 65535), "heartbeat_timeout_s": (0.05, 3600), "heartbeat_ceiling_s": (1, 86400)}
 
 
 class TextEnum(str, enum.Enum):
@@ -233,9 +235,7 @@ class LivenessConfig:
         Raises ``ValueError`` naming the variable (or the file) and the key on a malformed value.
         Reads the named file when the value is ``@path`` (blocking file I/O, 64 KiB at most).
         """
-        base = base if base is not None else cls()
-        env = os.environ if environ is None else environ
-        return base._apply_raw(env.get(ENV_VAR), ENV_VAR)
+        return parse_value((os.environ if environ is None else environ).get(ENV_VAR), ENV_VAR, base=base)
 
     @classmethod
     def from_env_overrides(cls, llm_args: Any, *, base: LivenessConfig | None = None) -> LivenessConfig:
@@ -245,7 +245,7 @@ class LivenessConfig:
         non-mapping ``env_overrides`` or a non-string value is a ``ValueError``.
         """
         base = base if base is not None else cls()
-        overrides = getattr(llm_args, ENV_OVERRIDES_FIELD, None) if llm_args is not None else None
+        overrides = getattr(llm_args, ENV_OVERRIDES_FIELD, None)
         if overrides is None:
             return base
         source = f"llm_args.{ENV_OVERRIDES_FIELD}[{ENV_VAR!r}]"
@@ -277,19 +277,16 @@ class LivenessConfig:
         if raw is None or not raw.strip():
             return self
         text = raw.strip()
-        if text.startswith("@"):
-            path = text[1:].strip()
-            return self._apply(_parse_lines(_read_config_file(path, source), f"{source} file {path!r}"),
-                               f"{source} file {path!r}")
-        return self._apply(_parse_env(raw, source), source)
+        if not text.startswith("@"):
+            return self._apply(_parse_lines([text], source, raw), source)
+        path = text[1:].strip()
+        lines = (line.split("#", 1)[0].strip() for line in _read_config_file(path, source).splitlines())
+        return self._apply(_parse_lines(lines, f"{source} file {path!r}"), f"{source} file {path!r}")
 
     def to_env(self) -> str:
         """This configuration as a ``TRTLLM_WORKER_LIVENESS`` value (round-trips through ``from_env``)."""
-        parts = []
-        for spec in dataclasses.fields(self):
-            value = getattr(self, spec.name)
-            parts.append(f"{spec.name}={int(value) if isinstance(value, bool) else value}")
-        return ",".join(parts)
+        return ",".join(f"{key}={int(value) if isinstance(value, bool) else value}"
+                        for key, value in dataclasses.asdict(self).items())
 
     def _apply(self, settings: Mapping[str, Any], source: str) -> LivenessConfig:
         known = {spec.name: spec for spec in dataclasses.fields(self)}
@@ -352,16 +349,16 @@ def _read_config_file(path: str, source: str) -> str:
         raise ValueError(f"{source}: the configuration file {path!r} is not UTF-8 text") from None
 
 
-def _parse_lines(text: str, source: str) -> dict[str, Any]:
+def _parse_lines(lines: Iterable[str], source: str, raw: str | None = None) -> dict[str, Any]:
+    """The settings of ``lines`` (stripped, comments removed): a bare true or false word sets
+    ``enabled``, any other line is ``key=value[,key=value...]``; liveness is on unless one says
+    otherwise. An error quotes ``raw`` (the variable's whole value), else the line."""
     settings: dict[str, Any] = {"enabled": True}
-    for line in text.splitlines():
-        line = line.split("#", 1)[0].strip()
-        if not line:
-            continue
-        if line.lower() in _TRUE | _FALSE and "=" not in line:
+    for line in lines:
+        if line.lower() in _TRUE | _FALSE:
             settings["enabled"] = line.lower() in _TRUE
-            continue
-        settings.update(_parse_items(line, source, line))
+        elif line:
+            settings.update(_parse_items(line, source, line if raw is None else raw))
     return settings
 
 
@@ -375,18 +372,6 @@ def _parse_items(text: str, source: str, raw: str) -> dict[str, Any]:
         if not sep or not key.strip():
             raise ValueError(f"{source}={raw!r}: expected 0, 1, @file or key=value[,key=value...], got {item!r}")
         settings[key.strip()] = value.strip()
-    return settings
-
-
-def _parse_env(raw: str, source: str = ENV_VAR) -> dict[str, Any]:
-    text = raw.strip()
-    lowered = text.lower()
-    if lowered in _TRUE:
-        return {"enabled": True}
-    if lowered in _FALSE:
-        return {"enabled": False}
-    settings: dict[str, Any] = {"enabled": True}
-    settings.update(_parse_items(text, source, raw))
     return settings
 
 
@@ -425,12 +410,10 @@ def _check_value(key: str, value: Any, source: str) -> None:
         if not isinstance(value, str) or len(value) > 253 or any(c in value for c in "/ \t\0,=@[]"):
             raise ValueError(f"{source}: {key} must be a host name or address (or empty), got {value!r}")
         return
-    if key == "hosts_port" and not 0 <= value <= 65535:
-        raise ValueError(f"{source}: hosts_port must be in [0, 65535], got {value!r}")
-    if key == "heartbeat_timeout_s" and not 0.05 <= value <= 3600:
-        raise ValueError(f"{source}: heartbeat_timeout_s must be in [0.05, 3600], got {value!r}")
-    if key == "heartbeat_ceiling_s" and not 1 <= value <= 86400:
-        raise ValueError(f"{source}: heartbeat_ceiling_s must be in [1, 86400], got {value!r}")
+    if key in _RANGES:
+        low, high = _RANGES[key]
+        if not low <= value <= high:
+            raise ValueError(f"{source}: {key} must be in [{low}, {high}], got {value!r}")
     if isinstance(value, str):
         if value and (not value.startswith("/") or "\0" in value or len(value) > 4096):
             raise ValueError(f"{source}: {key} must be an absolute path or empty (off), got {value!r}")

@@ -25,17 +25,16 @@ __all__ = [
 class LivenessError(Exception):
     """Base of every process error raised by this package."""
 
+    _default_message = "process error"  # each kind's own, where no ``msg`` is given
+
     def __init__(
         self, pid: int, start_time: int | None = None, name: str = "", msg: str = ""
     ) -> None:
         self.pid = pid
         self.start_time = start_time
         self.name = name
-        self.msg = msg or self._default_message()
+        self.msg = msg or self._default_message
         super().__init__(self.msg)
-
-    def _default_message(self) -> str:
-        return "process error"
 
     def __str__(self) -> str:
         detail = f"pid={self.pid}"
@@ -52,29 +51,25 @@ class LivenessError(Exception):
 class ProcessGone(LivenessError):
     """The process no longer exists (exited and reaped, or never existed)."""
 
-    def _default_message(self) -> str:
-        return "process no longer exists"
+    _default_message = "process no longer exists"
 
 
 class ProcessZombie(ProcessGone):
     """The process has exited but its parent has not reaped it yet."""
 
-    def _default_message(self) -> str:
-        return "process is a zombie"
+    _default_message = "process is a zombie"
 
 
 class PidReused(ProcessGone):
     """The PID now belongs to another process (its start time differs)."""
 
-    def _default_message(self) -> str:
-        return "PID was reused by another process"
+    _default_message = "PID was reused by another process"
 
 
 class AccessDenied(LivenessError):
     """The kernel refused to let us inspect or signal the process."""
 
-    def _default_message(self) -> str:
-        return "access denied"
+    _default_message = "access denied"
 
 
 class InvalidIdentityError(ValueError):

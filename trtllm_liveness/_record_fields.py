@@ -73,10 +73,6 @@ class JsonFields:
             raise self._bad(name, "a finite number")
         return float(value)
 
-    def number_or_none(self, name: str) -> float | None:
-        """A finite number or null."""
-        return None if self._data.get(name) is None else self.number(name)
-
     def text(self, name: str) -> str:
         """A string."""
         value = self._data.get(name)
@@ -136,21 +132,28 @@ class JsonRecord:
     ``tuple[str, ...]``, a nested record (a class with ``to_dict`` and ``from_dict``) or a tuple of
     them; any other type is a ``TypeError`` when the class's form is first derived.
 
-    A subclass may set ``json_form`` (the form's keys in order: fields, and derived properties that
-    the form writes for readers and :meth:`from_dict` checks with :meth:`JsonFields.agrees`; a
-    field left out is not written and is read as its default) and ``json_optional`` (fields the
-    form may lack, read as their default).
+    A subclass may set ``json_form`` (what the form writes, in order: fields, and derived
+    properties that the form writes for readers and :meth:`from_dict` checks with
+    :meth:`JsonFields.agrees`; a field left out is not written and is read as its default),
+    ``json_optional`` (fields the form may lack, read as their default), ``json_keys`` (a field's
+    or property's key in the form where it is not its name), ``json_round`` (the digits a float
+    field or property is written rounded to; null stays null) and ``json_unchecked`` (derived
+    properties written for readers but never compared: what rests on the writer's host). Each
+    names fields and properties, never keys.
     """
 
     json_form: ClassVar[tuple[str, ...]] = ()
     json_optional: ClassVar[tuple[str, ...]] = ()
+    json_keys: ClassVar[Mapping[str, str]] = {}
+    json_round: ClassVar[Mapping[str, int]] = {}
+    json_unchecked: ClassVar[tuple[str, ...]] = ()
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-ready form (:meth:`from_dict` reads it back)."""
         data: dict[str, Any] = {}
-        for name, write in (_FORMS.get(type(self)) or _form_of(type(self))).writers:  # a plain loop: the cheapest
+        for name, key, write in (_FORMS.get(type(self)) or _form_of(type(self))).writers:  # a plain loop: the cheapest
             value = getattr(self, name)
-            data[name] = value if write is None else write(value)
+            data[key] = value if write is None else write(value)
         return data
 
     @classmethod
@@ -158,9 +161,9 @@ class JsonRecord:
         """The record :meth:`to_dict` wrote; ``ValueError`` naming the record and the field otherwise."""
         form = _form_of(cls)
         fields = JsonFields(cls.__name__, data, required=form.required, optional=form.optional)
-        record = cls(**{name: read(fields, name) for name, read in form.readers if fields.has(name)})
-        for name in form.derived:
-            fields.agrees(name, _json(getattr(record, name)))
+        record = cls(**{name: read(fields, key) for name, key, read in form.readers if fields.has(key)})
+        for name, key, write in form.derived:
+            fields.agrees(key, write(getattr(record, name)))
         return record
 
 
@@ -215,15 +218,21 @@ _SCALARS: dict[Any, _Reader] = {int: JsonFields.integer, float: JsonFields.numbe
 
 
 class _Form(NamedTuple):
-    writers: tuple[tuple[str, _Writer], ...]
-    readers: tuple[tuple[str, _Reader], ...]
-    required: tuple[str, ...]
+    writers: tuple[tuple[str, str, _Writer], ...]  # (name, key, how it is written)
+    readers: tuple[tuple[str, str, _Reader], ...]
+    required: tuple[str, ...]  # keys
     optional: tuple[str, ...]
-    derived: tuple[str, ...]
+    derived: tuple[tuple[str, str, Callable[[Any], Any]], ...]  # those from_dict compares
 
 
 # Filled on each class's first use; two threads that derive one class's form at once derive the same.
 _FORMS: dict[type, _Form] = {}
+
+
+def _rounded(write: _Writer, digits: int | None) -> _Writer:
+    if digits is None:
+        return write
+    return lambda value: None if value is None else round(value if write is None else write(value), digits)
 
 
 def _form_of(cls: type[JsonRecord]) -> _Form:
@@ -233,15 +242,20 @@ def _form_of(cls: type[JsonRecord]) -> _Form:
         return form
     hints = typing.get_type_hints(cls)
     declared = tuple(item.name for item in dataclasses.fields(cls))  # type: ignore[arg-type]
-    keys = cls.json_form or declared
-    derived = tuple(name for name in keys if name not in declared)
-    written = [name for name in keys if name in declared]
-    if not all(isinstance(getattr(cls, name, None), property) for name in derived) or not set(
-            cls.json_optional) <= set(written):
-        raise TypeError(f"{cls.__name__}: json_form or json_optional names what is neither its field nor its property")
+    names = cls.json_form or declared
+    derived = tuple(name for name in names if name not in declared)
+    written = [name for name in names if name in declared]
+    if not all(isinstance(getattr(cls, name, None), property) for name in derived) or not (
+            set(cls.json_optional) <= set(written) and set(cls.json_unchecked) <= set(derived)
+            and {*cls.json_keys, *cls.json_round} <= set(names)):
+        raise TypeError(f"{cls.__name__}: a json_* option names what is neither a field nor a property of its form")
     codecs = {name: _codec(cls, name, hints[name]) for name in written}
-    form = _Form(writers=tuple((name, codecs[name][0] if name in declared else _json) for name in keys),
-                 readers=tuple((name, codecs[name][1]) for name in written),
-                 required=tuple(name for name in written if name not in cls.json_optional),
-                 optional=(*derived, *cls.json_optional), derived=derived)
+    key = {name: cls.json_keys.get(name, name) for name in names}
+    write = {name: _rounded(codecs[name][0] if name in codecs else _json, cls.json_round.get(name)) for name in names}
+    form = _Form(writers=tuple((name, key[name], write[name]) for name in names),
+                 readers=tuple((name, key[name], codecs[name][1]) for name in written),
+                 required=tuple(key[name] for name in written if name not in cls.json_optional),
+                 optional=tuple(key[name] for name in (*derived, *cls.json_optional)),
+                 derived=tuple((name, key[name], write[name] or _json) for name in derived
+                               if name not in cls.json_unchecked))
     return _FORMS.setdefault(cls, form)

@@ -24,7 +24,8 @@ from typing import NoReturn
 
 import pytest
 
-from trtllm_liveness.demo._cgroup_faults import cpu_cgroup_available, freezer_available, memory_cgroup_available
+from tests.support.cgroups import cpu_cgroup_available, memory_cgroup_available
+from trtllm_liveness.demo._cgroup_faults import freezer_available
 from trtllm_liveness.demo._fuse_stall import fuse_available
 from trtllm_liveness.process import _pidfd
 

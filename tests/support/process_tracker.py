@@ -16,10 +16,10 @@ import subprocess
 import sys
 from dataclasses import dataclass, field
 
+from tests.support.fuse_stall import FuseStall
 from tests.support.leak_checks import LEAKED
 from tests.support.slow_reads import slow_reader_cmd
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.process import _procfs
 
 SLEEPER = "import sys, time; sys.stdout.write('ready\\n'); sys.stdout.flush(); time.sleep(3600)"

@@ -13,7 +13,7 @@ caller is not visible there; an open file is, when handed over. So:
   * ``{"op": "read", "seconds": S, "size": N, "pause_s": P, "check": bool}`` with one open file
     (``SCM_RIGHTS``): ``pread`` ``N`` bytes at a time from offset 0 (wrapping at the end of the
     file), ``P`` seconds apart, for ``S`` seconds; with ``check`` each byte must be the slow-read
-    file's pattern (``offset % SLOW_READ_PERIOD``, :mod:`trtllm_liveness.demo._fuse_server`);
+    file's pattern (``offset % SLOW_READ_PERIOD``, :mod:`tests.support.fuse_stall`);
   * ``{"op": "allocate", "bytes": N}``: ``N`` bytes of anonymous memory, every page touched (in a
     memory group limited below that, the kernel's OOM killer ends the rank);
 
@@ -45,7 +45,7 @@ import threading
 import time
 from typing import Any
 
-from trtllm_liveness.demo._fuse_server import SLOW_READ_PERIOD
+from tests.support.fuse_stall import SLOW_READ_PERIOD
 
 ACCEPT_POLL_S = 1.0  # the listener's accept timeout (the thread is a daemon: it ends with the rank)
 REQUEST_TIMEOUT_S = 10.0  # a connection's request must come within this

@@ -4,7 +4,7 @@ of the time, yet makes progress.
 A worker streaming weights from a network file system, swapping, or reading a FUSE-backed store
 sleeps in uninterruptible sleep (``D``) while each read waits, and may be found in ``D`` at every
 1 Hz sample; only its context switches (one per answered read) tell it from a wedge. A
-:class:`~trtllm_liveness.demo._fuse_stall.FuseStall` answers every READ of its ``slow_read_path``
+:class:`~tests.support.fuse_stall.FuseStall` answers every READ of its ``slow_read_path``
 after 100-300 ms; :func:`slow_reader_cmd` is the argv of a process whose helper thread reads that
 file for a while, checking every byte, while its main thread waits (``S``), as a rank's main
 thread serves while a loader thread reads. Tests and scripts share it::
@@ -25,8 +25,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from trtllm_liveness.demo._fuse_server import SLOW_READ_PERIOD
-from trtllm_liveness.demo._fuse_stall import FuseStall
+from tests.support.fuse_stall import SLOW_READ_PERIOD, FuseStall
 
 __all__ = ["SLOW_READER_CODE", "SlowReadResult", "slow_reader_cmd"]
 

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.facilities import needs
+from tests.support.fuse_stall import FuseStall
 from tests.support.process_tracker import ProcessTracker
 from tests.support.rank_loader import hand_over
 from tests.support.slow_reads import SlowReadResult
-from trtllm_liveness.demo._fuse_stall import FuseStall
 
 pytestmark = [pytest.mark.real_process, pytest.mark.timeout(60), needs("fuse")]
 

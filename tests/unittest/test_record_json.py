@@ -15,6 +15,7 @@ import importlib
 import json
 import math
 import signal
+import types
 from pathlib import Path
 from typing import Any
 
@@ -239,6 +240,46 @@ def test_the_kit_needs_every_field_the_form_does_not_mark_optional() -> None:
         _EveryKind.from_dict(data)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Renamed(JsonRecord):
+    """Keys other than the names, floats rounded (a derived one too), a derived field never compared."""
+
+    json_form = ("seconds", "fraction", "pending", "half", "where")
+    json_keys = types.MappingProxyType({"pending": "sigkill_pending", "where": "stuck_in"})
+    json_round = types.MappingProxyType({"seconds": 3, "fraction": 2, "half": 1})
+    json_unchecked = ("where",)
+
+    seconds: float
+    fraction: float | None
+    pending: bool
+
+    @property
+    def half(self) -> float:
+        return self.seconds / 2
+
+    @property
+    def where(self) -> str:
+        return f"{self.seconds} on this host"
+
+
+def test_the_kit_writes_keys_and_rounding_the_record_asks_for() -> None:
+    record = _Renamed(1.23456, None, True)
+    data = record.to_dict()
+    assert json.dumps(data) == ('{"seconds": 1.235, "fraction": null, "sigkill_pending": true, "half": 0.6, '
+                                '"stuck_in": "1.23456 on this host"}')
+    assert _Renamed.from_dict(data) == _Renamed(1.235, None, True)  # the form's precision, read back
+    assert _Renamed(0.5, 0.456, False).to_dict()["fraction"] == 0.46
+    # Read by key; the unchecked property may be anything or absent; the rounded derived one is compared rounded.
+    assert _Renamed.from_dict({**data, "stuck_in": 7}) == _Renamed.from_dict(
+        {k: v for k, v in data.items() if k != "stuck_in"})
+    with pytest.raises(ValueError, match=r"^_Renamed: field 'half' is 0\.62, but the record's other fields give 0\.6$"):
+        _Renamed.from_dict({**data, "half": 0.62})
+    with pytest.raises(ValueError, match=r"^_Renamed: field 'sigkill_pending' must be a bool, got 1$"):
+        _Renamed.from_dict({**data, "sigkill_pending": 1})
+    with pytest.raises(ValueError, match=r"^_Renamed: missing field\(s\) sigkill_pending$"):
+        _Renamed.from_dict({**{k: v for k, v in data.items() if k != "sigkill_pending"}, "pending": True})
+
+
 def test_every_record_of_the_package_has_a_json_form() -> None:
     """A field type the kit cannot write or read fails here, not at a record's first ``to_dict``."""
     root = Path(trtllm_liveness.__file__).parent
@@ -265,7 +306,13 @@ def test_the_kit_refuses_a_form_it_cannot_derive() -> None:
     class Unwritable(JsonRecord):
         spans: tuple[float, ...]
 
-    with pytest.raises(TypeError, match="Misnamed: json_form or json_optional names"):
-        Misnamed(1).to_dict()
+    @dataclasses.dataclass(frozen=True)
+    class MisKeyed(JsonRecord):
+        count: int
+        json_keys = types.MappingProxyType({"total": "sum"})
+
+    for record in (Misnamed(1), MisKeyed(1)):
+        with pytest.raises(TypeError, match=f"{type(record).__name__}: a json_\\* option names what is neither"):
+            record.to_dict()
     with pytest.raises(TypeError, match=r"Unwritable\.spans: no JSON form for type"):
         Unwritable.from_dict({"spans": []})

@@ -143,19 +143,19 @@ class DrillOutcome:
 
     model: str
     fault: str
-    version: str
     tp: int
-    victim: DrillRank | None
-    report: EngineReport | None
-    t0: float | None
-    verdict_kind: str  # detected | not_detected | aborted | no_report
-    verdict: str
-    would_exit: str
-    would_exit_status: int | None
-    would_mark: str
-    would_act: tuple[str, ...]
-    left: tuple[int, ...]
     settings: str
+    version: str = "?"
+    victim: DrillRank | None = None
+    report: EngineReport | None = None
+    t0: float | None = None
+    verdict_kind: str = "no_report"  # detected | not_detected | aborted | no_report
+    verdict: str = ""
+    would_exit: str = "-"
+    would_exit_status: int | None = None
+    would_mark: str = ""
+    would_act: tuple[str, ...] = ()
+    left: tuple[int, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -259,9 +259,7 @@ def _would_act(config: LivenessConfig, marker: Any) -> tuple[str, ...]:
 def _drill(args: argparse.Namespace, config: LivenessConfig, options: DrillOptions, session: DrillSession,
            deadline: float) -> DrillOutcome:
     """Wait for the engine, inject the fault, wait for its report: everything but the clean-up."""
-    outcome = DrillOutcome(model=args.model, fault=args.fault, version="?", tp=args.tp, victim=None, report=None,
-                           t0=None, verdict_kind="no_report", verdict="", would_exit="-", would_exit_status=None,
-                           would_mark="", would_act=(), left=(), settings=effective_settings(config))
+    outcome = DrillOutcome(model=args.model, fault=args.fault, tp=args.tp, settings=effective_settings(config))
     try:
         ready = session.wait_ready(deadline)
     except (EngineEnded, ValueError) as exc:

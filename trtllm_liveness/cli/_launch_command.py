@@ -159,12 +159,12 @@ def run_launch(args: argparse.Namespace) -> int:
 def decide_status(launcher: str, status: int, piped: Sequence[PipedFailure], outcomes: Sequence[Outcome]) -> int:
     """The wrapper's status from the launcher's ``status``, the failures the pipe brought and the
     outcome files; one line on stderr where it is not the launcher's."""
-    failed = [(f.message, f.exit_code, f.restartable) for f in piped] + \
-        [(o.message, o.exit_code, o.restartable) for o in outcomes if o.state == "failed"]
+    failed: list[PipedFailure | Outcome] = [*piped, *(o for o in outcomes if o.state == "failed")]
     if failed:
         # The first failure's status, unless one says "do not restart here" (a wedge, a rank left
         # unkillable after a death): that one outranks it.
-        message, code, _ = next((f for f in failed if not f[2]), failed[0])
+        chosen = next((f for f in failed if not f.restartable), failed[0])
+        message, code = chosen.message, chosen.exit_code
         if status == code:
             return code
         how = {0: "exited 0, but the engine failed",

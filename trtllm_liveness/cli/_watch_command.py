@@ -17,7 +17,7 @@ from ..monitor._monitor import WorkerProcessMonitor
 from ..process import _procfs
 from ..process._identity import ProcessIdentity, capture_identity
 from ._arg_types import add_command, pid_arg, seconds_arg
-from ._exit_status import EXIT_DIED, EXIT_INTERRUPTED, EXIT_STATUS_HELP, EXIT_WEDGED
+from ._exit_status import EXIT_DIED, EXIT_STATUS_HELP, EXIT_WEDGED
 from ._output import Progress, error_status, print_result, printable
 
 __all__ = ["add_watch_parser", "run_watch"]
@@ -80,14 +80,12 @@ def run_watch(args: argparse.Namespace) -> int:
         progress.line(f"watching {len(identities)} process(es) ({' '.join(map(str, pids))}) for {what}; "
                       "Ctrl-C to stop")
         started = time.monotonic()
-        try:
+        try:  # Ctrl-C: the command's "interrupted" (see _main), after the progress line is finished
             while not got.wait(1.0):
                 progress.tick(f"watching {len(identities)} process(es): all alive after "
                               f"{time.monotonic() - started:.0f}s")
-        except KeyboardInterrupt:
+        finally:
             progress.done()
-            return error_status("interrupted", EXIT_INTERRUPTED)
-        progress.done()
     event = events[0]
     print_result(args.json, event.to_dict(), [event.describe(_process_label(event.identity.pid, names))])
     return EXIT_DIED if event.kind is EventKind.DIED else EXIT_WEDGED

@@ -4,11 +4,11 @@ Runs end to end without a GPU, so the liveness integration can be exercised and 
 real. Needs the ``mpi`` extra (mpi4py, the Open MPI wheel, pyzmq). See :mod:`._executor_proxy` for
 how it mirrors upstream 1.2.x and main, and where it departs.
 
-Real faults for the demo, the tests and the benchmarks: :mod:`._cgroup_faults` (freezer, memory and cpu
+Real faults for the demo, the tests and the benchmarks: :mod:`._cgroup_faults` (freezer and memory
 cgroups) and :mod:`._fuse_stall` (a FUSE mount whose requests are held: real ``D`` without cgroup
 v1; its protocol server is :mod:`._fuse_server`, its mounts and their clean-up :mod:`._fuse_mounts`).
-The healthy look-alike of a wedge: a reader of the mount's slow-read file (``tests/support/slow_reads.py``),
-every READ answered after 100-300 ms: in ``D`` most of the time, yet making progress.
+The tests' stall (``tests/support/fuse_stall.py``) adds the healthy look-alike of a wedge: a file
+whose every READ is answered after 100-300 ms, its reader in ``D`` most of the time, yet making progress.
 """
 
 TYPE_CHECKING = False

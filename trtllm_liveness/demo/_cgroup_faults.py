@@ -1,18 +1,15 @@
-"""Real stuck, out-of-memory and throttled processes for tests, the demo and benchmarks (cgroup v1, root).
+"""Real stuck and out-of-memory processes for the demo, the drill, tests and benchmarks (cgroup v1, root).
 
 - :class:`FreezerGroup`: a cgroup v1 freezer group. A process moved in and frozen shows state
   ``D`` and survives SIGKILL (it stays pending) until thawed, then dies at once: the closest safe
   stand-in for a worker wedged in a GPU driver.
 - :class:`MemoryGroup`: a cgroup v1 memory group with a limit. A process in it that allocates past
-  the limit is killed by the kernel OOM killer, which counts it in the group's ``oom_kill``; one
-  whose page cache reaches the limit is made to reclaim it (``memory.failcnt`` counts the hits).
-- :class:`CpuGroup`: a cgroup v1 cpu group with a CFS bandwidth limit (``cpu.cfs_quota_us`` per
-  ``cpu.cfs_period_us``, what cgroup v2 writes as ``cpu.max "QUOTA PERIOD"``): its tasks together
-  get at most that share of one CPU and are throttled for the rest of each period.
+  the limit is killed by the kernel OOM killer, which counts it in the group's ``oom_kill``.
 
 Each always cleans up in :meth:`remove` (idempotent): thaw, move survivors back to the root group
 (``rmdir`` fails with EBUSY while a task is left), then ``rmdir`` with retries. Use them as context
-managers so that happens also on an exception or Ctrl-C. Not thread-safe; one owner each.
+managers so that happens also on an exception or Ctrl-C. Not thread-safe; one owner each. The cpu
+groups, and the clean-up of groups a crashed owner left, are the tests' (``tests/support/cgroups.py``).
 """
 
 from __future__ import annotations
@@ -24,20 +21,8 @@ import uuid
 from collections.abc import Iterable
 from types import TracebackType
 
-__all__ = [
-    "CPU_ROOT",
-    "FREEZER_ROOT",
-    "MEMORY_ROOT",
-    "CpuGroup",
-    "FreezerGroup",
-    "MemoryGroup",
-    "cpu_cgroup_available",
-    "freezer_available",
-    "remove_leftover_groups",
-    "memory_cgroup_available",
-]
+__all__ = ["FREEZER_ROOT", "MEMORY_ROOT", "FreezerGroup", "MemoryGroup", "freezer_available"]
 
-CPU_ROOT = "/sys/fs/cgroup/cpu"
 FREEZER_ROOT = "/sys/fs/cgroup/freezer"
 MEMORY_ROOT = "/sys/fs/cgroup/memory"
 
@@ -53,19 +38,6 @@ def _unavailable(root: str, what: str) -> str | None:
 def freezer_available() -> str | None:
     """None if the cgroup v1 freezer is usable here, else the reason it is not."""
     return _unavailable(FREEZER_ROOT, "freezer")
-
-
-def memory_cgroup_available() -> str | None:
-    """None if cgroup v1 memory groups can be made here, else the reason they cannot."""
-    return _unavailable(MEMORY_ROOT, "memory controller")
-
-
-def cpu_cgroup_available() -> str | None:
-    """None if cgroup v1 cpu groups with a CFS bandwidth limit can be made here, else the reason."""
-    reason = _unavailable(CPU_ROOT, "cpu controller")
-    if reason is None and not os.path.exists(os.path.join(CPU_ROOT, "cpu.cfs_quota_us")):
-        reason = f"{CPU_ROOT} has no cpu.cfs_quota_us (a kernel without CFS bandwidth control)"
-    return reason
 
 
 class _Group:
@@ -216,49 +188,3 @@ class MemoryGroup(_Group):
     def oom_kills(self) -> int | None:
         """The group's ``oom_kill`` counter (None if unreadable)."""
         return self._counters("memory.oom_control").get("oom_kill")
-
-    def limit_hits(self) -> int | None:
-        """``memory.failcnt``: how many times a charge found the group at its limit and had to
-        reclaim first (None if unreadable)."""
-        with contextlib.suppress(OSError, ValueError):
-            return int(self._read("memory.failcnt"))
-        return None
-
-
-class CpuGroup(_Group):
-    """A cgroup v1 cpu group under :data:`CPU_ROOT` whose tasks together get at most ``share`` of
-    one CPU: ``cpu.cfs_quota_us`` = ``share`` x ``cpu.cfs_period_us`` (``period_us``, 1 ms to 1 s).
-    Raises ``ValueError`` for a share outside (0, 1] or a period out of range, ``OSError`` if the
-    group cannot be made."""
-
-    root = CPU_ROOT
-
-    def __init__(self, share: float, period_us: int = 100_000, prefix: str = "trtllm-liveness") -> None:
-        if not 0 < share <= 1 or not 1_000 <= period_us <= 1_000_000:
-            raise ValueError(f"share in (0, 1] and period_us in [1000, 1000000], not {share}, {period_us}")
-        super().__init__(prefix, (("cpu.cfs_period_us", str(period_us)),
-                                  ("cpu.cfs_quota_us", str(max(1_000, round(share * period_us))))))
-
-    def throttled(self) -> tuple[int, float]:
-        """``cpu.stat``: the periods in which the group ran out of quota and how long its tasks
-        waited for the next one, in seconds ((0, 0.0) if unreadable)."""
-        counters = self._counters("cpu.stat")
-        return counters.get("nr_throttled", 0), counters.get("throttled_time", 0) / 1e9
-
-
-def remove_leftover_groups(prefix: str) -> list[str]:
-    """Remove the freezer, memory and cpu groups named ``prefix-*`` that a crashed owner left
-    behind; returns their paths.
-
-    Only for a prefix unique to the caller: another owner's live group would be thawed.
-    """
-    removed = []
-    for cls in (FreezerGroup, MemoryGroup, CpuGroup):
-        with contextlib.suppress(OSError):
-            for name in os.listdir(cls.root):
-                if name.startswith(prefix + "-"):
-                    group = cls.__new__(cls)
-                    group.path, group.removed = os.path.join(cls.root, name), False
-                    if group.remove():
-                        removed.append(group.path)
-    return removed

@@ -83,6 +83,8 @@ _SETTINGS_HELP = (
     + ". The defaults are longer on purpose: a driver call may sit in D for seconds without being wedged, "
     "and upstream's own shutdown deserves time to finish cleanly."
 )
+_BOUNDS_LINE = ("  demo bounds: " + ", ".join(f"{name}={value:g}" for name, value, _, _ in DEMO_SETTINGS)
+                + " (short for the demo; see --help)")
 _MAX_WORKERS = 64
 _MAX_REQUESTS = 256
 
@@ -190,37 +192,32 @@ def _mounts_under(path: str) -> list[str]:
     return [point for point in fuse_mounts() if point == path or point.startswith(path.rstrip("/") + "/")]
 
 
-def _remove_private_tmpdir(path: str, timeout: float = 5.0) -> bool:
-    """Remove the demo's TMPDIR; True when it is gone. Bounded: retried for up to ``timeout`` s,
-    since the daemons of a killed MPI launcher may still write session files while they exit.
-    Mounts left below it are detached first (their owners are dead by now, see
-    ``_fuse_stall.remove_leftover_mounts``); a tree with a mount still in it is never walked."""
-    if _mounts_under(path):
-        from ._fuse_mounts import remove_leftover_mounts
-
-        remove_leftover_mounts()
-    deadline = time.monotonic() + timeout
-    while True:
-        if not _mounts_under(path):
-            shutil.rmtree(path, ignore_errors=True)
-        if not os.path.lexists(path) or time.monotonic() >= deadline:
-            break
-        time.sleep(0.05)
-    gone = not os.path.lexists(path)
-    if not gone:
-        sys.stderr.write(f"trtllm-liveness: demo: could not remove its temporary directory {path}\n")
-    return gone
-
-
 @contextlib.contextmanager
-def _private_tmpdir() -> Iterator[str]:
+def _private_tmpdir(timeout: float = 5.0) -> Iterator[str]:
     """A fresh directory for everything the scenario child and its MPI processes write (their
-    ``TMPDIR``), removed on the way out, whichever way that is."""
+    ``TMPDIR``), removed on the way out, whichever way that is.
+
+    The removal is bounded: retried for up to ``timeout`` s, since the daemons of a killed MPI
+    launcher may still write session files while they exit. Mounts left below it are detached
+    first (their owners are dead by now, see ``_fuse_mounts.remove_leftover_mounts``); a tree with
+    a mount still in it is never walked."""
     path = tempfile.mkdtemp(prefix=TMP_PREFIX)
     try:
         yield path
     finally:
-        _remove_private_tmpdir(path)
+        if _mounts_under(path):
+            from ._fuse_mounts import remove_leftover_mounts
+
+            remove_leftover_mounts()
+        deadline = time.monotonic() + timeout
+        while True:
+            if not _mounts_under(path):
+                shutil.rmtree(path, ignore_errors=True)
+            if not os.path.lexists(path) or time.monotonic() >= deadline:
+                break
+            time.sleep(0.05)
+        if os.path.lexists(path):
+            sys.stderr.write(f"trtllm-liveness: demo: could not remove its temporary directory {path}\n")
 
 
 def _mpi_setting() -> str:
@@ -317,22 +314,26 @@ def off_verdict(run: ScenarioRun, timeout: float, bound_s: float) -> Verdict:
 def _on_ok(run: ScenarioRun, fault: str) -> bool:
     """Whether the fault was noticed (the stall for ``stop``, not a liveness failure, else the
     event) and shutdown ended within its bounds with no process left."""
-    detection = run.results[0].detection if run.results else None
-    noticed = None if detection is None else detection.stall_detected_ms if fault == "stop" else detection.detected_ms
+    if not run.results:
+        return False
+    noticed = _stamp(run.results[0], "stall_detected_ms" if fault == "stop" else "detected_ms")
     return noticed is not None and _shutdown_ms(run.results[0]) is not None and not run.survivors
+
+
+# The stamps of a run's detection (field, label): the timeline's rows and the comparison's cells.
+_STALL_STAMP = ("stall_detected_ms", "stall noticed (no tokens)")
+_STAMPS = (("detected_ms", "detected by the monitor"), ("health_false_ms", "check_health() False"),
+           ("requests_failed_ms", "every request failed"))
+
+
+def _stamp(out: ScenarioResult, name: str) -> float | None:
+    """The run's detection stamp ``name`` (ms after the fault); None where it has none."""
+    return None if out.detection is None else getattr(out.detection, name)
 
 
 def _timeline(out: ScenarioResult, fault: str) -> list[tuple[str, float | None]]:
     """The run's stamps (ms after the fault), in time order; a stamp never reached comes last."""
-    detection = out.detection
-    if fault == "stop":
-        rows = [("stall noticed (no tokens)", None if detection is None else detection.stall_detected_ms)]
-    else:
-        rows = [
-            ("detected by the monitor", None if detection is None else detection.detected_ms),
-            ("check_health() False", None if detection is None else detection.health_false_ms),
-            ("every request failed", None if detection is None else detection.requests_failed_ms),
-        ]
+    rows = [(label, _stamp(out, name)) for name, label in ((_STALL_STAMP,) if fault == "stop" else _STAMPS)]
     rows.sort(key=lambda row: (row[1] is None, row[1] or 0.0))
     return rows
 
@@ -368,7 +369,7 @@ def _single_lines(args: argparse.Namespace, rank: int, out: ScenarioResult, run:
             lines.append(_FREEZER_WCHAN_NOTE)
     lines += _release_lines(out)
     lines.append(f"  processes left: {list(run.survivors) or 'none'}")
-    lines.append(f"  demo bounds: {_short_settings()} (short for the demo; see --help)")
+    lines.append(_BOUNDS_LINE)
     lines.append("  result: " + ("OK: detected and shut down within bounds" if ok else "FAILED"))
     return lines
 
@@ -382,10 +383,6 @@ def _release_lines(out: ScenarioResult) -> list[str]:
         lines.append(f"  the demo then {how} so pids {list(out.survivors_while_frozen)} could die "
                      "(a really wedged rank would stay until the host is recycled)")
     return lines
-
-
-def _short_settings() -> str:
-    return ", ".join(f"{name}={value:g}" for name, value, _, _ in DEMO_SETTINGS)
 
 
 def _run_single(args: argparse.Namespace, rank: int, tmpdir: str) -> int:
@@ -410,19 +407,15 @@ def _column(run: ScenarioRun) -> dict[str, str]:
     if not run.results:
         return {}
     out = run.results[0]
-    detection = out.detection
     total = out.in_flight if out.in_flight is not None else out.options.requests
-    cells = {
-        "detected by the monitor": "- (no extension)" if not out.options.liveness
-        else _fmt(None if detection is None else detection.detected_ms),
-        "check_health() False": "never" if detection is None or detection.health_false_ms is None
-        else _fmt(detection.health_false_ms),
-        "every request failed": "never" if detection is None or detection.requests_failed_ms is None
-        else _fmt(detection.requests_failed_ms),
-        "requests pending at end": f"{out.pending_not_done} of {total}",
-    }
+    # A stamp never reached: "-" for the monitor's, "never" for what a caller sees.
+    cells = {label: "never" if _stamp(out, name) is None and name != "detected_ms" else _fmt(_stamp(out, name))
+             for name, label in _STAMPS}
+    if not out.options.liveness:
+        cells["detected by the monitor"] = "- (no extension)"
+    cells["requests pending at end"] = f"{out.pending_not_done} of {total}"
     if out.options.fault == "stop":
-        cells["stall noticed (no tokens)"] = _fmt(None if detection is None else detection.stall_detected_ms)
+        cells[_STALL_STAMP[1]] = _fmt(_stamp(out, _STALL_STAMP[0]))
     shutdown = out.shutdown
     if shutdown is not None and shutdown.by_harness:
         cells["shutdown()"] = "not called: the demo killed the workers"
@@ -471,7 +464,7 @@ def _run_compare(args: argparse.Namespace, rank: int, tmpdir: str) -> int:
                      "--fault wedge show what it does not catch)")
     if verdict.kind == "aborted":
         lines.append(f"  (with {FT_ENABLE_VAR} off a death aborts the parent, loudly: see docs/affected.md)")
-    lines.append(f"  demo bounds: {_short_settings()} (short for the demo; see --help)")
+    lines.append(_BOUNDS_LINE)
     lines.append("  result: " + ("OK: detected and shut down within bounds with the extension" if ok else "FAILED"))
     sys.stdout.write("\n".join(lines) + "\n")
     return 0 if ok else 1

@@ -53,25 +53,14 @@ class EngineDeadError(RuntimeError):
         self.root_cause = root_cause
 
 
-class _ResponseSink:
-    """``result.queue``: what upstream's dispatch thread (and the extension) ``put`` responses into.
-
-    Departure from upstream: responses are applied at once instead of waiting for a consumer, so
-    the time a request failed is the time the failure arrived.
-    """
-
-    def __init__(self, result: GenerationResult) -> None:
-        self._result = result
-
-    def put(self, item: Any) -> None:
-        self._result._handle_response(item)
-
-    put_nowait = put
-
-
 @dataclass(eq=False)
 class GenerationResult:
-    """A future for one request. Thread-safe; ``result(timeout)`` blocks at most ``timeout`` s."""
+    """A future for one request. Thread-safe; ``result(timeout)`` blocks at most ``timeout`` s.
+
+    It is its own ``result.queue``: what upstream's dispatch thread (and the extension) ``put``
+    responses into. Departure from upstream: responses are applied at once instead of waiting for
+    a consumer, so the time a request failed is the time the failure arrived.
+    """
 
     client_id: int
     tokens: list[int] = field(default_factory=list)
@@ -81,14 +70,15 @@ class GenerationResult:
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
-        self.queue = _ResponseSink(self)
+        self.queue = self
         self.started = threading.Event()  # set at the first token: the request is in flight
 
     @property
     def done(self) -> bool:
         return self._event.is_set()
 
-    def _handle_response(self, item: Any) -> None:
+    def put(self, item: Any) -> None:
+        """Apply one response: a token, the request's error, or the engine's."""
         with self._lock:
             if self._event.is_set():
                 return
@@ -106,8 +96,10 @@ class GenerationResult:
             self.finished_at = time.monotonic()
             self._event.set()
 
+    put_nowait = put
+
     def abort(self) -> None:
-        self._handle_response(RequestError("request aborted"))
+        self.put(RequestError("request aborted"))
 
     def wait(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for the request to finish or fail; True when it did."""

@@ -62,18 +62,58 @@ logger = logging.getLogger(__name__)
 _SEND_TIMEOUT_MS = 500
 
 
-class GenerationExecutor:
-    """Base of the reference executors (upstream's ``GenerationExecutor``, reduced).
+class GenerationExecutorProxy:
+    """The 1.2.x-like proxy. Construction blocks until the leader reports READY (no timeout,
+    as upstream, up to ``upstream_wait_s``); raises ``RuntimeError`` if a worker future ends first.
 
-    Holds ``_results`` (client id -> :class:`GenerationResult`) and ``_error_queue`` (background
-    errors that ``_handle_background_error`` re-raises in the caller's thread).
+    Holds what upstream's ``GenerationExecutor`` base holds: ``_results`` (client id ->
+    :class:`GenerationResult`) and ``_error_queue`` (background errors that
+    ``_handle_background_error`` re-raises in the caller's thread).
+
+    Not thread-safe except ``submit``/``generate_async`` from one thread alongside the dispatch
+    thread, as upstream.
     """
 
-    def __init__(self, **_unused: Any) -> None:
+    READY_SIGNAL = READY_SIGNAL
+    _error_response_cls = ErrorResponse
+    _protocol_mode = "1.2"  # the protocol its workers speak
+    upstream_wait_s = 3600.0
+    _shutdown_join_s = upstream_wait_s  # how long shutdown() waits for the worker futures
+
+    def __init__(
+        self,
+        worker_kwargs: dict[str, Any],
+        model_world_size: int = 1,
+        mpi_session: Any = None,
+        *,
+        worker_cls: Any = None,
+        postproc_worker_config: Any = None,
+        is_llm_executor: bool | None = None,
+    ) -> None:
+        del worker_cls, postproc_worker_config, is_llm_executor
         self._error_queue: queue.Queue[Any] = queue.Queue()
         self.doing_shutdown = False
         self._results: dict[int, GenerationResult] = {}
         self._id_counter = itertools.count(1)
+        self.workers_started = False
+        self.doing_pre_shutdown = False
+        self.pre_shutdown_runs = 0
+        self.model_world_size = model_world_size
+        self.mpi_session = mpi_session if mpi_session is not None else MpiPoolSession(model_world_size)
+        self.mpi_futures: list[Future[Any]] = []
+        self.dispatch_result_thread: threading.Thread | None = None
+        self._dispatch_stop = threading.Event()
+        # ZMQ sockets are not thread-safe: submit() runs in callers' threads while pre_shutdown()
+        # may run in the error monitor or liveness thread; concurrent sends abort inside libzmq.
+        self._request_send_lock = threading.Lock()
+        kwargs = dict(worker_kwargs)
+        kwargs["mode"] = self._protocol_mode
+        kwargs["worker_queues"] = self._setup_queues()
+        try:
+            self._start_executor_workers(kwargs)
+        except BaseException:
+            self._close_queues()  # departure: upstream leaves its sockets to the garbage collector
+            raise
 
     def is_shutdown(self) -> bool:
         return self.doing_shutdown
@@ -101,69 +141,11 @@ class GenerationExecutor:
             if isinstance(item, BaseException):
                 return item
 
-    def submit(self, request: GenerationRequest) -> GenerationResult:
-        raise NotImplementedError
-
     def generate_async(self, prompt_token_ids: list[int]) -> GenerationResult:
         """Submit one fake generation (non-blocking apart from a bounded socket send)."""
         if not prompt_token_ids:
             raise ValueError("prompt_token_ids must not be empty")
         return self.submit(GenerationRequest(list(prompt_token_ids)))
-
-    def shutdown(self) -> None:
-        raise NotImplementedError
-
-
-class GenerationExecutorProxy(GenerationExecutor):
-    """The 1.2.x-like proxy. Construction blocks until the leader reports READY (no timeout,
-    as upstream, up to ``upstream_wait_s``); raises ``RuntimeError`` if a worker future ends first.
-
-    Not thread-safe except ``submit``/``generate_async`` from one thread alongside the dispatch
-    thread, as upstream.
-    """
-
-    READY_SIGNAL = READY_SIGNAL
-    _error_response_cls = ErrorResponse
-    upstream_wait_s = 3600.0
-
-    def __init__(
-        self,
-        worker_kwargs: dict[str, Any],
-        model_world_size: int = 1,
-        mpi_session: Any = None,
-        *,
-        worker_cls: Any = None,
-        postproc_worker_config: Any = None,
-        is_llm_executor: bool | None = None,
-    ) -> None:
-        super().__init__()
-        del worker_cls, postproc_worker_config, is_llm_executor
-        self.workers_started = False
-        self.doing_pre_shutdown = False
-        self.pre_shutdown_runs = 0
-        self.model_world_size = model_world_size
-        self.mpi_session = mpi_session if mpi_session is not None else MpiPoolSession(model_world_size)
-        self.mpi_futures: list[Future[Any]] = []
-        self.dispatch_result_thread: threading.Thread | None = None
-        self._dispatch_stop = threading.Event()
-        # ZMQ sockets are not thread-safe: submit() runs in callers' threads while pre_shutdown()
-        # may run in the error monitor or liveness thread; concurrent sends abort inside libzmq.
-        self._request_send_lock = threading.Lock()
-        kwargs = dict(worker_kwargs)
-        kwargs["mode"] = self._protocol_mode()
-        kwargs["worker_queues"] = self._setup_queues()
-        try:
-            self._start_executor_workers(kwargs)
-        except BaseException:
-            self._close_queues()  # departure: upstream leaves its sockets to the garbage collector
-            raise
-
-    def _protocol_mode(self) -> str:
-        return "1.2"
-
-    def _resolve_worker_main(self) -> Any:
-        """The worker entry submitted to every rank (fakes return their module's ``worker_main``)."""
-        return _reference_worker_main
 
     def _setup_queues(self) -> dict[str, str]:
         import zmq
@@ -182,34 +164,25 @@ class GenerationExecutorProxy(GenerationExecutor):
         self._result_addr = addrs["result"]
         return addrs
 
-    def _recv_status(self) -> tuple[bytes, Any]:
-        peer, payload = self.worker_init_status_queue.recv_multipart()
-        return peer, pickle.loads(payload)
-
     def _ack(self, peer: bytes) -> None:
         self.worker_init_status_queue.send_multipart([peer, pickle.dumps(ACK)])
 
-    def _submit_to_workers(self, worker_kwargs: dict[str, Any]) -> None:
-        self_ref = self
-
+    def _start_executor_workers(self, worker_kwargs: dict[str, Any]) -> None:
         def mpi_done_callback(future: Future[Any]) -> None:
             exc = None if future.cancelled() else future.exception()
             if exc is not None:
-                self_ref._error_queue.put_nowait(exc)
+                self._error_queue.put_nowait(exc)
 
-        self.mpi_futures = self.mpi_session.submit(
-            self._resolve_worker_main(), **worker_kwargs, ready_signal=self.READY_SIGNAL
-        )
+        self.mpi_futures = self.mpi_session.submit(_reference_worker_main, **worker_kwargs,
+                                                   ready_signal=self.READY_SIGNAL)
         for future in self.mpi_futures:
             future.add_done_callback(mpi_done_callback)
         self.workers_started = True
-
-    def _start_executor_workers(self, worker_kwargs: dict[str, Any]) -> None:
-        self._submit_to_workers(worker_kwargs)
         deadline = time.monotonic() + self.upstream_wait_s
         while True:
             if self.worker_init_status_queue.poll(1000):
-                ready = self._take_status(*self._recv_status())
+                peer, payload = self.worker_init_status_queue.recv_multipart()
+                ready = self._take_status(peer, pickle.loads(payload))
                 if ready is not None:
                     break
                 continue
@@ -217,7 +190,10 @@ class GenerationExecutorProxy(GenerationExecutor):
             if time.monotonic() > deadline:
                 raise RuntimeError("Executor workers did not become ready")
             self._handle_background_error()
-        self._check_ready(*ready)
+        ready_signal, error_trace = ready
+        if ready_signal != self.READY_SIGNAL:
+            self.mpi_session.shutdown_abort(reason=ready_signal)
+            raise RuntimeError(f"Executor worker returned error: {ready_signal!r}\n{error_trace}")
 
     def _take_status(self, peer: bytes, status: Any) -> tuple[Any, Any] | None:
         """``(ready_signal, error_trace)`` from one status message, acknowledged; None for a
@@ -231,11 +207,6 @@ class GenerationExecutorProxy(GenerationExecutor):
         if any(f.done() for f in self.mpi_futures):
             logger.error("Executor worker died during initialization.")
             raise RuntimeError("Executor worker died during initialization")
-
-    def _check_ready(self, ready_signal: Any, error_trace: Any) -> None:
-        if ready_signal != self.READY_SIGNAL:
-            self.mpi_session.shutdown_abort(reason=ready_signal)
-            raise RuntimeError(f"Executor worker returned error: {ready_signal!r}\n{error_trace}")
 
     def _start_dispatch_threads(self) -> None:
         if self.dispatch_result_thread is None:
@@ -304,19 +275,6 @@ class GenerationExecutorProxy(GenerationExecutor):
         self._handle_background_error()
         return result
 
-    def _abort_all_requests(self) -> None:
-        for result in list(self._results.values()):
-            result.abort()
-
-    def _send_stop_sentinel(self) -> None:
-        import zmq
-
-        try:
-            with self._request_send_lock:
-                self.request_queue.send_pyobj(None)
-        except (zmq.Again, zmq.ZMQError):
-            logger.warning("could not send the stop sentinel to the leader rank")
-
     def _should_send_sentinel(self) -> bool:
         return all(not f.done() for f in self.mpi_futures)  # 1.2.x's condition
 
@@ -327,12 +285,16 @@ class GenerationExecutorProxy(GenerationExecutor):
         self.doing_pre_shutdown = True
         self.doing_shutdown = True
         self.pre_shutdown_runs += 1
-        self._abort_all_requests()
+        for result in list(self._results.values()):
+            result.abort()
         if self._should_send_sentinel():
-            self._send_stop_sentinel()
+            import zmq
 
-    def _join_timeout(self) -> float:
-        return self.upstream_wait_s
+            try:
+                with self._request_send_lock:
+                    self.request_queue.send_pyobj(None)
+            except (zmq.Again, zmq.ZMQError):
+                logger.warning("could not send the stop sentinel to the leader rank")
 
     def shutdown(self) -> None:
         """Upstream 1.2.x shutdown: waits for every worker future (forever upstream; here up to
@@ -341,7 +303,7 @@ class GenerationExecutorProxy(GenerationExecutor):
             return
         if not self.doing_pre_shutdown:
             self.pre_shutdown()
-        deadline = time.monotonic() + self._join_timeout()
+        deadline = time.monotonic() + self._shutdown_join_s
         for future in self.mpi_futures:
             with contextlib.suppress(Exception):
                 future.result(timeout=max(0.0, deadline - time.monotonic()))
@@ -377,8 +339,9 @@ class MainGenerationExecutorProxy(GenerationExecutorProxy):
     """The main-branch-like proxy (see the module docstring for what it adds)."""
 
     WORKER_PROCESS_IDENTITIES_SIGNAL = WORKER_PROCESS_IDENTITIES_SIGNAL
+    _protocol_mode = "main"
     error_monitor_interval_s = 5.0
-    _bounded_join_s = 5.0
+    _shutdown_join_s = 5.0  # bounded 5 s joins (upstream #16312)
 
     def __init__(self, worker_kwargs: dict[str, Any], model_world_size: int = 1, mpi_session: Any = None,
                  **kwargs: Any) -> None:
@@ -389,9 +352,6 @@ class MainGenerationExecutorProxy(GenerationExecutorProxy):
         self._error_monitor_thread: threading.Thread | None = None
         self._worker_process_monitor = WorkerProcessMonitor()  # poll-based: no watcher started
         super().__init__(worker_kwargs, model_world_size, mpi_session, **kwargs)
-
-    def _protocol_mode(self) -> str:
-        return "main"
 
     def _take_status(self, peer: bytes, status: Any) -> tuple[Any, Any] | None:
         if status[0] == self.WORKER_PROCESS_IDENTITIES_SIGNAL:
@@ -483,9 +443,6 @@ class MainGenerationExecutorProxy(GenerationExecutorProxy):
 
     def _should_send_sentinel(self) -> bool:
         return not self.mpi_futures or any(not f.done() for f in self.mpi_futures)
-
-    def _join_timeout(self) -> float:
-        return self._bounded_join_s  # bounded 5 s joins (upstream #16312)
 
     def shutdown(self) -> None:
         self._shutdown_event.set()

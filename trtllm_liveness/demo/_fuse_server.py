@@ -5,33 +5,24 @@ The wire format is Linux's ``include/uapi/linux/fuse.h``: each request starts wi
 ``fuse_in_header`` (length, opcode, unique id, node id, caller's uid/gid/pid), each reply with a
 ``fuse_out_header`` (length, negative errno, unique id). The server claims protocol 7.38 but uses
 nothing beyond 7.23's layouts, and answers an older kernel with the shorter ``fuse_init_out``.
-Node 1 is the root directory; node 2 is the held-read file (:data:`HELD_READ_NAME`), whose lookup,
-attributes, open, flush and release are answered and whose READ is held; node 3 is the slow-read
-file (:data:`SLOW_READ_NAME`), answered the same way, whose every READ is answered too, each after
-a delay drawn uniformly from the server's ``read_delay_s`` range: its reader sleeps in ``D``
-(``request_wait_answer``) most of the time, yet every read completes. The server thread never
-sleeps for a delay: due answers wait in a heap, and the thread's ``poll`` wakes when the first is
-due.
+Node 1 is the root directory; a subclass may serve files in it (:meth:`FuseServer._answer_file`),
+and answer some requests late (:meth:`FuseServer._answer_due`, woken by
+:meth:`FuseServer._until_due_ms`): the tests' held-read and slow-read files
+(``tests/support/fuse_stall.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import errno
-import functools
-import heapq
 import logging
-import math
 import os
-import random
 import select
 import struct
 import threading
-import time
 from collections.abc import Callable
 
-__all__ = ["HELD_READ_NAME", "HELD_READ_SIZE", "SLOW_READ_DELAY_S", "SLOW_READ_NAME", "SLOW_READ_PERIOD",
-           "SLOW_READ_SIZE", "FuseServer"]
+__all__ = ["FuseServer"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,53 +41,17 @@ _INIT_OUT = struct.Struct("<IIIIHHIIHHI7I")
 _INIT_OUT_COMPAT_SIZE = 24  # what a kernel older than 7.23 expects
 _INIT_IN = struct.Struct("<II")  # the start of struct fuse_init_in: major, minor
 _INTERRUPT_IN = struct.Struct("<Q")  # struct fuse_interrupt_in: the unique id of the interrupted request
-_READ_IN = struct.Struct("<QQI")  # the start of struct fuse_read_in: fh, offset, size
 
 _FUSE_MAJOR = 7
 _FUSE_MINOR = 38  # the highest minor this server claims; it uses nothing beyond 7.23's layout
 # The one optional feature asked for. Without it the kernel serializes lookups in a directory on a
 # mutex (fuse_lock_inode), so a second caller would sleep there, never reaching the server.
 _FUSE_PARALLEL_DIROPS = 1 << 18
-_FUSE_LOOKUP = 1
 _FUSE_FORGET = 2
-_FUSE_GETATTR = 3
-_FUSE_OPEN = 14
-_FUSE_READ = 15
-_FUSE_RELEASE = 18
-_FUSE_FLUSH = 25
 _FUSE_INIT = 26
 _FUSE_INTERRUPT = 36
 _FUSE_BATCH_FORGET = 42
 _NO_REPLY_OPCODES = frozenset({_FUSE_FORGET, _FUSE_BATCH_FORGET})
-
-# The one file whose READ (only) is held: see FuseStall.read_path.
-HELD_READ_NAME = "held-read"
-HELD_READ_SIZE = 1 << 20
-# The file whose every READ is answered late: see FuseStall.slow_read_path. Byte ``i`` of it is
-# ``i % SLOW_READ_PERIOD``, so a reader can check what it got.
-SLOW_READ_NAME = "slow-read"
-SLOW_READ_SIZE = 1 << 40
-SLOW_READ_PERIOD = 251
-_ROOT_NODEID = 1
-_HELD_READ_NODEID = 2
-_SLOW_READ_NODEID = 3
-_FILES = {HELD_READ_NAME.encode(): (_HELD_READ_NODEID, HELD_READ_SIZE),
-          SLOW_READ_NAME.encode(): (_SLOW_READ_NODEID, SLOW_READ_SIZE)}
-_FILE_SIZES = dict(_FILES.values())
-# FOPEN_DIRECT_IO: every read(2) of the slow-read file is a READ request, none is served from the page cache.
-_FOPEN_DIRECT_IO = 1
-# The most a READ asks for: FUSE_MAX_MAX_PAGES (256) pages of 4 KiB; a larger request gets a short answer.
-_MAX_READ_ANSWER = 256 * 4096
-# How late each READ of the slow-read file is answered by default, in seconds (drawn per READ).
-SLOW_READ_DELAY_S = (0.1, 0.3)
-# struct fuse_attr: ino, size, blocks, atime, mtime, ctime, atimensec, mtimensec, ctimensec, mode,
-# nlink, uid, gid, rdev, blksize, flags.
-_ATTR = struct.Struct("<QQQQQQIIIIIIIIII")
-_ENTRY_OUT_HEAD = struct.Struct("<QQQQII")  # nodeid, generation, entry_valid, attr_valid, *_nsec
-_ATTR_OUT_HEAD = struct.Struct("<QII")  # attr_valid, attr_valid_nsec, dummy
-_OPEN_OUT = struct.Struct("<QIi")  # fh, open_flags, backing_id
-# Long validity, so the kernel does not come back to revalidate while a caller is stuck.
-_VALID_S = 3600
 
 
 def _is_own_thread(tid: int) -> bool:
@@ -110,18 +65,15 @@ class FuseServer:
     It answers ``FUSE_INIT`` (asking for ``FUSE_PARALLEL_DIROPS``), an ``FUSE_INTERRUPT`` with
     ``ENOSYS`` (which sets the connection's ``no_interrupt``; the interrupted request of the
     priming child, :attr:`prime_pid`, is then answered ``ENOENT`` so the child can die), what the
-    held-read and slow-read files need to be opened and mapped, each READ of the slow-read file
-    after a delay drawn from ``read_delay_s`` (a pending answer is dropped when the connection is
-    aborted), and ``EIO`` to this process's own threads; every other request is read and held: its
-    caller waits in the kernel until the connection is aborted.
+    files of a subclass need (:meth:`_answer_file`), and ``EIO`` to this process's own threads; every
+    other request is read and held: its caller waits in the kernel until the connection is aborted.
 
     Lifecycle: :meth:`start` on the connection's descriptor (owned by the caller, who aborts the
     connection and closes it), :meth:`stop` the thread, then :meth:`close` (the wake-up pipe and
     the held requests). The queries and waits are thread-safe.
     """
 
-    def __init__(self, read_delay_s: tuple[float, float] = SLOW_READ_DELAY_S) -> None:
-        self.read_delay_s = read_delay_s
+    def __init__(self) -> None:
         self.prime_pid = 0  # the priming child: its interrupted request is answered
         self._dev_fd = -1
         self._wake_r = self._wake_w = -1
@@ -130,11 +82,6 @@ class FuseServer:
         self._stopped = False
         self._primed = False
         self._held: dict[int, int] = {}  # unique id of each unanswered request -> caller tid
-        self._held_reads: set[int] = set()  # unique ids in _held that are READs of the held-read file
-        self._slow_answers = 0  # READs of the slow-read file answered
-        # Owned by the server thread: (due monotonic time, unique id, payload) of each late answer.
-        self._due: list[tuple[float, int, bytes]] = []
-        self._random = random.Random()
 
     def start(self, dev_fd: int) -> None:
         """Serve ``dev_fd`` (opened ``O_NONBLOCK``) on a daemon thread until :meth:`stop`."""
@@ -159,7 +106,14 @@ class FuseServer:
     def close(self) -> None:
         """Close the wake-up pipe (after :meth:`stop`), forget every held request (their callers were
         released with the connection) and wake every waiter. Idempotent."""
-        for name in ("_wake_r", "_wake_w"):
+        self._close_fds("_wake_r", "_wake_w")
+        with self._cond:
+            self._held.clear()
+            self._cond.notify_all()
+
+    def _close_fds(self, *names: str) -> None:
+        """Close each descriptor attribute named in ``names`` that is open, and mark it closed (-1)."""
+        for name in names:
             fd = getattr(self, name)
             if fd >= 0:
                 try:
@@ -167,34 +121,18 @@ class FuseServer:
                 except OSError as exc:
                     logger.debug("closing %s failed: %s", name, exc)
                 setattr(self, name, -1)
-        with self._cond:
-            self._held.clear()
-            self._held_reads.clear()
-            self._cond.notify_all()
 
     # ------------------------------------------------------------------ queries
 
-    def held_tids(self) -> set[int]:
-        """Thread ids whose request the server has read and holds unanswered."""
-        with self._cond:
-            return set(self._held.values())
-
     def wait_held(self, tid: int, timeout: float) -> bool:
-        """Wait until a request from thread ``tid`` is held; False on timeout or after :meth:`stop`."""
+        """Wait until a request from thread ``tid`` (a pid for a one-thread process) is held; False
+        on timeout or after :meth:`stop`. From then on SIGKILL cannot end that thread before the
+        connection is aborted."""
         return self._wait_until(lambda: tid in self._held.values(), timeout)
-
-    def wait_read_held(self, tid: int, timeout: float) -> bool:
-        """Wait until a READ of the held-read file from thread ``tid`` is held; False on timeout."""
-        return self._wait_until(lambda: any(self._held.get(unique) == tid for unique in self._held_reads), timeout)
 
     def _wait_until(self, held: Callable[[], bool], timeout: float) -> bool:
         with self._cond:
             return self._cond.wait_for(lambda: held() or self._stopped, timeout) and held()
-
-    def slow_reads_answered(self) -> int:
-        """How many READs of the slow-read file were answered (with data) so far."""
-        with self._cond:
-            return self._slow_answers
 
     def wait_primed(self, timeout: float) -> bool:
         """Wait until an INTERRUPT was answered ``ENOSYS`` (``no_interrupt`` set); False on timeout."""
@@ -227,21 +165,12 @@ class FuseServer:
             logger.debug("FUSE stall server failed", exc_info=True)
 
     def _until_due_ms(self) -> int:
-        """The poll timeout: until the first late answer is due (-1: none pending, wait for input)."""
-        if not self._due:
-            return -1
-        return max(0, math.ceil((self._due[0][0] - time.monotonic()) * 1000))
+        """The poll timeout: until the first late answer is due (-1: none pending, wait for input).
+        A plain server has no late answers; a subclass that queues some overrides it."""
+        return -1
 
     def _answer_due(self) -> None:
-        now = time.monotonic()
-        answered = 0
-        while self._due and self._due[0][0] <= now:
-            _, unique, payload = heapq.heappop(self._due)
-            answered += self._reply(unique, 0, payload)
-        if answered:
-            with self._cond:
-                self._slow_answers += answered
-                self._cond.notify_all()
+        """Send the late answers that are due (server thread): none in a plain server."""
 
     def _reply(self, unique: int, error: int, payload: bytes = b"") -> bool:
         try:
@@ -277,60 +206,12 @@ class FuseServer:
             pass
         elif _is_own_thread(tid):
             self._reply(unique, -errno.EIO)
-        elif not self._answer_read_file(opcode, unique, nodeid, data):
+        elif not self._answer_file(opcode, unique, nodeid, data):
             with self._cond:
                 self._held[unique] = tid
-                if opcode == _FUSE_READ and nodeid == _HELD_READ_NODEID:
-                    self._held_reads.add(unique)
                 self._cond.notify_all()
 
-    def _answer_read_file(self, opcode: int, unique: int, nodeid: int, data: bytes) -> bool:
-        """Answer what the held-read and slow-read files need to be opened and mapped, and the
-        slow-read file's READ (late); False leaves the request held.
-
-        Everything but the held-read file's READ is answered: the lookup of their names, their
-        attributes, open, flush (sent by every close) and release; an opcode this server does not
-        implement gets ENOSYS.
-        """
-        if opcode == _FUSE_LOOKUP:
-            name = data[_IN_HEADER.size:].split(b"\0", 1)[0]
-            if nodeid != _ROOT_NODEID or name not in _FILES:
-                return False
-            file_nodeid, _ = _FILES[name]
-            entry = _ENTRY_OUT_HEAD.pack(file_nodeid, 0, _VALID_S, _VALID_S, 0, 0)
-            self._reply(unique, 0, entry + self._file_attr(file_nodeid))
-            return True
-        if nodeid not in _FILE_SIZES or (opcode == _FUSE_READ and nodeid == _HELD_READ_NODEID):
-            return False
-        if opcode == _FUSE_READ:
-            _, offset, size = _READ_IN.unpack_from(data, _IN_HEADER.size)
-            self._answer_late(unique, offset, min(size, _MAX_READ_ANSWER, max(0, SLOW_READ_SIZE - offset)))
-        elif opcode == _FUSE_GETATTR:
-            self._reply(unique, 0, _ATTR_OUT_HEAD.pack(_VALID_S, 0, 0) + self._file_attr(nodeid))
-        elif opcode == _FUSE_OPEN:
-            flags = _FOPEN_DIRECT_IO if nodeid == _SLOW_READ_NODEID else 0
-            self._reply(unique, 0, _OPEN_OUT.pack(0, flags, 0))
-        elif opcode in (_FUSE_FLUSH, _FUSE_RELEASE):
-            self._reply(unique, 0)
-        else:
-            self._reply(unique, -errno.ENOSYS)
-        return True
-
-    def _answer_late(self, unique: int, offset: int, size: int) -> None:
-        """Queue the answer to a READ of the slow-read file: its bytes, due after a random delay."""
-        start = offset % SLOW_READ_PERIOD
-        payload = _slow_read_pattern()[start:start + size]
-        low, high = self.read_delay_s
-        heapq.heappush(self._due, (time.monotonic() + self._random.uniform(low, high), unique, payload))
-
-    @staticmethod
-    def _file_attr(nodeid: int) -> bytes:
-        mode = 0o100444  # S_IFREG | r--r--r--
-        size = _FILE_SIZES[nodeid]
-        return _ATTR.pack(nodeid, size, size // 512, 0, 0, 0, 0, 0, 0, mode, 1, os.geteuid(), os.getegid(), 0, 4096, 0)
-
-
-@functools.cache
-def _slow_read_pattern() -> bytes:
-    """The slow-read file's repeating content, long enough for any answer from any offset."""
-    return bytes(range(SLOW_READ_PERIOD)) * (_MAX_READ_ANSWER // SLOW_READ_PERIOD + 2)
+    def _answer_file(self, opcode: int, unique: int, nodeid: int, data: bytes) -> bool:
+        """Answer a request for a file the server serves (server thread); False leaves it held. A
+        plain server serves none: it holds every such request."""
+        return False

@@ -3,16 +3,12 @@
 :class:`FuseStall` mounts a file system (:mod:`._fuse_mounts`) served by a thread of this process
 that speaks the raw FUSE protocol on ``/dev/fuse`` (:mod:`._fuse_server`, no libfuse). It answers
 ``FUSE_INIT`` and otherwise reads every request and never replies, so a process that calls
-``stat()`` on a path inside the mount waits in the kernel for an answer that never comes. One file
-is the exception, :attr:`FuseStall.read_path`: its lookup, attributes, open, flush and release are
-answered and only its ``READ`` is held, so a process can open and ``mmap`` it and then gets stuck
-in the page fault (a stand-in for a fault on an NFS or GPU-unified-memory mapping). The other
-exception is the healthy look-alike of a wedge, :attr:`FuseStall.slow_read_path`: every ``READ`` of
-it is answered, each after a delay of 100-300 ms (``read_delay_s``), so its reader sleeps in ``D``
-most of the time while it makes progress, as one streaming weights from a network file system does
-(``tests/support/slow_reads.py`` runs such a reader). It is a second
-stand-in, next to the cgroup v1 freezer (:mod:`._cgroup_faults`), for a worker wedged in a GPU
-driver, and works where cgroup v2 is mounted instead.
+``stat()`` on a path inside the mount waits in the kernel for an answer that never comes. It is a
+second stand-in, next to the cgroup v1 freezer (:mod:`._cgroup_faults`), for a worker wedged in a
+GPU driver, and works where cgroup v2 is mounted instead. The tests' stall
+(``tests/support/fuse_stall.py``) serves two files in the mount besides: one whose READ is held
+(a process stuck in a page fault) and one whose every READ is answered late (the healthy
+look-alike of a wedge).
 
 What the kernel does (Linux ``fs/fuse``; measured on 6.18, see the tests):
 
@@ -32,13 +28,6 @@ What the kernel does (Linux ``fs/fuse``; measured on 6.18, see the tests):
   killable wait into the uninterruptible one, so it shows ``R`` for a moment (~1-10 ms) in between.
 - Aborting the connection (the last ``/dev/fuse`` file closed, or ``umount2`` with ``MNT_FORCE``)
   ends every wait with ``ENOTCONN``: the callers return, and those with SIGKILL pending die.
-
-A page fault on :attr:`FuseStall.read_path` holds the target's mmap lock only on some paths:
-the ordinary fault (``filemap_fault``) drops it (or the per-VMA lock) before it waits for the
-READ, but a fault made by ``get_user_pages`` without ``FOLL_UNLOCKABLE`` (``/proc/PID/mem``,
-``ptrace(PEEKDATA)``) keeps ``mmap_read_lock`` for the whole wait: a writer (``mmap``/``munmap``)
-then queues behind it, and every later reader of that mm (``/proc/PID/cmdline``, ``environ``,
-``maps``) queues behind the writer. ``tests/unittest/diagnose/test_scan_nonblocking.py`` builds exactly that process.
 
 Each caller should use its own name (:meth:`FuseStall.new_path`): a second lookup of a name that
 is already being looked up waits on the first one in the VFS (``d_alloc_parallel``), not in FUSE,
@@ -69,7 +58,7 @@ from ._fuse_mounts import (
     remove_leftover_mounts,
     umount_fuse,
 )
-from ._fuse_server import HELD_READ_NAME, SLOW_READ_DELAY_S, SLOW_READ_NAME, FuseServer
+from ._fuse_server import FuseServer
 
 # The mount helpers are re-exported: callers set up and clean up FUSE stalls through this module.
 __all__ = ["MOUNT_PREFIX", "FuseStall", "fuse_available", "fuse_mounts", "remove_leftover_mounts"]
@@ -80,10 +69,9 @@ logger = logging.getLogger(__name__)
 _STAT_CODE = "import os, sys\ntry:\n    os.stat(sys.argv[1])\nexcept OSError:\n    sys.exit(3)\n"
 
 _DEFAULT_TIMEOUT_S = 10.0
-_MAX_READ_DELAY_S = 10.0  # a late answer is still an answer: waits on it stay bounded
 
 
-class FuseStall:
+class FuseStall(FuseServer):
     """A FUSE mount where ``stat()`` of any name blocks in ``D`` until :meth:`release`.
 
     Use it as a context manager. :meth:`__enter__` raises ``OSError`` when it cannot be made (see
@@ -91,30 +79,15 @@ class FuseStall:
     once (wchan ``request_wait_answer``); once :meth:`wait_held` is true for it, SIGKILL stays
     pending and it stays in ``D`` until :meth:`release`, which ends every wait.
 
-    :attr:`read_path` is a regular read-only file of :data:`~._fuse_server.HELD_READ_SIZE` bytes that opens and
-    maps normally; reading it (``read(2)`` or a page fault on a mapping) blocks the same way, in
-    the READ request (:meth:`wait_read_held`).
-
-    :attr:`slow_read_path` is a regular read-only file (opened for direct I/O: no page cache) whose
-    every READ is answered, after a delay drawn uniformly from ``read_delay_s`` (seconds, at most
-    10) for each READ; byte ``i`` is ``i % SLOW_READ_PERIOD``. A reader shows ``D`` in
-    ``request_wait_answer`` most of the time, and its context-switch count grows with each answer.
-    Raises ``ValueError`` for a ``read_delay_s`` outside ``0 <= low <= high <= 10``.
+    It is its own server (:class:`~._fuse_server.FuseServer`): the query ``wait_held`` is the server's.
     """
 
-    def __init__(self, timeout: float = _DEFAULT_TIMEOUT_S,
-                 read_delay_s: tuple[float, float] = SLOW_READ_DELAY_S) -> None:
-        low, high = read_delay_s
-        if not 0 <= low <= high <= _MAX_READ_DELAY_S:
-            raise ValueError(f"read_delay_s must be 0 <= low <= high <= {_MAX_READ_DELAY_S:g}, not {read_delay_s}")
+    def __init__(self, timeout: float = _DEFAULT_TIMEOUT_S) -> None:
+        super().__init__()
         self.timeout = timeout
         self.mountpoint = ""
-        self.read_path = ""  # <mountpoint>/held-read: opens and maps; its READ is never answered
-        self.slow_read_path = ""  # <mountpoint>/slow-read: every READ answered, late
-        self._fd = -1
         self._mounted = False
         self._released = False
-        self._server = FuseServer(read_delay_s)
         self._names = 0
 
     # ------------------------------------------------------------------ lifecycle
@@ -135,15 +108,13 @@ class FuseStall:
         if self._released or self._mounted:
             raise RuntimeError("a FuseStall is entered once")
         self.mountpoint = tempfile.mkdtemp(prefix=f"{MOUNT_PREFIX}-{os.getpid()}-")
-        self.read_path = os.path.join(self.mountpoint, HELD_READ_NAME)
-        self.slow_read_path = os.path.join(self.mountpoint, SLOW_READ_NAME)
         # Non-blocking, so that the server thread can poll it together with its wake-up pipe.
-        self._fd = os.open(DEV_FUSE, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
-        code = mount_fuse(self._fd, self.mountpoint)
+        self._dev_fd = os.open(DEV_FUSE, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+        code = mount_fuse(self._dev_fd, self.mountpoint)
         if code:
             raise OSError(code, f"mount(2) of a fuse file system failed: {os.strerror(code)}", self.mountpoint)
         self._mounted = True
-        self._server.start(self._fd)
+        self.start(self._dev_fd)
         self._prime()
 
     def _prime(self) -> None:
@@ -157,12 +128,12 @@ class FuseStall:
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
-        self._server.prime_pid = child.pid
+        self.prime_pid = child.pid
         try:
             if not self.wait_held(child.pid, self.timeout):
                 raise OSError(errno.ETIMEDOUT, "the priming child's request never reached the FUSE server")
             child.kill()
-            if not self._server.wait_primed(self.timeout):
+            if not self.wait_primed(self.timeout):
                 raise OSError(errno.ETIMEDOUT, "the kernel sent no FUSE_INTERRUPT for the priming child")
             try:
                 child.wait(self.timeout)
@@ -184,16 +155,11 @@ class FuseStall:
         if self._released:
             return
         self._released = True
-        self._server.stop(self.timeout)
+        self.stop(self.timeout)
         if self._mounted:
             umount_fuse(self.mountpoint)  # aborts the connection: releases the callers
             self._mounted = False
-        if self._fd >= 0:
-            try:
-                os.close(self._fd)
-            except OSError as exc:
-                logger.debug("closing _fd failed: %s", exc)
-            self._fd = -1
+        self._close_fds("_dev_fd")
         if self.mountpoint:
             try:
                 os.rmdir(self.mountpoint)
@@ -201,7 +167,7 @@ class FuseStall:
                 pass
             except OSError as exc:
                 logger.debug("cannot remove FUSE mountpoint %s: %s", self.mountpoint, exc)
-        self._server.close()
+        self.close()
 
     # ------------------------------------------------------------------ queries
 
@@ -209,34 +175,3 @@ class FuseStall:
         """A fresh path in the mount for one more caller (each name is looked up once at a time)."""
         self._names += 1
         return os.path.join(self.mountpoint, f"stall-{self._names}")
-
-    def stuck_child_cmd(self, path: str | None = None) -> list[str]:
-        """argv of a process that stats ``path`` (default: a :meth:`new_path`) and so gets stuck.
-
-        Start it with ``start_new_session=True`` and wait for :meth:`wait_held` before killing it.
-        After :meth:`release` it exits (status 3 when it was not killed).
-        """
-        return [sys.executable, "-I", "-S", "-c", _STAT_CODE, path or self.new_path()]
-
-    def held_tids(self) -> set[int]:
-        """Thread ids whose request the server has read and holds unanswered."""
-        return self._server.held_tids()
-
-    def wait_held(self, tid: int, timeout: float) -> bool:
-        """Wait until the server holds a request from thread ``tid`` (a pid for a one-thread process).
-
-        From then on SIGKILL cannot end that thread before :meth:`release`. False on timeout.
-        """
-        return self._server.wait_held(tid, timeout)
-
-    def wait_read_held(self, tid: int, timeout: float) -> bool:
-        """Wait until the server holds a READ of :attr:`read_path` from thread ``tid``.
-
-        The kernel sends the READ from the thread that reads or faults (readahead here is
-        synchronous: INIT does not offer ``FUSE_ASYNC_READ``). False on timeout.
-        """
-        return self._server.wait_read_held(tid, timeout)
-
-    def slow_reads_answered(self) -> int:
-        """How many READs of :attr:`slow_read_path` were answered so far."""
-        return self._server.slow_reads_answered()

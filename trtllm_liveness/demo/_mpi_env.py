@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import glob
 import logging
 import os
 import shutil
@@ -71,22 +70,6 @@ def _remove_private_dir(owner_pid: int, path: str) -> None:
     if os.getpid() == owner_pid:
         shutil.rmtree(path, ignore_errors=True)
         logger.debug("removed PRRTE session base %s", path)
-
-
-def remove_orphaned_prte_tmpdirs() -> list[str]:
-    """Remove the session bases (in this process's temp dir) whose owner no longer runs.
-
-    A launcher that was SIGKILLed, or ended with ``os._exit`` before removing its own, leaves its
-    base behind; it is harmless (the name is unique) but clutter. A live owner's base, or one whose
-    owner pid was reused, is left alone. Returns the paths removed.
-    """
-    removed = []
-    for path in glob.glob(os.path.join(tempfile.gettempdir(), f"{PRTE_TMPDIR_PREFIX}*")):
-        owner = os.path.basename(path)[len(PRTE_TMPDIR_PREFIX):].split("-", 1)[0]
-        if owner.isdigit() and not os.path.exists(f"/proc/{owner}"):
-            shutil.rmtree(path, ignore_errors=True)
-            removed.append(path)
-    return removed
 
 
 def remove_private_prte_tmpdir() -> None:

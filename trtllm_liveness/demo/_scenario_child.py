@@ -59,14 +59,11 @@ from typing import Any
 
 from .._config import ENV_VAR as LIVENESS_ENV_VAR
 from ..process._identity import ProcessIdentity
-from ..stop._bounded_stop import stop_processes
 from ._cgroup_faults import FreezerGroup, MemoryGroup
-from ._executor_worker import read_announced_identities
 from ._fuse_stall import FuseStall
 from ._mpi_env import PRTE_TMPDIR_VAR, configure_mpi_env, remove_private_prte_tmpdir
 from ._scenario_endings import SIGINTS, AtExitReport, emit, open_fds, serve_until_sigint
 from ._scenario_executor import (
-    bounded,
     build_executor,
     expected_tokens,
     fatal_fields,
@@ -74,7 +71,7 @@ from ._scenario_executor import (
     submit,
     upstream_api,
 )
-from ._scenario_faults import alive, inject, kill_watcher, victims_of
+from ._scenario_faults import alive, announce_ranks, inject, kill_watcher, settle_ranks, victims_of
 from ._scenario_observe import CriticalLog, HealthHammer, ThreadExceptions, observe, run_control, snapshot_of_ranks
 from ._scenario_phases import run_init_fault, run_shutdown_fault, run_spawn_failure
 from ._scenario_records import ResultInProgress, ScenarioOptions, ScenarioResult, ShutdownOutcome
@@ -138,9 +135,7 @@ def _run_once(opts: ScenarioOptions, thread_exceptions: ThreadExceptions, draft:
         if at_exit is not None:
             at_exit.draft, at_exit.proxy = draft, proxy
         draft.update(proxy_class=type(proxy).__name__, ready_ms=(time.monotonic() - t_start) * 1e3)
-        identities.extend(read_announced_identities(announce, opts.workers, 10))
-        draft.update(pids=tuple(identity.pid for identity in identities))
-        emit({"pids": list(draft.result.pids), "iteration": iteration})
+        announce_ranks(opts, announce, draft, identities)
         results = [submit(opts, proxy, rank, stop_reading) for rank in range(opts.requests)]
         for result in results:
             result.started.wait(10)
@@ -209,7 +204,10 @@ def _run_once(opts: ScenarioOptions, thread_exceptions: ThreadExceptions, draft:
 def _finish(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity], draft: ResultInProgress) -> None:
     """Shut the executor down and time it; without liveness (it would wait forever) the harness
     ends the ranks instead."""
-    if opts.liveness or opts.fault == "none":
+    hang = not (opts.liveness or opts.fault == "none")
+    if hang:
+        draft.update(shutdown=ShutdownOutcome(shutdown_ms=None, by_harness=True))
+    else:
         t = time.monotonic()
         proxy.shutdown()
         shutdown_ms = round((time.monotonic() - t) * 1e3, 3)
@@ -223,16 +221,12 @@ def _finish(opts: ScenarioOptions, proxy: Any, identities: list[ProcessIdentity]
         if os.path.isdir(getattr(proxy, "_ipc_dir", "")):  # upstream's shutdown was abandoned
             with contextlib.suppress(Exception):
                 proxy._close_queues()
-    else:
-        # The executor would wait forever: the harness ends the hang itself.
-        stop_processes(identities, grace_s=0.0, kill_s=2.0)
-        bounded(proxy.mpi_session.shutdown)
-        if not upstream_api(opts):
-            # Upstream's queues are not closed here: its dispatch thread is still inside a receive on
-            # one (ZMQ sockets are not thread-safe); the scenario process ends with os._exit anyway.
-            bounded(proxy._close_queues)
-        draft.update(shutdown=ShutdownOutcome(shutdown_ms=None, by_harness=True))
-    draft.update(survivors=tuple(i.pid for i in identities if alive(i)))
+    cleanups = [lambda: proxy.mpi_session.shutdown()]
+    if not upstream_api(opts):
+        # Upstream's queues are left open: its dispatch thread is still inside a receive on one
+        # (ZMQ sockets are not thread-safe); the scenario process ends with os._exit anyway.
+        cleanups.append(lambda: proxy._close_queues())
+    settle_ranks(identities, draft, hang, *cleanups)
 
 
 def main(argv: list[str]) -> None:
@@ -255,8 +249,7 @@ def main(argv: list[str]) -> None:
         for iteration in range(options.iterations):
             record = run_once(options, iteration, at_exit)
             if record is not None:
-                pidfds, fds = open_fds()
-                emit(dataclasses.replace(record, pidfds_open=pidfds, fds_open=fds).to_dict())
+                emit(dataclasses.replace(record, **open_fds()).to_dict())
         if at_exit is None:
             emit({"done": True})
     except BaseException:

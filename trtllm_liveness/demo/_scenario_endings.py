@@ -34,9 +34,9 @@ def emit(record: Mapping[str, Any]) -> None:
     sys.stdout.flush()
 
 
-def open_fds(settle_s: float = 2.0) -> tuple[int, int]:
-    """(pidfds, all fds) this process holds; waits up to ``settle_s`` for pidfds a leaving
-    watcher thread releases on its way out."""
+def open_fds(settle_s: float = 2.0) -> dict[str, Any]:
+    """The pidfds and all fds this process holds, as the record's fields ``pidfds_open`` and
+    ``fds_open``; waits up to ``settle_s`` for pidfds a leaving watcher thread releases on its way out."""
     deadline = time.monotonic() + settle_s
     while True:
         gc.collect()
@@ -46,7 +46,7 @@ def open_fds(settle_s: float = 2.0) -> tuple[int, int]:
                 links.append(os.readlink(f"/proc/self/fd/{name}"))
         pidfds = sum(1 for link in links if link == "anon_inode:[pidfd]")
         if pidfds == 0 or time.monotonic() >= deadline:
-            return pidfds, len(links)
+            return {"pidfds_open": pidfds, "fds_open": len(links)}
         time.sleep(0.02)
 
 
@@ -95,9 +95,8 @@ class AtExitReport:
         if self.draft is None:
             return
         fatal = getattr(self.proxy, "_fatal_error", None)
-        pidfds, fds = open_fds(settle_s=0.5)
         # The ranks may still be on their way out: the parent checks the session, so no survivors here.
-        self.draft.update(**fatal_fields(self.proxy, fatal), survivors=(), pidfds_open=pidfds, fds_open=fds,
+        self.draft.update(**fatal_fields(self.proxy, fatal), survivors=(), **open_fds(settle_s=0.5),
                           ending=EndingOutcome(ending=self.opts.ending, sigints=len(SIGINTS.times), at_exit=True))
         emit(self.draft.result.to_dict())
         emit({"done": True})

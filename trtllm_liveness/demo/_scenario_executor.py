@@ -18,7 +18,7 @@ from typing import Any
 
 from ..stop._stop_report import StopReport
 from ._executor_protocol import GenerationResult
-from ._scenario_records import ScenarioOptions, ShutdownOutcome
+from ._scenario_records import InitOutcome, ScenarioOptions, ShutdownOutcome
 
 __all__ = ["Build", "bounded", "build_executor", "engine_factory", "expected_tokens",
            "fatal_fields", "health", "settled_fatal_error", "shutdown_outcome", "submit", "upstream_api"]
@@ -211,3 +211,10 @@ class Build:
         except BaseException as exc:
             self.error = exc
             self.at = time.monotonic()
+
+    def outcome(self, **fields: Any) -> InitOutcome:
+        """The build's :class:`InitOutcome` as it stands (``hung``: still building; its error),
+        with ``fields``."""
+        error = self.error
+        return InitOutcome(hung=self.thread.is_alive(), error_type=None if error is None else type(error).__name__,
+                           error=None if error is None else str(error), **fields)

@@ -18,14 +18,19 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from typing import Any
 
 from ..process import _pidfd
 from ..process._identity import ProcessIdentity
+from ..stop._bounded_stop import stop_processes
 from ._cgroup_faults import FreezerGroup
+from ._executor_worker import read_announced_identities
+from ._scenario_endings import emit
+from ._scenario_executor import bounded
 from ._scenario_records import ResultInProgress, ScenarioOptions, Victim, WatcherFaultOutcome
 
-__all__ = ["PidfdFloor", "alive", "inject", "kill_watcher", "victims_of"]
+__all__ = ["PidfdFloor", "alive", "announce_ranks", "inject", "kill_watcher", "settle_ranks", "victims_of"]
 
 _SIGNALS = {"kill": signal.SIGKILL, "segv": signal.SIGSEGV, "stop": signal.SIGSTOP}
 
@@ -37,6 +42,27 @@ def alive(identity: ProcessIdentity) -> bool:
     except Exception:
         return False
     return True
+
+
+def announce_ranks(opts: ScenarioOptions, announce: str, draft: ResultInProgress,
+                   identities: list[ProcessIdentity]) -> None:
+    """Add the identities the ranks wrote to ``announce`` to ``identities``; note their pids in
+    ``draft`` and print them (the parent's progress line)."""
+    identities.extend(read_announced_identities(announce, opts.workers, 10))
+    draft.update(pids=tuple(identity.pid for identity in identities))
+    emit({"pids": list(draft.result.pids), "iteration": draft.result.iteration})
+
+
+def settle_ranks(identities: list[ProcessIdentity], draft: ResultInProgress, end: bool,
+                 *cleanups: Callable[[], Any]) -> None:
+    """Note the ranks still alive in ``draft`` (``survivors``). First, if ``end`` (the executor
+    would wait forever, or its build or shutdown did not finish), the harness ends the ranks
+    itself and runs each of ``cleanups`` bounded (:func:`~._scenario_executor.bounded`)."""
+    if end:
+        stop_processes(identities, grace_s=0.0, kill_s=2.0)
+        for cleanup in cleanups:
+            bounded(cleanup)
+    draft.update(survivors=tuple(identity.pid for identity in identities if alive(identity)))
 
 
 def victims_of(opts: ScenarioOptions, identities: list[ProcessIdentity],

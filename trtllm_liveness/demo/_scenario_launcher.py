@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import select
-import shutil
 import signal
 import subprocess
 import sys
@@ -39,11 +38,9 @@ def session_members(sid: int) -> list[_procfs.StatInfo]:
     """The stat of each live process whose session id is ``sid`` (the scenario child's session: it,
     prte and the workers)."""
     members = []
-    for name in os.listdir(_procfs.PROCFS_PATH):
-        if not name.isdigit():
-            continue
+    for pid in _procfs.list_pids():
         try:
-            info = _procfs.read_stat(int(name))
+            info = _procfs.read_stat(pid)
         except (OSError, ValueError):  # gone since the listing
             continue
         if info.session == sid and not info.exited:
@@ -120,39 +117,33 @@ def run_scenario(options: ScenarioOptions | Mapping[str, Any], timeout: float,
     opts = options if isinstance(options, ScenarioOptions) else ScenarioOptions.from_dict(options)
     command = list(program) if program else [sys.executable, "-m", CHILD_MODULE]
     child_env = {**os.environ, **(env or {})}
-    # A wedge scenario quarantines "the host" (a marker, see quarantine/_marker.py): the demo, the matrix
-    # and the benchmarks keep that marker in a directory of the child's own, never the machine's
-    # /run, unless the caller chose one.
-    quarantine = None
-    if QUARANTINE_DIR_VAR not in child_env:
-        quarantine = tempfile.mkdtemp(prefix="trtllm-liveness-quarantine-")
-        child_env[QUARANTINE_DIR_VAR] = quarantine
-    try:
+    with contextlib.ExitStack() as cleanup:
+        # A wedge scenario quarantines "the host" (a marker, see quarantine/_marker.py): the demo, the
+        # matrix and the benchmarks keep that marker in a directory of the child's own, never the
+        # machine's /run, unless the caller chose one. Only the scenario process itself writes a
+        # marker: the directory goes once it has exited.
+        if QUARANTINE_DIR_VAR not in child_env:
+            child_env[QUARANTINE_DIR_VAR] = cleanup.enter_context(tempfile.TemporaryDirectory(
+                prefix="trtllm-liveness-quarantine-", ignore_cleanup_errors=True))
         child = subprocess.Popen([*command, json.dumps(opts.to_dict())], stdout=subprocess.PIPE,
                                  stderr=subprocess.PIPE, start_new_session=True, env=child_env)
-    except BaseException:
-        if quarantine is not None:
-            shutil.rmtree(quarantine, ignore_errors=True)
-        raise
-    watch = _ExitWatch(child.pid)
-    timed_out = False
-    try:
-        stdout, stderr = child.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        kill_session(child.pid)
-        stdout, stderr = child.communicate(timeout=10)
-        stderr += b"\n[scenario timed out]"
-    except BaseException:  # Ctrl-C: the session is ours and must not outlive us
-        kill_session(child.pid)
-        raise
-    finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait(10)
-        exited_at = watch.close()
-        if quarantine is not None:  # only the scenario process itself writes a marker, and it is gone
-            shutil.rmtree(quarantine, ignore_errors=True)
+        watch = _ExitWatch(child.pid)
+        timed_out = False
+        try:
+            stdout, stderr = child.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_session(child.pid)
+            stdout, stderr = child.communicate(timeout=10)
+            stderr += b"\n[scenario timed out]"
+        except BaseException:  # Ctrl-C: the session is ours and must not outlive us
+            kill_session(child.pid)
+            raise
+        finally:
+            if child.poll() is None:
+                child.kill()
+                child.wait(10)
+            exited_at = watch.close()
     # prte and the workers outlive a parent that exits: give them a moment, then kill them.
     deadline = time.monotonic() + 3
     while session_members(child.pid) and time.monotonic() < deadline:

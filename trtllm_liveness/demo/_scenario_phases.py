@@ -17,14 +17,11 @@ import time
 from typing import Any
 
 from ..process._identity import ProcessIdentity
-from ..stop._bounded_stop import stop_processes
 from ._cgroup_faults import FreezerGroup
-from ._executor_worker import read_announced_identities
-from ._scenario_endings import emit
-from ._scenario_executor import Build, bounded, fatal_fields, settled_fatal_error, shutdown_outcome
-from ._scenario_faults import alive, inject, victims_of
+from ._scenario_executor import Build, fatal_fields, settled_fatal_error, shutdown_outcome
+from ._scenario_faults import announce_ranks, inject, settle_ranks, victims_of
 from ._scenario_observe import ThreadExceptions
-from ._scenario_records import InitOutcome, ResultInProgress, ScenarioOptions
+from ._scenario_records import ResultInProgress, ScenarioOptions
 
 __all__ = ["run_init_fault", "run_shutdown_fault", "run_spawn_failure"]
 
@@ -33,22 +30,15 @@ def run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announc
                    draft: ResultInProgress, identities: list[ProcessIdentity]) -> None:
     """Inject the fault while the executor is being built (its ranks announced, READY not yet sent)."""
     build = Build(opts, worker_kwargs)
-    identities.extend(read_announced_identities(announce, opts.workers, 10))
-    draft.update(pids=tuple(i.pid for i in identities))
-    emit({"pids": list(draft.result.pids), "iteration": draft.result.iteration})
+    announce_ranks(opts, announce, draft, identities)
     time.sleep(min(0.2, opts.init_delay_s / 4))
     t0, _ = inject(opts, victims_of(opts, identities, draft), freezer, announce, timed=False)
     draft.update(fault_at=t0)
     build.thread.join(opts.observe_s)
     hung = build.thread.is_alive()
-    error = build.error
-    draft.update(init=InitOutcome(
-        hung=hung, error_ms=None if hung else round((time.monotonic() - t0) * 1e3, 3),
-        error_type=None if error is None else type(error).__name__, error=None if error is None else str(error),
-        restartable=getattr(error, "restartable", None)))
-    if hung or build.proxy is not None:
-        stop_processes(identities, grace_s=0.0, kill_s=2.0)
-    draft.update(survivors=tuple(i.pid for i in identities if alive(i)))
+    draft.update(init=build.outcome(error_ms=None if hung else round((time.monotonic() - t0) * 1e3, 3),
+                                    restartable=getattr(build.error, "restartable", None)))
+    settle_ranks(identities, draft, hung or build.proxy is not None)
 
 
 def run_spawn_failure(opts: ScenarioOptions, worker_kwargs: dict[str, Any], draft: ResultInProgress,
@@ -57,13 +47,10 @@ def run_spawn_failure(opts: ScenarioOptions, worker_kwargs: dict[str, Any], draf
     The latency is from the death of mpi4py's manager thread to the constructor's error."""
     build = Build(opts, worker_kwargs)
     build.thread.join(opts.observe_s)
-    error = build.error
     spawn_died = next((t for t, m in zip(thread_exceptions.times, thread_exceptions.messages, strict=True)
                        if "MPI_ERR" in m), None)
-    draft.update(phase="init", survivors=(), init=InitOutcome(  # no rank was ever started
-        hung=build.thread.is_alive(),
+    draft.update(phase="init", survivors=(), init=build.outcome(  # no rank was ever started
         error_ms=None if build.at is None or spawn_died is None else round((build.at - spawn_died) * 1e3, 3),
-        error_type=None if error is None else type(error).__name__, error=None if error is None else str(error),
         spawn_failed=spawn_died is not None))
 
 
@@ -88,7 +75,5 @@ def run_shutdown_fault(opts: ScenarioOptions, proxy: Any, identities: list[Proce
     draft.update(shutdown=shutdown_outcome(
         proxy, shutdown_ms=round((time.monotonic() - t_start) * 1e3, 3) if finished else None, hung=not finished))
     draft.update(**fatal_fields(proxy, settled_fatal_error(proxy, wait=bool(getattr(proxy, "liveness_events", [])))))
-    if not finished or os.path.isdir(getattr(proxy, "_ipc_dir", "")):
-        stop_processes(identities, grace_s=0.0, kill_s=2.0)
-        bounded(proxy._close_queues)
-    draft.update(survivors=tuple(i.pid for i in identities if alive(i)))
+    settle_ranks(identities, draft, not finished or os.path.isdir(getattr(proxy, "_ipc_dir", "")),
+                 lambda: proxy._close_queues())

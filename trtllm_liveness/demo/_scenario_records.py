@@ -151,10 +151,6 @@ class Victim(JsonRecord):
     rank: int
     pid: int
 
-    def named_in(self, text: str | None) -> bool:
-        """Whether ``text`` (a fatal or init error) names this rank and pid as the package does."""
-        return bool(text) and f"rank {self.rank} (pid {self.pid})" in str(text)
-
 
 @dataclass(frozen=True)
 class Detection(JsonRecord):
@@ -286,10 +282,6 @@ class ScenarioResult(JsonRecord):
     def victim(self) -> Victim | None:
         """The (first) rank the fault hit."""
         return self.victims[0] if self.victims else None
-
-    def names_a_victim(self, text: str | None) -> bool:
-        """Whether ``text`` names one of the victims by rank and pid."""
-        return any(v.named_in(text) for v in self.victims)
 
 
 class ResultInProgress:

@@ -190,25 +190,17 @@ def _targets(targets: Sequence[ProcessIdentity | int]
     unscanned: list[RankDiagnosis] = []
     for index, target in enumerate(targets):
         if isinstance(target, int):
-            try:
-                local.append((index, target, _procfs.read_start_time(target)))
-            except (OSError, ValueError):
-                local.append((index, target, None))
+            local.append((index, target, _procfs.start_time_or_none(target)))
             continue
         if not is_local(target):
             unscanned.append(RankDiagnosis(target.rank, target.pid, None,
                                            f"not local (host {target.hostname}): not diagnosed here",
                                            Activity.UNKNOWN, (), None))
             continue
-        if target.start_time is not None:
-            try:
-                start = _procfs.read_start_time(target.pid)
-            except (OSError, ValueError):
-                start = None
-            if start != target.start_time:
-                unscanned.append(RankDiagnosis(target.rank, target.pid, _scan.Verdict.GONE,
-                                               "gone (or its pid reused)", Activity.EXITED, (), None))
-                continue
+        if target.start_time is not None and _procfs.start_time_or_none(target.pid) != target.start_time:
+            unscanned.append(RankDiagnosis(target.rank, target.pid, _scan.Verdict.GONE,
+                                           "gone (or its pid reused)", Activity.EXITED, (), None))
+            continue
         local.append((target.rank, target.pid, target.start_time))
     return local, unscanned
 

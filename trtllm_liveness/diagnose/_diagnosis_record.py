@@ -11,10 +11,11 @@ is :mod:`._diagnosis`'s.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
-from .._record_fields import JsonFields, JsonRecord
+from .._record_fields import JsonRecord
 from . import _scan
 from ._stack_records import RankStacks, StackFrame
 
@@ -35,12 +36,15 @@ class Activity(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class ThreadDiagnosis:
+class ThreadDiagnosis(JsonRecord):
     """One thread: the scan's view (state, wchan, D time, SIGKILL) plus its CPU use over the window.
 
     ``cpu_fraction`` is the share of one core used over the window (None when the thread was not
     there at both CPU samples).
     """
+
+    json_keys: ClassVar[Mapping[str, str]] = {"kill_pending": "sigkill_pending"}
+    json_round: ClassVar[Mapping[str, int]] = {"cpu_fraction": 3, "d_seconds": 3}
 
     tid: int
     name: str
@@ -51,30 +55,22 @@ class ThreadDiagnosis:
     d_seconds: float
     kill_pending: bool
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {"tid": self.tid, "name": self.name, "state": self.state, "activity": self.activity.value,
-                "cpu_fraction": None if self.cpu_fraction is None else round(self.cpu_fraction, 3),
-                "wchan": self.wchan, "d_seconds": round(self.d_seconds, 3), "sigkill_pending": self.kill_pending}
-
-    @classmethod
-    def from_dict(cls, data: object) -> ThreadDiagnosis:
-        """The record :meth:`to_dict` wrote; ``ValueError`` naming the field otherwise."""
-        fields = JsonFields("ThreadDiagnosis", data, required=(
-            "tid", "name", "state", "activity", "cpu_fraction", "wchan", "d_seconds", "sigkill_pending"))
-        return cls(fields.integer("tid"), fields.text("name"), fields.text("state"),
-                   fields.choice("activity", Activity), fields.number_or_none("cpu_fraction"), fields.text("wchan"),
-                   fields.number("d_seconds"), fields.flag("sigkill_pending"))
-
 
 @dataclass(frozen=True)
-class RankDiagnosis:
+class RankDiagnosis(JsonRecord):
     """One rank: its scan verdict, its threads, its activity and (maybe) its Python stacks.
 
     ``stacks`` is None when stacks were not asked for. ``report`` is the scan's report (None for a
-    rank that was not scanned: remote, or its PID reused before the snapshot). ``host`` names the
-    rank's host when its host's agent took it (multi-host), else is empty.
+    rank that was not scanned: remote, or its PID reused before the snapshot), not in the JSON
+    form. ``host`` names the rank's host when its host's agent took it (multi-host), else is empty.
+    The form's ``stuck_in`` (:attr:`stuck_where`) is derived, so recomputed on reading, never
+    compared: it rests on the standard library's paths, which differ between the host that wrote
+    it and this one.
     """
+
+    json_form = ("rank", "pid", "host", "verdict", "detail", "activity", "stuck_where", "threads", "stacks")
+    json_keys: ClassVar[Mapping[str, str]] = {"stuck_where": "stuck_in"}
+    json_unchecked = ("stuck_where",)
 
     rank: int
     pid: int
@@ -99,28 +95,11 @@ class RankDiagnosis:
         main = self.stacks.main_thread(self.pid)
         return None if main is None else main.stuck_in
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+    @property
+    def stuck_where(self) -> str | None:
+        """:attr:`stuck_in` described (``function (file:line)``), if known."""
         stuck = self.stuck_in
-        verdict = None if self.verdict is None else self.verdict.value
-        return {"rank": self.rank, "pid": self.pid, "host": self.host, "verdict": verdict, "detail": self.detail,
-                "activity": self.activity.value, "stuck_in": None if stuck is None else stuck.describe(),
-                "threads": [thread.to_dict() for thread in self.threads],
-                "stacks": None if self.stacks is None else self.stacks.to_dict()}
-
-    @classmethod
-    def from_dict(cls, data: object) -> RankDiagnosis:
-        """The record :meth:`to_dict` wrote (no ``report``, no ``iterations``); ``ValueError`` naming
-        the field otherwise. ``stuck_in`` is derived, so recomputed, never compared: it rests on the
-        standard library's paths, which differ between the host that wrote it and this one."""
-        fields = JsonFields("RankDiagnosis", data, required=(
-            "rank", "pid", "host", "verdict", "detail", "activity", "threads", "stacks"), optional=("stuck_in",))
-        return cls(fields.integer("rank"), fields.integer("pid"),
-                   None if fields.get("verdict") is None else fields.choice("verdict", _scan.Verdict),
-                   fields.text("detail"), fields.choice("activity", Activity),
-                   tuple(ThreadDiagnosis.from_dict(item) for item in fields.objects("threads")),
-                   None if fields.get("stacks") is None else RankStacks.from_dict(fields.get("stacks")),
-                   host=fields.text("host"))
+        return None if stuck is None else stuck.describe()
 
 
 @dataclass(frozen=True)

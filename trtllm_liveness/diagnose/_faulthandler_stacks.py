@@ -72,8 +72,7 @@ from ..process import _pidfd, _procfs
 from ._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack
 
 __all__ = ["DUMP_SIGNALS", "DumpRequests", "StackDumpFile", "dump_directory", "parse_faulthandler_dump",
-           "register_stack_dump", "register_stack_dump_or_warn", "remove_gone_dump_files", "signal_name",
-           "take_faulthandler_stacks"]
+           "register_stack_dump", "register_stack_dump_or_warn", "signal_name", "take_faulthandler_stacks"]
 
 logger = logging.getLogger(__name__)
 
@@ -129,12 +128,15 @@ def _file_name(pid_namespace: int, pid: int, start_time: int) -> str:
     return f"{pid_namespace}-{pid}-{start_time}.stacks"
 
 
-def _check_private_dir(st: os.stat_result, uid: int, path: str) -> None:
-    if not stat.S_ISDIR(st.st_mode):
-        raise OSError(errno.ENOTDIR, f"{path} is not a directory")
+def _open_private_dir(path: str, uid: int) -> int:
+    """An fd of the directory ``path`` (not a symlink); ``PermissionError`` unless private to ``uid``."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    st = os.fstat(fd)
     if st.st_uid != uid or st.st_mode & 0o077:
+        os.close(fd)
         raise PermissionError(errno.EPERM, f"{path} is not private to uid {uid} (owner {st.st_uid}, "
                                            f"mode {stat.S_IMODE(st.st_mode):o})")
+    return fd
 
 
 # ----------------------------------------------------------------------------- the rank's side
@@ -161,31 +163,9 @@ def _sweep(dir_fd: int, pid_namespace: int) -> None:
         if match is None or int(match.group(1)) != pid_namespace:
             continue
         pid, start = int(match.group(2)), int(match.group(3))
-        try:
-            alive = _procfs.read_start_time(pid) == start
-        except (OSError, ValueError):
-            alive = False
-        if not alive:
+        if _procfs.start_time_or_none(pid) != start:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(name, dir_fd=dir_fd)
-
-
-def remove_gone_dump_files(*, uid: int | None = None, base: str | None = None) -> None:
-    """Remove the dump files of ``uid``'s processes of this PID namespace that are gone (ranks
-    ended by SIGKILL or ``os._exit`` leave theirs): for a proxy after it stopped its ranks. A
-    directory that is missing or not private is left alone. Never raises; local file operations."""
-    directory = dump_directory(os.geteuid() if uid is None else uid, base)
-    try:
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return
-    try:
-        _check_private_dir(os.fstat(dir_fd), os.geteuid() if uid is None else uid, directory)
-        _sweep(dir_fd, _procfs.pid_namespace_inode())
-    except (OSError, ValueError) as exc:
-        logger.debug("liveness: dump files in %s not swept: %s", directory, exc)
-    finally:
-        os.close(dir_fd)
 
 
 def register_stack_dump(*, base: str | None = None) -> StackDumpFile | None:
@@ -213,13 +193,12 @@ def register_stack_dump(*, base: str | None = None) -> StackDumpFile | None:
         directory = dump_directory(uid, base)
         with contextlib.suppress(FileExistsError):
             os.mkdir(directory, 0o700)
-        dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            try:
-                _check_private_dir(os.fstat(dir_fd), uid, directory)
-            except PermissionError as exc:
-                logger.warning("liveness: no stack dumps for this process: %s", exc.strerror)
-                return None
+            dir_fd = _open_private_dir(directory, uid)
+        except PermissionError as exc:
+            logger.warning("liveness: no stack dumps for this process: %s", exc.strerror)
+            return None
+        try:
             start = _procfs.read_start_time(pid)
             pid_namespace = _procfs.pid_namespace_inode()
             _sweep(dir_fd, pid_namespace)
@@ -326,8 +305,8 @@ class _Unavailable(Exception):
         self.detail = detail
 
 
-def _open_dump_file(pid: int, start_time: int) -> tuple[int, bytes, int]:
-    """``(fd, header line, signal)`` of ``pid``'s dump file, checked. Raises :class:`_Unavailable`."""
+def _open_dump_file(pid: int, start_time: int) -> tuple[int, re.Match[bytes], int]:
+    """``(fd, its header, signal)`` of ``pid``'s dump file, checked. Raises :class:`_Unavailable`."""
     try:
         status = _procfs.read_status(pid)
         pid_namespace = _procfs.pid_namespace_inode()
@@ -360,7 +339,7 @@ def _open_dump_file(pid: int, start_time: int) -> tuple[int, bytes, int]:
         if not status.caught & _procfs.signal_bit(signum):
             raise _Unavailable(StackStatus.NOT_REGISTERED, f"no handler for signal {signum} any more "
                                                            "(the process replaced its image or unregistered it)")
-        return fd, match.group(0), signum
+        return fd, match, signum
     except BaseException:
         os.close(fd)
         raise
@@ -425,7 +404,7 @@ class _DumpRequest:
         fd, header, signum = _open_dump_file(pid, self.start_time)
         try:
             self._lock(fd, signum)
-            return self._signal_and_read(fd, len(header), signum, started)
+            return self._signal_and_read(fd, header, signum, started)
         finally:
             os.close(fd)  # releases the lock too
 
@@ -445,7 +424,7 @@ class _DumpRequest:
                                                           f"deadline ({signal_name(signum)} not sent)")
             time.sleep(_POLL_S)
 
-    def _signal_and_read(self, fd: int, header_len: int, signum: int, started: float) -> RankStacks:
+    def _signal_and_read(self, fd: int, header: re.Match[bytes], signum: int, started: float) -> RankStacks:
         pid = self.pid
         pending, blocked_before = _signal_state(pid, signum)
         size = os.fstat(fd).st_size
@@ -453,10 +432,10 @@ class _DumpRequest:
             with contextlib.suppress(OSError):  # no write access (another user's rank read by root is fine)
                 writer = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC)
                 try:
-                    os.ftruncate(writer, header_len)
+                    os.ftruncate(writer, header.end())
                 finally:
                     os.close(writer)
-                size = header_len
+                size = header.end()
         baseline = size
         if not pending:  # one already pending (an earlier snapshot's) makes the same dump
             try:
@@ -483,9 +462,7 @@ class _DumpRequest:
                                    f"deadline ({signal_name(signum)} sent)")
             time.sleep(_POLL_S)
         data = os.pread(fd, MAX_DUMP_BYTES, baseline)
-        match = _HEADER.match(os.pread(fd, _HEADER_MAX, 0))
-        main_ident = int(match.group(4), 16) if match is not None else None
-        threads = parse_faulthandler_dump(data.decode("ascii", "replace"), main_ident=main_ident, pid=pid)
+        threads = parse_faulthandler_dump(data.decode("ascii", "replace"), main_ident=int(header.group(4), 16), pid=pid)
         if not threads:
             raise _Unavailable(StackStatus.FAILED, f"its dump had no thread ({len(data)} bytes)")
         return RankStacks(StackStatus.TAKEN, "", (time.monotonic() - started) * 1000, StackSource.FAULTHANDLER,

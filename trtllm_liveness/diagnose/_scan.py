@@ -33,10 +33,11 @@ from __future__ import annotations
 import enum
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
+from .._record_fields import JsonRecord
 from ..monitor._wedge import WedgeTracker
 from ..process import _procfs
 from ..process._mm_read import DEFAULT_TIMEOUT_S, MmReader, SkippedRead, read_cmdline
@@ -71,13 +72,16 @@ class Verdict(str, enum.Enum):
 
 
 @dataclass(frozen=True)
-class ThreadReport:
+class ThreadReport(JsonRecord):
     """One thread at the last sample of a scan.
 
     ``d_seconds`` is how long the thread had been seen in ``D`` without interruption up to the
     last sample (a lower bound: it may have been in ``D`` before the first one); 0 when it was not
     in ``D`` at the last sample. ``d_samples`` counts the samples that saw it in ``D``.
     """
+
+    json_keys: ClassVar[Mapping[str, str]] = {"kill_pending": "sigkill_pending"}
+    json_round: ClassVar[Mapping[str, int]] = {"d_seconds": 3}
 
     tid: int
     name: str
@@ -87,22 +91,15 @@ class ThreadReport:
     kill_pending: bool
     wchan: str
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "tid": self.tid,
-            "name": self.name,
-            "state": self.state,
-            "d_seconds": round(self.d_seconds, 3),
-            "d_samples": self.d_samples,
-            "sigkill_pending": self.kill_pending,
-            "wchan": self.wchan,
-        }
-
 
 @dataclass(frozen=True)
-class ProcessReport:
+class ProcessReport(JsonRecord):
     """The result of scanning one process: what was seen, the verdict, and what to do."""
+
+    json_form = ("pid", "comm", "cmdline", "ppid", "state", "verdict", "unkillable", "zombie", "detail", "advice",
+                 "kill_pending", "d_seconds", "samples", "exit_status", "threads", "skipped")
+    json_keys = ThreadReport.json_keys
+    json_round = ThreadReport.json_round
 
     pid: int
     comm: str
@@ -126,30 +123,14 @@ class ProcessReport:
         return self.verdict is Verdict.UNKILLABLE
 
     @property
+    def zombie(self) -> bool:
+        """Exited, not yet reaped by its parent."""
+        return self.verdict is Verdict.ZOMBIE
+
+    @property
     def flagged(self) -> bool:
         """Anything other than a healthy running or sleeping process."""
         return self.verdict is not Verdict.OK
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
-        return {
-            "pid": self.pid,
-            "comm": self.comm,
-            "cmdline": list(self.cmdline),
-            "ppid": self.ppid,
-            "state": self.state,
-            "verdict": self.verdict.value,
-            "unkillable": self.unkillable,
-            "zombie": self.verdict is Verdict.ZOMBIE,
-            "detail": self.detail,
-            "advice": self.advice,
-            "sigkill_pending": self.kill_pending,
-            "d_seconds": round(self.d_seconds, 3),
-            "samples": self.samples,
-            "exit_status": self.exit_status,
-            "threads": [thread.to_dict() for thread in self.threads],
-            "skipped": [skip.to_dict() for skip in self.skipped],
-        }
 
 
 @dataclass(frozen=True)

@@ -37,6 +37,7 @@ import threading
 import time
 from typing import Any
 
+from ..demo._scenario_endings import emit
 from ..demo._scenario_executor import engine_factory
 from ._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport
 
@@ -45,11 +46,6 @@ _TICK_S = 0.001
 _STOPPED_AFTER_S = 1.0  # tokens count as stopped after this long without one
 _WATCHED_S = 30.0  # the agents' hellos come within a second or two of the ranks' start
 _INJECT_S = 15.0  # the remote agent's answer to a fault request (a freeze waits at most 2 s)
-
-
-def emit(key: str, value: Any) -> None:
-    sys.stdout.write(json.dumps({key: value}) + "\n")
-    sys.stdout.flush()
 
 
 class _Stream:
@@ -129,13 +125,13 @@ def _inject_remote(executor: Any, rank: Any, fault: Any) -> float | None:
 
     hub = getattr(getattr(executor, "liveness_state", None), "hub", None)
     if not isinstance(hub, DrillHub):
-        emit("error", "this engine runs no drill's agent hub: no rank of another host can be hit")
+        emit({"error": "this engine runs no drill's agent hub: no rank of another host can be hit"})
         return None
     if not isinstance(rank, int) or isinstance(rank, bool) or fault not in FAULTS:
-        emit("error", f"bad inject request: rank {rank!r}, fault {fault!r}")
+        emit({"error": f"bad inject request: rank {rank!r}, fault {fault!r}"})
         return None
     reply = hub.inject_fault(rank, fault, _INJECT_S)
-    emit("injected", reply.to_dict())
+    emit({"injected": reply.to_dict()})
     return reply.at if reply.injected else None
 
 
@@ -187,7 +183,7 @@ def run(options: DrillOptions) -> int:
         import tensorrt_llm
         from tensorrt_llm import LLM
     except Exception as exc:  # ImportError, or the package failing at import (a CUDA library)
-        emit("error", f"tensorrt_llm cannot be imported by {sys.executable}: {type(exc).__name__}: {exc}")
+        emit({"error": f"tensorrt_llm cannot be imported by {sys.executable}: {type(exc).__name__}: {exc}"})
         return 4
     from ..integrations.trtllm import _hosts, liveness_executor_class
     from ._drill_faults import DrillHub
@@ -197,7 +193,7 @@ def run(options: DrillOptions) -> int:
     llm = LLM(_model(options), tensor_parallel_size=options.tp, executor_cls=liveness_executor_class(), **extra)
     executor = llm._executor
     if not hasattr(executor, "liveness_statuses"):
-        emit("error", "the extension did not attach to this TensorRT-LLM's executor (run 'trtllm-liveness doctor')")
+        emit({"error": "the extension did not attach to this TensorRT-LLM's executor (run 'trtllm-liveness doctor')"})
         return 3
     streams = [_Stream(_submit(llm, options.max_tokens)) for _ in range(options.requests)]
     deadline = time.monotonic() + options.stream_timeout_s
@@ -205,17 +201,17 @@ def run(options: DrillOptions) -> int:
         time.sleep(0.01)
     if not all(stream.tokens and not stream.done for stream in streams):
         problems = sorted({repr(stream.error) for stream in streams if stream.error is not None})
-        emit("error", f"the requests did not all stream within {options.stream_timeout_s:g} s"
-                      + (f": {'; '.join(problems)}" if problems else ""))
+        emit({"error": f"the requests did not all stream within {options.stream_timeout_s:g} s"
+                       + (f": {'; '.join(problems)}" if problems else "")})
         return 1
     if options.hosts:
         _wait_watched(executor, options.tp, min(deadline, time.monotonic() + _WATCHED_S))
-    emit("ready", EngineReady(ranks=_ranks(executor), proxy_pid=os.getpid(),
-                              version=str(getattr(tensorrt_llm, "__version__", "?")),
-                              streaming=len(streams), agents=_agents(executor)).to_dict())
+    emit({"ready": EngineReady(ranks=_ranks(executor), proxy_pid=os.getpid(),
+                               version=str(getattr(tensorrt_llm, "__version__", "?")),
+                               streaming=len(streams), agents=_agents(executor)).to_dict()})
     t0 = _read_fault(options.fault_wait_s, executor)
     if t0 is None:
-        emit("error", f"no fault made within {options.fault_wait_s:g} s")
+        emit({"error": f"no fault made within {options.fault_wait_s:g} s"})
         return 1
     seen = _observe(executor, streams, t0, options.observe_s)
     started = time.monotonic()
@@ -223,12 +219,12 @@ def run(options: DrillOptions) -> int:
     shutdown_s = time.monotonic() - started
     fatal = executor.liveness_fatal_error
     stop_report = executor.liveness_shutdown_report
-    emit("report", EngineReport(
+    emit({"report": EngineReport(
         **seen, fatal="" if fatal is None else str(fatal), fatal_kind="" if fatal is None else fatal.event.kind.value,
         fatal_rank=None if fatal is None else fatal.event.identity.rank,
         restartable=None if fatal is None else fatal.restartable and (stop_report is None or stop_report.restartable),
         total=len(streams), shutdown_s=shutdown_s,
-        unkillable=() if stop_report is None else tuple(worker.pid for worker in stop_report.unkillable)).to_dict())
+        unkillable=() if stop_report is None else tuple(worker.pid for worker in stop_report.unkillable)).to_dict()})
     return 0
 
 
@@ -237,7 +233,7 @@ def main(argv: list[str]) -> None:
     try:
         code = run(DrillOptions.from_dict(json.loads(argv[0])))
     except BaseException as exc:  # one line for the drill, never a hang in a half-built engine
-        emit("error", f"{type(exc).__name__}: {exc}")
+        emit({"error": f"{type(exc).__name__}: {exc}"})
         code = 1
     finally:
         sys.stdout.flush()

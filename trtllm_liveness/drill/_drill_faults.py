@@ -22,10 +22,10 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import itertools
 import logging
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._record_fields import JsonRecord
 from ..multihost import _wire
-from ..multihost._agent_faults import FAULTS, FaultHandler
+from ..multihost._agent_faults import FAULT_SIGNALS, FAULTS, FaultHandler
 from ..multihost._hub import AgentHub
 from ..multihost._hub_records import Connection
 from ..process import _pidfd
@@ -49,7 +49,6 @@ logger = logging.getLogger(__name__)
 
 __all__ = ["FAULTS", "AgentFaults", "DrillHub", "FaultReply", "FaultRequest"]
 
-_SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 _FREEZE_S = 2.0  # the agent's thread waits at most this long for FROZEN
 _FREEZER_PREFIX = "trtllm-liveness-drill-agent"  # the local drill's groups are trtllm-liveness-drill-*
 _AFTER_THAW_KILL_S = 3.0
@@ -165,42 +164,39 @@ class AgentFaults(FaultHandler):
         try:
             request = FaultRequest.parse(message)
         except _wire.WireError as exc:
-            self._reject(str(exc))
+            self.rejected.note(host, str(exc))
             return self._answer(req, rank, fault, "refused", f"malformed fault request: {exc}")
+        answer = functools.partial(self._answer, request.req, request.rank, request.fault)
         victim = self.identities.get(request.rank)
         if victim is None or victim.start_time is None:
             why = ("the agent's own rank (it reports the fault; hit another rank of its host)"
                    if request.rank == self.own.rank else "not a rank this agent watches")
-            return self._answer(request.req, request.rank, request.fault, "refused",
-                                f"rank {request.rank} on host {host}: {why} (hittable: {sorted(self.identities)})")
+            return answer("refused", f"rank {request.rank} on host {host}: {why} (hittable: {sorted(self.identities)})")
         if request.fault == "wedge":
             from ..demo._cgroup_faults import freezer_available
 
             reason = freezer_available()
             if reason is not None:
-                return self._answer(request.req, request.rank, request.fault, "refused",
-                                    f"wedge not available on host {host}: {reason}", pid=victim.pid)
+                return answer("refused", f"wedge not available on host {host}: {reason}", pid=victim.pid)
         try:
             at = self._inject(request.fault, victim)
         except Exception as exc:  # the rank is gone, its pid was reused, or the freezer failed
             logger.warning("liveness: the drill's %s of rank %d (pid %d) on host %s failed: %s", request.fault,
                            victim.rank, victim.pid, host, exc)
-            return self._answer(request.req, request.rank, request.fault, "failed", f"{type(exc).__name__}: {exc}",
-                                pid=victim.pid)
+            return answer("failed", f"{type(exc).__name__}: {exc}", pid=victim.pid)
         logger.info("liveness: drill: %s of rank %d (pid %d) on host %s, verified by its pidfd", request.fault,
                     victim.rank, victim.pid, host)
         what = {"kill": "SIGKILL sent", "stop": "SIGSTOP sent",
                 "wedge": f"frozen in D by the cgroup v1 freezer ({self._freezer.path if self._freezer else '?'})"}
-        return self._answer(request.req, request.rank, request.fault, "injected",
-                            f"{what[request.fault]} through a pidfd verified against its start time",
-                            pid=victim.pid, age=max(0.0, time.monotonic() - at))
+        return answer("injected", f"{what[request.fault]} through a pidfd verified against its start time",
+                      pid=victim.pid, age=max(0.0, time.monotonic() - at))
 
     def _inject(self, fault: str, victim: ProcessIdentity) -> float:
         fd = _pidfd.open_verified_pidfd(victim.pid, victim.start_time)
         try:
             if fault != "wedge":
                 at = time.monotonic()
-                if not _pidfd.send_signal(fd, _SIGNALS[fault]):
+                if not _pidfd.send_signal(fd, FAULT_SIGNALS[fault]):
                     raise ProcessLookupError(f"rank {victim.rank} (pid {victim.pid}) exited before the signal")
                 return at
             from ..demo._cgroup_faults import FREEZER_ROOT, FreezerGroup

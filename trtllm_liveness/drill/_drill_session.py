@@ -19,7 +19,6 @@ import json
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -28,12 +27,12 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import IO, TYPE_CHECKING, Any
 
+from ..multihost._agent_faults import FAULT_SIGNALS
 from ..process import _pidfd
 from ._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport, local_ranks
 
 if TYPE_CHECKING:
     from ..quarantine._marker import QuarantineMarker
-    from ._drill_faults import FaultReply
 
 __all__ = ["DrillSession", "EngineEnded", "FaultNotMade"]
 
@@ -41,7 +40,6 @@ _EXIT_WAIT_S = 10.0
 _STOP_KILL_S = 2.0
 _LOG_TAIL_CHARS = 3000
 _ENGINE = "trtllm_liveness.drill._drill_engine"
-_SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}
 
 
 class EngineEnded(Exception):
@@ -69,7 +67,6 @@ class DrillSession:
         self._log_path = os.path.join(self.workdir, "engine.log")
         self._freezer: Any = None
         self._closed = False
-        self.remote_fault: FaultReply | None = None  # the remote agent's answer (--hosts)
         self.last_log = ""  # the end of the engine's stderr, kept by close() before the directory goes
 
     def start(self, options: DrillOptions, env: Mapping[str, str], launch: Sequence[str] = ()) -> None:
@@ -141,7 +138,7 @@ class DrillSession:
                     raise ProcessLookupError(f"rank {victim.rank} (pid {victim.pid}) exited before it was frozen")
             else:
                 t0 = time.monotonic()
-                _pidfd.send_signal(fd, _SIGNALS[fault])
+                _pidfd.send_signal(fd, FAULT_SIGNALS[fault])
         finally:
             os.close(fd)
         self._tell({"fault_at": t0})
@@ -156,7 +153,6 @@ class DrillSession:
 
         self._tell({"inject": {"rank": victim.rank, "fault": fault}})
         reply = FaultReply.from_dict(self._next("injected", deadline))
-        self.remote_fault = reply
         if not reply.injected or reply.at is None:
             raise FaultNotMade(f"{reply.outcome}: {reply.detail}")
         return reply.at

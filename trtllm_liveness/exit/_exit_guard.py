@@ -141,7 +141,6 @@ class FatalExitGuard:
         self._reason: object = None
         self._triggered = threading.Event()
         self._disarmed = False
-        self._graceful_thread: threading.Thread | None = None
         self._watchdog: threading.Timer | None = None
         # Made now at the latest (engine start): its atexit hook then runs after the executor's.
         self._ending: ProcessEnding = process_ending()
@@ -207,9 +206,7 @@ class FatalExitGuard:
             "fatal engine error: %s; shutting down, exit status %d", getattr(reason, "message", reason), self.exit_code
         )
         try:
-            self._graceful_thread = threading.Thread(target=self._run_graceful, name="trtllm-liveness-graceful",
-                                                     daemon=True)
-            self._graceful_thread.start()
+            threading.Thread(target=self._run_graceful, name="trtllm-liveness-graceful", daemon=True).start()
             if self._timeout_s is not None:
                 self._watchdog = threading.Timer(self._timeout_s, self._watchdog_expired)
                 self._watchdog.name = "trtllm-liveness-exit-watchdog"

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from .._record_fields import JsonFields
 from ..process._procfs import pid_namespace_inode, read_start_time
 from ._outcome_pipe import PipedFailure, compact_json, open_writer, send_failure
-from ._process_ending import OutcomeLedger, Stage, process_ending
+from ._process_ending import WRITE_BOUND_S, OutcomeLedger, Stage, process_ending
 from ._snapshot_record import FatalSnapshot
 
 logger = logging.getLogger(__name__)
@@ -46,8 +46,6 @@ _LIMIT = 65536
 _SNAPSHOT_LIMIT = _LIMIT - 8192
 """Room for the snapshot in a record (8 ranks with their main threads' frames take about 6 KiB)."""
 _STATES = ("running", "failed", "clean")
-WRITE_BOUND_S = 2.0
-"""How long the process's ending waits for the failure record's write (one small local file)."""
 
 
 @dataclass(frozen=True)

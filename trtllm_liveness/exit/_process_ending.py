@@ -53,7 +53,8 @@ logger = logging.getLogger(__name__)
 
 
 class EndingGuard(Protocol):
-    """What the ending reads of an exit guard (:class:`~._exit_guard.FatalExitGuard`)."""
+    """What the ending reads of an exit guard (:class:`~._exit_guard.FatalExitGuard`, which imports
+    this module)."""
 
     @property
     def disarmed(self) -> bool: ...
@@ -66,7 +67,12 @@ class EndingGuard(Protocol):
 
     def status(self, unrestartable: bool) -> int: ...
 
-__all__ = ["OutcomeLedger", "OwnedThreads", "ProcessEnding", "QuarantineLedger", "Stage", "process_ending"]
+__all__ = ["WRITE_BOUND_S", "OutcomeLedger", "OwnedThreads", "ProcessEnding", "QuarantineLedger", "Stage",
+           "process_ending"]
+
+WRITE_BOUND_S = 2.0
+"""How long the process's ending waits for a record's write from its thread (the outcome file, the
+termination message: one small local file, one ``write``)."""
 
 SECOND_ENDER_WAIT_S = 30.0
 """How long a second thread ending the process (a watchdog while the interpreter's exit runs the
@@ -203,23 +209,17 @@ class ProcessEnding:
             self._sigint_sent = True
             return True
 
-    def claim_termination_message(self, message: str) -> int:
-        """The write's sequence number (1) for the first caller of the process, whose fatal error
-        (``message``) is the termination message; 0 for every later caller."""
-        with self._lock:
-            if self._termination_writes:
-                return 0
-            self._termination_first = message
-            self._termination_writes = 1
-            return 1
-
-    def claim_termination_amendment(self, message: str) -> int:
-        """A later write's sequence number where ``message`` extends the message the claim wrote
-        (the same fatal error, with what was learnt since: its snapshot); 0 otherwise."""
+    def claim_termination(self, message: str, *, amend: bool = False) -> int:
+        """A termination-message write's sequence number, 0 for none: 1 for the first caller of the
+        process, whose fatal error (``message``) is the termination message; for an amendment
+        (``amend``), the next one where ``message`` extends that message (the same fatal error,
+        with what was learnt since: its snapshot)."""
         with self._lock:
             first = self._termination_first
-            if not first or not message.startswith(first.rstrip("\n")):
+            claimed = bool(first) and message.startswith(first.rstrip("\n")) if amend else not self._termination_writes
+            if not claimed:
                 return 0
+            self._termination_first = first if amend else message
             self._termination_writes += 1
             return self._termination_writes
 

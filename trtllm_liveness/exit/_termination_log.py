@@ -24,15 +24,12 @@ import os
 import stat
 import threading
 
-from ._process_ending import process_ending
+from ._process_ending import WRITE_BOUND_S, process_ending
 
 logger = logging.getLogger(__name__)
 
 __all__ = ["MESSAGE_LIMIT_BYTES", "TERMINATION_LOG_DEFAULT", "WRITE_BOUND_S", "amend_termination_message",
            "write_termination_message"]
-
-WRITE_BOUND_S = 2.0
-"""How long the process's ending waits for the write (a local file, one ``write``)."""
 
 TERMINATION_LOG_DEFAULT = "/dev/termination-log"
 MESSAGE_LIMIT_BYTES = 4096
@@ -47,28 +44,14 @@ def write_termination_message(path: str, message: str, *, create: bool | None = 
     only for a path other than :data:`TERMINATION_LOG_DEFAULT`. Returns the started thread (callers
     may wait on it with a timeout), or ``None`` when off. Failures are logged, never raised.
     """
-    create = path != TERMINATION_LOG_DEFAULT if create is None else create
-    if not _wanted(path, create):
-        return None
-    sequence = process_ending().claim_termination_message(message)
-    if not sequence:  # the first fatal error of the process is the reason
-        logger.debug("termination message already written by this process; %r not written", message[:80])
-        return None
-    return _start_write(path, message, create, sequence)
+    return _claim_and_write(path, message, path != TERMINATION_LOG_DEFAULT if create is None else create, amend=False)
 
 
 def amend_termination_message(path: str, message: str) -> threading.Thread | None:
     """Rewrite the termination message with ``message``, which must begin with the message this
     process wrote (the same fatal error, with its snapshot after it); otherwise nothing. As
     :func:`write_termination_message`: in a thread of the process's ending, never raises."""
-    create = path != TERMINATION_LOG_DEFAULT
-    if not _wanted(path, create):
-        return None
-    sequence = process_ending().claim_termination_amendment(message)
-    if not sequence:
-        logger.debug("termination message not amended: %r extends no message of this process", message[:80])
-        return None
-    return _start_write(path, message, create, sequence)
+    return _claim_and_write(path, message, path != TERMINATION_LOG_DEFAULT, amend=True)
 
 
 def _wanted(path: str, create: bool) -> bool:
@@ -81,9 +64,19 @@ def _wanted(path: str, create: bool) -> bool:
     return bool(path)
 
 
-def _start_write(path: str, message: str, create: bool, sequence: int) -> threading.Thread | None:
-    writer = process_ending().threads.start(_write_once, name="trtllm-liveness-termination-log",
-                                            bound_s=WRITE_BOUND_S, args=(path, message, create, sequence))
+def _claim_and_write(path: str, message: str, create: bool, *, amend: bool) -> threading.Thread | None:
+    """Where a message goes to ``path``, claim its write (or its amendment's) from the process's ending
+    and make it in a thread of the ending (returned); None where nothing is written."""
+    if not _wanted(path, create):
+        return None
+    ending = process_ending()
+    sequence = ending.claim_termination(message, amend=amend)
+    if not sequence:  # an amendment of no message of this process, or not its first fatal error (the reason)
+        logger.debug("termination message not amended: %r extends no message of this process" if amend else
+                     "termination message already written by this process; %r not written", message[:80])
+        return None
+    writer = ending.threads.start(_write_once, name="trtllm-liveness-termination-log",
+                                  bound_s=WRITE_BOUND_S, args=(path, message, create, sequence))
     if writer is None:  # no thread left (interpreter shutting down, thread limit)
         logger.warning("termination message not written to %s", path)
     return writer

@@ -27,9 +27,6 @@ class _PatchingLoader:
         self._wrapped = wrapped
         self._patch = patch
 
-    def create_module(self, spec: "ModuleSpec") -> "ModuleType | None":
-        return self._wrapped.create_module(spec)
-
     def exec_module(self, module: "ModuleType") -> None:
         self._wrapped.exec_module(module)
         self._patch(module)

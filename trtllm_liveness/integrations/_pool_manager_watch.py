@@ -44,14 +44,12 @@ class PoolManagerWatch:
     """Watches ``session.mpi_pool``'s manager thread while armed; see the module docstring.
 
     ``futures`` returns the futures to fail (read when the thread dies, since the proxy stores them
-    only after ``submit`` returns); ``on_died`` is called once with the error after they failed.
+    only after ``submit`` returns); ``error`` holds the error they failed with, set before they fail.
     """
 
-    def __init__(self, session: Any, futures: Callable[[], Sequence[Future[Any]] | None],
-                 on_died: Callable[[PoolManagerDiedError], None] | None = None) -> None:
+    def __init__(self, session: Any, futures: Callable[[], Sequence[Future[Any]] | None]) -> None:
         self._session = session
         self._futures = futures
-        self._on_died = on_died
         self._disarmed = threading.Event()
         self.error: PoolManagerDiedError | None = None
         self._thread = threading.Thread(target=self._run, name="liveness-pool-manager-watch", daemon=True)
@@ -77,14 +75,14 @@ class PoolManagerWatch:
                 # mpirun) or another mpi4py layout. Nothing to watch.
                 logger.info("liveness: no mpi4py pool manager thread to watch in this MPI session")
                 return
-        while manager.is_alive():
-            if self._disarmed.is_set():
-                return
+        while manager.is_alive() and not self._disarmed.is_set():
             manager.join(_JOIN_SLICE_S)
         if self._disarmed.is_set():
             return
-        futures = self._wait_for_futures()
-        pending = [f for f in futures if not f.done()]
+        futures = self._futures()
+        while not futures and not self._disarmed.wait(_FIND_INTERVAL_S):
+            futures = self._futures()
+        pending = [f for f in futures or () if not f.done()]
         error = PoolManagerDiedError(
             f"the MPI pool's manager thread ({manager.name}) ended before the workers became ready: "
             f"MPI_Comm_spawn failed (its traceback is on stderr); failing {len(pending)} pending "
@@ -92,13 +90,3 @@ class PoolManagerWatch:
         self.error = error
         logger.error("liveness: %s", error)
         fail_pending(pending, error)
-        if self._on_died is not None:
-            self._on_died(error)
-
-    def _wait_for_futures(self) -> Sequence[Future[Any]]:
-        while True:
-            futures = self._futures()
-            if futures:
-                return futures
-            if self._disarmed.wait(_FIND_INTERVAL_S):
-                return ()

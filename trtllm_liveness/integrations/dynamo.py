@@ -233,33 +233,24 @@ def liveness_monitor_of(engine: Any) -> WorkerProcessMonitor:
     )
 
 
-def _switched_off() -> str:
-    """The ``TRTLLM_WORKER_LIVENESS`` value when it switches liveness off (unset reads ``unset``),
-    else "": on, or a value an engine start would have refused (then the missing monitor is the
-    caller's error, not the switch)."""
-    from .._config import LivenessConfig
-    from .._switch import ENV_VAR
-
-    raw = os.environ.get(ENV_VAR)
-    try:
-        enabled = LivenessConfig.from_env(base=LivenessConfig(enabled=False)).enabled
-    except ValueError:
-        return ""
-    return "" if enabled else ("unset" if raw is None else repr(raw))
-
-
 def _monitor_unless_off(engine: Any, entry: str) -> WorkerProcessMonitor | None:
     """:func:`liveness_monitor_of` ``engine``, or None (one INFO line naming ``entry``) when it has
-    none because the switch is off; raises its ``ValueError`` while the switch is on."""
+    none because ``TRTLLM_WORKER_LIVENESS`` switches liveness off; raises its ``ValueError`` while
+    the switch is on, or holds a value an engine start would have refused (then the missing
+    monitor is the caller's error, not the switch)."""
+    from .._config import ENV_VAR, parse_value
+
     try:
         return liveness_monitor_of(engine)
-    except ValueError:
-        off = _switched_off()
-        if not off:
+    except ValueError as missing:
+        raw = os.environ.get(ENV_VAR)
+        try:
+            switched_on = parse_value(raw).enabled
+        except ValueError:
+            raise missing from None
+        if switched_on:
             raise
-    from .._switch import ENV_VAR
-
-    logger.info("liveness: off (%s %s): %s does nothing", ENV_VAR, off, entry)
+    logger.info("liveness: off (%s %s): %s does nothing", ENV_VAR, "unset" if raw is None else repr(raw), entry)
     return None
 
 

@@ -141,14 +141,17 @@ def multiprocess_mode_active() -> bool:
     return values.ValueClass is not values.MutexValue
 
 
-class _StateCollector(Collector):
-    """Builds the state gauges from the attached monitor at each scrape."""
+class _LivenessCollector(Collector):
+    """Every liveness family: the counters and the histogram (``metrics``), then the state gauges,
+    built from the attached monitor at each scrape. One collector, so that registering the
+    families is all or nothing and unregistering them one call."""
 
-    def __init__(self, owner: LivenessMetrics) -> None:
+    def __init__(self, owner: LivenessMetrics, metrics: tuple[Any, ...]) -> None:
         self._owner = owner
+        self._metrics = metrics
 
     def describe(self) -> Iterable[Any]:
-        return self._families()
+        return [family for metric in self._metrics for family in metric.describe()] + self._families()
 
     def collect(self) -> Iterable[Any]:
         families = self._families()
@@ -159,7 +162,7 @@ class _StateCollector(Collector):
             for candidate in WorkerState:
                 state.add_metric([rank, host, candidate.value], 1.0 if status.state is candidate else 0.0)
         unkillable.add_metric([], float(_unkillable_count(statuses)))
-        return families
+        return [family for metric in self._metrics for family in metric.collect()] + families
 
     @staticmethod
     def _families() -> list[GaugeMetricFamily]:
@@ -259,7 +262,6 @@ class LivenessMetrics:
         self._attached_at = 0.0
         self._faults: dict[int, float] = {}
         self._counted: set[tuple[ProcessIdentity, EventKind]] = set()
-        self._collector = _StateCollector(self)
         self._observe = observe
         self._failures, self._would_fail = (Counter(name, text, ["kind"], registry=None) for name, text in _COUNTERS)
         self._latency = Histogram(
@@ -277,16 +279,8 @@ class LivenessMetrics:
             self._would_fail.labels(kind.value)
             for origin in LATENCY_ORIGINS[kind]:
                 self._latency.labels(kind.value, origin)
-        self._collectors: tuple[Any, ...] = (self._failures, self._would_fail, self._latency, self._collector)
-        registered: list[Any] = []
-        try:
-            for collector in self._collectors:
-                registry.register(collector)
-                registered.append(collector)
-        except ValueError:
-            for collector in registered:
-                registry.unregister(collector)
-            raise
+        self._collector = _LivenessCollector(self, (self._failures, self._would_fail, self._latency))
+        registry.register(self._collector)
         self._files: _FileStateGauges | None = None
         self._stop = threading.Event()
         self._refresher: threading.Thread | None = None
@@ -321,22 +315,22 @@ class LivenessMetrics:
         observed). Counters keep their values; an event already counted for the same identity and
         kind is not counted twice. Does not block beyond the monitor's lock.
         """
-        with self._lock:
-            previous, self._monitor = self._monitor, monitor
-            if previous is not monitor:
-                self._attached_at = time.monotonic()
-        if previous is not None and previous is not monitor:
-            previous.unsubscribe(self._on_event)
-        if previous is not monitor:
-            monitor.subscribe(self._on_event)
-        self._sync_files()
+        self._replace_monitor(monitor)
 
     def detach(self) -> None:
         """Stop listening to the attached monitor; its ranks disappear from the state gauge."""
+        self._replace_monitor(None)
+
+    def _replace_monitor(self, monitor: WorkerProcessMonitor | None) -> None:
         with self._lock:
-            previous, self._monitor = self._monitor, None
-        if previous is not None:
-            previous.unsubscribe(self._on_event)
+            previous, self._monitor = self._monitor, monitor
+            if monitor is not None and previous is not monitor:
+                self._attached_at = time.monotonic()
+        if previous is not monitor:
+            if previous is not None:
+                previous.unsubscribe(self._on_event)
+            if monitor is not None:
+                monitor.subscribe(self._on_event)
         self._sync_files()
 
     def close(self) -> None:
@@ -349,11 +343,10 @@ class LivenessMetrics:
             if refresher.is_alive():
                 logger.warning("liveness metrics refresh thread did not stop within %g s (daemon: left to exit)",
                                REFRESHER_JOIN_S)
-        for collector in self._collectors:
-            try:
-                self.registry.unregister(collector)
-            except KeyError:
-                pass  # already unregistered
+        try:
+            self.registry.unregister(self._collector)
+        except KeyError:
+            pass  # already unregistered
 
     def start_http_server(self, port: int = 0, addr: str = "127.0.0.1") -> tuple[Any, threading.Thread]:
         """Serve this registry at ``http://addr:port/metrics`` from a daemon thread.
@@ -397,13 +390,9 @@ class LivenessMetrics:
             self._counted.add(key)
             noted = self._faults.pop(event.identity.rank, None)
             late = event.detected_at < self._attached_at
-        if self._observe:
-            self._would_fail.labels(event.kind.value).inc()
-            self._sync_files()
-            return
-        self._failures.labels(event.kind.value).inc()
+        (self._would_fail if self._observe else self._failures).labels(event.kind.value).inc()
         self._sync_files()
-        if late:
+        if self._observe or late:  # an observed verdict is no failure: no latency either
             return
         fault_at, origin = self._fault_of(event, noted)
         if fault_at is None:

@@ -82,8 +82,8 @@ def install(force: bool = False) -> bool:
     """Install the patch (now or at TensorRT-LLM's import) if the environment switches liveness
     on, or always with ``force``. Idempotent and thread-safe. Returns whether the hook is active.
 
-    A settings value (neither a plain word nor unset) counts as on (:func:`~trtllm_liveness._switch.autoload_wanted`):
-    the engine validates it when it starts (``LivenessConfig``), so that a malformed one fails that
+    A settings value (neither a plain word nor unset) counts as on (``autoload_wanted``): the
+    engine validates it when it starts (``LivenessConfig``), so that a malformed one fails that
     start instead of leaving the server unprotected, and no interpreter pays for ``dataclasses`` here."""
     global _installed
     if not force and not autoload_wanted():
@@ -171,6 +171,10 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     """The launcher (see :data:`USAGE`); returns only on an error (else it execs the command)."""
     import shutil
 
+    # Parsed as an engine start would (reading ``@file``), here in the launcher alone, so no other
+    # interpreter pays for ``_config``.
+    from .._config import parse_value
+
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["-h"], ["--help"]):
         sys.stdout.write(USAGE)
@@ -181,20 +185,15 @@ def main(argv: "Sequence[str] | None" = None) -> int:
         sys.stderr.write(USAGE)
         return 2
     env = launch_env(dict(os.environ))
-    if args[0] == "-m":
+    script_without_x = os.sep in args[0] and os.path.isfile(args[0]) and not os.access(args[0], os.X_OK)
+    if args[0] == "-m" or script_without_x:
         program, argv_out = sys.executable, [sys.executable, *args]
-    elif os.sep in args[0] and os.path.isfile(args[0]) and not os.access(args[0], os.X_OK):
-        program, argv_out = sys.executable, [sys.executable, *args]  # a script file without +x
     else:
         found = shutil.which(args[0], path=env.get("PATH"))
         if found is None:
             sys.stderr.write(f"trtllm_autoload: command not found: {args[0]}\n")
             return 127
         program, argv_out = found, args
-    # Parsed as an engine start would (reading @file), here in the launcher alone: no other
-    # interpreter pays for _config.
-    from .._config import parse_value
-
     try:
         enabled = parse_value(env[ENV_VAR]).enabled
     except ValueError as exc:

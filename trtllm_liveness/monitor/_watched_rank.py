@@ -77,8 +77,8 @@ class WatchedRank:
         if kind is None or kind in self.reported:
             return None
         self.reported.add(kind)
-        if kind is EventKind.DIED and self.sampler is not None:
-            self.sampler.close()
+        if kind is EventKind.DIED:
+            self.close_sampler()
         if fault_at is None and kind is not EventKind.DIED and self.wedge is not None:
             fault_at = self.wedge.stuck_since
         return WorkerEvent(kind, self.identity, self.detail, tid=tid, wchan=wchan, fault_at=fault_at)

@@ -275,13 +275,8 @@ class HostAgent:
                 if self._closing:
                     return None
             readable, monitored = channel.poll(self._poll_ms())
-            if readable:
-                action = self._receive(zmq, sock, monitor)
-                if action == "stop":
-                    return self._on_proxy_lost, "stopped by the proxy"
-                if action == "refused":
-                    return None
-            for event, fd in channel.events() if monitored else ():
+            action = self._receive(zmq, sock, monitor) if readable else None
+            for event, fd in channel.events() if monitored and action is None else ():
                 if event == zmq.EVENT_CONNECTED:
                     connected_once = True
                     if self._link is not None:
@@ -294,7 +289,7 @@ class HostAgent:
                     # like the proxy's death.
                     action = self._receive(zmq, sock, monitor)
                     if action == "stop":
-                        return self._on_proxy_lost, "stopped by the proxy"
+                        break
                     if self._released or action == "refused":
                         logger.info("liveness: the proxy's hub closed after a clean stop; agent ends")
                         return None
@@ -313,6 +308,10 @@ class HostAgent:
                     self._proxy_lost(monitor, reason)
                     self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
                     return None
+            if action == "stop":
+                return self._on_proxy_lost, "stopped by the proxy"
+            if action == "refused":
+                return None
             self._check_hub_silence()
             if not self.welcomed.is_set():
                 # Events wait for the welcome: the hub takes nothing before it has the hello.

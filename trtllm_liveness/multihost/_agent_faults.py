@@ -4,8 +4,11 @@ Only a drill's hub hands its agents one that makes them (:attr:`~._agent.AgentSe
 from __future__ import annotations
 
 import logging
+import signal
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
+
+from ._channel import Tally
 
 if TYPE_CHECKING:
     from ..process._identity import ProcessIdentity
@@ -15,6 +18,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 FAULTS = ("kill", "stop", "wedge")
+FAULT_SIGNALS = {"kill": signal.SIGKILL, "stop": signal.SIGSTOP}  # the faults a signal makes (a drill's, any host)
 
 
 class FaultHandler:
@@ -24,12 +28,12 @@ class FaultHandler:
     def __init__(self, own: ProcessIdentity, identities: Sequence[ProcessIdentity]) -> None:
         self.own = own
         self.identities = {identity.rank: identity for identity in identities}
-        self.rejected = 0
+        self.rejected = Tally(logger, "liveness: the host agent on %s rejected a fault request (%d so far): %s", 1)
 
     def handle(self, message: Message) -> dict[str, Any]:
         """The ``faulted`` answer's fields for one ``fault`` message (never raises)."""
         req, rank, fault = (message.body.get(key) for key in ("req", "rank", "fault"))
-        self._reject(f"rank {rank!r}, fault {fault!r}: this engine was not started as a drill")
+        self.rejected.note(self.own.hostname, f"rank {rank!r}, fault {fault!r}: this engine was not started as a drill")
         return self._answer(req, rank, fault, "refused", f"the agent on host {self.own.hostname} refuses faults: "
                             "its engine was not started as a drill")
 
@@ -48,9 +52,3 @@ class FaultHandler:
         return {"req": number(req, 1 << 62) or 1, "rank": number(rank, 1 << 24),
                 "fault": fault if isinstance(fault, str) and fault in FAULTS else "?", "outcome": outcome,
                 "pid": pid, "detail": detail[:2000], "age": age}
-
-    def _reject(self, why: str) -> None:
-        self.rejected += 1
-        if self.rejected <= 5 or self.rejected % 1000 == 0:
-            logger.warning("liveness: the host agent on %s rejected a fault request (%d so far): %s",
-                           self.own.hostname, self.rejected, why)

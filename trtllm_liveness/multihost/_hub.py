@@ -50,10 +50,9 @@ from ._hub_records import (
     HostView,
     Session,
     Update,
-    parse_event,
     parse_hello,
     parse_report,
-    parse_state,
+    parse_update,
     refusal,
 )
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, IterationSink, SnapshotBook, SnapshotRequest
@@ -141,10 +140,8 @@ class AgentHub:
         self._by_key: dict[Key, str] = {}
         self._closed_keys: dict[Key, Ending] = {}
         self._seen_sids: set[str] = set()
-        # The lasting commands, as sent: a later agent gets each of them after its welcome.
-        self._arm: ArmCommand | None = None
-        self._expecting = False
-        self._stop: StopCommand | None = None
+        # The lasting commands by kind, as sent (None: not yet): a later agent gets each after its welcome.
+        self._lasting: dict[str, Command | None] = dict.fromkeys(("arm", "expect", "stop"))
         self._req_ids = itertools.count(1)
         self._conns = ConnectionTable()
         self._probe_deadline: float | None = None  # an unmatched connection ended: probe until then
@@ -305,23 +302,17 @@ class AgentHub:
     def _flush_commands_locked(self) -> None:
         while self._commands:
             command = self._commands.popleft()
-            match command:
-                case ArmCommand():
-                    if self._arm == command:
-                        continue  # idempotent: nothing new to tell the agents
-                    self._arm = command
-                case ExpectCommand():
-                    if self._expecting:
-                        continue
-                    self._expecting = True
-                case StopCommand():
-                    if self._stop is not None:
-                        continue  # at most one stop runs
-                    command = self._stop = dataclasses.replace(command, req=next(self._req_ids))
+            if not isinstance(command, SnapshotRequest):
+                sent_before = self._lasting[command.kind]
+                if sent_before is not None and (sent_before == command or not isinstance(command, ArmCommand)):
+                    continue  # nothing new to tell the agents: one expect, at most one stop, an arm per bound
+                if isinstance(command, StopCommand):
+                    command = dataclasses.replace(command, req=next(self._req_ids))
                     for session in self._sessions.values():
                         if session.connection is not Connection.CONNECTED and session.stop is None:
                             session.stop = session.host_stop(HostOutcome.LOST, f"connection {session.connection}")
                     self._cond.notify_all()
+                self._lasting[command.kind] = command
             sent = {session.sid for session in self._sessions.values() if session.connection is Connection.CONNECTED
                     and self._send(session, command.kind, **command.fields())}
             if isinstance(command, SnapshotRequest):
@@ -404,7 +395,7 @@ class AgentHub:
         logger.info("liveness: host %s's agent (rank %d) watches ranks %s", host, agent.rank,
                     [identity.rank for identity in ranks])
         self._send(session, "welcome")
-        for command in (self._arm, ExpectCommand() if self._expecting else None, self._stop):
+        for command in self._lasting.values():
             if command is not None:
                 self._send(session, command.kind, **command.fields())
         if key is not None and (key in self._conns or key in self._closed_keys):
@@ -418,7 +409,7 @@ class AgentHub:
                            "(address or port translation between them?); its end is found by probing", host, peer, port)
 
     def _update_locked(self, session: Session, message: _wire.Message) -> None:  # an event or a state
-        update = (parse_event if message.kind == "event" else parse_state)(session, message)
+        update = parse_update(session, message)
         self._apply_many([(update.identity, update.state, update.detail)], tid=update.tid, wchan=update.wchan,
                          fault_at=update.fault_at)
 
@@ -504,7 +495,8 @@ class AgentHub:
         made it lost, said in their cause)."""
         if session.connection is not Connection.CONNECTED:
             return
-        updates, fault_at = end_session(session, ending, expecting=self._expecting, stopping=self._stop is not None,
+        updates, fault_at = end_session(session, ending, expecting=self._lasting["expect"] is not None,
+                                        stopping=self._lasting["stop"] is not None,
                                         heartbeat_timeout_s=self.heartbeat_timeout_s, silent_s=silent_s,
                                         corroboration=corroboration)
         self._apply_many(updates, **({} if fault_at is None else {"fault_at": fault_at}))

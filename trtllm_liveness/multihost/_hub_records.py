@@ -167,36 +167,30 @@ def refusal(hello: Hello, sessions: Iterable[Session]) -> str:
     return f"ranks {sorted(claimed)} are already another agent's" if claimed else ""
 
 
-def rank_of(session: Session, message: _wire.Message) -> ProcessIdentity:
+def parse_update(session: Session, message: _wire.Message) -> RemoteUpdate:
+    """What an ``event`` (a rank died, wedged or is unkillable; with its thread, wait channel and age)
+    or a ``state`` (any other change) says of one rank of ``session``'s host. Raises :class:`~._wire.WireError`."""
     rank = _wire.field(message, "rank", int, low=0, high=1 << 24)
-    for identity in session.ranks:
-        if identity.rank == rank:
-            return identity
-    raise _wire.WireError(f"{message.kind}: rank {rank} is not one of host {session.host}'s")
-
-
-def parse_event(session: Session, message: _wire.Message) -> RemoteUpdate:
-    identity = rank_of(session, message)
+    identity = next((identity for identity in session.ranks if identity.rank == rank), None)
+    if identity is None:
+        raise _wire.WireError(f"{message.kind}: rank {rank} is not one of host {session.host}'s")
+    if message.kind == "state":
+        state = _REPORTED_STATES.get(_wire.field(message, "state", str, max_len=32))
+        if state is None:
+            raise _wire.WireError(f"state: unknown state {message.body.get('state')!r}")
+        detail = _wire.field(message, "detail", str, max_len=4000)
+        return RemoteUpdate(identity, state, f"{detail} (reported by the agent on host {session.host})")
     kind = _wire.field(message, "what", str, max_len=16)
-    state = _EVENT_STATES.get(kind)
-    if state is None:
+    event_state = _EVENT_STATES.get(kind)
+    if event_state is None:
         raise _wire.WireError(f"event: unknown kind {kind!r}")
     cause = _wire.field(message, "cause", str, max_len=4000)
     age = _wire.field(message, "age", float, low=0, high=1e7)
     tid = message.body.get("tid")
     wchan = message.body.get("wchan")
-    return RemoteUpdate(identity, state, f"{cause} (reported by the agent on host {session.host})",
+    return RemoteUpdate(identity, event_state, f"{cause} (reported by the agent on host {session.host})",
                         tid if isinstance(tid, int) and not isinstance(tid, bool) and 0 < tid < 1 << 22 else None,
                         wchan[:200] if isinstance(wchan, str) else "", time.monotonic() - age)
-
-
-def parse_state(session: Session, message: _wire.Message) -> RemoteUpdate:
-    identity = rank_of(session, message)
-    state = _REPORTED_STATES.get(_wire.field(message, "state", str, max_len=32))
-    if state is None:
-        raise _wire.WireError(f"state: unknown state {message.body.get('state')!r}")
-    detail = _wire.field(message, "detail", str, max_len=4000)
-    return RemoteUpdate(identity, state, f"{detail} (reported by the agent on host {session.host})")
 
 
 def parse_report(session: Session, message: _wire.Message) -> HostStop:

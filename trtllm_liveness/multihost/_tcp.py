@@ -126,22 +126,20 @@ class ConnectionTable:
         self._by_fd: dict[int, tuple[Key, socket.socket]] = {}
         self._cut: dict[int, float] = {}  # fd -> the silence it was cut at
 
-    def accepted(self, fd: int) -> Key | None:
-        """Note connection ``fd`` (ZMQ's); returns its peer key, or None if it is gone already."""
+    def accepted(self, fd: int) -> None:
+        """Note connection ``fd`` (ZMQ's) and its peer key, unless it is gone already."""
         self._drop(fd)
         if len(self._by_fd) >= MAX_CONNECTIONS:
-            return None  # not classified (its end reads "unknown"): never more descriptors than this
+            return  # not classified (its end reads "unknown"): never more descriptors than this
         dup = duplicate(fd)
         if dup is None:
-            return None
+            return
         try:
             peer = dup.getpeername()
         except OSError:
             dup.close()
-            return None
-        key = (str(peer[0]), int(peer[1]))
-        self._by_fd[fd] = (key, dup)
-        return key
+            return
+        self._by_fd[fd] = ((str(peer[0]), int(peer[1])), dup)
 
     def silences(self) -> list[Silence]:
         """Every open connection not cut yet, with how long no data came from its peer's process

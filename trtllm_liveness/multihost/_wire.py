@@ -103,16 +103,13 @@ def field(message: Message, name: str, kind: type, *, low: float | None = None, 
           max_len: int = 4096) -> Any:
     """``message.body[name]`` checked against ``kind`` (and bounds). Raises :class:`WireError`."""
     value = message.body.get(name)
-    if kind is int:
-        if not isinstance(value, int) or isinstance(value, bool) or (low is not None and value < low) \
-                or (high is not None and value > high):
-            raise WireError(f"{message.kind}: field {name!r} must be an int in [{low}, {high}], got {value!r}")
-    elif kind is float:
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or value != value \
+    if kind in (int, float):  # an int is a number too; a bool is neither, NaN no number
+        if not isinstance(value, int if kind is int else (int, float)) or isinstance(value, bool) or value != value \
                 or (low is not None and value < low) or (high is not None and value > high):
-            raise WireError(f"{message.kind}: field {name!r} must be a number in [{low}, {high}], got {value!r}")
-        value = float(value)
-    elif kind is str:
+            raise WireError(f"{message.kind}: field {name!r} must be {'an int' if kind is int else 'a number'} in "
+                            f"[{low}, {high}], got {value!r}")
+        return value if kind is int else float(value)
+    if kind is str:
         if not isinstance(value, str) or len(value) > max_len:
             raise WireError(f"{message.kind}: field {name!r} must be a string of at most {max_len}")
     elif not isinstance(value, kind):

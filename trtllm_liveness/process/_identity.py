@@ -178,9 +178,8 @@ def parse_identities(
     seen: dict[int, int] = {}
     for index, item in enumerate(payload):
         try:
-            raw_pid = item_pid(item)
-            excluded_pid = isinstance(raw_pid, int) and raw_pid in excluded
-            identity = _parse_one(item, index, 0 if excluded_pid else own)
+            # This process's own pid, where excluded, is dropped below (if local), not rejected.
+            identity = _parse_one(item, index, 0 if own in excluded else own)
             if identity.pid in excluded and is_local(identity):
                 continue  # the same number on another host (or PID namespace) is another process
             if identity.rank in seen:
@@ -195,12 +194,3 @@ def parse_identities(
         seen[identity.rank] = index
         identities.append(identity)
     return sorted(identities, key=lambda identity: identity.rank)
-
-
-def item_pid(item: Any) -> Any:
-    """The raw pid field of an unparsed identity element, or None (for the exclusion test)."""
-    if isinstance(item, dict):
-        return item.get("pid")
-    if isinstance(item, (tuple, list)) and len(item) > 1:
-        return item[1]
-    return None

@@ -208,6 +208,14 @@ def read_start_time(pid: int) -> int:
     return read_stat(pid).start_time
 
 
+def start_time_or_none(pid: int) -> int | None:
+    """:func:`read_start_time`, or None where ``pid`` is gone or its ``stat`` unreadable."""
+    try:
+        return read_start_time(pid)
+    except (OSError, ValueError):
+        return None
+
+
 def read_thread_states(pid: int) -> dict[int, str]:
     """Map each thread id of ``pid`` to its one-letter state.
 

@@ -17,6 +17,7 @@ unkillable) is :mod:`trtllm_liveness.monitor._wedge`'s job.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import resource
 import threading
@@ -281,15 +282,10 @@ class ThreadSampler:
         ``force`` skips the lock: only for a forked child, where no sampling thread exists and a
         lock copied while held would never be released.
         """
-        if force:
+        with contextlib.nullcontext() if force else self._lock:
             self._closed = True
             fd, self._fd = self._fd, None
             thread_fds, self._thread_fds = self._thread_fds, {}
-        else:
-            with self._lock:
-                self._closed = True
-                fd, self._fd = self._fd, None
-                thread_fds, self._thread_fds = self._thread_fds, {}
         for kept in ([] if fd is None else [fd]) + list(thread_fds.values()):
             os.close(kept)
         _budget.release(len(thread_fds))

@@ -22,6 +22,7 @@ wait.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
 import math
@@ -159,10 +160,8 @@ def stop_processes(
     finally:
         for target in prepared:
             for proc in target.procs():
-                try:
+                with contextlib.suppress(OSError):
                     os.close(proc.pidfd)
-                except OSError:
-                    pass
         for key in keys:
             _signal_ledger.release(key)
 

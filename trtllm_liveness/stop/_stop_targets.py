@@ -14,6 +14,7 @@ import logging
 import multiprocessing.process
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Union
 
@@ -33,6 +34,7 @@ StopTarget = Union[  # a runtime alias: the string part stays lazy
 
 # Upper bound on the members of one process group tracked individually (a /proc scan finds them).
 _MAX_GROUP_MEMBERS = 4096
+_NO_SUCH_PROCESS = "already exited (no such process)"
 
 
 @dataclass
@@ -72,12 +74,17 @@ class PreparedTarget:
     def procs(self) -> list[AwaitedProc]:
         return ([self.leader] if self.leader is not None else []) + self.members
 
+    def settle(self, outcome: StopOutcome, detail: str) -> PreparedTarget:
+        """Decide this target's ``outcome`` before any signal (a non-target); returns it."""
+        self.outcome, self.detail = outcome, detail
+        return self
+
 
 def prepare(index: int, raw: object, hostname: str) -> PreparedTarget:
     """Turn one input into a target with a verified pidfd, or into a reported non-target."""
     try:
         if isinstance(raw, subprocess.Popen):
-            target = _prepare_popen(index, raw, hostname)
+            target = _prepare_child(index, raw.pid, hostname, raw, raw.returncode, lambda: raw.returncode)
         elif isinstance(raw, multiprocessing.process.BaseProcess):
             target = _prepare_mp_process(index, raw, hostname)
         elif isinstance(raw, (ProcessIdentity, tuple, list)):
@@ -85,12 +92,12 @@ def prepare(index: int, raw: object, hostname: str) -> PreparedTarget:
         elif isinstance(raw, int) and not isinstance(raw, bool):
             target = _prepare_pid(index, raw, hostname)
         else:
-            target = PreparedTarget(index, None, hostname, outcome=StopOutcome.UNVERIFIED,
-                             detail=f"unsupported target type {type(raw).__name__}; not signalled")
+            target = PreparedTarget(index, None, hostname).settle(
+                StopOutcome.UNVERIFIED, f"unsupported target type {type(raw).__name__}; not signalled")
     except Exception as exc:  # bad input must never crash a shutdown path
         logger.warning("liveness: cannot prepare stop target #%d (%r): %s", index, raw, exc)
-        target = PreparedTarget(index, None, hostname, outcome=StopOutcome.UNVERIFIED,
-                         detail=f"could not be verified ({exc}); not signalled")
+        target = PreparedTarget(index, None, hostname).settle(
+            StopOutcome.UNVERIFIED, f"could not be verified ({exc}); not signalled")
     return target
 
 
@@ -98,82 +105,69 @@ def _prepare_identity(index: int, raw: object, hostname: str) -> PreparedTarget:
     try:
         identity = parse_identities([raw])[0]
     except InvalidIdentityError as exc:
-        return PreparedTarget(index, None, hostname, outcome=StopOutcome.UNVERIFIED,
-                       detail=f"invalid identity ({exc}); not signalled")
+        return PreparedTarget(index, None, hostname).settle(StopOutcome.UNVERIFIED,
+                                                            f"invalid identity ({exc}); not signalled")
     target = PreparedTarget(identity.rank, identity.pid, identity.hostname, identity=identity)
     if identity.hostname != hostname:
-        target.outcome = StopOutcome.NOT_LOCAL
-        target.detail = f"on host {identity.hostname}, not {hostname}; not signalled"
-        return target
+        return target.settle(StopOutcome.NOT_LOCAL, f"on host {identity.hostname}, not {hostname}; not signalled")
     if identity.start_time is None or identity.pid_namespace is None:
         # The worker could not read its own /proc entry: nothing to verify its pid against.
-        target.outcome = StopOutcome.UNVERIFIED
-        target.detail = "identity without a start time or PID namespace (cannot be verified); not signalled"
-        return target
+        return target.settle(StopOutcome.UNVERIFIED,
+                             "identity without a start time or PID namespace (cannot be verified); not signalled")
     if identity.pid_namespace != local_pid_namespace():
-        target.outcome = StopOutcome.NOT_LOCAL
-        target.detail = f"in PID namespace {identity.pid_namespace}, not {local_pid_namespace()}; not signalled"
-        return target
+        return target.settle(StopOutcome.NOT_LOCAL, f"in PID namespace {identity.pid_namespace}, not "
+                             f"{local_pid_namespace()}; not signalled")
     try:
         fd = _pidfd.open_verified_pidfd(identity.pid, identity.start_time)
     except PidReused:
-        target.outcome = StopOutcome.UNVERIFIED
-        target.detail = "start time differs (PID reused, or a wrong identity); not signalled"
+        return target.settle(StopOutcome.UNVERIFIED,
+                             "start time differs (PID reused, or a wrong identity); not signalled")
     except ProcessZombie:
-        target.outcome = StopOutcome.ALREADY_GONE
-        target.detail = "already exited (zombie, not yet reaped by its parent)"
+        return target.settle(StopOutcome.ALREADY_GONE, "already exited (zombie, not yet reaped by its parent)")
     except ProcessGone:
-        target.outcome = StopOutcome.ALREADY_GONE
-        target.detail = "already exited (no such process)"
+        return target.settle(StopOutcome.ALREADY_GONE, _NO_SUCH_PROCESS)
     except AccessDenied:
-        target.outcome = StopOutcome.UNVERIFIED
-        target.detail = "access denied to its /proc entry; not signalled"
+        return target.settle(StopOutcome.UNVERIFIED, "access denied to its /proc entry; not signalled")
     except OSError as exc:
-        target.outcome = StopOutcome.UNVERIFIED
-        target.detail = f"pidfd_open failed ({errno.errorcode.get(exc.errno or 0, exc)}); not signalled"
-    else:
-        target.leader = AwaitedProc(identity.pid, identity.start_time, fd)
+        return target.settle(StopOutcome.UNVERIFIED, _pidfd_open_failed(exc))
+    target.leader = AwaitedProc(identity.pid, identity.start_time, fd)
     return target
 
 
 def _prepare_pid(index: int, pid: int, hostname: str) -> PreparedTarget:
     target = PreparedTarget(index, pid, hostname)
     if pid <= 1 or pid == os.getpid():
-        target.outcome = StopOutcome.UNVERIFIED
-        target.detail = "pid 1, the calling process or a non-positive pid is never signalled"
-        return target
+        return target.settle(StopOutcome.UNVERIFIED,
+                             "pid 1, the calling process or a non-positive pid is never signalled")
     _open_current(target, pid)
     if target.leader is not None:
         target.identity = ProcessIdentity(index, pid, target.leader.start_time, hostname, local_pid_namespace())
     return target
 
 
-def _prepare_popen(index: int, popen: subprocess.Popen[Any], hostname: str) -> PreparedTarget:
-    target = PreparedTarget(index, popen.pid, hostname, owner=popen)
-    if popen.returncode is not None:
-        return _reaped(target, popen.returncode)
-    _open_current(target, popen.pid)
-    # An unreaped child pins its pid, so the pidfd is the child's unless another thread reaped it
-    # in between; then the returncode is already set and the fd is not trusted.
-    if target.leader is not None and popen.returncode is not None:
-        return _reaped(target, popen.returncode)
-    return target
-
-
 def _prepare_mp_process(index: int, process: multiprocessing.process.BaseProcess, hostname: str) -> PreparedTarget:
     pid = process.pid
     if pid is None:
-        return PreparedTarget(index, None, hostname, outcome=StopOutcome.ALREADY_GONE, detail="never started")
+        return PreparedTarget(index, None, hostname).settle(StopOutcome.ALREADY_GONE, "never started")
     if getattr(process, "_parent_pid", None) != os.getpid():
         return _prepare_pid(index, pid, hostname)  # not our child (inherited object): not ours to reap
-    exitcode = process.exitcode  # reaps it if it has exited
-    target = PreparedTarget(index, pid, hostname, owner=process)
-    if exitcode is not None:
-        return _reaped(target, exitcode)
+    # exitcode reaps it if it has exited; the returncode of its Popen is set once it was reaped.
+    return _prepare_child(index, pid, hostname, process, process.exitcode,
+                          lambda: getattr(getattr(process, "_popen", None), "returncode", None))
+
+
+def _prepare_child(index: int, pid: int, hostname: str, owner: Any, exited: int | None,
+                   reaped: Callable[[], int | None]) -> PreparedTarget:
+    """A child the caller owns (``owner``, reaped at the end): ``exited`` is its status where it has
+    exited already, ``reaped`` reads it again after its pidfd was opened."""
+    target = PreparedTarget(index, pid, hostname, owner=owner)
+    if exited is not None:
+        return _reaped(target, exited)
     _open_current(target, pid)
-    popen = getattr(process, "_popen", None)
-    returncode = getattr(popen, "returncode", None)
-    if target.leader is not None and returncode is not None:  # reaped meanwhile by another thread
+    # An unreaped child pins its pid, so the pidfd is the child's unless another thread reaped it
+    # in between; then the returncode is already set and the fd is not trusted.
+    returncode = reaped()
+    if target.leader is not None and returncode is not None:
         return _reaped(target, returncode)
     return target
 
@@ -184,8 +178,8 @@ def _reaped(target: PreparedTarget, returncode: int) -> PreparedTarget:
     if target.leader is not None:
         os.close(target.leader.pidfd)
         target.leader = None
-    target.outcome, target.returncode, target.detail = StopOutcome.ALREADY_GONE, returncode, "already exited and reaped"
-    return target
+    target.returncode = returncode
+    return target.settle(StopOutcome.ALREADY_GONE, "already exited and reaped")
 
 
 def _open_current(target: PreparedTarget, pid: int) -> None:
@@ -194,27 +188,30 @@ def _open_current(target: PreparedTarget, pid: int) -> None:
         fd = _pidfd.open_pidfd(pid)
     except OSError as exc:
         if exc.errno == errno.ESRCH:  # ProcessLookupError
-            target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (no such process)"
+            target.settle(StopOutcome.ALREADY_GONE, _NO_SUCH_PROCESS)
         else:
-            target.outcome = StopOutcome.UNVERIFIED
-            target.detail = f"pidfd_open failed ({errno.errorcode.get(exc.errno or 0, exc)}); not signalled"
+            target.settle(StopOutcome.UNVERIFIED, _pidfd_open_failed(exc))
         return
     try:
         info = _procfs.read_stat(pid)
     except OSError:
         # Gone between the open and the read: the fd pins the exited process, nothing to signal.
         os.close(fd)
-        target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (no such process)"
+        target.settle(StopOutcome.ALREADY_GONE, _NO_SUCH_PROCESS)
         return
     except ValueError as exc:  # malformed stat: cannot verify, so never signal (and keep no fd)
         os.close(fd)
-        target.outcome, target.detail = StopOutcome.UNVERIFIED, f"unreadable /proc stat ({exc}); not signalled"
+        target.settle(StopOutcome.UNVERIFIED, f"unreadable /proc stat ({exc}); not signalled")
         return
     if info.exited or _pidfd.is_exited(fd):
         os.close(fd)
-        target.outcome, target.detail = StopOutcome.ALREADY_GONE, "already exited (zombie, not yet reaped)"
+        target.settle(StopOutcome.ALREADY_GONE, "already exited (zombie, not yet reaped)")
         return
     target.leader = AwaitedProc(pid, info.start_time, fd)
+
+
+def _pidfd_open_failed(exc: OSError) -> str:
+    return f"pidfd_open failed ({errno.errorcode.get(exc.errno or 0, exc)}); not signalled"
 
 
 def prepare_groups(targets: list[PreparedTarget]) -> None:

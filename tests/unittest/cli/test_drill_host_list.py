@@ -70,7 +70,7 @@ def test_a_malformed_fault_request_is_answered_refused_and_logged(body: dict[str
     fields = faults.handle(_wire.Message("fault", SID, 1, {**body, "k": "fault", "sid": SID, "n": 1}))
     assert fields["outcome"] == "refused" and "malformed fault request" in fields["detail"], fields
     assert fields["pid"] == 0 and fields["age"] is None
-    assert faults.rejected == 1 and "rejected a fault request (1 so far)" in caplog.text
+    assert faults.rejected.count == 1 and "rejected a fault request (1 so far)" in caplog.text
 
 
 def test_a_request_for_a_rank_the_agent_does_not_watch_never_signals() -> None:

@@ -15,15 +15,12 @@ from typing import Any
 
 import pytest
 
+from tests.support.cgroups import CpuGroup, limit_hits, remove_leftover_groups
 from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker, state_of
+from tests.support.victims import named_in, names_a_victim
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness.demo._cgroup_faults import (
-    CpuGroup,
-    FreezerGroup,
-    MemoryGroup,
-    remove_leftover_groups,
-)
+from trtllm_liveness.demo._cgroup_faults import FreezerGroup, MemoryGroup
 from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
 
@@ -146,7 +143,7 @@ def test_a_memory_group_at_its_limit_reclaims_page_cache_without_killing(procs: 
         child.stdin.write(b"go\n")
         child.stdin.flush()
         assert child.stdout.readline() == b"ready\n"
-        assert wait_until(lambda: (group.limit_hits() or 0) >= 100, 20), group.limit_hits()
+        assert wait_until(lambda: (limit_hits(group) or 0) >= 100, 20), limit_hits(group)
         assert child.poll() is None and group.oom_kills() == 0
     finally:
         assert group.remove()
@@ -186,7 +183,7 @@ def scenario(**options: Any) -> ScenarioResult:
 def assert_death_named(out: ScenarioResult, rank: int) -> None:
     assert out.detection is not None and out.shutdown is not None and out.victim is not None
     assert out.detection.health_false_ms is not None and out.pending_not_done == 0
-    assert out.victim.rank == rank and out.victim.named_in(out.fatal_error)
+    assert out.victim.rank == rank and named_in(out.victim, out.fatal_error)
     assert out.events[0].kind == "died"
     assert out.shutdown.shutdown_ms is not None and out.shutdown.pre_shutdown_runs == 1
 
@@ -225,7 +222,7 @@ def test_two_ranks_killed_at_once_one_fatal_error() -> None:
     assert out.detection is not None and out.shutdown is not None
     assert {v.rank for v in out.victims} == {1, 2}
     assert out.detection.health_false_ms is not None and out.pending_not_done == 0
-    assert out.names_a_victim(out.fatal_error)
+    assert names_a_victim(out, out.fatal_error)
     # One fatal error for two deaths: upstream's pre_shutdown() body runs once; its entries are
     # the fatal path's helper and shutdown()'s own, so at most two.
     assert out.shutdown.pre_shutdown_runs == 1 and 1 <= out.shutdown.pre_shutdown_calls <= 2
@@ -270,6 +267,6 @@ def test_a_server_ending_exits_with_the_guard_status_after_its_sigint() -> None:
     assert run.results and run.done, f"scenario failed: {run.problems()}"
     out = run.results[0]
     assert out.ending is not None and out.ending.sigints >= 1  # the exit guard asked for a graceful shutdown
-    assert out.victim is not None and out.victim.named_in(out.fatal_error)
+    assert out.victim is not None and named_in(out.victim, out.fatal_error)
     assert run.returncode == 3 and not run.timed_out  # a clean exit after an engine death is the guard's status
     assert run.exit_ms is not None

@@ -18,13 +18,13 @@ import sys
 import pytest
 
 from tests.support.facilities import require_or_skip
+from tests.support.fuse_stall import FuseStall
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.slow_reads import SlowReadResult, slow_reader_cmd
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.demo._fuse_stall import (
     MOUNT_PREFIX,
-    FuseStall,
     fuse_available,
     fuse_mounts,
     remove_leftover_mounts,

@@ -19,14 +19,10 @@ import pytest
 
 from tests.support.children import REPO_ROOT, HelperProcess
 from tests.support.facilities import needs, require_facility
+from tests.support.leftovers import remove_orphaned_prte_tmpdirs
 from tests.support.process_tracker import ProcessTracker
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness.demo._mpi_env import (
-    PRTE_TMPDIR_PREFIX,
-    PRTE_TMPDIR_VAR,
-    configure_mpi_env,
-    remove_orphaned_prte_tmpdirs,
-)
+from trtllm_liveness.demo._mpi_env import PRTE_TMPDIR_PREFIX, PRTE_TMPDIR_VAR, configure_mpi_env
 
 require_facility("mpi", allow_module_level=True)
 

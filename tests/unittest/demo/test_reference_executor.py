@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.facilities import MPI_MARKS, needs
+from tests.support.victims import named_in
 from tests.support.waits import WAIT_SCALE
 from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
@@ -55,7 +56,7 @@ def assert_detected(out: ScenarioResult, rank: int) -> None:
     assert out.detection.health_false_ms is not None, "check_health() never turned False"
     assert out.detection.requests_failed_ms is not None, "pending requests did not fail"
     assert out.pending_not_done == 0
-    assert out.victim.named_in(out.fatal_error)
+    assert named_in(out.victim, out.fatal_error)
     assert out.detection.new_request_error is not None
     assert_pre_shutdown_entries(out)
     assert out.shutdown.shutdown_ms is not None  # shutdown() returned (its bound is the scenario's timeout)
@@ -113,7 +114,7 @@ def test_death_before_ready_fails_construction_naming_the_rank(mode: str) -> Non
     assert out.init is not None and out.victim is not None
     assert out.init.hung is False
     assert out.init.error is not None
-    assert out.victim.rank == 1 and out.victim.named_in(out.init.error)
+    assert out.victim.rank == 1 and named_in(out.victim, out.init.error)
 
 
 @pytest.mark.parametrize("mode", ["1.2", "main"])

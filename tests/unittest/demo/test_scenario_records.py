@@ -10,6 +10,7 @@ import re
 import pytest
 
 from tests.support.upstream_fakes import FAKE_ENGINE
+from tests.support.victims import named_in, names_a_victim
 from trtllm_liveness._events import EventKind, WorkerEvent
 from trtllm_liveness.demo._scenario_child import liveness_env
 from trtllm_liveness.demo._scenario_executor import engine_factory
@@ -95,8 +96,8 @@ def test_a_result_survives_the_json_process_boundary_unchanged() -> None:
 def test_derived_views_name_the_victim_and_its_stop_outcome() -> None:
     result = _result()
     assert result.victim == Victim(1, 42)
-    assert result.names_a_victim(result.fatal_error)
-    assert not Victim(1, 4).named_in(result.fatal_error)  # pid 4 is not pid 42
+    assert names_a_victim(result, result.fatal_error)
+    assert not named_in(Victim(1, 4), result.fatal_error)  # pid 4 is not pid 42
     assert result.shutdown is not None and result.shutdown.report is not None
     assert result.shutdown.report.outcome_of(42) is StopOutcome.ALREADY_GONE
     assert result.shutdown.report.outcome_of(7) is None

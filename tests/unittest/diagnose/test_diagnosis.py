@@ -12,12 +12,12 @@ import pytest
 
 from tests.support import rank_children
 from tests.support.facilities import needs
+from tests.support.fuse_stall import FuseStall
 from tests.support.process_tracker import ProcessTracker
 from tests.support.rank_children import SPINNING, start
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.cli import main as cli_main
-from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.diagnose import _diagnosis
 from trtllm_liveness.diagnose._diagnosis import Activity
 from trtllm_liveness.diagnose._py_spy import StackStatus, _parse_text_dump, find_py_spy, take_stacks

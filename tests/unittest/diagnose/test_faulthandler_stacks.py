@@ -17,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from tests.support.facilities import needs
+from tests.support.fuse_stall import FuseStall
+from tests.support.leftovers import remove_gone_dump_files
 from tests.support.process_tracker import ProcessTracker
 from tests.support.stuck_processes import Freezer, StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.diagnose import _diagnosis
 from trtllm_liveness.diagnose._faulthandler_stacks import (
     dump_directory,
     parse_faulthandler_dump,
-    remove_gone_dump_files,
     take_faulthandler_stacks,
 )
 from trtllm_liveness.diagnose._stack_records import StackSource, StackStatus

@@ -14,11 +14,11 @@ import signal
 
 import pytest
 
+from tests.support.fuse_stall import FuseStall
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.slow_reads import SlowReadResult
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import wait_until
-from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.diagnose._scan import Verdict, scan
 from trtllm_liveness.process import _procfs
 

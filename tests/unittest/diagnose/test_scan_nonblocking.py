@@ -25,9 +25,9 @@ from typing import Any
 import pytest
 
 from tests.support.facilities import require_facility
+from tests.support.fuse_stall import FuseStall
 from tests.support.process_tracker import SLEEPER, ProcessTracker, state_of
 from tests.support.waits import WAIT_SCALE, wait_until
-from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._mm_read import MmReader, SkippedRead, SkipReason
 

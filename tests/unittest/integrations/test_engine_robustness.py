@@ -16,6 +16,7 @@ import pytest
 
 from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker
+from tests.support.victims import named_in
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo._scenario_launcher import run_scenario
 from trtllm_liveness.demo._scenario_records import ScenarioResult
@@ -75,7 +76,7 @@ def test_executor_with_a_dead_watcher_still_fails_health_naming_the_rank(mode: s
     assert "injected watcher failure" in out.watcher.error
     assert any("watcher thread died" in message for message in out.critical_logs)
     assert out.detection.health_false_ms is not None, "check_health() stayed True with the watcher dead"
-    assert out.victim is not None and out.victim.rank == 1 and out.victim.named_in(out.fatal_error)
+    assert out.victim is not None and out.victim.rank == 1 and named_in(out.victim, out.fatal_error)
     assert out.pending_not_done == 0
     assert out.shutdown.pre_shutdown_runs == 1
 
@@ -90,7 +91,7 @@ def test_concurrent_check_health_is_consistent_and_pre_shutdown_runs_once(mode: 
         assert probe.errors == () and probe.threads_alive == 0
         assert probe.false_answers > 0
         assert probe.inconsistent == 0, "a True answer after the first False"
-        assert out.victim is not None and out.victim.rank == rank and out.victim.named_in(out.fatal_error)
+        assert out.victim is not None and out.victim.rank == rank and named_in(out.victim, out.fatal_error)
         assert shutdown.pre_shutdown_runs == 1
         # Entries into upstream's pre_shutdown, counted where upstream would see them (before its own
         # once-flag). On 1.2.x only the extension enters (fatal path, shutdown): sixteen racing

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
+from tests.support.cgroups import remove_leftover_groups
 from tests.support.children import HelperProcess
 from tests.support.facilities import needs
 from tests.support.waits import WAIT_SCALE
 from trtllm_liveness import LivenessConfig
-from trtllm_liveness.demo._cgroup_faults import remove_leftover_groups
 from trtllm_liveness.integrations._futures import fail_pending, mirror_future
 from trtllm_liveness.integrations.trtllm import liveness_proxy_class
 from trtllm_liveness.integrations.trtllm._engine_shutdown import release

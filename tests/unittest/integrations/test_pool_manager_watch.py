@@ -28,14 +28,13 @@ def test_dead_manager_fails_pending_futures_and_reports_once() -> None:
     done: Future[Any] = Future()
     done.set_result("finished before")
     pending: list[Future[Any]] = [Future(), Future()]
-    reported: list[PoolManagerDiedError] = []
-    watch = PoolManagerWatch(session, lambda: [done, *pending], reported.append).start()
+    watch = PoolManagerWatch(session, lambda: [done, *pending]).start()
     manager.start()
     for future in pending:
         assert isinstance(future.exception(timeout=10), PoolManagerDiedError)
     watch.disarm()
     assert done.result() == "finished before"
-    assert len(reported) == 1 and reported[0] is watch.error
+    assert all(future.exception() is watch.error for future in pending)
     assert "failing 2 pending worker futures" in str(watch.error)
 
 

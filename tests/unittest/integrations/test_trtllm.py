@@ -23,6 +23,7 @@ import pytest
 from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker
 from tests.support.upstream_fakes import FAKE_ENGINE, tree
+from tests.support.victims import names_a_victim
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness.demo import GenerationExecutorProxy, MainGenerationExecutorProxy
 from trtllm_liveness.demo._scenario_launcher import run_scenario
@@ -252,7 +253,7 @@ def test_fake_trtllm_sigkill_end_to_end(version: str, mode: str, via: str, rank:
     d, sh = out.detection, out.shutdown
     assert d is not None and sh is not None
     assert d.health_false_ms is not None and d.requests_failed_ms is not None
-    assert out.names_a_victim(out.fatal_error), out.fatal_error
+    assert names_a_victim(out, out.fatal_error), out.fatal_error
     assert [(e.kind, e.identity.rank, e.identity.pid) for e in out.events][:1] == [("died", rank, out.victim.pid)]
     # Upstream's pre_shutdown() body runs once (its once-flag, serialized by the mixin); the fatal
     # path's helper and the harness's shutdown() may both call it, so up to two entries.

@@ -32,11 +32,11 @@ from dataclasses import dataclass
 
 import pytest
 
+from tests.support.fuse_stall import FuseStall
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.stuck_processes import Freezer
 from tests.support.waits import wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerState
-from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.process import capture_identity
 

@@ -13,12 +13,12 @@ import time
 
 import pytest
 
+from tests.support.fuse_stall import FuseStall
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.slow_reads import SlowReadResult
 from tests.support.stuck_processes import Freezer, StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import EventKind, WorkerEvent, WorkerState
-from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.monitor import WorkerProcessMonitor
 from trtllm_liveness.monitor._wedge import WedgeTracker
 from trtllm_liveness.process import _procfs, capture_identity

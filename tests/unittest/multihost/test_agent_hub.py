@@ -368,7 +368,7 @@ def test_a_host_whose_connection_closes_during_the_stop_before_its_report(procs:
     results: list[Any] = []
     stopper = threading.Thread(target=lambda: results.append(engine.hub.stop_hosts(BOUND_S * 3)), daemon=True)
     stopper.start()
-    assert wait_until(lambda: engine.hub._stop is not None, BOUND_S)
+    assert wait_until(lambda: engine.hub._lasting["stop"] is not None, BOUND_S)
     os.kill(agent.pid, signal.SIGKILL)
     stopper.join(BOUND_S * 2)
     ((stop,),) = results

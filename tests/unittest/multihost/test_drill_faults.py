@@ -21,11 +21,12 @@ from typing import Any
 
 import pytest
 
+from tests.support.cgroups import remove_leftover_groups
 from tests.support.facilities import needs
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness._events import EventKind, WorkerEvent
-from trtllm_liveness.demo._cgroup_faults import FREEZER_ROOT, remove_leftover_groups
+from trtllm_liveness.demo._cgroup_faults import FREEZER_ROOT
 from trtllm_liveness.drill._drill_faults import _FREEZER_PREFIX, DrillHub, FaultReply
 from trtllm_liveness.monitor import WorkerProcessMonitor
 

@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.fuse_stall import FuseStall
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.quarantine import config_for, fresh_quarantine_state  # noqa: F401 - an autouse fixture
 from tests.support.stuck_processes import D_STATE_SOURCES, Freezer, StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness import LivenessConfig
 from trtllm_liveness._events import EventKind, WorkerEvent
-from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._identity import capture_identity
 from trtllm_liveness.quarantine._device_holders import find_stuck_device_holders, parse_patterns

@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from tests.support.fake_procfs import SIGKILL_PENDING, SPIN_STACK, fake_process
+from tests.support.fuse_stall import FuseStall
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.stuck_processes import StuckChild
 from tests.support.waits import wait_until
-from trtllm_liveness.demo._fuse_stall import FuseStall
 from trtllm_liveness.process import _procfs
 from trtllm_liveness.process._identity import capture_identity, local_hostname
 from trtllm_liveness.stop._bounded_stop import stop_processes

@@ -29,13 +29,10 @@ def _chain() -> None:
     sys.path[:] = [entry for entry in saved if os.path.abspath(entry or os.curdir) != here]
     try:
         import sitecustomize  # type: ignore[import-not-found]  # noqa: F401
-    except ImportError as exc:
-        if exc.name != "sitecustomize":  # theirs exists and failed: say so, as site would
-            sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{exc!r}\n")
-        if me is not None:
-            sys.modules[__name__] = me
     except Exception as exc:
-        sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{exc!r}\n")
+        # None found: nothing to say; theirs exists and failed: say so, as site would.
+        if not (isinstance(exc, ImportError) and exc.name == "sitecustomize"):
+            sys.stderr.write(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{exc!r}\n")
         if me is not None:
             sys.modules[__name__] = me
     finally:
