@@ -9,7 +9,7 @@
    :func:`~trtllm_liveness.exit._exit_guard.interrupt_self_once` makes the guard's process-wide
    single. Where the latch lives on the frontend object (PR #19029 as read), ``/health`` may
    send its one SIGINT first; the guard then skips its own once the executor's ``shutdown()``
-   began (what that SIGINT leads to), see ``_engine_shutdown.graceful``;
+   began (what that SIGINT leads to), see ``_engine_shutdown.arm_exit_guard``;
 2. publish: upstream's ``_set_fatal_error`` where present, ``_fatal_error`` in any case (Dynamo
    reads it);
 3. fail pending work: every pending request (upstream's ``_mark_engine_dead`` where present, an
