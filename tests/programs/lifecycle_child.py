@@ -259,7 +259,7 @@ def sends(options: dict[str, Any]) -> int:
         emit({"violations": violations.seen, "fatal": None if proxy.liveness_fatal_error is None
               else str(proxy.liveness_fatal_error), "submitted": submitted,
               "debug": os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG"),
-              "signalled": _signalled(proxy.liveness_state.shutdown_report),
+              "signalled": _signalled(proxy.liveness_shutdown_report),
               "shutdown_s": round(time.monotonic() - started, 3)})
         return 0
     killer = threading.Timer(0.3, kill_rank, (proxy, int(options.get("rank", 1))))
@@ -280,7 +280,7 @@ def sends(options: dict[str, Any]) -> int:
         time.sleep(0.002)
     killer.join(5)
     state = proxy.liveness_state
-    state.fatal_done.wait(10)  # the fatal path's upstream pre_shutdown() has run (or was given up)
+    state.fatal_path.done.wait(10)  # the fatal path's upstream pre_shutdown() has run (or was given up)
     executor.shutdown()
     emit({"violations": violations.seen, "fatal": None if proxy.liveness_fatal_error is None
           else str(proxy.liveness_fatal_error), "submitted": submitted, "rejected": rejected,

@@ -228,11 +228,11 @@ def report_fatal(llm: Any, pending: Any, progress_s: float | None = None) -> int
     llm.shutdown()
     state = executor.liveness_state
     latest = state.diagnoser.latest if state.diagnoser is not None else None
-    emit({"shutdown_s": time.monotonic() - t0, "host_stops": [stop.to_dict() for stop in state.host_stops],
+    emit({"shutdown_s": time.monotonic() - t0, "host_stops": [stop.to_dict() for stop in state.stop.host_stops],
           "snapshot": None if latest is None else {"ranks": snapshot_rows(latest), "hosts": list(latest.hosts),
                                                    "named": None if latest.named is None else latest.named.to_dict()},
-          "fatal_line": state.fatal_line,
-          "fatal_snapshot": None if state.snapshot is None else state.snapshot.to_dict()})
+          "fatal_line": state.fatal_path.line,
+          "fatal_snapshot": None if state.fatal_path.snapshot is None else state.fatal_path.snapshot.to_dict()})
     time.sleep(LINGER_S)
     return 1
 

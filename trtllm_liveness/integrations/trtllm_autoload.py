@@ -36,12 +36,11 @@ import os
 import sys
 
 from .._switch import ENV_VAR, autoload_wanted
+from . import PatchingFinder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # no typing, collections.abc or importlib.abc at run time: see the docstring
     from collections.abc import Sequence
-    from importlib.abc import Loader
-    from importlib.machinery import ModuleSpec
     from types import ModuleType
 
 __all__ = ["PTH_LINE", "SITE_DIR", "install", "main", "pth_status", "remove_pth", "write_pth"]
@@ -65,43 +64,18 @@ _lock = _thread.allocate_lock()  # threading.Lock itself, without importing thre
 _installed = False
 
 
-class _PatchingLoader:
-    """Runs the real loader, then patches the module; every other attribute is the real loader's
-    (``get_source``, ``is_package``, resource readers), so tracebacks and introspection still work."""
+def _patch(module: "ModuleType") -> None:
+    from .trtllm import patch_tensorrt_llm
 
-    def __init__(self, wrapped: "Loader") -> None:
-        self._wrapped = wrapped
-
-    def exec_module(self, module: "ModuleType") -> None:
-        self._wrapped.exec_module(module)
-        from .trtllm import patch_tensorrt_llm
-
-        patch_tensorrt_llm(module)
-
-    def __getattr__(self, name: str) -> object:
-        return getattr(self._wrapped, name)
+    patch_tensorrt_llm(module)
 
 
-class _Finder:
-    """Intercepts only ``tensorrt_llm.executor.proxy``; defers to the other finders for the spec.
+class _Finder(PatchingFinder):
+    """Intercepts only ``tensorrt_llm.executor.proxy``, which it patches once it executed; installing
+    it imports nothing."""
 
-    A plain class (the import system needs only ``find_spec``), so installing it imports nothing."""
-
-    def find_spec(
-        self, fullname: str, path: "Sequence[str] | None", target: "ModuleType | None" = None
-    ) -> "ModuleSpec | None":
-        if fullname != _TARGET:
-            return None
-        for finder in sys.meta_path:
-            find_spec = getattr(finder, "find_spec", None)
-            if finder is self or find_spec is None:
-                continue
-            spec: ModuleSpec | None = find_spec(fullname, path, target)
-            if spec is not None and spec.loader is not None:
-                # Not an importlib.abc.Loader subclass (importing that costs every interpreter).
-                spec.loader = _PatchingLoader(spec.loader)  # type: ignore[assignment]
-                return spec
-        return None
+    def __init__(self) -> None:
+        super().__init__(_TARGET, _patch)
 
 
 def install(force: bool = False) -> bool:

@@ -79,7 +79,7 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[An
     monkeypatch.setattr(_mixin, "note_unrestartable", counted_note)
     proxy = liveness_proxy_class(BareUpstreamProxy, config=config)({"llm_args": None})
     state: EngineLiveness = proxy.liveness_state
-    record = state.record
+    record = state.fatal_path.record
 
     def slow_record(event: WorkerEvent) -> WorkerFailedError | None:
         reactions.enter()
@@ -89,7 +89,7 @@ def engine(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[An
         finally:
             reactions.leave()
 
-    state.record = slow_record  # type: ignore[method-assign]
+    state.fatal_path.record = slow_record  # type: ignore[method-assign]
     assert state.diagnoser is not None
     request = state.diagnoser.request
 

@@ -113,7 +113,8 @@ def test_observe_mode_on_a_stuck_rank(kind: str, stuck_child: StuckChild, procs:
         assert " in D" in loud[0] and "; snapshot: " in loud[0], loud
         assert proxy.check_health() is (not BareUpstreamProxy({"llm_args": None}).is_shutdown())  # upstream's
         assert proxy.liveness_fatal_error is None
-        assert state.would_fail == {state.events[0].kind: 1} and state.events[0].kind.value == kind
+        events = state.fatal_path.events
+        assert state.fatal_path.would_fail == {events[0].kind: 1} and events[0].kind.value == kind
         assert _procfs.read_stat(sleeper.pid).state in ("S", "R")  # nothing stopped
         assert not marker_dir.exists() or not any(marker_dir.iterdir())  # no quarantine
     finally:

@@ -2,7 +2,7 @@
 
 ``shutdown()`` (a server's SIGINT handler, its ``finally``, a frontend's own call) and the
 process's ending (the exit guard's watchdog runs the engine's STOP cleanup,
-``_engine_shutdown.stop_at_exit``, i.e. ``stop_workers``) may reach the bounded stop at the same
+``_engine_shutdown.arm_exit_guard``'s, i.e. ``stop_workers``) may reach the bounded stop at the same
 time after a fatal event. Here several threads call ``shutdown()`` and several the ending's stop
 at once, right after a real death (SIGKILL) of one rank, while the other rank ignores SIGTERM (the
 stop must SIGKILL it) or is really stuck in ``D`` (freezer or FUSE: left unkillable). Exactly
@@ -98,7 +98,7 @@ def test_racing_shutdowns_and_the_endings_stop_run_one_stop(
         f"liveness: stopped rank 0 (pid {stubborn.pid})")]
     assert len(stopped) == 1, [record.getMessage() for record in stopped]
     assert "SIGKILL" in stopped[0].getMessage()
-    report = state.shutdown_report
+    report = state.stop.report
     assert report is not None and all(found is report for found in reports), "a stop report was replaced"
 
 
@@ -121,7 +121,7 @@ def test_a_rank_left_unkillable_is_noted_once_however_many_stops_race(
     reports = _race(proxy)
     state: EngineLiveness = proxy.liveness_state
     assert len(notes) == 1, f"the unkillable rank was noted {len(notes)} times"
-    report = state.shutdown_report
+    report = state.stop.report
     assert report is not None and all(found is report for found in reports)
     assert [worker.pid for worker in report.unkillable] == [stuck_child.popen.pid]
 
@@ -139,10 +139,12 @@ def test_a_second_caller_waits_as_long_as_the_stop_waits_for_the_hosts_snapshot(
     held = threading.Event()
 
     def first_stop() -> None:  # the stop under way: its snapshot wait is longer than the one-host bound
-        with state.stop_lock:
+        def stop() -> tuple[Any, list[Any]]:
             held.set()
             threading.Event().wait(one_host_bound + 1.0)
-            state.shutdown_report, state.stopped = report, True  # type: ignore[assignment]
+            return report, []
+
+        state.stop.once(60, stop)
 
     state.hub = object()  # type: ignore[assignment]  # only its presence matters for the bound
     holder = threading.Thread(target=first_stop)
@@ -152,7 +154,7 @@ def test_a_second_caller_waits_as_long_as_the_stop_waits_for_the_hosts_snapshot(
         assert _engine_shutdown.stop_workers(state) is report
     finally:
         holder.join(60)
-        state.hub, state.shutdown_report, state.stopped = None, None, False  # the real stop (of no rank)
+        state.hub, state.stop.report, state.stop.done = None, None, False  # the real stop (of no rank)
         proxy.shutdown()
 
 

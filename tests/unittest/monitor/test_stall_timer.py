@@ -378,7 +378,7 @@ def test_progress_channel_takes_beats_and_rejects_bad_messages(caplog: pytest.Lo
 
 
 def test_engine_stall_ignores_replayed_beats() -> None:
-    from trtllm_liveness.integrations.trtllm._engine_stall import Diagnoser, EngineStall, RankIterations
+    from trtllm_liveness.integrations.trtllm._engine_stall import Diagnoser, EngineStall
     from trtllm_liveness.integrations.trtllm._progress import IterationBeat
 
     with WorkerProcessMonitor() as monitor:
@@ -387,9 +387,9 @@ def test_engine_stall_ignores_replayed_beats() -> None:
         stall._on_beat(IterationBeat(0, 5, 100.0))
         stall._on_beat(IterationBeat(0, 5, 200.0))  # replayed count: ignored
         stall._on_beat(IterationBeat(0, 4, 300.0))  # older count: ignored
-        assert stall.iterations() == {0: RankIterations(5, 100.0)}
+        assert stall.iterations() == {0: IterationBeat(0, 5, 100.0)}
         stall._on_beat(IterationBeat(0, 6, 150.0))
-        assert stall.iterations() == {0: RankIterations(6, 150.0)}
+        assert stall.iterations() == {0: IterationBeat(0, 6, 150.0)}
         stall.close()
 
 

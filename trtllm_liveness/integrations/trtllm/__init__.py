@@ -12,7 +12,7 @@ Where each part lives::
     _side_channel.py  the proxy's end of the 1.2.x identity side channel
     _identities.py    per-element validation of identity payloads
     _shim.py          what upstream main sees as its _worker_process_monitor
-    _state.py         EngineLiveness: the per-engine state, one attribute on the proxy
+    _state.py         EngineLiveness (one attribute on the proxy), its FatalPath and EngineStop
     _mixin.py         LivenessProxyMixin: the overrides of upstream's GenerationExecutorProxy
     _startup.py       an engine's start: its monitor, metrics on trtllm-serve's page, the "on" line,
                       the session's submit wrapped so every rank runs liveness_worker_entry

@@ -35,11 +35,11 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..._errors import LivenessError
-from ..._events import WorkerFailedError, WorkerState
-from ...exit._exit_guard import interrupt_self_once
+from ..._events import WorkerState
+from ...exit._exit_guard import FatalExitGuard, interrupt_self_once
 from ...exit._outcome import mark_clean
 from ...exit._process_ending import Stage, process_ending
 from ...monitor._monitor import WorkerProcessMonitor
@@ -50,6 +50,9 @@ from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
 from ._hosts import stop_remote_hosts
 from ._state import EngineLiveness, state_of
 from ._upstream_teardown import abandon_session, owns_session, release_upstream_waits
+
+if TYPE_CHECKING:
+    from ...multihost._hub_records import HostStop
 
 
 class EngineProxy(Protocol):
@@ -76,16 +79,14 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
     (never raises). Blocks for at most about ``shutdown_grace_s + shutdown_term_s +
     shutdown_kill_s + 2`` seconds. Idempotent: only the first call does anything."""
     proxy._liveness_expected_exits()  # a death already known is delivered first
-    with state.lock:
-        if state.shutdown_started:
-            return
-        state.shutdown_started = True
-        failed = state.fatal is not None
+    failed = state.fatal_path.begin_shutdown()
+    if failed is None:
+        return
     config = state.config
     owned = owns_session(proxy, state)
     assert state.monitor is not None
     if failed:
-        state.fatal_done.wait(PRE_SHUTDOWN_WAIT_S)
+        state.fatal_path.done.wait(PRE_SHUTDOWN_WAIT_S)
         snapshot_first(state)  # before upstream's shutdown too: its session's teardown ends the ranks
     else:
         # Workers exiting now are expected: stop the watcher so they are not reported dead.
@@ -118,15 +119,13 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
         logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
         abandon_session(proxy, state)
     release(state)
-    if state.fatal is None and not (report is not None and report.unkillable):
+    if state.fatal_path.fatal is None and not (report is not None and report.unkillable):
         mark_clean()
-    if report is not None and report.unkillable:
-        events = report.events()
-        with state.lock:
-            if state.fatal is None and events:
-                state.fatal = WorkerFailedError(events[0])
-        if events and getattr(proxy, "_fatal_error", None) is None:
-            proxy._fatal_error = state.fatal
+    events = report.events() if report is not None and report.unkillable else []
+    if events:
+        fatal = state.fatal_path.fail_after_stop(events[0])
+        if getattr(proxy, "_fatal_error", None) is None:
+            proxy._fatal_error = fatal
 
 
 def zmq_debug() -> bool:
@@ -150,54 +149,41 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
     to stop. A rank the stop leaves unkillable quarantines the host.
 
     ``shutdown()``, the process's ending (the exit guard's watchdog, the STOP stage) and a failed
-    start may all call it, from different threads at the same time: the first runs the stop under
-    the engine's ``stop_lock``; every other caller waits for it (at most the stop's own bound) and
-    gets the same report, so no rank is signalled twice, no unkillable rank is noted twice and
-    ``shutdown_report`` is never overwritten."""
+    start may all call it, from different threads at the same time: :meth:`~._state.EngineStop.once`
+    runs it for the first; every other caller waits for it (at most the stop's own bound) and gets
+    the same report, so no unkillable rank is noted twice either."""
     config = state.config
     bound = (snapshot_bound_s(state) + config.shutdown_term_s + config.shutdown_kill_s
              + STOP_MARGIN_S + (config.shutdown_term_s + config.shutdown_kill_s + 2.0 if state.hub is not None else 0))
-    if not state.stop_lock.acquire(timeout=bound):
-        logger.warning("liveness: the engine's bounded stop, under way in another thread, did not end within "
-                       "%.1fs; not waiting for it", bound)
-        return state.shutdown_report
-    try:
-        if not state.stopped:
-            state.shutdown_report = _stop_workers_once(state)
-            state.stopped = True
-        return state.shutdown_report
-    finally:
-        state.stop_lock.release()
+    return state.stop.once(bound, lambda: _stop_workers_once(state))
 
 
-def _stop_workers_once(state: EngineLiveness) -> StopReport | None:
+def _stop_workers_once(state: EngineLiveness) -> tuple[StopReport | None, list[HostStop]]:
     from ...stop._bounded_stop import stop_processes
 
     # Never signal an identity whose start time was not verified (a recycled pid).
     identities = [identity for identity in state.identities if identity.start_time is not None]
     if not identities and state.hub is None:
-        return None
+        return None, []
     config = state.config
-    if not state.shutdown_started:  # shutdown() waited before it started upstream's shutdown
+    if not state.fatal_path.shutdown_started:  # shutdown() waited before it started upstream's shutdown
         snapshot_first(state)
     if state.monitor is not None:
         state.monitor.mark_expected_exits()  # the ranks this stop ends are no deaths
-    remote = stop_remote_hosts(state.hub, config, state.threads) if state.hub is not None else None
+    remote = stop_remote_hosts(state.hub, config, state.fatal_path.threads) if state.hub is not None else None
     identities = [identity for identity in identities if is_local(identity)]
     report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
-    if remote is not None:
-        if remote[0] is not None:
-            remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
-        state.host_stops = list(remote[1])
-    log_stopped(report, state.monitor if state.fatal is not None else None)
+    if remote is not None and remote[0] is not None:
+        remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
+    log_stopped(report, state.monitor if state.fatal_path.fatal is not None else None)
     note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
-    return report
+    return report, [] if remote is None else list(remote[1])
 
 
 def snapshot_first(state: EngineLiveness) -> None:
     """After a fatal verdict, wait :func:`snapshot_bound_s` at most for its diagnosis' snapshot:
     it shows the ranks as the failure left them, not as the stop does."""
-    if state.fatal is not None and state.diagnoser is not None:
+    if state.fatal_path.fatal is not None and state.diagnoser is not None:
         state.diagnoser.await_snapshot(snapshot_bound_s(state))
 
 
@@ -230,14 +216,14 @@ def release(state: EngineLiveness) -> None:
     leave the process's ending, and join the fatal path's threads and the diagnosis, each until its
     deadline (the exit guard's trigger first stops waiting for ``exit_delay_s``). A thread still
     running then (``pre_shutdown()`` blocked on a dead peer) is named in one WARNING."""
-    state.closing.set()
+    state.fatal_path.closing.set()
     if state.stop_at_exit is not None:
         process_ending().discard_cleanup(state.stop_at_exit, Stage.STOP)
     for held in (state.hub, state.channel, state.stall, state.monitor, state.metrics):
         if held is not None:
             with contextlib.suppress(Exception):
                 held.close()
-    left = state.threads.join()
+    left = state.fatal_path.threads.join()
     if state.diagnoser is not None:
         left += state.diagnoser.close()
     if left:
@@ -252,30 +238,31 @@ def abort_start(state: EngineLiveness) -> None:
     release(state)
 
 
-def graceful(state: EngineLiveness) -> Callable[[], None]:
-    """The exit guard's graceful action: ONE SIGINT per process, and none once this executor's
-    ``shutdown()`` has begun (a SIGINT from trtllm-serve's ``/health`` got there first)."""
+def arm_exit_guard(state: EngineLiveness, ref: weakref.ReferenceType[Any]) -> None:
+    """The exit policy's one way into the engine (``exit_on_fatal``): the exit guard, whose graceful
+    action is ONE SIGINT per process, and none once this executor's ``shutdown()`` has begun (a
+    SIGINT from trtllm-serve's ``/health`` got there first); and the engine's STOP cleanup of the
+    process's ending: its ranks are not our children (prte spawned them), so nobody else reaps them
+    once this process is gone; they are stopped first, bounded (a rank the stop leaves unkillable
+    quarantines the host, awaited by the ending, and makes the exit status
+    ``exit_code_unrestartable``). The cleanup holds the proxy by weakref; :func:`release` drops it."""
     def interrupt() -> None:
-        if state.shutdown_started:
+        if state.fatal_path.shutdown_started:
             logger.info("liveness: the executor is already shutting down; the exit guard sends no SIGINT")
             return
         if not interrupt_self_once():
             logger.info("liveness: graceful shutdown already requested by another exit guard of this process")
 
-    return interrupt
-
-
-def stop_at_exit(ref: weakref.ReferenceType[Any]) -> Callable[[], None]:
-    """The engine's STOP cleanup of the process's ending: its ranks are not our children (prte
-    spawned them), so nobody else reaps them once this process is gone; stop them first, bounded.
-    A rank the stop leaves unkillable quarantines the host (awaited by the ending) and makes the
-    exit status ``exit_code_unrestartable``. Holds the proxy by weakref."""
     def stop() -> None:
         proxy = ref()
         if proxy is not None:
             stop_workers(state_of(proxy))
 
-    return stop
+    config = state.config
+    state.exit_guard = FatalExitGuard(graceful=interrupt, timeout_s=config.exit_timeout_s, exit_code=config.exit_code,
+                                      exit_code_unrestartable=config.exit_code_unrestartable)
+    state.stop_at_exit = stop
+    process_ending().add_cleanup(stop, Stage.STOP)
 
 
 def _is_running(identity: ProcessIdentity) -> bool:

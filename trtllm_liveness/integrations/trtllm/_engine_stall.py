@@ -28,7 +28,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..._events import EventKind, WorkerEvent
@@ -61,14 +60,6 @@ REMOTE_STACKS_S = 0.3
 AFTER_FATAL_DELAY_S = 0.05
 """A diagnosis after a fatal error starts this much later: the threads that observe the failure
 (health probes, the readers of the failed requests) get the interpreter first."""
-
-
-@dataclass(frozen=True)
-class RankIterations:
-    """What one rank reported last: ``count`` executor iterations, the last at ``at`` (monotonic)."""
-
-    count: int
-    at: float
 
 
 def pending_count(proxy: Any) -> int:
@@ -254,7 +245,7 @@ class EngineStall:
         self._diagnoser = diagnoser
         self.clock = ProgressClock(pending, activity)
         self._lock = threading.Lock()
-        self._iterations: dict[int, RankIterations] = {}
+        self._iterations: dict[int, IterationBeat] = {}  # each rank's last report
         self.channel: ProgressChannel | None = None
         self.detector: StallDetector | None = None
         self.remote_states: Callable[[], Mapping[int, RankDiagnosis]] | None = None  # the remote ranks' (hub)
@@ -281,7 +272,7 @@ class EngineStall:
             known = self._iterations.get(beat.rank)
             if known is not None and known.count >= beat.count:
                 return  # stale or replayed
-            self._iterations[beat.rank] = RankIterations(beat.count, beat.at)
+            self._iterations[beat.rank] = beat
         self.clock.note_iteration(beat.at)
         detector = self.detector
         if detector is not None:
@@ -304,8 +295,8 @@ class EngineStall:
         if detector is not None:
             detector.note_registered()
 
-    def iterations(self) -> dict[int, RankIterations]:
-        """Each rank's last report, by rank."""
+    def iterations(self) -> dict[int, IterationBeat]:
+        """Each rank's last report (``count`` executor iterations, the last at ``at``), by rank."""
         with self._lock:
             return dict(self._iterations)
 

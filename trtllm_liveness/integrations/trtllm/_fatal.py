@@ -9,7 +9,7 @@
    :func:`~trtllm_liveness.exit._exit_guard.interrupt_self_once` makes the guard's process-wide
    single. Where the latch lives on the frontend object (PR #19029 as read), ``/health`` may
    send its one SIGINT first; the guard then skips its own once the executor's ``shutdown()``
-   began (what that SIGINT leads to), see ``_engine_shutdown.graceful``;
+   began (what that SIGINT leads to), see ``_engine_shutdown.arm_exit_guard``;
 2. publish: upstream's ``_set_fatal_error`` where present, ``_fatal_error`` in any case (Dynamo
    reads it);
 3. fail pending work: every pending request (upstream's ``_mark_engine_dead`` where present, an
@@ -35,7 +35,7 @@
 
 Steps 1-3 never block (no socket send, no join); they run in the thread that delivered the event
 (the monitor's watcher, or a ``check_health()`` caller that found it). The threads of steps 4 and 5 are the engine's
-(``EngineLiveness.threads``), joined with their bounds when it is released; the records' writes
+(``FatalPath.threads``), joined with their bounds when it is released; the records' writes
 and the quarantine are the process's ending's (:mod:`trtllm_liveness.exit`).
 """
 
@@ -94,13 +94,14 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
     # threads): after the requests are failed, never before.
     line = fatal_line(error.event, fatal_evidence(state, error.event))
     logger.error("liveness: fatal: %s", line)
-    state.fatal_line = line
+    fatal_path = state.fatal_path
+    fatal_path.line = line
     write_termination_message(state.config.termination_log, f"trtllm-liveness: fatal engine error: {line}\n")
     if state.exit_guard is not None:
-        state.threads.start(_trigger_exit_guard, name="trtllm-liveness-exit",
-                            bound_s=state.config.exit_delay_s + THREAD_END_S, args=(state, error))
-    state.threads.start(_pre_shutdown_helper, name="trtllm-liveness-fatal", bound_s=FATAL_HELPER_BOUND_S,
-                        args=(proxy, state, error))
+        fatal_path.threads.start(_trigger_exit_guard, name="trtllm-liveness-exit",
+                                 bound_s=state.config.exit_delay_s + THREAD_END_S, args=(state, error))
+    fatal_path.threads.start(_pre_shutdown_helper, name="trtllm-liveness-fatal", bound_s=FATAL_HELPER_BOUND_S,
+                             args=(proxy, state, error))
 
 
 OBSERVED_SNAPSHOT_BOUND_S = 6.0
@@ -114,11 +115,7 @@ def observe_verdict(state: EngineLiveness, event: WorkerEvent) -> None:
     snapshot, logged from a thread the engine owns once the snapshot is taken; a later verdict, which
     enforcing would not have reached, is one INFO line. Nothing else: no request failed, health
     unchanged, nothing stopped, no exit, no quarantine. Never blocks; never raises."""
-    with state.lock:
-        first = not state.would_fail
-        state.remember(event)
-        state.would_fail[event.kind] = state.would_fail.get(event.kind, 0) + 1
-    if not first:
+    if not state.fatal_path.observe(event):
         # Enforcing, the first verdict would have stopped the engine: what comes after it is its
         # consequence (a rank ending with the engine), said once at INFO.
         logger.info("liveness: observed after the first verdict: %s (observe=1: nothing done)", event.message)
@@ -137,7 +134,8 @@ def observe_verdict(state: EngineLiveness, event: WorkerEvent) -> None:
                 snapshot = f"; snapshot: {diagnosis.summary()}" if diagnosis is not None else ""
         logger.warning("liveness: would fail: %s%s (observe=1: nothing done)", line, snapshot)
 
-    if state.threads.start(report, name="trtllm-liveness-observe", bound_s=OBSERVED_SNAPSHOT_BOUND_S) is None:
+    threads = state.fatal_path.threads
+    if threads.start(report, name="trtllm-liveness-observe", bound_s=OBSERVED_SNAPSHOT_BOUND_S) is None:
         logger.warning("liveness: would fail: %s (observe=1: nothing done)", line)
 
 
@@ -165,11 +163,11 @@ def report_snapshot(state: EngineLiveness, reason: str, diagnosis: Diagnosis) ->
     try:
         record = snapshot_record(diagnosis, reason, hosts={who.rank: who.hostname for who in state.identities},
                                  iterations=state.iteration_counts())
-        state.snapshot = record
+        state.fatal_path.snapshot = record
         logger.warning("liveness: diagnosis (%s): %s", reason, record.summary())
         record_snapshot(record)
-        if state.fatal_line:
-            head = f"trtllm-liveness: fatal engine error: {state.fatal_line}\nsnapshot: "
+        if state.fatal_path.line:
+            head = f"trtllm-liveness: fatal engine error: {state.fatal_path.line}\nsnapshot: "
             room = MESSAGE_LIMIT_BYTES - len(head.encode()) - 1
             amend_termination_message(state.config.termination_log, f"{head}{record.to_json(room)}\n")
     except Exception:
@@ -182,7 +180,7 @@ def report_later_event(state: EngineLiveness, event: WorkerEvent) -> None:
     WARNING, and a wedge or an unkillable rank, a fact about the host, an ERROR."""
     if event.kind is not EventKind.DIED:
         logger.error("liveness: %s", event.message)
-    elif state.failed_or_stopping:
+    elif state.fatal_path.failed_or_stopping:
         who = event.identity
         logger.info("liveness: MPI worker rank %d (pid %d) on host %s exited after the engine's failure or stop "
                     "began: %s", who.rank, who.pid, who.hostname, event.cause)
@@ -279,7 +277,7 @@ def _trigger_exit_guard(state: EngineLiveness, error: WorkerFailedError) -> None
     if guard is not None:
         # Let health endpoints answer 503 (and logs say why) before the server goes away; no
         # longer once the engine's shutdown released it (the server is going away already).
-        state.closing.wait(state.config.exit_delay_s)
+        state.fatal_path.closing.wait(state.config.exit_delay_s)
         guard.trigger(error)
 
 
@@ -307,22 +305,22 @@ def _pre_shutdown_helper(proxy: Any, state: EngineLiveness, error: WorkerFailedE
         finally:
             state.send_lock.release()
 
-    worker = state.threads.start(run, name="trtllm-liveness-pre-shutdown", bound_s=2 * PRE_SHUTDOWN_WAIT_S)
+    worker = state.fatal_path.threads.start(run, name="trtllm-liveness-pre-shutdown", bound_s=2 * PRE_SHUTDOWN_WAIT_S)
     if worker is not None:
         worker.join(2 * PRE_SHUTDOWN_WAIT_S)
         if worker.is_alive():
             logger.warning("liveness: upstream pre_shutdown() still blocked after %.1fs (a send to a dead peer?); "
                            "left in its daemon thread", 2 * PRE_SHUTDOWN_WAIT_S)
     state.fail_worker_futures(error)
-    state.fatal_done.set()
+    state.fatal_path.done.set()
 
 
 def acquire_send_lock(proxy: Any, state: EngineLiveness) -> None:
     """Take ``state.send_lock`` for a submit(); raises the engine-dead error instead of waiting
     on once a fatal error is known (a send in flight to a dead peer may never end)."""
     while not state.send_lock.acquire(timeout=0.1):
-        if state.fatal is not None:
-            raise dead_error(proxy, state.fatal)
+        if state.fatal_path.fatal is not None:
+            raise dead_error(proxy, state.fatal_path.fatal)
 
 
 def dead_error(proxy: Any, error: WorkerFailedError) -> BaseException:

@@ -34,15 +34,13 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 from ..._config import LivenessConfig, StallAction
 from ..._events import EventKind, RankStatus, WorkerEvent, WorkerFailedError
-from ...exit._exit_guard import FatalExitGuard
 from ...exit._outcome import mark_running
-from ...exit._process_ending import Stage, process_ending
 from ...monitor._monitor import WorkerProcessMonitor
 from ...process._identity import is_local
 from ...stop._bounded_stop import StopReport
 from .._futures import mirror_future
 from .._pool_manager_watch import PoolManagerWatch
-from ._engine_shutdown import abort_start, graceful, shutdown_engine, stop_at_exit
+from ._engine_shutdown import abort_start, arm_exit_guard, shutdown_engine
 from ._engine_stall import (
     AFTER_FATAL_DELAY_S,
     Diagnoser,
@@ -66,7 +64,7 @@ from ._fatal import (
 from ._features import detect_features, warn_missing_hooks
 from ._shim import MonitorShim
 from ._startup import announce, export_metrics, new_monitor, wrap_session
-from ._state import MISSING, STATE_ATTR, EngineLiveness, state_of
+from ._state import STATE_ATTR, EngineLiveness, state_of
 from ._upstream_teardown import forget_results, run_upstream_shutdown
 
 if TYPE_CHECKING:
@@ -118,7 +116,7 @@ class LivenessProxyMixin:
         except BaseException:
             # Nobody will call shutdown() on an engine whose constructor failed: stop and close what
             # was started (the watcher, the stall timer, the hub, the process ending's cleanup), once.
-            if config.enabled and not state.closing.is_set():
+            if config.enabled and not state.fatal_path.closing.is_set():
                 abort_start(state)
             raise
 
@@ -136,11 +134,7 @@ class LivenessProxyMixin:
         state.subscriber = _subscriber(ref)
         monitor.subscribe(state.subscriber, reports=True)  # the fatal line, or _liveness_on_event's
         if config.exit_on_fatal:
-            state.exit_guard = FatalExitGuard(graceful=graceful(state), timeout_s=config.exit_timeout_s,
-                                              exit_code=config.exit_code,
-                                              exit_code_unrestartable=config.exit_code_unrestartable)
-            state.stop_at_exit = stop_at_exit(ref)
-            process_ending().add_cleanup(state.stop_at_exit, Stage.STOP)
+            arm_exit_guard(state, ref)
         state.monitor = monitor  # before start(): a failure from here on closes it (abort_start)
         monitor.start()
         mark_running(config.exit_code)  # for trtllm-liveness launch: an unclean end is never success
@@ -174,19 +168,17 @@ class LivenessProxyMixin:
     @property
     def liveness_fatal_error(self) -> WorkerFailedError | None:
         """The one fatal error the extension recorded, or None."""
-        return state_of(self).fatal
+        return state_of(self).fatal_path.fatal
 
     @property
     def liveness_events(self) -> list[WorkerEvent]:
         """Every event seen (the first one is the fatal error's)."""
-        state = state_of(self)
-        with state.lock:
-            return list(state.events)
+        return state_of(self).fatal_path.events
 
     @property
     def liveness_shutdown_report(self) -> StopReport | None:
         """The :class:`~trtllm_liveness.stop._bounded_stop.StopReport` of ``shutdown()``, once it ran."""
-        return state_of(self).shutdown_report
+        return state_of(self).stop.report
 
     def liveness_statuses(self) -> list[RankStatus]:
         """Per-rank status snapshot (empty when disabled)."""
@@ -203,10 +195,10 @@ class LivenessProxyMixin:
 
     @property
     def mpi_futures(self) -> Any:
-        futures = state_of(self).mpi_futures
-        if futures is MISSING:
-            raise AttributeError("mpi_futures")
-        return futures
+        try:
+            return state_of(self).upstream["mpi_futures"]
+        except KeyError:
+            raise AttributeError("mpi_futures") from None
 
     @mpi_futures.setter
     def mpi_futures(self, futures: Any) -> None:
@@ -215,16 +207,16 @@ class LivenessProxyMixin:
         if state.enabled and isinstance(futures, list):
             state.real_mpi_futures = list(futures)
             futures = [mirror_future(f) if isinstance(f, Future) else f for f in futures]
-        state.mpi_futures = futures
+        state.upstream["mpi_futures"] = futures
 
     @property
     def _worker_process_monitor(self) -> Any:
         state = state_of(self)
         if state.shim is not None:
             return state.shim
-        if state.upstream_monitor is MISSING:
+        if "_worker_process_monitor" not in state.upstream:
             raise AttributeError("_worker_process_monitor")
-        return state.upstream_monitor
+        return state.upstream["_worker_process_monitor"]
 
     @_worker_process_monitor.setter
     def _worker_process_monitor(self, value: Any) -> None:
@@ -236,7 +228,7 @@ class LivenessProxyMixin:
             if callable(close):
                 with contextlib.suppress(Exception):
                     close()
-        state.upstream_monitor = value
+        state.upstream["_worker_process_monitor"] = value
 
     # -- start ---------------------------------------------------------------------------
 
@@ -251,7 +243,7 @@ class LivenessProxyMixin:
         try:
             super()._start_executor_workers(worker_kwargs)  # type: ignore[misc]
         except BaseException as exc:
-            fatal = state.fatal or pool_watch.error
+            fatal = state.fatal_path.fatal or pool_watch.error
             abort_start(state)
             if fatal is not None and fatal is not exc:
                 raise fatal from exc
@@ -279,7 +271,7 @@ class LivenessProxyMixin:
         if state.config.observe:
             observe_verdict(state, event)  # one line, and nothing else
             return
-        error = state.record(event)
+        error = state.fatal_path.record(event)
         if error is not None:
             run_fatal_path(self, state, error)
         else:
@@ -311,14 +303,15 @@ class LivenessProxyMixin:
         """A clean stop begins (upstream's pre_shutdown / monitor close, a healthy shutdown()):
         deliver a failure the monitor already knows first, then mark exits as expected."""
         state = state_of(self)
-        if state.monitor is None or state.fatal is not None or state.expected_exits:
+        if state.monitor is None or state.fatal_path.fatal is not None or state.fatal_path.expected_exits:
             return
         if getattr(self, "_fatal_error", None) is not None or getattr(self, "_engine_dead", None):
             return  # upstream's own death path is running: not a clean stop
         failure, _delivered = self._liveness_deliver(state)
         if failure is not None:
             return
-        if state.begin_expected_exits():
+        if state.fatal_path.expect_exits():
+            state.monitor.mark_expected_exits()
             logger.debug("liveness: clean stop: worker exits from now on are expected")
             if state.hub is not None:
                 state.hub.expect_exits()
@@ -333,8 +326,9 @@ class LivenessProxyMixin:
         state: EngineLiveness = self.__dict__[STATE_ATTR]  # per request: read inline, no call
         if not state.config.enabled:
             return super().submit(request)  # type: ignore[misc]
-        if state.fatal is not None:
-            raise dead_error(self, state.fatal)
+        fatal_path = state.fatal_path
+        if fatal_path.fatal is not None:
+            raise dead_error(self, fatal_path.fatal)
         if state.stall is not None:
             # Before upstream registers the request: the timer must never see it pending with
             # the idle engine's old clock.
@@ -342,16 +336,16 @@ class LivenessProxyMixin:
         if not state.send_lock.acquire(False):  # uncontended: no timed wait
             acquire_send_lock(self, state)
         try:
-            if state.fatal is not None:
+            if fatal_path.fatal is not None:
                 # Became fatal while this call waited for the lock: upstream's send could go to a
                 # leader the bounded stop has ended meanwhile (a PAIR put then never returns).
-                raise dead_error(self, state.fatal)
+                raise dead_error(self, fatal_path.fatal)
             if state.request_socket_owner is None:
                 state.request_socket_owner = threading.get_ident()
             result = super().submit(request)  # type: ignore[misc]
             if state.stall is not None:
                 state.stall.note_registered()  # after upstream registered it: pending() counts it
-            fatal = state.fatal
+            fatal = fatal_path.fatal
             if fatal is not None:
                 # The sweep may have run between upstream's registration and now. Failed (and
                 # forgotten) before the lock is released: else the fatal helper's pre_shutdown()
@@ -379,9 +373,9 @@ class LivenessProxyMixin:
             logger.warning("liveness: pre_shutdown() is still running in another thread; not waiting for it")
             return
         try:
-            with state.lock:
-                state.pre_shutdown_entries += 1
-            if state.fatal is not None and not state.owns_request_socket():
+            state.pre_shutdown_entries += 1
+            fatal = state.fatal_path.fatal
+            if fatal is not None and not state.owns_request_socket():
                 # Upstream's pre_shutdown() sends its stop sentinel (put_noblock(None)) only while
                 # worker futures are pending (main: any; 1.2.x: all). After a fatal error it runs in
                 # the fatal path's helper thread (or the upstream-shutdown thread); once a caller's
@@ -390,7 +384,7 @@ class LivenessProxyMixin:
                 # futures (upstream's mirrors) first keeps upstream from sending at all; a leader
                 # still alive is then ended by the bounded stop of shutdown() / the exit guard
                 # instead of returning by itself.
-                state.fail_worker_futures(state.fatal)
+                state.fail_worker_futures(fatal)
             super().pre_shutdown()  # type: ignore[misc]
         finally:
             state.pre_shutdown_lock.release()
@@ -402,7 +396,7 @@ class LivenessProxyMixin:
         ``DELIVERY_WAIT_S`` for its delivery under way in another thread."""
         state = state_of(self)
         if state.enabled and state.monitor is not None:
-            if state.fatal is not None:
+            if state.fatal_path.fatal is not None:
                 return False
             # The monitor's answer is delivered (and reacted to) before upstream's own check
             # below can find the same death first, which would leave the liveness fatal error
@@ -410,7 +404,7 @@ class LivenessProxyMixin:
             failure, delivered = self._liveness_deliver(state)
             if state.config.observe:
                 pass  # a verdict is a line only: health is upstream's own
-            elif state.fatal is not None or (failure is not None and not delivered):
+            elif state.fatal_path.fatal is not None or (failure is not None and not delivered):
                 return False  # not delivered: the reaction is still under way in another thread
         parent = getattr(super(), "check_health", None)
         if parent is not None:

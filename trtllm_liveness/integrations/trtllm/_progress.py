@@ -28,16 +28,15 @@ import hmac
 import json
 import logging
 import os
-import secrets
-import shutil
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from .. import PatchingFinder
+from ._side_channel import close_listener, open_listener
 from ._worker_spec import ProgressSpec, is_int
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
@@ -92,36 +91,24 @@ class ProgressChannel:
     """
 
     def __init__(self, on_beat: Callable[[IterationBeat], None], interval_s: float) -> None:
-        import zmq
-
-        self._dir = _private_dir()
-        self.token = secrets.token_hex(16)
-        self.address = f"ipc://{os.path.join(self._dir, 'progress')}"
+        self._dir, self.token, self.address, self._context, self._sock = open_listener("progress",
+                                                                                       MAX_MESSAGE_BYTES)
         self.interval_s = interval_s
         self.rejected = 0
         self._on_beat = on_beat
         self._closed = threading.Event()
         self._wake_lock = threading.Lock()  # the write end: close() writes it, then closes it
         self._wake_w: int | None = None
-        self._context: Any = None
         try:
-            self._context = zmq.Context()
-            self._sock = self._context.socket(zmq.PULL)
-            self._sock.setsockopt(zmq.LINGER, 0)
-            self._sock.setsockopt(zmq.MAXMSGSIZE, MAX_MESSAGE_BYTES)
-            self._sock.bind(self.address)
             self._wake_r, self._wake_w = os.pipe()
             self._thread = threading.Thread(target=self._run, name="trtllm-liveness-progress", daemon=True)
             self._thread.start()
         except BaseException:
-            with contextlib.suppress(Exception):
-                if self._context is not None:
-                    self._context.destroy(0)
             for fd in (getattr(self, "_wake_r", None), self._wake_w):
                 if fd is not None:
                     with contextlib.suppress(OSError):
                         os.close(fd)
-            shutil.rmtree(self._dir, ignore_errors=True)
+            close_listener(self._context, self._dir)
             raise
 
     @property
@@ -169,13 +156,9 @@ class ProgressChannel:
     def _release(self) -> None:
         # The thread owns the socket, the context, the pipe's read end and the directory; the
         # write end is close()'s (a write after a close here could hit a reused fd number).
-        with contextlib.suppress(Exception):
-            self._sock.close(0)
-        with contextlib.suppress(Exception):
-            self._context.term()
+        close_listener(self._context, self._dir)
         with contextlib.suppress(OSError):
             os.close(self._wake_r)
-        shutil.rmtree(self._dir, ignore_errors=True)
         with self._wake_lock:
             if not self._closed.is_set():  # ended on its own (an error): nobody will close it
                 self._close_wake_w()
@@ -199,18 +182,6 @@ class ProgressChannel:
             self._thread.join(timeout)
         with self._wake_lock:
             self._close_wake_w()
-
-
-_MAX_IPC_PATH = 100  # sockaddr_un's sun_path holds 108 bytes; a long TMPDIR (Slurm's) overflows it
-
-
-def _private_dir() -> str:
-    """A new 0700 directory for the socket, under TMPDIR unless the path would be too long."""
-    directory = tempfile.mkdtemp(prefix="trtllm-liveness-")
-    if len(os.path.join(directory, "progress")) <= _MAX_IPC_PATH:
-        return directory
-    os.rmdir(directory)
-    return tempfile.mkdtemp(prefix="trtllm-liveness-", dir="/tmp")
 
 
 class IterationReporter:
@@ -299,9 +270,7 @@ _REPORTER_LOCK = threading.Lock()
 
 
 def _parse_spec(spec: ProgressSpec, rank: int) -> tuple[str, str, float, int]:
-    if not isinstance(spec, ProgressSpec):
-        raise ValueError(f"bad progress channel spec: a {type(spec).__name__}, not a ProgressSpec")
-    spec.check()
+    # ``spec`` was checked where the rank got it (WorkerSpec.from_wire) or made it (ProgressSpec's own check).
     return spec.address, spec.token, max(0.001, float(spec.interval_s)), rank
 
 
@@ -338,43 +307,18 @@ def _wrap_checkpoint(module: Any, reporter: IterationReporter) -> None:
 
 
 def _patch_when_imported(name: str, patch: Callable[[Any], None]) -> None:
-    """Run ``patch(module)`` now if ``name`` is imported, else right after its first import."""
+    """Run ``patch(module)`` now if ``name`` is imported, else right after its first import (a
+    failure then is logged: it must not fail upstream's import)."""
     module = sys.modules.get(name)
     if module is not None:
         patch(module)
         return
-    sys.meta_path.insert(0, _AfterImport(name, patch))
 
+    def patch_logged(module: Any) -> None:
+        try:
+            patch(module)
+        except Exception:
+            logger.warning("liveness: could not count executor iterations", exc_info=True)
 
-class _AfterImport:
-    """A one-module finder: lets the normal finders find ``name``, patches it once it executed."""
+    sys.meta_path.insert(0, PatchingFinder(name, patch_logged))
 
-    def __init__(self, name: str, patch: Callable[[Any], None]) -> None:
-        self._name = name
-        self._patch = patch
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self._name:
-            return None
-        with contextlib.suppress(ValueError):
-            sys.meta_path.remove(self)  # once: also keeps this from finding itself below
-        import importlib.util
-
-        spec = importlib.util.find_spec(fullname)
-        if spec is None or spec.loader is None:
-            return spec
-        loader, patch = spec.loader, self._patch
-
-        class _Loader:
-            def create_module(self, spec: Any) -> Any:
-                return loader.create_module(spec)
-
-            def exec_module(self, module: Any) -> None:
-                loader.exec_module(module)
-                try:
-                    patch(module)
-                except Exception:
-                    logger.warning("liveness: could not count executor iterations", exc_info=True)
-
-        spec.loader = _Loader()  # type: ignore[assignment]
-        return spec

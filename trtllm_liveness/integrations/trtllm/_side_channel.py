@@ -27,6 +27,40 @@ from ._worker_spec import IdentityChannelSpec
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
 _MAX_MESSAGE_BYTES = 4 << 20
+_MAX_IPC_PATH = 100  # sockaddr_un's sun_path holds 108 bytes; a long TMPDIR (Slurm's) overflows it
+
+
+def open_listener(name: str, max_bytes: int) -> tuple[str, str, str, Any, Any]:
+    """A ZMQ PULL socket bound to ``name`` in a new 0700 directory (only this user's processes can
+    connect; under TMPDIR unless that path would be too long for a socket address), taking messages
+    of at most ``max_bytes``, and a random token for the senders to present: ``(directory, token,
+    address, context, socket)``. Nothing is left behind when it fails."""
+    import zmq
+
+    directory = tempfile.mkdtemp(prefix="trtllm-liveness-")
+    if len(os.path.join(directory, name)) > _MAX_IPC_PATH:
+        os.rmdir(directory)
+        directory = tempfile.mkdtemp(prefix="trtllm-liveness-", dir="/tmp")
+    address = f"ipc://{os.path.join(directory, name)}"
+    context: Any = None
+    try:
+        context = zmq.Context()
+        sock = context.socket(zmq.PULL)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, max_bytes)
+        sock.bind(address)
+    except BaseException:
+        close_listener(context, directory)
+        raise
+    return directory, secrets.token_hex(16), address, context, sock
+
+
+def close_listener(context: Any, directory: str) -> None:
+    """Close the sockets of :func:`open_listener`'s ``context`` (at once), end it, remove ``directory``."""
+    if context is not None:
+        with contextlib.suppress(Exception):
+            context.destroy(0)
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 class IdentityChannel:
@@ -38,17 +72,9 @@ class IdentityChannel:
 
     def __init__(self, on_identities: Callable[[list[ProcessIdentity]], None], timeout_s: float,
                  *, exclude_pids: frozenset[int] = frozenset()) -> None:
-        import zmq
-
-        self._dir = tempfile.mkdtemp(prefix="trtllm-liveness-")  # mode 0700: only we can connect
-        self.token = secrets.token_hex(16)
-        self.address = f"ipc://{os.path.join(self._dir, 'identities')}"
+        self._dir, self.token, self.address, self._context, self._sock = open_listener("identities",
+                                                                                       _MAX_MESSAGE_BYTES)
         self._exclude = exclude_pids
-        self._context = zmq.Context()
-        self._sock = self._context.socket(zmq.PULL)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, _MAX_MESSAGE_BYTES)
-        self._sock.bind(self.address)
         self._stop = threading.Event()
         self._on_identities = on_identities
         self._deadline = time.monotonic() + timeout_s
@@ -74,7 +100,7 @@ class IdentityChannel:
         except Exception:
             logger.exception("liveness: identity listener failed; workers are unmonitored")
         finally:
-            self._release()
+            close_listener(self._context, self._dir)
 
     def _parse(self, raw: bytes) -> list[ProcessIdentity] | None:
         try:
@@ -91,13 +117,6 @@ class IdentityChannel:
             logger.error("liveness: rejected a worker identities payload: no valid identity in it")
             return None
         return valid
-
-    def _release(self) -> None:
-        with contextlib.suppress(Exception):
-            self._sock.close(0)
-        with contextlib.suppress(Exception):
-            self._context.term()
-        shutil.rmtree(self._dir, ignore_errors=True)
 
     def close(self, timeout: float = 1.0) -> None:
         """Stop listening; joins the listener for at most ``timeout`` seconds. Idempotent."""

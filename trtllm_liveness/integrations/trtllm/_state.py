@@ -7,12 +7,12 @@ extension lands on the upstream object (besides what upstream itself reads: ``_f
 
 from __future__ import annotations
 
-import enum
+import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Final
+from typing import TYPE_CHECKING, Any
 
 from ..._config import LivenessConfig
 from ..._events import EventKind, WorkerEvent, WorkerFailedError
@@ -36,14 +36,7 @@ if TYPE_CHECKING:  # optional extras: imported only where an engine uses them
 
 STATE_ATTR = "_liveness"
 
-
-class Missing(enum.Enum):
-    """The value of an upstream attribute upstream has not set yet."""
-
-    MISSING = "missing"
-
-
-MISSING: Final = Missing.MISSING
+logger = logging.getLogger(__name__.rpartition(".")[0])
 
 
 def state_of(proxy: object) -> EngineLiveness:
@@ -60,9 +53,133 @@ def stall_under_way(proxy: object) -> StallInfo | None:
     return detector.current if detector is not None else None
 
 
+class FatalPath:
+    """The engine's fate as the fatal path (:mod:`._fatal`) keeps it: the one fatal error, every
+    event seen, whether a death is still news, the fatal line and snapshot, and the fatal path's
+    threads. It owns these fields and its lock: other modules read them and change them only
+    through its methods. Thread-safe; nothing here blocks beyond the lock.
+
+    Attributes:
+        fatal: the ONE fatal error, once a fatal event arrived (or the bounded stop left a rank
+            unkillable: :meth:`fail_after_stop`).
+        expected_exits: set once a clean stop began (upstream's ``pre_shutdown()``/monitor
+            ``close()``, or ``shutdown()`` of a healthy engine): deaths after it are not fatal.
+        shutdown_started: ``shutdown()`` ran (:meth:`begin_shutdown`).
+        would_fail: observe mode's verdicts by kind (``observe=1``: none of them acted on).
+        line / snapshot: the fatal ERROR line's text (with its evidence) and the typed record of
+            the fatal verdict's snapshot, once taken (``_fatal.report_snapshot``).
+        done: set when the fatal path's helper finished upstream's ``pre_shutdown()``.
+        threads: the fatal path's threads (the exit guard's trigger, the ``pre_shutdown()``
+            helper), joined, each until its deadline, when the engine's liveness is released.
+        closing: set when it is released: the exit guard's trigger no longer waits ``exit_delay_s``.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[WorkerEvent] = []
+        self.fatal: WorkerFailedError | None = None
+        self.expected_exits = False
+        self.shutdown_started = False
+        self.would_fail: dict[EventKind, int] = {}
+        self.line = ""
+        self.snapshot: FatalSnapshot | None = None
+        self.done = threading.Event()
+        self.threads = OwnedThreads()
+        self.closing = threading.Event()
+
+    @property
+    def events(self) -> list[WorkerEvent]:
+        """Every event seen (the first is the fatal error's), a copy."""
+        with self._lock:
+            return list(self._events)
+
+    @property
+    def failed_or_stopping(self) -> bool:
+        """The engine has failed, or a clean stop or ``shutdown()`` began: a death is no news now."""
+        return self.fatal is not None or self.shutdown_started or self.expected_exits
+
+    def record(self, event: WorkerEvent) -> WorkerFailedError | None:
+        """Remember ``event``; the fatal error if this is the first fatal one, else None (also
+        after a clean stop or ``shutdown()`` began)."""
+        with self._lock:
+            self._remember(event)
+            if self.failed_or_stopping:
+                return None
+            self.fatal = WorkerFailedError(event)
+            return self.fatal
+
+    def observe(self, event: WorkerEvent) -> bool:
+        """Observe mode: remember ``event`` and count it by kind; True for the engine's first verdict."""
+        with self._lock:
+            first = not self.would_fail
+            self._remember(event)
+            self.would_fail[event.kind] = self.would_fail.get(event.kind, 0) + 1
+        return first
+
+    def _remember(self, event: WorkerEvent) -> None:
+        if not any(seen is event for seen in self._events):
+            self._events.append(event)
+
+    def expect_exits(self) -> bool:
+        """Mark that workers may now exit without it being a failure; True the first time. No
+        effect after a fatal error (that one stays)."""
+        with self._lock:
+            if self.fatal is not None or self.expected_exits:
+                return False
+            self.expected_exits = True
+            return True
+
+    def begin_shutdown(self) -> bool | None:
+        """``shutdown()`` begins: None if it had begun already, else whether the engine had failed."""
+        with self._lock:
+            if self.shutdown_started:
+                return None
+            self.shutdown_started = True
+            return self.fatal is not None
+
+    def fail_after_stop(self, event: WorkerEvent) -> WorkerFailedError:
+        """The bounded stop left a rank unkillable (``event``): that is the fatal error unless one is known."""
+        with self._lock:
+            if self.fatal is None:
+                self.fatal = WorkerFailedError(event)
+            return self.fatal
+
+
+class EngineStop:
+    """The bounded stop of the engine's ranks (``_engine_shutdown.stop_workers``), which runs exactly
+    once whoever asks: ``shutdown()``, the process's ending (the exit guard's watchdog, the STOP
+    stage) and a failed start may all ask, from different threads at the same time. It owns its
+    lock and what the stop found: ``report`` (the local ranks') and ``host_stops`` (the remote
+    hosts' :class:`~trtllm_liveness.multihost.HostStop` reports, with an agent hub)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.done = False
+        self.report: StopReport | None = None
+        self.host_stops: list[HostStop] = []
+
+    def once(self, bound_s: float, stop: Callable[[], tuple[StopReport | None, list[HostStop]]]
+             ) -> StopReport | None:
+        """The report of the one stop: the first caller runs ``stop`` under the lock; every other
+        caller waits for it (``bound_s`` at most) and gets the same report, so no rank is signalled
+        twice and the report is never overwritten."""
+        if not self._lock.acquire(timeout=bound_s):
+            logger.warning("liveness: the engine's bounded stop, under way in another thread, did not end within "
+                           "%.1fs; not waiting for it", bound_s)
+            return self.report
+        try:
+            if not self.done:
+                self.report, self.host_stops = stop()
+                self.done = True
+            return self.report
+        finally:
+            self._lock.release()
+
+
 @dataclass(eq=False)
 class EngineLiveness:
-    """Per-engine liveness state. ``lock`` guards the mutable fields below it; the rest is set once.
+    """Per-engine liveness state: what the engine's parts hold, set as they start; the engine's fate
+    is its :class:`FatalPath`'s.
 
     Attributes:
         config: the resolved configuration (``enabled`` False: everything else stays empty).
@@ -70,20 +187,12 @@ class EngineLiveness:
             and the exit guard (``exit_on_fatal`` only).
         subscriber: the engine's subscription to the monitor (the reaction's only caller).
         channel: the 1.2.x identity side channel, while start-up runs.
-        fatal: the ONE fatal error, once a fatal event arrived.
-        events: every event seen (the first is the fatal error's).
-        expected_exits: set once a clean stop began (upstream's ``pre_shutdown()``/monitor
-            ``close()``, or ``shutdown()`` of a healthy engine): deaths after it are not fatal.
+        fatal_path: the engine's fate (:class:`FatalPath`): its fatal error, events, fatal line.
         owns_session: the proxy created its MPI session (none was passed in).
-        shutdown_started / shutdown_report: ``shutdown()`` ran, and what its bounded stop did.
-        fatal_line / snapshot: the fatal ERROR line's text (with its evidence) and the typed
-            record of the fatal verdict's snapshot, once taken (``_fatal.report_snapshot``).
-        fatal_done: set when the fatal path's helper finished upstream's ``pre_shutdown()``.
-        threads: the fatal path's threads (the exit guard's trigger, the ``pre_shutdown()``
-            helper), joined, each until its deadline, when the engine's liveness is released.
-        closing: set when it is released: the exit guard's trigger no longer waits ``exit_delay_s``.
+        stop: the bounded stop of the engine's ranks (:class:`EngineStop`): run once, and its reports.
         stop_at_exit: the engine's STOP cleanup of the process's ending (``exit_on_fatal`` only).
-        pre_shutdown_entries: calls of upstream's ``pre_shutdown()`` the extension made or passed on.
+        pre_shutdown_entries: calls of upstream's ``pre_shutdown()`` the extension made or passed on
+            (counted under ``pre_shutdown_lock``).
         real_mpi_futures: mpi4py's own futures (upstream holds mirrors, see ``_futures.py``).
         request_socket_owner: the thread (ident) that owns upstream's request socket as its
             ``TLLM_LLMAPI_ZMQ_DEBUG`` check defines it: the first that used it, i.e. the first
@@ -94,11 +203,9 @@ class EngineLiveness:
             (1.2.x, after a death; main's session does it itself).
         metrics: the engine's ``LivenessMetrics`` when the extension exported them itself
             (trtllm-serve's multiprocess Prometheus page), else None.
-        hub / host_stops: the multi-host agent hub, where one runs, and its ``HostStop`` reports
-            after a fatal shutdown.
-        would_fail: observe mode's verdicts by kind (``observe=1``: none of them acted on).
-        mpi_futures / upstream_monitor: storage behind upstream's ``mpi_futures`` and
-            ``_worker_process_monitor`` attributes (``MISSING`` until upstream sets them; what
+        hub: the multi-host agent hub, where one runs.
+        upstream: storage behind upstream's ``mpi_futures`` and ``_worker_process_monitor``
+            attributes, by name (absent until upstream sets them; what
             upstream stores there is its own: the extension only looks for a list of futures).
     """
 
@@ -107,7 +214,7 @@ class EngineLiveness:
     subscriber: Subscriber | None = None
     shim: MonitorShim | None = None
     exit_guard: FatalExitGuard | None = None
-    lock: threading.Lock = field(default_factory=threading.Lock)
+    fatal_path: FatalPath = field(default_factory=FatalPath)
     # Serializes upstream's pre_shutdown(): its "already done" flag is not atomic. Taken with a
     # timeout only: the fatal path's helper may hang inside it (a send to a dead peer).
     pre_shutdown_lock: threading.Lock = field(default_factory=threading.Lock)
@@ -115,21 +222,8 @@ class EngineLiveness:
     # sockets have no lock, so the extension never sends while a caller's send is in flight.
     send_lock: threading.Lock = field(default_factory=threading.Lock)
     channel: IdentityChannel | None = None
-    fatal: WorkerFailedError | None = None
-    events: list[WorkerEvent] = field(default_factory=list)
-    expected_exits: bool = False
     owns_session: bool = True
-    shutdown_started: bool = False
-    shutdown_report: StopReport | None = None
-    # Held around the bounded stop of the engine's ranks: it runs once (``stopped``), whoever
-    # calls it (shutdown(), the process's ending, a failed start) and however many at once.
-    stop_lock: threading.Lock = field(default_factory=threading.Lock)
-    stopped: bool = False
-    fatal_line: str = ""
-    snapshot: FatalSnapshot | None = None
-    fatal_done: threading.Event = field(default_factory=threading.Event)
-    threads: OwnedThreads = field(default_factory=OwnedThreads)
-    closing: threading.Event = field(default_factory=threading.Event)
+    stop: EngineStop = field(default_factory=EngineStop)
     stop_at_exit: Callable[[], None] | None = None
     pre_shutdown_entries: int = 0
     real_mpi_futures: list[Future[Any]] | None = None
@@ -139,37 +233,11 @@ class EngineLiveness:
     diagnoser: Diagnoser | None = None
     exit_join_released: bool = False
     hub: AgentHub | None = None
-    would_fail: dict[EventKind, int] = field(default_factory=dict)
-    host_stops: list[HostStop] = field(default_factory=list)
-    mpi_futures: object = MISSING
-    upstream_monitor: object = MISSING
+    upstream: dict[str, Any] = field(default_factory=dict)
 
     @property
     def enabled(self) -> bool:
         return self.config.enabled
-
-    def record(self, event: WorkerEvent) -> WorkerFailedError | None:
-        """Remember ``event``; the fatal error if this is the first fatal one, else None.
-
-        None also after a clean stop began (expected exits) or ``shutdown()`` started.
-        Thread-safe; never blocks beyond the state lock.
-        """
-        with self.lock:
-            self.remember(event)
-            if self.failed_or_stopping:
-                return None
-            self.fatal = WorkerFailedError(event)
-            return self.fatal
-
-    def remember(self, event: WorkerEvent) -> None:
-        """Add ``event`` to :attr:`events` unless it is there already; the caller holds :attr:`lock`."""
-        if not any(seen is event for seen in self.events):
-            self.events.append(event)
-
-    @property
-    def failed_or_stopping(self) -> bool:
-        """The engine has failed, or a clean stop or ``shutdown()`` began: a death is no news now."""
-        return self.fatal is not None or self.shutdown_started or self.expected_exits
 
     @property
     def identities(self) -> list[ProcessIdentity]:
@@ -183,7 +251,8 @@ class EngineLiveness:
 
     def worker_futures(self) -> list[Any]:
         """What upstream holds as its worker futures (the mirrors), once it set a list; else empty."""
-        return self.mpi_futures if isinstance(self.mpi_futures, list) else []
+        futures = self.upstream.get("mpi_futures")
+        return futures if isinstance(futures, list) else []
 
     def owns_request_socket(self) -> bool:
         """Whether this thread may send on upstream's request socket (``TLLM_LLMAPI_ZMQ_DEBUG``'s
@@ -197,15 +266,3 @@ class EngineLiveness:
         """Fail every worker future upstream still waits on with ``error``."""
         fail_pending(self.worker_futures(), error)
 
-    def begin_expected_exits(self) -> bool:
-        """Mark that workers may now exit without it being a failure; True the first time.
-
-        No effect after a fatal error (that one stays). Tells the monitor where it can.
-        """
-        with self.lock:
-            if self.fatal is not None or self.expected_exits:
-                return False
-            self.expected_exits = True
-        if self.monitor is not None:
-            self.monitor.mark_expected_exits()
-        return True

@@ -158,10 +158,10 @@ def release_upstream_waits(proxy: Any, state: EngineLiveness, report: StopReport
     engine's fatal error, else :class:`EngineStoppedError`) and the dispatch thread is ended
     (:func:`end_dispatch`). Ranks that all left by themselves sent their end marker: nothing is
     done then. Blocks at most :data:`DISPATCH_END_S`; never raises."""
-    if state.fatal is None and (report is None or not any(
-            worker.outcome in _SIGNALLED for worker in report.workers)):
+    fatal = state.fatal_path.fatal
+    if fatal is None and (report is None or not any(worker.outcome in _SIGNALLED for worker in report.workers)):
         return
-    state.fail_worker_futures(state.fatal if state.fatal is not None else EngineStoppedError(
+    state.fail_worker_futures(fatal if fatal is not None else EngineStoppedError(
         "the engine's ranks were stopped by the bounded shutdown"))
     end_dispatch(proxy)
 
@@ -184,7 +184,7 @@ def _is_the_engines_failure(exc: BaseException, state: EngineLiveness) -> bool:
     current: BaseException | None = exc
     while current is not None and id(current) not in seen:
         seen.add(id(current))
-        if current is state.fatal or isinstance(current, (EngineStoppedError, WorkerFailedError)):
+        if current is state.fatal_path.fatal or isinstance(current, (EngineStoppedError, WorkerFailedError)):
             return True
         cause = getattr(current, "root_cause", None)  # upstream main's EngineDeadError
         current = cause if isinstance(cause, BaseException) else current.__cause__

@@ -23,7 +23,7 @@ import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from ...multihost._agent import AgentSettings
@@ -179,20 +179,6 @@ def check_agent_settings(settings: Any) -> None:
         settings.quarantine.check()
 
 
-class _Checked(Protocol):
-    def check(self) -> None: ...
-
-
-def _record_check(kind: type[_Checked]) -> Callable[[Any], None]:
-    """A check that ``part`` is a ``kind`` whose own check passes (``ValueError`` otherwise)."""
-    def check(part: Any) -> None:
-        if not isinstance(part, kind):
-            raise ValueError(f"a {type(part).__name__}, not a {kind.__name__}")
-        part.check()
-
-    return check
-
-
 @dataclass(frozen=True)
 class WorkerSpec:
     """What one rank's task carries besides upstream's arguments (see the module docstring).
@@ -216,16 +202,19 @@ class WorkerSpec:
         """Raise :class:`WorkerSpecError` naming the first part a rank could not use."""
         if not callable(self.fn):
             raise WorkerSpecError(f"the task is not callable ({type(self.fn).__name__})")
-        parts: tuple[tuple[str, Any, Callable[[Any], None]], ...] = (
-            ("proxy identity", self.proxy, _record_check(ProxyIdentity)),
-            ("identity channel", self.channel, _record_check(IdentityChannelSpec)),
-            ("progress channel", self.progress, _record_check(ProgressSpec)),
-            ("hub settings", self.hub, check_agent_settings))
-        for name, part, check in parts:
+        parts: tuple[tuple[str, Any, type[ProxyIdentity | IdentityChannelSpec | ProgressSpec] | None], ...] = (
+            ("proxy identity", self.proxy, ProxyIdentity), ("identity channel", self.channel, IdentityChannelSpec),
+            ("progress channel", self.progress, ProgressSpec), ("hub settings", self.hub, None))
+        for name, part, kind in parts:
             if part is None:
                 continue
             try:
-                check(part)
+                if kind is None:  # the hub's settings type is multihost's, checked there
+                    check_agent_settings(part)
+                elif not isinstance(part, kind):
+                    raise ValueError(f"a {type(part).__name__}, not a {kind.__name__}")
+                else:
+                    part.check()
             except (ValueError, TypeError, AttributeError) as exc:
                 raise WorkerSpecError(f"{name}: {exc}") from None
 
