@@ -172,6 +172,30 @@ def test_side_channel_rejects_forged_and_garbage_then_accepts_valid(
     assert wait_until(lambda: got == [[ProcessIdentity(*ident)]], 10)
 
 
+def test_identity_channel_under_a_tmpdir_too_long_for_a_socket_address_still_receives(
+        procs: ProcessTracker, tmp_path: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A TMPDIR whose socket path would not fit ``sockaddr_un`` (a batch system's job directory can
+    be long): the channel's socket goes to a short private directory instead of failing the
+    engine's start, the leader's identities arrive, and nothing is left in either place."""
+    import tempfile
+
+    long_tmpdir = tmp_path / ("t" * 110)
+    long_tmpdir.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(long_tmpdir))
+    got: list[list[ProcessIdentity]] = []
+    channel = IdentityChannel(got.append, timeout_s=30)
+    directory = os.path.dirname(channel.address[len("ipc://"):])
+    try:
+        assert not directory.startswith(str(long_tmpdir)) and os.stat(directory).st_mode & 0o077 == 0
+        ident = list(capture_identity(0, procs.sleeper().pid))
+        _send(channel.address, json.dumps({"token": channel.token, "identities": [ident]}).encode())
+        assert wait_until(lambda: got == [[ProcessIdentity(*ident)]], 10)
+    finally:
+        channel.close()
+    assert wait_until(lambda: not os.path.exists(directory), 10)
+    assert list(long_tmpdir.iterdir()) == []
+
+
 def test_subscriber_holds_the_proxy_weakly() -> None:
     class Owner:
         def __init__(self) -> None:
