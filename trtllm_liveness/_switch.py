@@ -20,11 +20,14 @@ TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-__all__ = ["ENV_VAR", "FALSE_WORDS", "TRUE_WORDS", "autoload_wanted", "switch_word"]
+__all__ = ["ENV_VAR", "EXIT_INVALID_SETTING", "FALSE_WORDS", "TRUE_WORDS", "autoload_wanted", "switch_word"]
 
 ENV_VAR = "TRTLLM_WORKER_LIVENESS"
 TRUE_WORDS = frozenset({"1", "true", "on", "yes"})
 FALSE_WORDS = frozenset({"0", "false", "off", "no"})
+# What a launcher (the autoload's, ``trtllm-liveness launch``) exits with for an invalid value, having
+# started nothing: sysexits' EX_CONFIG.
+EXIT_INVALID_SETTING = 78
 
 
 def switch_word(environ: "Mapping[str, str] | None" = None) -> "bool | None":

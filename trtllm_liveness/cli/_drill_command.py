@@ -20,14 +20,14 @@ from typing import Any
 
 from .._config import LivenessConfig, parse_value
 from .._errors import LivenessError
-from .._switch import ENV_VAR
+from .._switch import ENV_VAR, EXIT_INVALID_SETTING
 from ..drill._drill_hosts import launch_argv, parse_hosts, remote_victim
 from ..drill._drill_records import DrillOptions, DrillRank, EngineReady, EngineReport, choose_victim, local_ranks
 from ..drill._drill_session import DrillSession, EngineEnded, FaultNotMade
 from ..exit._outcome import OUTCOME_ENV
 from ._arg_types import add_command, int_arg, seconds_arg
 from ._exit_status import EXIT_FAILED, EXIT_OK
-from ._launch_command import EXIT_INVALID_SETTING, effective_settings
+from ._launch_command import effective_settings
 from ._output import error_status, print_result
 
 __all__ = ["add_drill_parser", "run_drill"]

@@ -1,35 +1,17 @@
 """``trtllm-liveness launch -- COMMAND``: the one wrapper that switches worker liveness on for a
 launcher (``mpirun``, ``srun``, ``trtllm-serve`` itself, Dynamo's worker), and never exits 0 after an
-engine death.
+engine death, which Kubernetes, Slurm or a supervisor would otherwise take for success (or see MPI's
+status). :data:`DESCRIPTION`, its ``--help`` text, says how it switches liveness on, what it does
+after a failure and which status it exits with.
 
-Switching on: ``TRTLLM_WORKER_LIVENESS`` is set to ``1`` unless it is set (a settings value is kept),
-validated here (a malformed one is exit status 78, sysexits' ``EX_CONFIG``, nothing started), this
-package's ``sitecustomize`` goes first on ``PYTHONPATH`` (every Python the command starts, on any
-host, installs the hook), and the launcher is given what carries these to the ranks of other hosts
-(``mpirun -x`` for Open MPI; see :mod:`._launcher_env`). One line on stderr says the effective
-settings and how they travel. Every host must have this package installed at the same path (one
-image), and an ``@file`` setting's file at the same path.
-
-Why the exit status: ``mpirun`` exits 0 when a host of its job crashed (PRRTE ends the job on the lost
-daemon and reports success), and under Open MPI's default error handling MPI ends the engine's
-process with 14 before the exit guard could choose the status; so Kubernetes, Slurm or a supervisor
-would see success, or MPI's status, after an engine death. The wrapper sets
-:data:`~trtllm_liveness.exit._outcome.OUTCOME_ENV` for the launcher (``mpirun`` and ``srun`` pass the
-environment to the ranks of the launching host; the proxy, rank 0, must run there: the outcome pipe
-and files are local) and holds the read end of its outcome pipe, into which the engine writes its
-failure first thing on its fatal path (:mod:`~trtllm_liveness.exit._outcome_pipe`). It forwards
-SIGTERM and SIGHUP to the launcher, and SIGINT and SIGQUIT unless they came from the terminal, ends
-what is left of the job after a failure (:mod:`._launched_job`: ``mpirun`` waits minutes for a cut-off
-host's daemon), and exits with:
-
-- after a recorded fatal error, its status (``exit_code``, or ``exit_code_unrestartable`` where a
-  failure was a wedged or unkillable worker: "do not restart here"), whatever the launcher exited
-  with (0, Open MPI's 14, a signal), with one line on stderr where they differ;
-- else ``exit_code`` when an engine started and never ended cleanly and no signal ended the
-  launcher: ``mpirun`` exits 0 or 255 after PRRTE's teardown of a host crash killed the engine
-  before it could record why, 14 where Open MPI's abort at a dead peer came before the engine's
-  own verdict; with one line;
-- else the launcher's status (128 + N when a signal N ended it).
+The parts: the environment the command gets and the check of the setting
+(:func:`~trtllm_liveness.integrations.trtllm_autoload.launch_setting`); what carries them to the
+ranks of other hosts (:mod:`._launcher_env`; an ``@file`` setting's file must be at the same path on
+every host too); the outcome pipe into which the engine writes its failure first thing on its fatal
+path (:mod:`~trtllm_liveness.exit._outcome_pipe`) and the outcome files
+(:data:`~trtllm_liveness.exit._outcome.OUTCOME_ENV`), both local, hence rank 0 on the launching
+host; ending what is left of the job (:mod:`._launched_job`). A failure of a wedged or unkillable
+worker exits ``exit_code_unrestartable``: "do not restart here".
 
 The launcher runs in the wrapper's process group, so a terminal's Ctrl-C reaches it directly, once,
 as without the wrapper (a second copy would make mpirun abort at once).
@@ -47,8 +29,8 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from .._config import LivenessConfig, changed_settings, format_setting, parse_value
-from .._switch import ENV_VAR
+from .._config import LivenessConfig, changed_settings, format_setting
+from .._switch import ENV_VAR, EXIT_INVALID_SETTING
 from ..exit._outcome import OUTCOME_ENV, Outcome, read_outcomes
 from ..exit._outcome_pipe import OutcomePipe, PipedFailure
 from ._arg_types import add_command
@@ -57,14 +39,13 @@ from ._launched_job import LAUNCHER_GRACE_S, TERM_GRACE_S, LaunchedJob
 from ._launcher_env import Forwarding, forwarding_for
 from ._output import stderr_line
 
-EXIT_INVALID_SETTING = 78  # sysexits' EX_CONFIG, as the autoload launcher's: the command never ran
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT)
 _SIGNALLED = (129, 128 + 64)  # 128 + N: the launcher was ended by signal N
 MPI_ABORT_STATUS = 14
 """What Open MPI's default error handler (``MPI_ERRORS_ARE_FATAL``) exits with (MPI_ERR_UNKNOWN): the
 engine's process after a worker died or was stopped, under ``OMPI_MCA_mpi_ft_enable`` off."""
 
-# The --help text: the module docstring's content in plain words (no reST roles on a terminal).
+# The --help text, the command's full description, in plain words (no reST roles on a terminal).
 DESCRIPTION = f"""\
 Run a launcher (mpirun, srun, or trtllm-serve itself) with worker liveness on in every Python it
 starts, on every host, and never exit 0 after an engine failure.
@@ -111,7 +92,7 @@ def add_launch_parser(sub: Any) -> None:
 
 
 def run_launch(args: argparse.Namespace) -> int:
-    """Run ``launch``; returns the exit status (see the module docstring)."""
+    """Run ``launch``; returns the exit status (see :data:`DESCRIPTION`)."""
     argv = list(args.argv)
     if argv and argv[0] == "--":
         argv = argv[1:]
@@ -119,17 +100,14 @@ def run_launch(args: argparse.Namespace) -> int:
         stderr_line("trtllm-liveness launch: no command given")
         return EXIT_USAGE
     # Imported here: importing it installs the hook in this process where the switch is on.
-    from ..integrations.trtllm_autoload import launch_env
+    from ..integrations.trtllm_autoload import EXIT_NOT_FOUND, find_command, launch_setting
 
-    env = launch_env(dict(os.environ))
-    try:
-        config = parse_value(env[ENV_VAR])
-    except ValueError as exc:
-        stderr_line(f"trtllm-liveness launch: {exc}; nothing started")
-        return EXIT_INVALID_SETTING
-    if shutil.which(argv[0], path=env.get("PATH")) is None:
-        stderr_line(f"trtllm-liveness launch: command not found: {argv[0]}")
-        return 127
+    prepared = launch_setting("trtllm-liveness launch")
+    if isinstance(prepared, int):
+        return prepared
+    env, config = prepared
+    if find_command("trtllm-liveness launch", argv[0]) is None:
+        return EXIT_NOT_FOUND
     # 0700: only this user writes there
     directory = tempfile.mkdtemp(prefix="trtllm-liveness-launch-", dir=args.outcome_dir)
     try:

@@ -7,13 +7,11 @@ Workers need nothing: the patched proxy wraps the worker entry it submits.
 
 Ways to load it, pick one:
 
-- ``python -m trtllm_liveness.integrations.trtllm_autoload [--] COMMAND ARGS...`` for any command
-  (a console script such as ``trtllm-serve``, ``python -c ...``, a shell wrapper, a binary that
-  starts Python later; ``-m module`` runs ``python -m module``): sets the switch on unless it is
-  set, puts the directory of this package's ``sitecustomize`` first on ``PYTHONPATH`` (every
-  Python the command starts with this package importable then installs the hook at start-up and
-  goes on to the ``sitecustomize`` it would have run), and execs the command, which so keeps
-  this process's pid (PID 1 in a container stays the server);
+- ``python -m trtllm_liveness.integrations.trtllm_autoload [--] COMMAND ARGS...`` for any command,
+  a binary that starts Python later too (:data:`USAGE`, its help text, says what it sets and exits
+  with): every Python the command starts with this package importable installs the hook at
+  start-up and goes on to the ``sitecustomize`` it would have run, and the command keeps this
+  process's pid (PID 1 in a container stays the server);
 - a ``.pth`` file in the environment's site-packages with the one line :data:`PTH_LINE`
   (:func:`write_pth` writes it, :func:`remove_pth` removes it, :func:`pth_status` says where it
   is), which every Python process of that environment then runs at start-up; the line does
@@ -27,21 +25,22 @@ imports nothing else and puts one finder first on ``sys.meta_path`` that answers
 ``tensorrt_llm.executor.proxy``; the integration itself loads when TensorRT-LLM does. A settings
 value (``key=value,...`` or ``@file``) installs the hook too and is validated when an engine
 starts: a malformed one makes the engine's start fail with the error, never an unprotected run.
-``scripts/bench_import.py`` measures all of this. The launcher (:func:`main`) also validates the
-value before it starts the command, and starts nothing when it is invalid (exit status 78).
+``scripts/bench_import.py`` measures all of this.
 """
 
 import _thread
 import os
 import sys
 
-from .._switch import ENV_VAR, autoload_wanted
+from .._switch import ENV_VAR, EXIT_INVALID_SETTING, autoload_wanted
 from . import PatchingFinder
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # no typing, collections.abc or importlib.abc at run time: see the docstring
     from collections.abc import Sequence
     from types import ModuleType
+
+    from .._config import LivenessConfig
 
 __all__ = ["PTH_LINE", "SITE_DIR", "install", "main", "pth_status", "remove_pth", "write_pth"]
 
@@ -155,7 +154,12 @@ Exit status: the command's; 78 (EX_CONFIG) for an invalid TRTLLM_WORKER_LIVENESS
 COMMAND is not found, 2 for a usage error.
 """
 
-EXIT_INVALID_SETTING = 78  # sysexits' EX_CONFIG: the command never ran
+EXIT_NOT_FOUND = 127  # the shell's status for a command not found
+
+
+def _say(line: str) -> None:
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
 
 
 def launch_env(environ: "dict[str, str]") -> "dict[str, str]":
@@ -167,14 +171,36 @@ def launch_env(environ: "dict[str, str]") -> "dict[str, str]":
     return env
 
 
-def main(argv: "Sequence[str] | None" = None) -> int:
-    """The launcher (see :data:`USAGE`); returns only on an error (else it execs the command)."""
-    import shutil
+def launch_setting(who: str, hint: str = "") -> "tuple[dict[str, str], LivenessConfig] | int":
+    """For a launcher (:func:`main`, ``trtllm-liveness launch``): the environment its command gets
+    (:func:`launch_env` of this process's) and the switch value in it, parsed as an engine start
+    parses it (reading ``@file``); for an invalid value, one line on stderr (``WHO: ERROR; nothing
+    started`` and ``hint``) and :data:`EXIT_INVALID_SETTING` instead.
 
-    # Parsed as an engine start would (reading ``@file``), here in the launcher alone, so no other
-    # interpreter pays for ``_config``.
+    Parsed in the launchers alone, so no other interpreter pays for ``_config``."""
     from .._config import parse_value
 
+    env = launch_env(dict(os.environ))
+    try:
+        return env, parse_value(env[ENV_VAR])
+    except ValueError as exc:
+        _say(f"{who}: {exc}; nothing started{hint}")
+        return EXIT_INVALID_SETTING
+
+
+def find_command(who: str, name: str) -> "str | None":
+    """Where ``name`` runs from, looked up on ``PATH`` (the launched command's, which
+    :func:`launch_env` keeps); ``None`` after ``WHO: command not found: NAME`` on stderr."""
+    import shutil
+
+    found = shutil.which(name, path=os.environ.get("PATH"))
+    if found is None:
+        _say(f"{who}: command not found: {name}")
+    return found
+
+
+def main(argv: "Sequence[str] | None" = None) -> int:
+    """The launcher (see :data:`USAGE`); returns only on an error (else it execs the command)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args[:1] in (["-h"], ["--help"]):
         sys.stdout.write(USAGE)
@@ -184,30 +210,25 @@ def main(argv: "Sequence[str] | None" = None) -> int:
     if not args or args == ["-m"]:
         sys.stderr.write(USAGE)
         return 2
-    env = launch_env(dict(os.environ))
     script_without_x = os.sep in args[0] and os.path.isfile(args[0]) and not os.access(args[0], os.X_OK)
     if args[0] == "-m" or script_without_x:
         program, argv_out = sys.executable, [sys.executable, *args]
     else:
-        found = shutil.which(args[0], path=env.get("PATH"))
+        found = find_command("trtllm_autoload", args[0])
         if found is None:
-            sys.stderr.write(f"trtllm_autoload: command not found: {args[0]}\n")
-            return 127
+            return EXIT_NOT_FOUND
         program, argv_out = found, args
-    try:
-        enabled = parse_value(env[ENV_VAR]).enabled
-    except ValueError as exc:
-        sys.stderr.write(f"trtllm_autoload: {exc}; nothing started (see 'trtllm-liveness config check')\n")
-        return EXIT_INVALID_SETTING
-    state = "on" if enabled else "off"
-    sys.stderr.write(f"trtllm-liveness: worker liveness {state} ({ENV_VAR}={env[ENV_VAR]}) for: {' '.join(args)}\n")
-    sys.stderr.flush()
+    prepared = launch_setting("trtllm_autoload", " (see 'trtllm-liveness config check')")
+    if isinstance(prepared, int):
+        return prepared
+    env, config = prepared
+    state = "on" if config.enabled else "off"
+    _say(f"trtllm-liveness: worker liveness {state} ({ENV_VAR}={env[ENV_VAR]}) for: {' '.join(args)}")
     try:
         os.execve(program, argv_out, env)
     except OSError as exc:
-        sys.stderr.write(f"trtllm_autoload: cannot run {args[0]}: {exc}\n")
+        _say(f"trtllm_autoload: cannot run {args[0]}: {exc}")
         return 126
-
 
 if __name__ == "__main__":
     # One module object holds the hook's state, also when the .pth has already imported it.
