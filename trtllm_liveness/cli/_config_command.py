@@ -1,11 +1,10 @@
 """``trtllm-liveness config check [VALUE]``: is a ``TRTLLM_WORKER_LIVENESS`` value valid, and what
 does it set?
 
-An engine validates the value when it starts (:class:`~trtllm_liveness.LivenessConfig`); this runs
-the same parser beforehand, on the value given or, without one, on this environment's variable:
-in a container's image, a job script, a CI check of a manifest. Valid: exit 0 and every effective
-setting (``*`` marks those the value sets); invalid: exit 1 and one line naming the bad key and
-value (an unknown key lists the valid ones). ``@file`` reads the file, as the engine would.
+It runs the parser an engine runs when it starts (:class:`~trtllm_liveness.LivenessConfig`)
+beforehand: in a container's image, a job script, a CI check of a manifest. :data:`_DESCRIPTION`,
+the ``--help`` text, and :data:`CONFIG_STATUS_HELP` say what it prints and exits with; an unknown
+key's error lists the valid ones, and ``@file`` reads the file, as the engine would.
 """
 
 from __future__ import annotations

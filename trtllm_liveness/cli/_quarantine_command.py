@@ -1,18 +1,13 @@
 """``trtllm-liveness quarantine status|clear``: the operator's view of the host's quarantine.
 
-``status`` is also a node health check (read-only, bounded: a few procfs reads, plus 1 s only
-when a device holder is seen in ``D``). Its exit status follows node-problem-detector's custom
-plugin contract, and with ``--slurm-drain`` it is a Slurm ``HealthCheckProgram`` that drains a
-quarantined node (Slurm reads no exit status of that program: it must drain the node itself);
-with ``--k8s-cordon``/``--k8s-taint`` it is the Kubernetes node helper (docs/kubernetes.md) that
-cordons and taints its own quarantined node, so that no serving pod needs rights on nodes. Neither
-ever undoes what it did:
-
-    0  OK: no marker that applies, no device holder stuck in D
-    1  quarantined: an engine start here would refuse (first stdout line says why)
-    2  unknown: bad arguments, an invalid TRTLLM_WORKER_LIVENESS, a marker directory that does not
-       exist, cannot be read or is not trusted (the check would look where no server writes: an
-       unmounted hostPath, a typo), or the check itself failed
+:data:`_DESCRIPTION`, the ``--help`` text, says what each action does, and
+:data:`QUARANTINE_STATUS_HELP` what they exit with (for ``status``, node-problem-detector's custom
+plugin contract). ``status`` is a node health check, read-only and bounded: a few procfs reads, plus
+1 s only when a device holder is seen in ``D``. As Slurm's ``HealthCheckProgram`` it drains a
+quarantined node itself (Slurm reads no exit status of that program); as the Kubernetes node helper
+(docs/kubernetes.md) it cordons and taints its own quarantined node, so that no serving pod needs
+rights on nodes. A marker directory that does not exist, cannot be read or is not trusted is
+"unknown" because the check would look where no server writes: an unmounted hostPath, a typo.
 """
 
 from __future__ import annotations
