@@ -1,11 +1,10 @@
 """``trtllm-liveness drill MODEL``: a real fault in your own model's engine, on this host, and what
-the extension does with it. The first command to run on a new cluster (docs/drill.md).
+the extension does with it.
 
 :data:`DESCRIPTION`, its ``--help`` text, says what it starts, injects, prints and leaves behind.
 The quarantine check it makes first is an engine start's, read only. With ``--hosts``, the launch
 is :mod:`trtllm_liveness.drill._drill_hosts`'s and the fault in a rank of another host is made by
-that host's agent (:mod:`trtllm_liveness.drill._drill_faults`): the drill never signals a pid of
-another host.
+that host's agent (:mod:`trtllm_liveness.drill._drill_faults`).
 """
 
 from __future__ import annotations

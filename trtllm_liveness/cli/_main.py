@@ -1,21 +1,10 @@
 """The ``trtllm-liveness`` command: a demo, and tools for the operator.
 
-Subcommands:
-    scan    diagnose processes now: thread states, time in D, SIGKILL pending, zombies, what to do
-    watch   block until one of the given processes dies or wedges
-    demo            the reference MPI executor with liveness on: a real fault in a worker, the timeline
-    demo-processes  the monitor alone on plain processes
-    doctor  what the installed TensorRT-LLM allows the extension to cover (hooks found or missing)
-    autoload  install, remove or show the .pth that loads the import hook in every interpreter
-    config    check a TRTLLM_WORKER_LIVENESS value and print the settings it gives
-    quarantine  show (a node health check) or clear the host's quarantine after a wedged worker
-    launch      run mpirun/srun; exit non-zero whenever the engine recorded a fatal error
-    drill       a real fault in your own model's engine on this host: what the extension does with it
-
-Each subcommand lives in its own module (``_<name>_command.py``), whose ``add_<name>_parser(sub)``
-adds its parser(s) and sets ``func`` to its handler; :data:`SUBCOMMANDS` lists them in ``--help``'s
-order, so a new subcommand is one line there. This module keeps the top-level parser, the logging
-set-up and the dispatch.
+Each subcommand lives in its own module (``_<name>_command.py``: its docstring says what the
+command is for, its one-line ``help`` makes the list in ``trtllm-liveness --help``); the module's
+``add_<name>_parser(sub)`` adds its parser(s) and sets ``func`` to its handler; :data:`SUBCOMMANDS`
+lists them in ``--help``'s order, so a new subcommand is one line there. This module keeps the
+top-level parser, the logging set-up and the dispatch.
 
 Results go to stdout (one JSON object with ``--json``); progress and errors go to stderr, errors
 as one line starting with ``trtllm-liveness:``.
