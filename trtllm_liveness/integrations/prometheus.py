@@ -1,69 +1,23 @@
 """Prometheus metrics for worker liveness (needs the optional ``prometheus_client`` package).
 
-:class:`LivenessMetrics` subscribes to a :class:`~trtllm_liveness.monitor.WorkerProcessMonitor` and exposes
-the metrics below. Label values are closed sets except ``rank`` and ``host`` (what the ranks
-reported), so the series count is ``ranks x 11`` for the state gauge plus a fixed 21 for the rest;
-docs/metrics.md has the same table.
+:class:`LivenessMetrics` subscribes to a :class:`~trtllm_liveness.monitor.WorkerProcessMonitor` and exports
+five families. docs/metrics.md lists every family, label and label value, what each latency
+``origin`` measures, and on which server page (Dynamo, trtllm-serve, your own) the metrics appear.
 
-``trtllm_liveness_worker_state{rank, host, state}`` (gauge)
-    1 for the state each rank is in now, 0 for every other state (one series per state, the
-    layout of prometheus_client's ``Enum``), so ``trtllm_liveness_worker_state{state="alive"} == 0``
-    finds a rank in trouble. ``rank``: the MPI rank (``"0"``, ``"1"``, ...); ``host``: the host
-    name the rank reported; ``state``: ``alive``, ``exited``, ``zombie``, ``exited-expected``
-    (exited after a shutdown began: not a failure), ``wedged``, ``unkillable``, ``stalled`` (the
-    engine has a request pending and made no progress for ``stall_timeout_s``), ``lost`` (on a
-    remote host whose agent fell silent or dropped its connection), ``unmonitored-remote``,
-    ``unmonitored-other-namespace``, ``suspect`` (on a remote host whose agent is silent while the
-    engine still makes progress: no verdict).
-``trtllm_liveness_unkillable_workers`` (gauge, no labels)
-    Ranks in ``D`` with SIGKILL pending now. Non-zero means: recycle the host.
-``trtllm_liveness_worker_failures_total{kind}`` (counter)
-    Fatal events by ``kind``: ``died``, ``wedged``, ``unkillable``, ``stalled`` (only with
-    ``stall_action=fatal``; a reported stall shows in the state gauge), ``lost`` (a remote host's
-    ranks, once per rank). A wedged rank that then becomes
-    unkillable counts once as each. Keeps counting across :meth:`LivenessMetrics.attach` of a new
-    monitor (an executor restart).
-``trtllm_liveness_would_fail_total{kind}`` (counter)
-    With ``observe=1`` (:class:`LivenessMetrics` ``observe``): the verdicts the engine did not act
-    on, by the same ``kind``s; the failures counter and the latency stay as they are.
-``trtllm_liveness_detection_latency_seconds{kind, origin}`` (histogram)
-    Seconds from the fault to the delivery of the monitor's event to these metrics. ``origin``
-    says where the fault time came from, and so what the figure measures:
+Facts of the code that page does not carry:
 
-    ``noted``: the caller timed the fault (:meth:`LivenessMetrics.note_fault`, e.g. called just
-    before a chaos test sends SIGKILL, or the ``fault_time`` callback): the full detection latency.
-    ``exit_seen`` (``kind="died"`` only): the moment the monitor handled the exit notification
-    (the pidfd turned readable, or the procfs poll that found the exit; the event's
-    ``detected_at``). The kernel records no exit time, so this is the delivery part only; with a
-    pidfd the exit-to-notification part is a scheduler wake-up, microseconds.
-    ``d_state_start`` (``kind="wedged"``/``"unkillable"``): the first scan that saw the stuck thread
-    in ``D`` (the event's ``fault_at``). For ``wedged`` this is about ``d_state_timeout_s`` plus
-    one scan interval, by design: the figure shows it.
-    ``last_progress`` (``kind="stalled"``, ``stall_action=fatal`` only): the engine's last progress
-    before the stall (the event's ``fault_at``): about ``stall_timeout_s`` plus the timer's overshoot.
-    ``last_heard`` (``kind="lost"``): when the lost host's agent was last heard (the event's
-    ``fault_at``): about ``heartbeat_timeout_s``, by design.
-
-    Events handed over late (attaching to a monitor that had already failed) count as failures
-    but observe no latency: the delay would be the attach's, not the monitor's.
-
-Registries and servers:
-
+- ``trtllm_liveness_worker_state`` has one series per state (the layout of prometheus_client's
+  ``Enum``), so ``trtllm_liveness_worker_state{state="alive"} == 0`` finds a rank in trouble.
+- The fault time of each ``origin`` comes from the event: ``exit_seen`` is its ``detected_at``;
+  ``d_state_start``, ``last_progress`` and ``last_heard`` are its ``fault_at``. Events handed over
+  late (attaching to a monitor that had already failed) observe no latency: the delay would be
+  the attach's, not the monitor's.
 - By default a private :class:`prometheus_client.CollectorRegistry` is used, so importing or
-  instantiating this never touches the global registry. Pass ``registry=`` (any registry the user
-  owns) or ``use_default_registry=True`` (prometheus_client's ``REGISTRY``; what stock Dynamo's
-  TensorRT-LLM worker forwards to its ``/metrics`` for names starting ``trtllm_`` when it runs
-  with ``--publish-events-and-metrics``).
-- :meth:`LivenessMetrics.start_http_server` serves the registry on a port of its own.
-- Dynamo's system ``/metrics``: :func:`trtllm_liveness.integrations.dynamo.expose_metrics_on_dynamo`.
-- trtllm-serve's ``/prometheus/metrics`` (mounted when ``return_perf_metrics`` is set) serves a
-  fresh registry holding only a ``MultiProcessCollector``, which reads the metric files under
-  ``PROMETHEUS_MULTIPROC_DIR``: a collector in a registry never reaches it. When prometheus_client
-  runs in multiprocess mode (:func:`multiprocess_mode_active`: the variable was set before
-  prometheus_client was first imported), these metrics write their values to those files as
-  well, the state gauges refreshed on every event and every ``refresh_interval_s`` by a daemon
-  thread, so they appear there. Do not also register them in a registry that has a
-  ``MultiProcessCollector`` (each family would appear twice).
+  instantiating this never touches the global registry.
+- trtllm-serve's ``/prometheus/metrics`` reads only the files under ``PROMETHEUS_MULTIPROC_DIR``:
+  a collector in a registry never reaches it. In multiprocess mode (:func:`multiprocess_mode_active`)
+  the values are written to those files as well, the state gauges refreshed on every event and
+  every ``refresh_interval_s`` by a daemon thread.
 """
 
 from __future__ import annotations
