@@ -42,24 +42,14 @@ Data flow::
         futures failed and its dispatch thread given the end marker: upstream's shutdown() has
         nothing left to wait for (_engine_shutdown.py)
 
-**Exit on fatal** (``exit_on_fatal``, off by default, for servers such as ``trtllm-serve`` whose
-``/health`` never restarts them after a killed rank, TensorRT-LLM #18663): ``exit_delay_s`` after
-the fatal error a :class:`~trtllm_liveness.exit._exit_guard.FatalExitGuard` sends ONE SIGINT to the
-process (its graceful shutdown; ``/health`` is kept from sending another, see ``_fatal.py``),
-turns a clean exit into ``exit_code``, and, if the process still runs ``exit_timeout_s`` later,
-stops the workers (bounded) and ``os._exit(exit_code)``.
+**Exit on fatal** (``exit_on_fatal``): README.md "What it does to pods and jobs" and
+docs/configuration.md give its timing and exit statuses. The code: ``_engine_shutdown.py`` arms a
+:class:`~trtllm_liveness.exit._exit_guard.FatalExitGuard` (its graceful action and last resort);
+``_fatal.py`` triggers it and keeps ``/health`` from sending a second SIGINT.
 
-**Activation.**
-
-- ``LLM(..., executor_cls=liveness_executor_class())`` (or the lazily built module attribute
-  ``LivenessGenerationExecutor``); ``liveness_executor_class(config=LivenessConfig(...))`` sets
-  this engine's configuration in code. Liveness is on unless the configuration says ``enabled=0``.
-- ``TRTLLM_WORKER_LIVENESS=1`` (or ``key=value,...``, or ``@/path/to/liveness.conf``) plus the
-  import hook of :mod:`trtllm_liveness.integrations.trtllm_autoload`, for ``trtllm-serve`` and
-  Dynamo, where no class can be passed.
-- On TensorRT-LLM main, the same value in ``llm_args.env_overrides["TRTLLM_WORKER_LIVENESS"]``
-  (e.g. from ``--extra_llm_api_options``). There is no ``llm_args`` field of this package:
-  upstream's ``llm_args`` rejects unknown keys.
+**Activation**: docs/configuration.md "Where settings come from" (the class, ``TRTLLM_WORKER_LIVENESS``
+with the import hook of :mod:`trtllm_liveness.integrations.trtllm_autoload`, ``llm_args.env_overrides``).
+The module attribute ``LivenessGenerationExecutor`` is ``liveness_executor_class()``, built lazily.
 
 Limits: the rpc and ray orchestrators and the single-process worker get no liveness (one WARNING
 names the route); a rank that dies before its entry ran is only seen by upstream's own checks;
