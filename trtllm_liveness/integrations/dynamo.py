@@ -18,28 +18,12 @@ channels, Python stacks, the odd rank out; taken at a stall, a wedge and every f
 :func:`attach_to_dynamo` finds the monitor of a liveness-enabled executor (or of an ``LLM``
 holding one in ``_executor``) and attaches a bridge in one call.
 
-With liveness switched off (``TRTLLM_WORKER_LIVENESS`` unset, a false word, or ``enabled=0``), an
-engine has no monitor, and both entry points are no-ops, so the worker's code needs no guard:
-:func:`attach_to_dynamo` returns an inert bridge (:attr:`DynamoLivenessBridge.active` False: no route,
-no subscription, no exit guard, nothing said to the runtime) and :func:`expose_metrics_on_dynamo`
-registers nothing and returns None; each logs one INFO line. An engine without a monitor while the
-switch is on (liveness wanted, not attached) is still a ``ValueError``.
-
-Stock Dynamo needs none of this to notice a death: its ``TrtllmEngineMonitor`` reads
-``llm._executor._fatal_error`` every 0.5 s, and the TensorRT-LLM extension records the death
-there within milliseconds (also on 1.2.x), so the stock worker exits with status 1 within about
-0.5 s. The bridge adds the immediate 503, the JSON route and a bounded graceful shutdown.
+docs/dynamo.md says what stock Dynamo gets without this module, what it adds, and what both entry
+points do with liveness switched off (an inert bridge, :attr:`DynamoLivenessBridge.active` False;
+no metrics registered); docs/metrics.md says how :func:`expose_metrics_on_dynamo` reaches the system
+status server's ``/metrics`` and when ``LivenessMetrics(use_default_registry=True)`` is used instead.
 Works with the ``ai-dynamo-runtime`` package (tested with 1.6.1); it is passed in, never imported
 here, so this module imports without Dynamo installed.
-
-Metrics: :func:`expose_metrics_on_dynamo` appends a
-:class:`~trtllm_liveness.integrations.prometheus.LivenessMetrics` registry to the system status
-server's ``/metrics`` (``DYN_SYSTEM_PORT``) through the runtime's
-``endpoint.metrics.register_prometheus_expfmt_callback``: Dynamo calls it at each scrape and
-appends the text it returns. Stock Dynamo's TensorRT-LLM worker with
-``--publish-events-and-metrics`` already forwards every ``trtllm_*`` family of
-``prometheus_client.REGISTRY``; there, ``LivenessMetrics(use_default_registry=True)`` is enough and
-this function must not be used as well (each family would appear twice).
 """
 
 from __future__ import annotations
