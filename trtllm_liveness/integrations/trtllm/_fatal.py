@@ -2,14 +2,11 @@
 
 0. where ``trtllm-liveness launch`` asked for it (``TRTLLM_LIVENESS_OUTCOME``), the error is recorded
    for the launcher's wrapper (:mod:`trtllm_liveness.exit._outcome`), before anything else;
-1. (exit guard on) upstream's shutdown flags are set first: ``doing_shutdown`` (trtllm-serve's
-   ``/health`` on main raises SIGINT only while it is False) and ``_shutdown_signal_sent``
-   (TensorRT-LLM PR #19029's latch name, for a frontend that reads it from the executor), so
-   that ``/health`` sends no SIGINT of its own and the guard's is the only one;
+1. (exit guard on) upstream's shutdown flags ``doing_shutdown`` and ``_shutdown_signal_sent`` are
+   set first, so that the guard's SIGINT is the only one (docs/upstream-contract.md "trtllm-serve
+   ``/health``" says why each flag, and what happens where the latch lives on the frontend object);
    :func:`~trtllm_liveness.exit._exit_guard.interrupt_self_once` makes the guard's process-wide
-   single. Where the latch lives on the frontend object (PR #19029 as read), ``/health`` may
-   send its one SIGINT first; the guard then skips its own once the executor's ``shutdown()``
-   began (what that SIGINT leads to), see ``_engine_shutdown.arm_exit_guard``;
+   single, and ``_engine_shutdown.arm_exit_guard`` skips it once the executor's ``shutdown()`` began;
 2. publish: upstream's ``_set_fatal_error`` where present, ``_fatal_error`` in any case (Dynamo
    reads it);
 3. fail pending work: every pending request (upstream's ``_mark_engine_dead`` where present, an
