@@ -3,24 +3,10 @@
 :func:`diagnose` finds ``tensorrt_llm`` with :func:`importlib.util.find_spec` (nothing imported
 when it is absent), imports the few modules the extension touches, and checks each upstream name
 it uses (the names and what their absence costs are those of docs/upstream-contract.md; the proxy
-class is probed by :func:`._features.detect_features`, the same probe the extension runs). Each
-name has a role for this version's route:
-
-- ``attach``: without it the extension cannot attach at all (no proxy class to subclass or patch);
-- ``needed``: without it the extension attaches but something is not covered (named);
-- ``optional``: used where present; without it the extension does the job itself (nothing lost);
-- ``unused``: this version's route does not use it (probed, reported, not judged).
-
-The verdict, with one exit status each (2 stays argparse's usage error)::
-
-    covered        0  every name the route needs is there
-    degraded       1  the extension attaches, but some coverage is lost (listed)
-    inert          3  the extension cannot attach (or tensorrt_llm cannot be imported: the error is named)
-    not installed  4  no tensorrt_llm on the path
-
-The ``TRTLLM_WORKER_LIVENESS`` of this environment is checked too, with the parser an engine
-runs when it starts (:func:`trtllm_liveness._config.parse_value`): an invalid value, which would
-make every engine start fail, is exit status 5 whatever the verdict, with the bad key named.
+class is probed by :func:`._features.detect_features`, the same probe the extension runs).
+docs/doctor.md gives each name's role (``attach``, ``needed``, ``optional``, ``unused``), the
+verdicts with their exit statuses, and the check of this environment's ``TRTLLM_WORKER_LIVENESS``
+(with :func:`trtllm_liveness._config.parse_value`, the parser an engine runs when it starts).
 
 Never raises: an import that fails inside ``tensorrt_llm`` (any exception) is reported as
 ``inert`` with the error. While importing, file descriptor 1 points at stderr, so whatever the
