@@ -23,9 +23,8 @@ What it costs every interpreter (the ``.pth``): with liveness off, the line impo
 other module, no thread, no at-fork hook. With liveness on, it also imports this module, which
 imports nothing else and puts one finder first on ``sys.meta_path`` that answers only for
 ``tensorrt_llm.executor.proxy``; the integration itself loads when TensorRT-LLM does. A settings
-value (``key=value,...`` or ``@file``) installs the hook too and is validated when an engine
-starts: a malformed one makes the engine's start fail with the error, never an unprotected run.
-``scripts/bench_import.py`` measures all of this.
+value installs the hook too (docs/configuration.md "Check a value" says where it is validated).
+docs/performance.md "Import cost" has the figures (``scripts/bench_import.py``).
 """
 
 import _thread
