@@ -11,12 +11,9 @@ dispatch and teardown after a death")::
     1.2.x: the session's pool-thread join     <- ends by itself once every rank is gone; left only
                                                   by a rank that cannot be ended (wedged)
 
-Nothing of the extension runs per response batch: upstream's dispatch thread receives and
-dispatches as it does without it. After a fatal error, a response still in flight for a request
-the fatal path failed and forgot finds nothing in 1.2's ``_results[client_id]`` lookup: the table
-is a :class:`ForgottenResults`, whose miss, once the engine failed, drops the response instead of
-raising ``KeyError`` in upstream's thread (a present id is the dict's own lookup), and its pop of
-a request gone meanwhile finds nothing to raise.
+Nothing of the extension runs per response batch. How :class:`ForgottenResults` drops a response
+still in flight for a request the fatal path failed and forgot (no ``KeyError`` in upstream's
+thread): docs/upstream-contract.md, the paragraph on ``_upstream_teardown.py``.
 
 :func:`run_upstream_shutdown` runs upstream's ``shutdown()`` (which ends by re-raising what its
 error queue holds: the engine's own failure is no news, DEBUG); :func:`abandon_session` is what the
