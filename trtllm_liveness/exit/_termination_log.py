@@ -1,10 +1,7 @@
 """The fatal reason, written where Kubernetes looks for a container's termination message.
 
-Kubernetes shows the contents of a container's ``terminationMessagePath`` (default
-``/dev/termination-log``, a file the kubelet mounts into the container) in ``kubectl describe pod``
-and the pod's status after the container ended, keeping at most 4096 bytes of it. Writing the
-engine's fatal error there puts "rank 1 (pid 4242 on host a) killed by SIGKILL (OOM killer)" next
-to the restart, instead of a bare exit status.
+docs/kubernetes.md "The fatal reason in the pod status" says what Kubernetes shows of it (at most
+4096 bytes, in ``kubectl describe pod``) and gives an example line.
 
 The write never blocks the caller: it runs in a thread of its own, which the process's ending
 (:mod:`._process_ending`) awaits for at most :data:`WRITE_BOUND_S`, and opens the file with
