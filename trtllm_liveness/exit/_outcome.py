@@ -1,10 +1,10 @@
 """The engine's outcome, for a launcher whose own exit status cannot be trusted.
 
-``mpirun`` (PRRTE) ends a job whose host crashed with exit status 0 (measured on the test hosts:
-it notices the lost daemon and ends every rank, the proxy included, within milliseconds), so an
-orchestrator sees success after an engine death. ``trtllm-liveness launch``
-(:mod:`trtllm_liveness.cli._launch_command`) runs the launcher with :data:`OUTCOME_ENV` naming a private
-directory; every engine process writes its own ``outcome.<pid>.json`` there:
+docs/multihost.md (the paragraph on ``trtllm-liveness launch``) says why (``mpirun`` exits 0 after a
+host crash), what each record below means to the wrapper, and which status it exits with.
+``trtllm-liveness launch`` (:mod:`trtllm_liveness.cli._launch_command`) runs the launcher with
+:data:`OUTCOME_ENV` naming a private directory; every engine process writes its own
+``outcome.<pid>.json`` there:
 
 - ``running`` when its engine starts (with the status a failure calls for);
 - ``failed`` at its first fatal error (first thing on the fatal path, synchronously into the
@@ -14,10 +14,6 @@ directory; every engine process writes its own ``outcome.<pid>.json`` there:
   before the bounded stop, once, or turned unrestartable, once);
 - ``clean`` when its engine shut down healthy, or its interpreter exits normally with no failure.
 
-A process that PRRTE killed, or Open MPI's abort ended, before it could record its failure is still
-``running``: the race between them and the fatal path (both take milliseconds) cannot turn a
-failure into success. The wrapper exits with the recorded failure's status whatever the launcher's,
-or with ``exit_code`` for an engine that never ended cleanly under a launcher not ended by a signal.
 Writes are atomic (temporary file, rename).
 """
 
