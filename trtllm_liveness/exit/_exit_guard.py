@@ -1,12 +1,11 @@
 """FatalExitGuard: after an engine death, shut down gracefully once, then exit non-zero, bounded.
 
-Serving processes must not outlive a dead engine. ``trtllm-serve``'s ``/health`` raises SIGINT only
-while ``doing_shutdown`` is False, which is never the case after a killed rank (the executor's
-``pre_shutdown()`` already set it; TensorRT-LLM issue #18663), so the server answers 503 forever and
-the orchestrator never restarts it. Dynamo's older monitor exited with status 0 in some paths. This
-guard closes both holes: the first fatal event starts the graceful shutdown exactly once, a
-watchdog ends the process with a non-zero status if that has not finished within ``timeout_s``,
-and an ``atexit`` hook turns a clean interpreter exit into the same non-zero status.
+Serving processes must not outlive a dead engine. ``trtllm-serve`` after a killed rank answers 503
+forever and is never restarted (docs/upstream-contract.md "trtllm-serve ``/health``", TensorRT-LLM
+issue #18663); Dynamo's older monitor exited with status 0 in some paths. This guard closes both
+holes: the first fatal event starts the graceful shutdown exactly once, a watchdog ends the
+process with a non-zero status if that has not finished within ``timeout_s``, and an ``atexit``
+hook turns a clean interpreter exit into the same non-zero status.
 
 Python offers no way to change the exit status of a normal interpreter exit except ending the
 process from inside it (``os._exit``), which skips every ``atexit`` hook not yet run. That hook
