@@ -12,7 +12,8 @@ monitor, a duplicate of its TCP connection's descriptor (to read when the hub wa
 other ranks (pidfds, per-thread ``D`` state, OOM cause). The agent PINGs the hub (ZMQ sends them
 and reads the hub's answers); a silent hub is only logged (suspect) until
 :attr:`AgentSettings.fence_silence_s` (the hub's ceiling plus a timeout, so the hub decides first),
-as docs/multihost.md (its table's last row, and "Limits") tells. It sends:
+and then ends the host's ranks only while they make no progress, as docs/multihost.md (its table's
+last row, and "Limits") tells. It sends:
 
 - ``hello`` once connected: the host, the agent's rank and the identities of the host's ranks;
 - ``event`` for each fatal event of the monitor (death, wedge, unkillable) as it happens;
