@@ -5,18 +5,12 @@ The hook is installed by this package's ``sitecustomize`` (first on ``PYTHONPATH
 :func:`~trtllm_liveness.integrations.trtllm_autoload.launch_env`), so three variables must reach
 every rank: ``PYTHONPATH``, ``TRTLLM_WORKER_LIVENESS`` and the outcome directory
 (:data:`~trtllm_liveness.exit._outcome.OUTCOME_ENV`). On the launching host any launcher passes its
-environment on. To other hosts:
-
-- **Open MPI** (``mpirun``/``mpiexec`` 4 and 5, PRRTE): only ``OMPI_*`` variables and those named
-  with ``-x`` reach the ranks of a host started over ssh (measured with Open MPI 5.0.11 / PRRTE 3
-  on the test hosts, with an agent that gives the remote side a fresh environment as sshd does:
-  ``PYTHONPATH`` and ``TRTLLM_WORKER_LIVENESS`` arrive only with ``-x``). So ``-x NAME`` is added
-  for each, right after the launcher's name (repeating a name the user gave is harmless);
-- **MPICH / Intel MPI** (Hydra): the whole environment is passed by default; nothing is added;
-- **srun**: ``--export=ALL`` is Slurm's default. A ``--export`` (or ``SLURM_EXPORT_ENV``) that lists
-  names gets the three names appended; ``NONE``/``NIL`` cannot carry them: said, not changed;
-- anything else (``trtllm-serve`` itself, ``torchrun``, a script): one host, the environment is
-  inherited.
+environment on; what each launcher needs to carry them to other hosts (Open MPI's ``-x``, an
+``srun`` ``--export`` list, Hydra's whole environment) is in docs/multihost.md, after
+"``trtllm-liveness launch`` is the one wrapper". Open MPI's ``-x NAME`` go right after the
+launcher's name (repeating a name the user gave is harmless); ``srun --export=NIL`` cannot carry
+them, as ``NONE`` cannot; anything else (``trtllm-serve`` itself, ``torchrun``, a script) is one
+host, whose environment is inherited.
 
 An ``mpirun``/``mpiexec`` is told apart by its ``--version`` (one bounded run; Open MPI says
 "Open MPI", Hydra "HYDRA"); one that answers neither gets nothing added and a note.

@@ -1,9 +1,8 @@
 """Python stacks of a rank without ptrace: the rank's own ``faulthandler`` dumps them on a signal.
 
-``py-spy`` reads a rank's memory from outside and so needs ptrace rights over it
-(``CAP_SYS_PTRACE``, or the same user with a dumpable target, no capability it lacks and Yama
-``ptrace_scope`` 0). Ranks that MPI spawns are not the proxy's descendants and Kubernetes drops
-``SYS_PTRACE``, so in most containers it fails. Here the rank dumps its own stacks instead::
+``py-spy`` needs ptrace rights over a rank, which most containers and MPI-spawned ranks do not
+give (docs/diagnosis.md, "Where each stack source works"). Here the rank dumps its own stacks
+instead::
 
     rank start: register_stack_dump()                     snapshot: take_faulthandler_stacks()
       <dir>/<pidns>-<pid>-<start>.stacks  (0600, O_APPEND)    check state: stopped / main in D -> skip
@@ -27,11 +26,9 @@ process; the rank removes it at its interpreter's exit, and each registration re
 of processes of its PID namespace that are gone (a rank ended by SIGKILL or ``os._exit``).
 
 **The signal.** A real-time signal near the top of the range (:data:`DUMP_SIGNALS`, the first one
-with no handler in the rank): the bottom ones are glibc's and the most taken by libraries, and
-``mpirun`` forwards SIGUSR1/SIGUSR2 to ranks (an operator's signal to the launcher would otherwise
-trigger dumps, while those signals' default ends a process). An unhandled real-time signal ends a
-process, so a rank is signalled only when its file says it registered that signal and its
-``SigCgt`` shows a handler for it.
+with no handler in the rank): the bottom ones are the most taken by libraries. docs/upstream-contract.md
+("Ranks' stack-dump signal") says why not SIGUSR1/SIGUSR2 and why a rank is signalled only when
+its file and its ``SigCgt`` show that signal registered.
 
 **When the dump is complete.** ``faulthandler`` writes no end marker. Its handler runs with the
 signal blocked in the thread that runs it (no ``SA_NODEFER``), so the dump is complete once the

@@ -5,24 +5,19 @@ reports, per process and per thread: the state letter, how long a thread was see
 (uninterruptible sleep) without interruption, whether SIGKILL is pending, the kernel wait channel,
 and whether the process is a zombie. From those it gives a verdict and the action to take:
 
-- ``unkillable``: SIGKILL pending on two consecutive samples, whatever the state: a thread in ``D``
-  that never ran between them (its context-switch count unchanged: the monitor's
-  :class:`~trtllm_liveness.monitor._wedge.WedgeTracker` rule), or, with no thread in ``D``, a task
-  running in the kernel in ``R`` that never returns to user space, where the signal would act (a
-  driver's spin loop). A SIGKILL pending for a moment (a normal kill) is gone by the next sample.
-  Nothing in user space can end it; it still holds its GPU/NIC, so the host must be drained and
-  recycled. The detail says its state, wait channel and, where readable (root), kernel stack.
+- ``unkillable``: SIGKILL pending on two consecutive samples, whatever the state (a thread in ``D``
+  must not have run between them: the monitor's :class:`~trtllm_liveness.monitor._wedge.WedgeTracker`
+  rule; docs/diagnosis.md, "Unkillable in any state", has the rest). Nothing in user space can end
+  it; it still holds its GPU/NIC, so the host must be drained and recycled.
 - ``d-state``: a thread in ``D`` on every sample of the window without a context switch between
-  them (the kernel's hung-task rule): probably wedged in a driver, NCCL or RDMA. A single sample in
-  ``D`` is normal (disk I/O) and is not flagged, nor is a thread in ``D`` on every sample that
-  switches between them (slow I/O that makes progress: a network file system, swap, FUSE).
+  them (the kernel's hung-task rule, docs/diagnosis.md "When ``D`` is a wedge"): probably wedged in
+  a driver, NCCL or RDMA.
 - ``stopped``: ``T``/``t`` (SIGSTOP or a tracer): alive, stuck, but killable.
 - ``zombie``: exited, not yet reaped by its parent. ``gone``: vanished or PID reused during the scan.
 
-Reading never hangs the scan: the one file it reads that takes the target's mmap lock, the command
-line, is read through :class:`~trtllm_liveness.process._mm_read.MmReader` (a helper thread with a
-deadline) and not at all for a process with a thread in ``D``; each such skip is recorded in the
-report with its reason. Which processes to scan is :mod:`._process_selection`'s job.
+Reading never hangs the scan: the command line goes through
+:class:`~trtllm_liveness.process._mm_read.MmReader` (docs/cli.md, "``scan`` never hangs on a wedged
+host"). Which processes to scan is :mod:`._process_selection`'s job.
 
 Parsing stays in :mod:`trtllm_liveness.process._procfs`; the ``D`` rules come from
 :mod:`trtllm_liveness.monitor._wedge`. Standard library only; this module never sends a signal.

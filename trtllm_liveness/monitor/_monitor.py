@@ -21,8 +21,7 @@ A pidfd becomes readable when its process exits, whether or not it is our child,
 sleeps in one ``epoll_wait`` and costs nothing while workers live. Its timeout is the next due
 tick: the wedge scan (only when wedge detection is on and armed) or the procfs poll (only when
 some worker could not get a pidfd); otherwise it blocks until a pidfd or its wakeup fires. Only
-the watcher ever clears its wakeup; synchronous checks poll a second epoll set that holds the
-pidfds alone, so a health check can never swallow a wakeup sent by ``register()`` or ``stop()``.
+the watcher ever clears its wakeup (docs/development.md, "The watcher owns its wakeup", says why).
 The monitor never sends a signal.
 """
 

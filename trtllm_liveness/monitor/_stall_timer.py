@@ -1,12 +1,9 @@
 """StallDetector: "alive, not dead, not in D, but making no progress", detected by a timer.
 
 An engine is **stalled** when at least one request is pending and it has made no progress for
-``timeout_s``. Progress is whatever the owner reports with :meth:`StallDetector.note_progress`:
-any output of any request, or an executor iteration a rank reported (a non-streaming request
-returns output only when it finishes, so output alone would call a long generation a stall). An
-idle engine is never stalled: the clock starts when a request becomes pending on an idle engine
-(:meth:`StallDetector.note_submitted`), so idle time never counts. A stall ends when progress
-resumes.
+``timeout_s`` (docs/stalls.md says what counts as progress, and why an idle engine never stalls).
+Progress is whatever the owner reports with :meth:`StallDetector.note_progress`; the clock starts
+when a request becomes pending on an idle engine (:meth:`StallDetector.note_submitted`).
 
 Event-driven, not a poll: one thread (owned here, with its condition variable as its only wakeup)
 sleeps until the earliest moment a stall is possible (last progress + timeout) and, while the

@@ -1,15 +1,12 @@
 """Stopped-rank verdicts: a rank stopped by a signal while the engine makes no progress.
 
-A rank in ``T`` (SIGSTOP, SIGTSTP, a terminal's Ctrl-Z) runs nothing until it is continued, and an
-engine whose every step needs every rank stops with it: every pending request hangs with health
-green, whatever the stall timer is set to. The state alone is no verdict (an operator, py-spy or a
-job's suspend may stop a rank for a moment and continue it), nor is a quiet engine alone (one long
-step): :class:`StoppedRank` makes one only when the rank was ``T`` at every scan for the timeout
-AND the engine (:class:`~trtllm_liveness.monitor._progress_clock.ProgressClock`) made no progress
-for as long with requests pending. A debugger's stop (``t``, ptrace) never counts: a person is
-looking at that rank. A gap between two scans longer than :data:`MAX_GAP_SCANS` intervals (the
-watcher itself was stopped or starved: a Slurm suspend stops every process of the job) starts the
-count again, so time the watcher did not see never counts.
+docs/stalls.md ("A rank stopped by a signal, under the defaults") says why neither the state nor a
+quiet engine alone is a verdict. :class:`StoppedRank` makes one only when the rank was ``T`` at
+every scan for the timeout AND the engine
+(:class:`~trtllm_liveness.monitor._progress_clock.ProgressClock`) made no progress for as long with
+requests pending; a debugger's stop (``t``, ptrace) never counts. A gap between two scans longer
+than :data:`MAX_GAP_SCANS` intervals (the watcher itself was stopped or starved) starts the count
+again, so time the watcher did not see never counts.
 """
 
 from __future__ import annotations

@@ -3,9 +3,7 @@
 Shape of CPython's ``concurrent.futures.process`` (``_ExecutorManagerThread`` + ``_ThreadWakeup``):
 
 - :class:`Wakeup` is a self-pipe. Anybody may :meth:`~Wakeup.wake` it; only the watcher thread
-  clears it. A synchronous check that drained it could eat a wakeup meant for the watcher (sent
-  by ``register()`` or ``stop()``) and leave the watcher asleep in ``epoll_wait(-1)``, with wedge
-  detection never started and ``stop()`` timing out.
+  clears it (docs/development.md, "The watcher owns its wakeup", says what a drained one breaks).
 - :class:`PidfdWatcher` holds two epoll sets over the same pidfds. The *watch* set also holds the
   wakeup and is waited on by the watcher thread alone; the *check* set holds only pidfds and is
   what synchronous checks poll with a zero timeout. So checks never see, let alone drain, the

@@ -1,14 +1,8 @@
 """Wedge verdicts: successive thread samples of one rank become "wedged" after a timeout.
 
-The rule is the Linux kernel's own hung-task rule (``kernel/hung_task.c``): a task is hung when it
-stayed in uninterruptible sleep and its context-switch count did not change for the whole
-timeout. A thread in ``D`` at every sample is not enough: one reading weights from a network file
-system, swapping or waiting on a FUSE-backed store sleeps in ``D`` most of the time while it works,
-and every wake-up counts a switch. So a thread is *stuck* while it stays in ``D`` at every sample
-with an unchanged switch count; its clock restarts when the count moves, when it leaves ``D`` and
-when its count cannot be read. A thread stuck for ``d_state_timeout_s`` makes its worker wedged;
-SIGKILL pending on two consecutive samples with a thread stuck across them makes it unkillable
-(:class:`WedgeTracker`). The samples come from
+The rule is the Linux kernel's own hung-task rule (``kernel/hung_task.c``), as docs/diagnosis.md
+("When ``D`` is a wedge") states it: when a thread is *stuck*, when its clock restarts, and when
+its worker is wedged or unkillable (:class:`WedgeTracker`). The samples come from
 :class:`~trtllm_liveness.process._thread_sampler.ThreadSampler`; :class:`WedgeScan` says when the
 watcher takes them.
 """

@@ -9,14 +9,11 @@ set of pidfds per host, 18 connections for an 18-host rack instead of 72.
 The thread owns everything it uses: a ZMQ DEALER connected to the proxy's hub, that socket's
 monitor, a duplicate of its TCP connection's descriptor (to read when the hub was last heard,
 :mod:`._tcp`), a wakeup pipe, and a :class:`~trtllm_liveness.monitor.WorkerProcessMonitor` over the host's
-other ranks (pidfds, per-thread ``D`` state, OOM cause). The agent PINGs the hub every three quarters of the heartbeat
-timeout (ZMQ sends them and reads the hub's answers). Nothing from the hub for the timeout makes the
-hub suspect (a line, nothing more): the management network may blip while the engine serves on. The
-agent ends its host's ranks on the hub's silence only past :attr:`AgentSettings.fence_silence_s` (the
-hub's ceiling plus a timeout, so the hub decides first) and only while its own ranks make no progress
-(no executor iteration for the timeout): an agent cannot tell an engine gone idle from a stalled
-one, so the engine's own progress (which the hub reads) decides sooner, never the agent alone. It
-sends:
+other ranks (pidfds, per-thread ``D`` state, OOM cause). The agent PINGs the hub (ZMQ sends them
+and reads the hub's answers); a silent hub is only logged (suspect) until
+:attr:`AgentSettings.fence_silence_s` (the hub's ceiling plus a timeout, so the hub decides first),
+and then ends the host's ranks only while they make no progress, as docs/multihost.md (its table's
+last row, and "Limits") tells. It sends:
 
 - ``hello`` once connected: the host, the agent's rank and the identities of the host's ranks;
 - ``event`` for each fatal event of the monitor (death, wedge, unkillable) as it happens;
@@ -36,8 +33,7 @@ the host is cut off and the proxy has declared it lost), the agent stops the hos
 ends its own (``on_proxy_lost``): no rank keeps serving a proxy that is gone or has given it up.
 
 A non-restartable event of the host's ranks quarantines this host, here and only here
-(:mod:`._agent_quarantine`): its marker is written before the event leaves and before the agent
-stops anything; the rank ends once its actions are done.
+(:mod:`._agent_quarantine`; docs/multihost.md, "A wedged remote rank quarantines its own host").
 
 Every wait is bounded; nothing here raises into the rank: a failure is logged and the agent ends.
 """

@@ -1,9 +1,8 @@
 """A remote host's quarantine, made by that host's agent for its own ranks.
 
 A non-restartable event of a rank on another host than the proxy's (a wedge; a rank the agent's
-stop leaves unkillable) quarantines that host, and only it: the proxy never acts for another
-host's rank, and the agent's rank has its host's own environment (its ``/run``,
-``SLURMD_NODENAME``, ``NODE_NAME``, its user). With the settings the proxy handed it
+stop leaves unkillable) quarantines that host, and only it (docs/multihost.md, "A wedged remote
+rank quarantines its own host"). With the settings the proxy handed it
 (:class:`~trtllm_liveness.quarantine._quarantine_settings.QuarantineSettings`, in
 :attr:`~._agent.AgentSettings.quarantine`), :class:`HostQuarantine` calls the quarantine's own
 :func:`~trtllm_liveness.quarantine._host_policy.quarantine_host` here: the marker in this host's

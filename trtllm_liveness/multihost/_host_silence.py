@@ -1,18 +1,13 @@
 """What a remote host's silence means: suspect, lost, or heard again (the hub's rule).
 
-Silence alone proves nothing: the hub's traffic runs on the management network, the engine's
-collectives often do not (NVLink, InfiniBand), and a management-network blip, a lossy or bursty
-link or an outage must not end an engine that is serving. So :class:`SilenceRule`, read by the
-hub's thread for each connection when a decision may be due, makes a host whose agent sent nothing
-for the heartbeat timeout (its PINGs come every three quarters of it) **suspect** (its ranks show it; one
-WARNING once it lasts twice the timeout) and **lost** only with a second signal
-(:meth:`SilenceRule.lost_because`): the engine's own progress
-(:class:`~trtllm_liveness.monitor._progress_clock.ProgressClock`) stopped for the timeout with
-requests pending (longer where the engine's recent steps were long:
-:meth:`~trtllm_liveness.monitor._progress_clock.ProgressClock.quiet_bound`), where ranks report
-executor iterations (every step needs every rank; a
-non-streaming request outputs nothing until it ends, so output alone cannot tell), or the ceiling
-of silence passed while the engine showed no progress (an idle engine). Heard again, the host is
+Silence alone proves nothing (docs/multihost.md, "Silence is one signal, never a verdict", gives
+the rule, its table the cases). :class:`SilenceRule`, read by the hub's thread for each connection
+when a decision may be due, makes a host whose agent sent nothing for the heartbeat timeout
+**suspect** and **lost** only with a second signal (:meth:`SilenceRule.lost_because`): the
+engine's own progress (:class:`~trtllm_liveness.monitor._progress_clock.ProgressClock`) stopped
+for the timeout with requests pending (longer where the engine's recent steps were long:
+:meth:`~trtllm_liveness.monitor._progress_clock.ProgressClock.quiet_bound`), or the ceiling of
+silence passed while the engine showed no progress (an idle engine). Heard again, the host is
 connected as before. A connection without a session is cut after the ceiling. Guarded by the
 hub's lock (its thread calls in with it held).
 """

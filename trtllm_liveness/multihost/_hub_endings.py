@@ -3,15 +3,10 @@
 The hub (:mod:`._hub`) calls :func:`end_session` under its lock when an agent's connection ends and
 applies the rank updates to the monitor there (its subscribers are called by the hub's delivery).
 
-What ends a remote host's session, and what the proxy then reports:
-
-- an ``event`` from its agent: that rank died, wedged or is unkillable (the agent's own monitor);
-- its connection **closed** (FIN/RST, milliseconds): the agent's rank exited (or its host went
-  down with it); that rank is reported dead, the host's other ranks lost;
-- its connection **silent**: no data (its agent's ZMTP PINGs, sent by ZMQ's I/O thread) for
-  ``heartbeat_timeout_s`` makes the host **suspect**, never lost by itself; it is **lost** once
-  the engine's progress stops too, or past the ceiling (:mod:`._host_silence`). On its side the
-  agent ends its host's ranks past the ceiling (:mod:`._agent`).
+What ends a remote host's session, and what the proxy then reports, is docs/multihost.md's first
+table: an ``event`` from its agent (the agent's own monitor), its connection **closed** (the
+agent's rank reported dead, the host's other ranks lost), or **silent** (:mod:`._host_silence`;
+the agent's side of a silence: :mod:`._agent`).
 """
 
 from __future__ import annotations

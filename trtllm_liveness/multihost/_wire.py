@@ -1,8 +1,8 @@
 """The wire between a proxy's agent hub and the per-host agents: authenticated, bounded messages.
 
-The channel crosses hosts, so every message is authenticated with the engine's secret (32 random
-bytes the proxy hands to its ranks with their task, as upstream hands its HMAC key to its
-workers). One ZMQ frame per message::
+The channel crosses hosts, so every message is authenticated with the engine's secret
+(docs/multihost.md, "Turning it on for a cluster", says where it comes from). One ZMQ frame per
+message::
 
     b"TLH1" | HMAC-SHA256(secret, b"TLH1" + direction + body) (32 bytes) | body (UTF-8 JSON object)
 

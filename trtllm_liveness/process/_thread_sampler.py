@@ -4,9 +4,8 @@ A worker wedged in the GPU driver, NCCL or RDMA often has its *main* thread in `
 helper thread is stuck in ``D``; torchrun's check reads only the main thread and misses it. Here
 every thread of ``/proc/<pid>/task`` is sampled. A thread in ``D`` with SIGKILL pending cannot die
 until the kernel lets go: that is "unkillable". A thread in ``D`` on every sample may still be
-working (slow reads from a network file system sleep in ``D`` again and again); each wake-up is a
-context switch, so a sample carries each ``D`` thread's switch count, read with its signal bits in
-one read of its ``status`` (only threads in ``D`` are read: a healthy sample costs nothing more).
+working, so a sample carries each ``D`` thread's switch count, read with its signal bits
+(docs/diagnosis.md, "When ``D`` is a wedge", says why and what that read costs).
 
 Sampling is the watcher's only periodic cost, so :class:`ThreadSampler` keeps it small: one
 ``pread`` of a kept ``stat`` fd per thread (the process's and, within a per-process budget of

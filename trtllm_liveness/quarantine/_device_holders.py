@@ -18,12 +18,9 @@ otherwise):
    sleep longer than ``resample_s`` on a healthy neighbour (one slow read) still counts: the
    refusal names the process and its wait channel, and ``quarantine_override`` starts anyway.
 
-**Unkillable in any state.** A process with SIGKILL pending in both samples, ``resample_s``
-apart, is stuck whatever its state: asleep in ``D``, or running in the kernel in ``R`` (a driver's
-spin loop never returns to user space, where the signal would act; it is not in ``D`` at all, and
-its context switches change). A SIGKILL pending for a moment (a process being killed normally)
-is gone by the second sample. Such a holder is reported with its state, wait channel and, where
-readable (root), kernel stack.
+**Unkillable in any state.** A holder with SIGKILL pending in both samples, ``resample_s`` apart,
+counts too, in ``R`` as in ``D``: docs/diagnosis.md ("Unkillable in any state") gives the rule and
+what its report holds.
 
 Nothing here sends a signal.
 """

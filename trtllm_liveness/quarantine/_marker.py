@@ -2,19 +2,11 @@
 
 A worker stuck in ``D`` still holds its GPU and NIC; a new worker group on that host would collide
 with it (torchelastic's ``_remaining_restarts = 0``). Kubernetes and Slurm restart a server on the
-same host whatever its exit status, so the host itself keeps the verdict: on a non-restartable
-failure one JSON file, ``quarantine.json``, is written to a directory of the host (default
-``/run/trtllm-liveness``; a container must mount it from the host, ``hostPath``), naming the boot,
-the PID namespace and each stuck process (pid, start time, state, wait channel) with the reason.
-The next start-up reads it (:func:`inspect_marker`):
-
-- a marker of another boot is stale (the host was recycled, its processes are gone);
-- a recorded process that still exists in this PID namespace, verified by its start time, keeps
-  the host quarantined (in ``D``, unkillable, or in any other state: it still holds its devices);
-- processes recorded in another PID namespace cannot be verified from here (the next container):
-  quarantined;
-- processes verifiably gone (no such pid, or a pid reused by a process of another start time):
-  the marker can be cleared.
+same host whatever its exit status, so the host itself keeps the verdict in one JSON file,
+``quarantine.json``, which the next start-up reads (:func:`inspect_marker`). What it records, and
+when it keeps the host quarantined or is cleared: docs/slurm.md and docs/kubernetes.md ("Quarantine
+of a wedged node"). A recorded process that still exists keeps the host quarantined in any state,
+not only in ``D``: it still holds its devices.
 
 The file is untrusted input: read with ``O_NOFOLLOW`` from a directory that must not be a symlink,
 must belong to root or this user and must not be writable by others; at most 64 KiB; every field

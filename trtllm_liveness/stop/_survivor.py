@@ -4,15 +4,12 @@ After :func:`~._bounded_stop.stop_processes` sent SIGKILL and waited its kill gr
 still there is **unkillable whatever its state**:
 
 - **SIGKILL still pending** (in the process's queue or a thread's): the kernel has not let it act
-  on the signal. In ``D`` (a driver, NCCL or RDMA wait) that is the classic wedge; in ``R`` it is a
-  task looping in the kernel that never returns to user space, where a signal is acted on (an
-  engine spinning in the GPU driver's ``uvm_spin_loop``; docs/upstream-contract.md). A rule that
-  looks only for ``D`` calls that one killable.
+  on the signal, asleep in ``D`` or looping in the kernel in ``R`` (docs/diagnosis.md, "Unkillable
+  in any state"; docs/upstream-contract.md). A rule that looks only for ``D`` calls the one in
+  ``R`` killable.
 - **exiting** (``PF_EXITING``, SIGKILL no longer pending): it took the signal, but its exit is
   stuck in the kernel (a driver's release of its device files).
 - **still present** otherwise (nothing pending, not exiting): reported as it is.
-
-A pending SIGKILL *during* the kill grace is no verdict: every process has one for a moment.
 
 :func:`sample_survivor` reads, per thread of interest (the main thread, then threads in ``D``, then
 threads in ``R``; at most :data:`MAX_THREADS`), the state, wait channel, SIGKILL pending and, where
