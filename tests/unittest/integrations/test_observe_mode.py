@@ -44,8 +44,11 @@ _LINE = re.compile(r" (DEBUG|INFO|WARNING|ERROR|CRITICAL) (trtllm_liveness[\w.]*
 def run(procs: ProcessTracker, engine: dict[str, Any], value: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
     """The engine with ``engine``'s fault under ``TRTLLM_WORKER_LIVENESS=value``: its record and the
     extension's log lines (level, message)."""
+    # diagnosis_s=0: observe mode takes its snapshot for its line itself and never finishes a requested
+    # diagnosis, which the child would otherwise wait out (20 s) before the health read; the record's
+    # diagnosis is not compared, and both runs read health after the same watch.
     options = {"tree": "main", "engine": engine, "expect": "none", "watch_s": 5, "settle_s": 1, "requests": 2,
-               "shutdown": False}
+               "diagnosis_s": 0, "shutdown": False}
     helper = HelperProcess("stall_child", options, {"TRTLLM_WORKER_LIVENESS": value})
     procs.popens.append(helper.popen)
     procs.track(helper.pid)
