@@ -427,6 +427,13 @@ def host_columns(counts: tuple[int, ...] = HOST_COUNTS, *, kills: int = 20, wind
     return out
 
 
+def windows(quick: bool, window: float | None) -> tuple[float, float]:
+    """The CPU window and the settle before it, s: ``window`` where given (the settle then at most
+    as long), else the benchmark's (5 and 2 with ``quick``, 20 and 3)."""
+    chosen = window if window is not None else (5.0 if quick else 20.0)
+    return chosen, min(2.0 if quick else 3.0, chosen)
+
+
 COLUMN_KEYS = ("detect_p50_us", "detect_p99_us", "exit_p50_us", "exit_p99_us", "kills", "check_us",
                "diagnosis_ms", "diagnosis_ranks", "diagnosis_ranks_with_stacks", "diagnosis_wide_ms",
                "diagnosis_wide_ranks_with_stacks",

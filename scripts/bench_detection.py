@@ -343,8 +343,8 @@ def host_columns(args: argparse.Namespace) -> dict[str, object]:
         return {**{f"growth_{metric}_hosts_{hosts}": None for metric in _host_scale.COLUMN_KEYS
                    for hosts in args.growth_hosts}, "host_scale_null_reason": reason, "host_scale_failed_starts": {}}
     logging.getLogger("trtllm_liveness").setLevel(logging.ERROR)
-    columns = _host_scale.host_columns(args.growth_hosts, kills=5 if args.quick else 20,
-                                       window=5.0 if args.quick else 20.0, settle=2.0 if args.quick else 3.0)
+    window, settle = _host_scale.windows(args.quick, args.host_window)
+    columns = _host_scale.host_columns(args.growth_hosts, kills=5 if args.quick else 20, window=window, settle=settle)
     return {**columns, "host_scale_null_reason": None}
 
 
@@ -359,6 +359,8 @@ def main() -> int:
     parser.add_argument("--no-hosts", action="store_true", help="leave the growth table's host columns null")
     parser.add_argument("--quick", action="store_true",
                         help="fewer kills (50, 10 per growth column, 5 per host column), 2 s idle windows (5 s hosts)")
+    parser.add_argument("--host-window", type=float, default=None, metavar="S",
+                        help="the host columns' CPU windows, s (default 20, 5 with --quick)")
     parser.add_argument("--markdown", action="store_true", help="also print the growth table in Markdown")
     parser.add_argument("--growth-ranks", type=columns_of(GROWTH_RANKS), default=GROWTH_RANKS,
                         help=f"the ranks columns measured, comma-separated, of {GROWTH_RANKS} (default all)")

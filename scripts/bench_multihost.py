@@ -258,6 +258,8 @@ def main() -> int:
     parser.add_argument("--scale-heartbeats", default="3.6",
                         help="heartbeat timeouts (s, comma-separated) at which the largest --scale-hosts column's "
                              "hub CPU is measured again ('' skips)")
+    parser.add_argument("--host-window", type=float, default=None, metavar="S",
+                        help="the many-hosts rig's CPU windows, s (default 20, 5 with --quick)")
     parser.add_argument("--scale-only", action="store_true", help="only the many-hosts figures (NVL72, 128 hosts)")
     args = parser.parse_args()
     window = args.window if args.window is not None else (10.0 if args.quick else 30.0)
@@ -518,8 +520,8 @@ def scale(args: argparse.Namespace) -> dict[str, object]:
     if reason is not None:
         many: dict[str, object] = {"host_scale_null_reason": reason, "host_scale_failed_starts": {}}
     else:
-        many = {**_host_scale.host_columns(counts, kills=5 if args.quick else 20, window=5.0 if args.quick else 20.0,
-                                           settle=2.0 if args.quick else 3.0,
+        window, settle = _host_scale.windows(args.quick, args.host_window)
+        many = {**_host_scale.host_columns(counts, kills=5 if args.quick else 20, window=window, settle=settle,
                                            heartbeats=tuple(float(t) for t in args.scale_heartbeats.split(",") if t)),
                 "host_scale_null_reason": None}
     many["host_scale_hosts"] = list(counts)

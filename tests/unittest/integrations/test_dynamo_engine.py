@@ -78,7 +78,7 @@ def test_bridge_on_real_runtime_503_names_rank_and_exits_nonzero(mode: str, rank
     port = free_port()
     # The delay keeps the status server up after the 503 so that the route can be read; the
     # exit bound is the delay plus the graceful shutdown, within shutdown_timeout_s.
-    options = {"mode": mode, "shutdown_delay_s": 5.0 * WAIT_SCALE, "shutdown_timeout_s": 15.0 * WAIT_SCALE}
+    options = {"mode": mode, "shutdown_delay_s": 2.0 * WAIT_SCALE, "shutdown_timeout_s": 15.0 * WAIT_SCALE}
     with HelperProcess("dynamo_engine_worker", options, _dynamo_env(port)) as worker:
         ready = worker.read_record(READY_S, "ready")
         assert ready["streamed"] == [7, 8, 9]  # a request went through the endpoint to the executor

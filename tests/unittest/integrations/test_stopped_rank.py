@@ -83,11 +83,13 @@ def test_a_short_stop_then_continue_is_no_verdict(procs: ProcessTracker) -> None
 def test_a_rank_stopped_while_the_engine_is_idle_is_no_verdict(procs: ProcessTracker) -> None:
     """The look-alike: rank 1 stopped for three bounds while nothing is pending (an idle engine makes
     no progress either): no verdict; continued, the engine serves its requests."""
-    helper, ranks = start(procs, {"tree": "main", "expect": "none", "idle_first_s": 6.5, "watch_s": 60,
-                                  "requests": 2, "max_tokens": 50, "engine": {"step_acks": True}})
+    # stopped_timeout_s=1 (the others' 2): three bounds take 3 s.
+    helper, ranks = start(procs, {"tree": "main", "expect": "none", "idle_first_s": 3.5, "watch_s": 60,
+                                  "requests": 2, "max_tokens": 50, "engine": {"step_acks": True}},
+                          SETTINGS.replace("stopped_timeout_s=2,", "stopped_timeout_s=1,"))
     os.kill(ranks[1], signal.SIGSTOP)
     try:
-        time.sleep(6.0)  # three times stopped_timeout_s, within the child's idle time
+        time.sleep(3.0)  # three times stopped_timeout_s, within the child's idle time
     finally:
         os.kill(ranks[1], signal.SIGCONT)
     out = finish(helper)

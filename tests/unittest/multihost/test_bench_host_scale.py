@@ -6,7 +6,8 @@ The smoke tests of the many-hosts rig (scripts/_host_scale.py): a real hub alone
 can make them; the Markdown test), each over 3 real sleeper ranks, killed for real. It checks the
 JSON's keys and types (the NVL72 shape's figures and the growth table's host columns), that every host stayed connected
 and every kill reached the hub; never a figure against its target (speed is the benchmark's, on a
-quiet machine).
+quiet machine). Both run with ``--host-window 1``: 1 s CPU windows, each after 1 s of settle (twice
+the hub's heartbeat timeout idle before the kills), the same figures and keys as the longer windows.
 """
 
 from __future__ import annotations
@@ -54,8 +55,8 @@ def run(procs: ProcessTracker, argv: list[str]) -> tuple[list[str], dict[str, An
 
 
 def test_quick_scale_json_reports_the_nvl72_shape_and_every_host_column(procs: ProcessTracker) -> None:
-    _lines, result = run(procs, [str(SCRIPT), "--scale-only", "--quick", "--json", "--scale-hosts",
-                                 ",".join(map(str, HOSTS))])
+    _lines, result = run(procs, [str(SCRIPT), "--scale-only", "--quick", "--json", "--host-window", "1",
+                                 "--scale-hosts", ",".join(map(str, HOSTS))])
 
     assert result["host_scale_failed_starts"] == {} and result["host_scale_null_reason"] is None, result
     assert result["host_scale_hosts"] == list(HOSTS)
@@ -91,9 +92,9 @@ def test_quick_markdown_prints_the_growth_table_with_its_command(procs: ProcessT
     docs' table (``-`` where not measured), every row, the command that made it, and its figures
     are the JSON's."""
     lines, result = run(procs, [str(DETECTION), "--quick", "--markdown", "--json", "--growth-ranks", "8",
-                                "--growth-hosts", "4"])
+                                "--growth-hosts", "4", "--host-window", "1"])
     command = lines.index("`.venv/bin/python scripts/bench_detection.py --quick --markdown --json --growth-ranks 8 "
-                          "--growth-hosts 4`:")
+                          "--growth-hosts 4 --host-window 1`:")
     table = lines[command + 2:command + 8]
     assert table[0] == "| cost | 8 ranks | 64 | 256 | 1024 | 4 hosts | 18 (NVL72) | 128 |", table
     assert table[1] == "|---|---|---|---|---|---|---|---|"

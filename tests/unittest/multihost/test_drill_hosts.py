@@ -131,7 +131,9 @@ def test_stop_of_a_rank_of_another_host_is_caught_by_the_stall_bound(test_hosts:
 
 
 def test_a_stop_without_a_stall_bound_is_said_not_to_be_caught(test_hosts: TestHosts, procs: ProcessTracker) -> None:
-    status, out, err = run_drill(test_hosts, "trtllm_main", "stop", "--json")
+    # shutdown_grace_s=1: the stopped rank never lets the engine stop by itself, so the shutdown
+    # waits out its whole grace (10 s by default) before it stops the ranks either way.
+    status, out, err = run_drill(test_hosts, "trtllm_main", "stop", "--json", liveness=f"{LIVENESS},shutdown_grace_s=1")
     result = outcome(out, err)
     assert result["verdict"]["kind"] == "not_detected" and "stall_timeout_s" in result["verdict"]["text"], result
     assert status == 1

@@ -116,7 +116,8 @@ def test_a_lost_host_ends_the_whole_job_with_the_recorded_status(login_hosts: Te
     into the wrapper's outcome pipe; rank 0 ends (Open MPI's abort, or the exit guard's shutdown
     under ULFM) while mpirun waits for hostB's cut-off daemon (PRRTE: minutes of TCP keepalive). The
     wrapper ends mpirun and exits with the recorded status, whatever MPI's setting."""
-    liveness = "heartbeat_timeout_s=1,shutdown_term_s=1,shutdown_kill_s=1,exit_on_fatal=1,exit_code=3,exit_timeout_s=5"
+    liveness = ("heartbeat_timeout_s=1,shutdown_term_s=1,shutdown_kill_s=1,exit_on_fatal=1,exit_code=3,"
+                "exit_delay_s=0.2,exit_timeout_s=2")
     engine = Engine(login_hosts, liveness=liveness, executor_cls=False, fault_tolerant=fault_tolerant,
                     wrapper=[*LAUNCH, "--outcome-dir", login_hosts.shared, "--"])
     assert engine.host_of(2) == "hostB"

@@ -197,7 +197,9 @@ def _demo(fresh: Path, *args: str) -> dict[str, Any]:
 
 @needs("mpi")
 def test_installed_demo_compare_shows_the_hang_and_the_detection(fresh: Path) -> None:
-    record = _demo(fresh, "--compare", "--mode", "1.2")
+    # A healthy request takes ~4 s: a 6 s bound (the default is 10) still leaves them time to finish
+    # had the engine lived.
+    record = _demo(fresh, "--compare", "--mode", "1.2", "--compare-bound", "6")
     # The default fault is one only the extension catches: a wedge where the freezer can make one,
     # else a kill (upstream 1.2.x has no worker monitor).
     assert record["mode"] == "1.2" and record["fault"] in ("wedge", "kill") and record["ok"] is True, record
