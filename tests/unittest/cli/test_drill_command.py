@@ -122,19 +122,17 @@ def test_a_wedge_names_the_exit_status_and_marker_it_would_leave_and_leaves_neit
 @_real_mpi
 def test_a_stop_is_caught_with_stall_detection_and_said_not_to_be_without(procs: ProcessTracker,
                                                                          drill_tmp: Path) -> None:
-    # The two drills side by side, each with a TMPDIR of its own (what each leaves is checked there).
-    with runs.short_tmpdir("tdrill-") as missed_tmp:
-        missed = _start(procs, missed_tmp, "--tp", "2", "--fault", "stop", "--json", tree="trtllm_v12",
-                        liveness="shutdown_grace_s=1")
-        caught = _start(procs, drill_tmp, "--tp", "2", "--fault", "stop", "--json",
-                        liveness="stall_timeout_s=1,stall_action=fatal,shutdown_grace_s=1")
-        status, out, err = _finish(caught, drill_tmp)
-        assert status == 0, (out, err)
-        record = json.loads(out)
-        assert record["verdict"]["kind"] == "detected" and "stalled" in record["verdict"]["text"], record
-        assert record["tokens_stopped_ms"] is not None
+    caught = _start(procs, drill_tmp, "--tp", "2", "--fault", "stop", "--json",
+                    liveness="stall_timeout_s=1,stall_action=fatal,shutdown_grace_s=1")
+    status, out, err = _finish(caught, drill_tmp)
+    assert status == 0, (out, err)
+    record = json.loads(out)
+    assert record["verdict"]["kind"] == "detected" and "stalled" in record["verdict"]["text"], record
+    assert record["tokens_stopped_ms"] is not None
 
-        status, out, err = _finish(missed, missed_tmp)
+    missed = _start(procs, drill_tmp, "--tp", "2", "--fault", "stop", "--json", tree="trtllm_v12",
+                    liveness="shutdown_grace_s=1")
+    status, out, err = _finish(missed, drill_tmp)
     assert status == 1, (out, err)
     record = json.loads(out)
     assert record["verdict"]["kind"] == "not_detected" and record["pending"] == 4, record
