@@ -2,8 +2,8 @@
 evidence and snapshot, counted by kind, and nothing else: the engine behaves as with the extension
 off, apart from that line.
 
-Each fault runs twice, side by side, on the upstream-shaped fake (main) with real MPI ranks: the
-extension off (``TRTLLM_WORKER_LIVENESS=0``) and on in observe mode; what the engine did (its requests, its
+Each fault runs twice on the upstream-shaped fake (main) with real MPI ranks: the extension off
+(``TRTLLM_WORKER_LIVENESS=0``), then on in observe mode; what the engine did (its requests, its
 health after a watch long enough for every verdict and for upstream's own checks, its ranks) must
 be the same, and the observing run's log must hold the one line. The faults: a rank SIGKILLed, a
 rank stopped by SIGSTOP (the stopped-rank verdict), a rank blocked in user space with
@@ -41,9 +41,9 @@ VERDICT = {"died": "died", "stopped": "stalled", "stalled": "stalled"}
 _LINE = re.compile(r" (DEBUG|INFO|WARNING|ERROR|CRITICAL) (trtllm_liveness[\w.]*): (.*)")
 
 
-def start(procs: ProcessTracker, engine: dict[str, Any], value: str) -> HelperProcess:
-    """The engine with ``engine``'s fault under ``TRTLLM_WORKER_LIVENESS=value``, started (a TMPDIR
-    and an MPI job of its own: two run side by side)."""
+def run(procs: ProcessTracker, engine: dict[str, Any], value: str) -> tuple[dict[str, Any], list[tuple[str, str]]]:
+    """The engine with ``engine``'s fault under ``TRTLLM_WORKER_LIVENESS=value``: its record and the
+    extension's log lines (level, message)."""
     # diagnosis_s=0: observe mode takes its snapshot for its line itself and never finishes a requested
     # diagnosis, which the child would otherwise wait out (20 s) before the health read; the record's
     # diagnosis is not compared, and both runs read health after the same watch.
@@ -52,14 +52,12 @@ def start(procs: ProcessTracker, engine: dict[str, Any], value: str) -> HelperPr
     helper = HelperProcess("stall_child", options, {"TRTLLM_WORKER_LIVENESS": value})
     procs.popens.append(helper.popen)
     procs.track(helper.pid)
-    return helper
-
-
-def finish(helper: HelperProcess) -> tuple[dict[str, Any], list[tuple[str, str]]]:
-    """A started engine's record and the extension's log lines (level, message); the caller closes it."""
-    record = helper.read_record(90 * WAIT_SCALE, "events")
-    assert helper.wait_exit(30 * WAIT_SCALE) == 0, helper.stderr_tail(4000)
-    log = helper.stderr_tail(10**7)
+    try:
+        record = helper.read_record(90 * WAIT_SCALE, "events")
+        assert helper.wait_exit(30 * WAIT_SCALE) == 0, helper.stderr_tail(4000)
+        log = helper.stderr_tail(10**7)
+    finally:
+        helper.close()
     lines = [(match.group(1), match.group(3)) for match in map(_LINE.search, log.splitlines()) if match]
     return record, lines
 
@@ -70,13 +68,8 @@ def finish(helper: HelperProcess) -> tuple[dict[str, Any], list[tuple[str, str]]
 @needs("mpi")
 def test_observe_mode_does_what_the_extension_off_does_apart_from_one_line(procs: ProcessTracker, fault: str) -> None:
     engine, settings = FAULTS[fault]
-    # The two runs side by side: each its own engine, MPI job and TMPDIR; only what they did is compared.
-    helpers = [start(procs, engine, "0"), start(procs, engine, f"enabled=1,observe=1,{SETTINGS}{settings}")]
-    try:
-        (off, _off_log), (observed, log) = finish(helpers[0]), finish(helpers[1])
-    finally:
-        for helper in helpers:
-            helper.close()
+    off, _off_log = run(procs, engine, "0")
+    observed, log = run(procs, engine, f"enabled=1,observe=1,{SETTINGS}{settings}")
     for key in ("fatal", "health_end", "errors", "finished", "ranks_alive"):
         assert observed[key] == off[key], (key, observed, off)
     assert observed["events"][0] == VERDICT[fault], observed  # later ones: consequences (a rank ending with it)
