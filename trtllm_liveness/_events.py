@@ -127,7 +127,7 @@ class WorkerEvent:
         """:attr:`message` with ``who`` instead of "MPI worker rank R (pid P) on host H" (for
         processes that are no MPI ranks, e.g. the CLI's ``watch`` of arbitrary pids)."""
         if who is None:
-            who = f"MPI worker rank {self.identity.rank} (pid {self.identity.pid}) on host {self.identity.hostname}"
+            who = f"MPI worker {self.identity.describe()}"
         if self.kind is EventKind.DIED:
             text = f"{who} exited unexpectedly: {self.cause}"
         elif self.kind is EventKind.WEDGED:

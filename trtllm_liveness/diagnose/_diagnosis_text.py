@@ -95,8 +95,7 @@ def fatal_line(event: WorkerEvent, evidence: str) -> str:
     for a stall (the evidence the stall's cause already carried is not repeated), and
     ``<message>; evidence: ...`` for a death, a wedge, a lost host and an unkillable rank."""
     if event.kind is EventKind.STALLED:
-        who = event.identity
-        named = f"MPI worker rank {who.rank} (pid {who.pid}) on host {who.hostname}; evidence: {evidence}"
+        named = f"MPI worker {event.identity.describe()}; evidence: {evidence}"
         cause = event.cause
         head = evidence.partition(f" ({STATES_ONLY})")[0]
         if head and f"; {head}" in cause:

@@ -190,8 +190,7 @@ def quarantine_host(config: Policy, events: Iterable[WorkerEvent], *,
     remote = [event for event in unrestartable if not is_local(event.identity)]
     if remote:
         logger.info("liveness: not quarantining this host for %s: its host's agent quarantines that host",
-                    ", ".join(f"rank {event.identity.rank} (pid {event.identity.pid}) on host "
-                              f"{event.identity.hostname}" for event in remote))
+                    ", ".join(event.identity.describe() for event in remote))
     ending = process_ending()
     ledger = ending.quarantine
     with ledger.lock:
