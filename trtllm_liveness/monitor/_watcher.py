@@ -17,6 +17,7 @@ The thread holds its target only by weak reference between waits, so a dropped m
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import select
@@ -120,10 +121,8 @@ class PidfdWatcher:
             self._pidfds.discard(pidfd)
             for epoll in (self._watch_set, self._check_set):
                 if epoll is not None:
-                    try:
+                    with contextlib.suppress(OSError, ValueError):
                         epoll.unregister(pidfd)
-                    except (OSError, ValueError):
-                        pass
             _close_quietly(pidfd)
 
     def ready_now(self) -> list[int]:
@@ -290,7 +289,5 @@ class PidfdWatcher:
 
 
 def _close_quietly(fd: int) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.close(fd)
-    except OSError:
-        pass

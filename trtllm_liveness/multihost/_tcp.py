@@ -175,7 +175,7 @@ class ConnectionTable:
             return Closure(key, Ending.SILENT, silence_cut)
         ending = Ending.UNKNOWN
         silent: float | None = None
-        try:
+        with dup, contextlib.suppress(OSError):  # the duplicate is closed on every way out
             state = dup.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 8)[0]
             heard = last_heard(dup)
             if state == _TCP_ESTABLISHED:  # ZMQ's heartbeat timed out: its process answered nothing
@@ -186,10 +186,6 @@ class ConnectionTable:
                         ending = Ending.SILENT
             elif state in _TCP_CLOSED_BY_PEER:
                 ending = Ending.CLOSED
-        except OSError:
-            pass
-        finally:
-            dup.close()
         return Closure(key, ending, silent)
 
     def _drop(self, fd: int) -> None:

@@ -24,6 +24,7 @@ does, or while a visible process holding an accelerator device sits in ``D`` (un
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -265,11 +266,9 @@ def _recorded_process(event: WorkerEvent) -> QuarantinedProcess:
     identity = event.identity
     pid = identity.pid
     state = "?"
-    try:
+    with contextlib.suppress(OSError, ValueError):
         states = _procfs.read_thread_states(pid)
         state = "D" if _procfs.uninterruptible_tids(states) else _procfs.read_stat(pid).state
-    except (OSError, ValueError):
-        pass
     namespace = identity.pid_namespace or _procfs.pid_namespace_inode("self")
     assert identity.start_time is not None
     return QuarantinedProcess(pid=pid, start_time=identity.start_time, pid_namespace=namespace, rank=identity.rank,

@@ -326,10 +326,8 @@ def dead_error(proxy: Any, error: WorkerFailedError) -> BaseException:
     engine_dead = find_symbol(["EngineDeadError"], [base.__module__, "tensorrt_llm.executor.utils",
                                                     "tensorrt_llm.executor.result"])
     if isinstance(engine_dead, type) and issubclass(engine_dead, BaseException):
-        try:
+        with contextlib.suppress(Exception):
             return engine_dead(error)
-        except Exception:
-            pass
     return error
 
 
