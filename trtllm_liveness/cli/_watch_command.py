@@ -55,10 +55,8 @@ def run_watch(args: argparse.Namespace) -> int:
             identities.append(capture_identity(rank, pid))
         except LivenessError as exc:
             return error_status(_describe_pid_error(pid, exc))
-        try:
-            names[pid] = _procfs.read_stat(pid).comm
-        except (OSError, ValueError):
-            names[pid] = ""
+        info = _procfs.stat_or_none(pid)
+        names[pid] = "" if info is None else info.comm
     timeout: float | None = args.d_state_timeout
     interval: float = args.scan_interval or (min(1.0, max(0.05, timeout / 5)) if timeout else 1.0)
     got = threading.Event()

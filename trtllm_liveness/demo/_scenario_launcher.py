@@ -39,11 +39,8 @@ def session_members(sid: int) -> list[_procfs.StatInfo]:
     prte and the workers)."""
     members = []
     for pid in _procfs.list_pids():
-        try:
-            info = _procfs.read_stat(pid)
-        except (OSError, ValueError):  # gone since the listing
-            continue
-        if info.session == sid and not info.exited:
+        info = _procfs.stat_or_none(pid)  # None: gone since the listing
+        if info is not None and info.session == sid and not info.exited:
             members.append(info)
     return members
 

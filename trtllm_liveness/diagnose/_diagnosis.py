@@ -85,11 +85,9 @@ def _cpu_sample(pids: Sequence[int]) -> dict[tuple[int, int], tuple[str, int]]:
         except OSError:
             continue
         for tid in tids:
-            try:
-                info = _procfs.read_stat(pid, tid)
-            except (OSError, ValueError):
-                continue
-            sample[(pid, tid)] = (info.state, info.cpu_ticks)
+            info = _procfs.stat_or_none(pid, tid)
+            if info is not None:
+                sample[(pid, tid)] = (info.state, info.cpu_ticks)
     return sample
 
 

@@ -37,11 +37,8 @@ def _ancestors_of_self() -> set[int]:
     # lines; never report them.
     found = {os.getpid()}
     pid = os.getpid()
-    while pid > 1:
-        try:
-            pid = _procfs.read_stat(pid).ppid
-        except (OSError, ValueError):
-            break
+    while pid > 1 and (info := _procfs.stat_or_none(pid)) is not None:
+        pid = info.ppid
         found.add(pid)
     return found
 
@@ -108,10 +105,9 @@ def select(
     excluded = _ancestors_of_self()
     infos: dict[int, _procfs.StatInfo] = {}
     for pid in _procfs.list_pids():
-        try:
-            infos[pid] = _procfs.read_stat(pid)
-        except (OSError, ValueError):
-            continue
+        info = _procfs.stat_or_none(pid)
+        if info is not None:
+            infos[pid] = info
     candidates = set(infos) - excluded
     if parent is not None:
         children: dict[int, list[int]] = {}

@@ -118,9 +118,8 @@ class WatchedRank:
 def classify_exit(record: WatchedRank) -> None:
     """Set the state of a rank whose pidfd became readable: exited (reaped) or zombie."""
     expected_start = record.observed_start_time
-    try:
-        info = _procfs.read_stat(record.identity.pid)
-    except (OSError, ValueError):
+    info = _procfs.stat_or_none(record.identity.pid)
+    if info is None:
         record.set_state(WorkerState.EXITED, with_oom_cause(record, "process exited (reaped)", None))
         return
     if expected_start is not None and info.start_time != expected_start:

@@ -208,12 +208,18 @@ def read_start_time(pid: int) -> int:
     return read_stat(pid).start_time
 
 
-def start_time_or_none(pid: int) -> int | None:
-    """:func:`read_start_time`, or None where ``pid`` is gone or its ``stat`` unreadable."""
+def stat_or_none(pid: int, tid: int | None = None) -> StatInfo | None:
+    """:func:`read_stat`, or None where the process (thread) is gone or its ``stat`` unreadable."""
     try:
-        return read_start_time(pid)
+        return read_stat(pid, tid)
     except (OSError, ValueError):
         return None
+
+
+def start_time_or_none(pid: int) -> int | None:
+    """:func:`read_start_time`, or None where ``pid`` is gone or its ``stat`` unreadable."""
+    info = stat_or_none(pid)
+    return None if info is None else info.start_time
 
 
 def read_thread_states(pid: int) -> dict[int, str]:

@@ -225,11 +225,8 @@ def prepare_groups(targets: list[PreparedTarget]) -> None:
         leader = target.leader
         if leader is None:
             continue
-        try:
-            info = _procfs.read_stat(leader.pid)
-        except (OSError, ValueError):
-            continue  # exited meanwhile; the pidfd reports it
-        if info.start_time != leader.start_time:
+        info = _procfs.stat_or_none(leader.pid)  # None: exited meanwhile; the pidfd reports it
+        if info is None or info.start_time != leader.start_time:
             continue
         if info.pgrp != leader.pid:
             target.detail = f"not a process-group leader (pgid {info.pgrp}); signalled alone"
@@ -241,9 +238,8 @@ def prepare_groups(targets: list[PreparedTarget]) -> None:
     if not by_pgid:
         return
     for pid in _procfs.list_pids():
-        try:
-            member = _procfs.read_stat(pid)
-        except (OSError, ValueError):
+        member = _procfs.stat_or_none(pid)
+        if member is None:
             continue
         group = by_pgid.get(member.pgrp)
         if group is None or pid == member.pgrp or member.exited:

@@ -130,9 +130,8 @@ def sample_survivor(pid: int, *, reader: MmReader | None = None) -> SurvivorSamp
     process exiting right now, a fake tree without a file) is left empty. Blocks for procfs
     reads plus at most :data:`STACK_READ_TIMEOUT_S` per kernel stack (a stack read that times
     out is skipped, and later ones too once ``reader`` has too many stuck helpers)."""
-    try:
-        info = _procfs.read_stat(pid)
-    except (OSError, ValueError):
+    info = _procfs.stat_or_none(pid)
+    if info is None:
         return SurvivorSample()
     try:
         states = _procfs.read_thread_states(pid)
