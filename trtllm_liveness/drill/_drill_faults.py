@@ -114,14 +114,11 @@ class FaultReply(JsonRecord):
 # the root group, removes it and ends; bounded (a group never made is nothing to do: it starts before
 # the group is made). Standard library only (-I: nothing of the rank's).
 _GUARD = """
-import os, sys, time
+import contextlib, os, sys, time
 sys.stdin.buffer.read()
 group = sys.argv[1]
-try:
-    with open(os.path.join(group, "freezer.state"), "w") as handle:
-        handle.write("THAWED")
-except OSError:
-    pass
+with contextlib.suppress(OSError), open(os.path.join(group, "freezer.state"), "w") as handle:
+    handle.write("THAWED")
 deadline = time.monotonic() + 10.0
 while time.monotonic() < deadline:
     try:
@@ -131,14 +128,12 @@ while time.monotonic() < deadline:
         break
     except OSError:
         time.sleep(0.05)
-    try:
+    with contextlib.suppress(OSError):
         with open(os.path.join(group, "tasks")) as handle:
             tids = handle.read().split()
         for tid in tids:
             with open(os.path.join(os.path.dirname(group), "tasks"), "w") as handle:
                 handle.write(tid)
-    except OSError:
-        pass
 """
 
 
