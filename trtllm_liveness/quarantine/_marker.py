@@ -384,16 +384,14 @@ def read_marker(directory: str) -> QuarantineMarker | None:
     marker that is not a regular file (a symlink, a FIFO), larger than 64 KiB, not JSON, or with a
     field of the wrong type or range. Never blocks on a FIFO (``O_NONBLOCK``).
     """
-    try:
+    try:  # FileNotFoundError: no such directory, or no marker in it
         fd = _open_directory(directory, create=False)
+        try:
+            return _read_marker_at(fd, directory)
+        finally:
+            os.close(fd)
     except FileNotFoundError:
         return None
-    try:
-        return _read_marker_at(fd, directory)
-    except FileNotFoundError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _read_marker_at(dir_fd: int, directory: str, owner: int | None = None) -> QuarantineMarker:
