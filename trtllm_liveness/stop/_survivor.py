@@ -113,16 +113,15 @@ def _read_stack(pid: int, tid: int, reader: MmReader) -> tuple[tuple[str, ...], 
 
 
 def _thread_state(pid: int, tid: int) -> tuple[str, str, bool]:
-    try:
-        state = _procfs.read_stat(pid, tid).state
-    except (OSError, ValueError):
+    info = _procfs.stat_or_none(pid, tid)
+    if info is None:
         return "", "", False
     try:
         wchan = _procfs.read_wchan(pid, tid)
         pending = _procfs.sigkill_pending(pid, tid)
     except OSError:
         wchan, pending = "", False
-    return state, wchan, pending
+    return info.state, wchan, pending
 
 
 def sample_survivor(pid: int, *, reader: MmReader | None = None) -> SurvivorSample:
