@@ -37,7 +37,7 @@ def thread_cpu_ns(pid: int | str, tid: int) -> int | None:
     except (OSError, ValueError, IndexError):
         pass
     try:
-        ticks = _procfs.parse_stat(_procfs.read_task_stat(os.getpid() if pid == "self" else int(pid), tid)).cpu_ticks
+        ticks = _procfs.parse_stat(_procfs.read_stat_bytes(os.getpid() if pid == "self" else int(pid), tid)).cpu_ticks
     except (OSError, ValueError):
         return None
     return ticks * 1_000_000_000 // os.sysconf("SC_CLK_TCK")

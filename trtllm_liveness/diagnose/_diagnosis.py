@@ -316,8 +316,8 @@ def stalled_rank_of(targets: Sequence[ProcessIdentity | int], *, iterations: Map
     return diagnosis.named
 
 
-def merge_hosts(diagnosis: Diagnosis, hosts: Sequence[HostSnapshot], iterations: Mapping[int, int] | None = None,
-                *, leader: int | None = 0) -> Diagnosis:
+def merge_hosts(diagnosis: Diagnosis, hosts: Sequence[HostSnapshot],
+                iterations: Mapping[int, int] | None = None) -> Diagnosis:
     """``diagnosis`` (the proxy's own snapshot, remote ranks in it unscanned) with each remote rank
     as its host's agent saw it, the odd ranks out and the stalled rank named again over every
     rank (``iterations``, then each host's own counts, which are fresher), and one line per host
@@ -328,6 +328,6 @@ def merge_hosts(diagnosis: Diagnosis, hosts: Sequence[HostSnapshot], iterations:
         counts.update(host.iterations)
     ranks = tuple(sorted([rank for rank in diagnosis.ranks if rank.rank not in remote] + list(remote.values()),
                          key=lambda rank: rank.rank))
-    return dataclasses.replace(diagnosis, ranks=ranks, odd_ranks=find_odd_ranks(ranks, leader=leader),
-                               named=name_stalled_rank(ranks, iterations=counts or None, leader=leader),
+    return dataclasses.replace(diagnosis, ranks=ranks, odd_ranks=find_odd_ranks(ranks, leader=0),
+                               named=name_stalled_rank(ranks, iterations=counts or None),
                                hosts=tuple(host.line() for host in hosts))

@@ -148,7 +148,7 @@ def _states_only(rank: int, pid: int, start_time: int | None) -> RankDiagnosis:
 
 
 def stalled_rank_now(targets: Sequence[ProcessIdentity], *, iterations: Mapping[int, int] | None = None,
-                     leader: int | None = 0, remote: Mapping[int, RankDiagnosis] | None = None) -> StalledRank | None:
+                     remote: Mapping[int, RankDiagnosis] | None = None) -> StalledRank | None:
     """:func:`name_stalled_rank` from the ranks' thread states read now (one ``stat`` per thread,
     a wait channel for a rank in ``D``) and ``iterations``: no CPU window, so never by spinning.
     Ranks of another host or PID namespace count by ``remote`` (rank -> its record, as its host's
@@ -162,4 +162,4 @@ def stalled_rank_now(targets: Sequence[ProcessIdentity], *, iterations: Mapping[
             ranks.append(RankDiagnosis(identity.rank, identity.pid, None, "not local", Activity.UNKNOWN, ()))
         else:
             ranks.append(_states_only(identity.rank, identity.pid, identity.start_time))
-    return name_stalled_rank(ranks, iterations=iterations, leader=leader)
+    return name_stalled_rank(ranks, iterations=iterations)

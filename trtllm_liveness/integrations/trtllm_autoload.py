@@ -91,9 +91,7 @@ def install(force: bool = False) -> bool:
             return True
         module = sys.modules.get(_TARGET)
         if module is not None:
-            from .trtllm import patch_tensorrt_llm
-
-            patch_tensorrt_llm(module)
+            _patch(module)
         else:
             sys.meta_path.insert(0, _Finder())
         _installed = True

@@ -495,7 +495,7 @@ class WorkerProcessMonitor:
     def _watch_timeout(self) -> float | None:
         with self._lock:
             due = []
-            if self._scan_wanted_locked():
+            if self._wedge_scan.enabled and self._ranks.wants_scan():
                 due.append(self._wedge_scan.next_at)
             if self._ranks.fallback:
                 due.append(self._next_procfs)
@@ -511,13 +511,10 @@ class WorkerProcessMonitor:
             if self._ranks.fallback and now >= self._next_procfs:
                 self._next_procfs = now + self._ranks.fallback.interval_s
                 self._claim_all_locked(self._ranks.fallback.poll(), events)
-            scan_due = self._scan_wanted_locked() and self._wedge_scan.take_due(now)
+            scan_due = self._wedge_scan.enabled and self._ranks.wants_scan() and self._wedge_scan.take_due(now)
         self._publish(events)
         if scan_due:
             self._publish(self._scan_wedges())
-
-    def _scan_wanted_locked(self) -> bool:
-        return self._wedge_scan.enabled and self._ranks.wants_scan()
 
     def _scan_wedges(self) -> list[WorkerEvent]:
         """Sample every watched worker's threads (outside the lock) and apply verdicts (inside).

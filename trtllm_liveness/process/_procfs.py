@@ -165,11 +165,6 @@ def _path(pid: int | str, tid: int | None, name: str) -> str:
     return f"{PROCFS_PATH}/{pid}/{name}" if tid is None else f"{PROCFS_PATH}/{pid}/task/{tid}/{name}"
 
 
-def read_task_stat(pid: int, tid: int) -> bytes:
-    """Raw content of ``/proc/<pid>/task/<tid>/stat``."""
-    return _read(_path(pid, tid, "stat"))
-
-
 def open_stat(pid: int, tid: int | None = None) -> int:
     """Open ``/proc/<pid>/stat`` (or one thread's) for repeated :func:`pread_stat` calls; the caller
     owns the fd.
@@ -193,9 +188,9 @@ def list_tids(pid: int) -> list[int]:
     return [int(name) for name in os.listdir(f"{PROCFS_PATH}/{pid}/task") if name.isdigit()]
 
 
-def read_stat_bytes(pid: int) -> bytes:
-    """Raw content of ``/proc/<pid>/stat``."""
-    return _read(_path(pid, None, "stat"))
+def read_stat_bytes(pid: int, tid: int | None = None) -> bytes:
+    """Raw content of ``/proc/<pid>/stat``, or ``/proc/<pid>/task/<tid>/stat`` for one thread."""
+    return _read(_path(pid, tid, "stat"))
 
 
 def read_stat(pid: int, tid: int | None = None) -> StatInfo:
@@ -231,7 +226,7 @@ def read_thread_states(pid: int) -> dict[int, str]:
     states: dict[int, str] = {}
     for tid in list_tids(pid):
         try:
-            data = read_task_stat(pid, tid)
+            data = read_stat_bytes(pid, tid)
         except (FileNotFoundError, ProcessLookupError):
             continue
         state = thread_state_of(data)

@@ -194,7 +194,7 @@ class ThreadSampler:
         except OSError:
             # Out of descriptors (EMFILE): read without keeping one, and try to keep one next time.
             # Without a kept fd nothing pins the process, so verify this read like the first one.
-            data = _procfs.read_task_stat(self.pid, self.pid)
+            data = _procfs.read_stat_bytes(self.pid, self.pid)
             self._check_start_time(data)
             return data
         try:
@@ -257,7 +257,7 @@ class ThreadSampler:
                 _budget.release(1)
                 raise
         if not _budget.claim():
-            return _procfs.read_task_stat(self.pid, tid)
+            return _procfs.read_stat_bytes(self.pid, tid)
         try:
             fd = _procfs.open_stat(self.pid, tid)
         except (FileNotFoundError, ProcessLookupError):
@@ -265,7 +265,7 @@ class ThreadSampler:
             raise
         except OSError:
             _budget.release(1)  # out of descriptors (EMFILE): read by path this time
-            return _procfs.read_task_stat(self.pid, tid)
+            return _procfs.read_stat_bytes(self.pid, tid)
         try:
             data = _procfs.pread_stat(fd)
         except BaseException:

@@ -95,7 +95,7 @@ def test_thread_states_and_pending_signals_of_a_real_process(procs: ProcessTrack
     states = _procfs.read_thread_states(proc.pid)
     assert proc.pid in states and len(states) == 4
     assert set(states.values()) <= {"S", "R"}
-    assert _procfs.parse_state_and_threads(_procfs.read_task_stat(proc.pid, proc.pid))[1] == 4
+    assert _procfs.parse_state_and_threads(_procfs.read_stat_bytes(proc.pid, proc.pid))[1] == 4
     assert sample_d_state(proc.pid) is None
     sampler = ThreadSampler(proc.pid, capture_identity(0, proc.pid).start_time)
     assert sampler.sample() is None
