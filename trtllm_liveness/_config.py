@@ -1,29 +1,15 @@
 """LivenessConfig: how the extension is switched on and tuned, strictly validated.
 
-Sources, applied in this order (later wins, key by key):
+docs/configuration.md ("Where settings come from") lists the sources, applied in order (later wins,
+key by key), and the syntax of ``TRTLLM_WORKER_LIVENESS`` (:data:`ENV_VAR`). What the code adds:
 
-1. the class's own configuration: ``LivenessConfig()`` defaults, or the ``config=`` given to
-   ``liveness_executor_class`` / ``liveness_proxy_class`` (per engine, in code);
-2. the ``TRTLLM_WORKER_LIVENESS`` environment variable (:data:`ENV_VAR`), read when the executor
-   starts. Its value is one of:
-
-   - ``0``/``1`` (also ``true``/``false``, ``on``/``off``, ``yes``/``no``);
-   - ``key=value,key=value`` (which also switches it on unless it says ``enabled=0``);
-   - ``@/path/to/liveness.conf``: the same settings read from that file, one ``key=value`` per
-     line (commas also separate), ``#`` starts a comment, blank lines are skipped; a file with no
-     setting switches liveness on. The file must be a regular file of at most 64 KiB; a missing or
-     unreadable file is a ``ValueError`` naming it.
-
-   TensorRT-LLM's ``MpiPoolSession`` forwards ``TRTLLM_*`` variables to the workers, so both
-   sides read the same value;
-3. where upstream has it (TensorRT-LLM main), the ``TRTLLM_WORKER_LIVENESS`` entry of
-   ``llm_args.env_overrides`` (a mapping of environment variables, settable from
-   ``trtllm-serve --extra_llm_api_options file.yaml``), with the same syntax as 2. It is read
-   here because upstream may apply ``env_overrides`` to ``os.environ`` only after the executor
-   has started (see docs/upstream-contract.md).
-
-There is no ``llm_args`` field of this package: TensorRT-LLM's ``llm_args`` is a strict pydantic
-model that rejects unknown keys, so such a field would break start-up.
+- TensorRT-LLM's ``MpiPoolSession`` forwards ``TRTLLM_*`` variables to the workers, so both
+  sides read the same value;
+- the ``TRTLLM_WORKER_LIVENESS`` entry of ``llm_args.env_overrides`` is read here because upstream
+  may apply ``env_overrides`` to ``os.environ`` only after the executor has started (see
+  docs/upstream-contract.md);
+- there is no ``llm_args`` field of this package: TensorRT-LLM's ``llm_args`` is a strict pydantic
+  model that rejects unknown keys, so such a field would break start-up.
 
 A bad value is a ``ValueError`` that names the key and the source, raised when the executor
 starts, never a silent default. Disabled means nothing else of the package runs.
