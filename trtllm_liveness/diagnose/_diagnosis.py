@@ -5,18 +5,16 @@ SIGKILL pending, the process verdict; command lines read through
 :class:`~trtllm_liveness.process._mm_read.MmReader`) and adds what a scan does not measure:
 
 - **CPU time over a short window** per thread (``utime + stime`` of ``task/<tid>/stat``, read just
-  before and just after the scan's samples), which classifies each thread as spinning, running,
-  sleeping, in ``D``, stopped or exited (:class:`Activity`). A rank that spins in a collective
-  whose peer is gone looks alive to every other check.
-- **Python stacks** of each rank under one deadline for all ranks, from ``py-spy dump
-  --nonblocking`` where it is installed (extra ``diagnose``) and permitted (:mod:`._py_spy`; the
-  target is never paused), else from the rank's own ``faulthandler`` dump registered at its start
-  (:mod:`._faulthandler_stacks`: no ptrace needed); :mod:`._stack_sources` picks per rank and
-  each result says its source and why the other was not used.
+  before and just after the scan's samples), which classifies each thread (:class:`Activity`;
+  docs/diagnosis.md lists the classes). A rank that spins in a collective whose peer is gone
+  looks alive to every other check.
+- **Python stacks** of each rank under one deadline for all ranks, from :mod:`._py_spy` (the
+  target is never paused) or the rank's own dump (:mod:`._faulthandler_stacks`), picked per rank
+  by :mod:`._stack_sources`; docs/diagnosis.md ("Where each stack source works") says which works
+  where.
 - **The odd rank out** (:class:`OddRankOut`): the one rank whose activity, innermost Python
   function or main-thread wait channel differs from what every other rank shares.
-- **The rank a stall is named after** (``named``, :mod:`._stalled_rank`): gone, stopped or in
-  ``D`` first, then behind in executor iterations, then spinning while the others sleep.
+- **The rank a stall is named after** (``named``, :mod:`._stalled_rank`, which orders the evidence).
 
 Never hangs on a wedged rank: ``py-spy`` reads the target's memory, which can block on the
 target's mmap lock like a ``cmdline`` read, so ``py-spy`` is never run on a rank with a thread in
