@@ -10,8 +10,7 @@ ranks of other hosts (:mod:`._launcher_env`; an ``@file`` setting's file must be
 every host too); the outcome pipe into which the engine writes its failure first thing on its fatal
 path (:mod:`~trtllm_liveness.exit._outcome_pipe`) and the outcome files
 (:data:`~trtllm_liveness.exit._outcome.OUTCOME_ENV`), both local, hence rank 0 on the launching
-host; ending what is left of the job (:mod:`._launched_job`). A failure of a wedged or unkillable
-worker exits ``exit_code_unrestartable``: "do not restart here".
+host; ending what is left of the job (:mod:`._launched_job`).
 
 The launcher runs in the wrapper's process group, so a terminal's Ctrl-C reaches it directly, once,
 as without the wrapper (a second copy would make mpirun abort at once).
