@@ -7,10 +7,9 @@
   where no rank reports iterations, output: the activity of upstream's dispatch thread, sampled
   (:func:`dispatch_activity`; nothing runs per response);
 - the :class:`~trtllm_liveness.monitor._stall_timer.StallDetector` (armed at READY: nothing is pending before);
-- what a stall does (``stall_action``): ``report`` shows the ranks ``stalled`` in the monitor's
-  statuses (hence the metrics and Dynamo's ``/engine/liveness``) and logs one WARNING per stall
-  with the diagnosis; ``fatal`` delivers a ``stalled`` event through the monitor, which takes the
-  fatal path a death takes.
+- what a stall does (``stall_action``; docs/stalls.md says what each shows): ``report`` sets the
+  ranks ``stalled`` in the monitor's statuses and logs the WARNING; ``fatal`` delivers a
+  ``stalled`` event through the monitor, which takes the fatal path a death takes.
 
 :class:`Diagnoser` takes the bounded snapshot of the local ranks (``_diagnosis.diagnose``, with
 Python stacks from ``py-spy`` or the ranks' own faulthandler dumps, and their iteration counts) in
