@@ -4,15 +4,11 @@ with its evidence, and the fatal verdict's snapshot as one WARNING line and as a
 Kept apart from the CLI so that the CLI only wires it in. Text chosen by the target (thread names,
 file names) goes through the caller's ``clean`` function before it reaches a terminal.
 
-**The fatal line and the snapshot.** The ERROR line is due at detection, before the pending
-requests are failed; the snapshot (a CPU window and the ranks' stacks) takes a fraction of a
-second and must come before the bounded stop. So the line never waits for it: it carries the
-evidence known at once, the ranks' thread states read from ``/proc`` now
-(:func:`~._stalled_rank.stalled_rank_now`: gone, stopped, in ``D``, behind in iterations), and says
-so; the snapshot follows in one WARNING line (:func:`snapshot_record` then
-:meth:`~trtllm_liveness.exit._snapshot_record.FatalSnapshot.summary`) and, whole, in the outcome
-record, the termination message and Dynamo's ``/engine/liveness``. Imports nothing heavy: the
-fatal path loads it at the engine's start.
+**The fatal line and the snapshot**: docs/diagnosis.md ("The two lines") says when each is
+written, what it carries and where the snapshot goes. The line's evidence is
+:func:`~._stalled_rank.stalled_rank_now`'s; the snapshot's WARNING line is :func:`snapshot_record`
+then :meth:`~trtllm_liveness.exit._snapshot_record.FatalSnapshot.summary`. Imports nothing heavy:
+the fatal path loads it at the engine's start.
 """
 
 from __future__ import annotations
