@@ -18,11 +18,7 @@ in a session of its own, with ``TRTLLM_WORKER_LIVENESS`` set by the drill::
 attached, no tokens within ``stream_timeout_s``). The process ends with ``os._exit`` after its last
 line, so no MPI or atexit join can hold it; the drill bounds it and cleans up after it in any case.
 
-What of upstream's LLM API this relies on (TensorRT-LLM ``llmapi/llm.py``): ``LLM(model,
-tensor_parallel_size=..., executor_cls=...)``, ``generate_async(inputs, sampling_params=...,
-streaming=...)`` with ``SamplingParams(max_tokens=..., ignore_eos=...)`` (an API without a
-``sampling_params`` parameter is given ``max_tokens`` instead), the result's ``_result_step(timeout)``
-and ``outputs[0].token_ids`` (or ``token_ids``), ``llm._executor`` and ``llm.shutdown()``.
+What of upstream's LLM API this relies on: docs/drill.md ("What of TensorRT-LLM it relies on").
 """
 
 from __future__ import annotations
