@@ -1,21 +1,17 @@
 """A drill's fault in a rank of another host: asked by the proxy's hub, made by that host's agent.
 
-The proxy never signals a remote pid. ``trtllm-liveness drill --hosts`` asks the engine, the engine
-asks its :class:`DrillHub` (:meth:`DrillHub.inject_fault`), the hub sends one ``fault`` request to
-the agent of the rank's host, and that agent (:class:`AgentFaults`) checks it, verifies the rank
-by its own pidfd against the start time it registered (never a recycled pid), makes the fault
-(``kill``: SIGKILL, ``stop``: SIGSTOP, ``wedge``: the rank's threads frozen by the host's cgroup v1
-freezer, real ``D`` state) and answers ``faulted`` with what it did, on which pid and host, and how
-long ago (the hub turns that into its own monotonic time, as it does for events).
+docs/drill.md ("Across hosts") tells the round trip, each fault and the clean-up; these are its
+parts. The engine asks its :class:`DrillHub` (:meth:`DrillHub.inject_fault`), the hub sends one
+``fault`` request to the agent of the rank's host, and that agent (:class:`AgentFaults`) makes the
+fault and answers ``faulted`` (how long ago: the hub turns that into its own monotonic time, as it
+does for events).
 
 Only a drill's engine process makes its engine's hub a :class:`DrillHub` (``use_hub_class``), which
 alone gives its agents :class:`AgentFaults`; other agents refuse every fault (multihost/_agent_faults.py),
 a drill's agent a rank it does not watch (its own included: it could not report, nor thaw itself).
 
-Clean-up is the agent's: after its stop of its host's ranks (a frozen rank reported unkillable, as
-a real wedge's would be), :meth:`AgentFaults.after_stop` thaws (its pending SIGKILL ends it) and
-SIGKILLs what is left; its thread's end releases the group too, and should its process end first,
-the group's guard process thaws and removes it. Every wait here is bounded.
+Clean-up is the agent's, after its stop of its host's ranks: :meth:`AgentFaults.after_stop`; its
+thread's end releases the group too. Every wait here is bounded.
 """
 
 from __future__ import annotations
