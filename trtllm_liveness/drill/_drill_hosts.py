@@ -1,12 +1,11 @@
 """``trtllm-liveness drill --hosts``: the engine across hosts, started as the README's multi-host
 line starts one, and the rank of another host its fault goes to.
 
-The launch is ``trtllm-liveness launch -- mpirun --host H1:N1,H2:N2 -n N [MPIRUN_ARGS]
-trtllm-llmapi-launch python -m trtllm_liveness.drill._drill_engine ...``: ``launch`` carries the hook
-and the settings to every host (``mpirun -x``), ``trtllm-llmapi-launch`` runs the engine in rank 0
-and makes the other ranks its MPI workers. The proxy (rank 0) runs on the first host; the fault
-goes to a rank watched by its host's agent (never the agent's own rank: it reports the fault and,
-for a wedge, thaws it), made by that agent (:mod:`trtllm_liveness.drill._drill_faults`).
+docs/drill.md ("Across hosts") gives the launch line and the rank hit. In it ``launch`` carries the
+hook and the settings to every host (``mpirun -x``), ``trtllm-llmapi-launch`` runs the engine in
+rank 0 and makes the other ranks its MPI workers. The fault is never the agent's own rank's (the
+agent reports the fault and, for a wedge, thaws it); that agent makes it
+(:mod:`trtllm_liveness.drill._drill_faults`).
 """
 
 from __future__ import annotations
