@@ -226,9 +226,9 @@ def report_fatal(llm: Any, pending: Any, progress_s: float | None = None) -> int
           "pending_failed": failed, "health": executor.check_health(), "statuses": hosts_of(llm)})
     t0 = time.monotonic()
     llm.shutdown()
-    state = executor.liveness_state
+    state = executor.liveness_state  # the public reading docs/multihost.md names (host_stops)
     latest = state.diagnoser.latest if state.diagnoser is not None else None
-    emit({"shutdown_s": time.monotonic() - t0, "host_stops": [stop.to_dict() for stop in state.stop.host_stops],
+    emit({"shutdown_s": time.monotonic() - t0, "host_stops": [stop.to_dict() for stop in state.host_stops],
           "snapshot": None if latest is None else {"ranks": snapshot_rows(latest), "hosts": list(latest.hosts),
                                                    "named": None if latest.named is None else latest.named.to_dict()},
           "fatal_line": state.fatal_path.line,

@@ -212,9 +212,9 @@ class Build:
             self.error = exc
             self.at = time.monotonic()
 
-    def outcome(self, **fields: Any) -> InitOutcome:
-        """The build's :class:`InitOutcome` as it stands (``hung``: still building; its error),
-        with ``fields``."""
-        error = self.error
-        return InitOutcome(hung=self.thread.is_alive(), error_type=None if error is None else type(error).__name__,
+    @staticmethod
+    def outcome(hung: bool, error: BaseException | None, **fields: Any) -> InitOutcome:
+        """The build's :class:`InitOutcome` from one reading of it (``hung``: still building, read
+        first; then its ``error``), with ``fields``."""
+        return InitOutcome(hung=hung, error_type=None if error is None else type(error).__name__,
                            error=None if error is None else str(error), **fields)

@@ -36,8 +36,9 @@ def run_init_fault(opts: ScenarioOptions, worker_kwargs: dict[str, Any], announc
     draft.update(fault_at=t0)
     build.thread.join(opts.observe_s)
     hung = build.thread.is_alive()
-    draft.update(init=build.outcome(error_ms=None if hung else round((time.monotonic() - t0) * 1e3, 3),
-                                    restartable=getattr(build.error, "restartable", None)))
+    error = build.error
+    draft.update(init=build.outcome(hung, error, error_ms=None if hung else round((time.monotonic() - t0) * 1e3, 3),
+                                    restartable=getattr(error, "restartable", None)))
     settle_ranks(identities, draft, hung or build.proxy is not None)
 
 
@@ -50,6 +51,7 @@ def run_spawn_failure(opts: ScenarioOptions, worker_kwargs: dict[str, Any], draf
     spawn_died = next((t for t, m in zip(thread_exceptions.times, thread_exceptions.messages, strict=True)
                        if "MPI_ERR" in m), None)
     draft.update(phase="init", survivors=(), init=build.outcome(  # no rank was ever started
+        build.thread.is_alive(), build.error,
         error_ms=None if build.at is None or spawn_died is None else round((build.at - spawn_died) * 1e3, 3),
         spawn_failed=spawn_died is not None))
 

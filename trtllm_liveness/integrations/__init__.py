@@ -11,6 +11,8 @@ autoload costs an interpreter no module beyond its own.
 
 import sys
 
+__all__: "list[str]" = []  # machinery only: the integrations are its submodules
+
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # no typing or importlib at run time: see the docstring
     from collections.abc import Callable, Sequence

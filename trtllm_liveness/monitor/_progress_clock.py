@@ -54,6 +54,7 @@ class ProgressClock:
         self._output_at = now
         self._iteration_at = now
         self._busy_since = now
+        self._output_floor = 0.0  # the last output dated before iterations took over
         self._gaps: collections.deque[tuple[float, float]] = collections.deque()  # (at, gap), gaps decreasing
         self.iterations_seen = False
         """Whether any rank ever reported an executor iteration: without iterations only output is
@@ -84,15 +85,16 @@ class ProgressClock:
         """A rank's executor iteration at monotonic ``at`` (a time in the future counts as now)."""
         at = min(at, time.monotonic())
         with self._lock:
-            if not self.iterations_seen:
-                # Iterations take over from sampled output: the output already dated stays the floor,
-                # so the last progress a reader saw never moves back.
-                self.iterations_seen = True
-                self._iteration_at = max(self._iteration_at, self._output_at)
             if at > self._iteration_at:
                 # A step's length: from the previous iteration (or the work's arrival on an idle engine).
                 self._note_gap(at, at - max(self._iteration_at, self._busy_since))
                 self._iteration_at = at
+            if not self.iterations_seen:
+                # Iterations take over from sampled output: the output already dated stays the floor
+                # of the last progress, so what a reader saw never moves back (the steps' gaps are
+                # the iterations' own).
+                self.iterations_seen = True
+                self._output_floor = self._output_at
 
     def _note_gap(self, at: float, gap: float) -> None:
         # A sliding maximum: each gap drops the shorter ones before it, which can never be the
@@ -129,7 +131,7 @@ class ProgressClock:
     def last_progress(self) -> float:
         """Monotonic time of the last progress (or of the start of the current work)."""
         with self._lock:
-            return max(self._sample_locked(), self._iteration_at, self._busy_since)
+            return max(self._sample_locked(), self._output_floor, self._iteration_at, self._busy_since)
 
     def quiet_s(self, now: float | None = None) -> float | None:
         """Seconds without progress while requests are pending; None while the engine is idle."""

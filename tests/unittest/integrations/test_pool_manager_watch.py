@@ -5,6 +5,7 @@ The real spawn failure is in ``test_spawn_failure.py``; these cover the edges wi
 
 from __future__ import annotations
 
+import logging
 import threading
 from concurrent.futures import Future
 from types import SimpleNamespace
@@ -23,18 +24,20 @@ def _session_with_manager(target: Any) -> tuple[SimpleNamespace, threading.Threa
     return session, manager
 
 
-def test_dead_manager_fails_pending_futures_and_reports_once() -> None:
+def test_dead_manager_fails_pending_futures_and_reports_once(caplog: pytest.LogCaptureFixture) -> None:
     session, manager = _session_with_manager(lambda: None)  # dies at once, like a failed spawn
     done: Future[Any] = Future()
     done.set_result("finished before")
     pending: list[Future[Any]] = [Future(), Future()]
-    watch = PoolManagerWatch(session, lambda: [done, *pending]).start()
-    manager.start()
-    for future in pending:
-        assert isinstance(future.exception(timeout=10), PoolManagerDiedError)
-    watch.disarm()
+    with caplog.at_level(logging.ERROR, logger="trtllm_liveness"):
+        watch = PoolManagerWatch(session, lambda: [done, *pending]).start()
+        manager.start()
+        for future in pending:
+            assert isinstance(future.exception(timeout=10), PoolManagerDiedError)
+        watch.disarm()
     assert done.result() == "finished before"
     assert all(future.exception() is watch.error for future in pending)
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR] == [f"liveness: {watch.error}"]
     assert "failing 2 pending worker futures" in str(watch.error)
 
 

@@ -307,7 +307,8 @@ def _wrap_checkpoint(module: Any, reporter: IterationReporter) -> None:
 
 
 def _patch_when_imported(name: str, patch: Callable[[Any], None]) -> None:
-    """Run ``patch(module)`` now if ``name`` is imported, else right after its first import (a
+    """Run ``patch(module)`` now if ``name`` is imported, else right after it is imported (the hook
+    stays: a module imported again is patched again, and a patch already applied is skipped; a
     failure then is logged: it must not fail upstream's import)."""
     module = sys.modules.get(name)
     if module is not None:

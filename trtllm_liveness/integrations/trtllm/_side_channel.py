@@ -3,6 +3,8 @@
 The leader rank sends the ranks' identities (JSON, never unpickled) with a random token to a ZMQ
 PULL socket in a 0700 directory; see :mod:`._worker_entry` for the sending end. One listener
 thread, which ends at the first payload with the right token, at ``close()`` or after the timeout.
+:func:`open_listener`/:func:`close_listener` make and release such a socket, for this channel and
+the ranks' progress channel (:mod:`._progress`).
 """
 
 from __future__ import annotations
@@ -79,7 +81,11 @@ class IdentityChannel:
         self._on_identities = on_identities
         self._deadline = time.monotonic() + timeout_s
         self._thread = threading.Thread(target=self._run, name="trtllm-liveness-identities", daemon=True)
-        self._thread.start()
+        try:
+            self._thread.start()
+        except BaseException:
+            close_listener(self._context, self._dir)
+            raise
 
     @property
     def spec(self) -> IdentityChannelSpec:

@@ -56,8 +56,10 @@ def stall_under_way(proxy: object) -> StallInfo | None:
 class FatalPath:
     """The engine's fate as the fatal path (:mod:`._fatal`) keeps it: the one fatal error, every
     event seen, whether a death is still news, the fatal line and snapshot, and the fatal path's
-    threads. It owns these fields and its lock: other modules read them and change them only
-    through its methods. Thread-safe; nothing here blocks beyond the lock.
+    threads. It owns these fields and its lock: the fatal error, the events, the expected exits and
+    the shutdown's start change only through its methods, under the lock; ``line`` and ``snapshot``
+    are written once each by the fatal path itself (:mod:`._fatal`), and ``done`` and ``closing``
+    are events. Thread-safe; nothing here blocks beyond the lock.
 
     Attributes:
         fatal: the ONE fatal error, once a fatal event arrived (or the bounded stop left a rank
@@ -196,11 +198,12 @@ class EngineLiveness:
         real_mpi_futures: mpi4py's own futures (upstream holds mirrors, see ``_futures.py``).
         request_socket_owner: the thread (ident) that owns upstream's request socket as its
             ``TLLM_LLMAPI_ZMQ_DEBUG`` check defines it: the first that used it, i.e. the first
-            ``submit()``'s (``abort_request()`` follows a submit; ``pre_shutdown()`` sends last).
+            ``submit()``'s (``abort_request()`` follows a submit; ``pre_shutdown()`` sends last);
+            set once, under ``send_lock``.
         stall: the engine's stall detection (``stall_timeout_s`` > 0), else None.
         diagnoser: the bounded snapshots of the local ranks (at a stall, a wedge, a fatal error).
         exit_join_released: the extension released mpi4py's exit join of the owned pool's thread
-            (1.2.x, after a death; main's session does it itself).
+            (1.2.x, after a death; main's session does it itself); set once, by the teardown.
         metrics: the engine's ``LivenessMetrics`` when the extension exported them itself
             (trtllm-serve's multiprocess Prometheus page), else None.
         hub: the multi-host agent hub, where one runs.
@@ -253,6 +256,11 @@ class EngineLiveness:
         """What upstream holds as its worker futures (the mirrors), once it set a list; else empty."""
         futures = self.upstream.get("mpi_futures")
         return futures if isinstance(futures, list) else []
+
+    @property
+    def host_stops(self) -> list[HostStop]:
+        """What each remote host's agent reported of the stop of its ranks (docs/multihost.md)."""
+        return self.stop.host_stops
 
     def owns_request_socket(self) -> bool:
         """Whether this thread may send on upstream's request socket (``TLLM_LLMAPI_ZMQ_DEBUG``'s
