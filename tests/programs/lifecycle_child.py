@@ -43,7 +43,7 @@ import time
 import traceback
 from typing import Any
 
-from tests.support.ref_engine import emit
+from tests.support.ref_engine import emit, extension_threads
 from tests.support.upstream_fakes import kill_rank, use_tree
 
 VIOLATION = "ZMQ thread safety violation"
@@ -206,7 +206,8 @@ def exit_join(options: dict[str, Any]) -> int:
         return 1
     emit({"fatal": wait_fatal(proxy, float(options.get("watch_s", 15)))})
     executor.shutdown()
-    emit({"returning": time.monotonic(), "threads": [thread.name for thread in threading.enumerate()]})
+    emit({"returning": time.monotonic(), "threads": [thread.name for thread in threading.enumerate()],
+          "extension_threads": extension_threads()})
     return 0  # the interpreter exit: threading's exit joins, then atexit
 
 

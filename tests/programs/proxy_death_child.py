@@ -47,6 +47,7 @@ import json
 import logging
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -228,7 +229,11 @@ def report_fatal(llm: Any, pending: Any, progress_s: float | None = None) -> int
     llm.shutdown()
     state = executor.liveness_state  # the public reading docs/multihost.md names (host_stops)
     latest = state.diagnoser.latest if state.diagnoser is not None else None
-    emit({"shutdown_s": time.monotonic() - t0, "host_stops": [stop.to_dict() for stop in state.host_stops],
+    # The extension's live threads (tests/support/ref_engine.py's prefixes: this program imports no tests module).
+    extension = [thread.name for thread in threading.enumerate()
+                 if thread.name.startswith(("trtllm-liveness", "liveness-"))]
+    emit({"shutdown_s": time.monotonic() - t0, "extension_threads": extension,
+          "host_stops": [stop.to_dict() for stop in state.host_stops],
           "snapshot": None if latest is None else {"ranks": snapshot_rows(latest), "hosts": list(latest.hosts),
                                                    "named": None if latest.named is None else latest.named.to_dict()},
           "fatal_line": state.fatal_path.line,

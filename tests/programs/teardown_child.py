@@ -38,17 +38,14 @@ import traceback
 from typing import Any
 
 from tests.programs.lifecycle_child import Built, wait_fatal
-from tests.support.ref_engine import emit
+from tests.support.ref_engine import emit, extension_threads
 from tests.support.upstream_fakes import kill_rank
+from trtllm_liveness.integrations.trtllm._engine_shutdown import UPSTREAM_SHUTDOWN_THREAD
 
 UPSTREAM_LOGGER = "tensorrt_llm"
 UPSTREAM_THREAD_PREFIX = "proxy_"  # upstream's proxy names its threads proxy_dispatch_result_thread, ...
-UPSTREAM_SHUTDOWN_THREAD = "trtllm-liveness-upstream-shutdown"  # the extension's runner of upstream's shutdown()
 TEARDOWN_WARNINGS = ("upstream shutdown still blocked", "upstream shutdown raised", "has no abandon()")
 ABANDON_NOTE = "has no abandon()"
-
-
-EXTENSION_THREAD_PREFIXES = ("trtllm-liveness", "liveness-")  # every thread the extension names
 
 
 def upstream_thread(name: str) -> bool:
@@ -130,9 +127,7 @@ def main(options: dict[str, Any]) -> int:
             except Exception as exc:
                 failed += type(exc).__name__ != "Empty"
     executor.shutdown()
-    extension = [thread.name for thread in threading.enumerate()
-                 if thread.name.startswith(EXTENSION_THREAD_PREFIXES) and thread.is_alive()]
-    emit({"after_shutdown": [thread.name for thread in teardown_threads()], "extension_threads": extension,
+    emit({"after_shutdown": [thread.name for thread in teardown_threads()], "extension_threads": extension_threads(),
           "fatal": fatal, "failed": failed, "requests": len(results), "streaming": streaming, **seen.report()})
     deadline = time.monotonic() + float(options.get("linger_s", 15))
     for thread in teardown_threads():

@@ -133,3 +133,14 @@ def emit(record: dict[str, Any]) -> None:
 
     sys.stdout.write(json.dumps(record) + "\n")
     sys.stdout.flush()
+
+
+EXTENSION_THREAD_PREFIXES = ("trtllm-liveness", "liveness-")  # every thread the extension names
+
+
+def extension_threads() -> list[str]:
+    """The names of the live threads the extension started (for a child's record after ``shutdown()``)."""
+    import threading
+
+    return [thread.name for thread in threading.enumerate()
+            if thread.name.startswith(EXTENSION_THREAD_PREFIXES) and thread.is_alive()]

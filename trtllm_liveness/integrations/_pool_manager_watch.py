@@ -22,6 +22,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import Any
 
+from ..exit._process_ending import OwnedThreads
 from ._futures import fail_pending
 
 logger = logging.getLogger(__name__)
@@ -45,6 +46,8 @@ class PoolManagerWatch:
 
     ``futures`` returns the futures to fail (read when the thread dies, since the proxy stores them
     only after ``submit`` returns); ``error`` holds the error they failed with, set before they fail.
+    The watch thread belongs to the ``threads`` given to :meth:`start` (the engine's): its bound
+    ends with :meth:`disarm`, which joins it; the owner's join then finds it ended, or names it.
     """
 
     def __init__(self, session: Any, futures: Callable[[], Sequence[Future[Any]] | None]) -> None:
@@ -52,16 +55,17 @@ class PoolManagerWatch:
         self._futures = futures
         self._disarmed = threading.Event()
         self.error: PoolManagerDiedError | None = None
-        self._thread = threading.Thread(target=self._run, name="liveness-pool-manager-watch", daemon=True)
+        self._thread: threading.Thread | None = None
 
-    def start(self) -> PoolManagerWatch:
-        self._thread.start()
+    def start(self, threads: OwnedThreads) -> PoolManagerWatch:
+        # Bound 0: joined by disarm(); the owner's later join only checks that it ended.
+        self._thread = threads.start(self._run, name="liveness-pool-manager-watch", bound_s=0.0)
         return self
 
     def disarm(self, timeout: float = 1.0) -> None:
         """Stop watching (start-up is over, or shutdown begins); joins the watch thread, bounded."""
         self._disarmed.set()
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
+        if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
 
     def _run(self) -> None:

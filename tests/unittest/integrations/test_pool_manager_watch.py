@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from trtllm_liveness.exit._process_ending import OwnedThreads
 from trtllm_liveness.integrations._pool_manager_watch import PoolManagerDiedError, PoolManagerWatch
 
 pytestmark = pytest.mark.timeout(30)
@@ -30,7 +31,7 @@ def test_dead_manager_fails_pending_futures_and_reports_once(caplog: pytest.LogC
     done.set_result("finished before")
     pending: list[Future[Any]] = [Future(), Future()]
     with caplog.at_level(logging.ERROR, logger="trtllm_liveness"):
-        watch = PoolManagerWatch(session, lambda: [done, *pending]).start()
+        watch = PoolManagerWatch(session, lambda: [done, *pending]).start(OwnedThreads())
         manager.start()
         for future in pending:
             assert isinstance(future.exception(timeout=10), PoolManagerDiedError)
@@ -44,7 +45,7 @@ def test_dead_manager_fails_pending_futures_and_reports_once(caplog: pytest.LogC
 def test_futures_stored_after_the_manager_died_are_still_failed() -> None:
     session, manager = _session_with_manager(lambda: None)
     holder: dict[str, list[Future[Any]]] = {}
-    watch = PoolManagerWatch(session, lambda: holder.get("futures")).start()
+    watch = PoolManagerWatch(session, lambda: holder.get("futures")).start(OwnedThreads())
     manager.start()
     manager.join(10)
     holder["futures"] = [Future()]  # the proxy assigns mpi_futures only after submit() returns
@@ -56,7 +57,7 @@ def test_disarmed_watch_leaves_futures_alone_when_the_manager_ends() -> None:
     release = threading.Event()
     session, manager = _session_with_manager(release.wait)
     future: Future[Any] = Future()
-    watch = PoolManagerWatch(session, lambda: [future]).start()
+    watch = PoolManagerWatch(session, lambda: [future]).start(OwnedThreads())
     manager.start()
     watch.disarm()  # start-up succeeded
     release.set()
@@ -67,7 +68,7 @@ def test_disarmed_watch_leaves_futures_alone_when_the_manager_ends() -> None:
 
 def test_session_without_a_pool_is_not_watched() -> None:
     future: Future[Any] = Future()
-    watch = PoolManagerWatch(SimpleNamespace(mpi_pool=None), lambda: [future]).start()
+    watch = PoolManagerWatch(SimpleNamespace(mpi_pool=None), lambda: [future]).start(OwnedThreads())
     watch._thread.join(10)  # gives up by itself once futures exist without a pool thread
     assert not watch._thread.is_alive()
     assert not future.done() and watch.error is None
@@ -75,6 +76,6 @@ def test_session_without_a_pool_is_not_watched() -> None:
 
 
 def test_disarm_before_anything_was_submitted_ends_the_watch() -> None:
-    watch = PoolManagerWatch(None, lambda: None).start()
+    watch = PoolManagerWatch(None, lambda: None).start(OwnedThreads())
     watch.disarm()
     assert not watch._thread.is_alive()

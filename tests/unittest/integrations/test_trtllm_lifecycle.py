@@ -23,6 +23,7 @@ from tests.support.facilities import MPI_MARKS
 from tests.support.process_tracker import ProcessTracker, state_of
 from tests.support.stuck_processes import Freezer
 from tests.support.waits import WAIT_SCALE, wait_until
+from trtllm_liveness.integrations.trtllm._engine_shutdown import UPSTREAM_SHUTDOWN_THREAD
 
 pytestmark = [pytest.mark.timeout(120), *MPI_MARKS]
 
@@ -181,6 +182,12 @@ def test_interpreter_exits_after_a_wedged_world_without_exit_on_fatal(child_fact
     survivors = child.helper.close()
     assert fatal is not None and "uninterruptible" in fatal, log
     assert any("_manager" in name for name in returning["threads"]), returning  # the join was real
+    # Of the extension's threads only upstream's shutdown() runner, blocked with the world, is left,
+    # named by its one WARNING; every other one ended within its bound.
+    assert set(returning["extension_threads"]) <= {UPSTREAM_SHUTDOWN_THREAD}, returning
+    if returning["extension_threads"]:
+        assert log.count("upstream shutdown still blocked") == 1, log[-6000:]
+    assert "threads still running after their bound" not in log, log[-6000:]
     assert status == 0, f"the interpreter exit did not end within the bound (status {status}):\n{log[-6000:]}"
     assert survivors == []
 

@@ -130,6 +130,10 @@ def test_partition_is_a_lost_host_and_its_ranks_end(test_hosts: TestHosts) -> No
     done = engine.assert_shutdown()
     stops = {stop["host"]: stop for stop in done["host_stops"]}
     assert stops["hostB"]["outcome"] == "lost", done
+    # Every thread of the engine ended (the hub's and the remote stop's too). Rank 0 of this mpirun
+    # session runs in the proxy's process: its iteration reporter belongs to that rank process, which
+    # reports to the next engine it serves, not to this engine.
+    assert set(done["extension_threads"]) <= {"trtllm-liveness-iterations"}, done
     # The ranks on hostB are gone, ended by their own agent (seen from the root PID namespace).
     left = engine.wait_gone(on_b)
     assert left == [], f"ranks of the partitioned hostB still run: {left}\n{engine.rank_log('hostB', 2)[-3000:]}"

@@ -15,7 +15,7 @@ Data flow of :func:`shutdown_engine`::
       after stop_workers: upstream's waits released (its futures failed, its dispatch thread
                           given the end marker: _upstream_teardown)
     upstream still blocked 1 s later: the session abandoned
-    release (hub, channel, stall timer, monitor, metrics; the fatal path's and the
+    release (hub, channel, stall timer, monitor, metrics; the engine's threads and the
     diagnosis' threads joined, each until its deadline); the outcome marked clean, or the unkillable ranks
     recorded as the fatal error
 
@@ -31,7 +31,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import threading
 import time
 import weakref
 from collections.abc import Callable
@@ -69,6 +68,7 @@ logger = logging.getLogger(__name__.rpartition(".")[0])
 _UPSTREAM_SHUTDOWN_AFTER_STOP_S = 2.0
 """How long upstream's shutdown gets after the stop, in all: the end marker's tries
 (``DISPATCH_END_S``) included."""
+UPSTREAM_SHUTDOWN_THREAD = "trtllm-liveness-upstream-shutdown"
 STOP_MARGIN_S = 2.0
 """What a second caller of :func:`stop_workers` allows beyond the stop's own waits before it stops
 waiting for the first (the kernel-stack reads of unkillable ranks, a loaded host)."""
@@ -97,8 +97,11 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
             # cancellations) runs here; the shutdown() below then finds it done. The engine is
             # healthy, so these sends go to a live leader.
             proxy.pre_shutdown()
-    upstream = threading.Thread(target=upstream_shutdown, name="trtllm-liveness-upstream-shutdown", daemon=True)
-    upstream.start()
+    # The engine's thread, bound 0: joined below until its own bound (the stop's end + 2 s), after
+    # which it is abandoned with its WARNING; release() then only checks that it ended.
+    upstream = state.fatal_path.threads.start(upstream_shutdown, name=UPSTREAM_SHUTDOWN_THREAD, bound_s=0.0)
+    if upstream is None:
+        raise RuntimeError("liveness: upstream's shutdown() could not be started in a thread")
     report = None
     if not failed:
         # A healthy engine gets the grace period to stop by itself; a dead world does not.
@@ -118,7 +121,7 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
     if upstream.is_alive():
         logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
         abandon_session(proxy, state)
-    release(state)
+    release(state, reported=UPSTREAM_SHUTDOWN_THREAD)
     if state.fatal_path.fatal is None and not (report is not None and report.unkillable):
         mark_clean()
     events = report.events() if report is not None and report.unkillable else []
@@ -211,11 +214,12 @@ def log_stopped(report: StopReport, monitor: WorkerProcessMonitor | None) -> Non
                         "began: gone before the stop's signal", worker.rank, worker.pid, worker.hostname)
 
 
-def release(state: EngineLiveness) -> None:
+def release(state: EngineLiveness, reported: str = "") -> None:
     """Close what the engine's liveness holds (hub, side channel, stall timer, monitor, metrics),
-    leave the process's ending, and join the fatal path's threads and the diagnosis, each until its
+    leave the process's ending, and join the engine's threads and the diagnosis, each until its
     deadline (the exit guard's trigger first stops waiting for ``exit_delay_s``). A thread still
-    running then (``pre_shutdown()`` blocked on a dead peer) is named in one WARNING."""
+    running then (``pre_shutdown()`` blocked on a dead peer) is named in one WARNING; ``reported``
+    names a thread whose own WARNING said so already (upstream's shutdown, abandoned)."""
     state.fatal_path.closing.set()
     if state.stop_at_exit is not None:
         process_ending().discard_cleanup(state.stop_at_exit, Stage.STOP)
@@ -223,7 +227,7 @@ def release(state: EngineLiveness) -> None:
         if held is not None:
             with contextlib.suppress(Exception):
                 held.close()
-    left = state.fatal_path.threads.join()
+    left = [name for name in state.fatal_path.threads.join() if name != reported]
     if state.diagnoser is not None:
         left += state.diagnoser.close()
     if left:

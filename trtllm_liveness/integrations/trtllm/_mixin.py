@@ -239,10 +239,12 @@ class LivenessProxyMixin:
             return
         restore = wrap_session(self, state)
         # A failed MPI_Comm_spawn leaves the futures pending and upstream's loop waiting forever.
-        pool_watch = PoolManagerWatch(getattr(self, "mpi_session", None), state.worker_futures).start()
+        pool_watch = PoolManagerWatch(getattr(self, "mpi_session", None),
+                                      state.worker_futures).start(state.fatal_path.threads)
         try:
             super()._start_executor_workers(worker_kwargs)  # type: ignore[misc]
         except BaseException as exc:
+            pool_watch.disarm()  # before abort_start joins the engine's threads
             fatal = state.fatal_path.fatal or pool_watch.error
             abort_start(state)
             if fatal is not None and fatal is not exc:

@@ -71,8 +71,9 @@ class FatalPath:
         line / snapshot: the fatal ERROR line's text (with its evidence) and the typed record of
             the fatal verdict's snapshot, once taken (``_fatal.report_snapshot``).
         done: set when the fatal path's helper finished upstream's ``pre_shutdown()``.
-        threads: the fatal path's threads (the exit guard's trigger, the ``pre_shutdown()``
-            helper), joined, each until its deadline, when the engine's liveness is released.
+        threads: the engine's threads but the diagnosis' (the exit guard's trigger, the
+            ``pre_shutdown()`` helper, the remote hosts' stop, upstream's ``shutdown()``, the pool
+            manager's watch), joined, each until its deadline, when the engine's liveness is released.
         closing: set when it is released: the exit guard's trigger no longer waits ``exit_delay_s``.
     """
 
