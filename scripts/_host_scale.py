@@ -34,6 +34,7 @@ network (loopback). Per column (``host_column``):
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -425,6 +426,14 @@ def host_columns(counts: tuple[int, ...] = HOST_COUNTS, *, kills: int = 20, wind
             failed[f"{max(counts)} (heartbeats {heartbeats})"] = str(exc)[-1500:]
     out["host_scale_failed_starts"] = failed
     return out
+
+
+def window_seconds(text: str) -> float:
+    """``--host-window``'s value: seconds, more than 0 (argparse's type)."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, got {text!r}")
+    return value
 
 
 def windows(quick: bool, window: float | None) -> tuple[float, float]:

@@ -359,7 +359,7 @@ def main() -> int:
     parser.add_argument("--no-hosts", action="store_true", help="leave the growth table's host columns null")
     parser.add_argument("--quick", action="store_true",
                         help="fewer kills (50, 10 per growth column, 5 per host column), 2 s idle windows (5 s hosts)")
-    parser.add_argument("--host-window", type=float, default=None, metavar="S",
+    parser.add_argument("--host-window", type=_host_scale.window_seconds, default=None, metavar="S",
                         help="the host columns' CPU windows, s (default 20, 5 with --quick)")
     parser.add_argument("--markdown", action="store_true", help="also print the growth table in Markdown")
     parser.add_argument("--growth-ranks", type=columns_of(GROWTH_RANKS), default=GROWTH_RANKS,

@@ -258,7 +258,7 @@ def main() -> int:
     parser.add_argument("--scale-heartbeats", default="3.6",
                         help="heartbeat timeouts (s, comma-separated) at which the largest --scale-hosts column's "
                              "hub CPU is measured again ('' skips)")
-    parser.add_argument("--host-window", type=float, default=None, metavar="S",
+    parser.add_argument("--host-window", type=_host_scale.window_seconds, default=None, metavar="S",
                         help="the many-hosts rig's CPU windows, s (default 20, 5 with --quick)")
     parser.add_argument("--scale-only", action="store_true", help="only the many-hosts figures (NVL72, 128 hosts)")
     args = parser.parse_args()

@@ -28,7 +28,7 @@ from tests.support.stuck_processes import StuckChild
 from tests.support.waits import WAIT_SCALE, wait_until
 from trtllm_liveness._events import EventKind, WorkerEvent, WorkerState
 from trtllm_liveness.integrations.trtllm import _engine_shutdown, liveness_proxy_class
-from trtllm_liveness.integrations.trtllm._state import EngineLiveness
+from trtllm_liveness.integrations.trtllm._state import EngineLiveness, EngineStop
 from trtllm_liveness.monitor._monitor import WorkerProcessMonitor
 from trtllm_liveness.process._identity import capture_identity
 from trtllm_liveness.stop._bounded_stop import StopOutcome, stop_processes
@@ -126,6 +126,25 @@ def test_a_rank_left_unkillable_is_noted_once_however_many_stops_race(
     assert [worker.pid for worker in report.unkillable] == [stuck_child.popen.pid]
 
 
+def test_a_stop_that_raised_is_never_run_again_and_keeps_the_hosts_reports_it_had() -> None:
+    """The stop's promise holds when its body raises after the remote hosts answered (a log or
+    quarantine step failing): no later caller runs it again (its ranks would be signalled twice),
+    and the hosts' reports it had are kept (``liveness_state.host_stops``)."""
+    stop = EngineStop()
+    runs: list[int] = []
+    reports = [object()]
+
+    def failing(owner: EngineStop) -> Any:
+        runs.append(1)
+        owner.note_host_stops(reports)  # type: ignore[arg-type]  # only identity matters here
+        raise RuntimeError("a step after the remote join failed")
+
+    with pytest.raises(RuntimeError):
+        stop.once(5, failing)
+    assert stop.once(5, failing) is None
+    assert runs == [1] and stop.done and stop.host_stops is reports
+
+
 def test_a_second_caller_waits_as_long_as_the_stop_waits_for_the_hosts_snapshot(tmp_path: Path) -> None:
     """Where an agent hub runs, the stop first waits ``diagnosis_before_stop_hosts_s`` for the
     snapshot: a second caller's wait for the stop under way counts that, not the one-host bound, so
@@ -139,10 +158,10 @@ def test_a_second_caller_waits_as_long_as_the_stop_waits_for_the_hosts_snapshot(
     held = threading.Event()
 
     def first_stop() -> None:  # the stop under way: its snapshot wait is longer than the one-host bound
-        def stop() -> tuple[Any, list[Any]]:
+        def stop(_stop: Any) -> Any:
             held.set()
             threading.Event().wait(one_host_bound + 1.0)
-            return report, []
+            return report
 
         state.stop.once(60, stop)
 

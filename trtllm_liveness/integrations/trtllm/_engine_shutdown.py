@@ -34,7 +34,7 @@ import os
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, Protocol
 
 from ..._errors import LivenessError
 from ..._events import WorkerState
@@ -47,11 +47,8 @@ from ...process._pidfd import verify_start_time
 from ...stop._bounded_stop import StopOutcome, StopReport
 from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
 from ._hosts import stop_remote_hosts
-from ._state import EngineLiveness, state_of
+from ._state import EngineLiveness, EngineStop, state_of
 from ._upstream_teardown import abandon_session, owns_session, release_upstream_waits
-
-if TYPE_CHECKING:
-    from ...multihost._hub_records import HostStop
 
 
 class EngineProxy(Protocol):
@@ -99,14 +96,15 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
             proxy.pre_shutdown()
     # The engine's thread, bound 0: joined below until its own bound (the stop's end + 2 s), after
     # which it is abandoned with its WARNING; release() then only checks that it ended.
+    # None: no thread can start (the interpreter's shutdown; its WARNING is written): the ranks are
+    # still stopped and everything released, upstream's session abandoned as a blocked one's.
     upstream = state.fatal_path.threads.start(upstream_shutdown, name=UPSTREAM_SHUTDOWN_THREAD, bound_s=0.0)
-    if upstream is None:
-        raise RuntimeError("liveness: upstream's shutdown() could not be started in a thread")
     report = None
     if not failed:
         # A healthy engine gets the grace period to stop by itself; a dead world does not.
         deadline = time.monotonic() + config.shutdown_grace_s
-        upstream.join(config.shutdown_grace_s)
+        if upstream is not None:
+            upstream.join(config.shutdown_grace_s)
         if owned:
             wait_exit(state, deadline)
             report = stop_workers(state)
@@ -117,9 +115,11 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
     stopped_at = time.monotonic()
     if failed or owned:
         release_upstream_waits(proxy, state, report)
-    upstream.join(max(0.0, stopped_at + _UPSTREAM_SHUTDOWN_AFTER_STOP_S - time.monotonic()))
-    if upstream.is_alive():
-        logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
+    if upstream is not None:
+        upstream.join(max(0.0, stopped_at + _UPSTREAM_SHUTDOWN_AFTER_STOP_S - time.monotonic()))
+        if upstream.is_alive():
+            logger.warning("liveness: upstream shutdown still blocked after the workers were stopped; abandoned")
+    if upstream is None or upstream.is_alive():
         abandon_session(proxy, state)
     release(state, reported=UPSTREAM_SHUTDOWN_THREAD)
     if state.fatal_path.fatal is None and not (report is not None and report.unkillable):
@@ -158,16 +158,16 @@ def stop_workers(state: EngineLiveness) -> StopReport | None:
     config = state.config
     bound = (snapshot_bound_s(state) + config.shutdown_term_s + config.shutdown_kill_s
              + STOP_MARGIN_S + (config.shutdown_term_s + config.shutdown_kill_s + 2.0 if state.hub is not None else 0))
-    return state.stop.once(bound, lambda: _stop_workers_once(state))
+    return state.stop.once(bound, lambda stop: _stop_workers_once(state, stop))
 
 
-def _stop_workers_once(state: EngineLiveness) -> tuple[StopReport | None, list[HostStop]]:
+def _stop_workers_once(state: EngineLiveness, stop: EngineStop) -> StopReport | None:
     from ...stop._bounded_stop import stop_processes
 
     # Never signal an identity whose start time was not verified (a recycled pid).
     identities = [identity for identity in state.identities if identity.start_time is not None]
     if not identities and state.hub is None:
-        return None, []
+        return None
     config = state.config
     if not state.fatal_path.shutdown_started:  # shutdown() waited before it started upstream's shutdown
         snapshot_first(state)
@@ -176,11 +176,13 @@ def _stop_workers_once(state: EngineLiveness) -> tuple[StopReport | None, list[H
     remote = stop_remote_hosts(state.hub, config, state.fatal_path.threads) if state.hub is not None else None
     identities = [identity for identity in identities if is_local(identity)]
     report = stop_processes(identities, grace_s=config.shutdown_term_s, kill_s=config.shutdown_kill_s)
-    if remote is not None and remote[0] is not None:
-        remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
+    if remote is not None:
+        if remote[0] is not None:
+            remote[0].join(config.shutdown_term_s + config.shutdown_kill_s + 2.0)
+        stop.note_host_stops(list(remote[1]))
     log_stopped(report, state.monitor if state.fatal_path.fatal is not None else None)
     note_unrestartable(state, report.events())  # quarantine: ranks left unkillable by the stop
-    return report, [] if remote is None else list(remote[1])
+    return report
 
 
 def snapshot_first(state: EngineLiveness) -> None:

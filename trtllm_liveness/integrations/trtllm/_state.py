@@ -72,8 +72,9 @@ class FatalPath:
             the fatal verdict's snapshot, once taken (``_fatal.report_snapshot``).
         done: set when the fatal path's helper finished upstream's ``pre_shutdown()``.
         threads: the engine's threads but the diagnosis' (the exit guard's trigger, the
-            ``pre_shutdown()`` helper, the remote hosts' stop, upstream's ``shutdown()``, the pool
-            manager's watch), joined, each until its deadline, when the engine's liveness is released.
+            ``pre_shutdown()`` helper, observe mode's reporter, the remote hosts' stop, upstream's
+            ``shutdown()``, the pool manager's watch), joined, each until its deadline, when the
+            engine's liveness is released.
         closing: set when it is released: the exit guard's trigger no longer waits ``exit_delay_s``.
     """
 
@@ -161,22 +162,28 @@ class EngineStop:
         self.report: StopReport | None = None
         self.host_stops: list[HostStop] = []
 
-    def once(self, bound_s: float, stop: Callable[[], tuple[StopReport | None, list[HostStop]]]
-             ) -> StopReport | None:
-        """The report of the one stop: the first caller runs ``stop`` under the lock; every other
+    def once(self, bound_s: float, stop: Callable[[EngineStop], StopReport | None]) -> StopReport | None:
+        """The report of the one stop: the first caller runs ``stop(self)`` under the lock (it hands
+        the remote hosts' reports to :meth:`note_host_stops` as soon as they are in); every other
         caller waits for it (``bound_s`` at most) and gets the same report, so no rank is signalled
-        twice and the report is never overwritten."""
+        twice (not even after a stop that raised) and the report is never overwritten."""
         if not self._lock.acquire(timeout=bound_s):
             logger.warning("liveness: the engine's bounded stop, under way in another thread, did not end within "
                            "%.1fs; not waiting for it", bound_s)
             return self.report
         try:
             if not self.done:
-                self.report, self.host_stops = stop()
-                self.done = True
+                try:
+                    self.report = stop(self)
+                finally:
+                    self.done = True
             return self.report
         finally:
             self._lock.release()
+
+    def note_host_stops(self, stops: list[HostStop]) -> None:
+        """The remote hosts' reports of the stop under way (called by the stop itself)."""
+        self.host_stops = stops
 
 
 @dataclass(eq=False)
