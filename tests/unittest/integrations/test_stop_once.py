@@ -126,6 +126,33 @@ def test_a_rank_left_unkillable_is_noted_once_however_many_stops_race(
     assert [worker.pid for worker in report.unkillable] == [stuck_child.popen.pid]
 
 
+def test_a_shutdown_whose_upstream_runner_cannot_start_still_stops_the_ranks_and_releases(
+        procs: ProcessTracker, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No thread can start (the interpreter's own shutdown refuses new threads): ``shutdown()`` of a
+    failed engine still stops its ranks, once, and releases the engine's parts; a second call does
+    nothing more."""
+    proxy = _engine(tmp_path)
+    rank = procs.sleeper()
+    proxy.liveness_monitor.register([capture_identity(0, rank.pid)])
+    _fail(proxy, procs)
+    state: EngineLiveness = proxy.liveness_state
+    start = type(state.fatal_path.threads).start
+
+    def refuse_upstream(threads: Any, target: Any, *, name: str, bound_s: float, args: tuple[Any, ...] = ()) -> Any:
+        if name == _engine_shutdown.UPSTREAM_SHUTDOWN_THREAD:
+            return None  # as OwnedThreads.start does when Thread.start() raises
+        return start(threads, target, name=name, bound_s=bound_s, args=args)
+
+    monkeypatch.setattr(type(state.fatal_path.threads), "start", refuse_upstream)
+    proxy.shutdown()
+    proxy.shutdown()
+    report = state.stop.report
+    assert state.stop.done and report is not None
+    assert rank.pid in [worker.pid for worker in report.workers]
+    assert wait_until(lambda: rank.poll() is not None, 10 * WAIT_SCALE)
+    assert state.fatal_path.closing.is_set()  # released
+
+
 def test_a_stop_that_raised_is_never_run_again_and_keeps_the_hosts_reports_it_had() -> None:
     """The stop's promise holds when its body raises after the remote hosts answered (a log or
     quarantine step failing): no later caller runs it again (its ranks would be signalled twice),
