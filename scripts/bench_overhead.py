@@ -56,7 +56,13 @@ The JSON's top-level figures are the worst over the configurations; ``configs`` 
 Targets: throughput_ratio >= 0.99, proxy_cpu_per_request_ratio <= 1.05, added_latency_p99_us <= 50,
 tick_ns <= 1000, idle CPU <= 1 ms/s (proxy) and <= 0.2 ms/s (rank).
 
-Usage: scripts/bench_overhead.py [--quick] [--json] [--pairs N] [--requests N] [--idle-s S]
+``--control``: each pair gets a third run, the extension off again, and each configuration the same
+figures for that off/off pair (``control``: ``throughput_ratio``, ``proxy_cpu_per_request_ratio``,
+``added_proxy_cpu_us_per_request``, median and spread): what this machine's noise alone reads, to set
+beside the off/on figures (a target missed by less than the control's distance from 1 is not resolved
+by the run).
+
+Usage: scripts/bench_overhead.py [--quick] [--json] [--control] [--pairs N] [--requests N] [--idle-s S]
 ``--quick``: one pair per configuration, 200 requests, 0.5 s idle (a smoke test, about a minute).
 """
 
@@ -94,6 +100,7 @@ FIGURES = ("throughput_ratio", "proxy_cpu_per_request_ratio", "added_latency_p50
            "proxy_cpu_ms_per_s_idle", "rank_cpu_ms_per_s_idle", "threads_added_proxy", "threads_added_rank",
            "rss_added_kib_proxy", "rss_added_kib_rank", "added_proxy_cpu_us_per_request",
            "added_leader_cpu_us_per_request")
+CONTROL_FIGURES = ("throughput_ratio", "proxy_cpu_per_request_ratio", "added_proxy_cpu_us_per_request")
 WORST_IS_LOWEST = ("throughput_ratio",)
 TARGETS = (("throughput_ratio", ">=", 0.99), ("proxy_cpu_per_request_ratio", "<=", 1.05),
            ("added_latency_p99_us", "<=", 50.0), ("tick_ns", "<=", 1000.0),
@@ -406,10 +413,10 @@ def pair_figures(off: dict[str, Any], on: dict[str, Any]) -> dict[str, float | N
     }
 
 
-def summarize(pairs: list[dict[str, float | None]]) -> dict[str, Any]:
+def summarize(pairs: list[dict[str, float | None]], figures: tuple[str, ...] = FIGURES) -> dict[str, Any]:
     """Median per figure over the pairs, with its spread (min, max)."""
     out: dict[str, Any] = {}
-    for key in FIGURES:
+    for key in figures:
         values = [float(v) for pair in pairs if (v := pair[key]) is not None]
         out[key] = statistics.median(values) if values else None
         out[f"{key}_spread"] = [round(min(values), 3), round(max(values), 3)] if values else None
@@ -438,6 +445,11 @@ def worst(configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
+    return {k: round(v, 3) if isinstance(v, float) else _rounded(v) if isinstance(v, dict) else v
+            for k, v in figures.items()}
+
+
 def check(op: str, value: float | None, bound: float) -> bool:
     return value is not None and (value >= bound if op == ">=" else value <= bound)
 
@@ -462,6 +474,8 @@ def main() -> int:
     parser.add_argument("--tokens", type=int, default=4, help="tokens per request (default 4)")
     parser.add_argument("--token-delay-s", type=float, default=0.0, help="the fake engine's step time (default 0)")
     parser.add_argument("--ranks", default="2,8", help="rank counts (default 2,8)")
+    parser.add_argument("--control", action="store_true",
+                        help="a third run per pair, off again: the off/off figures beside the off/on ones")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
@@ -474,6 +488,7 @@ def main() -> int:
     configs = [Config(int(ranks), streaming) for ranks in args.ranks.split(",") for streaming in (False, True)]
     started = time.monotonic()
     runs: dict[str, list[dict[str, float | None]]] = {c.name: [] for c in configs}
+    controls: dict[str, list[dict[str, float | None]]] = {c.name: [] for c in configs}
     threads: dict[str, dict[str, Any]] = {}
     by_thread: dict[str, list[dict[str, float]]] = {c.name: [] for c in configs}
     request_cpu: dict[str, list[dict[str, float]]] = {c.name: [] for c in configs}
@@ -481,38 +496,45 @@ def main() -> int:
     survivors = 0
     for index in range(pairs):
         for config in configs:
-            record: dict[bool, dict[str, Any]] = {}
-            for on in ((False, True) if index % 2 == 0 else (True, False)):
-                opts = {"on": on, "ranks": config.ranks, "streaming": config.streaming, "requests": requests,
-                        "warmup": warmup, "window": args.window, "tokens": args.tokens,
+            record: dict[str, dict[str, Any]] = {}
+            # The control run, off again, comes last: the off/on pair keeps its alternating order.
+            order = ("off", "on") if index % 2 == 0 else ("on", "off")
+            for run in order + (("control",) if args.control else ()):
+                opts = {"on": run == "on", "ranks": config.ranks, "streaming": config.streaming,
+                        "requests": requests, "warmup": warmup, "window": args.window, "tokens": args.tokens,
                         "token_delay_s": args.token_delay_s, "idle_s": idle_s}
-                record[on] = run_child(opts, timeout=300 + idle_s)
-                survivors += record[on]["survivors"]
-            runs[config.name].append(pair_figures(record[False], record[True]))
-            by_thread[config.name].append(record[True].get("proxy_cpu_ms_per_s_idle_by_thread", {}))
-            request_cpu[config.name].append(added_by_thread(record[False]["proxy_cpu_us_per_request_by_thread"],
-                                                            record[True]["proxy_cpu_us_per_request_by_thread"]))
+                record[run] = run_child(opts, timeout=300 + idle_s)
+                survivors += record[run]["survivors"]
+            runs[config.name].append(pair_figures(record["off"], record["on"]))
+            if args.control:
+                controls[config.name].append(pair_figures(record["off"], record["control"]))
+            by_thread[config.name].append(record["on"].get("proxy_cpu_ms_per_s_idle_by_thread", {}))
+            request_cpu[config.name].append(added_by_thread(record["off"]["proxy_cpu_us_per_request_by_thread"],
+                                                            record["on"]["proxy_cpu_us_per_request_by_thread"]))
             baseline[config.name].append({
-                "proxy_cpu_us_per_request_off": record[False]["proxy_cpu_us_per_request"],
-                "batches_per_request_off": record[False]["batches_per_request"],
-                "batches_per_request_on": record[True]["batches_per_request"]})
+                "proxy_cpu_us_per_request_off": record["off"]["proxy_cpu_us_per_request"],
+                "batches_per_request_off": record["off"]["batches_per_request"],
+                "batches_per_request_on": record["on"]["batches_per_request"]})
             threads.setdefault(config.name, {
-                "proxy": record[True]["ext_threads_proxy"],
+                "proxy": record["on"]["ext_threads_proxy"],
                 # the distinct lists over the ranks (the same list on every rank, normally)
-                "rank": sorted({tuple(names) for names in record[True]["ext_threads_rank"]}),
-                "rank_off": sorted({tuple(names) for names in record[False]["ext_threads_rank"]})})
+                "rank": sorted({tuple(names) for names in record["on"]["ext_threads_rank"]}),
+                "rank_off": sorted({tuple(names) for names in record["off"]["ext_threads_rank"]})})
             print(f"pair {index + 1}/{pairs} {config.name}: {json.dumps(runs[config.name][-1])}", file=sys.stderr)
+            if args.control:
+                control = {key: controls[config.name][-1][key] for key in CONTROL_FIGURES}
+                print(f"control {index + 1}/{pairs} {config.name}: {json.dumps(control)}", file=sys.stderr)
     per_config = {c.name: {**summarize(runs[c.name]), "extension_threads": threads[c.name],
                            "proxy_cpu_ms_per_s_idle_by_thread": median_by_key(by_thread[c.name]),
                            "added_proxy_cpu_us_per_request_by_thread": median_by_key(request_cpu[c.name]),
-                           **median_by_key(baseline[c.name])}
+                           **median_by_key(baseline[c.name]),
+                           **({"control": summarize(controls[c.name], CONTROL_FIGURES)} if args.control else {})}
                   for c in configs}
     top = worst(per_config)
     result: dict[str, Any] = {
         **top, "pairs": pairs, "requests_per_run": requests, "warmup_per_run": warmup, "window": args.window,
         "tokens": args.tokens, "idle_s_per_run": idle_s, "survivors": survivors, "hub": HUB_NOTE,
-        "configs": {name: {k: round(v, 3) if isinstance(v, float) else v for k, v in c.items()}
-                    for name, c in per_config.items()},
+        "configs": {name: _rounded(c) for name, c in per_config.items()},
         "wall_s": time.monotonic() - started,
     }
     names = [c.name for c in configs]
@@ -524,6 +546,11 @@ def main() -> int:
             spread = c[f"{key}_spread"]
             cells.append(f"{fmt(c[key])} [{fmt(spread[0])}..{fmt(spread[1])}]" if spread else "-")
         print(f"{key:26} " + " ".join(f"{cell:>26}" for cell in cells) + f" {fmt(top[key]):>10}")
+    if args.control:
+        for key in CONTROL_FIGURES:
+            cells = [f"{fmt(c[key])} [{fmt(c[f'{key}_spread'][0])}..{fmt(c[f'{key}_spread'][1])}]"
+                     for c in (per_config[name]["control"] for name in names)]
+            print(f"{'control ' + key:26.26} " + " ".join(f"{cell:>26}" for cell in cells))
     print(f"extension threads: {json.dumps(threads)}")
     print(HUB_NOTE)
     checks = [(f"{key} {op} {bound} (worst: {fmt(top[key])}, {top[f'{key}_config']})", check(op, top[key], bound))

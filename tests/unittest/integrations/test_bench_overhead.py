@@ -1,4 +1,4 @@
-"""``scripts/bench_overhead.py --quick --json`` runs to its end and reports every figure.
+"""``scripts/bench_overhead.py --quick --json --control`` runs to its end and reports every figure.
 
 The smoke test of the overhead benchmark: real runs (the fake ``tensorrt_llm`` over real MPI ranks,
 the extension off and on), one pair per configuration with small counts. It checks the JSON's keys
@@ -37,7 +37,7 @@ def _number(value: Any) -> bool:
 
 
 def test_quick_json_reports_every_figure_of_every_configuration(procs: ProcessTracker) -> None:
-    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--quick", "--json", "--ranks", "2"], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--quick", "--json", "--control", "--ranks", "2"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     procs.popens.append(proc)
     procs.track(proc.pid)
@@ -72,5 +72,14 @@ def test_quick_json_reports_every_figure_of_every_configuration(procs: ProcessTr
         assert "trtllm-liveness-watcher" in by_thread and all(_number(v) for v in by_thread.values())
         assert config["proxy_cpu_us_per_request_off"] > 0
         assert config["batches_per_request_off"] > 0 and config["batches_per_request_on"] > 0
+        # The off/off control: the same figures for two runs without the extension.
+        control = config["control"]
+        for key in ("throughput_ratio", "proxy_cpu_per_request_ratio", "added_proxy_cpu_us_per_request"):
+            assert _number(control[key]), (name, key, control)
+            low, high = control[f"{key}_spread"]
+            assert low <= control[key] <= high, (name, key, control)
+        assert set(control) == {"throughput_ratio", "throughput_ratio_spread", "proxy_cpu_per_request_ratio",
+                                "proxy_cpu_per_request_ratio_spread", "added_proxy_cpu_us_per_request",
+                                "added_proxy_cpu_us_per_request_spread"}, control
         added = config["added_proxy_cpu_us_per_request_by_thread"]
         assert "MainThread" in added and all(_number(v) for v in added.values())
