@@ -346,6 +346,14 @@ def pid_namespace_inode(pid: int | str = "self") -> int:
     return os.stat(f"{PROCFS_PATH}/{pid}/ns/pid").st_ino
 
 
+def own_pid_namespace() -> int:
+    """:func:`pid_namespace_inode` of this process, 0 where it cannot be read (no namespace's inode)."""
+    try:
+        return pid_namespace_inode()
+    except OSError:
+        return 0
+
+
 INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC
 """The inode of the kernel's initial (the host's) PID namespace: ``PROC_PID_INIT_INO``, fixed."""
 

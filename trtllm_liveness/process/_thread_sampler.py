@@ -233,18 +233,17 @@ class ThreadSampler:
     def _relist(self) -> None:
         self._tids = [tid for tid in _procfs.list_tids(self.pid) if tid != self.pid]
         listed = set(self._tids)
-        gone = [tid for tid in self._thread_fds if tid not in listed]
-        for tid in gone:
-            os.close(self._thread_fds.pop(tid))
-        _budget.release(len(gone))
+        self._close_thread_fds([tid for tid in self._thread_fds if tid not in listed])
 
     def _forget_threads(self) -> None:
         # The process is down to its main thread: the others' fds pin threads that are gone.
-        for fd in self._thread_fds.values():
-            os.close(fd)
-        _budget.release(len(self._thread_fds))
-        self._thread_fds.clear()
+        self._close_thread_fds(list(self._thread_fds))
         self._tids = []
+
+    def _close_thread_fds(self, tids: list[int]) -> None:
+        for tid in tids:
+            os.close(self._thread_fds.pop(tid))
+        _budget.release(len(tids))
 
     def _read_thread(self, tid: int) -> bytes:
         fd = self._thread_fds.get(tid)
