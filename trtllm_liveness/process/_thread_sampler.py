@@ -16,7 +16,6 @@ unkillable) is :mod:`trtllm_liveness.monitor._wedge`'s job.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 import threading
@@ -274,13 +273,9 @@ class ThreadSampler:
         self._thread_fds[tid] = fd
         return data
 
-    def close(self, *, force: bool = False) -> None:
-        """Release the kept fds. Idempotent; waits for a sample in progress (microseconds).
-
-        ``force`` skips the lock: only for a forked child, where no sampling thread exists and a
-        lock copied while held would never be released.
-        """
-        with contextlib.nullcontext() if force else self._lock:
+    def close(self) -> None:
+        """Release the kept fds. Idempotent; waits for a sample in progress (microseconds)."""
+        with self._lock:
             self._closed = True
             fd, self._fd = self._fd, None
             thread_fds, self._thread_fds = self._thread_fds, {}
