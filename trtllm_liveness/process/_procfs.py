@@ -4,7 +4,7 @@ Pure byte parsing lives here, isolated from syscalls and policy. The procfs root
 module attribute ``PROCFS_PATH`` on every call so that tests can point it at a fake tree.
 
 Every reader raises ``FileNotFoundError``/``ProcessLookupError`` when the process is gone; callers
-translate those with :func:`trtllm_liveness._errors.translate_oserror` where they need to.
+turn those into this package's errors (:class:`~trtllm_liveness._errors.ProcessGone`) where they need to.
 """
 
 from __future__ import annotations
