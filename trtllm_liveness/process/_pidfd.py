@@ -97,12 +97,8 @@ def open_verified_pidfd(pid: int, start_time: int | None) -> int:
     """
     try:
         fd = open_pidfd(pid)
-    except ProcessLookupError:
+    except ProcessLookupError:  # ESRCH
         raise ProcessGone(pid, start_time) from None
-    except OSError as exc:
-        if exc.errno == errno.ESRCH:
-            raise ProcessGone(pid, start_time) from None
-        raise
     try:
         _verified_stat(pid, start_time)
     except BaseException:
