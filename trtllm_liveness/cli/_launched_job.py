@@ -23,6 +23,7 @@ server whose failed process stays up (answering its health check with the failur
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -74,12 +75,10 @@ class LaunchedJob:
         self._killed = False
         self._own_namespace = own_pid_namespace()
         self.child = subprocess.Popen(argv, env=env)
-        self._child_fd = -1
+        self._child_fd = -1  # without a pidfd, signals go by pid before the reap (send_signal)
         if pidfd_supported():
-            try:
+            with contextlib.suppress(OSError):
                 self._child_fd = open_pidfd(self.child.pid)
-            except OSError:
-                self._child_fd = -1
 
     def send_signal(self, signum: int) -> None:
         """Forward ``signum`` to the launcher while it runs: through its pidfd where there is one

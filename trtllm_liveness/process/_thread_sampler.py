@@ -174,7 +174,7 @@ class ThreadSampler:
         with self._lock:
             if self._closed:
                 raise ProcessLookupError(f"sampler for pid {self.pid} is closed")
-            main_state, num_threads = _procfs.parse_state_and_threads(self._read_main())
+            main_state, num_threads = _procfs.parse_state_and(self._read_main(), _procfs.NUM_THREADS_INDEX)
             self.state = main_state
             states = {self.pid: main_state}
             if num_threads > 1:
