@@ -73,7 +73,7 @@ class LaunchedJob:
         self._why_at = 0.0
         self._termed = False
         self._killed = False
-        self._own_namespace = own_pid_namespace()
+        self._own_namespace = own_pid_namespace() or None
         self.child = subprocess.Popen(argv, env=env)
         self._child_fd = -1  # without a pidfd, signals go by pid before the reap (send_signal)
         if pidfd_supported():
