@@ -7,10 +7,7 @@ an IPC queue. A zombie is a kind of gone process, and so is a recycled PID.
 
 from __future__ import annotations
 
-import errno
-import functools
-from collections.abc import Callable
-from typing import Any, ParamSpec, TypeVar
+from typing import Any
 
 __all__ = [
     "AccessDenied",
@@ -74,34 +71,3 @@ class AccessDenied(LivenessError):
 
 class InvalidIdentityError(ValueError):
     """An identity payload (for example one received over IPC) is malformed or unsafe."""
-
-
-_P = ParamSpec("_P")
-_R = TypeVar("_R")
-
-
-def translate_oserror(func: Callable[_P, _R]) -> Callable[_P, _R]:
-    """Map ``OSError`` raised while handling a pid to this package's errors.
-
-    The wrapped function must take the pid as its first positional argument.
-    """
-
-    @functools.wraps(func)
-    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
-        try:
-            return func(*args, **kwargs)
-        except (FileNotFoundError, ProcessLookupError) as exc:
-            raise ProcessGone(_pid_of(args)) from exc
-        except PermissionError as exc:
-            raise AccessDenied(_pid_of(args)) from exc
-        except OSError as exc:
-            if exc.errno == errno.ESRCH:
-                raise ProcessGone(_pid_of(args)) from exc
-            raise
-
-    return wrapper
-
-
-def _pid_of(args: tuple[Any, ...]) -> int:
-    pid = args[0] if args else -1
-    return pid if isinstance(pid, int) else -1

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ._config import TextEnum
 from .process._identity import ProcessIdentity
 
 
@@ -39,16 +40,11 @@ class WorkerState(str, enum.Enum):
 
     @property
     def is_fatal(self) -> bool:
-        """The engine cannot go on with a rank in this state."""
-        return self in _FATAL_STATES
+        """The engine cannot go on with a rank in this state (one that raises an event)."""
+        return self in EVENT_OF_STATE
 
 
-_FATAL_STATES = frozenset(
-    {WorkerState.EXITED, WorkerState.ZOMBIE, WorkerState.WEDGED, WorkerState.UNKILLABLE, WorkerState.LOST}
-)
-
-
-class MonitorMethod(str, enum.Enum):
+class MonitorMethod(TextEnum):
     """How the monitor watches one rank (:attr:`RankStatus.method`).
 
     A ``str`` enum whose ``str()`` and ``format()`` are the value, so JSON, logs and metrics labels
@@ -65,12 +61,6 @@ class MonitorMethod(str, enum.Enum):
         """Whether a rank watched this way is observed on this host, so may be a signal target
         (once its start time was verified); ``none`` and ``agent`` ranks never are."""
         return self in (MonitorMethod.PIDFD, MonitorMethod.PROCFS)
-
-    def __str__(self) -> str:
-        return str(self.value)
-
-    def __format__(self, format_spec: str) -> str:
-        return format(str(self.value), format_spec)
 
 
 class EventKind(str, enum.Enum):
@@ -91,6 +81,16 @@ class EventKind(str, enum.Enum):
         host is another host: nothing is known to be stuck on this one, and the job may be
         restarted (elsewhere, or there once the operator has looked at it)."""
         return self in (EventKind.DIED, EventKind.STALLED, EventKind.LOST)
+
+
+EVENT_OF_STATE = {
+    WorkerState.EXITED: EventKind.DIED,
+    WorkerState.ZOMBIE: EventKind.DIED,
+    WorkerState.WEDGED: EventKind.WEDGED,
+    WorkerState.UNKILLABLE: EventKind.UNKILLABLE,
+    WorkerState.LOST: EventKind.LOST,
+}
+"""The event each fatal state raises (:attr:`WorkerState.is_fatal`: the states it names)."""
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ server whose failed process stays up (answering its health check with the failur
 
 from __future__ import annotations
 
+import contextlib
 import os
 import select
 import signal
@@ -33,7 +34,7 @@ from .._config import LivenessConfig
 from .._errors import AccessDenied, PidReused, ProcessGone, ProcessZombie
 from ..exit._outcome_pipe import OutcomePipe, PipedFailure
 from ..process._pidfd import open_pidfd, open_verified_pidfd, pidfd_supported, send_signal, verify_start_time
-from ..process._procfs import pid_namespace_inode
+from ..process._procfs import own_pid_namespace
 from ._output import stderr_line
 
 LAUNCHER_GRACE_S = 2.0
@@ -72,14 +73,12 @@ class LaunchedJob:
         self._why_at = 0.0
         self._termed = False
         self._killed = False
-        self._own_namespace = _own_pid_namespace()
+        self._own_namespace = own_pid_namespace() or None
         self.child = subprocess.Popen(argv, env=env)
-        self._child_fd = -1
+        self._child_fd = -1  # without a pidfd, signals go by pid before the reap (send_signal)
         if pidfd_supported():
-            try:
+            with contextlib.suppress(OSError):
                 self._child_fd = open_pidfd(self.child.pid)
-            except OSError:
-                self._child_fd = -1
 
     def send_signal(self, signum: int) -> None:
         """Forward ``signum`` to the launcher while it runs: through its pidfd where there is one
@@ -205,10 +204,3 @@ class LaunchedJob:
         if self._child_fd >= 0:
             fd, self._child_fd = self._child_fd, -1
             os.close(fd)
-
-
-def _own_pid_namespace() -> int | None:
-    try:
-        return pid_namespace_inode()
-    except OSError:
-        return None

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from .._record_fields import JsonFields
-from ..process._procfs import pid_namespace_inode, read_start_time
+from ..process._procfs import own_pid_namespace, start_time_or_none
 from ._outcome_pipe import PipedFailure, compact_json, open_writer, send_failure
 from ._process_ending import WRITE_BOUND_S, OutcomeLedger, Stage, process_ending
 from ._snapshot_record import FatalSnapshot
@@ -141,10 +141,7 @@ def mark_clean(*, ended: int = 1) -> None:
 
 def _identity() -> tuple[int | None, int | None]:
     """This process's start time and PID namespace, read at engine start: the fatal path reads no file."""
-    try:
-        return read_start_time(os.getpid()), pid_namespace_inode()
-    except (OSError, ValueError):
-        return None, None
+    return start_time_or_none(os.getpid()), own_pid_namespace() or None
 
 
 def _send(ledger: OutcomeLedger, message: str, restartable: bool, exit_code: int) -> None:

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
 from .._record_fields import JsonRecord
 
@@ -68,6 +69,7 @@ class FatalSnapshot(JsonRecord):
 
     json_form = ("reason", "taken_at", "elapsed_ms", "named", "named_rank", "ranks")
     json_optional = ("named_rank",)
+    json_round: ClassVar[Mapping[str, int]] = {"elapsed_ms": 1}  # written rounded to a tenth
 
     def rank(self, number: int) -> RankSnapshot | None:
         """The snapshot of rank ``number``, if it was seen."""
@@ -77,12 +79,6 @@ class FatalSnapshot(JsonRecord):
         """One line: every rank (:meth:`RankSnapshot.describe`), then the naming."""
         line = "; ".join(rank.describe() for rank in self.ranks) or "no rank seen"
         return line + (f"; named: {self.named}" if self.named else "")
-
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form (:meth:`from_dict` reads it back): ``elapsed_ms`` rounded to a tenth."""
-        data = super().to_dict()
-        data["elapsed_ms"] = round(self.elapsed_ms, 1)
-        return data
 
     def to_json(self, limit: int) -> str:
         """The compact JSON form if it fits in ``limit`` bytes; otherwise the same without the

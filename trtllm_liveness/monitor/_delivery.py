@@ -85,8 +85,6 @@ class EventLog:
     def deliver(self) -> None:
         """Give every subscriber what it has not been given yet (or leave it to its deliverer)."""
         with self._lock:
-            if not self._subscriptions:
-                return
             subscriptions = list(self._subscriptions)
         for subscription in subscriptions:
             self._drain(subscription)

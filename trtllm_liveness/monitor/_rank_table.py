@@ -94,8 +94,7 @@ class RankTable:
 
     def wants_scan(self) -> bool:
         """Whether any rank's threads are sampled for wedges."""
-        return any(record.sampler is not None and record.state in SCANNED_STATES
-                   for record in self.records.values())
+        return bool(self.scan_targets())
 
     def scan_targets(self) -> list[tuple[WatchedRank, ThreadSampler]]:
         return [(record, record.sampler) for record in self.records.values()

@@ -17,7 +17,7 @@ import logging
 
 from .._errors import AccessDenied, ProcessGone, ProcessZombie
 from .._events import MonitorMethod, WorkerState
-from ..process import _pidfd
+from ..process import _pidfd, _procfs
 from ..process._identity import ProcessIdentity, local_hostname, local_pid_namespace
 from ..process._oom import OomCounters, OomProbe
 from ..process._thread_sampler import ThreadSampler
@@ -58,8 +58,9 @@ def open_watched_rank(identity: ProcessIdentity, *, pidfd_capable: bool, procfs_
             logger.warning("rank %d (pid %d): %s; polling procfs every %.2fs instead",
                            identity.rank, identity.pid, fallback_reason, procfs_interval_s)
         else:
-            observed = _observed_start_time(identity)
-            if identity.start_time is None:
+            observed = identity.start_time
+            if observed is None:  # the start time behind the pidfd just opened, read now (only sampling needs it)
+                observed = _procfs.start_time_or_none(identity.pid)
                 seen = "unreadable" if observed is None else str(observed)
                 notes.append(f"start time unverified (observed {seen}; never signalled)")
             record = _alive_record(identity, MonitorMethod.PIDFD, observed, oom_counters, "; ".join(notes),
@@ -88,20 +89,6 @@ def _alive_record(identity: ProcessIdentity, method: MonitorMethod, observed: in
     sampler = ThreadSampler(identity.pid, observed) if wedge is not None and observed is not None else None
     return WatchedRank(identity, WorkerState.ALIVE, method, detail=detail, observed_start_time=observed,
                        wedge=wedge, sampler=sampler, oom=OomProbe.capture(identity.pid, oom_counters))
-
-
-def _observed_start_time(identity: ProcessIdentity) -> int | None:
-    """The start time behind a freshly opened (and, where given, verified) pidfd.
-
-    For an identity without one, the start time read now; None when that read fails (the pidfd
-    still reports the exit; only wedge sampling, which needs the start time, is skipped).
-    """
-    if identity.start_time is not None:
-        return identity.start_time
-    try:
-        return _pidfd.verify_start_time(identity.pid, None).start_time
-    except (OSError, ValueError, ProcessGone, AccessDenied):
-        return None
 
 
 def _dead_at_registration(identity: ProcessIdentity, exc: Exception, method: MonitorMethod) -> WatchedRank:

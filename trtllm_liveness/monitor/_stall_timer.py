@@ -134,7 +134,6 @@ class StallDetector:
         probe: returns the monotonic time of the latest progress only sampling shows (output, see
             :meth:`~trtllm_liveness.monitor._progress_clock.ProgressClock.sample_output`); called
             from the detector's thread under its lock, so it must not block.
-        clock: monotonic clock (tests may not replace time; benchmarks read it).
 
     Thread-safe: every public method may be called from any thread, concurrently with the timer.
     """
@@ -142,8 +141,7 @@ class StallDetector:
     def __init__(self, timeout_s: float, pending: Callable[[], int], *,
                  on_stall: Callable[[StallInfo], None],
                  on_resume: Callable[[StallInfo], None] | None = None,
-                 probe: Callable[[], float] | None = None,
-                 name: str = "trtllm-liveness-stall") -> None:
+                 probe: Callable[[], float] | None = None) -> None:
         if not timeout_s > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
         self.timeout_s = float(timeout_s)
@@ -163,7 +161,7 @@ class StallDetector:
         self._submission = 0
         self._count = 0
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread = threading.Thread(target=self._run, name="trtllm-liveness-stall", daemon=True)
         self._started = False
 
     # ----------------------------------------------------------------- public

@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass, field
 
 from .._errors import PidReused, ProcessZombie
-from .._events import EventKind, MonitorMethod, RankStatus, WorkerEvent, WorkerState
+from .._events import EVENT_OF_STATE, EventKind, MonitorMethod, RankStatus, WorkerEvent, WorkerState
 from ..process import _procfs
 from ..process._identity import ProcessIdentity
 from ..process._oom import OomProbe
@@ -22,13 +22,6 @@ from ..process._thread_sampler import DStateSample, ThreadSampler
 from ._stopped_rank import StoppedRank
 from ._wedge import WedgeTracker
 
-EVENT_OF_STATE = {
-    WorkerState.EXITED: EventKind.DIED,
-    WorkerState.ZOMBIE: EventKind.DIED,
-    WorkerState.WEDGED: EventKind.WEDGED,
-    WorkerState.UNKILLABLE: EventKind.UNKILLABLE,
-    WorkerState.LOST: EventKind.LOST,
-}
 SCANNED_STATES = (WorkerState.ALIVE, WorkerState.WEDGED)
 
 

@@ -17,7 +17,7 @@ import socket
 from collections.abc import Iterable
 from typing import Any, NamedTuple
 
-from .._errors import InvalidIdentityError, translate_oserror
+from .._errors import AccessDenied, InvalidIdentityError, ProcessGone
 from . import _procfs
 
 logger = logging.getLogger(__name__)
@@ -64,13 +64,14 @@ def capture_identity(rank: int, pid: int | None = None) -> ProcessIdentity:
     :class:`~trtllm_liveness.process.AccessDenied` if its ``/proc`` entry cannot be read. Thread-safe.
     """
     target = os.getpid() if pid is None else pid
-    start_time, namespace = _read_identity_fields(target, "self" if pid is None else target)
+    try:
+        start_time = _procfs.read_start_time(target)
+        namespace = _procfs.pid_namespace_inode("self" if pid is None else target)
+    except (FileNotFoundError, ProcessLookupError) as exc:
+        raise ProcessGone(target) from exc
+    except PermissionError as exc:
+        raise AccessDenied(target) from exc
     return ProcessIdentity(rank, target, start_time, local_hostname(), namespace)
-
-
-@translate_oserror
-def _read_identity_fields(pid: int, ns_of: int | str) -> tuple[int, int]:
-    return _procfs.read_start_time(pid), _procfs.pid_namespace_inode(ns_of)
 
 
 def is_local(identity: ProcessIdentity) -> bool:

@@ -80,7 +80,7 @@ def _verified_stat(pid: int, start_time: int | None) -> bytes:
         raise ProcessGone(pid, start_time) from None
     except PermissionError:
         raise AccessDenied(pid, start_time) from None
-    state, observed = _procfs.parse_state_and_start_time(data)
+    state, observed = _procfs.parse_state_and(data, _procfs.STARTTIME_INDEX)
     if start_time is not None and observed != start_time:
         raise PidReused(pid, start_time, _procfs.parse_stat(data).comm)
     if state in _procfs.EXITED_STATES:
@@ -97,12 +97,8 @@ def open_verified_pidfd(pid: int, start_time: int | None) -> int:
     """
     try:
         fd = open_pidfd(pid)
-    except ProcessLookupError:
+    except ProcessLookupError:  # ESRCH
         raise ProcessGone(pid, start_time) from None
-    except OSError as exc:
-        if exc.errno == errno.ESRCH:
-            raise ProcessGone(pid, start_time) from None
-        raise
     try:
         _verified_stat(pid, start_time)
     except BaseException:

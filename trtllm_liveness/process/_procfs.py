@@ -4,7 +4,7 @@ Pure byte parsing lives here, isolated from syscalls and policy. The procfs root
 module attribute ``PROCFS_PATH`` on every call so that tests can point it at a fake tree.
 
 Every reader raises ``FileNotFoundError``/``ProcessLookupError`` when the process is gone; callers
-translate those with :func:`trtllm_liveness._errors.translate_oserror` where they need to.
+turn those into this package's errors (:class:`~trtllm_liveness._errors.ProcessGone`) where they need to.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ _PPID_INDEX = 1
 _PGRP_INDEX = 2
 _SESSION_INDEX = 3
 _FLAGS_INDEX = 6  # field 9, the kernel's PF_* flags
-_NUM_THREADS_INDEX = 17  # field 20
+NUM_THREADS_INDEX = 17  # field 20
 _UTIME_INDEX = 11
 _STIME_INDEX = 12
-_STARTTIME_INDEX = 19
+STARTTIME_INDEX = 19
 _EXIT_CODE_INDEX = 49  # field 52, the waitpid(2)-style status; shown for zombies since Linux 3.5
 
 PF_EXITING = 0x4
@@ -83,7 +83,7 @@ def parse_stat(data: bytes) -> StatInfo:
     if open_paren < 0 or close_paren < open_paren:
         raise ValueError(f"malformed stat content: {data[:80]!r}")
     fields = data[close_paren + 2 :].split()
-    if len(fields) <= _STARTTIME_INDEX:
+    if len(fields) <= STARTTIME_INDEX:
         raise ValueError(f"stat content has {len(fields)} fields after comm, expected more")
     return StatInfo(
         pid=int(data[:open_paren]),
@@ -92,42 +92,24 @@ def parse_stat(data: bytes) -> StatInfo:
         ppid=int(fields[_PPID_INDEX]),
         pgrp=int(fields[_PGRP_INDEX]),
         session=int(fields[_SESSION_INDEX]),
-        start_time=int(fields[_STARTTIME_INDEX]),
+        start_time=int(fields[STARTTIME_INDEX]),
         exit_code=int(fields[_EXIT_CODE_INDEX]) if len(fields) > _EXIT_CODE_INDEX else None,
         cpu_ticks=int(fields[_UTIME_INDEX]) + int(fields[_STIME_INDEX]),
         flags=int(fields[_FLAGS_INDEX]),
     )
 
 
-def _fields_after_comm(data: bytes, last_index: int) -> list[bytes]:
-    """The fields after comm, split up to ``last_index`` (the rest left whole); ``ValueError`` when
-    the content is malformed or has fewer fields."""
+def parse_state_and(data: bytes, index: int) -> tuple[str, int]:
+    """``(state, field)`` from a ``stat`` file's content without a full parse: the state and the
+    numeric field ``index`` after comm (:data:`NUM_THREADS_INDEX`; :data:`STARTTIME_INDEX`, what
+    verifying a process's identity needs). Raises ``ValueError`` on malformed content."""
     close_paren = data.rfind(b")")
     if close_paren < 0:
         raise ValueError(f"malformed stat content: {data[:80]!r}")
-    fields = data[close_paren + 2 :].split(None, last_index + 1)
-    if len(fields) <= last_index:
+    fields = data[close_paren + 2 :].split(None, index + 1)
+    if len(fields) <= index:
         raise ValueError(f"stat content has {len(fields)} fields after comm, expected more")
-    return fields
-
-
-def parse_state_and_threads(data: bytes) -> tuple[str, int]:
-    """``(state, num_threads)`` from a ``stat`` file's content, without a full parse.
-
-    Raises ``ValueError`` on malformed content.
-    """
-    fields = _fields_after_comm(data, _NUM_THREADS_INDEX)
-    return fields[_STATE_INDEX].decode("ascii", "replace"), int(fields[_NUM_THREADS_INDEX])
-
-
-def parse_state_and_start_time(data: bytes) -> tuple[str, int]:
-    """``(state, start_time)`` from a ``stat`` file's content, without a full parse (what verifying
-    a process's identity needs).
-
-    Raises ``ValueError`` on malformed content.
-    """
-    fields = _fields_after_comm(data, _STARTTIME_INDEX)
-    return fields[_STATE_INDEX].decode("ascii", "replace"), int(fields[_STARTTIME_INDEX])
+    return fields[_STATE_INDEX].decode("ascii", "replace"), int(fields[index])
 
 
 def thread_state_of(data: bytes) -> str:
@@ -344,6 +326,14 @@ def parse_kernel_stack(data: bytes, limit: int = 32) -> tuple[str, ...]:
 def pid_namespace_inode(pid: int | str = "self") -> int:
     """Inode number of the PID namespace of ``pid`` (``/proc/<pid>/ns/pid``)."""
     return os.stat(f"{PROCFS_PATH}/{pid}/ns/pid").st_ino
+
+
+def own_pid_namespace() -> int:
+    """:func:`pid_namespace_inode` of this process, 0 where it cannot be read (no namespace's inode)."""
+    try:
+        return pid_namespace_inode()
+    except OSError:
+        return 0
 
 
 INITIAL_PID_NAMESPACE_INODE = 0xEFFFFFFC

@@ -16,7 +16,6 @@ unkillable) is :mod:`trtllm_liveness.monitor._wedge`'s job.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import resource
 import threading
@@ -175,7 +174,7 @@ class ThreadSampler:
         with self._lock:
             if self._closed:
                 raise ProcessLookupError(f"sampler for pid {self.pid} is closed")
-            main_state, num_threads = _procfs.parse_state_and_threads(self._read_main())
+            main_state, num_threads = _procfs.parse_state_and(self._read_main(), _procfs.NUM_THREADS_INDEX)
             self.state = main_state
             states = {self.pid: main_state}
             if num_threads > 1:
@@ -233,18 +232,17 @@ class ThreadSampler:
     def _relist(self) -> None:
         self._tids = [tid for tid in _procfs.list_tids(self.pid) if tid != self.pid]
         listed = set(self._tids)
-        gone = [tid for tid in self._thread_fds if tid not in listed]
-        for tid in gone:
-            os.close(self._thread_fds.pop(tid))
-        _budget.release(len(gone))
+        self._close_thread_fds([tid for tid in self._thread_fds if tid not in listed])
 
     def _forget_threads(self) -> None:
         # The process is down to its main thread: the others' fds pin threads that are gone.
-        for fd in self._thread_fds.values():
-            os.close(fd)
-        _budget.release(len(self._thread_fds))
-        self._thread_fds.clear()
+        self._close_thread_fds(list(self._thread_fds))
         self._tids = []
+
+    def _close_thread_fds(self, tids: list[int]) -> None:
+        for tid in tids:
+            os.close(self._thread_fds.pop(tid))
+        _budget.release(len(tids))
 
     def _read_thread(self, tid: int) -> bytes:
         fd = self._thread_fds.get(tid)
@@ -275,13 +273,9 @@ class ThreadSampler:
         self._thread_fds[tid] = fd
         return data
 
-    def close(self, *, force: bool = False) -> None:
-        """Release the kept fds. Idempotent; waits for a sample in progress (microseconds).
-
-        ``force`` skips the lock: only for a forked child, where no sampling thread exists and a
-        lock copied while held would never be released.
-        """
-        with contextlib.nullcontext() if force else self._lock:
+    def close(self) -> None:
+        """Release the kept fds. Idempotent; waits for a sample in progress (microseconds)."""
+        with self._lock:
             self._closed = True
             fd, self._fd = self._fd, None
             thread_fds, self._thread_fds = self._thread_fds, {}

@@ -148,7 +148,7 @@ class RecordedProcessCheck:
         """One phrase for messages."""
         if self.verdict is ProcessVerdict.UNVERIFIABLE:
             return f"{self.process.describe()}: cannot be verified from here (recorded in PID namespace " \
-                   f"{self.process.pid_namespace}, this is {_own_namespace()})"
+                   f"{self.process.pid_namespace}, this is {_procfs.own_pid_namespace()})"
         if self.verdict.blocks:
             stack = f", kernel stack {' < '.join(self.kernel_stack[:6])}" if self.kernel_stack else ""
             return f"pid {self.process.pid} is still {self.verdict.value} (state {self.state or '?'}, " \
@@ -350,7 +350,7 @@ def _write_marker_locked(fd: int, directory: str, processes: Iterable[Quarantine
             if old.reason and old.reason != reason:
                 reasons.insert(0, old.reason)
     marker = QuarantineMarker(
-        boot_id=_procfs.boot_id(), hostname=socket.gethostname(), pid_namespace=_own_namespace(),
+        boot_id=_procfs.boot_id(), hostname=socket.gethostname(), pid_namespace=_procfs.own_pid_namespace(),
         writer_pid=os.getpid(), wall_time=time.time(), reason=" | ".join(reasons)[:_MAX_TEXT],
         processes=tuple(merged.values())[:MAX_PROCESSES])
     data = json.dumps(marker.to_dict(), indent=1).encode()
@@ -481,13 +481,6 @@ def _text(document: dict[str, Any], key: str, where: str = "") -> str:
 # ----------------------------------------------------------------------------- verify
 
 
-def _own_namespace() -> int:
-    try:
-        return _procfs.pid_namespace_inode("self")
-    except OSError:
-        return 0
-
-
 def check_process(process: QuarantinedProcess) -> RecordedProcessCheck:
     """Whether ``process`` still exists here, verified by its start time in this PID namespace.
 
@@ -495,7 +488,7 @@ def check_process(process: QuarantinedProcess) -> RecordedProcessCheck:
     waits for a lock a process in ``D`` may hold). Never signals. Never raises for procfs errors:
     a denied read is UNVERIFIABLE.
     """
-    if process.pid_namespace != _own_namespace():
+    if process.pid_namespace != _procfs.own_pid_namespace():
         return RecordedProcessCheck(process, ProcessVerdict.UNVERIFIABLE, "", "")
     if process.pid == os.getpid():
         # The same pid as this very process: the recorded one is gone (or this is a forgery).

@@ -244,11 +244,8 @@ def _group_pinned(target: PreparedTarget) -> bool:
         return False
     if not _pidfd.is_exited(leader.pidfd):
         return True
-    try:
-        info = _procfs.read_stat(leader.pid)
-    except OSError:
-        return False
-    return info.start_time == leader.start_time and info.state == "Z"
+    info = _procfs.stat_or_none(leader.pid)
+    return info is not None and info.start_time == leader.start_time and info.state == "Z"
 
 
 def _wait_exits(poller: select.poll, waiting: dict[int, AwaitedProc], deadline: float) -> None:

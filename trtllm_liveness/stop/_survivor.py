@@ -112,7 +112,7 @@ def _read_stack(pid: int, tid: int, reader: MmReader) -> tuple[tuple[str, ...], 
     return frames, "" if frames else "empty (running on a CPU as it was read)"
 
 
-def _thread_state(pid: int, tid: int) -> tuple[str, str, bool]:
+def _thread_state(pid: int, tid: int | None) -> tuple[str, str, bool]:
     info = _procfs.stat_or_none(pid, tid)
     if info is None:
         return "", "", False
@@ -136,11 +136,7 @@ def sample_survivor(pid: int, *, reader: MmReader | None = None) -> SurvivorSamp
         states = _procfs.read_thread_states(pid)
     except OSError:
         states = {pid: info.state}
-    try:
-        shared_pending = _procfs.sigkill_pending(pid)
-        wchan = _procfs.read_wchan(pid)
-    except OSError:
-        shared_pending, wchan = False, ""
+    _state, wchan, shared_pending = _thread_state(pid, None)  # the process's own wait channel and queue
     d_tids = _procfs.uninterruptible_tids(states)
     running = sorted(tid for tid, state in states.items() if state == "R" and tid != pid)
     chosen = list(dict.fromkeys([pid, *d_tids, *running]))[:MAX_THREADS]

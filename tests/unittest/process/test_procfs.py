@@ -45,9 +45,10 @@ def test_parse_stat_survives_hostile_comm() -> None:
     info = _procfs.parse_stat(_stat_line(77, HOSTILE_COMM, "S", 987654, threads=3))
     assert info.pid == 77 and info.comm == HOSTILE_COMM and info.state == "S"
     assert info.start_time == 987654
-    assert _procfs.parse_state_and_threads(_stat_line(77, "x) R 1 2 (y", "D", 5, threads=4)) == ("D", 4)
+    threads = _stat_line(77, "x) R 1 2 (y", "D", 5, threads=4)
+    assert _procfs.parse_state_and(threads, _procfs.NUM_THREADS_INDEX) == ("D", 4)
     assert _procfs.thread_state_of(_stat_line(77, ") ) )", "Z", 5)) == "Z"
-    assert _procfs.parse_state_and_start_time(_stat_line(77, "x) Z 1 2 (y", "S", 987654)) == ("S", 987654)
+    assert _procfs.parse_state_and(_stat_line(77, "x) Z 1 2 (y", "S", 987654), _procfs.STARTTIME_INDEX) == ("S", 987654)
 
 
 @pytest.mark.parametrize("data", [b"", b"garbage", b"12 (comm", b"12 (comm) S 1 2"])
@@ -55,7 +56,7 @@ def test_parse_stat_rejects_malformed_content(data: bytes) -> None:
     with pytest.raises(ValueError):
         _procfs.parse_stat(data)
     with pytest.raises(ValueError):
-        _procfs.parse_state_and_start_time(data)
+        _procfs.parse_state_and(data, _procfs.STARTTIME_INDEX)
     assert _procfs.thread_state_of(data) in ("", "S")
 
 
@@ -95,7 +96,7 @@ def test_thread_states_and_pending_signals_of_a_real_process(procs: ProcessTrack
     states = _procfs.read_thread_states(proc.pid)
     assert proc.pid in states and len(states) == 4
     assert set(states.values()) <= {"S", "R"}
-    assert _procfs.parse_state_and_threads(_procfs.read_stat_bytes(proc.pid, proc.pid))[1] == 4
+    assert _procfs.parse_state_and(_procfs.read_stat_bytes(proc.pid, proc.pid), _procfs.NUM_THREADS_INDEX)[1] == 4
     assert sample_d_state(proc.pid) is None
     sampler = ThreadSampler(proc.pid, capture_identity(0, proc.pid).start_time)
     assert sampler.sample() is None
