@@ -266,8 +266,7 @@ class FuseStall:
 
     def wait_primed(self, timeout: float) -> bool:
         """Wait until an INTERRUPT was answered ``ENOSYS`` (``no_interrupt`` set); False on timeout."""
-        with self._cond:
-            return self._cond.wait_for(lambda: self._primed, timeout)
+        return self._wait_until(lambda: self._primed, timeout)
 
     # ------------------------------------------------------------------ server thread
 
