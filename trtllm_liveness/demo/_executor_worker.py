@@ -52,7 +52,6 @@ def worker_main(
     *,
     worker_queues: dict[str, str],
     mode: str = "1.2",
-    llm_args: Any = None,
     token_delay_s: float = 0.02,
     init_delay_s: float = 0.0,
     announce_dir: str | None = None,
@@ -60,7 +59,6 @@ def worker_main(
     **_unused: Any,
 ) -> None:
     """Run one rank until the proxy sends ``None``. Blocks for the life of the engine."""
-    del llm_args
     import zmq
     from mpi4py import MPI
 

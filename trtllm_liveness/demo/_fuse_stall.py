@@ -109,11 +109,6 @@ _FUSE_BATCH_FORGET = 42
 _NO_REPLY_OPCODES = frozenset({_FUSE_FORGET, _FUSE_BATCH_FORGET})
 
 
-def _is_own_thread(tid: int) -> bool:
-    # /proc/self/task lists only this thread group: another process's tid is not found there.
-    return tid > 0 and os.path.exists(f"/proc/self/task/{tid}")
-
-
 class FuseStall:
     """A FUSE mount where ``stat()`` of any name blocks in ``D`` until :meth:`release`.
 
@@ -333,7 +328,8 @@ class FuseStall:
                 self._reply(target, -errno.ENOENT)
         elif opcode in _NO_REPLY_OPCODES:
             pass
-        elif _is_own_thread(tid):
+        elif tid > 0 and os.path.exists(f"/proc/self/task/{tid}"):
+            # One of this process's own threads: /proc/self/task lists only this thread group.
             self._reply(unique, -errno.EIO)
         elif not self._answer_file(opcode, unique, nodeid, data):
             with self._cond:
