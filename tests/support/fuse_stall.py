@@ -34,7 +34,7 @@ import sys
 import time
 
 from trtllm_liveness.demo import _fuse_stall
-from trtllm_liveness.demo._fuse_server import _IN_HEADER
+from trtllm_liveness.demo._fuse_stall import _IN_HEADER
 
 __all__ = ["HELD_READ_NAME", "HELD_READ_SIZE", "SLOW_READ_DELAY_S", "SLOW_READ_NAME", "SLOW_READ_PERIOD",
            "SLOW_READ_SIZE", "FuseStall"]

@@ -5,8 +5,8 @@ real. Needs the ``mpi`` extra (mpi4py, the Open MPI wheel, pyzmq). See :mod:`._e
 how it mirrors upstream 1.2.x and main, and where it departs.
 
 Real faults for the demo, the tests and the benchmarks: :mod:`._cgroup_faults` (freezer and memory
-cgroups) and :mod:`._fuse_stall` (a FUSE mount whose requests are held: real ``D`` without cgroup
-v1; its protocol server is :mod:`._fuse_server`, its mounts and their clean-up :mod:`._fuse_mounts`).
+cgroups) and :mod:`._fuse_stall` (a FUSE mount whose requests are held by its own protocol server:
+real ``D`` without cgroup v1; its mounts and their clean-up are :mod:`._fuse_mounts`).
 The tests' stall (``tests/support/fuse_stall.py``) adds the healthy look-alike of a wedge: a file
 whose every READ is answered after 100-300 ms, its reader in ``D`` most of the time, yet making progress.
 """

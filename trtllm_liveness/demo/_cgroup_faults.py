@@ -10,12 +10,17 @@ Each always cleans up in :meth:`remove` (idempotent): thaw, move survivors back 
 (``rmdir`` fails with EBUSY while a task is left), then ``rmdir`` with retries. Use them as context
 managers so that happens also on an exception or Ctrl-C. Not thread-safe; one owner each. The cpu
 groups, and the clean-up of groups a crashed owner left, are the tests' (``tests/support/cgroups.py``).
+
+Run as ``python -I _cgroup_faults.py GROUP`` (standard library only), it is the guard of the freezer
+group at path ``GROUP`` that a drill's agent starts before it makes the group (drill/_drill_faults.py):
+once stdin ends it thaws and removes that group.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 import uuid
 from collections.abc import Iterable
@@ -188,3 +193,16 @@ class MemoryGroup(_Group):
     def oom_kills(self) -> int | None:
         """The group's ``oom_kill`` counter (None if unreadable)."""
         return self._counters("memory.oom_control").get("oom_kill")
+
+
+def _guard(path: str) -> None:
+    """Wait for EOF on stdin (the owner released the group, or its process ended), then thaw and
+    remove the freezer group at ``path`` (:meth:`FreezerGroup.remove`, bounded; none there: done)."""
+    sys.stdin.buffer.read()
+    group = FreezerGroup.__new__(FreezerGroup)
+    group.path, group.removed = path, False
+    group.remove()
+
+
+if __name__ == "__main__":
+    _guard(sys.argv[1])

@@ -62,7 +62,7 @@ from ._mpi_env import FT_ENABLE_VAR
 from ._scenario_launcher import run_scenario
 from ._scenario_records import ScenarioOptions, ScenarioResult, ScenarioRun
 
-__all__ = ["DEMO_SETTINGS", "TMP_PREFIX", "Verdict", "add_arguments", "main", "off_verdict", "run"]
+__all__ = ["DEMO_SETTINGS", "TMP_PREFIX", "Verdict", "add_arguments", "off_verdict", "run"]
 
 # (setting, the demo's value, the package default, why the demo's is short). The demo's values are
 # passed to the scenario's options; the defaults are those of LivenessConfig.
@@ -230,14 +230,14 @@ def _mpi_setting() -> str:
 def _scenario(args: argparse.Namespace, rank: int, tmpdir: str, *, liveness: bool) -> ScenarioRun:
     """Run the fault once, with the extension or without it (then watched for ``--compare-bound``)."""
     bound = float(args.compare_bound)
+    bounds: dict[str, Any] = {name: value for name, value, _, _ in DEMO_SETTINGS}
     options = ScenarioOptions(
         mode=args.mode, workers=args.workers, fault=args.fault, fault_rank=rank, requests=args.requests,
         liveness=liveness,
         # Without the extension the run is watched for the bound and then cut; a stop is watched
         # the same way (the scenario would end its watch at the first stall otherwise).
         stall_timeout_s=bound if not liveness and args.fault == "stop" else args.stall_timeout,
-        observe_s=bound if not liveness else max(5.0, args.timeout / 3),
-    ).replace(**{name: value for name, value, _, _ in DEMO_SETTINGS})
+        observe_s=bound if not liveness else max(5.0, args.timeout / 3), **bounds)
     return run_scenario(options, args.timeout + (0.0 if liveness else bound), env={"TMPDIR": tmpdir})
 
 
@@ -514,18 +514,3 @@ def run(args: argparse.Namespace) -> int:
 
 def _shutdown_ms(out: ScenarioResult) -> float | None:
     return None if out.shutdown is None else out.shutdown.shutdown_ms
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m trtllm_liveness.demo._demo_run", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(parser)
-    try:
-        return run(parser.parse_args(argv))
-    except KeyboardInterrupt:
-        sys.stderr.write("trtllm-liveness: demo: interrupted\n")
-        return 130
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -45,7 +45,6 @@ from ..monitor._monitor import WorkerProcessMonitor
 from ..process._identity import ProcessIdentity
 from ._executor_protocol import (
     ACK,
-    READY_SIGNAL,
     WORKER_PROCESS_IDENTITIES_SIGNAL,
     EngineDeadError,
     ErrorResponse,
@@ -74,7 +73,6 @@ class GenerationExecutorProxy:
     thread, as upstream.
     """
 
-    READY_SIGNAL = READY_SIGNAL
     _error_response_cls = ErrorResponse
     _protocol_mode = "1.2"  # the protocol its workers speak
     upstream_wait_s = 3600.0
@@ -173,8 +171,7 @@ class GenerationExecutorProxy:
             if exc is not None:
                 self._error_queue.put_nowait(exc)
 
-        self.mpi_futures = self.mpi_session.submit(_reference_worker_main, **worker_kwargs,
-                                                   ready_signal=self.READY_SIGNAL)
+        self.mpi_futures = self.mpi_session.submit(_reference_worker_main, **worker_kwargs)
         for future in self.mpi_futures:
             future.add_done_callback(mpi_done_callback)
         self.workers_started = True
@@ -182,25 +179,20 @@ class GenerationExecutorProxy:
         while True:
             if self.worker_init_status_queue.poll(1000):
                 peer, payload = self.worker_init_status_queue.recv_multipart()
-                ready = self._take_status(peer, pickle.loads(payload))
-                if ready is not None:
-                    break
+                if self._take_status(peer, pickle.loads(payload)):
+                    return
                 continue
             self._check_init_workers()
             if time.monotonic() > deadline:
                 raise RuntimeError("Executor workers did not become ready")
             self._handle_background_error()
-        ready_signal, error_trace = ready
-        if ready_signal != self.READY_SIGNAL:
-            self.mpi_session.shutdown_abort(reason=ready_signal)
-            raise RuntimeError(f"Executor worker returned error: {ready_signal!r}\n{error_trace}")
 
-    def _take_status(self, peer: bytes, status: Any) -> tuple[Any, Any] | None:
-        """``(ready_signal, error_trace)`` from one status message, acknowledged; None for a
-        message that is not the ready status."""
-        ready_signal, error_trace = status  # 1.2.x unpacks exactly two fields
+    def _take_status(self, peer: bytes, status: Any) -> bool:
+        """Whether one status message is the ready status (then acknowledged). The reference's
+        workers never send upstream's error status: a rank that fails ends its future instead."""
+        _ready_signal, _error_trace = status  # 1.2.x unpacks exactly two fields
         self._ack(peer)
-        return ready_signal, error_trace
+        return True
 
     def _check_init_workers(self) -> None:
         """Raise ``RuntimeError`` if a worker ended while the workers start."""
@@ -353,14 +345,14 @@ class MainGenerationExecutorProxy(GenerationExecutorProxy):
         self._worker_process_monitor = WorkerProcessMonitor()  # poll-based: no watcher started
         super().__init__(worker_kwargs, model_world_size, mpi_session, **kwargs)
 
-    def _take_status(self, peer: bytes, status: Any) -> tuple[Any, Any] | None:
+    def _take_status(self, peer: bytes, status: Any) -> bool:
         if status[0] == self.WORKER_PROCESS_IDENTITIES_SIGNAL:
             self._register_worker_identities(status[2])
-            return None
+            return False
         self._ack(peer)
         if len(status) > 2:
             self._register_worker_identities(status[2])
-        return status[0], status[1]
+        return True
 
     def _check_init_workers(self) -> None:
         dead = self._worker_process_monitor.find_dead_worker()

@@ -52,8 +52,6 @@ def worker_main(
     *,
     worker_queues: dict[str, str],
     mode: str = "1.2",
-    ready_signal: bytes = READY_SIGNAL,
-    llm_args: Any = None,
     token_delay_s: float = 0.02,
     init_delay_s: float = 0.0,
     announce_dir: str | None = None,
@@ -61,7 +59,6 @@ def worker_main(
     **_unused: Any,
 ) -> None:
     """Run one rank until the proxy sends ``None``. Blocks for the life of the engine."""
-    del llm_args
     import zmq
     from mpi4py import MPI
 
@@ -94,7 +91,7 @@ def worker_main(
     if status is None:
         _subordinate_loop(comm)
         return
-    status.send_pyobj((ready_signal, None) if mode != "main" else (ready_signal, None, identities))
+    status.send_pyobj((READY_SIGNAL, None) if mode != "main" else (READY_SIGNAL, None, identities))
     if status.poll(30_000):
         reply = status.recv_pyobj()
         if reply != ACK:

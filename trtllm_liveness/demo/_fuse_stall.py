@@ -1,7 +1,7 @@
 """Real uninterruptible sleep without cgroup v1: a FUSE mount whose lookups are never answered (root).
 
 :class:`FuseStall` mounts a file system (:mod:`._fuse_mounts`) served by a thread of this process
-that speaks the raw FUSE protocol on ``/dev/fuse`` (:mod:`._fuse_server`, no libfuse). It answers
+that speaks the raw FUSE protocol on ``/dev/fuse`` (no libfuse). It answers
 ``FUSE_INIT`` and otherwise reads every request and never replies, so a process that calls
 ``stat()`` on a path inside the mount waits in the kernel for an answer that never comes. It is a
 second stand-in, next to the cgroup v1 freezer (:mod:`._cgroup_faults`), for a worker wedged in a
@@ -36,6 +36,14 @@ names in one directory queue on a mutex in ``fuse_lock_inode``). Requests from t
 threads are answered ``EIO`` at once, so that a stray ``os.path.exists()`` in the owner cannot hang
 it (SIGALRM-based test timeouts could not end it). Not thread-safe apart from the query methods;
 one owner each.
+
+The wire format is Linux's ``include/uapi/linux/fuse.h``: each request starts with a
+``fuse_in_header`` (length, opcode, unique id, node id, caller's uid/gid/pid), each reply with a
+``fuse_out_header`` (length, negative errno, unique id). The server claims protocol 7.38 but uses
+nothing beyond 7.23's layouts, and answers an older kernel with the shorter ``fuse_init_out``.
+Node 1 is the root directory; a subclass may serve files in it (:meth:`FuseStall._answer_file`),
+and answer some requests late (:meth:`FuseStall._answer_due`, woken by
+:meth:`FuseStall._until_due_ms`): the tests' held-read and slow-read files.
 """
 
 from __future__ import annotations
@@ -44,9 +52,13 @@ import contextlib
 import errno
 import logging
 import os
+import select
+import struct
 import subprocess
 import sys
 import tempfile
+import threading
+from collections.abc import Callable
 from types import TracebackType
 
 from ._fuse_mounts import (
@@ -58,7 +70,6 @@ from ._fuse_mounts import (
     remove_leftover_mounts,
     umount_fuse,
 )
-from ._fuse_server import FuseServer
 
 # The mount helpers are re-exported: callers set up and clean up FUSE stalls through this module.
 __all__ = ["MOUNT_PREFIX", "FuseStall", "fuse_available", "fuse_mounts", "remove_leftover_mounts"]
@@ -70,8 +81,35 @@ _STAT_CODE = "import os, sys\ntry:\n    os.stat(sys.argv[1])\nexcept OSError:\n 
 
 _DEFAULT_TIMEOUT_S = 10.0
 
+# read(2) on /dev/fuse fails with EINVAL when the buffer is smaller than FUSE_MIN_READ_BUFFER (8192)
+# or the largest request the connection may send (max_write plus a page of headers).
+_READ_SIZE = 1 << 20
 
-class FuseStall(FuseServer):
+# struct fuse_in_header: len, opcode, unique, nodeid, uid, gid, pid, total_extlen, padding.
+_IN_HEADER = struct.Struct("<IIQQIIIHH")
+# struct fuse_out_header: len, error (a negative errno), unique.
+_OUT_HEADER = struct.Struct("<IiQ")
+# struct fuse_init_out (64 bytes since protocol 7.23): major, minor, max_readahead, flags,
+# max_background, congestion_threshold, max_write, time_gran, max_pages, map_alignment, flags2,
+# unused[7]. Zero limits keep the kernel's defaults.
+_INIT_OUT = struct.Struct("<IIIIHHIIHHI7I")
+_INIT_OUT_COMPAT_SIZE = 24  # what a kernel older than 7.23 expects
+_INIT_IN = struct.Struct("<II")  # the start of struct fuse_init_in: major, minor
+_INTERRUPT_IN = struct.Struct("<Q")  # struct fuse_interrupt_in: the unique id of the interrupted request
+
+_FUSE_MAJOR = 7
+_FUSE_MINOR = 38  # the highest minor this server claims; it uses nothing beyond 7.23's layout
+# The one optional feature asked for. Without it the kernel serializes lookups in a directory on a
+# mutex (fuse_lock_inode), so a second caller would sleep there, never reaching the server.
+_FUSE_PARALLEL_DIROPS = 1 << 18
+_FUSE_FORGET = 2
+_FUSE_INIT = 26
+_FUSE_INTERRUPT = 36
+_FUSE_BATCH_FORGET = 42
+_NO_REPLY_OPCODES = frozenset({_FUSE_FORGET, _FUSE_BATCH_FORGET})
+
+
+class FuseStall:
     """A FUSE mount where ``stat()`` of any name blocks in ``D`` until :meth:`release`.
 
     Use it as a context manager. :meth:`__enter__` raises ``OSError`` when it cannot be made (see
@@ -79,16 +117,29 @@ class FuseStall(FuseServer):
     once (wchan ``request_wait_answer``); once :meth:`wait_held` is true for it, SIGKILL stays
     pending and it stays in ``D`` until :meth:`release`, which ends every wait.
 
-    It is its own server (:class:`~._fuse_server.FuseServer`): the query ``wait_held`` is the server's.
+    It is its own server: a thread that serves the mount's ``/dev/fuse`` connection and holds its
+    requests unanswered. It answers ``FUSE_INIT`` (asking for ``FUSE_PARALLEL_DIROPS``), an
+    ``FUSE_INTERRUPT`` with ``ENOSYS`` (which sets the connection's ``no_interrupt``; the interrupted
+    request of the priming child, :attr:`prime_pid`, is then answered ``ENOENT`` so the child can
+    die), what the files of a subclass need (:meth:`_answer_file`), and ``EIO`` to this process's own
+    threads; every other request is read and held: its caller waits in the kernel until
+    :meth:`release` aborts the connection. The queries and waits are thread-safe.
     """
 
     def __init__(self, timeout: float = _DEFAULT_TIMEOUT_S) -> None:
-        super().__init__()
         self.timeout = timeout
         self.mountpoint = ""
+        self.prime_pid = 0  # the priming child: its interrupted request is answered
         self._mounted = False
         self._released = False
         self._names = 0
+        self._dev_fd = -1
+        self._wake_r = self._wake_w = -1
+        self._thread: threading.Thread | None = None
+        self._cond = threading.Condition()
+        self._stopped = False
+        self._primed = False
+        self._held: dict[int, int] = {}  # unique id of each unanswered request -> caller tid
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -114,7 +165,11 @@ class FuseStall(FuseServer):
         if code:
             raise OSError(code, f"mount(2) of a fuse file system failed: {os.strerror(code)}", self.mountpoint)
         self._mounted = True
-        self.start(self._dev_fd)
+        # A wake-up pipe polled with the connection: a thread blocked in read(2) keeps the file
+        # alive, and closing it alone would not end the thread.
+        self._wake_r, self._wake_w = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
+        self._thread = threading.Thread(target=self._serve, name="trtllm-liveness-fuse-stall", daemon=True)
+        self._thread.start()
         self._prime()
 
     def _prime(self) -> None:
@@ -150,16 +205,32 @@ class FuseStall(FuseServer):
     def release(self) -> None:
         """End every stuck caller's wait, unmount and remove the mountpoint. Idempotent; never raises.
 
-        Callers with SIGKILL pending die at once; the others get ``ENOTCONN``.
+        Callers with SIGKILL pending die at once; the others get ``ENOTCONN``. The server thread
+        stops first (waited for at most the stall's timeout); every held request is forgotten and
+        every waiter woken at the end.
         """
         if self._released:
             return
         self._released = True
-        self.stop(self.timeout)
+        self._stopped = True
+        if self._wake_w >= 0:
+            with contextlib.suppress(OSError):
+                os.write(self._wake_w, b"x")
+        if self._thread is not None:
+            self._thread.join(self.timeout)
+            if self._thread.is_alive():
+                logger.debug("FUSE stall server thread did not stop within %.1f s", self.timeout)
         if self._mounted:
             umount_fuse(self.mountpoint)  # aborts the connection: releases the callers
             self._mounted = False
-        self._close_fds("_dev_fd")
+        for name in ("_dev_fd", "_wake_r", "_wake_w"):
+            fd = getattr(self, name)
+            if fd >= 0:
+                try:
+                    os.close(fd)
+                except OSError as exc:
+                    logger.debug("closing %s failed: %s", name, exc)
+                setattr(self, name, -1)
         if self.mountpoint:
             try:
                 os.rmdir(self.mountpoint)
@@ -167,7 +238,9 @@ class FuseStall(FuseServer):
                 pass
             except OSError as exc:
                 logger.debug("cannot remove FUSE mountpoint %s: %s", self.mountpoint, exc)
-        self.close()
+        with self._cond:
+            self._held.clear()
+            self._cond.notify_all()
 
     # ------------------------------------------------------------------ queries
 
@@ -175,3 +248,95 @@ class FuseStall(FuseServer):
         """A fresh path in the mount for one more caller (each name is looked up once at a time)."""
         self._names += 1
         return os.path.join(self.mountpoint, f"stall-{self._names}")
+
+    def wait_held(self, tid: int, timeout: float) -> bool:
+        """Wait until a request from thread ``tid`` (a pid for a one-thread process) is held; False
+        on timeout or after the release. From then on SIGKILL cannot end that thread before the
+        connection is aborted."""
+        return self._wait_until(lambda: tid in self._held.values(), timeout)
+
+    def _wait_until(self, held: Callable[[], bool], timeout: float) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: held() or self._stopped, timeout) and held()
+
+    def wait_primed(self, timeout: float) -> bool:
+        """Wait until an INTERRUPT was answered ``ENOSYS`` (``no_interrupt`` set); False on timeout."""
+        return self._wait_until(lambda: self._primed, timeout)
+
+    # ------------------------------------------------------------------ server thread
+
+    def _serve(self) -> None:
+        poller = select.poll()
+        poller.register(self._dev_fd, select.POLLIN)
+        poller.register(self._wake_r, select.POLLIN)
+        try:
+            while True:
+                ready = poller.poll(self._until_due_ms())
+                if any(fd == self._wake_r for fd, _ in ready):
+                    return
+                self._answer_due()
+                if not any(fd == self._dev_fd for fd, _ in ready):
+                    continue
+                try:
+                    data = os.read(self._dev_fd, _READ_SIZE)
+                except BlockingIOError:
+                    continue
+                except OSError as exc:  # ENODEV: the connection was aborted
+                    logger.debug("FUSE stall server stops: %s", exc)
+                    return
+                self._handle(data)
+        except Exception:  # never let the thread die with a traceback on stderr
+            logger.debug("FUSE stall server failed", exc_info=True)
+
+    def _until_due_ms(self) -> int:
+        """The poll timeout: until the first late answer is due (-1: none pending, wait for input).
+        A plain server has no late answers; a subclass that queues some overrides it."""
+        return -1
+
+    def _answer_due(self) -> None:
+        """Send the late answers that are due (server thread): none in a plain server."""
+
+    def _reply(self, unique: int, error: int, payload: bytes = b"") -> bool:
+        try:
+            os.write(self._dev_fd, _OUT_HEADER.pack(_OUT_HEADER.size + len(payload), error, unique) + payload)
+        except OSError as exc:  # ENOENT: the request is gone (its caller was released)
+            logger.debug("FUSE reply to %d failed: %s", unique, exc)
+            return False
+        return True
+
+    def _handle(self, data: bytes) -> None:
+        if len(data) < _IN_HEADER.size:
+            return
+        _, opcode, unique, nodeid, _, _, tid, _, _ = _IN_HEADER.unpack_from(data)
+        if opcode == _FUSE_INIT:
+            _, minor = _INIT_IN.unpack_from(data, _IN_HEADER.size)
+            minor = min(minor, _FUSE_MINOR)
+            out = _INIT_OUT.pack(_FUSE_MAJOR, minor, 0, _FUSE_PARALLEL_DIROPS, 0, 0, 0, 0, 0, 0, 0, *([0] * 7))
+            self._reply(unique, 0, out if minor >= 23 else out[:_INIT_OUT_COMPAT_SIZE])
+        elif opcode == _FUSE_INTERRUPT:
+            (target,) = _INTERRUPT_IN.unpack_from(data, _IN_HEADER.size)
+            # ENOSYS must come while the interrupted request is still unanswered (the kernel looks
+            # it up); it sets no_interrupt for the connection.
+            primed = self._reply(unique, -errno.ENOSYS)
+            with self._cond:
+                self._primed = self._primed or primed
+                release = self._held.get(target) == self.prime_pid
+                if release:
+                    del self._held[target]
+                self._cond.notify_all()
+            if release:
+                self._reply(target, -errno.ENOENT)
+        elif opcode in _NO_REPLY_OPCODES:
+            pass
+        elif tid > 0 and os.path.exists(f"/proc/self/task/{tid}"):
+            # One of this process's own threads: /proc/self/task lists only this thread group.
+            self._reply(unique, -errno.EIO)
+        elif not self._answer_file(opcode, unique, nodeid, data):
+            with self._cond:
+                self._held[unique] = tid
+                self._cond.notify_all()
+
+    def _answer_file(self, opcode: int, unique: int, nodeid: int, data: bytes) -> bool:
+        """Answer a request for a file the server serves (server thread); False leaves it held. A
+        plain server serves none: it holds every such request."""
+        return False

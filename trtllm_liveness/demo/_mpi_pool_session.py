@@ -47,8 +47,3 @@ class MpiPoolSession:
             self.mpi_pool.shutdown(wait=False, cancel_futures=True)
         except Exception:
             logger.debug("MPIPoolExecutor.shutdown raised", exc_info=True)
-
-    def shutdown_abort(self, reason: object = None) -> None:
-        """Upstream aborts the MPI job here; the reference only shuts the pool down."""
-        logger.error("MpiPoolSession.shutdown_abort: %s", reason)
-        self.shutdown()

@@ -141,10 +141,6 @@ class ScenarioOptions(JsonRecord):
                                    for name, value in data.items()}
         return cls(**options)
 
-    def replace(self, **changes: Any) -> ScenarioOptions:
-        """A copy with ``changes`` (validated like the constructor)."""
-        return ScenarioOptions.from_dict({**self.to_dict(), **changes})
-
 
 @dataclass(frozen=True)
 class Victim(JsonRecord):

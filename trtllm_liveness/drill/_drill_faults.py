@@ -105,38 +105,15 @@ class FaultReply(JsonRecord):
                    None if age is None else time.monotonic() - float(age))
 
 
-# The freezer group's guard: waits for EOF on stdin (the agent released the group, or its process
-# ended, however: then nobody else would thaw), thaws the group, moves what is still in it back to
-# the root group, removes it and ends; bounded (a group never made is nothing to do: it starts before
-# the group is made). Standard library only (-I: nothing of the rank's).
-_GUARD = """
-import contextlib, os, sys, time
-sys.stdin.buffer.read()
-group = sys.argv[1]
-with contextlib.suppress(OSError), open(os.path.join(group, "freezer.state"), "w") as handle:
-    handle.write("THAWED")
-deadline = time.monotonic() + 10.0
-while time.monotonic() < deadline:
-    try:
-        os.rmdir(group)
-        break
-    except FileNotFoundError:
-        break
-    except OSError:
-        time.sleep(0.05)
-    with contextlib.suppress(OSError):
-        with open(os.path.join(group, "tasks")) as handle:
-            tids = handle.read().split()
-        for tid in tids:
-            with open(os.path.join(os.path.dirname(group), "tasks"), "w") as handle:
-                handle.write(tid)
-"""
-
-
 def _start_guard(group: str) -> subprocess.Popen[bytes]:
-    """The freezer group's guard (:data:`_GUARD`), in a session of its own: a launcher that ends the
-    rank's process group or session leaves it to thaw what the agent froze."""
-    return subprocess.Popen([sys.executable, "-I", "-c", _GUARD, group], stdin=subprocess.PIPE,
+    """The freezer group's guard (``python -I demo/_cgroup_faults.py GROUP``: standard library only,
+    nothing of the rank's), in a session of its own: a launcher that ends the rank's process group
+    or session leaves it to thaw what the agent froze. Started before the group is made; at EOF on
+    its stdin (the agent released the group, or its process ended, however) it thaws and removes
+    the group, bounded."""
+    from ..demo import _cgroup_faults
+
+    return subprocess.Popen([sys.executable, "-I", _cgroup_faults.__file__, group], stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
                             close_fds=True)
 
