@@ -89,9 +89,9 @@ def dispatch_activity(ref: weakref.ReferenceType[Any]) -> Callable[[], int | Non
 def beat_interval(*bounds_s: float) -> float:
     """How often a rank reports iterations: a quarter of the shortest bound that reads them (the
     stall timeout; the heartbeat timeout where a silent host waits for the engine's progress), at
-    most once a second. Each beat carries its rank's last iteration time: the beats not yet sent
-    hide at most this much progress from those bounds."""
-    return min([BEAT_INTERVAL_MAX_S, *(bound / 4 for bound in bounds_s if bound > 0)])
+    most once a second and at least once a millisecond. Each beat carries its rank's last iteration
+    time: the beats not yet sent hide at most this much progress from those bounds."""
+    return max(0.001, min([BEAT_INTERVAL_MAX_S, *(bound / 4 for bound in bounds_s if bound > 0)]))
 
 
 class Diagnoser:

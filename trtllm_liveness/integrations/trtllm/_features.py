@@ -138,19 +138,18 @@ def detect_features(proxy_cls: type) -> UpstreamFeatures:
     return features
 
 
-def warn_once(key: str, subject: str, message: str, *args: Any, exc_info: bool = False) -> bool:
-    """Log ``message`` as a WARNING once per ``(key, subject)`` in this process; True if logged."""
-    return log_once(logging.WARNING, key, subject, message, *args, exc_info=exc_info)
+def warn_once(key: str, subject: str, message: str, *args: Any, exc_info: bool = False) -> None:
+    """Log ``message`` as a WARNING once per ``(key, subject)`` in this process."""
+    log_once(logging.WARNING, key, subject, message, *args, exc_info=exc_info)
 
 
-def log_once(level: int, key: str, subject: str, message: str, *args: Any, exc_info: bool = False) -> bool:
-    """Log ``message`` at ``level`` once per ``(key, subject)`` in this process; True if logged."""
+def log_once(level: int, key: str, subject: str, message: str, *args: Any, exc_info: bool = False) -> None:
+    """Log ``message`` at ``level`` once per ``(key, subject)`` in this process."""
     with _WARNED_LOCK:
         if (key, subject) in _WARNED:
-            return False
+            return
         _WARNED.add((key, subject))
     logger.log(level, message, *args, exc_info=exc_info)
-    return True
 
 
 def warn_missing_hooks(proxy_cls: type) -> None:
@@ -218,12 +217,11 @@ def route_of(kwargs: Mapping[str, Any]) -> str:
     return "mpi"
 
 
-def warn_route(route: str) -> bool:
+def warn_route(route: str) -> None:
     """One WARNING per uncovered route in this process (naming it and what is not covered)."""
-    if route not in UNCOVERED_ROUTES:
-        return False
-    return warn_once("route", route, "liveness: GenerationExecutor.create takes the %s route: %s is not covered "
-                     "by worker liveness", route, UNCOVERED_ROUTES[route])
+    if route in UNCOVERED_ROUTES:
+        warn_once("route", route, "liveness: GenerationExecutor.create takes the %s route: %s is not covered "
+                  "by worker liveness", route, UNCOVERED_ROUTES[route])
 
 
 def find_symbol(names: Sequence[str], modules: Sequence[str], *, import_missing: bool = True) -> Any:

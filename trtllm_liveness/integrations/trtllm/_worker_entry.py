@@ -38,7 +38,6 @@ without a callable task is the one exception: nothing could run, so its error is
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
@@ -210,12 +209,8 @@ def _note_exit_hook() -> None:
     """Register the hook that marks this process's own exit, once (called under the lock)."""
     if _WATCHES:
         return
-    register = getattr(threading, "_register_atexit", None)
     try:
-        if callable(register):
-            register(_EXITING.set)
-        else:  # pragma: no cover - CPython has had it since 3.9
-            atexit.register(_EXITING.set)
+        threading._register_atexit(_EXITING.set)  # type: ignore[attr-defined]  # CPython 3.9+
     except RuntimeError:  # the interpreter is already shutting down
         _EXITING.set()
 
