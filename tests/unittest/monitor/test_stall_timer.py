@@ -412,7 +412,7 @@ def test_a_rank_reporter_follows_a_new_engine() -> None:
         reporter.retarget(two.spec, 1)
         reporter.tick()
         assert wait_until(lambda: second, 10)
-        assert second[-1].rank == 1 and second[-1].count == 2 and reporter.rank == 1
+        assert second[-1].rank == 1 and second[-1].count == 2 and reporter._target == (two.spec, 1)
     finally:
         one.close()
         two.close()

@@ -312,14 +312,6 @@ def _pre_shutdown_helper(proxy: Any, state: EngineLiveness, error: WorkerFailedE
     state.fatal_path.done.set()
 
 
-def acquire_send_lock(proxy: Any, state: EngineLiveness) -> None:
-    """Take ``state.send_lock`` for a submit(); raises the engine-dead error instead of waiting
-    on once a fatal error is known (a send in flight to a dead peer may never end)."""
-    while not state.send_lock.acquire(timeout=0.1):
-        if state.fatal_path.fatal is not None:
-            raise dead_error(proxy, state.fatal_path.fatal)
-
-
 def dead_error(proxy: Any, error: WorkerFailedError) -> BaseException:
     """Upstream's ``EngineDeadError(error)`` where it exists, else ``error``."""
     base = getattr(type(proxy), "_liveness_base", type(proxy))

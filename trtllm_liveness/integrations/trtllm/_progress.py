@@ -204,10 +204,6 @@ class IterationReporter:
         self.thread = threading.Thread(target=self._run, name="trtllm-liveness-iterations", daemon=True)
         self.thread.start()
 
-    @property
-    def rank(self) -> int:
-        return self._target[1]
-
     def retarget(self, spec: ProgressSpec, rank: int) -> None:
         """Report to another engine's proxy from now on (a rank process that serves a new engine,
         as ranks launched by mpirun do); the sending thread reconnects before its next beat."""

@@ -188,7 +188,7 @@ class ProxyDeathWatch:
             finally:
                 os.close(self.fd)
         else:
-            while not _proxy_gone_now(self.pid, self.start_time):
+            while not gone_now(self.pid, self.start_time):
                 time.sleep(_FALLBACK_POLL_S)
         if _EXITING.is_set():
             # This rank is leaving on its own (its interpreter exit began before the proxy was
@@ -272,7 +272,7 @@ def start_proxy_death_watch(proxy: ProxyIdentity | Sequence[Any], *,
             else:
                 gone = False
         else:
-            gone = _proxy_gone_now(pid, start_time)
+            gone = gone_now(pid, start_time)
             if not gone:
                 logger.warning("liveness: no pidfd here: the proxy (pid %d) is watched by polling /proc every "
                                "%.1f s (pid and start time)", pid, _FALLBACK_POLL_S)
@@ -292,8 +292,9 @@ def start_proxy_death_watch(proxy: ProxyIdentity | Sequence[Any], *,
     return None
 
 
-def _proxy_gone_now(pid: int, start_time: int | None) -> bool:
-    """The procfs check: True if ``pid`` is gone, a zombie, or another process now."""
+def gone_now(pid: int, start_time: int | None) -> bool:
+    """The procfs check: True if ``pid`` is gone, a zombie, or another process now (False while it
+    cannot tell)."""
     from ..._errors import ProcessGone
     from ...process import _pidfd
 
@@ -301,7 +302,7 @@ def _proxy_gone_now(pid: int, start_time: int | None) -> bool:
         _pidfd.verify_start_time(pid, start_time)
     except ProcessGone:
         return True
-    except Exception:  # cannot tell this time (AccessDenied, EMFILE...): keep watching
+    except Exception:  # cannot tell this time (AccessDenied, EMFILE...): a watch keeps watching
         return False
     return False
 
