@@ -365,7 +365,6 @@ class LivenessMetrics:
             except Exception:
                 logger.exception("fault_time callback raised; using the monitor's times for %s",
                                  event.identity.describe())
-                noted = None
         if noted is not None:
             return noted, "noted"
         # The monitor's own time is the second origin of LATENCY_ORIGINS: the exit's handling for a

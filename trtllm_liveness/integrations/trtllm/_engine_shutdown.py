@@ -80,11 +80,11 @@ def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_s
     else:
         # Workers exiting now are expected: stop the watcher so they are not reported dead.
         state.monitor.stop()
-        if zmq_debug() and state.owns_request_socket():
-            # Upstream's debug mode raises on a send from a thread that does not own its
-            # request socket: this one does, so upstream's pre_shutdown() (stop sentinel,
-            # cancellations) runs here; the shutdown() below then finds it done. The engine is
-            # healthy, so these sends go to a live leader.
+        if os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG", "0") != "0" and state.owns_request_socket():
+            # Upstream's debug mode (the word as its ipc reads it, docs/upstream-contract.md) raises
+            # on a send from a thread that does not own its request socket: this one does, so
+            # upstream's pre_shutdown() (stop sentinel, cancellations) runs here; the shutdown()
+            # below then finds it done. The engine is healthy, so these sends go to a live leader.
             proxy.pre_shutdown()
     # The engine's thread, bound 0: joined below until its own bound (the stop's end + 2 s), after
     # which it is abandoned with its WARNING; release() then only checks that it ended.
@@ -121,12 +121,6 @@ def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_s
         fatal = state.fatal_path.fail_after_stop(events[0])
         if getattr(proxy, "_fatal_error", None) is None:
             proxy._fatal_error = fatal
-
-
-def zmq_debug() -> bool:
-    """Upstream's debug mode, which raises on a send from a thread that does not own the socket."""
-    # Upstream's ipc reads it per queue at construction; the same word here (docs/upstream-contract.md).
-    return os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG", "0") != "0"
 
 
 def wait_exit(state: EngineLiveness, deadline: float) -> None:

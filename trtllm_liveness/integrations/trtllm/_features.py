@@ -69,15 +69,9 @@ class UpstreamFeatures:
         """Whether the hook ``name`` (a key of REQUIRED_HOOKS or REPLACED_HOOKS) was found."""
         if name in REQUIRED_HOOKS:
             return name not in self.missing_hooks
-        return bool(getattr(self, _FIELD_OF[name]))
-
-
-# REPLACED_HOOKS name -> its UpstreamFeatures field.
-_FIELD_OF: Mapping[str, str] = {
-    "check_health": "check_health", "_fatal_error": "fatal_error", "_set_fatal_error": "set_fatal_error",
-    "_mark_engine_dead": "mark_engine_dead", "_engine_dead": "engine_dead", "_owns_mpi_session": "owns_mpi_session",
-    "WORKER_PROCESS_IDENTITIES_SIGNAL": "identities_signal", "_error_monitor_loop": "error_monitor_loop",
-}
+        # A REPLACED_HOOKS name's field is the name without its underscores, the signal's aside.
+        field = "identities_signal" if name == "WORKER_PROCESS_IDENTITIES_SIGNAL" else name.strip("_")
+        return bool(getattr(self, field))
 
 
 def _attribute_names(function: Any, opnames: frozenset[str]) -> set[str]:

@@ -34,6 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ...multihost._channel import Tally
 from .. import patch_when_imported
 from ._side_channel import close_listener, open_listener
 from ._worker_spec import ProgressSpec, is_int
@@ -42,7 +43,6 @@ logger = logging.getLogger(__name__.rpartition(".")[0])
 
 HANG_DETECTOR_MODULE = "tensorrt_llm._torch.pyexecutor.hang_detector"
 MAX_MESSAGE_BYTES = 512
-_REJECT_LOG_EVERY = 100  # after the first few, one rejection line per this many
 _SEND_RETRIES = 10  # a beat not taken is tried again this many times, one interval apart
 _RECHECK_MS = 60_000  # bound on the waits that only a beat or close() ends
 
@@ -93,7 +93,7 @@ class ProgressChannel:
         self._dir, self.token, self.address, self._context, self._sock = open_listener("progress",
                                                                                        MAX_MESSAGE_BYTES)
         self.interval_s = interval_s
-        self.rejected = 0
+        self.rejected = Tally(logger, "liveness: rejected a progress message (%d so far): %s", 0)
         self._on_beat = on_beat
         self._closed = threading.Event()
         self._wake_lock = threading.Lock()  # the write end: close() writes it, then closes it
@@ -143,9 +143,7 @@ class ProgressChannel:
             try:
                 beat = parse_beat(raw, self.token)
             except ValueError as exc:
-                self.rejected += 1
-                if self.rejected <= 5 or self.rejected % _REJECT_LOG_EVERY == 0:
-                    logger.warning("liveness: rejected a progress message (%d so far): %s", self.rejected, exc)
+                self.rejected.note(exc)
                 continue
             try:
                 self._on_beat(beat)
