@@ -83,7 +83,10 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
     record_outcome(str(error), error.restartable,
                    state.config.exit_code if error.restartable else state.config.exit_code_unrestartable)
     if state.exit_guard is not None:
-        mark_shutdown_signalled(proxy)
+        # Plain attribute stores: upstream reads both without a lock.
+        for name in ("doing_shutdown", "_shutdown_signal_sent"):
+            with contextlib.suppress(Exception):
+                setattr(proxy, name, True)
     publish_fatal(proxy, error)
     fail_requests(proxy, error)
     release_exit_joins(proxy, state)
@@ -213,13 +216,6 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
         quarantine_host(state.config, unrestartable)
     except Exception:
         logger.exception("liveness: could not quarantine the host")
-
-
-def mark_shutdown_signalled(proxy: Any) -> None:
-    # Plain attribute stores: upstream reads both without a lock.
-    for name in ("doing_shutdown", "_shutdown_signal_sent"):
-        with contextlib.suppress(Exception):
-            setattr(proxy, name, True)
 
 
 def publish_fatal(proxy: Any, error: WorkerFailedError) -> None:
