@@ -156,7 +156,7 @@ class Diagnoser:
         the remote hosts' merged in; ``snapshot``: the fatal verdict's quick one. None without a
         rank to look at. Blocks for the bounds of the module's constants (``remote_bound_s`` for
         the remote part of a snapshot)."""
-        from ...diagnose._diagnosis import diagnose
+        from ...diagnose._diagnosis import diagnose, merge_hosts
 
         started = time.monotonic()
         identities = [identity for identity in self._identities() if identity.pid > 1]
@@ -170,8 +170,6 @@ class Diagnoser:
         else:
             diagnosis = diagnose(identities, stacks=True, iterations=iterations)
         if remote is not None:
-            from ...diagnose._diagnosis import merge_hosts
-
             remote[0].join(remote[2])
             diagnosis = dataclasses.replace(merge_hosts(diagnosis, list(remote[1]), iterations),
                                             elapsed_ms=(time.monotonic() - started) * 1000)

@@ -49,8 +49,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..._errors import ProcessGone
 from ..._events import MonitorMethod
+from ...process import _pidfd
 from ...process._identity import capture_identity, local_hostname, local_pid_namespace
+from ...process._procfs import boot_id
 from ._worker_spec import SPEC_KWARG, IdentityChannelSpec, ProgressSpec, ProxyIdentity, WorkerSpec, WorkerSpecError
 
 if TYPE_CHECKING:
@@ -154,8 +157,6 @@ def proxy_identity() -> list[Any]:
     ``boot_id`` (the kernel's, ``""`` if unreadable) tells two hosts apart even where hostnames
     and the initial PID namespace's inode coincide; a 4-element form without it is still accepted.
     """
-    from ...process._procfs import boot_id
-
     identity = capture_identity(0)
     return [identity.pid, identity.start_time, identity.hostname, identity.pid_namespace, boot_id()]
 
@@ -234,10 +235,6 @@ def start_proxy_death_watch(proxy: ProxyIdentity | Sequence[Any], *,
     then ``on_gone`` runs at once (by default the rank ends: its proxy is gone). Raises
     ``ValueError`` for a malformed ``proxy``. Never blocks (two procfs reads and a ``pidfd_open``).
     """
-    from ..._errors import ProcessGone
-    from ...process import _pidfd
-    from ...process._procfs import boot_id
-
     ref = proxy if isinstance(proxy, ProxyIdentity) else ProxyIdentity.from_sequence(proxy)
     pid, start_time, hostname, namespace, boot = ref.pid, ref.start_time, ref.hostname, ref.pid_namespace, ref.boot_id
     if pid == 1 and hostname == local_hostname() and namespace == local_pid_namespace():
@@ -295,9 +292,6 @@ def start_proxy_death_watch(proxy: ProxyIdentity | Sequence[Any], *,
 def gone_now(pid: int, start_time: int | None) -> bool:
     """The procfs check: True if ``pid`` is gone, a zombie, or another process now (False while it
     cannot tell)."""
-    from ..._errors import ProcessGone
-    from ...process import _pidfd
-
     try:
         _pidfd.verify_start_time(pid, start_time)
     except ProcessGone:
