@@ -174,9 +174,8 @@ def _location(spec: Any) -> str | None:
 
 
 def _proxy_checks(where: str, features: UpstreamFeatures) -> list[HookCheck]:
-    checks = [HookCheck(name, where, features.has(name), NEEDED, text) for name, text in REQUIRED_HOOKS.items()]
-    checks += [HookCheck(name, where, features.has(name), OPTIONAL, text) for name, text in REPLACED_HOOKS.items()]
-    return checks
+    return [HookCheck(name, where, features.has(name), role, text)
+            for role, hooks in ((NEEDED, REQUIRED_HOOKS), (OPTIONAL, REPLACED_HOOKS)) for name, text in hooks.items()]
 
 
 def _route_checks(proxy_base: type, features: UpstreamFeatures) -> list[HookCheck]:

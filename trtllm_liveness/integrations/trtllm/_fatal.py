@@ -87,7 +87,14 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
         for name in ("doing_shutdown", "_shutdown_signal_sent"):
             with contextlib.suppress(Exception):
                 setattr(proxy, name, True)
-    publish_fatal(proxy, error)
+    setter = getattr(proxy, "_set_fatal_error", None)  # publish: upstream's setter, _fatal_error in any case
+    if callable(setter):
+        try:
+            setter(error)
+        except Exception:
+            logger.exception("liveness: upstream _set_fatal_error raised")
+    if getattr(proxy, "_fatal_error", None) is None:
+        proxy._fatal_error = error
     fail_requests(proxy, error)
     release_exit_joins(proxy, state)
     # The line's evidence reads every rank's thread states (milliseconds for 8 ranks of 100
@@ -216,17 +223,6 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
         quarantine_host(state.config, unrestartable)
     except Exception:
         logger.exception("liveness: could not quarantine the host")
-
-
-def publish_fatal(proxy: Any, error: WorkerFailedError) -> None:
-    setter = getattr(proxy, "_set_fatal_error", None)
-    if callable(setter):
-        try:
-            setter(error)
-        except Exception:
-            logger.exception("liveness: upstream _set_fatal_error raised")
-    if getattr(proxy, "_fatal_error", None) is None:
-        proxy._fatal_error = error
 
 
 def fail_requests(proxy: Any, error: WorkerFailedError) -> None:

@@ -199,8 +199,7 @@ class IterationReporter:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 8)
         self._sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for a proxy that is not there
-        self.thread = threading.Thread(target=self._run, name="trtllm-liveness-iterations", daemon=True)
-        self.thread.start()
+        threading.Thread(target=self._run, name="trtllm-liveness-iterations", daemon=True).start()
 
     def retarget(self, spec: ProgressSpec, rank: int) -> None:
         """Report to another engine's proxy from now on (a rank process that serves a new engine,
