@@ -61,7 +61,7 @@ def main() -> None:
     configure_mpi_env()
     import trtllm_liveness.integrations.trtllm_autoload  # noqa: F401  # what the .pth line would do
 
-    hooked = type(sys.meta_path[0]).__name__ == "_Finder"
+    hooked = getattr(sys.meta_path[0], "_target", None) == "tensorrt_llm.executor.proxy"
     from tensorrt_llm import LLM  # type: ignore[import-not-found]  # the fake, put first on sys.path
 
     from trtllm_liveness import LivenessConfig

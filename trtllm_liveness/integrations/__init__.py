@@ -5,8 +5,8 @@ Each module imports its third-party dependency lazily or at its own import, neve
 (metrics).
 
 :class:`PatchingFinder` is the one import hook of the package (the autoload's, on the proxy's
-module; the ranks', on upstream's hang detector): it imports nothing but ``sys``, so that the
-autoload costs an interpreter no module beyond its own.
+module; the ranks', on upstream's hang detector), installed by :func:`patch_when_imported`: it
+imports nothing but ``sys``, so that the autoload costs an interpreter no module beyond its own.
 """
 
 import sys
@@ -60,3 +60,14 @@ class PatchingFinder:
                 spec.loader = _PatchingLoader(spec.loader, self._patch)  # type: ignore[assignment]
                 return spec
         return None
+
+
+def patch_when_imported(target: str, patch: "Callable[[ModuleType], None]") -> None:
+    """Run ``patch(module)`` on the module ``target`` now if it is imported, else right after it is
+    (a :class:`PatchingFinder` first on ``sys.meta_path``; it stays: a module imported again is
+    patched again, so ``patch`` skips a module it patched already)."""
+    module = sys.modules.get(target)
+    if module is not None:
+        patch(module)
+    else:
+        sys.meta_path.insert(0, PatchingFinder(target, patch))

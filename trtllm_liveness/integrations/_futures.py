@@ -39,12 +39,9 @@ def mirror_future(real: Future[Any]) -> Future[Any]:
     return mirror
 
 
-def fail_pending(futures: Iterable[Any], error: BaseException) -> int:
-    """Set ``error`` on every future in ``futures`` not done yet (others are skipped); how many."""
-    failed = 0
+def fail_pending(futures: Iterable[Any], error: BaseException) -> None:
+    """Set ``error`` on every future in ``futures`` not done yet (others are skipped)."""
     for future in futures:
         if isinstance(future, Future) and not future.done():
             with contextlib.suppress(InvalidStateError):  # finished meanwhile
                 future.set_exception(error)
-                failed += 1
-    return failed

@@ -35,7 +35,8 @@ class PoolManagerDiedError(RuntimeError):
     """The MPI pool's manager thread ended before the workers were up (the spawn failed)."""
 
 
-def _manager_thread(session: Any) -> threading.Thread | None:
+def manager_thread(session: Any) -> threading.Thread | None:
+    """mpi4py's pool manager thread of ``session`` (``mpi_pool._pool.thread``), where it has one."""
     pool = getattr(getattr(session, "mpi_pool", None), "_pool", None)
     thread = getattr(pool, "thread", None)
     return thread if isinstance(thread, threading.Thread) else None
@@ -73,7 +74,7 @@ class PoolManagerWatch:
         while manager is None:
             if self._disarmed.wait(_FIND_INTERVAL_S):
                 return
-            manager = _manager_thread(self._session)
+            manager = manager_thread(self._session)
             if manager is None and self._futures():
                 # Submitted, yet no mpi4py pool thread: another session kind (MpiCommSession under
                 # mpirun) or another mpi4py layout. Nothing to watch.

@@ -22,6 +22,7 @@ Facts of the code that page does not carry:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -297,10 +298,8 @@ class LivenessMetrics:
             if refresher.is_alive():
                 logger.warning("liveness metrics refresh thread did not stop within %g s (daemon: left to exit)",
                                REFRESHER_JOIN_S)
-        try:
+        with contextlib.suppress(KeyError):  # already unregistered
             self.registry.unregister(self._collector)
-        except KeyError:
-            pass  # already unregistered
 
     def start_http_server(self, port: int = 0, addr: str = "127.0.0.1") -> tuple[Any, threading.Thread]:
         """Serve this registry at ``http://addr:port/metrics`` from a daemon thread.
@@ -366,7 +365,6 @@ class LivenessMetrics:
             except Exception:
                 logger.exception("fault_time callback raised; using the monitor's times for %s",
                                  event.identity.describe())
-                noted = None
         if noted is not None:
             return noted, "noted"
         # The monitor's own time is the second origin of LATENCY_ORIGINS: the exit's handling for a

@@ -32,7 +32,7 @@ import os
 import sys
 
 from .._switch import ENV_VAR, EXIT_INVALID_SETTING, autoload_wanted
-from . import PatchingFinder
+from . import patch_when_imported
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:  # no typing, collections.abc or importlib.abc at run time: see the docstring
@@ -68,14 +68,6 @@ def _patch(module: "ModuleType") -> None:
     patch_tensorrt_llm(module)
 
 
-class _Finder(PatchingFinder):
-    """Intercepts only ``tensorrt_llm.executor.proxy``, which it patches once it executed; installing
-    it imports nothing."""
-
-    def __init__(self) -> None:
-        super().__init__(_TARGET, _patch)
-
-
 def install(force: bool = False) -> bool:
     """Install the patch (now or at TensorRT-LLM's import) if the environment switches liveness
     on, or always with ``force``. Idempotent and thread-safe. Returns whether the hook is active.
@@ -89,11 +81,7 @@ def install(force: bool = False) -> bool:
     with _lock:
         if _installed:
             return True
-        module = sys.modules.get(_TARGET)
-        if module is not None:
-            _patch(module)
-        else:
-            sys.meta_path.insert(0, _Finder())
+        patch_when_imported(_TARGET, _patch)
         _installed = True
     return True
 

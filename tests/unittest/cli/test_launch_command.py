@@ -125,7 +125,8 @@ def test_a_record_with_fields_of_a_newer_version_is_read_for_what_it_knows(tmp_p
 
 # ------------------------------------------------------------------ switching on: the hook, the settings, the line
 
-HOOKED = "import sys; print('hooked' if type(sys.meta_path[0]).__name__ == '_Finder' else 'not hooked')"
+HOOKED = ("import sys; print('hooked' if getattr(sys.meta_path[0], '_target', None) == 'tensorrt_llm.executor.proxy' "
+          "else 'not hooked')")
 
 
 def launch_env(**variables: str) -> dict[str, str]:

@@ -20,7 +20,8 @@ pytestmark = [pytest.mark.real_process, pytest.mark.timeout(120)]
 FAKE_MAIN = Path(__file__).resolve().parents[2] / "fakes" / "trtllm_main"
 VENV_BIN = os.path.dirname(sys.executable)
 # Prints whether the hook's finder is first on sys.meta_path (what install() puts there).
-HOOKED = "import sys; print('hooked' if type(sys.meta_path[0]).__name__ == '_Finder' else 'not hooked')"
+HOOKED = ("import sys; print('hooked' if getattr(sys.meta_path[0], '_target', None) == 'tensorrt_llm.executor.proxy' "
+          "else 'not hooked')")
 
 
 def launch(*command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

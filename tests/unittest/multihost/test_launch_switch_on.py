@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, 
 LAUNCH = [sys.executable, "-m", "trtllm_liveness.cli", "launch"]
 # Prints, from every rank, its host and whether the hook's finder is first on sys.meta_path.
 HOOKED = ("import socket, sys; print('HOOK', socket.gethostname(), "
-          "type(sys.meta_path[0]).__name__ == '_Finder', flush=True)")
+          "getattr(sys.meta_path[0], '_target', None) == 'tensorrt_llm.executor.proxy', flush=True)")
 PLACEMENT = (("hostA", 1), ("hostB", 1), ("hostC", 1))
 
 

@@ -125,11 +125,11 @@ def test_doctor_in_the_installed_environment_says_tensorrt_llm_is_not_installed(
 
 
 def test_the_autoload_hooks_every_python_of_the_environment_once_switched_on(installed: Path) -> None:
-    hooked = "import sys; print(type(sys.meta_path[0]).__name__)"
+    hooked = "import sys; print(getattr(sys.meta_path[0], '_target', None))"
     on = _run(["python3", "-c", hooked], cwd=installed, env={**_user_env(installed), "TRTLLM_WORKER_LIVENESS": "1"})
     off = _run(["python3", "-c", hooked], cwd=installed, env=_user_env(installed))
-    assert on.stdout.strip() == "_Finder", on
-    assert off.stdout.strip() != "_Finder", off
+    assert on.stdout.strip() == "tensorrt_llm.executor.proxy", on
+    assert off.stdout.strip() != "tensorrt_llm.executor.proxy", off
     status = _run(["trtllm-liveness", "autoload", "status"], cwd=installed, env=_user_env(installed))
     assert status.returncode == 0, status  # installed and current
     extra = _run(["python3", "-c", "import kubernetes"], cwd=installed, env=_user_env(installed))

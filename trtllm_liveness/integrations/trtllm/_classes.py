@@ -88,11 +88,12 @@ CREATE_HOOK_MISSING = ("the executor_cls route (LLM(executor_cls=liveness_execut
                        "upstream's proxy without liveness (the TRTLLM_WORKER_LIVENESS import hook still attaches)")
 
 
-def _install_create_hook(owner: type | None, executor_cls: type | None = None) -> None:
-    """Wrap ``owner._create_ipc_executor`` once (see the module docstring). ``owner`` None (no
-    class of ``executor_cls``'s MRO defines it): one WARNING per process naming what is lost."""
+def _install_create_hook(executor_cls: type) -> None:
+    """Wrap ``_create_ipc_executor`` of ``executor_cls``'s :func:`_routing_class` once (see the module
+    docstring). No such class: one WARNING per process naming what is lost."""
+    owner = _routing_class(executor_cls)
     if owner is None:
-        subject = "?" if executor_cls is None else f"{executor_cls.__module__}.{executor_cls.__qualname__}"
+        subject = f"{executor_cls.__module__}.{executor_cls.__qualname__}"
         warn_once("_create_ipc_executor", subject, "liveness: no class in the MRO of %s defines _create_ipc_executor: "
                   "%s is not covered", subject, CREATE_HOOK_MISSING)
         return
@@ -137,10 +138,9 @@ def liveness_executor_class(executor_cls: type | None = None, proxy_cls: type | 
     if proxy_cls is None:
         proxy_cls = importlib.import_module(
             executor_cls.__module__.rpartition(".")[0] + ".proxy").GenerationExecutorProxy
-    assert executor_cls is not None and proxy_cls is not None
     base_executor: type = executor_cls
     liveness_proxy = liveness_proxy_class(proxy_cls, default_enabled=True, config=config)
-    _install_create_hook(_routing_class(base_executor), base_executor)
+    _install_create_hook(base_executor)
 
     def _create_ipc_executor(*args: Any, **kwargs: Any) -> Any:
         with _requested(liveness_proxy):

@@ -20,7 +20,7 @@ import importlib
 import importlib.util
 import os
 import sys
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,10 +89,9 @@ class SettingCheck(JsonRecord):
     error: str | None = None
 
 
-def check_setting(environ: Mapping[str, str] | None = None) -> SettingCheck:
-    """Parse ``TRTLLM_WORKER_LIVENESS`` of ``environ`` (default ``os.environ``) as an engine start
-    would; never raises."""
-    raw = (os.environ if environ is None else environ).get(ENV_VAR)
+def check_setting() -> SettingCheck:
+    """Parse this environment's ``TRTLLM_WORKER_LIVENESS`` as an engine start would; never raises."""
+    raw = os.environ.get(ENV_VAR)
     try:
         return SettingCheck(raw, parse_value(raw).enabled)
     except ValueError as exc:
@@ -175,9 +174,8 @@ def _location(spec: Any) -> str | None:
 
 
 def _proxy_checks(where: str, features: UpstreamFeatures) -> list[HookCheck]:
-    checks = [HookCheck(name, where, features.has(name), NEEDED, text) for name, text in REQUIRED_HOOKS.items()]
-    checks += [HookCheck(name, where, features.has(name), OPTIONAL, text) for name, text in REPLACED_HOOKS.items()]
-    return checks
+    return [HookCheck(name, where, features.has(name), role, text)
+            for role, hooks in ((NEEDED, REQUIRED_HOOKS), (OPTIONAL, REPLACED_HOOKS)) for name, text in hooks.items()]
 
 
 def _route_checks(proxy_base: type, features: UpstreamFeatures) -> list[HookCheck]:
@@ -204,15 +202,12 @@ def _route_checks(proxy_base: type, features: UpstreamFeatures) -> list[HookChec
 
 def _session_checks() -> list[HookCheck]:
     module, error = _import(SESSION_MODULE)
-    session_cls = getattr(module, "MpiSession", None) or getattr(module, "MpiPoolSession", None)
+    session_cls: Any = getattr(module, "MpiSession", None) or getattr(module, "MpiPoolSession", None)
     found = isinstance(session_cls, type)
-    missing = f"{SESSION_MODULE} ({error or 'no MpiSession'})"
-    where = _qualname(session_cls) if isinstance(session_cls, type) else missing
-    checks = [HookCheck("mpi_session.submit", where, found and callable(getattr(session_cls, "submit", None)), NEEDED,
-                        "worker identities and the proxy-death watch")]
-    checks += [HookCheck(f"mpi_session.{name}", where, found and callable(getattr(session_cls, name, None)), NEEDED,
-                         text) for name, text in SESSION_HOOKS.items()]
-    return checks
+    where = _qualname(session_cls) if found else f"{SESSION_MODULE} ({error or 'no MpiSession'})"
+    hooks = {"submit": "worker identities and the proxy-death watch", **SESSION_HOOKS}
+    return [HookCheck(f"mpi_session.{name}", where, found and callable(getattr(session_cls, name, None)), NEEDED, text)
+            for name, text in hooks.items()]
 
 
 def _other_checks() -> list[HookCheck]:

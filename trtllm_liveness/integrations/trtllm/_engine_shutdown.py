@@ -34,31 +34,23 @@ import os
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
-from ..._errors import LivenessError
 from ..._events import WorkerState
 from ...exit._exit_guard import FatalExitGuard, interrupt_self_once
 from ...exit._outcome import mark_clean
 from ...exit._process_ending import Stage, process_ending
 from ...monitor._monitor import WorkerProcessMonitor
-from ...process._identity import ProcessIdentity, is_local
-from ...process._pidfd import verify_start_time
+from ...process._identity import is_local
 from ...stop._bounded_stop import StopOutcome, StopReport
 from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
 from ._hosts import stop_remote_hosts
 from ._state import EngineLiveness, EngineStop, state_of
 from ._upstream_teardown import abandon_session, owns_session, release_upstream_waits
+from ._worker_entry import gone_now
 
-
-class EngineProxy(Protocol):
-    """What the bounded shutdown calls on the proxy (the mixin's class over upstream's)."""
-
-    _fatal_error: BaseException | None
-
-    def _liveness_expected_exits(self) -> None: ...
-
-    def pre_shutdown(self) -> None: ...
+if TYPE_CHECKING:
+    from ._mixin import LivenessProxyMixin
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -71,7 +63,7 @@ STOP_MARGIN_S = 2.0
 waiting for the first (the kernel-stack reads of unkillable ranks, a loaded host)."""
 
 
-def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown: Callable[[], None]) -> None:
+def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_shutdown: Callable[[], None]) -> None:
     """The data flow of the module docstring; ``upstream_shutdown`` runs upstream's ``shutdown()``
     (never raises). Blocks for at most about ``shutdown_grace_s + shutdown_term_s +
     shutdown_kill_s + 2`` seconds. Idempotent: only the first call does anything."""
@@ -88,11 +80,11 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
     else:
         # Workers exiting now are expected: stop the watcher so they are not reported dead.
         state.monitor.stop()
-        if zmq_debug() and state.owns_request_socket():
-            # Upstream's debug mode raises on a send from a thread that does not own its
-            # request socket: this one does, so upstream's pre_shutdown() (stop sentinel,
-            # cancellations) runs here; the shutdown() below then finds it done. The engine is
-            # healthy, so these sends go to a live leader.
+        if os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG", "0") != "0" and state.owns_request_socket():
+            # Upstream's debug mode (the word as its ipc reads it, docs/upstream-contract.md) raises
+            # on a send from a thread that does not own its request socket: this one does, so
+            # upstream's pre_shutdown() (stop sentinel, cancellations) runs here; the shutdown()
+            # below then finds it done. The engine is healthy, so these sends go to a live leader.
             proxy.pre_shutdown()
     # The engine's thread, bound 0: joined below until its own bound (the stop's end + 2 s), after
     # which it is abandoned with its WARNING; release() then only checks that it ended.
@@ -131,17 +123,11 @@ def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown
             proxy._fatal_error = fatal
 
 
-def zmq_debug() -> bool:
-    """Upstream's debug mode, which raises on a send from a thread that does not own the socket."""
-    # Upstream's ipc reads it per queue at construction; the same word here (docs/upstream-contract.md).
-    return os.environ.get("TLLM_LLMAPI_ZMQ_DEBUG", "0") != "0"
-
-
 def wait_exit(state: EngineLiveness, deadline: float) -> None:
     """Wait until every registered rank has exited, or until ``deadline`` (monotonic)."""
     pending = state.identities
     while pending and time.monotonic() < deadline:
-        pending = [identity for identity in pending if _is_running(identity)]
+        pending = [identity for identity in pending if not gone_now(identity.pid, identity.start_time)]
         if pending:
             time.sleep(0.01)
 
@@ -269,11 +255,3 @@ def arm_exit_guard(state: EngineLiveness, ref: weakref.ReferenceType[Any]) -> No
                                       exit_code_unrestartable=config.exit_code_unrestartable)
     state.stop_at_exit = stop
     process_ending().add_cleanup(stop, Stage.STOP)
-
-
-def _is_running(identity: ProcessIdentity) -> bool:
-    try:
-        verify_start_time(identity.pid, identity.start_time)
-    except (LivenessError, OSError):
-        return False
-    return True

@@ -89,9 +89,9 @@ def dispatch_activity(ref: weakref.ReferenceType[Any]) -> Callable[[], int | Non
 def beat_interval(*bounds_s: float) -> float:
     """How often a rank reports iterations: a quarter of the shortest bound that reads them (the
     stall timeout; the heartbeat timeout where a silent host waits for the engine's progress), at
-    most once a second. Each beat carries its rank's last iteration time: the beats not yet sent
-    hide at most this much progress from those bounds."""
-    return min([BEAT_INTERVAL_MAX_S, *(bound / 4 for bound in bounds_s if bound > 0)])
+    most once a second and at least once a millisecond. Each beat carries its rank's last iteration
+    time: the beats not yet sent hide at most this much progress from those bounds."""
+    return max(0.001, min([BEAT_INTERVAL_MAX_S, *(bound / 4 for bound in bounds_s if bound > 0)]))
 
 
 class Diagnoser:
@@ -156,7 +156,7 @@ class Diagnoser:
         the remote hosts' merged in; ``snapshot``: the fatal verdict's quick one. None without a
         rank to look at. Blocks for the bounds of the module's constants (``remote_bound_s`` for
         the remote part of a snapshot)."""
-        from ...diagnose._diagnosis import diagnose
+        from ...diagnose._diagnosis import diagnose, merge_hosts
 
         started = time.monotonic()
         identities = [identity for identity in self._identities() if identity.pid > 1]
@@ -170,8 +170,6 @@ class Diagnoser:
         else:
             diagnosis = diagnose(identities, stacks=True, iterations=iterations)
         if remote is not None:
-            from ...diagnose._diagnosis import merge_hosts
-
             remote[0].join(remote[2])
             diagnosis = dataclasses.replace(merge_hosts(diagnosis, list(remote[1]), iterations),
                                             elapsed_ms=(time.monotonic() - started) * 1000)

@@ -83,8 +83,18 @@ def run_fatal_path(proxy: Any, state: EngineLiveness, error: WorkerFailedError) 
     record_outcome(str(error), error.restartable,
                    state.config.exit_code if error.restartable else state.config.exit_code_unrestartable)
     if state.exit_guard is not None:
-        mark_shutdown_signalled(proxy)
-    publish_fatal(proxy, error)
+        # Plain attribute stores: upstream reads both without a lock.
+        for name in ("doing_shutdown", "_shutdown_signal_sent"):
+            with contextlib.suppress(Exception):
+                setattr(proxy, name, True)
+    setter = getattr(proxy, "_set_fatal_error", None)  # publish: upstream's setter, _fatal_error in any case
+    if callable(setter):
+        try:
+            setter(error)
+        except Exception:
+            logger.exception("liveness: upstream _set_fatal_error raised")
+    if getattr(proxy, "_fatal_error", None) is None:
+        proxy._fatal_error = error
     fail_requests(proxy, error)
     release_exit_joins(proxy, state)
     # The line's evidence reads every rank's thread states (milliseconds for 8 ranks of 100
@@ -215,24 +225,6 @@ def note_unrestartable(state: EngineLiveness, events: Iterable[WorkerEvent]) -> 
         logger.exception("liveness: could not quarantine the host")
 
 
-def mark_shutdown_signalled(proxy: Any) -> None:
-    # Plain attribute stores: upstream reads both without a lock.
-    for name in ("doing_shutdown", "_shutdown_signal_sent"):
-        with contextlib.suppress(Exception):
-            setattr(proxy, name, True)
-
-
-def publish_fatal(proxy: Any, error: WorkerFailedError) -> None:
-    setter = getattr(proxy, "_set_fatal_error", None)
-    if callable(setter):
-        try:
-            setter(error)
-        except Exception:
-            logger.exception("liveness: upstream _set_fatal_error raised")
-    if getattr(proxy, "_fatal_error", None) is None:
-        proxy._fatal_error = error
-
-
 def fail_requests(proxy: Any, error: WorkerFailedError) -> None:
     """Fail every pending request with the engine's error and forget it; never blocks."""
     results: Any = getattr(proxy, "_results", None)
@@ -310,14 +302,6 @@ def _pre_shutdown_helper(proxy: Any, state: EngineLiveness, error: WorkerFailedE
                            "left in its daemon thread", 2 * PRE_SHUTDOWN_WAIT_S)
     state.fail_worker_futures(error)
     state.fatal_path.done.set()
-
-
-def acquire_send_lock(proxy: Any, state: EngineLiveness) -> None:
-    """Take ``state.send_lock`` for a submit(); raises the engine-dead error instead of waiting
-    on once a fatal error is known (a send in flight to a dead peer may never end)."""
-    while not state.send_lock.acquire(timeout=0.1):
-        if state.fatal_path.fatal is not None:
-            raise dead_error(proxy, state.fatal_path.fatal)
 
 
 def dead_error(proxy: Any, error: WorkerFailedError) -> BaseException:

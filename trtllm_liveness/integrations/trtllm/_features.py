@@ -69,15 +69,9 @@ class UpstreamFeatures:
         """Whether the hook ``name`` (a key of REQUIRED_HOOKS or REPLACED_HOOKS) was found."""
         if name in REQUIRED_HOOKS:
             return name not in self.missing_hooks
-        return bool(getattr(self, _FIELD_OF[name]))
-
-
-# REPLACED_HOOKS name -> its UpstreamFeatures field.
-_FIELD_OF: Mapping[str, str] = {
-    "check_health": "check_health", "_fatal_error": "fatal_error", "_set_fatal_error": "set_fatal_error",
-    "_mark_engine_dead": "mark_engine_dead", "_engine_dead": "engine_dead", "_owns_mpi_session": "owns_mpi_session",
-    "WORKER_PROCESS_IDENTITIES_SIGNAL": "identities_signal", "_error_monitor_loop": "error_monitor_loop",
-}
+        # A REPLACED_HOOKS name's field is the name without its underscores, the signal's aside.
+        field = "identities_signal" if name == "WORKER_PROCESS_IDENTITIES_SIGNAL" else name.strip("_")
+        return bool(getattr(self, field))
 
 
 def _attribute_names(function: Any, opnames: frozenset[str]) -> set[str]:
@@ -138,19 +132,18 @@ def detect_features(proxy_cls: type) -> UpstreamFeatures:
     return features
 
 
-def warn_once(key: str, subject: str, message: str, *args: Any, exc_info: bool = False) -> bool:
-    """Log ``message`` as a WARNING once per ``(key, subject)`` in this process; True if logged."""
-    return log_once(logging.WARNING, key, subject, message, *args, exc_info=exc_info)
+def warn_once(key: str, subject: str, message: str, *args: Any, exc_info: bool = False) -> None:
+    """Log ``message`` as a WARNING once per ``(key, subject)`` in this process."""
+    log_once(logging.WARNING, key, subject, message, *args, exc_info=exc_info)
 
 
-def log_once(level: int, key: str, subject: str, message: str, *args: Any, exc_info: bool = False) -> bool:
-    """Log ``message`` at ``level`` once per ``(key, subject)`` in this process; True if logged."""
+def log_once(level: int, key: str, subject: str, message: str, *args: Any, exc_info: bool = False) -> None:
+    """Log ``message`` at ``level`` once per ``(key, subject)`` in this process."""
     with _WARNED_LOCK:
         if (key, subject) in _WARNED:
-            return False
+            return
         _WARNED.add((key, subject))
     logger.log(level, message, *args, exc_info=exc_info)
-    return True
 
 
 def warn_missing_hooks(proxy_cls: type) -> None:
@@ -218,12 +211,11 @@ def route_of(kwargs: Mapping[str, Any]) -> str:
     return "mpi"
 
 
-def warn_route(route: str) -> bool:
+def warn_route(route: str) -> None:
     """One WARNING per uncovered route in this process (naming it and what is not covered)."""
-    if route not in UNCOVERED_ROUTES:
-        return False
-    return warn_once("route", route, "liveness: GenerationExecutor.create takes the %s route: %s is not covered "
-                     "by worker liveness", route, UNCOVERED_ROUTES[route])
+    if route in UNCOVERED_ROUTES:
+        warn_once("route", route, "liveness: GenerationExecutor.create takes the %s route: %s is not covered "
+                  "by worker liveness", route, UNCOVERED_ROUTES[route])
 
 
 def find_symbol(names: Sequence[str], modules: Sequence[str], *, import_missing: bool = True) -> Any:

@@ -11,6 +11,7 @@ key does, and the lowest rank of each other host runs that host's agent. With ``
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import TYPE_CHECKING, Any
 
@@ -156,8 +157,6 @@ def stop_remote_hosts(hub: AgentHub, config: LivenessConfig, threads: OwnedThrea
 def single_host_launch() -> bool:
     """Whether the launcher says every rank runs on this host (mpirun's or Slurm's environment in
     the proxy's process): then no agent is needed, and ``hosts=auto`` starts no hub."""
-    import os
-
     env = os.environ
     local, world = env.get("OMPI_COMM_WORLD_LOCAL_SIZE"), env.get("OMPI_COMM_WORLD_SIZE")
     if local is not None and local == world:

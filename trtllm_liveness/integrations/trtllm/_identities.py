@@ -19,12 +19,10 @@ logger = logging.getLogger(__name__.rpartition(".")[0])
 
 def as_fields(item: Any) -> Any:
     """Upstream's identity may be a NamedTuple, a dataclass or a dict; the parser judges it."""
-    if isinstance(item, (tuple, list, dict)):
-        return item
     fields = ProcessIdentity._fields
-    if all(hasattr(item, name) for name in fields):
-        return tuple(getattr(item, name) for name in fields)
-    return item
+    if isinstance(item, (tuple, list, dict)) or not all(hasattr(item, name) for name in fields):
+        return item
+    return tuple(getattr(item, name) for name in fields)
 
 
 def validate_identities(payload: Any, *, exclude_pids: Iterable[int] = (),

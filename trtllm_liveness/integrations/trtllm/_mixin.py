@@ -51,7 +51,6 @@ from ._engine_stall import (
 from ._fatal import (
     DELIVERY_WAIT_S,
     PRE_SHUTDOWN_WAIT_S,
-    acquire_send_lock,
     check_host,
     dead_error,
     fail_request,
@@ -336,7 +335,11 @@ class LivenessProxyMixin:
             # the idle engine's old clock.
             state.stall.note_submitted(pending_count(self) == 0)
         if not state.send_lock.acquire(False):  # uncontended: no timed wait
-            acquire_send_lock(self, state)
+            # Contended: no waiting on once a fatal error is known (a send in flight to a dead peer
+            # may never end), the engine-dead error instead.
+            while not state.send_lock.acquire(timeout=0.1):
+                if fatal_path.fatal is not None:
+                    raise dead_error(self, fatal_path.fatal)
         try:
             if fatal_path.fatal is not None:
                 # Became fatal while this call waited for the lock: upstream's send could go to a

@@ -28,14 +28,14 @@ import hmac
 import json
 import logging
 import os
-import sys
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from .. import PatchingFinder
+from ...multihost._channel import Tally
+from .. import patch_when_imported
 from ._side_channel import close_listener, open_listener
 from ._worker_spec import ProgressSpec, is_int
 
@@ -43,7 +43,6 @@ logger = logging.getLogger(__name__.rpartition(".")[0])
 
 HANG_DETECTOR_MODULE = "tensorrt_llm._torch.pyexecutor.hang_detector"
 MAX_MESSAGE_BYTES = 512
-_REJECT_LOG_EVERY = 100  # after the first few, one rejection line per this many
 _SEND_RETRIES = 10  # a beat not taken is tried again this many times, one interval apart
 _RECHECK_MS = 60_000  # bound on the waits that only a beat or close() ends
 
@@ -94,7 +93,7 @@ class ProgressChannel:
         self._dir, self.token, self.address, self._context, self._sock = open_listener("progress",
                                                                                        MAX_MESSAGE_BYTES)
         self.interval_s = interval_s
-        self.rejected = 0
+        self.rejected = Tally(logger, "liveness: rejected a progress message (%d so far): %s", 0)
         self._on_beat = on_beat
         self._closed = threading.Event()
         self._wake_lock = threading.Lock()  # the write end: close() writes it, then closes it
@@ -144,9 +143,7 @@ class ProgressChannel:
             try:
                 beat = parse_beat(raw, self.token)
             except ValueError as exc:
-                self.rejected += 1
-                if self.rejected <= 5 or self.rejected % _REJECT_LOG_EVERY == 0:
-                    logger.warning("liveness: rejected a progress message (%d so far): %s", self.rejected, exc)
+                self.rejected.note(exc)
                 continue
             try:
                 self._on_beat(beat)
@@ -193,7 +190,8 @@ class IterationReporter:
         self.count = 0
         self.at = 0.0
         self._lock = threading.Lock()
-        self._target = _parse_spec(spec, rank)  # (address, token, interval, rank): the current engine's
+        # The current engine's: ``spec`` was checked where the rank got it (WorkerSpec.from_wire).
+        self._target = (spec, rank)
         self._connected: str | None = None
         self._pending = threading.Event()
         self._context = zmq.Context()
@@ -201,19 +199,13 @@ class IterationReporter:
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.setsockopt(zmq.SNDHWM, 8)
         self._sock.setsockopt(zmq.IMMEDIATE, 1)  # no queueing for a proxy that is not there
-        self.thread = threading.Thread(target=self._run, name="trtllm-liveness-iterations", daemon=True)
-        self.thread.start()
-
-    @property
-    def rank(self) -> int:
-        return self._target[3]
+        threading.Thread(target=self._run, name="trtllm-liveness-iterations", daemon=True).start()
 
     def retarget(self, spec: ProgressSpec, rank: int) -> None:
         """Report to another engine's proxy from now on (a rank process that serves a new engine,
         as ranks launched by mpirun do); the sending thread reconnects before its next beat."""
-        target = _parse_spec(spec, rank)
         with self._lock:
-            self._target = target
+            self._target = (spec, rank)
         self._pending.set()
 
     def tick(self) -> None:
@@ -231,7 +223,7 @@ class IterationReporter:
 
         retries = 0
         with self._lock:
-            first = self._target[0]
+            first = self._target[0].address
         # Connect now, long before the first iteration: a beat sent while the connection is still
         # being made is not taken (IMMEDIATE) and would come an interval late.
         self._sock.connect(first)
@@ -246,14 +238,14 @@ class IterationReporter:
                     continue  # no iteration for a while, nothing to retry: wait again
                 retries -= 1
             with self._lock:
-                address, token, interval, rank = self._target
-            if address != self._connected:  # only this thread touches the socket
+                spec, rank = self._target
+            if spec.address != self._connected:  # only this thread touches the socket
                 if self._connected is not None:
                     with contextlib.suppress(Exception):
                         self._sock.disconnect(self._connected)
-                self._sock.connect(address)
-                self._connected = address
-            payload = json.dumps({"token": token, "rank": rank, "count": self.count, "at": self.at})
+                self._sock.connect(spec.address)
+                self._connected = spec.address
+            payload = json.dumps({"token": spec.token, "rank": rank, "count": self.count, "at": self.at})
             try:
                 self._sock.send(payload.encode(), zmq.NOBLOCK)
                 retries = 0
@@ -262,16 +254,11 @@ class IterationReporter:
                     retries = _SEND_RETRIES
             except Exception:
                 logger.debug("liveness: could not send an iteration beat", exc_info=True)
-            time.sleep(interval)  # coalesce: at most one beat per interval
+            time.sleep(spec.interval_s)  # coalesce: at most one beat per interval
 
 
 _REPORTER: IterationReporter | None = None
 _REPORTER_LOCK = threading.Lock()
-
-
-def _parse_spec(spec: ProgressSpec, rank: int) -> tuple[str, str, float, int]:
-    # ``spec`` was checked where the rank got it (WorkerSpec.from_wire) or made it (ProgressSpec's own check).
-    return spec.address, spec.token, max(0.001, float(spec.interval_s)), rank
 
 
 def start_iteration_reporter(spec: ProgressSpec, rank: int) -> IterationReporter:
@@ -285,7 +272,14 @@ def start_iteration_reporter(spec: ProgressSpec, rank: int) -> IterationReporter
             return _REPORTER
         reporter = IterationReporter(spec, rank)
         _REPORTER = reporter
-    _patch_when_imported(HANG_DETECTOR_MODULE, lambda module: _wrap_checkpoint(module, reporter))
+
+    def count_iterations(module: Any) -> None:
+        try:
+            _wrap_checkpoint(module, reporter)
+        except Exception:  # must not fail upstream's import
+            logger.warning("liveness: could not count executor iterations", exc_info=True)
+
+    patch_when_imported(HANG_DETECTOR_MODULE, count_iterations)
     return reporter
 
 
@@ -304,22 +298,4 @@ def _wrap_checkpoint(module: Any, reporter: IterationReporter) -> None:
     checkpoint._trtllm_liveness = True  # type: ignore[attr-defined]
     checkpoint.__wrapped__ = original  # type: ignore[attr-defined]
     cls.checkpoint = checkpoint
-
-
-def _patch_when_imported(name: str, patch: Callable[[Any], None]) -> None:
-    """Run ``patch(module)`` now if ``name`` is imported, else right after it is imported (the hook
-    stays: a module imported again is patched again, and a patch already applied is skipped; a
-    failure then is logged: it must not fail upstream's import)."""
-    module = sys.modules.get(name)
-    if module is not None:
-        patch(module)
-        return
-
-    def patch_logged(module: Any) -> None:
-        try:
-            patch(module)
-        except Exception:
-            logger.warning("liveness: could not count executor iterations", exc_info=True)
-
-    sys.meta_path.insert(0, PatchingFinder(name, patch_logged))
 

@@ -33,6 +33,7 @@ from typing import Any
 
 from ..._events import WorkerFailedError
 from ...stop._stop_report import StopOutcome, StopReport
+from .._pool_manager_watch import manager_thread
 from ._features import log_once, warn_once
 from ._state import EngineLiveness
 
@@ -230,7 +231,7 @@ def release_exit_joins(proxy: Any, state: EngineLiveness) -> bool:
         return False
     core = sys.modules.get("mpi4py.futures._core")
     table = getattr(core, "THREADS_QUEUES", None)
-    thread = getattr(getattr(getattr(session, "mpi_pool", None), "_pool", None), "thread", None)
+    thread = manager_thread(session)
     if table is None or thread is None:
         warn_once("exit-join", type(session).__qualname__, "liveness: no mpi4py exit-join table to release for "
                   "%s (another mpi4py layout): the interpreter's exit may wait for the dead world's pool thread "

@@ -38,7 +38,6 @@ without a callable task is the one exception: nothing could run, so its error is
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import json
 import logging
@@ -50,8 +49,11 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from ..._errors import ProcessGone
 from ..._events import MonitorMethod
+from ...process import _pidfd
 from ...process._identity import capture_identity, local_hostname, local_pid_namespace
+from ...process._procfs import boot_id
 from ._worker_spec import SPEC_KWARG, IdentityChannelSpec, ProgressSpec, ProxyIdentity, WorkerSpec, WorkerSpecError
 
 if TYPE_CHECKING:
@@ -155,8 +157,6 @@ def proxy_identity() -> list[Any]:
     ``boot_id`` (the kernel's, ``""`` if unreadable) tells two hosts apart even where hostnames
     and the initial PID namespace's inode coincide; a 4-element form without it is still accepted.
     """
-    from ...process._procfs import boot_id
-
     identity = capture_identity(0)
     return [identity.pid, identity.start_time, identity.hostname, identity.pid_namespace, boot_id()]
 
@@ -189,7 +189,7 @@ class ProxyDeathWatch:
             finally:
                 os.close(self.fd)
         else:
-            while not _proxy_gone_now(self.pid, self.start_time):
+            while not gone_now(self.pid, self.start_time):
                 time.sleep(_FALLBACK_POLL_S)
         if _EXITING.is_set():
             # This rank is leaving on its own (its interpreter exit began before the proxy was
@@ -210,12 +210,8 @@ def _note_exit_hook() -> None:
     """Register the hook that marks this process's own exit, once (called under the lock)."""
     if _WATCHES:
         return
-    register = getattr(threading, "_register_atexit", None)
     try:
-        if callable(register):
-            register(_EXITING.set)
-        else:  # pragma: no cover - CPython has had it since 3.9
-            atexit.register(_EXITING.set)
+        threading._register_atexit(_EXITING.set)  # type: ignore[attr-defined]  # CPython 3.9+
     except RuntimeError:  # the interpreter is already shutting down
         _EXITING.set()
 
@@ -239,10 +235,6 @@ def start_proxy_death_watch(proxy: ProxyIdentity | Sequence[Any], *,
     then ``on_gone`` runs at once (by default the rank ends: its proxy is gone). Raises
     ``ValueError`` for a malformed ``proxy``. Never blocks (two procfs reads and a ``pidfd_open``).
     """
-    from ..._errors import ProcessGone
-    from ...process import _pidfd
-    from ...process._procfs import boot_id
-
     ref = proxy if isinstance(proxy, ProxyIdentity) else ProxyIdentity.from_sequence(proxy)
     pid, start_time, hostname, namespace, boot = ref.pid, ref.start_time, ref.hostname, ref.pid_namespace, ref.boot_id
     if pid == 1 and hostname == local_hostname() and namespace == local_pid_namespace():
@@ -277,7 +269,7 @@ def start_proxy_death_watch(proxy: ProxyIdentity | Sequence[Any], *,
             else:
                 gone = False
         else:
-            gone = _proxy_gone_now(pid, start_time)
+            gone = gone_now(pid, start_time)
             if not gone:
                 logger.warning("liveness: no pidfd here: the proxy (pid %d) is watched by polling /proc every "
                                "%.1f s (pid and start time)", pid, _FALLBACK_POLL_S)
@@ -297,16 +289,14 @@ def start_proxy_death_watch(proxy: ProxyIdentity | Sequence[Any], *,
     return None
 
 
-def _proxy_gone_now(pid: int, start_time: int | None) -> bool:
-    """The procfs check: True if ``pid`` is gone, a zombie, or another process now."""
-    from ..._errors import ProcessGone
-    from ...process import _pidfd
-
+def gone_now(pid: int, start_time: int | None) -> bool:
+    """The procfs check: True if ``pid`` is gone, a zombie, or another process now (False while it
+    cannot tell)."""
     try:
         _pidfd.verify_start_time(pid, start_time)
     except ProcessGone:
         return True
-    except Exception:  # cannot tell this time (AccessDenied, EMFILE...): keep watching
+    except Exception:  # cannot tell this time (AccessDenied, EMFILE...): a watch keeps watching
         return False
     return False
 
