@@ -19,12 +19,13 @@ import os
 import re
 import sys
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from .._record_fields import JsonFields, JsonRecord
 
-__all__ = ["RankStacks", "StackFrame", "StackSource", "StackStatus", "ThreadStack"]
+__all__ = ["RankStacks", "StackFrame", "StackSource", "StackStatus", "ThreadStack", "parse_stack_text"]
 
 
 class StackStatus(str, enum.Enum):
@@ -131,6 +132,40 @@ class RankStacks(JsonRecord):
     def with_source(self, source: StackSource | None, other: str = "") -> RankStacks:
         """This result, naming its source and why the other one was not used."""
         return dataclasses.replace(self, source=source, other_source=other)
+
+
+def parse_stack_text(text: str, thread_head: re.Pattern[str], frame_line: re.Pattern[str],
+                     thread: Callable[[re.Match[str], tuple[StackFrame, ...]], ThreadStack],
+                     frame: Callable[[re.Match[str]], StackFrame], *,
+                     one_dump: bool = False) -> tuple[ThreadStack, ...]:
+    """The threads of a plain-text stack dump, innermost frame first: a line ``thread_head``
+    matches starts a thread (``thread`` makes it of that match and its frames), each line under it
+    that ``frame_line`` matches is a frame (``frame`` makes it); other lines are skipped. With
+    ``one_dump``, a thread's head right after a frame line (no blank line between) starts the next
+    dump, which is not read."""
+    threads: list[ThreadStack] = []
+    head: re.Match[str] | None = None
+    frames: list[StackFrame] = []
+    blank = True
+
+    def flush() -> None:
+        if head is not None:
+            threads.append(thread(head, tuple(frames)))
+
+    for line in text.splitlines():
+        started = thread_head.match(line)
+        if started is not None:
+            if one_dump and head is not None and not blank:
+                break  # the next dump
+            flush()
+            head, frames, blank = started, [], False
+            continue
+        blank = not line.strip()
+        found = frame_line.match(line)
+        if found is not None and head is not None:
+            frames.append(frame(found))
+    flush()
+    return tuple(threads)
 
 
 @functools.lru_cache(maxsize=1)
