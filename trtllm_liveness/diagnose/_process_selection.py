@@ -11,6 +11,7 @@ Standard library only; never sends a signal.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -131,8 +132,7 @@ def select(
     skipped: list[SkippedRead] = []
     if name is not None:
         matched = set()
-        mm_reader = MmReader(read_timeout_s) if reader is None else reader
-        try:
+        with MmReader(read_timeout_s) if reader is None else contextlib.nullcontext(reader) as mm_reader:
             for pid in sorted(candidates):
                 if name in infos[pid].comm:
                     matched.add(pid)
@@ -142,8 +142,5 @@ def select(
                     skipped.append(skip)
                 elif name in " ".join(cmdline):
                     matched.add(pid)
-        finally:
-            if reader is None:
-                mm_reader.close()
         candidates = matched
     return Selection(tuple(sorted(candidates)), tuple(skipped))

@@ -409,9 +409,8 @@ class AgentHub:
                            "(address or port translation between them?); its end is found by probing", host, peer, port)
 
     def _update_locked(self, session: Session, message: _wire.Message) -> None:  # an event or a state
-        update = parse_update(session, message)
-        self._apply_many([(update.identity, update.state, update.detail)], tid=update.tid, wchan=update.wchan,
-                         fault_at=update.fault_at)
+        update, event = parse_update(session, message)
+        self._apply_many([update], **event)
 
     def _report_locked(self, session: Session, message: _wire.Message) -> None:
         session.stop = parse_report(session, message)

@@ -128,17 +128,6 @@ class Hello(NamedTuple):
     port: int
 
 
-class RemoteUpdate(NamedTuple):
-    """What an event or a state message says of one rank of the agent's host."""
-
-    identity: ProcessIdentity
-    state: WorkerState
-    detail: str
-    tid: int | None = None
-    wchan: str = ""
-    fault_at: float | None = None
-
-
 def parse_hello(message: _wire.Message) -> Hello:
     host = _wire.field(message, "host", str, max_len=253)
     agent_rank = _wire.field(message, "rank", int, low=0, high=1 << 24)
@@ -167,9 +156,11 @@ def refusal(hello: Hello, sessions: Iterable[Session]) -> str:
     return f"ranks {sorted(claimed)} are already another agent's" if claimed else ""
 
 
-def parse_update(session: Session, message: _wire.Message) -> RemoteUpdate:
+def parse_update(session: Session, message: _wire.Message) -> tuple[Update, dict[str, Any]]:
     """What an ``event`` (a rank died, wedged or is unkillable; with its thread, wait channel and age)
-    or a ``state`` (any other change) says of one rank of ``session``'s host. Raises :class:`~._wire.WireError`."""
+    or a ``state`` (any other change) says of one rank of ``session``'s host: its update, and the
+    event's ``tid``, ``wchan`` and ``fault_at`` for the monitor (none for a state). Raises
+    :class:`~._wire.WireError`."""
     rank = _wire.field(message, "rank", int, low=0, high=1 << 24)
     identity = next((identity for identity in session.ranks if identity.rank == rank), None)
     if identity is None:
@@ -179,7 +170,7 @@ def parse_update(session: Session, message: _wire.Message) -> RemoteUpdate:
         if state is None:
             raise _wire.WireError(f"state: unknown state {message.body.get('state')!r}")
         detail = _wire.field(message, "detail", str, max_len=4000)
-        return RemoteUpdate(identity, state, f"{detail} (reported by the agent on host {session.host})")
+        return (identity, state, f"{detail} (reported by the agent on host {session.host})"), {}
     kind = _wire.field(message, "what", str, max_len=16)
     event_state = _EVENT_STATES.get(kind)
     if event_state is None:
@@ -188,9 +179,9 @@ def parse_update(session: Session, message: _wire.Message) -> RemoteUpdate:
     age = _wire.field(message, "age", float, low=0, high=1e7)
     tid = message.body.get("tid")
     wchan = message.body.get("wchan")
-    return RemoteUpdate(identity, event_state, f"{cause} (reported by the agent on host {session.host})",
-                        tid if isinstance(tid, int) and not isinstance(tid, bool) and 0 < tid < 1 << 22 else None,
-                        wchan[:200] if isinstance(wchan, str) else "", time.monotonic() - age)
+    return (identity, event_state, f"{cause} (reported by the agent on host {session.host})"), {
+        "tid": tid if isinstance(tid, int) and not isinstance(tid, bool) and 0 < tid < 1 << 22 else None,
+        "wchan": wchan[:200] if isinstance(wchan, str) else "", "fault_at": time.monotonic() - age}
 
 
 def parse_report(session: Session, message: _wire.Message) -> HostStop:
