@@ -53,7 +53,6 @@ from ._hub_records import (
     parse_hello,
     parse_report,
     parse_update,
-    refusal,
 )
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, IterationSink, SnapshotBook, SnapshotRequest
 from ._tcp import Closure, ConnectionTable, Ending, Key, Silence
@@ -381,9 +380,7 @@ class AgentHub:
         handler(session, message)
 
     def _hello_locked(self, message: _wire.Message, peer: str) -> None:
-        hello = parse_hello(message)
-        host, agent, ranks, port = hello.host, hello.agent, hello.ranks, hello.port
-        why = refusal(hello, self._sessions.values())
+        host, agent, ranks, port, why = parse_hello(message, self._sessions.values())
         if why or agent is None:
             self.rejected.note(peer, f"hello from host {host!r} refused: {why}")
             self._deliver(message.sid, Rejection.kind, 1, Rejection(why[:500]).fields())
