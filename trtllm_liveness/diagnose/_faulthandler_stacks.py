@@ -409,11 +409,7 @@ class _DumpRequest:
         size = os.fstat(fd).st_size
         if size > TRUNCATE_AT and not pending and not blocked_before:
             with contextlib.suppress(OSError):  # no write access (another user's rank read by root is fine)
-                writer = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    os.ftruncate(writer, header.end())
-                finally:
-                    os.close(writer)
+                os.truncate(f"/proc/self/fd/{fd}", header.end())  # the file opened read-only, by its path
                 size = header.end()
         baseline = size
         if not pending:  # one already pending (an earlier snapshot's) makes the same dump

@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import itertools
 import logging
 import secrets
 import threading
@@ -141,7 +140,6 @@ class AgentHub:
         self._seen_sids: set[str] = set()
         # The lasting commands by kind, as sent (None: not yet): a later agent gets each after its welcome.
         self._lasting: dict[str, Command | None] = dict.fromkeys(("arm", "expect", "stop"))
-        self._req_ids = itertools.count(1)
         self._conns = ConnectionTable()
         self._probe_deadline: float | None = None  # an unmatched connection ended: probe until then
         self._silence_due: float | None = None  # when the connections' silences are next read
@@ -306,7 +304,7 @@ class AgentHub:
                 if sent_before is not None and (sent_before == command or not isinstance(command, ArmCommand)):
                     continue  # nothing new to tell the agents: one expect, at most one stop, an arm per bound
                 if isinstance(command, StopCommand):
-                    command = dataclasses.replace(command, req=next(self._req_ids))
+                    command = dataclasses.replace(command, req=1)  # the one stop a hub sends: its first request
                     for session in self._sessions.values():
                         if session.connection is not Connection.CONNECTED and session.stop is None:
                             session.stop = session.host_stop(HostOutcome.LOST, f"connection {session.connection}")
