@@ -351,11 +351,10 @@ class _DumpRequest:
         started = time.monotonic()
         try:
             self.result = self._take(started)
-        except _Unavailable as exc:
-            self.result = RankStacks(exc.status, exc.detail, took_ms=(time.monotonic() - started) * 1000)
         except Exception as exc:  # the snapshot must come back whatever happened here
-            self.result = RankStacks(StackStatus.FAILED, f"stack dump failed: {exc!r}"[:300],
-                                     took_ms=(time.monotonic() - started) * 1000)
+            status, detail = ((exc.status, exc.detail) if isinstance(exc, _Unavailable) else
+                              (StackStatus.FAILED, f"stack dump failed: {exc!r}"[:300]))
+            self.result = RankStacks(status, detail, (time.monotonic() - started) * 1000, StackSource.FAULTHANDLER)
         finally:
             self.done.set()
 
@@ -456,13 +455,12 @@ class DumpRequests:
 
     def collect(self) -> dict[int, RankStacks]:
         """Each rank's result; blocks until all are done or the deadline (plus 20 ms) passes."""
+        late = RankStacks(StackStatus.TIMED_OUT, "reading its dump did not finish by the deadline",
+                          source=StackSource.FAULTHANDLER)
         results: dict[int, RankStacks] = {}
         for request in self._requests:
             request.done.wait(max(0.0, self.deadline - time.monotonic()) + _POLL_S * 20)
-            result = request.result
-            if result is None:
-                result = RankStacks(StackStatus.TIMED_OUT, "reading its dump did not finish by the deadline")
-            results[request.pid] = result.with_source(StackSource.FAULTHANDLER, result.other_source)
+            results[request.pid] = request.result or late
         return results
 
 
