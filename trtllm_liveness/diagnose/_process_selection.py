@@ -33,17 +33,6 @@ class Selection:
     skipped: tuple[SkippedRead, ...] = ()
 
 
-def _ancestors_of_self() -> set[int]:
-    # The scanning command's own shell and launcher carry the filter string in their command
-    # lines; never report them.
-    found = {os.getpid()}
-    pid = os.getpid()
-    while pid > 1 and (info := _procfs.stat_or_none(pid)) is not None:
-        pid = info.ppid
-        found.add(pid)
-    return found
-
-
 def _cgroup_paths(pid: int) -> list[str]:
     # /proc/<pid>/cgroup: "hierarchy-id:controllers:path" per line (v1), "0::path" (v2).
     # Here, not in process/_procfs.py: nothing but the operator's selection needs it.
@@ -103,12 +92,18 @@ def select(
     """
     if name is None and parent is None and cgroup is None:
         raise ValueError("give at least one filter: name, parent or cgroup")
-    excluded = _ancestors_of_self()
     infos: dict[int, _procfs.StatInfo] = {}
     for pid in _procfs.list_pids():
         info = _procfs.stat_or_none(pid)
         if info is not None:
             infos[pid] = info
+    # The scanning command's own shell and launcher carry the filter string in their command
+    # lines; never report them.
+    pid = os.getpid()
+    excluded = {pid}
+    while pid > 1 and pid in infos:
+        pid = infos[pid].ppid
+        excluded.add(pid)
     candidates = set(infos) - excluded
     if parent is not None:
         children: dict[int, list[int]] = {}
