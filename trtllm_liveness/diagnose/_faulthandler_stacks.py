@@ -89,13 +89,12 @@ _NAME = re.compile(r"^(\d+)-(\d+)-(\d+)\.stacks$")
 
 @dataclass(frozen=True)
 class StackDumpFile:
-    """A rank's registered dump: the file it writes and the signal that makes it write."""
+    """A rank's registered dump: the file it writes, the signal that makes it write, and the
+    process that registered it (a forked child inherits the hook, not the file)."""
 
     path: str
     signum: int
     pid: int
-    start_time: int
-    main_ident: int
 
 
 # ----------------------------------------------------------------------------- where
@@ -215,7 +214,7 @@ def register_stack_dump(*, base: str | None = None) -> StackDumpFile | None:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, name))
             raise
-        _registered = StackDumpFile(os.path.join(directory, name), signum, pid, start, main_ident)
+        _registered = StackDumpFile(os.path.join(directory, name), signum, pid)
         atexit.register(_remove_file, _registered)  # the fd stays open: the handler writes to it
         logger.debug("liveness: stack dumps of pid %d on %s into %s", pid, signal_name(signum),
                      _registered.path)
