@@ -66,7 +66,7 @@ from dataclasses import dataclass
 
 from .._errors import LivenessError
 from ..process import _pidfd, _procfs
-from ._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack
+from ._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack, parse_stack_text
 
 __all__ = ["DUMP_SIGNALS", "DumpRequests", "StackDumpFile", "dump_directory", "parse_faulthandler_dump",
            "register_stack_dump", "register_stack_dump_or_warn", "signal_name", "take_faulthandler_stacks"]
@@ -89,13 +89,12 @@ _NAME = re.compile(r"^(\d+)-(\d+)-(\d+)\.stacks$")
 
 @dataclass(frozen=True)
 class StackDumpFile:
-    """A rank's registered dump: the file it writes and the signal that makes it write."""
+    """A rank's registered dump: the file it writes, the signal that makes it write, and the
+    process that registered it (a forked child inherits the hook, not the file)."""
 
     path: str
     signum: int
     pid: int
-    start_time: int
-    main_ident: int
 
 
 # ----------------------------------------------------------------------------- where
@@ -215,7 +214,7 @@ def register_stack_dump(*, base: str | None = None) -> StackDumpFile | None:
             with contextlib.suppress(OSError):
                 os.unlink(os.path.join(directory, name))
             raise
-        _registered = StackDumpFile(os.path.join(directory, name), signum, pid, start, main_ident)
+        _registered = StackDumpFile(os.path.join(directory, name), signum, pid)
         atexit.register(_remove_file, _registered)  # the fd stays open: the handler writes to it
         logger.debug("liveness: stack dumps of pid %d on %s into %s", pid, signal_name(signum),
                      _registered.path)
@@ -257,37 +256,15 @@ def parse_faulthandler_dump(text: str, *, main_ident: int | None = None, pid: in
     The thread whose id is ``main_ident`` gets ``tid=pid`` and the name ``MainThread``; the others
     have no OS thread id. Lines it does not know (``<no Python frame>``, ``...``) are skipped.
     """
-    threads: list[ThreadStack] = []
-    current: tuple[int, list[StackFrame]] | None = None
-    blank = True
+    def thread(head: re.Match[str], frames: tuple[StackFrame, ...]) -> ThreadStack:
+        is_main = main_ident is not None and int(head.group(2), 16) == main_ident
+        return ThreadStack(pid if is_main else None, "MainThread" if is_main else "", False, False, frames)
 
-    def flush() -> None:
-        if current is not None:
-            ident, frames = current
-            is_main = main_ident is not None and ident == main_ident
-            threads.append(ThreadStack(pid if is_main else None, "MainThread" if is_main else "", False, False,
-                                       tuple(frames)))
+    def frame(found: re.Match[str]) -> StackFrame:
+        number = found.group(2)
+        return StackFrame(found.group(3), found.group(1) or "???", int(number) if number.isdigit() else 0)
 
-    for line in text.splitlines():
-        head = _THREAD_HEAD.match(line)
-        if head is not None:
-            if current is not None and not blank:
-                break  # the next dump
-            flush()
-            current = (int(head.group(2), 16), [])
-            blank = False
-            continue
-        if not line.strip():
-            blank = True
-            continue
-        blank = False
-        frame = _FRAME.match(line)
-        if frame is not None and current is not None:
-            number = frame.group(2)
-            current[1].append(StackFrame(frame.group(3), frame.group(1) or "???", int(number) if number.isdigit()
-                                         else 0))
-    flush()
-    return tuple(threads)
+    return parse_stack_text(text, _THREAD_HEAD, _FRAME, thread, frame, one_dump=True)
 
 
 # ----------------------------------------------------------------------------- the snapshot's side
@@ -361,7 +338,7 @@ def _signal_state(pid: int, signum: int) -> tuple[bool, set[int]]:
 class _DumpRequest:
     """One rank's dump: check, signal, wait until complete, read, parse. Runs in its own thread."""
 
-    def __init__(self, pid: int, start_time: int, deadline: float) -> None:
+    def __init__(self, pid: int, start_time: int | None, deadline: float) -> None:
         self.pid = pid
         self.start_time = start_time
         self.deadline = deadline
@@ -373,16 +350,18 @@ class _DumpRequest:
         started = time.monotonic()
         try:
             self.result = self._take(started)
-        except _Unavailable as exc:
-            self.result = RankStacks(exc.status, exc.detail, took_ms=(time.monotonic() - started) * 1000)
         except Exception as exc:  # the snapshot must come back whatever happened here
-            self.result = RankStacks(StackStatus.FAILED, f"stack dump failed: {exc!r}"[:300],
-                                     took_ms=(time.monotonic() - started) * 1000)
+            status, detail = ((exc.status, exc.detail) if isinstance(exc, _Unavailable) else
+                              (StackStatus.FAILED, f"stack dump failed: {exc!r}"[:300]))
+            self.result = RankStacks(status, detail, (time.monotonic() - started) * 1000, StackSource.FAULTHANDLER)
         finally:
             self.done.set()
 
     def _take(self, started: float) -> RankStacks:
-        pid = self.pid
+        pid, start_time = self.pid, self.start_time
+        if start_time is None:
+            raise _Unavailable(StackStatus.SKIPPED_NOT_RUNNING, "no start time known: a dump signal goes only to a "
+                                                                "verified process")
         try:
             states = _procfs.read_thread_states(pid)
         except OSError:
@@ -398,10 +377,10 @@ class _DumpRequest:
             raise _Unavailable(StackStatus.SKIPPED_TASK_IN_D,
                                f"stacks skipped: task in D (main thread, {len(d_tids)} of {len(states)} threads): "
                                "a dump signal would wait for it to leave D; not signalled")
-        fd, header, signum = _open_dump_file(pid, self.start_time)
+        fd, header, signum = _open_dump_file(pid, start_time)
         try:
             self._lock(fd, signum)
-            return self._signal_and_read(fd, header, signum, started)
+            return self._signal_and_read(fd, header, signum, start_time, started)
         finally:
             os.close(fd)  # releases the lock too
 
@@ -421,22 +400,19 @@ class _DumpRequest:
                                                           f"deadline ({signal_name(signum)} not sent)")
             time.sleep(_POLL_S)
 
-    def _signal_and_read(self, fd: int, header: re.Match[bytes], signum: int, started: float) -> RankStacks:
+    def _signal_and_read(self, fd: int, header: re.Match[bytes], signum: int, start_time: int,
+                         started: float) -> RankStacks:
         pid = self.pid
         pending, blocked_before = _signal_state(pid, signum)
         size = os.fstat(fd).st_size
         if size > TRUNCATE_AT and not pending and not blocked_before:
             with contextlib.suppress(OSError):  # no write access (another user's rank read by root is fine)
-                writer = os.open(f"/proc/self/fd/{fd}", os.O_WRONLY | os.O_CLOEXEC)
-                try:
-                    os.ftruncate(writer, header.end())
-                finally:
-                    os.close(writer)
+                os.truncate(f"/proc/self/fd/{fd}", header.end())  # the file opened read-only, by its path
                 size = header.end()
         baseline = size
         if not pending:  # one already pending (an earlier snapshot's) makes the same dump
             try:
-                pidfd = _pidfd.open_verified_pidfd(pid, self.start_time)
+                pidfd = _pidfd.open_verified_pidfd(pid, start_time)
             except (LivenessError, OSError) as exc:
                 raise _Unavailable(StackStatus.SKIPPED_NOT_RUNNING, f"not signalled: {exc}") from None
             try:
@@ -467,9 +443,10 @@ class _DumpRequest:
 
 
 class DumpRequests:
-    """Dumps under way, one per rank, started together and collected under one deadline."""
+    """Dumps under way, one per rank, started together and collected under one deadline (a rank
+    whose start time is unknown, None, is not signalled: its result says so)."""
 
-    def __init__(self, targets: Sequence[tuple[int, int]], deadline: float) -> None:
+    def __init__(self, targets: Sequence[tuple[int, int | None]], deadline: float) -> None:
         self.deadline = deadline
         self._requests = [_DumpRequest(pid, start_time, deadline) for pid, start_time in targets]
         for request in self._requests:
@@ -477,13 +454,12 @@ class DumpRequests:
 
     def collect(self) -> dict[int, RankStacks]:
         """Each rank's result; blocks until all are done or the deadline (plus 20 ms) passes."""
+        late = RankStacks(StackStatus.TIMED_OUT, "reading its dump did not finish by the deadline",
+                          source=StackSource.FAULTHANDLER)
         results: dict[int, RankStacks] = {}
         for request in self._requests:
             request.done.wait(max(0.0, self.deadline - time.monotonic()) + _POLL_S * 20)
-            result = request.result
-            if result is None:
-                result = RankStacks(StackStatus.TIMED_OUT, "reading its dump did not finish by the deadline")
-            results[request.pid] = result.with_source(StackSource.FAULTHANDLER, result.other_source)
+            results[request.pid] = request.result or late
         return results
 
 

@@ -11,6 +11,7 @@ Standard library only; never sends a signal.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 
@@ -30,17 +31,6 @@ class Selection:
 
     pids: tuple[int, ...]
     skipped: tuple[SkippedRead, ...] = ()
-
-
-def _ancestors_of_self() -> set[int]:
-    # The scanning command's own shell and launcher carry the filter string in their command
-    # lines; never report them.
-    found = {os.getpid()}
-    pid = os.getpid()
-    while pid > 1 and (info := _procfs.stat_or_none(pid)) is not None:
-        pid = info.ppid
-        found.add(pid)
-    return found
 
 
 def _cgroup_paths(pid: int) -> list[str]:
@@ -102,12 +92,18 @@ def select(
     """
     if name is None and parent is None and cgroup is None:
         raise ValueError("give at least one filter: name, parent or cgroup")
-    excluded = _ancestors_of_self()
     infos: dict[int, _procfs.StatInfo] = {}
     for pid in _procfs.list_pids():
         info = _procfs.stat_or_none(pid)
         if info is not None:
             infos[pid] = info
+    # The scanning command's own shell and launcher carry the filter string in their command
+    # lines; never report them.
+    pid = os.getpid()
+    excluded = {pid}
+    while pid > 1 and pid in infos:
+        pid = infos[pid].ppid
+        excluded.add(pid)
     candidates = set(infos) - excluded
     if parent is not None:
         children: dict[int, list[int]] = {}
@@ -131,8 +127,7 @@ def select(
     skipped: list[SkippedRead] = []
     if name is not None:
         matched = set()
-        mm_reader = MmReader(read_timeout_s) if reader is None else reader
-        try:
+        with MmReader(read_timeout_s) if reader is None else contextlib.nullcontext(reader) as mm_reader:
             for pid in sorted(candidates):
                 if name in infos[pid].comm:
                     matched.add(pid)
@@ -142,8 +137,5 @@ def select(
                     skipped.append(skip)
                 elif name in " ".join(cmdline):
                     matched.add(pid)
-        finally:
-            if reader is None:
-                mm_reader.close()
         candidates = matched
     return Selection(tuple(sorted(candidates)), tuple(skipped))

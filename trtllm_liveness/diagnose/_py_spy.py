@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import IO
 
 from ..process import _procfs
-from ._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack
+from ._stack_records import RankStacks, StackFrame, StackSource, StackStatus, ThreadStack, parse_stack_text
 
 __all__ = ["DEFAULT_STACKS_TIMEOUT_S", "KILL_WAIT_S", "NO_PY_SPY", "RankStacks", "StackFrame", "StackStatus",
            "ThreadStack", "find_py_spy", "ptrace_access", "take_stacks"]
@@ -120,28 +120,13 @@ _TEXT_FRAME = re.compile(r"^\s+(.+) \((.+):(\d+)\)\s*$")
 def _parse_text_dump(text: str) -> tuple[ThreadStack, ...]:
     """The plain ``py-spy dump`` format (py-spy without ``--json``): ``Thread TID (idle): "name"``
     followed by indented ``function (file:line)`` lines, innermost first."""
-    threads: list[ThreadStack] = []
-    current: tuple[int | None, str, str] | None = None
-    frames: list[StackFrame] = []
+    def thread(head: re.Match[str], frames: tuple[StackFrame, ...]) -> ThreadStack:
+        ident, flags = head.group(1), head.group(2)
+        return ThreadStack(None if ident.startswith("0x") else int(ident), head.group(3) or "", "active" in flags,
+                           "gil" in flags, frames)
 
-    def flush() -> None:
-        if current is not None:
-            tid, flags, name = current
-            threads.append(ThreadStack(tid, name, "active" in flags, "gil" in flags, tuple(frames)))
-
-    for line in text.splitlines():
-        head = _TEXT_THREAD.match(line)
-        if head is not None:
-            flush()
-            ident = head.group(1)
-            current = (None if ident.startswith("0x") else int(ident), head.group(2), head.group(3) or "")
-            frames = []
-            continue
-        frame = _TEXT_FRAME.match(line)
-        if frame is not None and current is not None:
-            frames.append(StackFrame(frame.group(1), frame.group(2), int(frame.group(3))))
-    flush()
-    return tuple(threads)
+    return parse_stack_text(text, _TEXT_THREAD, _TEXT_FRAME, thread,
+                            lambda found: StackFrame(found.group(1), found.group(2), int(found.group(3))))
 
 
 @functools.cache

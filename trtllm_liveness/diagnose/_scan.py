@@ -25,6 +25,7 @@ Parsing stays in :mod:`trtllm_liveness.process._procfs`; the ``D`` rules come fr
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import math
 import time
@@ -372,7 +373,6 @@ def scan(
     """
     if samples < 1:
         raise ValueError("samples must be at least 1")
-    own_reader = reader is None
     mm_reader = MmReader(read_timeout_s) if reader is None else reader
     if window_s <= 0:
         samples = 1
@@ -395,9 +395,6 @@ def scan(
             remaining = start + interval * (index + 1) - clock()
             if remaining > 0:
                 sleep(remaining)
-    try:
+    with mm_reader if reader is None else contextlib.nullcontext():  # a reader of its own is closed after
         reports = tuple(sampler.report(window_s, mm_reader) for sampler in samplers)
-    finally:
-        if own_reader:
-            mm_reader.close()
     return ScanResult(window_s if taken > 1 else 0.0, taken, reports)

@@ -19,12 +19,13 @@ import os
 import re
 import sys
 import sysconfig
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import ClassVar
 
-from .._record_fields import JsonFields, JsonRecord
+from .._record_fields import JsonRecord
 
-__all__ = ["RankStacks", "StackFrame", "StackSource", "StackStatus", "ThreadStack"]
+__all__ = ["RankStacks", "StackFrame", "StackSource", "StackStatus", "ThreadStack", "parse_stack_text"]
 
 
 class StackStatus(str, enum.Enum):
@@ -62,13 +63,19 @@ class StackFrame(JsonRecord):
 
 
 @dataclass(frozen=True)
-class ThreadStack:
+class ThreadStack(JsonRecord):
     """The Python stack of one thread, innermost frame first.
 
     ``tid`` is the OS thread id (None where the source does not give it: ``faulthandler`` names
     threads by their ``pthread`` id, which maps to an OS id only for the main thread). ``active``
-    and ``owns_gil`` are False where the source does not tell (``faulthandler``).
+    and ``owns_gil`` are False where the source does not tell (``faulthandler``). The form's
+    ``stuck_in`` (:attr:`stuck_function`) is derived (by this host's standard library paths), so
+    recomputed on reading, never compared.
     """
+
+    json_form = ("tid", "name", "active", "owns_gil", "stuck_function", "frames")
+    json_keys: ClassVar[Mapping[str, str]] = {"stuck_function": "stuck_in"}
+    json_unchecked = ("stuck_function",)
 
     tid: int | None
     name: str
@@ -85,21 +92,11 @@ class ThreadStack:
                 return frame
         return self.frames[0] if self.frames else None
 
-    def to_dict(self) -> dict[str, Any]:
-        """JSON-ready form."""
+    @property
+    def stuck_function(self) -> str | None:
+        """:attr:`stuck_in`'s function, if known."""
         stuck = self.stuck_in
-        return {"tid": self.tid, "name": self.name, "active": self.active, "owns_gil": self.owns_gil,
-                "stuck_in": None if stuck is None else stuck.function,
-                "frames": [frame.to_dict() for frame in self.frames]}
-
-    @classmethod
-    def from_dict(cls, data: object) -> ThreadStack:
-        """The record :meth:`to_dict` wrote; ``ValueError`` naming the field otherwise. ``stuck_in``
-        is derived (by this host's standard library paths), so recomputed, never compared."""
-        fields = JsonFields("ThreadStack", data, required=("tid", "name", "active", "owns_gil", "frames"),
-                            optional=("stuck_in",))
-        return cls(fields.integer_or_none("tid"), fields.text("name"), fields.flag("active"), fields.flag("owns_gil"),
-                   tuple(StackFrame.from_dict(item) for item in fields.objects("frames")))
+        return None if stuck is None else stuck.function
 
 
 @dataclass(frozen=True)
@@ -131,6 +128,40 @@ class RankStacks(JsonRecord):
     def with_source(self, source: StackSource | None, other: str = "") -> RankStacks:
         """This result, naming its source and why the other one was not used."""
         return dataclasses.replace(self, source=source, other_source=other)
+
+
+def parse_stack_text(text: str, thread_head: re.Pattern[str], frame_line: re.Pattern[str],
+                     thread: Callable[[re.Match[str], tuple[StackFrame, ...]], ThreadStack],
+                     frame: Callable[[re.Match[str]], StackFrame], *,
+                     one_dump: bool = False) -> tuple[ThreadStack, ...]:
+    """The threads of a plain-text stack dump, innermost frame first: a line ``thread_head``
+    matches starts a thread (``thread`` makes it of that match and its frames), each line under it
+    that ``frame_line`` matches is a frame (``frame`` makes it); other lines are skipped. With
+    ``one_dump``, a thread's head right after a frame line (no blank line between) starts the next
+    dump, which is not read."""
+    threads: list[ThreadStack] = []
+    head: re.Match[str] | None = None
+    frames: list[StackFrame] = []
+    blank = True
+
+    def flush() -> None:
+        if head is not None:
+            threads.append(thread(head, tuple(frames)))
+
+    for line in text.splitlines():
+        started = thread_head.match(line)
+        if started is not None:
+            if one_dump and head is not None and not blank:
+                break  # the next dump
+            flush()
+            head, frames, blank = started, [], False
+            continue
+        blank = not line.strip()
+        found = frame_line.match(line)
+        if found is not None and head is not None:
+            frames.append(frame(found))
+    flush()
+    return tuple(threads)
 
 
 @functools.lru_cache(maxsize=1)

@@ -97,41 +97,20 @@ def take_rank_stacks(targets: Sequence[StackTarget], *, source: SourceChoice | s
                 by_dump[target.pid] = f"py-spy not permitted: {why}"
             else:
                 by_spy.append(target)
-    starts = {target.pid: target.start_time for target in targets}
-    dumps = _start_dumps(by_dump, starts, deadline, done)
+    dumps = DumpRequests([(target.pid, target.start_time) for target in targets if target.pid in by_dump], deadline)
     spied = take_stacks([target.pid for target in by_spy], timeout_s=max(0.0, deadline - time.monotonic()),
                         py_spy=py_spy or "") if by_spy and py_spy is not None else {}
     for target in by_spy:
         result = spied.get(target.pid, NO_PY_SPY)  # absent: py-spy asked for explicitly but not installed
         if result.status is StackStatus.FAILED and choice is SourceChoice.AUTO and not target.stopped:
-            retry = {target.pid: f"py-spy failed: {result.detail}"}
-            late = _start_dumps(retry, starts, deadline, done)
-            if late is not None:
-                done.update(_with_reasons(late.collect(), retry))
-            continue
-        if target.stopped and choice is SourceChoice.AUTO:
+            late = DumpRequests([(target.pid, target.start_time)], deadline).collect()[target.pid]
+            result = late.with_source(StackSource.FAULTHANDLER, f"py-spy failed: {result.detail}")
+        elif target.stopped and choice is SourceChoice.AUTO:
             result = result.with_source(result.source, "a stopped rank cannot run its faulthandler dump")
         done[target.pid] = result
-    if dumps is not None:
-        done.update(_with_reasons(dumps.collect(), by_dump))
+    done.update({pid: stacks.with_source(StackSource.FAULTHANDLER, by_dump[pid])
+                 for pid, stacks in dumps.collect().items()})
     return {target.pid: done[target.pid] for target in targets}
-
-
-def _start_dumps(reasons: Mapping[int, str], starts: Mapping[int, int | None], deadline: float,
-                 done: dict[int, RankStacks]) -> DumpRequests | None:
-    verified = []
-    for pid, why in reasons.items():
-        start = starts.get(pid)
-        if start is None:
-            done[pid] = RankStacks(StackStatus.SKIPPED_NOT_RUNNING, "no start time known: a dump signal goes only to "
-                                   "a verified process", source=StackSource.FAULTHANDLER, other_source=why)
-        else:
-            verified.append((pid, start))
-    return DumpRequests(verified, deadline) if verified else None
-
-
-def _with_reasons(results: Mapping[int, RankStacks], reasons: Mapping[int, str]) -> dict[int, RankStacks]:
-    return {pid: stacks.with_source(StackSource.FAULTHANDLER, reasons[pid]) for pid, stacks in results.items()}
 
 
 def _d_detail(target: StackTarget) -> str:

@@ -235,7 +235,7 @@ class HostAgent:
         monitor = WorkerProcessMonitor(d_state_timeout_s=self.settings.d_state_timeout_s,
                                        scan_interval_s=self.settings.scan_interval_s, wedge_armed=False)
         channel: Channel | None = None
-        ending: tuple[Callable[[str], None], str] | None = None
+        ending: str | None = None  # why the rank must end, once its thread is done
         try:
             channel = open_dealer(self.sid, self.settings.heartbeat_timeout_s)
             self._wake = channel.wake
@@ -256,11 +256,10 @@ class HostAgent:
             if channel is not None:
                 channel.close()  # with its LINGER: a last report still leaves
         if ending is not None:
-            ending[0](ending[1])
+            self._on_proxy_lost(ending)
 
-    def _loop(self, zmq: Any, channel: Channel,
-              monitor: WorkerProcessMonitor) -> tuple[Callable[[str], None], str] | None:
-        """Serve until closed (None) or until the rank must end: (what ends it, the reason)."""
+    def _loop(self, zmq: Any, channel: Channel, monitor: WorkerProcessMonitor) -> str | None:
+        """Serve until closed (None) or until the rank must end (why)."""
         sock = channel.sock
         sent: dict[int, tuple[str, str]] = {}
         connected_once = False
@@ -305,7 +304,7 @@ class HostAgent:
                     self._on_proxy_lost(reason)  # at once: nothing here needs tidying first
                     return None
             if action == "stop":
-                return self._on_proxy_lost, "stopped by the proxy"
+                return "stopped by the proxy"
             if action == "refused":
                 return None
             self._check_hub_silence()

@@ -22,7 +22,6 @@ from __future__ import annotations
 import collections
 import contextlib
 import dataclasses
-import itertools
 import logging
 import secrets
 import threading
@@ -53,7 +52,6 @@ from ._hub_records import (
     parse_hello,
     parse_report,
     parse_update,
-    refusal,
 )
 from ._hub_snapshots import ITERATIONS_INTERVAL_S, IterationSink, SnapshotBook, SnapshotRequest
 from ._tcp import Closure, ConnectionTable, Ending, Key, Silence
@@ -142,7 +140,6 @@ class AgentHub:
         self._seen_sids: set[str] = set()
         # The lasting commands by kind, as sent (None: not yet): a later agent gets each after its welcome.
         self._lasting: dict[str, Command | None] = dict.fromkeys(("arm", "expect", "stop"))
-        self._req_ids = itertools.count(1)
         self._conns = ConnectionTable()
         self._probe_deadline: float | None = None  # an unmatched connection ended: probe until then
         self._silence_due: float | None = None  # when the connections' silences are next read
@@ -307,7 +304,7 @@ class AgentHub:
                 if sent_before is not None and (sent_before == command or not isinstance(command, ArmCommand)):
                     continue  # nothing new to tell the agents: one expect, at most one stop, an arm per bound
                 if isinstance(command, StopCommand):
-                    command = dataclasses.replace(command, req=next(self._req_ids))
+                    command = dataclasses.replace(command, req=1)  # the one stop a hub sends: its first request
                     for session in self._sessions.values():
                         if session.connection is not Connection.CONNECTED and session.stop is None:
                             session.stop = session.host_stop(HostOutcome.LOST, f"connection {session.connection}")
@@ -381,9 +378,7 @@ class AgentHub:
         handler(session, message)
 
     def _hello_locked(self, message: _wire.Message, peer: str) -> None:
-        hello = parse_hello(message)
-        host, agent, ranks, port = hello.host, hello.agent, hello.ranks, hello.port
-        why = refusal(hello, self._sessions.values())
+        host, agent, ranks, port, why = parse_hello(message, self._sessions.values())
         if why or agent is None:
             self.rejected.note(peer, f"hello from host {host!r} refused: {why}")
             self._deliver(message.sid, Rejection.kind, 1, Rejection(why[:500]).fields())
@@ -409,9 +404,8 @@ class AgentHub:
                            "(address or port translation between them?); its end is found by probing", host, peer, port)
 
     def _update_locked(self, session: Session, message: _wire.Message) -> None:  # an event or a state
-        update = parse_update(session, message)
-        self._apply_many([(update.identity, update.state, update.detail)], tid=update.tid, wchan=update.wchan,
-                         fault_at=update.fault_at)
+        update, event = parse_update(session, message)
+        self._apply_many([update], **event)
 
     def _report_locked(self, session: Session, message: _wire.Message) -> None:
         session.stop = parse_report(session, message)

@@ -38,20 +38,7 @@ def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: 
             if r.rank in stuck else
             (r, WorkerState.EXITED_EXPECTED, f"stopped by its host's agent (host {session.host})")
             for r in others], None
-    if stopping and not ending.is_silence:
-        # The extension's own stop: the agent's rank ended with it (its connection closed), before
-        # its report said what became of the host's other ranks.
-        session.connection = Connection.CLOSED
-        updates = [(agent, WorkerState.EXITED_EXPECTED, f"ended with the stop (host {session.host}; its agent's "
-                    "connection closed)")] + [
-            (r, WorkerState.LOST, f"not verified stopped: host {session.host}'s agent (rank {agent.rank}, pid "
-             f"{agent.pid}) ended before its stop report") for r in others]
-    elif expecting and not ending.is_silence:
-        # A clean stop: the agent's rank exited (its connection closed).
-        session.connection = Connection.CLOSED
-        updates = session.updates(WorkerState.EXITED_EXPECTED, f"ended with the stop (host {session.host}; its "
-                                  "agent's connection closed)")
-    elif ending.is_silence:
+    if ending.is_silence:
         session.connection = Connection.LOST
         silent = silent_s if silent_s is not None else heartbeat_timeout_s
         why = ("its host still acknowledges, its process sends nothing: the agent's rank is stuck"
@@ -60,6 +47,15 @@ def end_session(session: Session, ending: Ending, *, expecting: bool, stopping: 
                  f"{silent:.2f} s ({why}){' ' + corroboration if corroboration else ''}; unreachable ranks: {ranks}")
         updates = [(identity, WorkerState.LOST, cause) for identity in (agent, *others)]
         fault_at = time.monotonic() - silent
+    elif stopping or expecting:
+        # A stop: the agent's rank ended with it (its connection closed); with the extension's own
+        # stop, before its report said what became of the host's other ranks.
+        session.connection = Connection.CLOSED
+        closed = f"ended with the stop (host {session.host}; its agent's connection closed)"
+        unverified = (f"not verified stopped: host {session.host}'s agent (rank {agent.rank}, pid {agent.pid}) ended "
+                      "before its stop report")
+        updates = [(agent, WorkerState.EXITED_EXPECTED, closed)] + [
+            (r, WorkerState.LOST, unverified) if stopping else (r, WorkerState.EXITED_EXPECTED, closed) for r in others]
     else:
         session.connection = Connection.CLOSED
         how = "closed (FIN/RST)" if ending is Ending.CLOSED else "ended"

@@ -119,27 +119,18 @@ class Session:
 
 class Hello(NamedTuple):
     """A hello's content: the agent's host, its own identity, its host's ranks (its own among
-    them) and the local port of its connection (0: unknown)."""
+    them), the local port of its connection (0: unknown) and why the hub must refuse it (empty: it
+    may take it)."""
 
     host: str
     agent: ProcessIdentity | None
-    agent_rank: int
     ranks: tuple[ProcessIdentity, ...]
     port: int
+    refusal: str
 
 
-class RemoteUpdate(NamedTuple):
-    """What an event or a state message says of one rank of the agent's host."""
-
-    identity: ProcessIdentity
-    state: WorkerState
-    detail: str
-    tid: int | None = None
-    wchan: str = ""
-    fault_at: float | None = None
-
-
-def parse_hello(message: _wire.Message) -> Hello:
+def parse_hello(message: _wire.Message, sessions: Iterable[Session]) -> Hello:
+    """A ``hello``, checked against the hub's ``sessions``. Raises :class:`~._wire.WireError`."""
     host = _wire.field(message, "host", str, max_len=253)
     agent_rank = _wire.field(message, "rank", int, low=0, high=1 << 24)
     port = _wire.field(message, "port", int, low=0, high=65535)
@@ -151,25 +142,24 @@ def parse_hello(message: _wire.Message) -> Hello:
     except ValueError as exc:
         raise _wire.WireError(f"hello: {exc}") from None
     agent = next((identity for identity in ranks if identity.rank == agent_rank), None)
-    return Hello(host, agent, agent_rank, ranks, port)
-
-
-def refusal(hello: Hello, sessions: Iterable[Session]) -> str:
-    """Why the hub must refuse ``hello`` (empty: it may take it)."""
-    if hello.agent is None:
-        return f"the agent's rank {hello.agent_rank} is not among its host's ranks"
-    if any(identity.hostname != hello.host for identity in hello.ranks):
-        return f"a rank of another host than {hello.host!r}"
-    if any(is_local(identity) for identity in hello.ranks):
-        return "ranks of the proxy's own host (watched here, not by an agent)"
     taken = {r.rank for s in sessions if s.connection is Connection.CONNECTED for r in s.ranks}
-    claimed = taken & {identity.rank for identity in hello.ranks}
-    return f"ranks {sorted(claimed)} are already another agent's" if claimed else ""
+    claimed = taken & {identity.rank for identity in ranks}
+    if agent is None:
+        why = f"the agent's rank {agent_rank} is not among its host's ranks"
+    elif any(identity.hostname != host for identity in ranks):
+        why = f"a rank of another host than {host!r}"
+    elif any(is_local(identity) for identity in ranks):
+        why = "ranks of the proxy's own host (watched here, not by an agent)"
+    else:
+        why = f"ranks {sorted(claimed)} are already another agent's" if claimed else ""
+    return Hello(host, agent, ranks, port, why)
 
 
-def parse_update(session: Session, message: _wire.Message) -> RemoteUpdate:
+def parse_update(session: Session, message: _wire.Message) -> tuple[Update, dict[str, Any]]:
     """What an ``event`` (a rank died, wedged or is unkillable; with its thread, wait channel and age)
-    or a ``state`` (any other change) says of one rank of ``session``'s host. Raises :class:`~._wire.WireError`."""
+    or a ``state`` (any other change) says of one rank of ``session``'s host: its update, and the
+    event's ``tid``, ``wchan`` and ``fault_at`` for the monitor (none for a state). Raises
+    :class:`~._wire.WireError`."""
     rank = _wire.field(message, "rank", int, low=0, high=1 << 24)
     identity = next((identity for identity in session.ranks if identity.rank == rank), None)
     if identity is None:
@@ -179,7 +169,7 @@ def parse_update(session: Session, message: _wire.Message) -> RemoteUpdate:
         if state is None:
             raise _wire.WireError(f"state: unknown state {message.body.get('state')!r}")
         detail = _wire.field(message, "detail", str, max_len=4000)
-        return RemoteUpdate(identity, state, f"{detail} (reported by the agent on host {session.host})")
+        return (identity, state, f"{detail} (reported by the agent on host {session.host})"), {}
     kind = _wire.field(message, "what", str, max_len=16)
     event_state = _EVENT_STATES.get(kind)
     if event_state is None:
@@ -188,9 +178,9 @@ def parse_update(session: Session, message: _wire.Message) -> RemoteUpdate:
     age = _wire.field(message, "age", float, low=0, high=1e7)
     tid = message.body.get("tid")
     wchan = message.body.get("wchan")
-    return RemoteUpdate(identity, event_state, f"{cause} (reported by the agent on host {session.host})",
-                        tid if isinstance(tid, int) and not isinstance(tid, bool) and 0 < tid < 1 << 22 else None,
-                        wchan[:200] if isinstance(wchan, str) else "", time.monotonic() - age)
+    return (identity, event_state, f"{cause} (reported by the agent on host {session.host})"), {
+        "tid": tid if isinstance(tid, int) and not isinstance(tid, bool) and 0 < tid < 1 << 22 else None,
+        "wchan": wchan[:200] if isinstance(wchan, str) else "", "fault_at": time.monotonic() - age}
 
 
 def parse_report(session: Session, message: _wire.Message) -> HostStop:

@@ -285,18 +285,14 @@ class SnapshotBook:
         """Wait at most ``timeout_s`` for the reply to ``req`` of every connected session it was
         sent to (until it went out: of every connected session); one :class:`HostSnapshot` per
         session that said hello, by agent rank."""
-        deadline = time.monotonic() + max(0.0, timeout_s)
+        def answered() -> bool:
+            replies, asked = self._replies.get(req, {}), self._asked.get(req)
+            return closing() or not any(s.connection is Connection.CONNECTED and s.sid not in replies
+                                        and (asked is None or s.sid in asked) for s in sessions())
+
         with self._cond:
-            while True:
-                replies = self._replies.get(req, {})
-                asked = self._asked.get(req)
-                pending = [s for s in sessions() if s.connection is Connection.CONNECTED and s.sid not in replies
-                           and (asked is None or s.sid in asked)]
-                left = deadline - time.monotonic()
-                if not pending or left <= 0 or closing():
-                    break
-                self._cond.wait(left)
-            replies = self._replies.pop(req, replies)
+            self._cond.wait_for(answered, max(0.0, timeout_s))
+            replies = self._replies.pop(req, {})
             asked = self._asked.pop(req, None)
             return [self._answer(session, replies.get(session.sid), timeout_s, asked)
                     for session in sorted(sessions(), key=lambda s: s.agent.rank)]

@@ -27,23 +27,20 @@ def plan(everyone: Sequence[tuple[ProcessIdentity, str]], rank: int,
          proxy_host: HostKey | None) -> tuple[ProcessIdentity, list[ProcessIdentity]] | None:
     """(this rank's identity, the host's other ranks) when ``rank`` runs its host's agent, else None."""
     host = _host_ranks(everyone, rank, proxy_host)
-    if host is None or min(identity.rank for identity in host) != rank:
-        return None
-    return (next(identity for identity in host if identity.rank == rank),
-            sorted((identity for identity in host if identity.rank != rank), key=lambda identity: identity.rank))
+    return (host[0], host[1:]) if host and host[0].rank == rank else None
 
 
 def _host_ranks(everyone: Sequence[tuple[ProcessIdentity, str]], rank: int,
                 proxy_host: HostKey | None) -> list[ProcessIdentity] | None:
-    """The ranks of ``rank``'s host, its own among them (None on the proxy's host, or unknown)."""
+    """The ranks of ``rank``'s host by rank, its own among them (None on the proxy's host, or unknown)."""
     mine = next(((identity, boot) for identity, boot in everyone if identity.rank == rank), None)
     if mine is None:
         return None
     key: HostKey = (mine[0].hostname, mine[1], mine[0].pid_namespace)
     if proxy_host is not None and _same_host(key, proxy_host):
         return None
-    return [identity for identity, boot in everyone
-            if _same_host((identity.hostname, boot, identity.pid_namespace), key)]
+    return sorted((identity for identity, boot in everyone
+                   if _same_host((identity.hostname, boot, identity.pid_namespace), key)), key=lambda found: found.rank)
 
 
 def _same_host(a: HostKey, b: HostKey) -> bool:
@@ -98,9 +95,8 @@ def start_for_rank(settings: AgentSettings, comm: Any, proxy_host: HostKey | Non
             logger.warning("liveness: host %s's agent could not open its progress channel: its ranks' iterations "
                            "are not counted", agent.own.hostname, exc_info=True)
     channels = comm.allgather(beats)  # every rank takes part, also where the channel failed
-    host = _host_ranks(everyone, rank, proxy_host)
-    agent_rank = None if host is None else min(identity.rank for identity in host)  # this host's agent's
-    found = channels[agent_rank] if agent_rank is not None and 0 <= agent_rank < len(channels) else None
+    host = _host_ranks(everyone, rank, proxy_host)  # its first rank runs this host's agent
+    found = channels[host[0].rank] if host and 0 <= host[0].rank < len(channels) else None
     if isinstance(found, (list, tuple)) and len(found) == 2 and all(isinstance(part, str) for part in found):
         return agent, (found[0], found[1])
     return agent, None

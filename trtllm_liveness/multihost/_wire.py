@@ -23,7 +23,7 @@ import json
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar, TypeAlias
+from typing import Any, ClassVar, TypeAlias, TypeVar
 
 MAGIC = b"TLH1"
 TO_HUB = b"A"
@@ -100,9 +100,12 @@ def _mac(secret: bytes, direction: bytes, body: bytes) -> bytes:
 
 
 def field(message: Message, name: str, kind: type, *, low: float | None = None, high: float | None = None,
-          max_len: int = 4096) -> Any:
-    """``message.body[name]`` checked against ``kind`` (and bounds). Raises :class:`WireError`."""
+          max_len: int = 4096, null: bool = False) -> Any:
+    """``message.body[name]`` checked against ``kind`` (and bounds; ``null``: it may be null, read
+    as None). Raises :class:`WireError`."""
     value = message.body.get(name)
+    if null and value is None:
+        return None
     if kind in (int, float):  # an int is a number too; a bool is neither, NaN no number
         if not isinstance(value, int if kind is int else (int, float)) or isinstance(value, bool) or value != value \
                 or (low is not None and value < low) or (high is not None and value > high):
@@ -121,16 +124,26 @@ MAX_COMMAND_S = 1e7
 """The longest bound a command carries (115 days); the hub sends a longer setting as this one."""
 
 
+_SECONDS: dict[str, Any] = {"kind": float, "low": 0, "high": MAX_COMMAND_S}
+_C = TypeVar("_C", bound="_Command")
+
+
 @dataclass(frozen=True)
 class _Command:
-    """A hub -> agent command: a typed record whose fields travel under the names in ``wire``."""
+    """A hub -> agent command: a typed record whose fields travel under the names in ``wire``, each
+    read back with its check there (:func:`field`'s arguments)."""
 
     kind: ClassVar[str]
-    wire: ClassVar[tuple[str, ...]] = ()  # each field's name on the wire, in the record's order
+    wire: ClassVar[dict[str, dict[str, Any]]] = {}  # each field's name on the wire, in the record's order
 
     def fields(self) -> dict[str, Any]:
         """The message's fields on the wire."""
         return dict(zip(self.wire, (getattr(self, spec.name) for spec in dataclasses.fields(self)), strict=True))
+
+    @classmethod
+    def parse(cls: type[_C], message: Message) -> _C:
+        """The command in an authenticated message of its kind. Raises :class:`WireError`."""
+        return cls(*(field(message, name, **check) for name, check in cls.wire.items()))
 
 
 @dataclass(frozen=True)
@@ -139,12 +152,7 @@ class ArmCommand(_Command):
 
     d_state_timeout_s: float | None
     kind: ClassVar[str] = "arm"
-    wire: ClassVar[tuple[str, ...]] = ("d",)
-
-    @classmethod
-    def parse(cls, message: Message) -> ArmCommand:
-        """The command in an authenticated ``arm`` message. Raises :class:`WireError`."""
-        return cls(None if message.body.get("d") is None else field(message, "d", float, low=0, high=MAX_COMMAND_S))
+    wire: ClassVar[dict[str, dict[str, Any]]] = {"d": {**_SECONDS, "null": True}}
 
 
 @dataclass(frozen=True)
@@ -165,14 +173,8 @@ class StopCommand(_Command):
     kill_s: float
     req: int | None = None
     kind: ClassVar[str] = "stop"
-    wire: ClassVar[tuple[str, ...]] = ("grace", "kill", "req")
-
-    @classmethod
-    def parse(cls, message: Message) -> StopCommand:
-        """The command in an authenticated ``stop`` message. Raises :class:`WireError`."""
-        return cls(field(message, "grace", float, low=0, high=MAX_COMMAND_S),
-                   field(message, "kill", float, low=0, high=MAX_COMMAND_S),
-                   field(message, "req", int, low=1, high=_MAX_SEQ))
+    wire: ClassVar[dict[str, dict[str, Any]]] = {"grace": _SECONDS, "kill": _SECONDS,
+                                                 "req": {"kind": int, "low": 1, "high": _MAX_SEQ}}
 
 
 @dataclass(frozen=True)
@@ -181,12 +183,7 @@ class Rejection(_Command):
 
     why: str
     kind: ClassVar[str] = "reject"
-    wire: ClassVar[tuple[str, ...]] = ("why",)
-
-    @classmethod
-    def parse(cls, message: Message) -> Rejection:
-        """The command in an authenticated ``reject`` message. Raises :class:`WireError`."""
-        return cls(field(message, "why", str, max_len=500))
+    wire: ClassVar[dict[str, dict[str, Any]]] = {"why": {"kind": str, "max_len": 500}}
 
 
 Command: TypeAlias = "ArmCommand | ExpectCommand | StopCommand | Rejection"
@@ -194,6 +191,5 @@ Command: TypeAlias = "ArmCommand | ExpectCommand | StopCommand | Rejection"
 the agent's fault handler reads it)."""
 
 COMMANDS: dict[str, Callable[[Message], Command]] = {
-    "arm": ArmCommand.parse, "expect": lambda _message: ExpectCommand(), "stop": StopCommand.parse,
-    "reject": Rejection.parse}
+    "arm": ArmCommand.parse, "expect": ExpectCommand.parse, "stop": StopCommand.parse, "reject": Rejection.parse}
 """Each command's parser by its kind: the one parse of what a hub sends an agent."""
