@@ -446,7 +446,8 @@ def worst(configs: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def _rounded(figures: dict[str, Any]) -> dict[str, Any]:
-    return {k: round(v, 3) if isinstance(v, float) else _rounded(v) if isinstance(v, dict) else v
+    """Floats to 3 digits, the control's too; the per-thread tables keep their own 4."""
+    return {k: round(v, 3) if isinstance(v, float) else _rounded(v) if k == "control" else v
             for k, v in figures.items()}
 
 
@@ -550,7 +551,7 @@ def main() -> int:
         for key in CONTROL_FIGURES:
             cells = [f"{fmt(c[key])} [{fmt(c[f'{key}_spread'][0])}..{fmt(c[f'{key}_spread'][1])}]"
                      for c in (per_config[name]["control"] for name in names)]
-            print(f"{'control ' + key:26.26} " + " ".join(f"{cell:>26}" for cell in cells))
+            print(f"control (off/off) {key}: " + " ".join(f"{cell:>26}" for cell in cells))
     print(f"extension threads: {json.dumps(threads)}")
     print(HUB_NOTE)
     checks = [(f"{key} {op} {bound} (worst: {fmt(top[key])}, {top[f'{key}_config']})", check(op, top[key], bound))

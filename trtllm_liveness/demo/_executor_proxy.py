@@ -21,9 +21,10 @@ upstream:
 
 Departures from upstream (besides the fake generation): no HMAC on IPC (private 0700 socket
 directory instead), no separate request-error queue, no stats/KV-event threads, the request
-queue has a 0.5 s send timeout (upstream's PAIR socket blocks forever once the leader is gone), and
-waits upstream leaves unbounded are capped by ``upstream_wait_s`` (default one hour) so nothing
-in this package waits forever.
+queue has a 0.5 s send timeout (upstream's PAIR socket blocks forever once the leader is gone), no
+error status at start (a rank that fails ends its future instead), and waits upstream leaves
+unbounded are capped by ``upstream_wait_s`` (default one hour) so nothing in this package waits
+forever.
 """
 
 from __future__ import annotations

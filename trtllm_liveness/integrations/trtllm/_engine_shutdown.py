@@ -34,23 +34,31 @@ import os
 import time
 import weakref
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+from ..._errors import LivenessError
 from ..._events import WorkerState
 from ...exit._exit_guard import FatalExitGuard, interrupt_self_once
 from ...exit._outcome import mark_clean
 from ...exit._process_ending import Stage, process_ending
 from ...monitor._monitor import WorkerProcessMonitor
-from ...process._identity import is_local
+from ...process._identity import ProcessIdentity, is_local
+from ...process._pidfd import verify_start_time
 from ...stop._bounded_stop import StopOutcome, StopReport
 from ._fatal import PRE_SHUTDOWN_WAIT_S, note_unrestartable
 from ._hosts import stop_remote_hosts
 from ._state import EngineLiveness, EngineStop, state_of
 from ._upstream_teardown import abandon_session, owns_session, release_upstream_waits
-from ._worker_entry import gone_now
 
-if TYPE_CHECKING:
-    from ._mixin import LivenessProxyMixin
+
+class EngineProxy(Protocol):
+    """What the bounded shutdown calls on the proxy (the mixin's class over upstream's)."""
+
+    _fatal_error: BaseException | None
+
+    def _liveness_expected_exits(self) -> None: ...
+
+    def pre_shutdown(self) -> None: ...
 
 logger = logging.getLogger(__name__.rpartition(".")[0])
 
@@ -63,7 +71,7 @@ STOP_MARGIN_S = 2.0
 waiting for the first (the kernel-stack reads of unkillable ranks, a loaded host)."""
 
 
-def shutdown_engine(proxy: LivenessProxyMixin, state: EngineLiveness, upstream_shutdown: Callable[[], None]) -> None:
+def shutdown_engine(proxy: EngineProxy, state: EngineLiveness, upstream_shutdown: Callable[[], None]) -> None:
     """The data flow of the module docstring; ``upstream_shutdown`` runs upstream's ``shutdown()``
     (never raises). Blocks for at most about ``shutdown_grace_s + shutdown_term_s +
     shutdown_kill_s + 2`` seconds. Idempotent: only the first call does anything."""
@@ -127,7 +135,7 @@ def wait_exit(state: EngineLiveness, deadline: float) -> None:
     """Wait until every registered rank has exited, or until ``deadline`` (monotonic)."""
     pending = state.identities
     while pending and time.monotonic() < deadline:
-        pending = [identity for identity in pending if not gone_now(identity.pid, identity.start_time)]
+        pending = [identity for identity in pending if _is_running(identity)]
         if pending:
             time.sleep(0.01)
 
@@ -255,3 +263,13 @@ def arm_exit_guard(state: EngineLiveness, ref: weakref.ReferenceType[Any]) -> No
                                       exit_code_unrestartable=config.exit_code_unrestartable)
     state.stop_at_exit = stop
     process_ending().add_cleanup(stop, Stage.STOP)
+
+
+def _is_running(identity: ProcessIdentity) -> bool:
+    """The rank is there, as itself; one whose state cannot be read counts as ended: the stop
+    that follows verifies each rank before it signals it."""
+    try:
+        verify_start_time(identity.pid, identity.start_time)
+    except (LivenessError, OSError):
+        return False
+    return True
