@@ -30,7 +30,8 @@ FAKES = Path(__file__).resolve().parents[2] / "fakes"
 SWITCH_MODULES = frozenset({PACKAGE, f"{PACKAGE}._switch"})
 # With liveness on and no TensorRT-LLM: the switch, plus the module that holds the import hook.
 HOOK_MODULES = SWITCH_MODULES | {f"{PACKAGE}.integrations", f"{PACKAGE}.integrations.trtllm_autoload"}
-HOOK_FINDER_MODULE = f"{PACKAGE}.integrations.trtllm_autoload"
+# The one finder it installs: the integrations' import hook, which patches upstream's proxy on import.
+HOOK_FINDER = f"{PACKAGE}.integrations.PatchingFinder"
 # What installed environments may still have: the .pth line of earlier releases.
 LEGACY_PTH_LINE = "import trtllm_liveness.integrations.trtllm_autoload\n"
 
@@ -126,7 +127,7 @@ def test_autoload_on_without_tensorrt_llm_installs_only_the_import_hook(
     report, err = _startup(procs, site, liveness)
     assert err == ""
     finders = [entry for entry in report.meta_path if entry.startswith(PACKAGE)]
-    assert len(finders) == 1 and finders[0].startswith(HOOK_FINDER_MODULE + "."), report.meta_path
+    assert finders == [HOOK_FINDER], report.meta_path
     assert not any(module.split(".")[0] == "tensorrt_llm" for module in report.modules)
     # The settings form is not validated at start-up (the engine start does that): it costs the
     # same as the plain switch.
@@ -147,7 +148,7 @@ def test_autoload_on_with_a_malformed_value_installs_the_hook_and_validates_noth
     assert lines[-1] == "alive" and err == ""
     report = StartupReport.parse(lines[-2])
     finders = [entry for entry in report.meta_path if entry.startswith(PACKAGE)]
-    assert len(finders) == 1 and finders[0].startswith(HOOK_FINDER_MODULE + "."), report.meta_path
+    assert finders == [HOOK_FINDER], report.meta_path
     assert f"{PACKAGE}._config" not in report.modules
     assert "dataclasses" not in report.modules - base.modules
     assert report.modules - base.modules <= HOOK_MODULES
