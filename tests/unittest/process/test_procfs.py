@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -258,7 +259,15 @@ def test_sampler_follows_churning_threads_and_close_races_sample(
     monkeypatch.setattr(_thread_sampler, "_budget", budget)
     proc = _churner(procs, 6)
     start_time = capture_identity(0, proc.pid).start_time
-    total_samples = sum(_sample_while_closing(proc.pid, start_time, round_no) for round_no in range(20))
+    # Each round compares this process's fds before and after: an earlier test's object that the
+    # cyclic collector finalises during a round (a pipe, a file) would close an fd that is not the
+    # sampler's. Collected first, and no collection while the rounds run.
+    gc.collect()
+    gc.disable()
+    try:
+        total_samples = sum(_sample_while_closing(proc.pid, start_time, round_no) for round_no in range(20))
+    finally:
+        gc.enable()
     assert total_samples > 0 and proc.poll() is None
 
 
