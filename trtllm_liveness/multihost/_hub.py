@@ -262,7 +262,10 @@ class AgentHub:
                         self._flush_commands_locked()
                         return
                 wait_ms = _PROBE_POLL_MS if self._probe_deadline is not None else _POLL_MS
-                for due in (self._silence_due, self.silence.stall_due()):
+                # When the engine's progress will have stopped, until it has: from then on the
+                # silences are read when due (_check_silence), not at every turn of the loop.
+                stall_due = None if self._stalled else self.silence.stall_due()
+                for due in (self._silence_due, stall_due):
                     if due is not None:
                         wait_ms = max(0, min(wait_ms, int((due - time.monotonic()) * 1000) + 1))
                 readable, monitored = channel.poll(wait_ms)

@@ -204,6 +204,28 @@ def test_a_silent_agent_of_a_stopped_engine_is_a_lost_host_naming_every_rank(pro
     assert engine.hub.hosts()[0].connection == "lost"
 
 
+def test_the_hub_waits_while_the_engine_is_stalled_instead_of_turning_without_a_wait(engine: Engine) -> None:
+    """A stalled engine (a request pending, no progress for the timeout): the moment its stall was
+    due is past, and the hub's loop waits for its next due decision or its poll bound from then
+    on, never polling without a wait (a hub that spins takes a core from the engine, and on a small
+    machine the agents' heartbeats with it)."""
+    channel = engine.hub._channel
+    assert channel is not None
+    waits: list[int] = []
+    poll = channel.poll
+
+    def counted(timeout_ms: int) -> tuple[bool, bool]:
+        waits.append(timeout_ms)
+        return poll(timeout_ms)
+
+    channel.poll = counted  # type: ignore[method-assign]
+    assert wait_until(lambda: engine.hub.silence.engine_stalled(), BOUND_S)
+    seen = len(waits)
+    time.sleep(1.0)  # bounded observation of the stalled engine's hub
+    window = waits[seen:]
+    assert window.count(0) <= 1, f"{window.count(0)} of {len(window)} polls without a wait"
+
+
 @pytest.mark.parametrize("progress", ["flowing", "idle"])
 def test_a_silent_agent_of_a_serving_or_idle_engine_is_suspect_and_heard_again(procs: ProcessTracker,
                                                                                progress: str) -> None:
