@@ -93,8 +93,10 @@ class RankTable:
                 if r.method.signals and r.start_time_verified]
 
     def wants_scan(self) -> bool:
-        """Whether any rank's threads are sampled for wedges."""
-        return bool(self.scan_targets())
+        """Whether any rank's threads are sampled for wedges (asked at every turn of the watcher:
+        it stops at the first such rank and builds no list)."""
+        return any(record.sampler is not None and record.state in SCANNED_STATES
+                   for record in self.records.values())
 
     def scan_targets(self) -> list[tuple[WatchedRank, ThreadSampler]]:
         return [(record, record.sampler) for record in self.records.values()
