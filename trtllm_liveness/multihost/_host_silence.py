@@ -110,7 +110,8 @@ class SilenceRule:
         due = [self.timeout_s / 2, self.ceiling_s - silence_s]
         if quiet_s is not None:
             needed = self.progress.quiet_bound(self.timeout_s) if self.progress is not None else self.timeout_s
-            due.append(needed - quiet_s)
+            if quiet_s < needed:  # reached already, it decided nothing (no iterations): no reason to look sooner
+                due.append(needed - quiet_s)
         return max(0.005, min(due))
 
     def suspect_text(self, session: Session, silence_s: float, mute: bool) -> str:

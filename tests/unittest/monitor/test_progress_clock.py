@@ -64,6 +64,10 @@ def test_without_iterations_only_the_ceiling_loses_a_silent_host() -> None:
     assert rule.lost_because(silence_s=1.0, quiet_s=1.0) is None
     why = rule.lost_because(silence_s=5.0, quiet_s=5.0)
     assert why is not None and "beyond heartbeat_ceiling_s (5 s)" in why
+    # Quiet past its bound decided nothing here: the next look is at half a timeout or the
+    # ceiling, never at once (the hub would turn 200 times a second until the ceiling).
+    assert rule.recheck_s(silence_s=1.0, quiet_s=1.0) == pytest.approx(0.1)
+    assert rule.recheck_s(silence_s=4.95, quiet_s=4.95) == pytest.approx(0.05)
     idle = SilenceRule(0.2, 5.0, ProgressClock(lambda: 0))
     assert idle.lost_because(silence_s=4.9, quiet_s=None) is None
     assert "the engine idle" in (idle.lost_because(silence_s=5.0, quiet_s=None) or "")

@@ -263,11 +263,13 @@ def test_sampler_follows_churning_threads_and_close_races_sample(
     # cyclic collector finalises during a round (a pipe, a file) would close an fd that is not the
     # sampler's. Collected first, and no collection while the rounds run.
     gc.collect()
+    was_enabled = gc.isenabled()
     gc.disable()
     try:
         total_samples = sum(_sample_while_closing(proc.pid, start_time, round_no) for round_no in range(20))
     finally:
-        gc.enable()
+        if was_enabled:
+            gc.enable()
     assert total_samples > 0 and proc.poll() is None
 
 
