@@ -160,10 +160,18 @@ def test_the_command_gets_the_hook_and_one_line_says_the_settings() -> None:
     assert "d_state_timeout_s=5," in line and "exit_on_fatal=1" in line and "quarantine_dir=/run/q" in line, line
     assert "shutdown_grace_s" not in line, line
 
-    off = launch_with(sys.executable, "-c", HOOKED, TRTLLM_WORKER_LIVENESS="0")
+    # "python" is found on the PATH launch_env sets, so the command stays within the line's 160 characters
+    # wherever the clone lies; a longer one is cut to them.
+    off = launch_with("python", "-c", HOOKED, TRTLLM_WORKER_LIVENESS="0")
     assert off.returncode == 0 and off.stdout.strip() == "not hooked", off.stderr
     assert liveness_lines(off.stderr) == [f"trtllm-liveness: worker liveness off (TRTLLM_WORKER_LIVENESS=0) for: "
-                                          f"{sys.executable} -c {HOOKED}"]
+                                          f"python -c {HOOKED}"]
+    long_argument = "x" * 200
+    cut = launch_with("echo", long_argument, TRTLLM_WORKER_LIVENESS="0")
+    assert cut.returncode == 0 and cut.stdout.strip() == long_argument, cut.stderr
+    (cut_line,) = liveness_lines(cut.stderr)
+    shown = cut_line.split(" for: ", 1)[1]
+    assert len(shown) == 160 and shown == f"echo {long_argument}"[:157] + "...", cut_line
 
 
 def test_a_malformed_setting_starts_nothing(tmp_path: os.PathLike[str]) -> None:
