@@ -160,8 +160,10 @@ class LivenessConfig:
             this; requests keep flowing. Silence alone never ends an engine: a suspect host is
             **lost** (fatal, naming the host and its ranks) when the engine also made no progress
             (no output, no executor iteration) for this long with requests pending, since every
-            step needs every rank; a host whose connection closes is lost at once. Partition to
-            verdict: about 1 to 1.1 times it with requests in flight.
+            step needs every rank, and the host went silent no later than just after the engine
+            stopped (a quarter of this, or 1.5 steps; later: after 5 times this without contact);
+            a host whose connection closes is lost at once. Partition to verdict: about 1 to 1.1
+            times it with requests in flight.
         heartbeat_ceiling_s: a suspect host is lost anyway after this long without contact while the
             engine shows no progress (idle, or ranks that report no iterations); its agent ends
             the host's ranks on the same rule, from its side. An engine that keeps making progress

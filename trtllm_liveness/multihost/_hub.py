@@ -83,7 +83,7 @@ class AgentHub:
             host's name when ``bind`` is ``*``).
         heartbeat_timeout_s: no data from a host's agent (its PINGs come every 0.75 timeouts) this
             long and the host is suspect; lost when the engine's ``progress`` also stopped for as
-            long with requests pending.
+            long with requests pending (:class:`~._host_silence.SilenceRule` gives the whole rule).
         heartbeat_ceiling_s: a suspect host is lost after this long without contact while the
             engine shows no progress.
         progress: the engine's :class:`~trtllm_liveness.monitor._progress_clock.ProgressClock`

@@ -9,7 +9,7 @@ import time
 import pytest
 
 from trtllm_liveness.monitor._progress_clock import GAP_MARGIN, ProgressClock
-from trtllm_liveness.multihost._host_silence import SilenceRule
+from trtllm_liveness.multihost._host_silence import LATE_SILENCE_TIMEOUTS, ONSET_SHARE, SilenceRule
 
 pytestmark = [pytest.mark.timeout(60)]
 
@@ -55,6 +55,41 @@ def test_a_long_step_raises_the_quiet_bound_and_a_silent_host_is_not_lost_for_it
     assert rule.lost_because(silence_s=0.3, quiet_s=0.3) is None  # one long step's worth: suspect only
     why = rule.lost_because(silence_s=0.8, quiet_s=0.8)
     assert why is not None and "no progress of the engine" in why
+
+
+def test_a_host_silent_only_after_the_engine_stopped_is_lost_only_after_its_late_bound() -> None:
+    """Another host's rank stops the engine; later a third host's agent misses its heartbeats for
+    the timeout (a blip on a loaded machine): its silence began after the engine stopped, so it
+    may not be why the engine stopped: suspect, and lost only once silent for five timeouts. A
+    host whose silence began with the stop, or up to a quarter of the timeout after it, is lost at
+    the timeout as before; after long steps, up to 1.5 of the longest."""
+    clock = ProgressClock(lambda: 1)
+    clock.note_submitted(was_idle=True)
+    busy_since = clock.last_progress()
+    time.sleep(0.06)
+    for step in range(1, 6):  # five 10 ms steps, dated exactly: the bounds stay the timeout's
+        clock.note_iteration(busy_since + step * 0.01)
+    rule = SilenceRule(1.0, 60.0, clock)
+    assert clock.quiet_bound(1.0) == 1.0 and clock.quiet_bound(1.0 * ONSET_SHARE) == 0.25
+    # (silence, quiet): the host went silent quiet - silence seconds after the engine's last progress.
+    for silence_s, quiet_s in [(1.0, 2.93), (1.0, 1.3), (2.5, 2.93), (4.9, 6.93)]:
+        assert rule.lost_because(silence_s=silence_s, quiet_s=quiet_s) is None, (silence_s, quiet_s)
+    for silence_s, quiet_s in [(2.93, 2.93), (1.0, 1.0), (1.0, 1.2), (1.5, 1.0)]:
+        why = rule.lost_because(silence_s=silence_s, quiet_s=quiet_s)
+        assert why is not None and why.endswith("every step needs every rank"), (silence_s, quiet_s, why)
+    assert LATE_SILENCE_TIMEOUTS == 5
+    why = rule.lost_because(silence_s=5.0, quiet_s=6.93)  # the silence that lasts: its late bound
+    assert why is not None and "the host went silent 1.93 s after the engine stopped" in why, why
+    assert "its silence had to last 5 heartbeat timeouts" in why, why
+    # The hub looks again when the late bound comes (at most half a timeout apart before it).
+    assert rule.recheck_s(silence_s=4.9, quiet_s=6.83) == pytest.approx(0.1)
+    # Long steps widen how late the silence may begin, as they widen the quiet bound.
+    time.sleep(0.5)
+    clock.note_iteration(time.monotonic())
+    onset = GAP_MARGIN * clock.longest_gap_s()
+    assert onset >= GAP_MARGIN * 0.5
+    assert rule.lost_because(silence_s=1.0, quiet_s=1.0 + onset - 0.01) is not None  # within 1.5 steps
+    assert rule.lost_because(silence_s=1.0, quiet_s=1.0 + onset + 0.01) is None
 
 
 def test_without_iterations_only_the_ceiling_loses_a_silent_host() -> None:

@@ -69,6 +69,20 @@ class Engine:
         while not self._stop.wait(0.05):
             self.clock.note_iteration(time.monotonic())
 
+    def halt(self) -> None:
+        """A ``flowing`` engine makes no more progress: every step now waits for a rank that does
+        not take part (a host that went silent, another host's stopped rank)."""
+        self._stop.set()
+        if self._feeder is not None:
+            self._feeder.join(5)
+        assert self._feeder is None or not self._feeder.is_alive()
+
+    def lose_host(self, agent_pid: int) -> None:
+        """The host of ``agent_pid`` goes silent (its agent SIGSTOPped, as a host cut off or frozen
+        would), and with it the engine's progress stops: a lost host stops every step at once."""
+        os.kill(agent_pid, signal.SIGSTOP)
+        self.halt()
+
     def close(self) -> None:
         self._stop.set()
         if self._feeder is not None:
@@ -83,6 +97,16 @@ class Engine:
 @pytest.fixture
 def engine() -> Iterator[Engine]:
     made = Engine()
+    try:
+        yield made
+    finally:
+        made.close()
+
+
+@pytest.fixture
+def serving() -> Iterator[Engine]:
+    """An engine making progress until a test halts it (:meth:`Engine.lose_host`)."""
+    made = Engine(progress="flowing")
     try:
         yield made
     finally:
@@ -184,13 +208,14 @@ def test_the_agents_own_death_closes_its_connection_and_its_host_ranks_are_lost(
 
 
 def test_a_silent_agent_of_a_stopped_engine_is_a_lost_host_naming_every_rank(procs: ProcessTracker,
-                                                                              engine: Engine) -> None:
+                                                                              serving: Engine) -> None:
     """SIGSTOP of the agent's process: its ZMQ I/O thread stops PINGing, as a host cut off or a rank
-    frozen in D would, and the engine's progress has stopped with a request pending (every step
+    frozen in D would, and with it the engine's progress stops with a request pending (every step
     needs every rank). Every rank of the host is lost, the cause naming both signals; nothing is
     called dead."""
+    engine = serving
     agent = start_agent(procs, engine, ranks=2)
-    os.kill(agent.pid, signal.SIGSTOP)
+    engine.lose_host(agent.pid)
     try:
         assert wait_until(lambda: len(engine.events) >= 3, BOUND_S)
     finally:
@@ -202,6 +227,44 @@ def test_a_silent_agent_of_a_stopped_engine_is_a_lost_host_naming_every_rank(pro
     assert all(f"{rank} (pid {pid})" in cause for rank, pid in agent.ranks)
     assert engine.events[0].fault_at is not None and engine.events[0].fault_at < engine.events[0].detected_at
     assert engine.hub.hosts()[0].connection == "lost"
+
+
+def test_a_host_silent_after_another_fault_stopped_the_engine_is_lost_only_after_its_late_bound(
+        procs: ProcessTracker, caplog: pytest.LogCaptureFixture) -> None:
+    """The healthy look-alike of a lost host: the engine's progress stopped first (another host's
+    rank stalls every step), and only then a healthy host misses its heartbeats (a loaded machine).
+    Both signals read true, but the silence began after the stop, so it may not be why the engine
+    stopped: the host is suspect, no verdict through three timeouts, its WARNING saying why; heard
+    again it is connected. A host that stays silent is lost after five timeouts, the cause saying so."""
+    engine = Engine(progress="flowing")
+    try:
+        blip = start_agent(procs, engine, host="fakehostC", ranks=1, first_rank=4)
+        engine.halt()  # another host's fault stops every step
+        assert wait_until(lambda: engine.hub.silence.engine_stalled(), BOUND_S)
+        time.sleep(1.5)  # the stall's own age before the blip (bounded), far beyond one 50 ms step
+        os.kill(blip.pid, signal.SIGSTOP)
+        try:
+            assert wait_until(lambda: engine.hub.hosts()[0].connection == "suspect", BOUND_S), \
+                (engine.hub.hosts(), [event.message for event in engine.events])
+            time.sleep(2 * engine.hub.heartbeat_timeout_s)  # bounded observation: no verdict
+            assert engine.kinds() == [], [event.message for event in engine.events]
+        finally:
+            os.kill(blip.pid, signal.SIGCONT)
+        assert wait_until(lambda: engine.hub.hosts()[0].connection == "connected", BOUND_S)
+        assert engine.kinds() == []
+        warned = [r.getMessage() for r in caplog.records if "is suspect" in r.getMessage()]
+        assert len(warned) == 1 and "when it went silent (another fault may have stopped it)" in warned[0], warned
+        assert "the host is lost after 5 s without contact" in warned[0], warned
+        os.kill(blip.pid, signal.SIGSTOP)  # silent for good now: the late bound decides
+        try:
+            assert wait_until(lambda: len(engine.events) >= 2, BOUND_S)
+        finally:
+            os.kill(blip.pid, signal.SIGKILL)
+        assert engine.kinds() == [(4, "lost"), (5, "lost")]
+        cause = engine.events[0].cause
+        assert "after the engine stopped, so its silence had to last 5 heartbeat timeouts" in cause, cause
+    finally:
+        engine.close()
 
 
 def test_the_hub_waits_while_the_engine_is_stalled_instead_of_turning_without_a_wait(engine: Engine) -> None:
@@ -400,9 +463,10 @@ def test_a_host_whose_connection_closes_during_the_stop_before_its_report(procs:
     assert states[3].state is WorkerState.LOST and "not verified" in states[3].detail, states[3]
 
 
-def test_stop_hosts_reports_a_lost_host_as_lost_and_returns(procs: ProcessTracker, engine: Engine) -> None:
+def test_stop_hosts_reports_a_lost_host_as_lost_and_returns(procs: ProcessTracker, serving: Engine) -> None:
+    engine = serving
     agent = start_agent(procs, engine, ranks=1)
-    os.kill(agent.pid, signal.SIGSTOP)
+    engine.lose_host(agent.pid)
     try:
         assert wait_until(lambda: engine.hub.hosts()[0].connection == "lost", BOUND_S)
         stops = engine.hub.stop_hosts(2.0)
@@ -553,10 +617,11 @@ def test_bad_messages_are_rejected_and_logged_and_the_hub_keeps_working(
 # --------------------------------------------------------------------------- concurrency
 
 def test_racing_callers_against_deaths_and_a_silent_host_deliver_each_event_once(procs: ProcessTracker,
-                                                                                 engine: Engine) -> None:
+                                                                                 serving: Engine) -> None:
     """7 threads call the hub's public methods (hosts, arm; expect_exits and stop_hosts are left
     out: they would make the deaths expected, see the next test) while two ranks of one agent die
     and the other agent falls silent. Every (rank, kind) is delivered once; the hub never raises."""
+    engine = serving
     one = start_agent(procs, engine, host="fakehostB", ranks=2, first_rank=2)
     two = start_agent(procs, engine, host="fakehostC", ranks=1, first_rank=10)
     stop = threading.Event()
@@ -576,7 +641,7 @@ def test_racing_callers_against_deaths_and_a_silent_host_deliver_each_event_once
         thread.start()
     for _rank, pid in one.ranks:
         os.kill(pid, signal.SIGKILL)
-    os.kill(two.pid, signal.SIGSTOP)
+    engine.lose_host(two.pid)
     try:
         assert wait_until(lambda: {(r, k) for r, k in engine.kinds()} >= {(3, "died"), (4, "died"), (10, "lost"),
                                                                            (11, "lost")}, BOUND_S)

@@ -103,7 +103,7 @@ def test_an_agents_own_verdict_sends_its_snapshot_after_its_event(procs: Process
 
 
 def test_snapshot_callers_racing_a_lost_host_are_each_answered_within_their_bound(procs: ProcessTracker) -> None:
-    engine = Engine(heartbeat_timeout_s=1.0)
+    engine = Engine(heartbeat_timeout_s=1.0, progress="flowing")
     try:
         start_agent(procs, engine, host="fakehostB", ranks=1, first_rank=2)
         silent = start_agent(procs, engine, host="fakehostC", ranks=1, first_rank=4)
@@ -122,7 +122,7 @@ def test_snapshot_callers_racing_a_lost_host_are_each_answered_within_their_boun
         threads = [threading.Thread(target=caller) for _ in range(4)]
         for thread in threads:
             thread.start()
-        os.kill(silent.pid, signal.SIGSTOP)  # its agent answers nothing: the host goes silent, then lost
+        engine.lose_host(silent.pid)  # its agent answers nothing: the host goes silent, then lost
         try:
             for thread in threads:
                 thread.join(BOUND_S * 3)
