@@ -143,12 +143,13 @@ class SilenceRule:
         due = [self.timeout_s / 2, self.ceiling_s - silence_s]
         if quiet_s is not None:
             needed = self.progress.quiet_bound(self.timeout_s) if self.progress is not None else self.timeout_s
+            late_bound = LATE_SILENCE_TIMEOUTS * self.timeout_s
             # Reached already, the quiet decided nothing (no iterations, or a silence that began
             # late): no reason to look sooner than the other bounds.
             if quiet_s < needed:
                 due.append(needed - quiet_s)
-            if silence_s < LATE_SILENCE_TIMEOUTS * self.timeout_s:
-                due.append(LATE_SILENCE_TIMEOUTS * self.timeout_s - silence_s)
+            elif silence_s < late_bound and self._late_onset(silence_s, quiet_s) is not None:
+                due.append(late_bound - silence_s)
         return max(0.005, min(due))
 
     def suspect_text(self, session: Session, silence_s: float, mute: bool, quiet_s: float | None = None) -> str:
@@ -156,10 +157,12 @@ class SilenceRule:
         head = (f"host {session.host}'s agent (rank {session.agent.rank}, pid {session.agent.pid}) sent nothing for "
                 f"{silence_s:.2f} s ({why}); host {session.host} is suspect. ")
         late = self._late_onset(silence_s, quiet_s)
-        if late is not None:
-            return (head + f"The engine had made no progress for {late:.2f} s when it went "
+        if late is not None and self.progress is not None:
+            # Lost once silent for the late bound and quiet for the quiet bound (long steps raise it).
+            silent_s = max(LATE_SILENCE_TIMEOUTS * self.timeout_s, self.progress.quiet_bound(self.timeout_s) - late)
+            return (head + f"The engine had made no progress for {late:.2f} s when the host went "
                     f"silent (another fault may have stopped it); the host is lost after "
-                    f"{min(LATE_SILENCE_TIMEOUTS * self.timeout_s, self.ceiling_s):g} s without contact")
+                    f"{min(silent_s, self.ceiling_s):.3g} s without contact")
         return (head + f"The engine keeps serving while it makes progress; the host is lost if progress stops "
                 f"with requests pending, or after {self.ceiling_s:g} s without contact")
 

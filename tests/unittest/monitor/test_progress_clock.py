@@ -83,6 +83,9 @@ def test_a_host_silent_only_after_the_engine_stopped_is_lost_only_after_its_late
     assert "its silence had to last 5 heartbeat timeouts" in why, why
     # The hub looks again when the late bound comes (at most half a timeout apart before it).
     assert rule.recheck_s(silence_s=4.9, quiet_s=6.83) == pytest.approx(0.1)
+    # A ceiling shorter than the late bound comes first.
+    why = SilenceRule(1.0, 3.0, clock).lost_because(silence_s=3.0, quiet_s=4.93)
+    assert why is not None and "beyond heartbeat_ceiling_s (3 s), no engine progress for 4.93 s" in why, why
     # Long steps widen how late the silence may begin, as they widen the quiet bound.
     time.sleep(0.5)
     clock.note_iteration(time.monotonic())
