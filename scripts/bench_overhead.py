@@ -56,8 +56,9 @@ The JSON's top-level figures are the worst over the configurations; ``configs`` 
 Targets: throughput_ratio >= 0.99, proxy_cpu_per_request_ratio <= 1.05, added_latency_p99_us <= 50,
 tick_ns <= 1000, idle CPU <= 1 ms/s (proxy) and <= 0.2 ms/s (rank).
 
-``--control``: each pair gets a third run, the extension off again, and each configuration the same
-figures for that off/off pair (``control``: ``throughput_ratio``, ``proxy_cpu_per_request_ratio``,
+``--control``: each pair gets a third run, the extension off again (the three runs' order goes
+through all six, :data:`CONTROL_ORDERS`), and each configuration the same figures for that off/off
+pair (``control``: ``throughput_ratio``, ``proxy_cpu_per_request_ratio``,
 ``added_proxy_cpu_us_per_request``, median and spread): what this machine's noise alone reads, to set
 beside the off/on figures (a target missed by less than the control's distance from 1 is not resolved
 by the run).
@@ -71,6 +72,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import importlib
+import itertools
 import json
 import os
 import queue
@@ -387,6 +389,20 @@ def run_child(opts: dict[str, Any], timeout: float) -> dict[str, Any]:
     return record
 
 
+CONTROL_ORDERS = tuple(itertools.permutations(("off", "on", "control")))
+"""With ``--control``, pair ``i`` runs in order ``i`` modulo 6: over six pairs each run takes each
+place twice and "off" precedes "on" in three, so a drift over a pair's runs (the machine warming,
+another tenant) weighs on the control no more than on the off/on pair."""
+
+
+def run_order(index: int, control: bool) -> tuple[str, ...]:
+    """The runs of pair ``index`` in the order they run: off and on alternating which comes first,
+    or with ``control`` one of :data:`CONTROL_ORDERS`."""
+    if control:
+        return CONTROL_ORDERS[index % len(CONTROL_ORDERS)]
+    return ("off", "on") if index % 2 == 0 else ("on", "off")
+
+
 def pair_figures(off: dict[str, Any], on: dict[str, Any]) -> dict[str, float | None]:
     """One off/on pair's figures."""
     def diff(key: str) -> float:
@@ -498,9 +514,7 @@ def main() -> int:
     for index in range(pairs):
         for config in configs:
             record: dict[str, dict[str, Any]] = {}
-            # The control run, off again, comes last: the off/on pair keeps its alternating order.
-            order = ("off", "on") if index % 2 == 0 else ("on", "off")
-            for run in order + (("control",) if args.control else ()):
+            for run in run_order(index, args.control):
                 opts = {"on": run == "on", "ranks": config.ranks, "streaming": config.streaming,
                         "requests": requests, "warmup": warmup, "window": args.window, "tokens": args.tokens,
                         "token_delay_s": args.token_delay_s, "idle_s": idle_s}

@@ -8,6 +8,7 @@ target (speed is the benchmark's, on a quiet machine).
 
 from __future__ import annotations
 
+import importlib
 import json
 import subprocess
 import sys
@@ -83,3 +84,20 @@ def test_quick_json_reports_every_figure_of_every_configuration(procs: ProcessTr
                                 "added_proxy_cpu_us_per_request_spread"}, control
         added = config["added_proxy_cpu_us_per_request_by_thread"]
         assert "MainThread" in added and all(_number(v) for v in added.values())
+
+
+def test_the_control_run_takes_each_place_in_a_pair_as_often_as_the_others() -> None:
+    """A drift over a pair's runs must not weigh on the off/off control alone: over six pairs each
+    run comes first, second and third twice, and off precedes on in half of them."""
+    scripts = str(REPO / "scripts")
+    sys.path.insert(0, scripts)
+    try:
+        bench = importlib.import_module("bench_overhead")
+    finally:
+        sys.path.remove(scripts)
+    orders = [bench.run_order(index, True) for index in range(6)]
+    assert len(set(orders)) == 6, orders
+    for run in ("off", "on", "control"):
+        assert sorted(order.index(run) for order in orders) == [0, 0, 1, 1, 2, 2], (run, orders)
+    assert sum(order.index("off") < order.index("on") for order in orders) == 3, orders
+    assert [bench.run_order(index, False) for index in range(3)] == [("off", "on"), ("on", "off"), ("off", "on")]
