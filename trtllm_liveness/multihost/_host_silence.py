@@ -114,13 +114,12 @@ class SilenceRule:
         needed = progress.quiet_bound(timeout) if progress is not None else timeout
         if progress is not None and quiet_s is not None and quiet_s >= needed and progress.iterations_seen:
             late = self._late_onset(silence_s, quiet_s)
-            if late is None:
+            if late is None or silence_s >= LATE_SILENCE_TIMEOUTS * timeout:
+                why = (": every step needs every rank" if late is None else
+                       f"; the host went silent {late:.2f} s after the engine stopped, so its silence had to "
+                       f"last {LATE_SILENCE_TIMEOUTS} heartbeat timeouts")
                 return (f"and no progress of the engine (output, executor iterations) for {quiet_s:.2f} s with "
-                        f"{progress.pending()} request(s) pending: every step needs every rank")
-            if silence_s >= LATE_SILENCE_TIMEOUTS * timeout:
-                return (f"and no progress of the engine (output, executor iterations) for {quiet_s:.2f} s with "
-                        f"{progress.pending()} request(s) pending; the host went silent {late:.2f} s after the "
-                        f"engine stopped, so its silence had to last {LATE_SILENCE_TIMEOUTS} heartbeat timeouts")
+                        f"{progress.pending()} request(s) pending{why}")
         if silence_s >= self.ceiling_s and (quiet_s is None or quiet_s >= needed):
             shown = "the engine idle" if quiet_s is None else f"no engine progress for {quiet_s:.2f} s"
             return f"beyond heartbeat_ceiling_s ({self.ceiling_s:g} s), {shown}"
