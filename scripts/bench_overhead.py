@@ -390,7 +390,7 @@ def run_child(opts: dict[str, Any], timeout: float) -> dict[str, Any]:
 
 
 CONTROL_ORDERS = tuple(itertools.permutations(("off", "on", "control")))
-"""With ``--control``, pair ``i`` runs in order ``i`` modulo 6: over six pairs each run takes each
+"""With ``--control``, pair ``i`` runs in order ``i`` modulo 6: over each six pairs each run takes each
 place twice and "off" precedes "on" in three, so a drift over a pair's runs (the machine warming,
 another tenant) weighs on the control no more than on the off/on pair."""
 

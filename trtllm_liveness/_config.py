@@ -161,7 +161,8 @@ class LivenessConfig:
             **lost** (fatal, naming the host and its ranks) when the engine also made no progress
             (no output, no executor iteration) for this long with requests pending, since every
             step needs every rank, and the host went silent no later than just after the engine
-            stopped (a quarter of this, or 1.5 steps; later: after 5 times this without contact);
+            stopped (a quarter of this, or 1.5 steps; later: after 5 times this without contact,
+            or ``heartbeat_ceiling_s`` where shorter);
             a host whose connection closes is lost at once. Partition to verdict: about 1 to 1.1
             times it with requests in flight.
         heartbeat_ceiling_s: a suspect host is lost anyway after this long without contact while the
