@@ -191,7 +191,10 @@ class StallDetector:
     def note_submitted(self, *, was_idle: bool) -> None:
         """A request is being submitted (before it is registered); ``was_idle``: no request was
         pending just before it. Only then does the clock restart (a new request is not progress of
-        a stalled engine); a stall under way then ends too (with nothing pending, it was over)."""
+        a stalled engine); a stall under way then ends too (with nothing pending, it was over).
+        Wakes the timer only where it waits for work or a stall is under way: one waiting for its
+        deadline finds the later one when it comes (a wake-up per request would cost the request
+        path a switch of threads)."""
         if not was_idle:
             return  # a busy engine's request: the clock runs on (note_registered wakes an idle timer)
         now = time.monotonic()
@@ -199,7 +202,8 @@ class StallDetector:
             if now > self._last:
                 self._last = now
                 self._last_source = ProgressSource.SUBMITTED
-            self._cond.notify()
+            if self._idle or self._current is not None:
+                self._cond.notify()
 
     def note_registered(self) -> None:
         """A submitted request is registered (``pending()`` counts it). Writes a new submission

@@ -164,6 +164,60 @@ def test_a_request_noted_before_the_timer_looks_and_registered_after_it_read_pen
         detector.close()
 
 
+class CountingDetector(StallDetector):
+    """A detector that counts its timer's decisions: each one is a wake-up of its thread."""
+
+    steps = 0
+
+    def _step_locked(self) -> Any:
+        self.steps += 1
+        return super()._step_locked()
+
+
+def test_a_request_on_an_engine_that_just_emptied_does_not_wake_a_timing_timer() -> None:
+    """Serving, a window's requests often finish together and the next one finds nothing pending
+    (``was_idle``) while the timer still waits for its deadline. Moving the clock later only
+    postpones that deadline: the timer must not be woken (a wake-up of its thread per such request
+    is CPU and a GIL hand-over on the request path). Only an idle or a stalled timer is woken."""
+    pending = [1]
+    rec = Recorder()
+    detector = CountingDetector(60, lambda: pending[0], on_stall=rec.on_stall, on_resume=rec.on_resume).start()
+    try:
+        assert wait_until(lambda: detector.steps == 1, 10)
+        with detector._cond:  # taken: the timer is in its first step's wait (60 s, no probe)
+            pass
+        for _ in range(200):
+            detector.note_submitted(was_idle=True)
+            detector.note_registered()
+            time.sleep(0.001)  # the GIL left to the timer, were it woken
+        assert detector.last_progress[1] == ProgressSource.SUBMITTED  # each moved the clock
+    finally:
+        detector.close()  # wakes the timer out of that same wait: no further decision
+    assert detector.steps == 1, f"{detector.steps - 1} wake-ups of the timer for 200 requests"
+    assert not rec.stalls and not rec.errors
+
+
+def test_a_request_after_idle_wakes_an_idle_timer_and_ends_a_stall_under_way() -> None:
+    """The two cases where a submission must wake the timer: it waits for work (its clock starts
+    and a stall is found at the timeout, not after its 60 s recheck), or a stall is under way (a
+    request on an emptied engine ends it). Here without ``note_registered``: ``note_submitted``
+    alone must do."""
+    pending = [0]
+    rec = Recorder()
+    detector = CountingDetector(0.05, lambda: pending[0], on_stall=rec.on_stall, on_resume=rec.on_resume).start()
+    try:
+        assert wait_until(lambda: detector._idle, 10)
+        pending[0] = 1
+        detector.note_submitted(was_idle=True)
+        assert wait_until(lambda: rec.stalls, 10)
+        detector.note_submitted(was_idle=True)
+        assert wait_until(lambda: rec.resumes, 10)
+        assert rec.resumes[0].ended_at is not None
+    finally:
+        detector.close()
+    assert not rec.errors
+
+
 def test_busy_submission_does_not_restart_the_clock() -> None:
     pending = [1]
     rec = Recorder()
