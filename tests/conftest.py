@@ -43,13 +43,25 @@ from tests.support.stuck_processes import (
     remove_or_report,
 )
 from trtllm_liveness.demo._fuse_stall import fuse_mounts, remove_leftover_mounts
-from trtllm_liveness.quarantine._marker import DEFAULT_QUARANTINE_DIR, QUARANTINE_DIR_VAR
+from trtllm_liveness.quarantine._marker import DEFAULT_QUARANTINE_DIR, MARKER_NAME, QUARANTINE_DIR_VAR
 
 _TEMP_CHECK: list[TempLeakCheck] = []
 _MACHINE_QUARANTINE: list[MachineDirectoryCheck] = []
 
 
 # --------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(autouse=True)
+def no_quarantine_marker_carried_over() -> Iterator[None]:
+    """A test that wedges an engine leaves this machine's quarantine marker in the session's
+    directory, as an engine would in ``/run``; a later test's engine would read it at its start
+    (a line more in a log a test may count). Each test's marker is removed after it."""
+    yield
+    directory = os.environ.get(QUARANTINE_DIR_VAR, "")
+    if directory.startswith("/") and directory != DEFAULT_QUARANTINE_DIR:  # never the machine's own
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(os.path.join(directory, MARKER_NAME))
 
 
 @pytest.fixture

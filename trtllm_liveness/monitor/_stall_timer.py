@@ -8,7 +8,8 @@ when a request becomes pending on an idle engine (:meth:`StallDetector.note_subm
 Event-driven, not a poll: one thread (owned here, with its condition variable as its only wakeup)
 sleeps until the earliest moment a stall is possible (last progress + timeout) and, while the
 engine is idle or already stalled, until it is woken. Progress only moves that moment later, so
-noting it is one short lock and never wakes the thread, except to end a stall. Progress the owner
+noting it is one short lock and never wakes the thread, except to end a stall; a submission wakes
+it only where it waits for work. Progress the owner
 can only sample (``probe``: output seen by a count, not told) is read at each of the thread's
 decisions, at most :data:`PROBE_INTERVAL_S` apart while a request is pending or a stall is under
 way. The callbacks run in

@@ -12,6 +12,7 @@ import json
 import random
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -169,7 +170,7 @@ class CountingDetector(StallDetector):
 
     steps = 0
 
-    def _step_locked(self) -> Any:
+    def _step_locked(self) -> Callable[[], None] | None:
         self.steps += 1
         return super()._step_locked()
 
@@ -197,22 +198,44 @@ def test_a_request_on_an_engine_that_just_emptied_does_not_wake_a_timing_timer()
     assert not rec.stalls and not rec.errors
 
 
-def test_a_request_after_idle_wakes_an_idle_timer_and_ends_a_stall_under_way() -> None:
-    """The two cases where a submission must wake the timer: it waits for work (its clock starts
-    and a stall is found at the timeout, not after its 60 s recheck), or a stall is under way (a
-    request on an emptied engine ends it). Here without ``note_registered``: ``note_submitted``
-    alone must do."""
-    pending = [0]
+def test_a_timer_not_woken_by_a_request_declares_the_stall_it_postponed() -> None:
+    """The other side of not waking the timer for a request on an emptied engine: the deadline it
+    waits for is the old one, and at it the timer must find the later clock and wait again, so the
+    stall comes a whole timeout after that request, never from the older progress."""
+    pending = [1]
     rec = Recorder()
-    detector = CountingDetector(0.05, lambda: pending[0], on_stall=rec.on_stall, on_resume=rec.on_resume).start()
+    detector = CountingDetector(0.2, lambda: pending[0], on_stall=rec.on_stall).start()
     try:
-        assert wait_until(lambda: detector._idle, 10)
-        pending[0] = 1
+        assert wait_until(lambda: detector.steps == 1, 10)
+        with detector._cond:  # the timer is in its first wait, for the deadline 0.2 s after its start
+            pass
+        time.sleep(0.1)
+        submitted = time.monotonic()
         detector.note_submitted(was_idle=True)
         assert wait_until(lambda: rec.stalls, 10)
+        info = rec.stalls[0]
+        assert info.last_progress_source == ProgressSource.SUBMITTED and info.last_progress_at >= submitted, info
+        assert info.quiet_s >= 0.2, info
+    finally:
+        detector.close()
+    assert not rec.errors
+
+
+def test_a_request_on_an_emptied_engine_ends_a_stall_under_way() -> None:
+    """A stall under way ends when a request finds nothing pending (what was stalled is over):
+    ``note_submitted`` must wake the stalled timer for that."""
+    pending = [1]
+    rec = Recorder()
+    detector = StallDetector(0.05, lambda: pending[0], on_stall=rec.on_stall, on_resume=rec.on_resume).start()
+    try:
+        assert wait_until(lambda: rec.stalls, 10)
+        pending[0] = 0  # the stalled requests failed or finished
+        submitted = time.monotonic()
         detector.note_submitted(was_idle=True)
         assert wait_until(lambda: rec.resumes, 10)
-        assert rec.resumes[0].ended_at is not None
+        ended_at = rec.resumes[0].ended_at
+        assert ended_at is not None and ended_at >= submitted, rec.resumes
+        assert detector.last_progress[1] == ProgressSource.SUBMITTED
     finally:
         detector.close()
     assert not rec.errors
