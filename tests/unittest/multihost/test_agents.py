@@ -38,6 +38,7 @@ from tests.support.process_tracker import ProcessTracker
 from tests.support.stuck_processes import Freezer
 from tests.support.testhosts import TestHosts, wait_for
 from tests.support.waits import WAIT_SCALE, wait_until
+from trtllm_liveness.integrations.trtllm._engine_shutdown import UPSTREAM_SHUTDOWN_THREAD
 
 pytestmark = [pytest.mark.multihost, pytest.mark.real_process, pytest.mark.mpi, needs("testhosts", "mpi")]
 
@@ -50,6 +51,30 @@ def _before(engine: Engine) -> None:
 
 
 # --------------------------------------------------------------------------- a rank dies
+
+
+@pytest.mark.timeout(120)
+def test_a_lost_host_on_v12_leaves_no_thread_of_the_extension_but_upstreams_named_runner(test_hosts: TestHosts) -> None:
+    """The partition on 1.2.x, whose executor reports no iterations: only sampled output is
+    progress, so the partitioned host is lost once ``heartbeat_ceiling_s`` passed without it. When
+    ``shutdown()`` returns every thread of the engine has ended within its bound, as on main (above),
+    but upstream's ``shutdown()`` runner: 1.2.x's joins the lost rank's future without a bound, so it
+    may be left blocked, named by its one WARNING (as after a wedge there)."""
+    engine = Engine(test_hosts, program={"tree": "trtllm_v12"})
+    _before(engine)
+    test_hosts.partition("hostB")
+    fatal = engine.wait_fatal()
+    engine.assert_fatal(fatal, ["lost"], 2)
+    assert "host hostB" in fatal["fatal"] and "beyond heartbeat_ceiling_s" in fatal["fatal"], fatal
+    done = engine.assert_shutdown()
+    assert {stop["host"]: stop["outcome"] for stop in done["host_stops"]}["hostB"] == "lost", done
+    # Rank 0's iteration reporter belongs to its rank process (see the partition's test above).
+    left = set(done["extension_threads"]) - {"trtllm-liveness-iterations"}
+    assert left <= {UPSTREAM_SHUTDOWN_THREAD}, done
+    log = engine.diagnostics()
+    if left:
+        assert log.count("upstream shutdown still blocked") == 1, log[-6000:]
+    assert "still running past their bound" not in log and "still running after their bound" not in log, log[-6000:]
 
 
 @pytest.mark.timeout(120)
