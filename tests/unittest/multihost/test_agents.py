@@ -57,9 +57,10 @@ def _before(engine: Engine) -> None:
 def test_a_lost_host_on_v12_leaves_no_thread_of_the_extension_but_upstreams_named_runner(test_hosts: TestHosts) -> None:
     """The partition on 1.2.x, whose executor reports no iterations: only sampled output is
     progress, so the partitioned host is lost once ``heartbeat_ceiling_s`` passed without it. When
-    ``shutdown()`` returns every thread of the engine has ended within its bound, as on main (above),
-    but upstream's ``shutdown()`` runner: 1.2.x's joins the lost rank's future without a bound, so it
-    may be left blocked, named by its one WARNING (as after a wedge there)."""
+    ``shutdown()`` returns every thread of the engine has ended within its bound, as on main
+    (:func:`test_partition_is_a_lost_host_and_its_ranks_end`), but upstream's ``shutdown()``
+    runner: 1.2.x's joins the lost rank's future without a bound, so it may be left blocked, named
+    by its one WARNING (as after a wedge there)."""
     engine = Engine(test_hosts, program={"tree": "trtllm_v12"})
     _before(engine)
     test_hosts.partition("hostB")
@@ -68,7 +69,7 @@ def test_a_lost_host_on_v12_leaves_no_thread_of_the_extension_but_upstreams_name
     assert "host hostB" in fatal["fatal"] and "beyond heartbeat_ceiling_s" in fatal["fatal"], fatal
     done = engine.assert_shutdown()
     assert {stop["host"]: stop["outcome"] for stop in done["host_stops"]}["hostB"] == "lost", done
-    # Rank 0's iteration reporter belongs to its rank process (see the partition's test above).
+    # Rank 0's iteration reporter belongs to its rank process (as in main's partition test).
     left = set(done["extension_threads"]) - {"trtllm-liveness-iterations"}
     assert left <= {UPSTREAM_SHUTDOWN_THREAD}, done
     log = engine.diagnostics()
