@@ -43,7 +43,6 @@ from tests.support.stuck_processes import (
     remove_or_report,
 )
 from trtllm_liveness.demo._fuse_stall import fuse_mounts, remove_leftover_mounts
-from trtllm_liveness.exit._process_ending import ProcessEnding
 from trtllm_liveness.quarantine._marker import DEFAULT_QUARANTINE_DIR, MARKER_NAME, QUARANTINE_DIR_VAR
 
 _TEMP_CHECK: list[TempLeakCheck] = []
@@ -51,19 +50,6 @@ _MACHINE_QUARANTINE: list[MachineDirectoryCheck] = []
 
 
 # --------------------------------------------------------------------- fixtures
-
-
-@pytest.fixture(autouse=True)
-def no_quarantine_marker_carried_over(fresh_process_ending: ProcessEnding) -> Iterator[None]:  # noqa: F811
-    """A test that wedges an engine leaves this machine's quarantine marker in the session's
-    directory, as an engine would in ``/run``; a later test's engine would read it at its start
-    (a line more in a log a test may count). Each test's marker is removed after it: after the
-    test's own threads of the ending (the quarantine's, which writes it) were joined."""
-    del fresh_process_ending  # torn down before this one: its teardown joins those threads
-    yield
-    if _TEMP_CHECK:  # the session's directory only (pytest_sessionstart), never the machine's
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(os.path.join(_TEMP_CHECK[-1].path, "quarantine", MARKER_NAME))
 
 
 @pytest.fixture
@@ -177,6 +163,22 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"{REQUIRE_VAR}: {', '.join(sorted(facilities.REQUIRED)) or '(none: a missing facility skips its tests)'}"
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, None, None]:
+    """A test that wedges an engine leaves this machine's quarantine marker in the session's
+    directory, as an engine would in ``/run``; a later test's engine would read it at its start (a
+    line more in a log a test may count). Each test's marker is removed after every fixture of the
+    test was torn down (the ending's joins the quarantine thread that writes it); the session's
+    directory only, never the machine's."""
+    del item, nextitem
+    try:
+        return (yield)
+    finally:
+        if _TEMP_CHECK:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(os.path.join(_TEMP_CHECK[-1].path, "quarantine", MARKER_NAME))
 
 
 @pytest.hookimpl(tryfirst=True)
